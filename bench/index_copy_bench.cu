@@ -1,0 +1,443 @@
+// index_copy_bench: token-row gathers from a large pinned host pool into HBM, against the PCIe
+// ceiling and the obvious alternatives, in one run (DESIGN.md sections 3 and 6).
+//
+// Measured, each with CUDA events, warm-up and the median of --reps runs:
+//   ceilings   pinned cudaMemcpy host->device and device->host (2 GiB), device->device copy
+//              (bytes read + written);
+//   gathers    --rows random rows of each --row_bytes size from a pool of --pool_gib GiB
+//              allocated by the CUDA backend's AllocateHost (row stride = row bytes), into a device
+//              buffer of --rows rows, rotating over --index_sets different random index sets:
+//                sorted     sparsekv IndexCopy, entries sorted by host row;
+//                unsorted   sparsekv IndexCopy, the same entries in random order;
+//                naive      one warp per row, 16-byte loads, unsorted (bench_util.h);
+//                memcpy     one cudaMemcpyAsync per row, --per_row_copies rows;
+//                batch      one cudaMemcpyBatchAsync of --per_row_copies rows (CUDA >= 13);
+//   span sweep sorted / unsorted / naive 656-B gathers with the rows drawn from the first
+//              --span_gib GiB of the pool only (translation reach vs. span).
+// Bandwidth counts useful bytes only: row_bytes * rows / time; "ratio" divides it by the pinned
+// host->device memcpy bandwidth of the same run. Every variant's output is checked row by row
+// against the pool's pattern before it is timed.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "bench_util.h"
+#include "sparsekv/backend.h"
+
+namespace sparsekv::bench {
+namespace {
+
+constexpr size_t kGiB = size_t{1} << 30;
+
+struct Options {
+  size_t pool_bytes;
+  int32_t rows;
+  std::vector<int64_t> row_bytes;
+  std::vector<double> span_gib;
+  int32_t sweep_row_bytes;
+  int index_sets;
+  int per_row_copies;
+  int warmup;
+  int reps;
+  uint64_t seed;
+  int device;
+  std::string json;
+};
+
+// One index set: `rows` (host row -> destination row) pairs with distinct host rows below
+// span_rows and destinations a permutation of [0, rows). `sorted` holds the same pairs ordered by
+// host row. All sets of a shape live in one device array, set after set.
+struct IndexSets {
+  int count = 0;
+  int32_t rows = 0;
+  std::vector<int32_t> src, dst, sorted_src, sorted_dst;  // [count, rows] each, on the host
+  int32_t* d_src = nullptr;  // device copies, same shapes
+  int32_t* d_dst = nullptr;
+  int32_t* d_sorted_src = nullptr;
+  int32_t* d_sorted_dst = nullptr;
+};
+
+class Bench {
+ public:
+  Bench(const Options& o, Backend* backend, cudaStream_t stream)
+      : o_(o), backend_(backend), stream_(stream), rng_(o.seed) {}
+
+  void Run();
+
+ private:
+  struct Variant {
+    std::string name;
+    int32_t row_bytes;
+    int64_t span_bytes;
+    int32_t rows;
+    Timing timing;
+    double gbps;
+  };
+
+  void Setup();
+  void MeasureCeilings();
+  IndexSets MakeIndexSets(int64_t span_rows, int count);
+  void FreeIndexSets(IndexSets& sets);
+  // Times sorted / unsorted / naive gathers of row_bytes-byte rows over the first span_bytes of
+  // the pool and appends them to `out`.
+  void MeasureGathers(int32_t row_bytes, int64_t span_bytes, std::vector<Variant>& out);
+  // Times one cudaMemcpyAsync per row and one cudaMemcpyBatchAsync over the full pool.
+  void MeasureCopyEngine(int32_t row_bytes, std::vector<Variant>& out);
+  // Poisons the destination, runs `launch` once and checks the first n entries of set 0.
+  template <typename Launch>
+  void Verify(const std::string& what, int32_t row_bytes, const int32_t* src, const int32_t* dst,
+              int32_t n, Launch&& launch);
+  void Report();
+
+  const Options o_;
+  Backend* backend_;
+  cudaStream_t stream_;
+  std::mt19937_64 rng_;
+
+  std::byte* pool_ = nullptr;     // [pool_bytes] host, pattern-filled
+  std::byte* dst_ = nullptr;      // [rows, max row_bytes] device
+  int32_t* d_count_ = nullptr;    // device scalar for IndexCopyView::count
+  unsigned long long* d_invalid_ = nullptr;
+  std::vector<std::byte> host_dst_;
+
+  double h2d_gbps_ = 0, d2h_gbps_ = 0, d2d_gbps_ = 0;
+  Timing h2d_t_, d2h_t_, d2d_t_;
+  std::vector<Variant> main_, sweep_;
+};
+
+void Bench::Setup() {
+  std::printf("allocating %.1f GiB of pinned host memory through the backend...\n",
+              double(o_.pool_bytes) / kGiB);
+  std::fflush(stdout);
+  pool_ = static_cast<std::byte*>(
+      ValueOrDie(backend_->AllocateHost(o_.pool_bytes), "AllocateHost(pool)"));
+  FillPattern(pool_, o_.pool_bytes);
+  const int64_t max_row = *std::max_element(o_.row_bytes.begin(), o_.row_bytes.end());
+  const size_t dst_bytes = size_t(o_.rows) * std::max<int64_t>(max_row, o_.sweep_row_bytes);
+  dst_ = static_cast<std::byte*>(ValueOrDie(backend_->AllocateDevice(dst_bytes), "dst"));
+  host_dst_.resize(dst_bytes);
+  d_count_ = static_cast<int32_t*>(ValueOrDie(backend_->AllocateDevice(4), "count"));
+  d_invalid_ = static_cast<unsigned long long*>(
+      ValueOrDie(backend_->AllocateDevice(sizeof(unsigned long long)), "invalid"));
+  BENCH_CUDA(cudaMemsetAsync(d_invalid_, 0, sizeof(unsigned long long), stream_));
+}
+
+void Bench::MeasureCeilings() {
+  const size_t bytes = std::min<size_t>(2 * kGiB, o_.pool_bytes);
+  void* a = ValueOrDie(backend_->AllocateDevice(bytes), "ceiling buffer a");
+  void* b = ValueOrDie(backend_->AllocateDevice(bytes), "ceiling buffer b");
+  BENCH_CUDA(cudaMemsetAsync(b, 0x5A, bytes, stream_));
+  h2d_gbps_ = MemcpyGBps(a, pool_, bytes, stream_, o_.warmup, o_.reps, &h2d_t_);
+  // The device->host copy writes into the pool: restore the pattern afterwards.
+  d2h_gbps_ = MemcpyGBps(pool_, b, bytes, stream_, o_.warmup, o_.reps, &d2h_t_);
+  BENCH_CUDA(cudaStreamSynchronize(stream_));
+  FillPattern(pool_, bytes);
+  d2d_gbps_ = 2 * MemcpyGBps(b, a, bytes, stream_, o_.warmup, o_.reps, &d2d_t_);
+  backend_->FreeDevice(a);
+  backend_->FreeDevice(b);
+  std::printf("ceilings: H2D %.1f GB/s, D2H %.1f GB/s, D2D %.0f GB/s (read + write)\n", h2d_gbps_,
+              d2h_gbps_, d2d_gbps_);
+}
+
+IndexSets Bench::MakeIndexSets(int64_t span_rows, int count) {
+  IndexSets s;
+  s.count = count;
+  s.rows = o_.rows;
+  const size_t total = size_t(s.count) * s.rows;
+  s.src.resize(total);
+  s.dst.resize(total);
+  s.sorted_src.resize(total);
+  s.sorted_dst.resize(total);
+  std::uniform_int_distribution<int64_t> pick(0, span_rows - 1);
+  std::vector<int32_t> perm(s.rows);
+  std::vector<int32_t> order(s.rows);
+  for (int set = 0; set < s.count; ++set) {
+    int32_t* src = s.src.data() + size_t(set) * s.rows;
+    int32_t* dst = s.dst.data() + size_t(set) * s.rows;
+    std::unordered_set<int64_t> used;
+    used.reserve(2 * s.rows);
+    for (int32_t i = 0; i < s.rows; ++i) {
+      int64_t r;
+      do r = pick(rng_);
+      while (!used.insert(r).second);
+      src[i] = static_cast<int32_t>(r);
+    }
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng_);
+    std::copy(perm.begin(), perm.end(), dst);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return src[a] < src[b]; });
+    for (int32_t i = 0; i < s.rows; ++i) {
+      s.sorted_src[size_t(set) * s.rows + i] = src[order[i]];
+      s.sorted_dst[size_t(set) * s.rows + i] = dst[order[i]];
+    }
+  }
+  const size_t bytes = total * sizeof(int32_t);
+  auto upload = [&](const std::vector<int32_t>& h, int32_t** d) {
+    *d = static_cast<int32_t*>(ValueOrDie(backend_->AllocateDevice(bytes), "index set"));
+    BENCH_CUDA(cudaMemcpy(*d, h.data(), bytes, cudaMemcpyHostToDevice));
+  };
+  upload(s.src, &s.d_src);
+  upload(s.dst, &s.d_dst);
+  upload(s.sorted_src, &s.d_sorted_src);
+  upload(s.sorted_dst, &s.d_sorted_dst);
+  return s;
+}
+
+void Bench::FreeIndexSets(IndexSets& s) {
+  for (int32_t* p : {s.d_src, s.d_dst, s.d_sorted_src, s.d_sorted_dst}) backend_->FreeDevice(p);
+  s = IndexSets{};
+}
+
+template <typename Launch>
+void Bench::Verify(const std::string& what, int32_t row_bytes, const int32_t* src,
+                   const int32_t* dst, int32_t n, Launch&& launch) {
+  const size_t bytes = size_t(o_.rows) * row_bytes;
+  BENCH_CUDA(cudaMemsetAsync(dst_, 0xFF, bytes, stream_));
+  launch();
+  BENCH_CUDA(cudaMemcpyAsync(host_dst_.data(), dst_, bytes, cudaMemcpyDeviceToHost, stream_));
+  unsigned long long invalid = 0;
+  BENCH_CUDA(cudaMemcpyAsync(&invalid, d_invalid_, sizeof(invalid), cudaMemcpyDeviceToHost,
+                             stream_));
+  BENCH_CUDA(cudaStreamSynchronize(stream_));
+  if (invalid != 0) Fail(what + ": IndexCopy counted " + std::to_string(invalid) + " invalid");
+  for (int32_t i = 0; i < n; ++i) {
+    const std::byte* row = host_dst_.data() + size_t(dst[i]) * row_bytes;
+    if (!RowMatchesPattern(row, uint64_t(src[i]) * row_bytes, row_bytes)) {
+      Fail(what + ": entry " + std::to_string(i) + " (host row " + std::to_string(src[i]) +
+           " -> row " + std::to_string(dst[i]) + ") was not copied correctly");
+    }
+  }
+}
+
+void Bench::MeasureGathers(int32_t row_bytes, int64_t span_bytes, std::vector<Variant>& out) {
+  if (row_bytes % 16 != 0) Fail("row bytes must be a multiple of 16: " + std::to_string(row_bytes));
+  const int64_t span_rows = span_bytes / row_bytes;
+  if (span_rows < 2 * int64_t(o_.rows)) Fail("span too small for --rows distinct rows");
+  if (span_rows > INT32_MAX) Fail("span has more than 2^31 rows: use larger rows or a smaller pool");
+  IndexSets sets = MakeIndexSets(span_rows, o_.index_sets);
+  const int32_t n = o_.rows;
+  BENCH_CUDA(cudaMemcpy(d_count_, &n, sizeof(n), cudaMemcpyHostToDevice));
+
+  auto index_copy = [&](const int32_t* d_src, const int32_t* d_dst, int set) {
+    IndexCopyView v{};
+    v.src = pool_;
+    v.dst = dst_;
+    v.src_index = d_src + size_t(set) * n;
+    v.dst_index = d_dst + size_t(set) * n;
+    v.count = d_count_;
+    v.capacity = n;
+    v.row_bytes = row_bytes;
+    v.src_stride = row_bytes;
+    v.dst_stride = row_bytes;
+    v.src_rows = span_rows;
+    v.dst_rows = n;
+    v.invalid = d_invalid_;
+    CheckOk(backend_->IndexCopy(v, stream_), "IndexCopy");
+  };
+  auto naive = [&](int set) {
+    LaunchWarpPerRowGather(pool_, row_bytes, dst_, row_bytes, sets.d_src + size_t(set) * n,
+                           sets.d_dst + size_t(set) * n, n, row_bytes, stream_);
+  };
+  struct Case {
+    const char* name;
+    std::function<void(int)> launch;
+    const std::vector<int32_t>* src;
+    const std::vector<int32_t>* dst;
+  };
+  const Case cases[] = {
+      {"sorted", [&](int s) { index_copy(sets.d_sorted_src, sets.d_sorted_dst, s); },
+       &sets.sorted_src, &sets.sorted_dst},
+      {"unsorted", [&](int s) { index_copy(sets.d_src, sets.d_dst, s); }, &sets.src, &sets.dst},
+      {"naive", naive, &sets.src, &sets.dst},
+  };
+  for (const Case& c : cases) {
+    Verify(c.name, row_bytes, c.src->data(), c.dst->data(), n, [&] { c.launch(0); });
+    const Timing t = TimeOnStream(stream_, o_.warmup, o_.reps,
+                                  [&](int rep) { c.launch(rep % sets.count); });
+    out.push_back({c.name, row_bytes, span_bytes, n, t, double(row_bytes) * n / (t.median_ms * 1e6)});
+  }
+  FreeIndexSets(sets);
+}
+
+void Bench::MeasureCopyEngine(int32_t row_bytes, std::vector<Variant>& out) {
+  const int64_t span_rows = std::min<int64_t>(int64_t(o_.pool_bytes) / row_bytes, INT32_MAX);
+  const int32_t n = std::min(o_.per_row_copies, o_.rows);
+  // Distinct random host rows, distinct destination rows: the first n pairs of one unsorted set.
+  IndexSets sets = MakeIndexSets(span_rows, 1);
+  std::vector<void*> dsts(n);
+  std::vector<const void*> srcs(n);
+  std::vector<size_t> sizes(n, row_bytes);
+  for (int32_t i = 0; i < n; ++i) {
+    srcs[i] = pool_ + int64_t(sets.src[i]) * row_bytes;
+    dsts[i] = dst_ + int64_t(sets.dst[i]) * row_bytes;
+  }
+  auto per_row = [&] {
+    for (int32_t i = 0; i < n; ++i) {
+      BENCH_CUDA(cudaMemcpyAsync(dsts[i], srcs[i], row_bytes, cudaMemcpyHostToDevice, stream_));
+    }
+  };
+  auto record = [&](const char* name, auto&& launch) {
+    Verify(name, row_bytes, sets.src.data(), sets.dst.data(), n, launch);
+    const Timing t = TimeOnStream(stream_, o_.warmup, o_.reps, [&](int) { launch(); });
+    out.push_back({name, row_bytes, int64_t(o_.pool_bytes), n, t,
+                   double(row_bytes) * n / (t.median_ms * 1e6)});
+  };
+  record("memcpy_per_row", per_row);
+#if CUDART_VERSION >= 13000
+  auto batch = [&] {
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t attr_index = 0;
+    BENCH_CUDA(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &attr, &attr_index,
+                                    1, stream_));
+  };
+  record("memcpy_batch", batch);
+#else
+  std::printf("cudaMemcpyBatchAsync: skipped (needs CUDA >= 13.0 for this signature)\n");
+#endif
+  FreeIndexSets(sets);
+}
+
+void Bench::Run() {
+  Setup();
+  MeasureCeilings();
+  for (const int64_t rb : o_.row_bytes) {
+    MeasureGathers(static_cast<int32_t>(rb), int64_t(o_.pool_bytes), main_);
+    MeasureCopyEngine(static_cast<int32_t>(rb), main_);
+    std::printf("row %lld B: done\n", static_cast<long long>(rb));
+    std::fflush(stdout);
+  }
+  for (const double gib : o_.span_gib) {
+    const int64_t span = int64_t(gib * kGiB);
+    if (span < int64_t(o_.pool_bytes)) MeasureGathers(o_.sweep_row_bytes, span, sweep_);
+  }
+  // The full-pool point of the sweep was measured in the main table.
+  for (const Variant& v : main_) {
+    if (v.row_bytes == o_.sweep_row_bytes && v.span_bytes == int64_t(o_.pool_bytes) &&
+        (v.name == "sorted" || v.name == "unsorted" || v.name == "naive")) {
+      sweep_.push_back(v);
+    }
+  }
+  Report();
+  backend_->FreeDevice(d_invalid_);
+  backend_->FreeDevice(d_count_);
+  backend_->FreeDevice(dst_);
+  backend_->FreeHost(pool_);
+}
+
+void Bench::Report() {
+  auto variants_json = [&](const std::vector<Variant>& vs) {
+    Json a = Json::Array();
+    for (const Variant& v : vs) {
+      a.Push(Json::Object()
+                 .Add("variant", v.name)
+                 .Add("row_bytes", v.row_bytes)
+                 .Add("span_bytes", v.span_bytes)
+                 .Add("rows", v.rows)
+                 .Add("timing", TimingJson(v.timing))
+                 .Add("useful_gbps", v.gbps)
+                 .Add("ratio_to_h2d", v.gbps / h2d_gbps_));
+    }
+    return a;
+  };
+  auto find = [&](const char* name, int32_t row_bytes) {
+    for (const Variant& v : main_) {
+      if (v.name == name && v.row_bytes == row_bytes) return v.gbps / h2d_gbps_;
+    }
+    return std::nan("");
+  };
+  Json summary = Json::Object()
+                     .Add("index_copy_ratio_656", find("sorted", 656))
+                     .Add("index_copy_ratio_1152", find("sorted", 1152))
+                     .Add("index_copy_h2d_gbps", h2d_gbps_);
+  Json root = Json::Object();
+  root.Add("benchmark", "index_copy_bench")
+      .Add("device", backend_->name())
+      .Add("config", Json::Object()
+                         .Add("pool_bytes", int64_t(o_.pool_bytes))
+                         .Add("rows", o_.rows)
+                         .Add("index_sets", o_.index_sets)
+                         .Add("warmup", o_.warmup)
+                         .Add("reps", o_.reps)
+                         .Add("seed", int64_t(o_.seed))
+                         .Add("cudart_version", CUDART_VERSION))
+      .Add("ceilings", Json::Object()
+                           .Add("h2d_gbps", h2d_gbps_)
+                           .Add("d2h_gbps", d2h_gbps_)
+                           .Add("d2d_gbps_read_plus_write", d2d_gbps_)
+                           .Add("h2d", TimingJson(h2d_t_))
+                           .Add("d2h", TimingJson(d2h_t_))
+                           .Add("d2d", TimingJson(d2d_t_)))
+      .Add("gathers", variants_json(main_))
+      .Add("span_sweep", variants_json(sweep_))
+      .Add("summary", summary);
+  if (!o_.json.empty()) WriteFile(o_.json, root.str() + "\n");
+
+  std::printf("\nIndexCopy host->HBM on %s; pool %.0f GiB pinned; useful GB/s (ratio to H2D %.1f)\n",
+              backend_->name().c_str(), double(o_.pool_bytes) / kGiB, h2d_gbps_);
+  std::printf("%-15s %6s %9s %8s %10s %8s %7s\n", "variant", "row_B", "span_GiB", "rows",
+              "median_us", "GB/s", "ratio");
+  auto print = [&](const std::vector<Variant>& vs) {
+    for (const Variant& v : vs) {
+      std::printf("%-15s %6d %9.1f %8d %10.1f %8.2f %7.3f\n", v.name.c_str(), v.row_bytes,
+                  double(v.span_bytes) / kGiB, v.rows, v.timing.median_ms * 1e3, v.gbps,
+                  v.gbps / h2d_gbps_);
+    }
+  };
+  print(main_);
+  std::printf("-- span sweep --\n");
+  print(sweep_);
+  std::printf("ceilings: H2D %.1f  D2H %.1f  D2D %.0f GB/s\n", h2d_gbps_, d2h_gbps_, d2d_gbps_);
+}
+
+}  // namespace
+}  // namespace sparsekv::bench
+
+int main(int argc, char** argv) {
+  using namespace sparsekv::bench;
+  const Flags flags(argc, argv,
+                    {{"pool_gib", "32"},
+                     {"rows", "131072"},
+                     {"row_bytes", "656,704,1152"},
+                     {"span_gib", "2,8"},
+                     {"sweep_row_bytes", "656"},
+                     {"index_sets", "4"},
+                     {"per_row_copies", "2048"},
+                     {"warmup", "3"},
+                     {"reps", "20"},
+                     {"seed", "1"},
+                     {"device", "0"},
+                     {"json", ""}});
+  Options o;
+  o.pool_bytes = size_t(flags.Double("pool_gib") * kGiB) & ~size_t{4095};
+  o.rows = static_cast<int32_t>(flags.Int("rows"));
+  o.row_bytes = flags.IntList("row_bytes");
+  o.span_gib = flags.DoubleList("span_gib");
+  o.sweep_row_bytes = static_cast<int32_t>(flags.Int("sweep_row_bytes"));
+  o.index_sets = static_cast<int>(flags.Int("index_sets"));
+  o.per_row_copies = static_cast<int>(flags.Int("per_row_copies"));
+  o.warmup = static_cast<int>(flags.Int("warmup"));
+  o.reps = static_cast<int>(flags.Int("reps"));
+  o.seed = static_cast<uint64_t>(flags.Int("seed"));
+  o.device = static_cast<int>(flags.Int("device"));
+  o.json = flags.Str("json");
+  if (o.rows <= 0 || o.reps <= 0 || o.warmup < 0 || o.index_sets <= 0 || o.row_bytes.empty()) {
+    Fail("--rows, --reps, --index_sets must be positive, --warmup >= 0, --row_bytes non-empty");
+  }
+
+  auto backend = ValueOrDie(sparsekv::CreateCudaBackend(o.device), "CreateCudaBackend");
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Bench(o, backend.get(), stream).Run();
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}

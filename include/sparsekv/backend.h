@@ -1,0 +1,74 @@
+// Backend: where sparsekv's memory lives and how its operators run.
+//
+// Two implementations: the CPU reference backend (plain loops over ordinary memory; the oracle for
+// every test) and the CUDA backend (pinned, device-mapped host memory, HBM, kernels). The manager
+// is written once against this interface; operators receive the plain views of kernel_views.h.
+//
+// Streams are opaque handles (a cudaStream_t in the CUDA backend; ignored by the CPU backend, whose
+// operations complete before they return). "Async" operations only enqueue on the stream: buffers
+// they read or write must stay valid until the stream reaches them.
+//
+// Thread safety: a Backend may be shared by several managers; its operations on distinct streams
+// may be called from different threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "sparsekv/kernel_views.h"
+#include "sparsekv/status.h"
+
+namespace sparsekv {
+
+using StreamHandle = void*;  // cudaStream_t for the CUDA backend; nullptr = default stream
+
+enum class BackendKind { kCpu, kCuda };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual BackendKind kind() const = 0;
+  // e.g. "cpu" or "cuda:0 NVIDIA H200".
+  virtual std::string name() const = 0;
+
+  // Host memory for the KV pool: pinned and addressable by the device where there is one.
+  virtual StatusOr<void*> AllocateHost(size_t bytes) = 0;
+  virtual void FreeHost(void* ptr) = 0;
+  // Memory the operators use as "device" memory: HBM for CUDA, ordinary memory for the CPU.
+  virtual StatusOr<void*> AllocateDevice(size_t bytes) = 0;
+  virtual void FreeDevice(void* ptr) = 0;
+
+  // Copies between any two of host and device memory. Pageable host sources may be reused as soon
+  // as the call returns.
+  virtual Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) = 0;
+  virtual Status MemsetAsync(void* dst, int value, size_t bytes, StreamHandle stream) = 0;
+  // Blocks until everything enqueued on the stream has completed.
+  virtual Status Synchronize(StreamHandle stream) = 0;
+
+  // A second stream for work that may overlap the main one (host write-back). Fork makes the side
+  // stream wait for what the main stream has enqueued so far; Join makes the main stream wait for
+  // what the side stream has enqueued so far. Both are legal inside CUDA graph capture.
+  virtual StreamHandle SideStream() = 0;
+  virtual Status Fork(StreamHandle main) = 0;
+  virtual Status Join(StreamHandle main) = 0;
+
+  // The operators (semantics in kernel_views.h). They never allocate and never synchronise.
+  virtual Status IndexCopy(const IndexCopyView& view, StreamHandle stream) = 0;
+  virtual Status Resolve(const ResolveView& view, int32_t max_batch, StreamHandle stream) = 0;
+  virtual Status Assemble(const AssembleView& view, int32_t max_batch, StreamHandle stream) = 0;
+};
+
+// The reference backend. Never fails to create.
+std::shared_ptr<Backend> CreateCpuBackend();
+
+// The CUDA backend on `device`. Unavailable if the library was built without CUDA or no device is
+// present; the message says which.
+StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device = 0);
+
+// True if the library was compiled with the CUDA backend (whether or not a GPU is present).
+bool CudaBackendCompiled();
+
+}  // namespace sparsekv

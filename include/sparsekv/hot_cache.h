@@ -1,0 +1,77 @@
+// HotCache: the per-request cache of KV rows in device memory (HBM), with its replacement state.
+//
+// Each admitted request holds one block; a block has, in every layer, C = hot_slots LRU slots
+// followed by W = window slots for the newest tokens. Layer l's data is one buffer of
+// [max_requests * (C + W)][row_stride(l)] bytes; a slot is addressed layer-wide as
+// block * (C + W) + slot, which is what Resolve returns and attention kernels index with.
+// Replacement state per layer and block is O(C): slot -> position (-1 = empty) and the LRU order
+// of the C slots. Nothing is sized by context length.
+//
+// Thread safety: not thread-safe; the owning manager serialises calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "sparsekv/backend.h"
+#include "sparsekv/options.h"
+#include "sparsekv/status.h"
+
+namespace sparsekv {
+
+class HotCache {
+ public:
+  // `backend` must outlive the cache.
+  static StatusOr<std::unique_ptr<HotCache>> Create(const KVGeometry& geometry, int32_t hot_slots,
+                                                    int32_t window, int32_t max_blocks,
+                                                    Backend* backend);
+  ~HotCache();
+  HotCache(const HotCache&) = delete;
+  HotCache& operator=(const HotCache&) = delete;
+
+  // Takes a free block (lowest first) and enqueues the reset of its state on `stream`: every
+  // slot empty, LRU order 0..C-1. ResourceExhausted if all blocks are taken.
+  StatusOr<int32_t> Acquire(StreamHandle stream);
+  // REQUIRES: block was acquired and not yet released.
+  void Release(int32_t block);
+
+  int32_t hot_slots() const { return hot_slots_; }
+  int32_t window() const { return window_; }
+  int32_t slots_per_block() const { return hot_slots_ + window_; }
+  int32_t max_blocks() const { return max_blocks_; }
+  int32_t used_blocks() const { return max_blocks_ - static_cast<int32_t>(free_.size()); }
+  // Layer-wide slot of the window slot that holds `position`.
+  int32_t WindowSlot(int32_t block, int32_t position) const {
+    return block * slots_per_block() + hot_slots_ + position % window_;
+  }
+
+  std::byte* layer_data(int32_t layer) const { return data_[layer]; }        // [rows, stride]
+  int64_t layer_rows() const { return int64_t{max_blocks_} * slots_per_block(); }
+  int32_t* slot_token(int32_t layer) const { return slot_token_ + Offset(layer); }  // [blocks, C]
+  int32_t* lru_order(int32_t layer) const { return lru_order_ + Offset(layer); }    // [blocks, C]
+  // Device bytes held: data plus replacement state.
+  int64_t device_bytes() const { return device_bytes_; }
+  // Device bytes one block costs over all layers.
+  static int64_t BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window);
+
+ private:
+  HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window, int32_t max_blocks,
+           Backend* backend);
+  int64_t Offset(int32_t layer) const { return int64_t{layer} * max_blocks_ * hot_slots_; }
+
+  KVGeometry geometry_;
+  int32_t hot_slots_;
+  int32_t window_;
+  int32_t max_blocks_;
+  Backend* backend_;
+  std::vector<std::byte*> data_;
+  int32_t* slot_token_ = nullptr;  // [layers, blocks, C]
+  int32_t* lru_order_ = nullptr;   // [layers, blocks, C]
+  std::vector<int32_t> reset_image_;  // host: C x -1 then 0..C-1, the state of a fresh block
+  int64_t device_bytes_ = 0;
+  std::vector<int32_t> free_;  // free blocks, highest first (Acquire pops the lowest)
+};
+
+}  // namespace sparsekv

@@ -1,0 +1,118 @@
+// Plain, trivially copyable views that every backend's operators receive by value.
+//
+// A view names memory (device memory, or host memory the device can address) and shapes; it owns
+// nothing. The same views drive the CPU reference backend (the oracle) and the CUDA backend, and
+// their semantics are defined here, once. Scalars that a captured CUDA graph must read at run time
+// (batch size, miss count) are pointers into device memory, never by-value fields.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define SPARSEKV_HD __host__ __device__
+#else
+#define SPARSEKV_HD
+#endif
+
+namespace sparsekv {
+
+// A slot of the hot cache of one layer, counted over the whole layer buffer:
+// request block * slots_per_request + slot within the block. kNullSlot = no slot.
+inline constexpr int32_t kNullSlot = -1;
+// A top-k entry of -1 is padding.
+inline constexpr int32_t kPaddingPosition = -1;
+
+// Device-side counters. All accumulate until the host reads and resets them.
+struct ResolveCounters {
+  unsigned long long hits;          // positions found in a hot LRU slot
+  unsigned long long window_hits;   // positions served by the always-resident window
+  unsigned long long misses;        // positions copied from the host pool this step
+  unsigned long long padding;       // entries equal to -1
+  unsigned long long duplicates;    // repeats of a position earlier in the same top-k row
+  unsigned long long out_of_range;  // positions < -1 or >= seq_len; skipped
+};
+
+// One row of the step's batch table, written by the manager's plan phase.
+struct BatchEntry {
+  int32_t block;           // the request's hot-cache block; -1 = unused row
+  int32_t seq_len;         // tokens with KV, the newest included; top-k positions are < seq_len
+  int32_t page_table_row;  // the request's row in the page table
+  int32_t reserved = 0;
+};
+
+// dst[dst_index[i]] = src[src_index[i]] for i < min(*count, capacity), `row_bytes` bytes each.
+// An entry whose source or destination index is outside [0, src_rows) / [0, dst_rows) is skipped
+// and counted in *invalid (if not null). Distinct valid entries must not share a destination.
+// src and dst may each be device memory or host memory the device can address.
+struct IndexCopyView {
+  const std::byte* src;       // [src_rows, src_stride]
+  std::byte* dst;             // [dst_rows, dst_stride]
+  const int32_t* src_index;   // [capacity]
+  const int32_t* dst_index;   // [capacity]
+  const int32_t* count;       // device scalar; entries to copy
+  int32_t capacity;           // size of the index arrays
+  int32_t row_bytes;          // bytes copied per row
+  int64_t src_stride;         // bytes between source rows
+  int64_t dst_stride;         // bytes between destination rows
+  int64_t src_rows;
+  int64_t dst_rows;
+  unsigned long long* invalid;  // device scalar or nullptr; += skipped entries
+};
+
+// Resolve one layer's top-k for the whole batch against the hot cache.
+//
+// For every batch row b < *batch_size (rows at or past it are not touched), with entry e =
+// batch[b], C = hot_slots, W = window, base = e.block * (C + W), and
+// window_begin = max(0, e.seq_len - W), each top-k entry p = topk[b * topk_stride + k] is:
+//   * -1                                 -> padding:      out = -1
+//   * p < -1 or p >= e.seq_len           -> out_of_range: out = -1
+//   * an earlier entry of the row was p  -> duplicate:    out = -1
+//   * p >= window_begin                  -> window hit:   out = base + C + p % W
+//   * slot_token[block][s] == p, s < C   -> hit:          out = base + s
+//   * otherwise                          -> miss (the i-th miss of the row, in k order).
+// Victims: walk lru_order[block][0..C) (least recently used first) and take the first n_miss
+// slots not hit in this step; the i-th miss gets the i-th victim v_i: slot_token = p,
+// out = base + v_i, and the miss list gets (host row of p, base + v_i). The host row of p is
+// page_table[e.page_table_row * pages_per_request + p / page_tokens] * page_tokens
+//   + p % page_tokens.
+// New LRU order: the slots neither hit nor filled keep their relative order at the front; the
+// slots hit or filled follow, also in their previous relative order.
+// Miss entries of all rows are appended at miss_count (atomically); their order in the list is
+// unspecified (the CUDA backend sorts each row's misses by host row).
+struct ResolveView {
+  const int32_t* batch_size;   // device scalar: rows in use this step
+  const BatchEntry* batch;     // [max_batch]
+  const int32_t* topk;         // [max_batch, topk_stride] positions, -1 = padding
+  int32_t top_k;               // entries per row
+  int32_t topk_stride;         // elements between rows of topk (>= top_k)
+  int32_t* slots_out;          // [max_batch, top_k] layer-wide slot, kNullSlot for skipped
+  int32_t* slot_token;         // [num_blocks, hot_slots] this layer's slot -> position, -1 empty
+  int32_t* lru_order;          // [num_blocks, hot_slots] this layer's slots, LRU first
+  int32_t hot_slots;           // C
+  int32_t window;              // W
+  const int32_t* page_table;   // [max_requests, pages_per_request] host page of each page
+  int32_t pages_per_request;
+  int32_t page_tokens;
+  int32_t* miss_host_row;      // [miss_capacity] source row in the host pool layer
+  int32_t* miss_slot;          // [miss_capacity] destination layer-wide slot
+  int32_t* miss_count;         // device scalar, zeroed before the launch
+  int32_t miss_capacity;       // >= max_batch * top_k
+  ResolveCounters* counters;   // this layer's counters
+  bool sort_misses;            // sort each row's misses by host row (performance only)
+};
+
+// out[b, k] = hot[slots[b, k]] for b < *batch_size and k < top_k; a row whose slot is kNullSlot
+// (or outside [0, hot_rows)) is zero-filled. Rows b >= *batch_size are not touched.
+struct AssembleView {
+  const int32_t* batch_size;  // device scalar
+  const std::byte* hot;       // [hot_rows, stride] one layer of the hot cache
+  int64_t hot_rows;
+  const int32_t* slots;       // [max_batch, top_k]
+  std::byte* out;             // [max_batch, top_k, stride]
+  int32_t top_k;
+  int32_t row_bytes;
+  int64_t stride;
+};
+
+}  // namespace sparsekv

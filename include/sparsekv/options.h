@@ -1,0 +1,89 @@
+// Geometry of the KV cache and the options of a SparseKVCacheManager.
+//
+// Options are plain structs with documented defaults. They are validated once, by
+// ValidateOptions() (called by SparseKVCacheManager::Create), which returns a clear error for
+// anything inconsistent; after that the library trusts them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sparsekv/status.h"
+
+namespace sparsekv {
+
+// Shape of one layer's KV row: the bytes a token contributes to that layer.
+struct LayerShape {
+  int32_t row_bytes = 656;   // meaningful bytes per row (DeepSeek-V3.2 fp8: 656; bf16: 1152)
+  int32_t row_stride = 656;  // bytes between consecutive rows, >= row_bytes (e.g. 656 -> 704)
+};
+
+struct KVGeometry {
+  std::vector<LayerShape> layers;  // one entry per attention layer
+
+  int32_t num_layers() const { return static_cast<int32_t>(layers.size()); }
+  // Sum of row_bytes over all layers: the meaningful KV bytes of one token.
+  int64_t token_bytes() const;
+  // Sum of row_stride over all layers: the bytes one token occupies in the host pool.
+  int64_t token_stride_bytes() const;
+
+  // Every layer has the same row. row_stride == 0 means row_stride = row_bytes.
+  static KVGeometry Uniform(int32_t num_layers, int32_t row_bytes, int32_t row_stride = 0);
+};
+
+// Model presets from DESIGN.md section 2.
+enum class KVPrecision { kFp8, kBf16 };  // fp8: 656-B rows; bf16: 1152-B rows
+struct ModelPreset {
+  std::string name;            // "deepseek-v3.2" or "glm-5"
+  int32_t num_layers;          // 61 or 78
+  int32_t row_bytes;           // 656 (fp8) or 1152 (bf16)
+  int32_t indexer_key_bytes;   // 132 B per token per layer (128 fp8 + fp32 scale), kept in HBM
+  int32_t top_k;               // 2048
+  KVGeometry geometry() const { return KVGeometry::Uniform(num_layers, row_bytes); }
+};
+// Known names: "deepseek-v3.2", "glm-5". Returns NotFound for any other name.
+StatusOr<ModelPreset> FindPreset(const std::string& name, KVPrecision precision);
+
+struct CacheOptions {
+  KVGeometry geometry;
+
+  // ---- Behaviour ----
+  // Positions selected per request and layer at every decode step.
+  int32_t top_k = 2048;
+  // Least-recently-used hot slots per request and layer, in HBM. Must be >= top_k so that any
+  // step's misses always find a victim.
+  int32_t hot_slots = 4096;
+  // The newest `window` tokens of each request are always resident, in `window` extra slots per
+  // request and layer (beyond hot_slots), and are never evicted.
+  int32_t window = 1;
+  // Host pool size in tokens (each token holds a row for every layer). Required.
+  int64_t host_capacity_tokens = 0;
+  // Requests that may hold a hot-cache block at once (admitted and not retracted). Required.
+  int32_t max_requests = 0;
+  // Requests that may hold host pages at once (admitted, retracted ones included).
+  // 0 means max_requests; otherwise >= max_requests.
+  int32_t max_host_requests = 0;
+  // Largest batch of one decode step. 0 means max_requests.
+  int32_t max_batch = 0;
+  // Largest prompt + generated length of one request. Required.
+  int32_t max_context = 0;
+  // Host rows are given to requests in pages of this many tokens.
+  int32_t host_page_tokens = 64;
+
+  // ---- Performance ----
+  // Sort each request's miss list by host address before copying (translation locality).
+  bool sort_misses = true;
+
+  int32_t effective_max_batch() const { return max_batch > 0 ? max_batch : max_requests; }
+  int32_t effective_max_host_requests() const {
+    return max_host_requests > 0 ? max_host_requests : max_requests;
+  }
+  // Slots per request and layer in the hot cache: hot_slots + window.
+  int32_t slots_per_request() const { return hot_slots + window; }
+};
+
+// Checks every field and their combinations; the message names the field and the rule.
+Status ValidateOptions(const CacheOptions& options);
+
+}  // namespace sparsekv

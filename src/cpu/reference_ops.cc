@@ -1,0 +1,112 @@
+#include "cpu/reference_ops.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+namespace sparsekv::reference {
+
+void IndexCopy(const IndexCopyView& v) {
+  const int32_t n = std::clamp(*v.count, 0, v.capacity);
+  for (int32_t i = 0; i < n; ++i) {
+    const int64_t s = v.src_index[i];
+    const int64_t d = v.dst_index[i];
+    if (s < 0 || s >= v.src_rows || d < 0 || d >= v.dst_rows) {
+      if (v.invalid != nullptr) ++*v.invalid;
+      continue;
+    }
+    std::memcpy(v.dst + d * v.dst_stride, v.src + s * v.src_stride, v.row_bytes);
+  }
+}
+
+namespace {
+
+// Resolves one batch row. Invariant kept: slot_token/lru_order of the block describe exactly the
+// positions resident in its C LRU slots, and lru_order is a permutation of [0, C).
+void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
+  const BatchEntry e = v.batch[b];
+  const int32_t c = v.hot_slots;
+  const int32_t w = v.window;
+  const int32_t base = e.block * (c + w);
+  const int32_t window_begin = std::max(0, e.seq_len - w);
+  const int32_t* topk = v.topk + static_cast<int64_t>(b) * v.topk_stride;
+  int32_t* out = v.slots_out + static_cast<int64_t>(b) * v.top_k;
+  int32_t* slot_token = v.slot_token + static_cast<int64_t>(e.block) * c;
+  int32_t* lru = v.lru_order + static_cast<int64_t>(e.block) * c;
+  ResolveCounters& n = *v.counters;
+
+  std::unordered_map<int32_t, int32_t> slot_of;  // position -> LRU slot
+  for (int32_t s = 0; s < c; ++s) {
+    if (slot_token[s] >= 0) slot_of.emplace(slot_token[s], s);
+  }
+  std::unordered_map<int32_t, int32_t> seen;
+  std::vector<char> touched(c, 0);
+  misses.clear();
+  for (int32_t k = 0; k < v.top_k; ++k) {
+    const int32_t p = topk[k];
+    out[k] = kNullSlot;
+    if (p == kPaddingPosition) {
+      ++n.padding;
+    } else if (p < 0 || p >= e.seq_len) {
+      ++n.out_of_range;
+    } else if (!seen.emplace(p, k).second) {
+      ++n.duplicates;
+    } else if (p >= window_begin) {
+      ++n.window_hits;
+      out[k] = base + c + p % w;
+    } else if (auto it = slot_of.find(p); it != slot_of.end()) {
+      ++n.hits;
+      out[k] = base + it->second;
+      touched[it->second] = 1;
+    } else {
+      misses.push_back(k);
+    }
+  }
+  // Victims: the least recently used slots that no hit touched.
+  size_t next_miss = 0;
+  for (int32_t i = 0; i < c && next_miss < misses.size(); ++i) {
+    const int32_t s = lru[i];
+    if (touched[s]) continue;
+    const int32_t k = misses[next_miss++];
+    const int32_t p = topk[k];
+    touched[s] = 1;
+    slot_token[s] = p;
+    out[k] = base + s;
+    const int32_t page = v.page_table[static_cast<int64_t>(e.page_table_row) * v.pages_per_request +
+                                      p / v.page_tokens];
+    const int32_t slot_index = (*v.miss_count)++;
+    v.miss_host_row[slot_index] = page * v.page_tokens + p % v.page_tokens;
+    v.miss_slot[slot_index] = base + s;
+  }
+  n.misses += misses.size();
+  // Untouched slots first, then touched ones, each in their previous order.
+  std::stable_partition(lru, lru + c, [&](int32_t s) { return !touched[s]; });
+}
+
+}  // namespace
+
+void Resolve(const ResolveView& v) {
+  std::vector<int32_t> misses;
+  for (int32_t b = 0; b < *v.batch_size; ++b) {
+    if (v.batch[b].block < 0) continue;
+    ResolveRow(v, b, misses);
+  }
+}
+
+void Assemble(const AssembleView& v) {
+  for (int32_t b = 0; b < *v.batch_size; ++b) {
+    for (int32_t k = 0; k < v.top_k; ++k) {
+      const int64_t row = static_cast<int64_t>(b) * v.top_k + k;
+      const int32_t s = v.slots[row];
+      std::byte* out = v.out + row * v.stride;
+      if (s < 0 || s >= v.hot_rows) {
+        std::memset(out, 0, v.row_bytes);
+      } else {
+        std::memcpy(out, v.hot + s * v.stride, v.row_bytes);
+      }
+    }
+  }
+}
+
+}  // namespace sparsekv::reference

@@ -1,0 +1,142 @@
+// The reference operators' own semantics, checked on hand-built cases.
+#include "cpu/reference_ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+namespace sparsekv {
+namespace {
+
+TEST(ReferenceIndexCopyTest, CopiesValidEntriesAndCountsInvalidOnes) {
+  constexpr int kRow = 3;  // odd row size, strides larger than the row
+  std::vector<std::byte> src(5 * 4), dst(4 * 5, std::byte{0xAA});
+  for (size_t i = 0; i < src.size(); ++i) src[i] = std::byte(i);
+  const std::vector<int32_t> src_index = {4, -1, 0, 2, 7};
+  const std::vector<int32_t> dst_index = {0, 1, 3, 9, 2};
+  const int32_t count = 5;
+  unsigned long long invalid = 0;
+  IndexCopyView v{src.data(), dst.data(), src_index.data(), dst_index.data(), &count, 5, kRow,
+                  4, 5, 5, 4, &invalid};
+  reference::IndexCopy(v);
+  EXPECT_EQ(invalid, 3u);  // src -1, dst 9, src 7
+  EXPECT_EQ(std::memcmp(dst.data(), src.data() + 16, kRow), 0);       // row 0 <- row 4
+  EXPECT_EQ(std::memcmp(dst.data() + 15, src.data() + 0, kRow), 0);   // row 3 <- row 0
+  EXPECT_EQ(dst[3], std::byte{0xAA});  // bytes past row_bytes untouched
+  EXPECT_EQ(dst[5], std::byte{0xAA});  // row 1 untouched (invalid source)
+}
+
+TEST(ReferenceIndexCopyTest, CountIsClampedToCapacity) {
+  std::vector<std::byte> src(8, std::byte{1}), dst(8, std::byte{0});
+  const std::vector<int32_t> index = {0, 1};
+  const int32_t count = 100;
+  IndexCopyView v{src.data(), dst.data(), index.data(), index.data(), &count, 2, 4, 4, 4, 2, 2,
+                  nullptr};
+  reference::IndexCopy(v);
+  EXPECT_EQ(dst, src);
+}
+
+// One request, C = 4 LRU slots, W = 1, K = 3; positions are their own host rows.
+class ReferenceResolveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    slot_token_.assign(kC, -1);
+    lru_.resize(kC);
+    std::iota(lru_.begin(), lru_.end(), 0);
+    page_table_ = {0, 1, 2, 3};  // page i -> host page i; 16-token pages
+  }
+  std::vector<int32_t> Run(std::vector<int32_t> topk, int32_t seq_len) {
+    const int32_t batch_size = 1;
+    BatchEntry entry{0, seq_len, 0};
+    std::vector<int32_t> out(kK, 12345);
+    miss_rows_.assign(kK, -7);
+    miss_slots_.assign(kK, -7);
+    miss_count_ = 0;
+    ResolveView v{};
+    v.batch_size = &batch_size;
+    v.batch = &entry;
+    v.topk = topk.data();
+    v.top_k = kK;
+    v.topk_stride = kK;
+    v.slots_out = out.data();
+    v.slot_token = slot_token_.data();
+    v.lru_order = lru_.data();
+    v.hot_slots = kC;
+    v.window = 1;
+    v.page_table = page_table_.data();
+    v.pages_per_request = 4;
+    v.page_tokens = 16;
+    v.miss_host_row = miss_rows_.data();
+    v.miss_slot = miss_slots_.data();
+    v.miss_count = &miss_count_;
+    v.miss_capacity = kK;
+    v.counters = &counters_;
+    reference::Resolve(v);
+    return out;
+  }
+  static constexpr int32_t kC = 4, kK = 3;
+  std::vector<int32_t> slot_token_, lru_, page_table_, miss_rows_, miss_slots_;
+  int32_t miss_count_ = 0;
+  ResolveCounters counters_{};
+};
+
+TEST_F(ReferenceResolveTest, MissesFillLeastRecentlyUsedSlotsInOrder) {
+  EXPECT_EQ(Run({10, 20, 30}, 40), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(miss_count_, 3);
+  EXPECT_EQ(counters_.misses, 3u);
+  EXPECT_EQ(miss_rows_[1], 20);
+  EXPECT_EQ(slot_token_, (std::vector<int32_t>{10, 20, 30, -1}));
+  EXPECT_EQ(lru_, (std::vector<int32_t>{3, 0, 1, 2}));
+}
+
+TEST_F(ReferenceResolveTest, HitsAreNeverEvictedAndLruOrderFollowsUse) {
+  Run({10, 20, 30}, 40);          // order now 3,0,1,2 (slot 3 empty)
+  auto out = Run({30, 11, 12}, 40);  // 30 hits slot 2; misses take slots 3 then 0
+  EXPECT_EQ(out, (std::vector<int32_t>{2, 3, 0}));
+  EXPECT_EQ(counters_.hits, 1u);
+  // Untouched (slot 1) first, then touched slots in their previous order: 3, 0, 2.
+  EXPECT_EQ(lru_, (std::vector<int32_t>{1, 3, 0, 2}));
+  out = Run({40, 30, 50}, 60);  // slot 1 (20) is the least recently used
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 3}));
+}
+
+TEST_F(ReferenceResolveTest, WindowPaddingDuplicatesAndOutOfRange) {
+  // seq_len 40, W 1: position 39 is the window slot C + 39 % 1 = 4.
+  auto out = Run({39, -1, 39}, 40);
+  EXPECT_EQ(out, (std::vector<int32_t>{4, -1, -1}));
+  EXPECT_EQ(counters_.window_hits, 1u);
+  EXPECT_EQ(counters_.padding, 1u);
+  EXPECT_EQ(counters_.duplicates, 1u);
+  out = Run({40, -5, 7}, 40);
+  EXPECT_EQ(out, (std::vector<int32_t>{-1, -1, 0}));
+  EXPECT_EQ(counters_.out_of_range, 2u);
+  EXPECT_EQ(miss_rows_[0], 7);
+}
+
+TEST_F(ReferenceResolveTest, HostRowComesFromThePageTable) {
+  page_table_ = {3, 0, 2, 1};
+  Run({17, 2, 33}, 40);  // page 1 -> host page 0; page 0 -> 3; page 2 -> 2
+  EXPECT_EQ(miss_rows_[0], 0 * 16 + 1);
+  EXPECT_EQ(miss_rows_[1], 3 * 16 + 2);
+  EXPECT_EQ(miss_rows_[2], 2 * 16 + 1);
+}
+
+TEST(ReferenceAssembleTest, GathersRowsAndZeroFillsSkippedEntries) {
+  std::vector<std::byte> hot(3 * 4);
+  for (size_t i = 0; i < hot.size(); ++i) hot[i] = std::byte(i + 1);
+  const std::vector<int32_t> slots = {2, -1, 0, 9};
+  std::vector<std::byte> out(4 * 4, std::byte{0xEE});
+  const int32_t batch_size = 2;
+  AssembleView v{&batch_size, hot.data(), 3, slots.data(), out.data(), 2, 3, 4};
+  reference::Assemble(v);
+  EXPECT_EQ(std::memcmp(out.data(), hot.data() + 8, 3), 0);
+  EXPECT_EQ(out[4], std::byte{0});
+  EXPECT_EQ(std::memcmp(out.data() + 8, hot.data(), 3), 0);
+  EXPECT_EQ(out[12], std::byte{0});   // out-of-range slot: zero row
+  EXPECT_EQ(out[3], std::byte{0xEE});  // stride padding untouched
+}
+
+}  // namespace
+}  // namespace sparsekv

@@ -1,0 +1,136 @@
+// The row gather behind IndexCopy and Assemble: whole rows, chosen by index, copied between any two
+// of pinned host memory (read or written by the SMs over UVA) and device memory.
+//
+// Work decomposition. A row of `row_bytes` is `chunks` vectors of kVecBytes (16 when every address
+// is 16-B aligned: 656 B = 41 chunks, 1152 B = 72). The grid is persistent (sized once from the
+// capacity and the SM count, since the row count is only known on the device) and its T threads
+// form a fixed lattice: `lanes = min(chunks, T)` consecutive threads share a row, one chunk each,
+// and the T / lanes groups of them stride over the rows. Hence
+//   * no lane idles on a ragged row (a warp per 41-chunk row leaves 23 of 64 lanes idle), and a
+//     warp's 32 accesses are contiguous runs in at most three rows (two for rows of >= 32 chunks);
+//   * there is no division per element: a thread's chunk is fixed, only its row advances;
+//   * each thread resolves kUnroll rows, issues all of their loads, then all of their stores, so
+//     every thread keeps kUnroll independent reads in flight. Over PCIe the latency of a read is
+//     ~1-2 us; the bandwidth-delay product at 55 GB/s is ~100 KB, which a few thousand threads with
+//     four 16-B reads each already cover, so the full grid leaves ample margin.
+// Rows far longer than the grid (chunks > T) fall out of the same loop: lanes = T and each thread
+// walks several chunks of the row.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace sparsekv::row_gather {
+
+// Threads per block, and the blocks per SM guaranteed by __launch_bounds__ (<= 64 registers).
+inline constexpr int kThreads = 256;
+inline constexpr int kMinBlocksPerSm = 4;
+// Rows a thread has in flight.
+inline constexpr int kUnroll = 4;
+
+// The access unit: kVecBytes bytes, naturally aligned.
+template <int kVecBytes>
+struct Vec;
+template <>
+struct Vec<16> {
+  using Type = uint4;
+};
+template <>
+struct Vec<8> {
+  using Type = uint2;
+};
+template <>
+struct Vec<4> {
+  using Type = unsigned int;
+};
+template <>
+struct Vec<1> {
+  using Type = unsigned char;
+};
+
+// The widest access (16, 8, 4 or 1 bytes) that divides every address the gather forms.
+inline int VectorBytes(const void* a, const void* b, int64_t row_bytes, int64_t stride_a,
+                       int64_t stride_b) {
+  const uint64_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+                        static_cast<uint64_t>(row_bytes) | static_cast<uint64_t>(stride_a) |
+                        static_cast<uint64_t>(stride_b);
+  for (int vec : {16, 8, 4}) {
+    if (bits % vec == 0) return vec;
+  }
+  return 1;
+}
+
+// Blocks for `rows` rows of `chunks` chunks: one thread per (row, chunk) pair, capped at what the
+// current device holds resident at once.
+inline cudaError_t GridBlocks(int64_t rows, int64_t chunks, int* blocks) {
+  int device = 0;
+  int sms = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      err != cudaSuccess) {
+    return err;
+  }
+  const int64_t resident = static_cast<int64_t>(sms) * kMinBlocksPerSm;
+  const int64_t wanted = (rows * chunks + kThreads - 1) / kThreads;
+  *blocks = static_cast<int>(wanted < resident ? (wanted > 0 ? wanted : 1) : resident);
+  return cudaSuccess;
+}
+
+// Copies rows [0, n). For row i, `rows.Load(i)` reads its indices (an Entry) and
+// `rows.Locate(i, entry, src, dst)` sets the source row (nullptr: zero-fill) and the destination
+// row (nullptr: skip the row) and returns false for an entry that counts as invalid. Returns how
+// many invalid entries this thread counted; grid-wide, each is counted exactly once (by the thread
+// holding chunk 0 of its row).
+// REQUIRES: the destination of one row is no other row's source (all loads of a batch of kUnroll
+// rows are issued before their stores, by many threads at once).
+template <int kVecBytes, typename Rows>
+__device__ __forceinline__ int32_t GatherRows(const Rows& rows, int64_t n, int64_t chunks) {
+  using V = typename Vec<kVecBytes>::Type;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t lanes = chunks < threads ? chunks : threads;
+  const int64_t row_step = threads / lanes;
+  const int64_t first_chunk = t % lanes;
+  // Threads past the last full group of `lanes` have no row.
+  const int64_t first_row = t < row_step * lanes ? t / lanes : n;
+  int32_t invalid = 0;
+  for (int64_t row0 = first_row; row0 < n; row0 += kUnroll * row_step) {
+    // All index loads first, unconditionally (rows past n read row0's), so that they issue back to
+    // back; the rows past n are dropped afterwards.
+    typename Rows::Entry entry[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = row0 + u * row_step;
+      entry[u] = rows.Load(i < n ? i : row0);
+    }
+    const V* src[kUnroll];
+    V* dst[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = row0 + u * row_step;
+      const bool valid = rows.Locate(i, entry[u], src[u], dst[u]);
+      if (i >= n) {
+        src[u] = nullptr;
+        dst[u] = nullptr;
+      } else if (!valid && first_chunk == 0) {
+        ++invalid;
+      }
+    }
+    for (int64_t c = first_chunk; c < chunks; c += lanes) {
+      V v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        // Streaming loads: every source byte is read once.
+        v[u] = src[u] != nullptr ? __ldcs(src[u] + c) : V{};
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (dst[u] != nullptr) dst[u][c] = v[u];
+      }
+    }
+  }
+  return invalid;
+}
+
+}  // namespace sparsekv::row_gather

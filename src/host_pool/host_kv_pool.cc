@@ -1,0 +1,93 @@
+#include "sparsekv/host_kv_pool.h"
+
+#include <string>
+
+namespace sparsekv {
+
+StatusOr<std::unique_ptr<HostKVPool>> HostKVPool::Create(const KVGeometry& geometry,
+                                                          int64_t capacity_tokens,
+                                                          int32_t page_tokens, int32_t max_owners,
+                                                          int32_t max_tokens_per_owner,
+                                                          Backend* backend) {
+  if (page_tokens <= 0 || capacity_tokens < page_tokens || max_owners <= 0 ||
+      max_tokens_per_owner <= 0 || geometry.layers.empty()) {
+    return InvalidArgument("HostKVPool: invalid shape");
+  }
+  const int64_t pages = (capacity_tokens + page_tokens - 1) / page_tokens;
+  const int64_t rows = pages * page_tokens;
+  if (rows > INT32_MAX) return InvalidArgument("HostKVPool: capacity overflows 32-bit rows");
+  const int32_t pages_per_owner = (max_tokens_per_owner + page_tokens - 1) / page_tokens;
+  std::unique_ptr<HostKVPool> pool(new HostKVPool(geometry, static_cast<int32_t>(rows),
+                                                  page_tokens, max_owners, pages_per_owner,
+                                                  backend));
+  for (const LayerShape& layer : geometry.layers) {
+    SPARSEKV_ASSIGN_OR_RETURN(void* p, backend->AllocateHost(rows * layer.row_stride));
+    pool->layer_base_.push_back(static_cast<std::byte*>(p));
+  }
+  return pool;
+}
+
+HostKVPool::HostKVPool(const KVGeometry& geometry, int32_t rows, int32_t page_tokens,
+                       int32_t max_owners, int32_t pages_per_owner, Backend* backend)
+    : geometry_(geometry),
+      rows_(rows),
+      page_tokens_(page_tokens),
+      pages_per_owner_(pages_per_owner),
+      backend_(backend),
+      page_table_(static_cast<size_t>(max_owners) * pages_per_owner, -1),
+      owner_pages_(max_owners, 0) {
+  for (int32_t p = 0; p < rows / page_tokens; ++p) free_pages_.insert(free_pages_.end(), p);
+}
+
+HostKVPool::~HostKVPool() {
+  for (std::byte* p : layer_base_) backend_->FreeHost(p);
+}
+
+Status HostKVPool::Reserve(int32_t owner, int32_t tokens) {
+  if (owner < 0 || owner >= static_cast<int32_t>(owner_pages_.size())) {
+    return InvalidArgument("HostKVPool: owner " + std::to_string(owner) + " out of range");
+  }
+  if (owner_pages_[owner] != 0) {
+    return FailedPrecondition("HostKVPool: owner " + std::to_string(owner) + " holds pages");
+  }
+  const int64_t pages = (static_cast<int64_t>(tokens) + page_tokens_ - 1) / page_tokens_;
+  if (tokens < 0 || pages > pages_per_owner_) {
+    return OutOfRange("HostKVPool: " + std::to_string(tokens) + " tokens exceed the " +
+                      std::to_string(int64_t{pages_per_owner_} * page_tokens_) +
+                      " a request may hold (max_context)");
+  }
+  if (pages > static_cast<int64_t>(free_pages_.size())) {
+    return ResourceExhausted("HostKVPool: need " + std::to_string(pages) + " pages of " +
+                             std::to_string(page_tokens_) + " tokens, " +
+                             std::to_string(free_pages_.size()) + " free of " +
+                             std::to_string(total_pages()));
+  }
+  int32_t* table = page_table_.data() + static_cast<size_t>(owner) * pages_per_owner_;
+  for (int64_t i = 0; i < pages; ++i) {
+    table[i] = *free_pages_.begin();
+    free_pages_.erase(free_pages_.begin());
+  }
+  owner_pages_[owner] = static_cast<int32_t>(pages);
+  return Status::Ok();
+}
+
+void HostKVPool::Release(int32_t owner) {
+  int32_t* table = page_table_.data() + static_cast<size_t>(owner) * pages_per_owner_;
+  for (int32_t i = 0; i < owner_pages_[owner]; ++i) {
+    free_pages_.insert(table[i]);
+    table[i] = -1;
+  }
+  owner_pages_[owner] = 0;
+}
+
+int32_t HostKVPool::HostRow(int32_t owner, int32_t position) const {
+  const int32_t page =
+      page_table_[static_cast<size_t>(owner) * pages_per_owner_ + position / page_tokens_];
+  return page * page_tokens_ + position % page_tokens_;
+}
+
+int32_t HostKVPool::ReservedTokens(int32_t owner) const {
+  return owner_pages_[owner] * page_tokens_;
+}
+
+}  // namespace sparsekv

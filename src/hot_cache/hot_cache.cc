@@ -1,0 +1,79 @@
+#include "sparsekv/hot_cache.h"
+
+#include <numeric>
+
+namespace sparsekv {
+
+int64_t HotCache::BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window) {
+  const int64_t data = geometry.token_stride_bytes() * (hot_slots + window);
+  const int64_t state = int64_t{geometry.num_layers()} * hot_slots * 2 * sizeof(int32_t);
+  return data + state;
+}
+
+StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
+                                                      int32_t hot_slots, int32_t window,
+                                                      int32_t max_blocks, Backend* backend) {
+  if (hot_slots <= 0 || window <= 0 || max_blocks <= 0 || geometry.layers.empty()) {
+    return InvalidArgument("HotCache: invalid shape");
+  }
+  std::unique_ptr<HotCache> cache(new HotCache(geometry, hot_slots, window, max_blocks, backend));
+  const int64_t rows = cache->layer_rows();
+  for (const LayerShape& layer : geometry.layers) {
+    SPARSEKV_ASSIGN_OR_RETURN(void* p, backend->AllocateDevice(rows * layer.row_stride));
+    cache->data_.push_back(static_cast<std::byte*>(p));
+    cache->device_bytes_ += rows * layer.row_stride;
+  }
+  const int64_t state_bytes =
+      int64_t{geometry.num_layers()} * max_blocks * hot_slots * sizeof(int32_t);
+  SPARSEKV_ASSIGN_OR_RETURN(void* tokens, backend->AllocateDevice(state_bytes));
+  cache->slot_token_ = static_cast<int32_t*>(tokens);
+  SPARSEKV_ASSIGN_OR_RETURN(void* order, backend->AllocateDevice(state_bytes));
+  cache->lru_order_ = static_cast<int32_t*>(order);
+  cache->device_bytes_ += 2 * state_bytes;
+  return cache;
+}
+
+HotCache::HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
+                   int32_t max_blocks, Backend* backend)
+    : geometry_(geometry),
+      hot_slots_(hot_slots),
+      window_(window),
+      max_blocks_(max_blocks),
+      backend_(backend),
+      reset_image_(2 * static_cast<size_t>(hot_slots), -1) {
+  std::iota(reset_image_.begin() + hot_slots, reset_image_.end(), 0);
+  for (int32_t b = max_blocks - 1; b >= 0; --b) free_.push_back(b);
+}
+
+HotCache::~HotCache() {
+  for (std::byte* p : data_) backend_->FreeDevice(p);
+  if (slot_token_ != nullptr) backend_->FreeDevice(slot_token_);
+  if (lru_order_ != nullptr) backend_->FreeDevice(lru_order_);
+}
+
+StatusOr<int32_t> HotCache::Acquire(StreamHandle stream) {
+  if (free_.empty()) {
+    return ResourceExhausted("HotCache: all " + std::to_string(max_blocks_) +
+                             " blocks are in use (max_requests)");
+  }
+  const int32_t block = free_.back();
+  const size_t bytes = static_cast<size_t>(hot_slots_) * sizeof(int32_t);
+  for (int32_t l = 0; l < geometry_.num_layers(); ++l) {
+    const int64_t at = int64_t{block} * hot_slots_;
+    SPARSEKV_RETURN_IF_ERROR(
+        backend_->CopyAsync(slot_token(l) + at, reset_image_.data(), bytes, stream));
+    SPARSEKV_RETURN_IF_ERROR(
+        backend_->CopyAsync(lru_order(l) + at, reset_image_.data() + hot_slots_, bytes, stream));
+  }
+  free_.pop_back();
+  return block;
+}
+
+void HotCache::Release(int32_t block) {
+  // Keep free_ sorted descending so that Acquire always takes the lowest free block.
+  auto it = free_.begin();
+  while (it != free_.end() && *it > block) ++it;
+  free_.insert(it, block);
+}
+
+}  // namespace sparsekv

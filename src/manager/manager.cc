@@ -1,0 +1,485 @@
+#include "sparsekv/manager.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <unordered_set>
+
+namespace sparsekv {
+
+double LayerStats::hit_rate() const {
+  const uint64_t found = hits + window_hits;
+  const uint64_t lookups = found + misses;
+  return lookups == 0 ? 0.0 : static_cast<double>(found) / static_cast<double>(lookups);
+}
+
+// The plan region, uploaded with one copy per step:
+//   [batch_size: int32, padded to 16 B][batch: BatchEntry x max_batch]
+//   [append_src: int32 x max_batch]   b -> b (row of the caller's new_rows)
+//   [append_slot: int32 x max_batch]  window slot of the newest token
+//   [append_row: int32 x max_batch]   host row of the newest token
+struct SparseKVCacheManager::PlanLayout {
+  explicit PlanLayout(int32_t max_batch)
+      : batch(16),
+        append_src(batch + sizeof(BatchEntry) * max_batch),
+        append_slot(append_src + sizeof(int32_t) * max_batch),
+        append_row(append_slot + sizeof(int32_t) * max_batch),
+        bytes(append_row + sizeof(int32_t) * max_batch) {}
+  size_t batch_size = 0;
+  size_t batch;
+  size_t append_src;
+  size_t append_slot;
+  size_t append_row;
+  size_t bytes;
+};
+
+namespace {
+
+template <typename T>
+T* At(std::byte* base, size_t offset) {
+  return reinterpret_cast<T*>(base + offset);
+}
+
+std::string Describe(RequestId id) { return "request " + std::to_string(id); }
+
+}  // namespace
+
+StatusOr<std::unique_ptr<SparseKVCacheManager>> SparseKVCacheManager::Create(
+    const CacheOptions& options, std::shared_ptr<Backend> backend) {
+  SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options));
+  if (backend == nullptr) return InvalidArgument("SparseKVCacheManager: backend is null");
+  std::unique_ptr<SparseKVCacheManager> m(new SparseKVCacheManager(options, std::move(backend)));
+  SPARSEKV_RETURN_IF_ERROR(m->Allocate());
+  return m;
+}
+
+SparseKVCacheManager::SparseKVCacheManager(const CacheOptions& options,
+                                           std::shared_ptr<Backend> backend)
+    : options_(options), backend_(std::move(backend)), appended_(options.geometry.num_layers()) {
+  const int32_t owners = options_.effective_max_host_requests();
+  for (int32_t o = owners - 1; o >= 0; --o) free_owners_.push_back(o);
+}
+
+Status SparseKVCacheManager::Allocate() {
+  const CacheOptions& o = options_;
+  const int32_t max_batch = o.effective_max_batch();
+  SPARSEKV_ASSIGN_OR_RETURN(
+      pool_, HostKVPool::Create(o.geometry, o.host_capacity_tokens, o.host_page_tokens,
+                                o.effective_max_host_requests(), o.max_context, backend_.get()));
+  SPARSEKV_ASSIGN_OR_RETURN(hot_, HotCache::Create(o.geometry, o.hot_slots, o.window,
+                                                   o.max_requests, backend_.get()));
+  device_bytes_ = hot_->device_bytes();
+
+  auto device = [&](size_t bytes) -> StatusOr<void*> {
+    SPARSEKV_ASSIGN_OR_RETURN(void* p, backend_->AllocateDevice(bytes));
+    SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(p, 0, bytes, nullptr));
+    device_bytes_ += static_cast<int64_t>(bytes);
+    return p;
+  };
+  const PlanLayout layout(max_batch);
+  plan_host_.assign(layout.bytes, std::byte{0});
+  std::iota(At<int32_t>(plan_host_.data(), layout.append_src),
+            At<int32_t>(plan_host_.data(), layout.append_src) + max_batch, 0);
+  SPARSEKV_ASSIGN_OR_RETURN(void* plan, device(layout.bytes));
+  plan_device_ = static_cast<std::byte*>(plan);
+
+  const size_t page_table_bytes = pool_->page_table().size() * sizeof(int32_t);
+  SPARSEKV_ASSIGN_OR_RETURN(void* table, device(page_table_bytes));
+  page_table_device_ = static_cast<int32_t*>(table);
+  SPARSEKV_RETURN_IF_ERROR(
+      backend_->MemsetAsync(page_table_device_, 0xff, page_table_bytes, nullptr));
+
+  const size_t misses = static_cast<size_t>(max_batch) * o.top_k;
+  SPARSEKV_ASSIGN_OR_RETURN(void* rows, device(misses * sizeof(int32_t)));
+  miss_host_row_ = static_cast<int32_t*>(rows);
+  SPARSEKV_ASSIGN_OR_RETURN(void* slots, device(misses * sizeof(int32_t)));
+  miss_slot_ = static_cast<int32_t*>(slots);
+  SPARSEKV_ASSIGN_OR_RETURN(void* count, device(sizeof(int32_t)));
+  miss_count_ = static_cast<int32_t*>(count);
+  SPARSEKV_ASSIGN_OR_RETURN(void* counters,
+                            device(sizeof(ResolveCounters) * o.geometry.num_layers()));
+  counters_ = static_cast<ResolveCounters*>(counters);
+  SPARSEKV_ASSIGN_OR_RETURN(void* invalid, device(sizeof(unsigned long long)));
+  invalid_copies_ = static_cast<unsigned long long*>(invalid);
+  return backend_->Synchronize(nullptr);
+}
+
+SparseKVCacheManager::~SparseKVCacheManager() {
+  backend_->Synchronize(nullptr).IgnoreError();
+  for (void* p : std::initializer_list<void*>{plan_device_, page_table_device_, miss_host_row_,
+                                              miss_slot_, miss_count_, counters_,
+                                              invalid_copies_}) {
+    if (p != nullptr) backend_->FreeDevice(p);
+  }
+}
+
+StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::Find(RequestId id,
+                                                                    const char* op) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) {
+    return NotFound(std::string(op) + ": " + Describe(id) + " is unknown or released");
+  }
+  return &it->second;
+}
+
+Status SparseKVCacheManager::UploadPageTable(const Request& r, StreamHandle stream) {
+  const std::span<const int32_t> row = pool_->page_table_row(r.owner);
+  return backend_->CopyAsync(page_table_device_ + static_cast<size_t>(r.owner) * row.size(),
+                             row.data(), row.size_bytes(), stream);
+}
+
+Status SparseKVCacheManager::Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
+                                   StreamHandle stream) {
+  if (requests_.contains(id)) return AlreadyExists("Admit: " + Describe(id) + " already exists");
+  if (prompt_len < 1 || max_new_tokens < 0) {
+    return InvalidArgument("Admit: prompt_len must be >= 1 and max_new_tokens >= 0");
+  }
+  const int64_t tokens = int64_t{prompt_len} + max_new_tokens;
+  if (tokens > options_.max_context) {
+    return OutOfRange("Admit: " + Describe(id) + " needs " + std::to_string(tokens) +
+                      " tokens, more than max_context (" + std::to_string(options_.max_context) +
+                      ")");
+  }
+  if (free_owners_.empty()) {
+    return ResourceExhausted("Admit: all " +
+                             std::to_string(options_.effective_max_host_requests()) +
+                             " host request slots are in use (max_host_requests)");
+  }
+  if (hot_->used_blocks() == hot_->max_blocks()) {
+    return ResourceExhausted("Admit: all " + std::to_string(hot_->max_blocks()) +
+                             " hot-cache blocks are in use (max_requests)");
+  }
+  const int32_t owner = free_owners_.back();
+  SPARSEKV_RETURN_IF_ERROR(pool_->Reserve(owner, static_cast<int32_t>(tokens)));
+  StatusOr<int32_t> block = hot_->Acquire(stream);
+  if (!block.ok()) {
+    pool_->Release(owner);
+    return block.status();
+  }
+  free_owners_.pop_back();
+  // The pool rounds the reservation up to pages; the request may use no more than it asked for.
+  Request r{owner, *block, prompt_len, static_cast<int32_t>(tokens),
+            std::vector<bool>(options_.geometry.num_layers(), false), 0};
+  SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
+  requests_.emplace(id, std::move(r));
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::LoadWindow(const Request& r, int32_t layer, const void* rows,
+                                        int32_t first, StreamHandle stream) {
+  // Window positions [max(0, seq_len - W), seq_len). `rows` holds positions from `first` on
+  // (or is null: read them from the host pool).
+  const int32_t stride = options_.geometry.layers[layer].row_stride;
+  for (int32_t p = std::max(0, r.seq_len - options_.window); p < r.seq_len; ++p) {
+    const std::byte* src =
+        rows != nullptr
+            ? static_cast<const std::byte*>(rows) + static_cast<int64_t>(p - first) * stride
+            : pool_->row(layer, pool_->HostRow(r.owner, p));
+    std::byte* dst = hot_->layer_data(layer) +
+                     static_cast<int64_t>(hot_->WindowSlot(r.block, p)) * stride;
+    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(dst, src, stride, stream));
+    bytes_host_to_device_ += options_.geometry.layers[layer].row_bytes;
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::IngestPrompt(RequestId id, int32_t layer, const void* rows,
+                                          StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "IngestPrompt"));
+  if (layer < 0 || layer >= options_.geometry.num_layers()) {
+    return InvalidArgument("IngestPrompt: layer " + std::to_string(layer) + " out of range");
+  }
+  if (rows == nullptr) return InvalidArgument("IngestPrompt: rows is null");
+  if (r->ingested[layer]) {
+    return AlreadyExists("IngestPrompt: layer " + std::to_string(layer) + " of " + Describe(id) +
+                         " was already ingested (stored KV is never overwritten)");
+  }
+  if (r->block < 0) return FailedPrecondition("IngestPrompt: " + Describe(id) + " is retracted");
+  const LayerShape shape = options_.geometry.layers[layer];
+  const auto* src = static_cast<const std::byte*>(rows);
+  // One copy per run of positions that share a host page.
+  for (int32_t p = 0; p < r->seq_len;) {
+    const int32_t n = std::min(r->seq_len - p, options_.host_page_tokens - p % options_.host_page_tokens);
+    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(pool_->row(layer, pool_->HostRow(r->owner, p)),
+                                                 src + static_cast<int64_t>(p) * shape.row_stride,
+                                                 static_cast<size_t>(n) * shape.row_stride,
+                                                 stream));
+    p += n;
+  }
+  SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, layer, rows, 0, stream));
+  r->ingested[layer] = true;
+  ++r->ingested_layers;
+  bytes_ingested_ += static_cast<uint64_t>(r->seq_len) * shape.row_bytes;
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Release(RequestId id) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Release"));
+  if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
+    return FailedPrecondition("Release: " + Describe(id) + " is in the open step");
+  }
+  if (r->block >= 0) hot_->Release(r->block);
+  pool_->Release(r->owner);
+  free_owners_.push_back(r->owner);
+  requests_.erase(id);
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Retract(RequestId id) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retract"));
+  if (r->block < 0) return FailedPrecondition("Retract: " + Describe(id) + " is retracted");
+  if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
+    return FailedPrecondition("Retract: " + Describe(id) + " is in the open step");
+  }
+  hot_->Release(r->block);
+  r->block = -1;
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Resume(RequestId id, StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Resume"));
+  if (r->block >= 0) return FailedPrecondition("Resume: " + Describe(id) + " is not retracted");
+  SPARSEKV_ASSIGN_OR_RETURN(r->block, hot_->Acquire(stream));
+  // Layers not yet ingested get their window at ingestion.
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    if (r->ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, l, nullptr, 0, stream));
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch, StreamHandle stream) {
+  if (step_open_) return FailedPrecondition("PlanStep: the previous step was not finished");
+  const int32_t max_batch = options_.effective_max_batch();
+  if (batch.empty() || batch.size() > static_cast<size_t>(max_batch)) {
+    return InvalidArgument("PlanStep: batch size " + std::to_string(batch.size()) +
+                           " not in [1, max_batch = " + std::to_string(max_batch) + "]");
+  }
+  std::unordered_set<RequestId> seen;
+  for (RequestId id : batch) {
+    SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "PlanStep"));
+    if (!seen.insert(id).second) {
+      return InvalidArgument("PlanStep: " + Describe(id) + " appears twice in the batch");
+    }
+    if (r->block < 0) return FailedPrecondition("PlanStep: " + Describe(id) + " is retracted");
+    if (r->ingested_layers != options_.geometry.num_layers()) {
+      return FailedPrecondition("PlanStep: " + Describe(id) + " has layers not yet ingested");
+    }
+    if (r->seq_len >= r->reserved) {
+      return OutOfRange("PlanStep: " + Describe(id) + " reached its reserved length (" +
+                        std::to_string(r->reserved) + " tokens)");
+    }
+  }
+  const PlanLayout layout(max_batch);
+  std::byte* plan = plan_host_.data();
+  *At<int32_t>(plan, layout.batch_size) = static_cast<int32_t>(batch.size());
+  auto* entries = At<BatchEntry>(plan, layout.batch);
+  auto* append_slot = At<int32_t>(plan, layout.append_slot);
+  auto* append_row = At<int32_t>(plan, layout.append_row);
+  for (int32_t b = 0; b < max_batch; ++b) {
+    if (b >= static_cast<int32_t>(batch.size())) {
+      entries[b] = BatchEntry{-1, 0, 0};
+      append_slot[b] = append_row[b] = -1;
+      continue;
+    }
+    Request& r = requests_.at(batch[b]);
+    const int32_t position = r.seq_len++;
+    entries[b] = BatchEntry{r.block, r.seq_len, r.owner};
+    append_slot[b] = hot_->WindowSlot(r.block, position);
+    append_row[b] = pool_->HostRow(r.owner, position);
+  }
+  batch_.assign(batch.begin(), batch.end());
+  step_open_ = true;
+  std::fill(appended_.begin(), appended_.end(), false);
+  return backend_->CopyAsync(plan_device_, plan, layout.bytes, stream);
+}
+
+Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows,
+                                         StreamHandle stream) {
+  if (!step_open_) return FailedPrecondition("AppendToken: no step is planned");
+  if (layer < 0 || layer >= options_.geometry.num_layers()) {
+    return InvalidArgument("AppendToken: layer " + std::to_string(layer) + " out of range");
+  }
+  if (new_rows == nullptr) return InvalidArgument("AppendToken: new_rows is null");
+  if (appended_[layer]) {
+    return FailedPrecondition("AppendToken: layer " + std::to_string(layer) +
+                              " was already appended in this step");
+  }
+  const LayerShape shape = options_.geometry.layers[layer];
+  const PlanLayout layout(options_.effective_max_batch());
+  const int32_t max_batch = options_.effective_max_batch();
+  IndexCopyView to_window{};
+  to_window.src = static_cast<const std::byte*>(new_rows);
+  to_window.dst = hot_->layer_data(layer);
+  to_window.src_index = At<int32_t>(plan_device_, layout.append_src);
+  to_window.dst_index = At<int32_t>(plan_device_, layout.append_slot);
+  to_window.count = At<int32_t>(plan_device_, layout.batch_size);
+  to_window.capacity = max_batch;
+  to_window.row_bytes = shape.row_stride;
+  to_window.src_stride = to_window.dst_stride = shape.row_stride;
+  to_window.src_rows = max_batch;
+  to_window.dst_rows = hot_->layer_rows();
+  to_window.invalid = invalid_copies_;
+  SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_window, stream));
+
+  // Write-back from the window slot (not from new_rows, which the caller may reuse at once) on
+  // the side stream. The slot is next overwritten by the append W steps later, after FinishStep
+  // has joined this copy; a resolve can only miss on this token once it has left the window,
+  // also after that join.
+  IndexCopyView to_host = to_window;
+  to_host.src = hot_->layer_data(layer);
+  to_host.src_index = to_window.dst_index;
+  to_host.src_rows = hot_->layer_rows();
+  to_host.dst = pool_->layer_base(layer);
+  to_host.dst_index = At<int32_t>(plan_device_, layout.append_row);
+  to_host.dst_rows = pool_->rows();
+  SPARSEKV_RETURN_IF_ERROR(backend_->Fork(stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_host, backend_->SideStream()));
+  appended_[layer] = true;
+  bytes_device_to_host_ += batch_.size() * static_cast<uint64_t>(shape.row_bytes);
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::RunLayer(int32_t layer, const int32_t* topk, int32_t* slots,
+                                      void* assembled, StreamHandle stream,
+                                      int32_t topk_stride) {
+  if (!step_open_) return FailedPrecondition("RunLayer: no step is planned");
+  if (layer < 0 || layer >= options_.geometry.num_layers()) {
+    return InvalidArgument("RunLayer: layer " + std::to_string(layer) + " out of range");
+  }
+  if (!appended_[layer]) {
+    return FailedPrecondition("RunLayer: AppendToken(" + std::to_string(layer) +
+                              ") must come first in the step");
+  }
+  if (topk == nullptr || slots == nullptr) {
+    return InvalidArgument("RunLayer: topk and slots must not be null");
+  }
+  if (topk_stride == 0) topk_stride = options_.top_k;
+  if (topk_stride < options_.top_k) {
+    return InvalidArgument("RunLayer: topk_stride < top_k");
+  }
+  const LayerShape shape = options_.geometry.layers[layer];
+  const int32_t max_batch = options_.effective_max_batch();
+  const PlanLayout layout(max_batch);
+  const int32_t* batch_size = At<int32_t>(plan_device_, layout.batch_size);
+
+  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(miss_count_, 0, sizeof(int32_t), stream));
+  ResolveView resolve{};
+  resolve.batch_size = batch_size;
+  resolve.batch = At<BatchEntry>(plan_device_, layout.batch);
+  resolve.topk = topk;
+  resolve.top_k = options_.top_k;
+  resolve.topk_stride = topk_stride;
+  resolve.slots_out = slots;
+  resolve.slot_token = hot_->slot_token(layer);
+  resolve.lru_order = hot_->lru_order(layer);
+  resolve.hot_slots = options_.hot_slots;
+  resolve.window = options_.window;
+  resolve.page_table = page_table_device_;
+  resolve.pages_per_request = pool_->pages_per_owner();
+  resolve.page_tokens = options_.host_page_tokens;
+  resolve.miss_host_row = miss_host_row_;
+  resolve.miss_slot = miss_slot_;
+  resolve.miss_count = miss_count_;
+  resolve.miss_capacity = max_batch * options_.top_k;
+  resolve.counters = counters_ + layer;
+  resolve.sort_misses = options_.sort_misses;
+  SPARSEKV_RETURN_IF_ERROR(backend_->Resolve(resolve, max_batch, stream));
+
+  IndexCopyView copy{};
+  copy.src = pool_->layer_base(layer);
+  copy.dst = hot_->layer_data(layer);
+  copy.src_index = miss_host_row_;
+  copy.dst_index = miss_slot_;
+  copy.count = miss_count_;
+  copy.capacity = resolve.miss_capacity;
+  copy.row_bytes = shape.row_bytes;
+  copy.src_stride = copy.dst_stride = shape.row_stride;
+  copy.src_rows = pool_->rows();
+  copy.dst_rows = hot_->layer_rows();
+  copy.invalid = invalid_copies_;
+  SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
+
+  if (assembled != nullptr) {
+    AssembleView a{};
+    a.batch_size = batch_size;
+    a.hot = hot_->layer_data(layer);
+    a.hot_rows = hot_->layer_rows();
+    a.slots = slots;
+    a.out = static_cast<std::byte*>(assembled);
+    a.top_k = options_.top_k;
+    a.row_bytes = shape.row_bytes;
+    a.stride = shape.row_stride;
+    SPARSEKV_RETURN_IF_ERROR(backend_->Assemble(a, max_batch, stream));
+    bytes_assembled_ += batch_.size() * static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::FinishStep(StreamHandle stream) {
+  if (!step_open_) return FailedPrecondition("FinishStep: no step is planned");
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    if (!appended_[l]) {
+      return FailedPrecondition("FinishStep: layer " + std::to_string(l) +
+                                " has no AppendToken in this step");
+    }
+  }
+  SPARSEKV_RETURN_IF_ERROR(backend_->Join(stream));
+  step_open_ = false;
+  return Status::Ok();
+}
+
+StatusOr<CacheStats> SparseKVCacheManager::ReadStats(StreamHandle stream) {
+  const int32_t layers = options_.geometry.num_layers();
+  std::vector<ResolveCounters> counters(layers);
+  unsigned long long invalid = 0;
+  SPARSEKV_RETURN_IF_ERROR(backend_->Synchronize(stream));
+  SPARSEKV_RETURN_IF_ERROR(
+      backend_->CopyAsync(counters.data(), counters_, sizeof(ResolveCounters) * layers, stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(&invalid, invalid_copies_, sizeof(invalid), stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->Synchronize(stream));
+
+  CacheStats s;
+  s.bytes_host_to_device = bytes_host_to_device_;
+  for (int32_t l = 0; l < layers; ++l) {
+    const ResolveCounters& c = counters[l];
+    LayerStats ls{c.hits, c.window_hits, c.misses, c.padding, c.duplicates, c.out_of_range};
+    s.layers.push_back(ls);
+    s.total.hits += ls.hits;
+    s.total.window_hits += ls.window_hits;
+    s.total.misses += ls.misses;
+    s.total.padding += ls.padding;
+    s.total.duplicates += ls.duplicates;
+    s.total.out_of_range += ls.out_of_range;
+    s.bytes_host_to_device += ls.misses * options_.geometry.layers[l].row_bytes;
+  }
+  s.bytes_device_to_host = bytes_device_to_host_;
+  s.bytes_assembled = bytes_assembled_;
+  s.bytes_ingested = bytes_ingested_;
+  s.invalid_copy_entries = invalid;
+  s.host_pages_total = pool_->total_pages();
+  s.host_pages_used = pool_->total_pages() - pool_->free_pages();
+  s.hot_blocks_used = hot_->used_blocks();
+  s.device_bytes = device_bytes_;
+  return s;
+}
+
+Status SparseKVCacheManager::ResetStats(StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(
+      counters_, 0, sizeof(ResolveCounters) * options_.geometry.num_layers(), stream));
+  SPARSEKV_RETURN_IF_ERROR(
+      backend_->MemsetAsync(invalid_copies_, 0, sizeof(unsigned long long), stream));
+  bytes_host_to_device_ = bytes_device_to_host_ = bytes_assembled_ = bytes_ingested_ = 0;
+  return backend_->Synchronize(stream);
+}
+
+StatusOr<int32_t> SparseKVCacheManager::SequenceLength(RequestId id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return NotFound("SequenceLength: " + Describe(id) + " is unknown");
+  return it->second.seq_len;
+}
+
+const std::byte* SparseKVCacheManager::HotLayer(int32_t layer) const {
+  return hot_->layer_data(layer);
+}
+
+}  // namespace sparsekv

@@ -1,0 +1,84 @@
+#include "sparsekv/options.h"
+
+#include <limits>
+#include <string>
+
+namespace sparsekv {
+
+int64_t KVGeometry::token_bytes() const {
+  int64_t sum = 0;
+  for (const LayerShape& l : layers) sum += l.row_bytes;
+  return sum;
+}
+
+int64_t KVGeometry::token_stride_bytes() const {
+  int64_t sum = 0;
+  for (const LayerShape& l : layers) sum += l.row_stride;
+  return sum;
+}
+
+KVGeometry KVGeometry::Uniform(int32_t num_layers, int32_t row_bytes, int32_t row_stride) {
+  KVGeometry g;
+  g.layers.assign(num_layers > 0 ? num_layers : 0,
+                  LayerShape{row_bytes, row_stride == 0 ? row_bytes : row_stride});
+  return g;
+}
+
+StatusOr<ModelPreset> FindPreset(const std::string& name, KVPrecision precision) {
+  const int32_t row = precision == KVPrecision::kFp8 ? 656 : 1152;
+  if (name == "deepseek-v3.2") return ModelPreset{name, 61, row, 132, 2048};
+  if (name == "glm-5") return ModelPreset{name, 78, row, 132, 2048};
+  return NotFound("unknown model preset '" + name + "' (known: deepseek-v3.2, glm-5)");
+}
+
+namespace {
+
+Status Field(const std::string& rule) { return InvalidArgument("CacheOptions: " + rule); }
+
+}  // namespace
+
+Status ValidateOptions(const CacheOptions& o) {
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  if (o.geometry.layers.empty()) return Field("geometry.layers is empty (need >= 1 layer)");
+  for (size_t i = 0; i < o.geometry.layers.size(); ++i) {
+    const LayerShape& l = o.geometry.layers[i];
+    const std::string at = "geometry.layers[" + std::to_string(i) + "]";
+    if (l.row_bytes <= 0) return Field(at + ".row_bytes must be > 0");
+    if (l.row_stride < l.row_bytes) {
+      return Field(at + ".row_stride (" + std::to_string(l.row_stride) + ") < row_bytes (" +
+                   std::to_string(l.row_bytes) + ")");
+    }
+  }
+  if (o.top_k <= 0) return Field("top_k must be > 0");
+  if (o.hot_slots < o.top_k) {
+    return Field("hot_slots (" + std::to_string(o.hot_slots) + ") < top_k (" +
+                 std::to_string(o.top_k) + "): a step's misses could find no victim");
+  }
+  if (o.window < 1) return Field("window must be >= 1 (the newest token is always resident)");
+  if (o.max_requests <= 0) return Field("max_requests must be > 0");
+  if (o.max_batch < 0 || o.max_batch > o.max_requests) {
+    return Field("max_batch must be in [0, max_requests] (0 = max_requests)");
+  }
+  if (o.max_host_requests != 0 && o.max_host_requests < o.max_requests) {
+    return Field("max_host_requests must be 0 or >= max_requests");
+  }
+  if (o.max_context <= 0) return Field("max_context must be > 0");
+  if (o.host_page_tokens <= 0) return Field("host_page_tokens must be > 0");
+  if (o.host_capacity_tokens < o.host_page_tokens) {
+    return Field("host_capacity_tokens must hold at least one page (" +
+                 std::to_string(o.host_page_tokens) + " tokens)");
+  }
+  // Every row and slot index is an int32; byte offsets are computed in 64 bits.
+  const int64_t host_rows =
+      (o.host_capacity_tokens + o.host_page_tokens - 1) / o.host_page_tokens * o.host_page_tokens;
+  if (host_rows > kInt32Max) return Field("host_capacity_tokens overflows 32-bit row indices");
+  const int64_t slots = static_cast<int64_t>(o.max_requests) * (o.hot_slots + int64_t{o.window});
+  if (slots > kInt32Max) {
+    return Field("max_requests * (hot_slots + window) overflows 32-bit slot indices");
+  }
+  const int64_t misses = static_cast<int64_t>(o.effective_max_batch()) * o.top_k;
+  if (misses > kInt32Max) return Field("max_batch * top_k overflows 32-bit miss indices");
+  return Status::Ok();
+}
+
+}  // namespace sparsekv

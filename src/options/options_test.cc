@@ -1,0 +1,96 @@
+#include "sparsekv/options.h"
+
+#include <gtest/gtest.h>
+
+namespace sparsekv {
+namespace {
+
+CacheOptions Valid() {
+  CacheOptions o;
+  o.geometry = KVGeometry::Uniform(4, 656);
+  o.top_k = 64;
+  o.hot_slots = 128;
+  o.host_capacity_tokens = 4096;
+  o.max_requests = 8;
+  o.max_context = 1024;
+  return o;
+}
+
+void ExpectInvalid(const CacheOptions& o, const std::string& mentions) {
+  const Status s = ValidateOptions(o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find(mentions), std::string::npos) << s.message();
+}
+
+TEST(OptionsTest, ValidOptionsPass) { EXPECT_TRUE(ValidateOptions(Valid()).ok()); }
+
+TEST(OptionsTest, HotSlotsBelowTopKRejected) {
+  CacheOptions o = Valid();
+  o.hot_slots = o.top_k - 1;
+  ExpectInvalid(o, "hot_slots");
+  o.hot_slots = o.top_k;  // C == K is allowed
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
+
+TEST(OptionsTest, StrideBelowRowBytesRejected) {
+  CacheOptions o = Valid();
+  o.geometry.layers[2].row_stride = 600;
+  ExpectInvalid(o, "geometry.layers[2].row_stride");
+  o.geometry.layers[2].row_stride = 704;  // padding a row is allowed
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
+
+TEST(OptionsTest, EmptyGeometryRejected) {
+  CacheOptions o = Valid();
+  o.geometry.layers.clear();
+  ExpectInvalid(o, "geometry.layers");
+}
+
+TEST(OptionsTest, WindowMustHoldTheNewestToken) {
+  CacheOptions o = Valid();
+  o.window = 0;
+  ExpectInvalid(o, "window");
+}
+
+TEST(OptionsTest, RequiredFieldsRejectedWhenMissing) {
+  CacheOptions o = Valid();
+  o.max_requests = 0;
+  ExpectInvalid(o, "max_requests");
+  o = Valid();
+  o.max_context = 0;
+  ExpectInvalid(o, "max_context");
+  o = Valid();
+  o.host_capacity_tokens = 0;
+  ExpectInvalid(o, "host_capacity_tokens");
+  o = Valid();
+  o.max_batch = o.max_requests + 1;
+  ExpectInvalid(o, "max_batch");
+  o = Valid();
+  o.max_host_requests = o.max_requests - 1;
+  ExpectInvalid(o, "max_host_requests");
+}
+
+TEST(OptionsTest, ThirtyTwoBitOverflowRejected) {
+  CacheOptions o = Valid();
+  o.host_capacity_tokens = int64_t{1} << 31;
+  ExpectInvalid(o, "32-bit row");
+  o = Valid();
+  o.max_requests = 1 << 20;
+  o.hot_slots = 4096;
+  ExpectInvalid(o, "32-bit slot");
+}
+
+TEST(OptionsTest, PresetsMatchTheDesign) {
+  StatusOr<ModelPreset> ds = FindPreset("deepseek-v3.2", KVPrecision::kFp8);
+  ASSERT_TRUE(ds.ok());
+  EXPECT_EQ(ds->num_layers, 61);
+  EXPECT_EQ(ds->geometry().token_bytes(), 61 * 656);
+  StatusOr<ModelPreset> glm = FindPreset("glm-5", KVPrecision::kBf16);
+  ASSERT_TRUE(glm.ok());
+  EXPECT_EQ(glm->num_layers, 78);
+  EXPECT_EQ(glm->row_bytes, 1152);
+  EXPECT_EQ(FindPreset("llama", KVPrecision::kFp8).status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace sparsekv

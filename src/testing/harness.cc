@@ -1,0 +1,188 @@
+#include "testing/harness.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace sparsekv::testing {
+
+void DenseModel::Add(RequestId id, const std::vector<Bytes>& prompt_layers, int32_t prompt_len) {
+  std::vector<Bytes>& layers = history_[id];
+  layers.clear();
+  for (int32_t l = 0; l < geometry_.num_layers(); ++l) {
+    const size_t bytes = static_cast<size_t>(prompt_len) * geometry_.layers[l].row_stride;
+    layers.emplace_back(prompt_layers[l].begin(), prompt_layers[l].begin() + bytes);
+  }
+}
+
+void DenseModel::Append(RequestId id, int32_t layer, const std::byte* row) {
+  Bytes& h = history_.at(id)[layer];
+  h.insert(h.end(), row, row + geometry_.layers[layer].row_stride);
+}
+
+int32_t DenseModel::Length(RequestId id, int32_t layer) const {
+  return static_cast<int32_t>(history_.at(id)[layer].size() / geometry_.layers[layer].row_stride);
+}
+
+const std::byte* DenseModel::Row(RequestId id, int32_t layer, int32_t position) const {
+  return history_.at(id)[layer].data() +
+         static_cast<size_t>(position) * geometry_.layers[layer].row_stride;
+}
+
+Bytes RandomRows(std::mt19937_64& rng, int64_t rows, int32_t stride) {
+  Bytes out(static_cast<size_t>(rows) * stride);
+  for (size_t i = 0; i < out.size(); i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(out.data() + i, &r, std::min<size_t>(8, out.size() - i));
+  }
+  return out;
+}
+
+DeviceBuffer::DeviceBuffer(Backend& backend, size_t bytes) : backend_(backend), bytes_(bytes) {
+  StatusOr<void*> p = backend.AllocateDevice(bytes);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  if (p.ok()) ptr_ = *p;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != nullptr) {
+    backend_.Synchronize(nullptr).IgnoreError();
+    backend_.FreeDevice(ptr_);
+  }
+}
+
+void DeviceBuffer::Upload(const void* src, size_t bytes, StreamHandle stream) {
+  EXPECT_TRUE(backend_.CopyAsync(ptr_, src, bytes, stream).ok());
+}
+
+Bytes DeviceBuffer::Download(StreamHandle stream) const {
+  Bytes out(bytes_);
+  EXPECT_TRUE(backend_.CopyAsync(out.data(), ptr_, bytes_, stream).ok());
+  EXPECT_TRUE(backend_.Synchronize(stream).ok());
+  return out;
+}
+
+void DeviceBuffer::Fill(int value, StreamHandle stream) {
+  EXPECT_TRUE(backend_.MemsetAsync(ptr_, value, bytes_, stream).ok());
+}
+
+namespace {
+constexpr int kPoison = 0xA5;
+}  // namespace
+
+StepDriver::StepDriver(SparseKVCacheManager& manager, StreamHandle stream)
+    : m_(manager), stream_(stream) {
+  const CacheOptions& o = manager.options();
+  const size_t rows = static_cast<size_t>(o.effective_max_batch()) * o.top_k;
+  for (const LayerShape& l : o.geometry.layers) {
+    Backend& b = manager.backend();
+    new_rows_.push_back(
+        std::make_unique<DeviceBuffer>(b, static_cast<size_t>(o.effective_max_batch()) * l.row_stride));
+    topk_.push_back(std::make_unique<DeviceBuffer>(b, rows * sizeof(int32_t)));
+    slots_.push_back(std::make_unique<DeviceBuffer>(b, rows * sizeof(int32_t)));
+    assembled_.push_back(std::make_unique<DeviceBuffer>(b, rows * l.row_stride));
+  }
+}
+
+void StepDriver::UploadInputs(int32_t batch, const std::vector<Bytes>& new_rows,
+                              const std::vector<std::vector<int32_t>>& topk) {
+  const CacheOptions& o = m_.options();
+  for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
+    new_rows_[l]->Upload(new_rows[l].data(),
+                         static_cast<size_t>(batch) * o.geometry.layers[l].row_stride, stream_);
+    topk_[l]->Fill(0xff, stream_);  // rows past the batch: padding
+    topk_[l]->Upload(topk[l].data(), topk[l].size() * sizeof(int32_t), stream_);
+    slots_[l]->Fill(kPoison, stream_);
+    assembled_[l]->Fill(kPoison, stream_);
+  }
+}
+
+Status StepDriver::RunPhase() {
+  for (int32_t l = 0; l < m_.options().geometry.num_layers(); ++l) {
+    SPARSEKV_RETURN_IF_ERROR(m_.AppendToken(l, new_rows_[l]->get(), stream_));
+    SPARSEKV_RETURN_IF_ERROR(m_.RunLayer(l, static_cast<const int32_t*>(topk_[l]->get()),
+                                         static_cast<int32_t*>(slots_[l]->get()),
+                                         assembled_[l]->get(), stream_));
+  }
+  return m_.FinishStep(stream_);
+}
+
+std::vector<LayerResult> StepDriver::DownloadOutputs(int32_t batch) {
+  const CacheOptions& o = m_.options();
+  std::vector<LayerResult> out;
+  const int64_t hot_rows = int64_t{o.max_requests} * o.slots_per_request();
+  for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
+    const int32_t stride = o.geometry.layers[l].row_stride;
+    LayerResult r;
+    Bytes slots = slots_[l]->Download(stream_);
+    r.slots.resize(slots.size() / sizeof(int32_t));
+    std::memcpy(r.slots.data(), slots.data(), slots.size());
+    r.assembled = assembled_[l]->Download(stream_);
+    Bytes hot(static_cast<size_t>(hot_rows) * stride);
+    EXPECT_TRUE(m_.backend().CopyAsync(hot.data(), m_.HotLayer(l), hot.size(), stream_).ok());
+    EXPECT_TRUE(m_.backend().Synchronize(stream_).ok());
+    r.gathered.assign(static_cast<size_t>(batch) * o.top_k * stride, std::byte{0});
+    for (int64_t i = 0; i < int64_t{batch} * o.top_k; ++i) {
+      const int32_t s = r.slots[i];
+      if (s >= 0 && s < hot_rows) {
+        std::memcpy(r.gathered.data() + i * stride, hot.data() + int64_t{s} * stride, stride);
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<LayerResult> StepDriver::Step(const std::vector<RequestId>& batch,
+                                          const std::vector<Bytes>& new_rows,
+                                          const std::vector<std::vector<int32_t>>& topk) {
+  Status s = m_.PlanStep(batch, stream_);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  UploadInputs(static_cast<int32_t>(batch.size()), new_rows, topk);
+  s = RunPhase();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return DownloadOutputs(static_cast<int32_t>(batch.size()));
+}
+
+int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t layer,
+               const std::vector<RequestId>& batch, const std::vector<int32_t>& topk,
+               const LayerResult& result, int32_t top_k) {
+  const LayerShape shape = geometry.layers[layer];
+  int mismatches = 0;
+  const Bytes zero(shape.row_bytes, std::byte{0});
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const int32_t len = model.Length(batch[b], layer);
+    std::vector<bool> seen(len, false);
+    for (int32_t k = 0; k < top_k; ++k) {
+      const size_t i = b * top_k + k;
+      const int32_t p = topk[i];
+      const bool valid = p >= 0 && p < len && !seen[p];
+      if (valid) seen[p] = true;
+      const std::byte* assembled = result.assembled.data() + i * shape.row_stride;
+      const std::byte* gathered = result.gathered.data() + i * shape.row_stride;
+      if (!valid) {
+        if (result.slots[i] != kNullSlot ||
+            std::memcmp(assembled, zero.data(), shape.row_bytes) != 0) {
+          if (++mismatches <= 5) {
+            ADD_FAILURE() << "layer " << layer << " row " << b << " k " << k << " position " << p
+                          << ": skipped entry got slot " << result.slots[i]
+                          << " or a non-zero assembled row";
+          }
+        }
+        continue;
+      }
+      const std::byte* want = model.Row(batch[b], layer, p);
+      if (result.slots[i] < 0 || std::memcmp(gathered, want, shape.row_bytes) != 0 ||
+          std::memcmp(assembled, want, shape.row_bytes) != 0) {
+        if (++mismatches <= 5) {
+          ADD_FAILURE() << "layer " << layer << " row " << b << " (request " << batch[b]
+                        << ") k " << k << " position " << p << " of " << len << ": slot "
+                        << result.slots[i] << " holds the wrong bytes";
+        }
+      }
+    }
+  }
+  return mismatches;
+}
+
+}  // namespace sparsekv::testing

@@ -1,0 +1,108 @@
+// Test harness shared by the manager's tests on every backend: a trivially correct dense model of
+// each request's history, and a driver that runs decode steps on a manager through buffers in the
+// backend's device memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <vector>
+
+#include "sparsekv/backend.h"
+#include "sparsekv/manager.h"
+
+namespace sparsekv {
+// Lets GoogleTest print status codes by name.
+inline void PrintTo(StatusCode code, std::ostream* os) { *os << StatusCodeName(code); }
+}  // namespace sparsekv
+
+namespace sparsekv::testing {
+
+using Bytes = std::vector<std::byte>;
+
+// Every row ever written, per request and layer, densely: [position][row_stride].
+class DenseModel {
+ public:
+  explicit DenseModel(KVGeometry geometry) : geometry_(std::move(geometry)) {}
+
+  void Add(RequestId id, const std::vector<Bytes>& prompt_layers, int32_t prompt_len);
+  void Append(RequestId id, int32_t layer, const std::byte* row);
+  void Remove(RequestId id) { history_.erase(id); }
+  bool Contains(RequestId id) const { return history_.contains(id); }
+  int32_t Length(RequestId id, int32_t layer) const;
+  const std::byte* Row(RequestId id, int32_t layer, int32_t position) const;
+
+ private:
+  KVGeometry geometry_;
+  std::map<RequestId, std::vector<Bytes>> history_;  // id -> per layer [len][stride]
+};
+
+// Random bytes for `rows` rows of `stride` bytes.
+Bytes RandomRows(std::mt19937_64& rng, int64_t rows, int32_t stride);
+
+// Owns a block of the backend's device memory.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Backend& backend, size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  void Upload(const void* src, size_t bytes, StreamHandle stream);
+  Bytes Download(StreamHandle stream) const;
+  void Fill(int value, StreamHandle stream);
+
+ private:
+  Backend& backend_;
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+// What one layer of a step returned.
+struct LayerResult {
+  std::vector<int32_t> slots;  // [max_batch, top_k]
+  Bytes assembled;             // [max_batch, top_k, stride]
+  Bytes gathered;              // rows read through `slots` from the hot cache, [batch, top_k, stride]
+};
+
+// Drives steps on one manager with fixed device buffers (the shape a captured graph needs).
+class StepDriver {
+ public:
+  // `stream` is passed to every call.
+  StepDriver(SparseKVCacheManager& manager, StreamHandle stream = nullptr);
+
+  // Plans `batch`, then per layer: uploads new_rows[layer] ([batch, stride]) and topk[layer]
+  // ([batch, top_k]), appends, runs (with assemble), and downloads the results.
+  // EXPECTs every call to succeed.
+  std::vector<LayerResult> Step(const std::vector<RequestId>& batch,
+                                const std::vector<Bytes>& new_rows,
+                                const std::vector<std::vector<int32_t>>& topk);
+
+  // The run phase alone (what a graph captures): append + run for every layer, finish.
+  Status RunPhase();
+  // Uploads a step's inputs into the fixed buffers (outside any graph); poisons the outputs.
+  void UploadInputs(int32_t batch, const std::vector<Bytes>& new_rows,
+                    const std::vector<std::vector<int32_t>>& topk);
+  // Downloads the outputs of the last run phase.
+  std::vector<LayerResult> DownloadOutputs(int32_t batch);
+
+  StreamHandle stream() const { return stream_; }
+
+ private:
+  SparseKVCacheManager& m_;
+  StreamHandle stream_;
+  std::vector<std::unique_ptr<DeviceBuffer>> new_rows_, topk_, slots_, assembled_;
+};
+
+// Checks one layer's result against the model: every valid entry's row (through the slot and in
+// the assembled buffer) equals the model's; skipped entries are -1 with zero assembled rows.
+// Returns the number of mismatches (0 = exact) and reports them with ADD_FAILURE.
+int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t layer,
+               const std::vector<RequestId>& batch, const std::vector<int32_t>& topk,
+               const LayerResult& result, int32_t top_k);
+
+}  // namespace sparsekv::testing

@@ -1,0 +1,65 @@
+// A randomized, model-checked workload: random admit / ingest / step / retract / resume / release
+// operations, including bad input (padding, duplicates, out-of-range positions, unknown and
+// released requests, exhausted pools), applied in lockstep to one or more managers. Every step's
+// rows are checked byte for byte against the dense model, and the managers' outputs (slots and
+// assembled rows) must be identical to each other.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "sparsekv/manager.h"
+#include "testing/harness.h"
+
+namespace sparsekv::testing {
+
+// Random but valid options for a small configuration, derived from `seed`.
+CacheOptions RandomSmallOptions(uint64_t seed);
+
+// Seeds to run: SPARSEKV_TEST_SEED (one seed) if set, else `count` fixed seeds 1..count.
+std::vector<uint64_t> TestSeeds(int count);
+
+class RandomWorkload {
+ public:
+  // All managers must have been created with `options` and be empty.
+  RandomWorkload(const CacheOptions& options, uint64_t seed,
+                 std::vector<SparseKVCacheManager*> managers);
+
+  // Runs `ops` random operations; returns the number of decode steps among them.
+  int Run(int ops);
+  // Releases every request and checks that the host pool and hot cache are empty again.
+  void ReleaseAll();
+  // Checks that the statistics of every manager agree and account for every top-k entry.
+  void CheckStats();
+
+ private:
+  struct Req {
+    int32_t reserved;
+    bool retracted;
+    std::vector<std::vector<int32_t>> last_topk;  // per layer, last step's positions
+  };
+  void Admit();
+  void Step();
+  void Release();
+  void RetractOrResume();
+  void BadInput();
+  std::vector<int32_t> RandomTopKRow(RequestId id, int32_t layer, int32_t seq_len);
+  void ExpectAll(const char* what, const std::function<Status(SparseKVCacheManager&)>& op,
+                 StatusCode want);
+  int32_t Length(RequestId id) const { return model_.Length(id, 0); }
+
+  CacheOptions options_;
+  std::mt19937_64 rng_;
+  std::vector<SparseKVCacheManager*> managers_;
+  std::vector<std::unique_ptr<StepDriver>> drivers_;
+  DenseModel model_;
+  std::map<RequestId, Req> live_;
+  RequestId next_id_ = 1;
+  uint64_t entries_ = 0;  // top-k entries resolved, per layer
+  int steps_ = 0;
+};
+
+}  // namespace sparsekv::testing

@@ -122,6 +122,11 @@ class SparseKVCacheManager {
                   StreamHandle stream, int32_t topk_stride = 0);
   // Ends the step: joins the write-back side stream into `stream`.
   Status FinishStep(StreamHandle stream);
+  // Host side, after replaying a captured run phase for a step planned with PlanStep: closes the
+  // step as the captured calls did at capture time (they are not re-executed on the host) and
+  // applies their byte accounting to the new batch. REQUIRES: the graph was captured from a
+  // complete run phase of this manager (every layer appended, FinishStep) and has been launched.
+  Status FinishReplayedStep();
 
   // ---- Introspection ----
 
@@ -181,6 +186,11 @@ class SparseKVCacheManager {
   std::vector<RequestId> batch_;
   bool step_open_ = false;
   std::vector<bool> appended_;  // per layer, in the open step
+  // Bytes one request of a step moves, as recorded by the last complete run phase (replays).
+  uint64_t step_bytes_to_host_per_request_ = 0;
+  uint64_t step_bytes_assembled_per_request_ = 0;
+  uint64_t open_bytes_to_host_per_request_ = 0;
+  uint64_t open_bytes_assembled_per_request_ = 0;
   uint64_t bytes_host_to_device_ = 0;
   uint64_t bytes_device_to_host_ = 0;
   uint64_t bytes_assembled_ = 0;

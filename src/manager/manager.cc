@@ -290,6 +290,7 @@ Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch, StreamHa
   batch_.assign(batch.begin(), batch.end());
   step_open_ = true;
   std::fill(appended_.begin(), appended_.end(), false);
+  open_bytes_to_host_per_request_ = open_bytes_assembled_per_request_ = 0;
   return backend_->CopyAsync(plan_device_, plan, layout.bytes, stream);
 }
 
@@ -335,6 +336,7 @@ Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows,
   SPARSEKV_RETURN_IF_ERROR(backend_->Fork(stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_host, backend_->SideStream()));
   appended_[layer] = true;
+  open_bytes_to_host_per_request_ += shape.row_bytes;
   bytes_device_to_host_ += batch_.size() * static_cast<uint64_t>(shape.row_bytes);
   return Status::Ok();
 }
@@ -410,6 +412,7 @@ Status SparseKVCacheManager::RunLayer(int32_t layer, const int32_t* topk, int32_
     a.row_bytes = shape.row_bytes;
     a.stride = shape.row_stride;
     SPARSEKV_RETURN_IF_ERROR(backend_->Assemble(a, max_batch, stream));
+    open_bytes_assembled_per_request_ += static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
     bytes_assembled_ += batch_.size() * static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
   }
   return Status::Ok();
@@ -424,6 +427,19 @@ Status SparseKVCacheManager::FinishStep(StreamHandle stream) {
     }
   }
   SPARSEKV_RETURN_IF_ERROR(backend_->Join(stream));
+  step_bytes_to_host_per_request_ = open_bytes_to_host_per_request_;
+  step_bytes_assembled_per_request_ = open_bytes_assembled_per_request_;
+  step_open_ = false;
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::FinishReplayedStep() {
+  if (!step_open_) return FailedPrecondition("FinishReplayedStep: no step is planned");
+  if (step_bytes_to_host_per_request_ == 0) {
+    return FailedPrecondition("FinishReplayedStep: no complete run phase was ever recorded");
+  }
+  bytes_device_to_host_ += batch_.size() * step_bytes_to_host_per_request_;
+  bytes_assembled_ += batch_.size() * step_bytes_assembled_per_request_;
   step_open_ = false;
   return Status::Ok();
 }

@@ -1,1 +1,197 @@
+// Targeted behaviour of the manager on the CPU backend: LRU replacement through the public API,
+// the window, statistics, capacity errors and lifecycle errors.
+#include "sparsekv/manager.h"
+
 #include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "testing/harness.h"
+
+namespace sparsekv {
+namespace {
+
+using testing::Bytes;
+
+// One layer of 8-byte rows; K = 2, C = 3, W = 1; 8-token pages.
+CacheOptions SmallOptions() {
+  CacheOptions o;
+  o.geometry = KVGeometry::Uniform(1, 8);
+  o.top_k = 2;
+  o.hot_slots = 3;
+  o.window = 1;
+  o.host_capacity_tokens = 64;
+  o.max_requests = 2;
+  o.max_context = 32;
+  o.host_page_tokens = 8;
+  return o;
+}
+
+// Row of position p: eight bytes equal to p + 1.
+Bytes Rows(int32_t first, int32_t n) {
+  Bytes b(static_cast<size_t>(n) * 8);
+  for (int32_t i = 0; i < n; ++i) std::memset(b.data() + i * 8, first + i + 1, 8);
+  return b;
+}
+
+class ManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Create(SmallOptions()); }
+  void Create(const CacheOptions& o) {
+    auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    m_ = std::move(*m);
+    driver_ = std::make_unique<testing::StepDriver>(*m_);
+  }
+  void AdmitWithPrompt(RequestId id, int32_t len, int32_t max_new = 8) {
+    ASSERT_TRUE(m_->Admit(id, len, max_new, nullptr).ok());
+    const Bytes rows = Rows(0, len);
+    ASSERT_TRUE(m_->IngestPrompt(id, 0, rows.data(), nullptr).ok());
+  }
+  // One step of request `id` selecting `topk`; returns the slots.
+  std::vector<int32_t> Step(RequestId id, std::vector<int32_t> topk) {
+    const int32_t len = *m_->SequenceLength(id);
+    auto r = driver_->Step({id}, {Rows(len, 1)}, {topk});
+    std::vector<int32_t> slots(r[0].slots.begin(), r[0].slots.begin() + topk.size());
+    for (size_t k = 0; k < topk.size(); ++k) {
+      if (slots[k] < 0) continue;
+      EXPECT_EQ(static_cast<int>(r[0].gathered[k * 8]), topk[k] + 1) << "position " << topk[k];
+    }
+    return slots;
+  }
+  std::unique_ptr<SparseKVCacheManager> m_;
+  std::unique_ptr<testing::StepDriver> driver_;
+};
+
+TEST_F(ManagerTest, LeastRecentlyUsedSlotIsEvictedAndHitsAreKept) {
+  AdmitWithPrompt(1, 10);  // block 0: slots 0..2 LRU, 3 window
+  EXPECT_EQ(Step(1, {0, 1}), (std::vector<int32_t>{0, 1}));  // misses fill slots 0, 1
+  EXPECT_EQ(Step(1, {2, 0}), (std::vector<int32_t>{2, 0}));  // 0 hits; 2 -> empty slot 2
+  // LRU order now: 1 (pos 1, untouched last step), 2, 0. A miss evicts slot 1.
+  EXPECT_EQ(Step(1, {5, 0}), (std::vector<int32_t>{1, 0}));
+  // LRU order now: 2, 1, 0. Position 2 hits slot 2; position 1 was evicted, so it misses and
+  // takes the least recently used slot not hit in this step: slot 1.
+  EXPECT_EQ(Step(1, {1, 2}), (std::vector<int32_t>{1, 2}));
+}
+
+TEST_F(ManagerTest, WindowSlotHoldsTheNewestTokenAndIsNeverEvicted) {
+  AdmitWithPrompt(1, 10);
+  // Step 1 appends position 10: it is in the window slot (block 0 slot 3).
+  EXPECT_EQ(Step(1, {10, 9}), (std::vector<int32_t>{3, 0}));
+  // Misses never take the window slot, however many there are.
+  EXPECT_EQ(Step(1, {1, 2}), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(Step(1, {3, 4}), (std::vector<int32_t>{0, 1}));
+  // Position 11 left the window at this step (now 12 is newest): it is read from the host pool.
+  EXPECT_EQ(Step(1, {11, 13}), (std::vector<int32_t>{2, 3}));
+}
+
+TEST_F(ManagerTest, StatisticsCountEveryEntryAndTheBytesMoved) {
+  AdmitWithPrompt(1, 10);
+  Step(1, {0, 1});   // 2 misses
+  Step(1, {0, -1});  // 1 hit, 1 padding
+  Step(1, {12, 0});  // newest = 12: window hit; 0 hit
+  Step(1, {99, 2});  // out of range, miss
+  Step(1, {3, 3});   // miss, duplicate
+  auto s = m_->ReadStats(nullptr);
+  ASSERT_TRUE(s.ok());
+  const LayerStats& l = s->layers[0];
+  EXPECT_EQ(l.misses, 4u);
+  EXPECT_EQ(l.hits, 2u);
+  EXPECT_EQ(l.window_hits, 1u);
+  EXPECT_EQ(l.padding, 1u);
+  EXPECT_EQ(l.out_of_range, 1u);
+  EXPECT_EQ(l.duplicates, 1u);
+  EXPECT_DOUBLE_EQ(l.hit_rate(), 3.0 / 7.0);
+  // 4 misses + 1 window row at ingest, 8 bytes each; 5 appended tokens written back.
+  EXPECT_EQ(s->bytes_host_to_device, 5u * 8);
+  EXPECT_EQ(s->bytes_device_to_host, 5u * 8);
+  EXPECT_EQ(s->bytes_ingested, 10u * 8);
+  EXPECT_EQ(s->bytes_assembled, 5u * 2 * 8);
+  EXPECT_EQ(s->host_pages_used, 3);  // 18 tokens reserved in 8-token pages
+  ASSERT_TRUE(m_->ResetStats(nullptr).ok());
+  EXPECT_EQ(m_->ReadStats(nullptr)->total.misses, 0u);
+}
+
+TEST_F(ManagerTest, CapacityErrorsLeaveStoredDataIntact) {
+  AdmitWithPrompt(1, 10, 22);  // 32 tokens: 4 of 8 pages
+  AdmitWithPrompt(2, 20, 12);  // 4 more pages: the pool is full
+  EXPECT_EQ(m_->Admit(3, 1, 0, nullptr).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(m_->Admit(3, 40, 0, nullptr).code(), StatusCode::kOutOfRange);  // > max_context
+  EXPECT_EQ(Step(1, {3, 9}), (std::vector<int32_t>{0, 1}));  // rows still exact
+  ASSERT_TRUE(m_->Release(2).ok());
+  AdmitWithPrompt(3, 5);
+  // Request 3 reuses block 1 (slots 4..7), fresh: both positions miss into its slots 0 and 1.
+  EXPECT_EQ(Step(3, {4, 2}), (std::vector<int32_t>{4, 5}));
+}
+
+TEST_F(ManagerTest, ReservedLengthIsEnforced) {
+  AdmitWithPrompt(1, 10, 1);
+  Step(1, {0, 1});
+  const std::vector<RequestId> batch = {1};
+  EXPECT_EQ(m_->PlanStep(batch, nullptr).code(), StatusCode::kOutOfRange);
+}
+
+TEST_F(ManagerTest, UseAfterReleaseAndDoubleReleaseAreErrors) {
+  AdmitWithPrompt(1, 10);
+  ASSERT_TRUE(m_->Release(1).ok());
+  EXPECT_EQ(m_->Release(1).code(), StatusCode::kNotFound);
+  const Bytes rows = Rows(0, 10);
+  EXPECT_EQ(m_->IngestPrompt(1, 0, rows.data(), nullptr).code(), StatusCode::kNotFound);
+  const std::vector<RequestId> batch = {1};
+  EXPECT_EQ(m_->PlanStep(batch, nullptr).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m_->SequenceLength(1).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(m_->Retract(1).code(), StatusCode::kNotFound);
+}
+
+TEST_F(ManagerTest, StepOrderIsEnforced) {
+  AdmitWithPrompt(1, 10);
+  const std::vector<RequestId> batch = {1};
+  const int32_t topk[2] = {0, 1};
+  int32_t slots[4];
+  const Bytes row = Rows(10, 2);
+  EXPECT_EQ(m_->RunLayer(0, topk, slots, nullptr, nullptr).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m_->PlanStep(batch, nullptr).ok());
+  EXPECT_EQ(m_->PlanStep(batch, nullptr).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m_->RunLayer(0, topk, slots, nullptr, nullptr).code(),
+            StatusCode::kFailedPrecondition);  // before AppendToken
+  EXPECT_EQ(m_->FinishStep(nullptr).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m_->Release(1).code(), StatusCode::kFailedPrecondition);  // in the open step
+  ASSERT_TRUE(m_->AppendToken(0, row.data(), nullptr).ok());
+  EXPECT_EQ(m_->AppendToken(0, row.data(), nullptr).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m_->RunLayer(1, topk, slots, nullptr, nullptr).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m_->RunLayer(0, topk, slots, nullptr, nullptr).ok());
+  ASSERT_TRUE(m_->FinishStep(nullptr).ok());
+}
+
+TEST_F(ManagerTest, RetractedRequestKeepsItsHistoryAndResumes) {
+  CacheOptions o = SmallOptions();
+  o.max_requests = 1;
+  o.max_host_requests = 2;
+  o.window = 2;  // slots 0..2 LRU, 3..4 window
+  Create(o);
+  AdmitWithPrompt(1, 10);
+  Step(1, {0, 1});
+  EXPECT_EQ(m_->Admit(2, 4, 4, nullptr).code(), StatusCode::kResourceExhausted);  // no block
+  ASSERT_TRUE(m_->Retract(1).ok());
+  AdmitWithPrompt(2, 4);  // takes the block
+  Step(2, {0, 4});
+  EXPECT_EQ(m_->Resume(1, nullptr).code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(m_->Release(2).ok());
+  ASSERT_TRUE(m_->Resume(1, nullptr).ok());
+  // Fresh hot cache: position 1 misses again; position 10, still in the window after this
+  // step's append of 11, was reloaded from the host pool into window slot 3 + 10 % 2.
+  EXPECT_EQ(Step(1, {10, 1}), (std::vector<int32_t>{3, 0}));
+}
+
+TEST_F(ManagerTest, CreateRejectsInvalidOptions) {
+  CacheOptions o = SmallOptions();
+  o.hot_slots = 1;
+  auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SparseKVCacheManager::Create(SmallOptions(), nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sparsekv

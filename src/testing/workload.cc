@@ -42,8 +42,8 @@ std::vector<uint64_t> TestSeeds(int count) {
 }
 
 RandomWorkload::RandomWorkload(const CacheOptions& options, uint64_t seed,
-                               std::vector<SparseKVCacheManager*> managers)
-    : options_(options), rng_(seed), managers_(std::move(managers)), model_(options.geometry) {
+                               std::vector<SparseKVCacheManager*> managers, Shape shape)
+    : options_(options), shape_(shape), rng_(seed), managers_(std::move(managers)), model_(options.geometry) {
   for (SparseKVCacheManager* m : managers_) drivers_.push_back(std::make_unique<StepDriver>(*m));
 }
 
@@ -76,8 +76,8 @@ int RandomWorkload::Run(int ops) {
 
 void RandomWorkload::Admit() {
   const RequestId id = next_id_++;
-  const int32_t prompt = 1 + static_cast<int32_t>(rng_() % 60);
-  const int32_t max_new = static_cast<int32_t>(rng_() % 50);
+  const int32_t prompt = 1 + static_cast<int32_t>(rng_() % shape_.max_prompt);
+  const int32_t max_new = static_cast<int32_t>(rng_() % shape_.max_new);
   std::vector<Status> results;
   for (SparseKVCacheManager* m : managers_) results.push_back(m->Admit(id, prompt, max_new, nullptr));
   for (const Status& s : results) {

@@ -22,11 +22,17 @@ CacheOptions RandomSmallOptions(uint64_t seed);
 // Seeds to run: SPARSEKV_TEST_SEED (one seed) if set, else `count` fixed seeds 1..count.
 std::vector<uint64_t> TestSeeds(int count);
 
+struct WorkloadShape {
+  int32_t max_prompt = 60;  // prompts are 1..max_prompt tokens
+  int32_t max_new = 50;     // each request may generate 0..max_new-1 tokens
+};
+
 class RandomWorkload {
  public:
+  using Shape = WorkloadShape;
   // All managers must have been created with `options` and be empty.
   RandomWorkload(const CacheOptions& options, uint64_t seed,
-                 std::vector<SparseKVCacheManager*> managers);
+                 std::vector<SparseKVCacheManager*> managers, Shape shape = WorkloadShape());
 
   // Runs `ops` random operations; returns the number of decode steps among them.
   int Run(int ops);
@@ -52,6 +58,7 @@ class RandomWorkload {
   int32_t Length(RequestId id) const { return model_.Length(id, 0); }
 
   CacheOptions options_;
+  Shape shape_;
   std::mt19937_64 rng_;
   std::vector<SparseKVCacheManager*> managers_;
   std::vector<std::unique_ptr<StepDriver>> drivers_;

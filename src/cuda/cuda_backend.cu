@@ -1,0 +1,308 @@
+// The CUDA backend: pinned, device-mapped host memory for the KV pool, HBM for the hot cache and the
+// tables, and the kernels of kernels.h as operators.
+//
+// Every CUDA error becomes Status Internal naming the call; a shape the kernels do not cover
+// becomes InvalidArgument. Operators only enqueue: they never allocate or synchronise, so a
+// sequence of them can be captured into a CUDA graph.
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "cuda/kernels.h"
+#include "sparsekv/backend.h"
+
+namespace sparsekv {
+namespace {
+
+// Host allocations at least this large are backed by 2 MB pages where the kernel allows, which
+// keeps the GPU's translation of a large pool cheap (see DESIGN.md: gathers at large spans are
+// limited by address translation).
+constexpr size_t kHugePage = size_t{2} << 20;
+
+cudaStream_t ToCuda(StreamHandle stream) { return static_cast<cudaStream_t>(stream); }
+
+Status CudaError(cudaError_t err, const char* call) {
+  return Internal(std::string(call) + ": " + cudaGetErrorString(err));
+}
+
+#define SPARSEKV_CUDA_RETURN_IF_ERROR(call)                  \
+  do {                                                        \
+    if (cudaError_t err_ = (call); err_ != cudaSuccess) {     \
+      return CudaError(err_, #call);                          \
+    }                                                         \
+  } while (0)
+
+// Makes `device` current for the calling thread for the guard's lifetime; the CUDA current device
+// is per thread, and a backend may be called from any thread.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      cudaSetDevice(device);
+    } else {
+      previous_ = -1;
+    }
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static StatusOr<std::shared_ptr<Backend>> Create(int device) {
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    cudaDeviceProp prop{};
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+    auto backend = std::shared_ptr<CudaBackend>(
+        new CudaBackend(device, "cuda:" + std::to_string(device) + " " + prop.name));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&backend->side_stream_, cudaStreamNonBlocking));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&backend->fork_event_, cudaEventDisableTiming));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&backend->join_event_, cudaEventDisableTiming));
+    return std::shared_ptr<Backend>(std::move(backend));
+  }
+
+  ~CudaBackend() override {
+    DeviceGuard guard(device_);
+    if (join_event_ != nullptr) cudaEventDestroy(join_event_);
+    if (fork_event_ != nullptr) cudaEventDestroy(fork_event_);
+    if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
+  }
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  std::string name() const override { return name_; }
+
+  // Large blocks: 2 MB-aligned anonymous memory with transparent huge pages requested, then
+  // registered (pinned, mapped). Small blocks, or where registration fails: cudaHostAlloc.
+  StatusOr<void*> AllocateHost(size_t bytes) override {
+    DeviceGuard guard(device_);
+    void* ptr = nullptr;
+    HostBlock block{HostBlock::kHostAlloc, 0};
+    if (bytes >= kHugePage) {
+      const size_t length = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+      ptr = MapHugePages(length);
+      if (ptr != nullptr) {
+        if (cudaHostRegister(ptr, length, cudaHostRegisterMapped | cudaHostRegisterPortable) ==
+            cudaSuccess) {
+          block = {HostBlock::kRegistered, length};
+        } else {
+          cudaGetLastError();  // registration can fail (e.g. locked-memory limits): fall back
+          munmap(ptr, length);
+          ptr = nullptr;
+        }
+      }
+    }
+    if (ptr == nullptr) {
+      if (cudaError_t err =
+              cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+          err != cudaSuccess) {
+        cudaGetLastError();
+        return ResourceExhausted("cudaHostAlloc of " + std::to_string(bytes) +
+                                 " bytes: " + cudaGetErrorString(err));
+      }
+    }
+    // The kernels address host memory by its host pointer (UVA); make sure that holds.
+    void* device_ptr = nullptr;
+    const cudaError_t err = cudaHostGetDevicePointer(&device_ptr, ptr, 0);
+    if (err != cudaSuccess || device_ptr != ptr) {
+      Release(ptr, block);
+      return err != cudaSuccess
+                 ? CudaError(err, "cudaHostGetDevicePointer")
+                 : Internal("host memory is mapped at a different device address (no UVA)");
+    }
+    std::lock_guard<std::mutex> lock(host_mu_);
+    host_blocks_.emplace(ptr, block);
+    return ptr;
+  }
+
+  void FreeHost(void* ptr) override {
+    if (ptr == nullptr) return;
+    HostBlock block;
+    {
+      std::lock_guard<std::mutex> lock(host_mu_);
+      auto it = host_blocks_.find(ptr);
+      if (it == host_blocks_.end()) return;
+      block = it->second;
+      host_blocks_.erase(it);
+    }
+    DeviceGuard guard(device_);
+    Release(ptr, block);
+  }
+
+  StatusOr<void*> AllocateDevice(size_t bytes) override {
+    DeviceGuard guard(device_);
+    void* ptr = nullptr;
+    if (cudaError_t err = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes); err != cudaSuccess) {
+      cudaGetLastError();
+      return ResourceExhausted("cudaMalloc of " + std::to_string(bytes) +
+                               " bytes: " + cudaGetErrorString(err));
+    }
+    return ptr;
+  }
+
+  void FreeDevice(void* ptr) override {
+    if (ptr == nullptr) return;
+    DeviceGuard guard(device_);
+    cudaFree(ptr);
+  }
+
+  Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) override {
+    if (bytes == 0) return Status::Ok();
+    DeviceGuard guard(device_);
+    SPARSEKV_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ToCuda(stream)));
+    return Status::Ok();
+  }
+
+  Status MemsetAsync(void* dst, int value, size_t bytes, StreamHandle stream) override {
+    if (bytes == 0) return Status::Ok();
+    DeviceGuard guard(device_);
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, ToCuda(stream)));
+    return Status::Ok();
+  }
+
+  Status Synchronize(StreamHandle stream) override {
+    DeviceGuard guard(device_);
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ToCuda(stream)));
+    return Status::Ok();
+  }
+
+  StreamHandle SideStream() override { return side_stream_; }
+
+  // The record/wait pairs share one event each, so concurrent Forks (or Joins) are serialised.
+  Status Fork(StreamHandle main) override {
+    DeviceGuard guard(device_);
+    std::lock_guard<std::mutex> lock(fork_join_mu_);
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_event_, ToCuda(main)));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_stream_, fork_event_, 0));
+    return Status::Ok();
+  }
+
+  Status Join(StreamHandle main) override {
+    DeviceGuard guard(device_);
+    std::lock_guard<std::mutex> lock(fork_join_mu_);
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_event_, side_stream_));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(ToCuda(main), join_event_, 0));
+    return Status::Ok();
+  }
+
+  Status IndexCopy(const IndexCopyView& view, StreamHandle stream) override {
+    DeviceGuard guard(device_);
+    return LaunchStatus(LaunchIndexCopy(view, ToCuda(stream)), "LaunchIndexCopy", [&] {
+      return "capacity=" + std::to_string(view.capacity) +
+             " row_bytes=" + std::to_string(view.row_bytes) +
+             " src_stride=" + std::to_string(view.src_stride) +
+             " dst_stride=" + std::to_string(view.dst_stride);
+    });
+  }
+
+  Status Resolve(const ResolveView& view, int32_t max_batch, StreamHandle stream) override {
+    DeviceGuard guard(device_);
+    return LaunchStatus(LaunchResolve(view, max_batch, ToCuda(stream)), "LaunchResolve", [&] {
+      return "top_k=" + std::to_string(view.top_k) + " (max " + std::to_string(kMaxResolveTopK) +
+             ") hot_slots=" + std::to_string(view.hot_slots) + " (max " +
+             std::to_string(kMaxResolveHotSlots) + ") window=" + std::to_string(view.window) +
+             " topk_stride=" + std::to_string(view.topk_stride) +
+             " page_tokens=" + std::to_string(view.page_tokens) +
+             " max_batch=" + std::to_string(max_batch);
+    });
+  }
+
+  Status Assemble(const AssembleView& view, int32_t max_batch, StreamHandle stream) override {
+    DeviceGuard guard(device_);
+    return LaunchStatus(LaunchAssemble(view, max_batch, ToCuda(stream)), "LaunchAssemble", [&] {
+      return "top_k=" + std::to_string(view.top_k) +
+             " row_bytes=" + std::to_string(view.row_bytes) +
+             " stride=" + std::to_string(view.stride) +
+             " max_batch=" + std::to_string(max_batch);
+    });
+  }
+
+ private:
+  struct HostBlock {
+    enum Kind { kHostAlloc, kRegistered } kind;
+    size_t mapped_bytes;  // kRegistered: the length of the mapping
+  };
+
+  CudaBackend(int device, std::string name) : device_(device), name_(std::move(name)) {}
+
+  // `length` bytes (a multiple of kHugePage) at a kHugePage-aligned address with huge pages
+  // requested, or nullptr.
+  static void* MapHugePages(size_t length) {
+    const size_t padded = length + kHugePage;
+    void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;
+    if (aligned > begin) munmap(raw, aligned - begin);
+    const uintptr_t end = begin + padded;
+    if (end > aligned + length) munmap(reinterpret_cast<void*>(aligned + length), end - aligned - length);
+    void* ptr = reinterpret_cast<void*>(aligned);
+    // Advisory: without transparent huge pages the memory still works, with 4 KB pages.
+    madvise(ptr, length, MADV_HUGEPAGE);
+    return ptr;
+  }
+
+  static void Release(void* ptr, const HostBlock& block) {
+    if (block.kind == HostBlock::kRegistered) {
+      cudaHostUnregister(ptr);
+      munmap(ptr, block.mapped_bytes);
+    } else {
+      cudaFreeHost(ptr);
+    }
+  }
+
+  // kUnsupported -> InvalidArgument with the shape (from `describe`); other errors -> Internal.
+  template <typename Describe>
+  static Status LaunchStatus(cudaError_t err, const char* launcher, Describe describe) {
+    if (err == cudaSuccess) return Status::Ok();
+    if (err == kUnsupported) {
+      return InvalidArgument(std::string(launcher) + ": unsupported shape: " + describe());
+    }
+    return CudaError(err, launcher);
+  }
+
+  const int device_;
+  const std::string name_;
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t fork_event_ = nullptr;
+  cudaEvent_t join_event_ = nullptr;
+  std::mutex fork_join_mu_;
+  std::mutex host_mu_;
+  std::unordered_map<void*, HostBlock> host_blocks_;
+};
+
+}  // namespace
+
+StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device) {
+  int count = 0;
+  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    cudaGetLastError();
+    return Unavailable(std::string("no usable CUDA device: cudaGetDeviceCount: ") +
+                       cudaGetErrorString(err));
+  }
+  if (count == 0) return Unavailable("no CUDA device present");
+  if (device < 0 || device >= count) {
+    return Unavailable("CUDA device " + std::to_string(device) + " requested, " +
+                       std::to_string(count) + " present");
+  }
+  return CudaBackend::Create(device);
+}
+
+bool CudaBackendCompiled() { return true; }
+
+}  // namespace sparsekv

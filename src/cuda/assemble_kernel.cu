@@ -50,8 +50,8 @@ cudaError_t LaunchAssemble(const AssembleView& view, int32_t max_batch, cudaStre
   }
   const int64_t capacity = static_cast<int64_t>(max_batch) * view.top_k;
   if (capacity == 0) return cudaSuccess;
-  const int vec = row_gather::VectorBytes(view.hot, view.out, view.row_bytes, view.stride,
-                                          view.stride);
+  const int vec =
+      row_gather::VectorBytes(view.hot, view.out, view.row_bytes, view.stride, view.stride);
   int blocks = 0;
   if (cudaError_t err = row_gather::GridBlocks(capacity, view.row_bytes / vec, &blocks);
       err != cudaSuccess) {

@@ -1,5 +1,5 @@
-// The CUDA backend: pinned, device-mapped host memory for the KV pool, HBM for the hot cache and the
-// tables, and the kernels of kernels.h as operators.
+// The CUDA backend: pinned, device-mapped host memory for the KV pool, HBM for the hot cache and
+// the tables, and the kernels of kernels.h as operators.
 //
 // Every CUDA error becomes Status Internal naming the call; a shape the kernels do not cover
 // becomes InvalidArgument. Operators only enqueue: they never allocate or synchronise, so a
@@ -31,11 +31,11 @@ Status CudaError(cudaError_t err, const char* call) {
   return Internal(std::string(call) + ": " + cudaGetErrorString(err));
 }
 
-#define SPARSEKV_CUDA_RETURN_IF_ERROR(call)                  \
-  do {                                                        \
-    if (cudaError_t err_ = (call); err_ != cudaSuccess) {     \
-      return CudaError(err_, #call);                          \
-    }                                                         \
+#define SPARSEKV_CUDA_RETURN_IF_ERROR(call)               \
+  do {                                                    \
+    if (cudaError_t err_ = (call); err_ != cudaSuccess) { \
+      return CudaError(err_, #call);                      \
+    }                                                     \
   } while (0)
 
 // Makes `device` current for the calling thread for the guard's lifetime; the CUDA current device
@@ -107,8 +107,8 @@ class CudaBackend final : public Backend {
       }
     }
     if (ptr == nullptr) {
-      if (cudaError_t err =
-              cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+      if (cudaError_t err = cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes,
+                                          cudaHostAllocMapped | cudaHostAllocPortable);
           err != cudaSuccess) {
         cudaGetLastError();
         return ResourceExhausted("cudaHostAlloc of " + std::to_string(bytes) +
@@ -227,8 +227,7 @@ class CudaBackend final : public Backend {
     return LaunchStatus(LaunchAssemble(view, max_batch, ToCuda(stream)), "LaunchAssemble", [&] {
       return "top_k=" + std::to_string(view.top_k) +
              " row_bytes=" + std::to_string(view.row_bytes) +
-             " stride=" + std::to_string(view.stride) +
-             " max_batch=" + std::to_string(max_batch);
+             " stride=" + std::to_string(view.stride) + " max_batch=" + std::to_string(max_batch);
     });
   }
 
@@ -250,7 +249,9 @@ class CudaBackend final : public Backend {
     const uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;
     if (aligned > begin) munmap(raw, aligned - begin);
     const uintptr_t end = begin + padded;
-    if (end > aligned + length) munmap(reinterpret_cast<void*>(aligned + length), end - aligned - length);
+    if (end > aligned + length) {
+      munmap(reinterpret_cast<void*>(aligned + length), end - aligned - length);
+    }
     void* ptr = reinterpret_cast<void*>(aligned);
     // Advisory: without transparent huge pages the memory still works, with 4 KB pages.
     madvise(ptr, length, MADV_HUGEPAGE);

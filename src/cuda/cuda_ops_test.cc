@@ -1,1 +1,641 @@
+// Differential tests of the CUDA operators against the reference (src/cpu/reference_ops.h).
+//
+// Compiled by the host compiler against the Backend interface only, so that it builds without CUDA;
+// every test skips where no device is present. Inputs are random with fixed seeds and include the
+// bad cases the contract names (padding, duplicates, out-of-range indices). Output buffers are
+// poisoned identically on both sides and compared whole, so a write outside what the contract
+// allows shows up as a difference.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cpu/reference_ops.h"
+#include "sparsekv/backend.h"
+#include "testing/cuda_test_util.h"
+
+namespace sparsekv {
+namespace {
+
+constexpr int kPoison = 0xA5;
+
+void ExpectOk(const Status& status) { EXPECT_TRUE(status.ok()) << status.ToString(); }
+
+// A block of the backend's host or device memory, freed on destruction. Transfers synchronise.
+class Buffer {
+ public:
+  enum class Where { kHost, kDevice };
+
+  Buffer(Backend& backend, Where where, size_t bytes)
+      : backend_(backend), where_(where), bytes_(bytes) {
+    StatusOr<void*> ptr =
+        where == Where::kHost ? backend.AllocateHost(bytes) : backend.AllocateDevice(bytes);
+    EXPECT_TRUE(ptr.ok()) << ptr.status().ToString();
+    ptr_ = static_cast<std::byte*>(ptr.value());
+  }
+  ~Buffer() {
+    if (where_ == Where::kHost) {
+      backend_.FreeHost(ptr_);
+    } else {
+      backend_.FreeDevice(ptr_);
+    }
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  template <typename T = std::byte>
+  T* get() const {
+    return reinterpret_cast<T*>(ptr_);
+  }
+
+  template <typename T>
+  void Upload(const std::vector<T>& values) {
+    ASSERT_LE(values.size() * sizeof(T), bytes_);
+    ExpectOk(backend_.CopyAsync(ptr_, values.data(), values.size() * sizeof(T), nullptr));
+    ExpectOk(backend_.Synchronize(nullptr));
+  }
+  template <typename T>
+  std::vector<T> Download() const {
+    std::vector<T> values(bytes_ / sizeof(T));
+    ExpectOk(backend_.CopyAsync(values.data(), ptr_, values.size() * sizeof(T), nullptr));
+    ExpectOk(backend_.Synchronize(nullptr));
+    return values;
+  }
+  void Fill(int value) {
+    ExpectOk(backend_.MemsetAsync(ptr_, value, bytes_, nullptr));
+    ExpectOk(backend_.Synchronize(nullptr));
+  }
+
+ private:
+  Backend& backend_;
+  Where where_;
+  size_t bytes_;
+  std::byte* ptr_ = nullptr;
+};
+
+using Where = Buffer::Where;
+
+std::vector<std::byte> RandomBytes(std::mt19937_64& rng, size_t bytes) {
+  std::vector<std::byte> out(bytes);
+  for (auto& b : out) b = static_cast<std::byte>(rng());
+  return out;
+}
+
+template <typename T>
+std::vector<T> Poisoned(size_t n) {
+  std::vector<T> out(n);
+  std::memset(out.data(), kPoison, n * sizeof(T));
+  return out;
+}
+
+TEST(CudaBackendTest, NameAndKind) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  EXPECT_EQ(gpu->kind(), BackendKind::kCuda);
+  EXPECT_EQ(gpu->name().rfind("cuda:0 ", 0), 0u) << gpu->name();
+  EXPECT_TRUE(CudaBackendCompiled());
+}
+
+TEST(CudaBackendTest, ForkJoinOrdersTheSideStream) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  constexpr size_t kBytes = 64 << 20;
+  Buffer a(*gpu, Where::kDevice, kBytes);
+  Buffer b(*gpu, Where::kDevice, kBytes);
+  ExpectOk(gpu->MemsetAsync(a.get(), 7, kBytes, nullptr));
+  ExpectOk(gpu->Fork(nullptr));
+  ExpectOk(gpu->CopyAsync(b.get(), a.get(), kBytes, gpu->SideStream()));
+  ExpectOk(gpu->Join(nullptr));
+  ExpectOk(gpu->MemsetAsync(a.get(), 9, kBytes, nullptr));
+  ExpectOk(gpu->Synchronize(nullptr));
+  const std::vector<uint8_t> copied = b.Download<uint8_t>();
+  EXPECT_TRUE(std::all_of(copied.begin(), copied.end(), [](uint8_t x) { return x == 7; }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// IndexCopy
+
+struct IndexCopyCase {
+  Where src_where;
+  Where dst_where;
+  int32_t row_bytes;
+  int32_t stride_pad;  // stride = row_bytes + pad (8: forces 8-byte or narrower accesses)
+  int32_t count;       // > capacity: clamped; < 0: nothing
+};
+
+std::string CaseName(const IndexCopyCase& c) {
+  const auto where = [](Where w) { return w == Where::kHost ? "host" : "device"; };
+  return std::string(where(c.src_where)) + "->" + where(c.dst_where) +
+         " row_bytes=" + std::to_string(c.row_bytes) + " pad=" + std::to_string(c.stride_pad) +
+         " count=" + std::to_string(c.count);
+}
+
+void RunIndexCopyCase(Backend& gpu, const IndexCopyCase& c, uint64_t seed) {
+  SCOPED_TRACE(CaseName(c));
+  constexpr int32_t kCapacity = 4096;
+  constexpr int64_t kSrcRows = 5000;
+  constexpr int64_t kDstRows = 4500;
+  std::mt19937_64 rng(seed);
+  const int64_t stride = c.row_bytes + c.stride_pad;
+
+  // Distinct destinations (a permutation prefix); about 1 in 16 entries gets a bad index on one
+  // side: negative, just past the end, or far past it.
+  std::vector<int32_t> dst_index(kDstRows);
+  std::iota(dst_index.begin(), dst_index.end(), 0);
+  std::shuffle(dst_index.begin(), dst_index.end(), rng);
+  dst_index.resize(kCapacity);
+  std::vector<int32_t> src_index(kCapacity);
+  for (auto& s : src_index) s = static_cast<int32_t>(rng() % kSrcRows);
+  const auto bad = [&](int64_t rows) {
+    switch (rng() % 4) {
+      case 0:
+        return int32_t{-1};
+      case 1:
+        return -static_cast<int32_t>(rng() % 1000) - 2;
+      case 2:
+        return static_cast<int32_t>(rows);
+      default:
+        return static_cast<int32_t>(rows + rng() % 100000);
+    }
+  };
+  for (int32_t i = 0; i < kCapacity; ++i) {
+    if (rng() % 16 == 0) {
+      if (rng() % 2 == 0) {
+        src_index[i] = bad(kSrcRows);
+      } else {
+        dst_index[i] = bad(kDstRows);
+      }
+    }
+  }
+
+  const std::vector<std::byte> src = RandomBytes(rng, kSrcRows * stride);
+  std::vector<std::byte> want_dst = Poisoned<std::byte>(kDstRows * stride);
+  unsigned long long want_invalid = 3;  // counters accumulate: start from a nonzero value
+  const int32_t count = c.count;
+  reference::IndexCopy({src.data(), want_dst.data(), src_index.data(), dst_index.data(), &count,
+                        kCapacity, c.row_bytes, stride, stride, kSrcRows, kDstRows, &want_invalid});
+
+  Buffer gpu_src(gpu, c.src_where, src.size());
+  Buffer gpu_dst(gpu, c.dst_where, want_dst.size());
+  Buffer gpu_src_index(gpu, Where::kDevice, kCapacity * sizeof(int32_t));
+  Buffer gpu_dst_index(gpu, Where::kDevice, kCapacity * sizeof(int32_t));
+  Buffer gpu_count(gpu, Where::kDevice, sizeof(int32_t));
+  Buffer gpu_invalid(gpu, Where::kDevice, sizeof(unsigned long long));
+  gpu_src.Upload(src);
+  gpu_dst.Fill(kPoison);
+  gpu_src_index.Upload(src_index);
+  gpu_dst_index.Upload(dst_index);
+  gpu_count.Upload(std::vector<int32_t>{count});
+  gpu_invalid.Upload(std::vector<unsigned long long>{3});
+  ExpectOk(
+      gpu.IndexCopy({gpu_src.get(), gpu_dst.get(), gpu_src_index.get<int32_t>(),
+                     gpu_dst_index.get<int32_t>(), gpu_count.get<int32_t>(), kCapacity, c.row_bytes,
+                     stride, stride, kSrcRows, kDstRows, gpu_invalid.get<unsigned long long>()},
+                    nullptr));
+  ExpectOk(gpu.Synchronize(nullptr));
+
+  const std::vector<std::byte> got_dst = gpu_dst.Download<std::byte>();
+  ASSERT_EQ(got_dst.size(), want_dst.size());
+  for (int64_t row = 0; row < kDstRows; ++row) {
+    ASSERT_EQ(std::memcmp(got_dst.data() + row * stride, want_dst.data() + row * stride, stride), 0)
+        << "destination row " << row;
+  }
+  EXPECT_EQ(gpu_invalid.Download<unsigned long long>()[0], want_invalid);
+}
+
+TEST(CudaIndexCopyTest, MatchesReferenceInEveryDirection) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const std::pair<Where, Where> directions[] = {{Where::kHost, Where::kDevice},
+                                                {Where::kDevice, Where::kHost},
+                                                {Where::kDevice, Where::kDevice}};
+  uint64_t seed = 1;
+  for (const auto& [from, to] : directions) {
+    for (int32_t row_bytes : {1, 3, 132, 656, 704, 1152}) {
+      for (int32_t pad : {0, 8}) {
+        RunIndexCopyCase(*gpu, {from, to, row_bytes, pad, 3001}, seed++);
+      }
+    }
+  }
+}
+
+TEST(CudaIndexCopyTest, CountIsClampedToCapacity) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  RunIndexCopyCase(*gpu, {Where::kHost, Where::kDevice, 656, 0, 1 << 30}, 100);
+  RunIndexCopyCase(*gpu, {Where::kDevice, Where::kDevice, 3, 0, 4097}, 101);
+}
+
+TEST(CudaIndexCopyTest, ZeroOrNegativeCountCopiesNothing) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  RunIndexCopyCase(*gpu, {Where::kHost, Where::kDevice, 656, 0, 0}, 200);
+  RunIndexCopyCase(*gpu, {Where::kDevice, Where::kHost, 1152, 0, -5}, 201);
+}
+
+TEST(CudaIndexCopyTest, NullInvalidCounterIsAllowed) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  Buffer src(*gpu, Where::kDevice, 4 * 16);
+  Buffer dst(*gpu, Where::kDevice, 4 * 16);
+  Buffer index(*gpu, Where::kDevice, 4 * sizeof(int32_t));
+  Buffer count(*gpu, Where::kDevice, sizeof(int32_t));
+  src.Fill(1);
+  dst.Fill(0);
+  index.Upload(std::vector<int32_t>{0, 9, 2, -1});
+  count.Upload(std::vector<int32_t>{4});
+  ExpectOk(gpu->IndexCopy({src.get(), dst.get(), index.get<int32_t>(), index.get<int32_t>(),
+                           count.get<int32_t>(), 4, 16, 16, 16, 4, 4, nullptr},
+                          nullptr));
+  ExpectOk(gpu->Synchronize(nullptr));
+  std::vector<uint8_t> want(4 * 16, 0);
+  std::fill(want.begin(), want.begin() + 16, 1);
+  std::fill(want.begin() + 32, want.begin() + 48, 1);
+  EXPECT_EQ(dst.Download<uint8_t>(), want);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resolve
+
+struct ResolveShape {
+  int32_t max_batch;
+  int32_t top_k;
+  int32_t hot_slots;
+  int32_t window;
+  int32_t steps;
+};
+
+std::string ShapeName(const ResolveShape& s) {
+  return "B=" + std::to_string(s.max_batch) + " K=" + std::to_string(s.top_k) +
+         " C=" + std::to_string(s.hot_slots) + " W=" + std::to_string(s.window);
+}
+
+// One layer's resolve state and inputs, held twice: in host vectors for the reference and in the
+// backend's device memory for the GPU, and stepped in lockstep.
+class ResolveHarness {
+ public:
+  static constexpr int32_t kPageTokens = 64;
+
+  ResolveHarness(Backend& gpu, const ResolveShape& shape, uint64_t seed)
+      : gpu_(gpu),
+        s_(shape),
+        rng_(seed),
+        topk_stride_(shape.top_k + 3),
+        num_blocks_(shape.max_batch + 5),
+        // Each step grows a row by at most top_k + window + 64 tokens.
+        pages_per_request_(
+            (InitialSeqLen() + shape.steps * (shape.top_k + shape.window + 64)) / kPageTokens + 2),
+        slot_token_(static_cast<size_t>(num_blocks_) * shape.hot_slots, -1),
+        lru_order_(static_cast<size_t>(num_blocks_) * shape.hot_slots),
+        batch_(shape.max_batch),
+        topk_(static_cast<size_t>(shape.max_batch) * topk_stride_, kPaddingPosition),
+        page_table_(static_cast<size_t>(shape.max_batch) * pages_per_request_),
+        g_batch_size_(gpu, Where::kDevice, sizeof(int32_t)),
+        g_batch_(gpu, Where::kDevice, batch_.size() * sizeof(BatchEntry)),
+        g_topk_(gpu, Where::kDevice, topk_.size() * sizeof(int32_t)),
+        g_slots_out_(gpu, Where::kDevice, MissCapacity() * sizeof(int32_t)),
+        g_slot_token_(gpu, Where::kDevice, slot_token_.size() * sizeof(int32_t)),
+        g_lru_order_(gpu, Where::kDevice, lru_order_.size() * sizeof(int32_t)),
+        g_page_table_(gpu, Where::kDevice, page_table_.size() * sizeof(int32_t)),
+        g_miss_host_row_(gpu, Where::kDevice, MissCapacity() * sizeof(int32_t)),
+        g_miss_slot_(gpu, Where::kDevice, MissCapacity() * sizeof(int32_t)),
+        g_miss_count_(gpu, Where::kDevice, sizeof(int32_t)),
+        g_counters_(gpu, Where::kDevice, sizeof(ResolveCounters)) {
+    for (int32_t block = 0; block < num_blocks_; ++block) {
+      std::iota(lru_order_.begin() + static_cast<int64_t>(block) * s_.hot_slots,
+                lru_order_.begin() + static_cast<int64_t>(block + 1) * s_.hot_slots, 0);
+    }
+    // Distinct blocks and page-table rows; every 7th row unused; one very short request.
+    std::vector<int32_t> blocks(num_blocks_);
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), rng_);
+    for (int32_t b = 0; b < s_.max_batch; ++b) {
+      const int32_t row = s_.max_batch - 1 - b;
+      batch_[b] = {b % 7 == 6 ? -1 : blocks[b], b == 1 ? 1 : InitialSeqLen(), row, 0};
+    }
+    // Host pages: a permutation, so that host rows are distinct across requests.
+    std::iota(page_table_.begin(), page_table_.end(), 0);
+    std::shuffle(page_table_.begin(), page_table_.end(), rng_);
+    g_slot_token_.Upload(slot_token_);
+    g_lru_order_.Upload(lru_order_);
+    g_page_table_.Upload(page_table_);
+    g_counters_.Fill(0);
+    last_topk_ = topk_;
+  }
+
+  enum class Mode { kMixed, kRepeat, kFresh };
+
+  // Builds the next step's inputs, runs both sides, and compares everything.
+  void Step(Mode mode, int32_t batch_size, bool sort_misses) {
+    SCOPED_TRACE(ShapeName(s_) + " step " + std::to_string(step_) +
+                 " batch_size=" + std::to_string(batch_size));
+    ++step_;
+    for (int32_t b = 0; b < s_.max_batch; ++b) MakeRow(b, mode);
+
+    // Reference.
+    std::vector<int32_t> want_out = Poisoned<int32_t>(MissCapacity());
+    std::vector<int32_t> want_miss_row = Poisoned<int32_t>(MissCapacity());
+    std::vector<int32_t> want_miss_slot = Poisoned<int32_t>(MissCapacity());
+    int32_t want_miss_count = 0;
+    reference::Resolve(View(&batch_size, batch_.data(), topk_.data(), want_out.data(),
+                            slot_token_.data(), lru_order_.data(), page_table_.data(),
+                            want_miss_row.data(), want_miss_slot.data(), &want_miss_count,
+                            &counters_, sort_misses));
+
+    // GPU.
+    g_batch_size_.Upload(std::vector<int32_t>{batch_size});
+    g_batch_.Upload(batch_);
+    g_topk_.Upload(topk_);
+    g_slots_out_.Fill(kPoison);
+    g_miss_host_row_.Fill(kPoison);
+    g_miss_slot_.Fill(kPoison);
+    g_miss_count_.Fill(0);
+    ExpectOk(gpu_.Resolve(
+        View(g_batch_size_.get<int32_t>(), g_batch_.get<BatchEntry>(), g_topk_.get<int32_t>(),
+             g_slots_out_.get<int32_t>(), g_slot_token_.get<int32_t>(), g_lru_order_.get<int32_t>(),
+             g_page_table_.get<int32_t>(), g_miss_host_row_.get<int32_t>(),
+             g_miss_slot_.get<int32_t>(), g_miss_count_.get<int32_t>(),
+             g_counters_.get<ResolveCounters>(), sort_misses),
+        s_.max_batch, nullptr));
+    ExpectOk(gpu_.Synchronize(nullptr));
+
+    EXPECT_EQ(g_slots_out_.Download<int32_t>(), want_out);
+    EXPECT_EQ(g_slot_token_.Download<int32_t>(), slot_token_);
+    EXPECT_EQ(g_lru_order_.Download<int32_t>(), lru_order_);
+    const ResolveCounters got = g_counters_.Download<ResolveCounters>()[0];
+    EXPECT_EQ(got.hits, counters_.hits);
+    EXPECT_EQ(got.window_hits, counters_.window_hits);
+    EXPECT_EQ(got.misses, counters_.misses);
+    EXPECT_EQ(got.padding, counters_.padding);
+    EXPECT_EQ(got.duplicates, counters_.duplicates);
+    EXPECT_EQ(got.out_of_range, counters_.out_of_range);
+
+    const int32_t got_miss_count = g_miss_count_.Download<int32_t>()[0];
+    ASSERT_EQ(got_miss_count, want_miss_count);
+    const std::vector<int32_t> got_miss_row = g_miss_host_row_.Download<int32_t>();
+    const std::vector<int32_t> got_miss_slot = g_miss_slot_.Download<int32_t>();
+    std::vector<std::pair<int32_t, int32_t>> got_misses;
+    std::vector<std::pair<int32_t, int32_t>> want_misses;
+    for (int32_t i = 0; i < want_miss_count; ++i) {
+      got_misses.emplace_back(got_miss_row[i], got_miss_slot[i]);
+      want_misses.emplace_back(want_miss_row[i], want_miss_slot[i]);
+    }
+    // Entries past the list stay poisoned.
+    EXPECT_TRUE(std::equal(got_miss_row.begin() + want_miss_count, got_miss_row.end(),
+                           want_miss_row.begin() + want_miss_count));
+    if (sort_misses) ExpectSortedRuns(got_misses);
+    std::sort(got_misses.begin(), got_misses.end());
+    std::sort(want_misses.begin(), want_misses.end());
+    EXPECT_EQ(got_misses, want_misses);
+
+    last_topk_ = topk_;
+  }
+
+ private:
+  static int32_t InitialSeqLen() { return 3000; }
+  int64_t MissCapacity() const { return static_cast<int64_t>(s_.max_batch) * s_.top_k; }
+
+  ResolveView View(const int32_t* batch_size, const BatchEntry* batch, const int32_t* topk,
+                   int32_t* slots_out, int32_t* slot_token, int32_t* lru_order,
+                   const int32_t* page_table, int32_t* miss_host_row, int32_t* miss_slot,
+                   int32_t* miss_count, ResolveCounters* counters, bool sort_misses) const {
+    return {.batch_size = batch_size,
+            .batch = batch,
+            .topk = topk,
+            .top_k = s_.top_k,
+            .topk_stride = topk_stride_,
+            .slots_out = slots_out,
+            .slot_token = slot_token,
+            .lru_order = lru_order,
+            .hot_slots = s_.hot_slots,
+            .window = s_.window,
+            .page_table = page_table,
+            .pages_per_request = pages_per_request_,
+            .page_tokens = kPageTokens,
+            .miss_host_row = miss_host_row,
+            .miss_slot = miss_slot,
+            .miss_count = miss_count,
+            .miss_capacity = static_cast<int32_t>(MissCapacity()),
+            .counters = counters,
+            .sort_misses = sort_misses};
+  }
+
+  // The next top-k of row b. kMixed: about half from the row's last top-k, the rest anywhere in
+  // [0, seq_len), with padding, duplicates and out-of-range entries sprinkled in. kRepeat: the last
+  // top-k again. kFresh: seq_len jumps past every position seen so far and all positions are new.
+  void MakeRow(int32_t b, Mode mode) {
+    BatchEntry& e = batch_[b];
+    int32_t* row = topk_.data() + static_cast<int64_t>(b) * topk_stride_;
+    const int32_t* last = last_topk_.data() + static_cast<int64_t>(b) * topk_stride_;
+    const int32_t k = s_.top_k;
+    if (mode == Mode::kRepeat) {
+      std::copy(last, last + topk_stride_, row);
+      return;
+    }
+    const int32_t old_len = e.seq_len;
+    if (b != 1) e.seq_len += mode == Mode::kFresh ? k + s_.window + 1 : 1 + rng_() % 40;
+    for (int32_t i = 0; i < k; ++i) {
+      int32_t p;
+      if (mode == Mode::kFresh) {
+        p = b == 1 ? 0 : old_len + i;
+      } else {
+        switch (rng_() % 16) {
+          case 0:
+            p = kPaddingPosition;
+            break;
+          case 1:
+            p = rng_() % 2 == 0 ? e.seq_len + static_cast<int32_t>(rng_() % 5)
+                                : -2 - static_cast<int32_t>(rng_() % 5);
+            break;
+          case 2:
+            p = i > 0 ? row[rng_() % i] : kPaddingPosition;
+            break;
+          case 3:
+          case 4:
+          case 5:
+          case 6:
+          case 7:
+          case 8:
+            p = last[rng_() % k];
+            if (p < 0 || p >= e.seq_len) p = static_cast<int32_t>(rng_() % e.seq_len);
+            break;
+          default:
+            p = static_cast<int32_t>(rng_() % e.seq_len);
+            break;
+        }
+      }
+      row[i] = p;
+    }
+    // Entries between top_k and the stride are never read; make them look like positions.
+    for (int32_t i = k; i < topk_stride_; ++i) row[i] = i % std::max(e.seq_len, 1);
+  }
+
+  // With sort_misses, each row's misses are contiguous and ascending by host row. A row is
+  // recognised by its block (slot / (C + W)).
+  void ExpectSortedRuns(const std::vector<std::pair<int32_t, int32_t>>& misses) const {
+    const int32_t per_block = s_.hot_slots + s_.window;
+    std::vector<int32_t> seen_blocks;
+    for (size_t i = 0; i < misses.size(); ++i) {
+      const int32_t block = misses[i].second / per_block;
+      if (i > 0 && misses[i - 1].second / per_block == block) {
+        EXPECT_LT(misses[i - 1].first, misses[i].first) << "miss " << i;
+      } else {
+        EXPECT_EQ(std::count(seen_blocks.begin(), seen_blocks.end(), block), 0)
+            << "block " << block << " appears in two runs";
+        seen_blocks.push_back(block);
+      }
+    }
+  }
+
+  Backend& gpu_;
+  const ResolveShape s_;
+  std::mt19937_64 rng_;
+  const int32_t topk_stride_;
+  const int32_t num_blocks_;
+  const int32_t pages_per_request_;
+  int step_ = 0;
+
+  // The reference's state and inputs.
+  std::vector<int32_t> slot_token_;
+  std::vector<int32_t> lru_order_;
+  std::vector<BatchEntry> batch_;
+  std::vector<int32_t> topk_;
+  std::vector<int32_t> last_topk_;
+  std::vector<int32_t> page_table_;
+  ResolveCounters counters_{};
+
+  // The GPU's.
+  Buffer g_batch_size_;
+  Buffer g_batch_;
+  Buffer g_topk_;
+  Buffer g_slots_out_;
+  Buffer g_slot_token_;
+  Buffer g_lru_order_;
+  Buffer g_page_table_;
+  Buffer g_miss_host_row_;
+  Buffer g_miss_slot_;
+  Buffer g_miss_count_;
+  Buffer g_counters_;
+};
+
+// A fixed schedule of steps: cold start, mixed, full hit, full miss, shrinking and growing batch.
+void RunResolveSchedule(Backend& gpu, const ResolveShape& shape, uint64_t seed) {
+  using Mode = ResolveHarness::Mode;
+  ResolveHarness h(gpu, shape, seed);
+  const int32_t b = shape.max_batch;
+  const std::tuple<Mode, int32_t, bool> schedule[] = {
+      {Mode::kMixed, b, true},
+      {Mode::kMixed, b, false},
+      {Mode::kRepeat, b, true},
+      {Mode::kFresh, b, true},
+      {Mode::kMixed, std::max(1, b / 2), true},
+      {Mode::kRepeat, std::max(1, b - 3), false},
+      {Mode::kMixed, b, true},
+      {Mode::kFresh, std::max(1, b - 1), false},
+      {Mode::kMixed, b, true},
+      {Mode::kMixed, 0, true},
+  };
+  for (int i = 0; i < std::min<int>(shape.steps, std::size(schedule)); ++i) {
+    const auto& [mode, batch_size, sort] = schedule[i];
+    h.Step(mode, batch_size, sort);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST(CudaResolveTest, MatchesReferenceOverManySteps) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  uint64_t seed = 1000;
+  for (int32_t k : {1, 7, 64, 600, 2048}) {
+    for (int32_t c : {k, 2 * k, 4096}) {
+      for (int32_t w : {1, 4}) {
+        const int32_t max_batch = k >= 2048 ? 24 : 64;
+        RunResolveSchedule(*gpu, {max_batch, k, c, w, 10}, seed++);
+      }
+    }
+  }
+}
+
+TEST(CudaResolveTest, ZeroWindow) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  RunResolveSchedule(*gpu, {16, 64, 128, 0, 10}, 2000);
+}
+
+TEST(CudaResolveTest, LargestShapes) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  RunResolveSchedule(*gpu, {4, 4096, 65536, 1, 6}, 3000);
+  RunResolveSchedule(*gpu, {4, 3000, 3000, 2, 6}, 3001);
+  RunResolveSchedule(*gpu, {4, 1500, 50000, 1, 6}, 3002);
+}
+
+TEST(CudaResolveTest, UnsupportedShapeIsInvalidArgument) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  ResolveView view{};
+  view.top_k = 5000;
+  view.topk_stride = 5000;
+  view.hot_slots = 8192;
+  view.window = 1;
+  view.page_tokens = 64;
+  const Status status = gpu->Resolve(view, 1, nullptr);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Assemble
+
+void RunAssembleCase(Backend& gpu, int32_t row_bytes, int32_t stride, uint64_t seed) {
+  SCOPED_TRACE("row_bytes=" + std::to_string(row_bytes) + " stride=" + std::to_string(stride));
+  constexpr int32_t kMaxBatch = 9;
+  constexpr int32_t kTopK = 301;
+  constexpr int64_t kHotRows = 2000;
+  constexpr int32_t kBatchSize = 6;
+  std::mt19937_64 rng(seed);
+  const std::vector<std::byte> hot = RandomBytes(rng, kHotRows * stride);
+  std::vector<int32_t> slots(kMaxBatch * kTopK);
+  for (auto& s : slots) {
+    switch (rng() % 10) {
+      case 0:
+        s = kNullSlot;
+        break;
+      case 1:
+        s = rng() % 2 == 0 ? static_cast<int32_t>(kHotRows + rng() % 50) : -3;
+        break;
+      default:
+        s = static_cast<int32_t>(rng() % kHotRows);
+        break;
+    }
+  }
+  const size_t out_bytes = static_cast<size_t>(kMaxBatch) * kTopK * stride;
+  std::vector<std::byte> want = Poisoned<std::byte>(out_bytes);
+  const int32_t batch_size = kBatchSize;
+  reference::Assemble(
+      {&batch_size, hot.data(), kHotRows, slots.data(), want.data(), kTopK, row_bytes, stride});
+
+  Buffer g_hot(gpu, Where::kDevice, hot.size());
+  Buffer g_slots(gpu, Where::kDevice, slots.size() * sizeof(int32_t));
+  Buffer g_out(gpu, Where::kDevice, out_bytes);
+  Buffer g_batch_size(gpu, Where::kDevice, sizeof(int32_t));
+  g_hot.Upload(hot);
+  g_slots.Upload(slots);
+  g_out.Fill(kPoison);
+  g_batch_size.Upload(std::vector<int32_t>{batch_size});
+  ExpectOk(gpu.Assemble({g_batch_size.get<int32_t>(), g_hot.get(), kHotRows, g_slots.get<int32_t>(),
+                         g_out.get(), kTopK, row_bytes, stride},
+                        kMaxBatch, nullptr));
+  ExpectOk(gpu.Synchronize(nullptr));
+  EXPECT_TRUE(g_out.Download<std::byte>() == want);
+}
+
+TEST(CudaAssembleTest, MatchesReferenceWithNullAndOutOfRangeSlots) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  uint64_t seed = 4000;
+  for (const auto& [row_bytes, stride] : std::vector<std::pair<int32_t, int32_t>>{
+           {656, 656}, {656, 704}, {1152, 1152}, {1152, 1160}, {132, 132}, {3, 5}, {1, 1}}) {
+    RunAssembleCase(*gpu, row_bytes, stride, seed++);
+  }
+}
+
+}  // namespace
+}  // namespace sparsekv

@@ -42,8 +42,8 @@ template <int kVecBytes>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     IndexCopyKernel(const IndexCopyView view) {
   const int32_t n = min(max(*view.count, 0), view.capacity);
-  const int32_t invalid = row_gather::GatherRows<kVecBytes>(IndexCopyRows{view}, n,
-                                                            view.row_bytes / kVecBytes);
+  const int32_t invalid =
+      row_gather::GatherRows<kVecBytes>(IndexCopyRows{view}, n, view.row_bytes / kVecBytes);
   if (view.invalid == nullptr) return;
 
   __shared__ int32_t block_invalid;
@@ -65,8 +65,8 @@ cudaError_t LaunchIndexCopy(const IndexCopyView& view, cudaStream_t stream) {
     return kUnsupported;
   }
   if (view.capacity == 0) return cudaSuccess;
-  const int vec = row_gather::VectorBytes(view.src, view.dst, view.row_bytes, view.src_stride,
-                                          view.dst_stride);
+  const int vec =
+      row_gather::VectorBytes(view.src, view.dst, view.row_bytes, view.src_stride, view.dst_stride);
   int blocks = 0;
   if (cudaError_t err = row_gather::GridBlocks(view.capacity, view.row_bytes / vec, &blocks);
       err != cudaSuccess) {

@@ -1,5 +1,5 @@
-// Resolve: one CTA of kThreads per batch row classifies the row's top-k against its hot-cache block,
-// picks LRU victims, updates slot_token and lru_order, and emits the row's misses.
+// Resolve: one CTA of kThreads per batch row classifies the row's top-k against its hot-cache
+// block, picks LRU victims, updates slot_token and lru_order, and emits the row's misses.
 //
 // The top-k entries sit in registers in a blocked arrangement (thread t holds k = t * kItems + j),
 // so block scans rank them in k order. In O(K + C) per row, with every step block-wide:
@@ -41,10 +41,21 @@ namespace {
 constexpr int kThreads = 512;
 // Old LRU entries per thread per round of the scan in step 4.
 constexpr int kLruItems = 4;
-constexpr int32_t kEmptyCell = -1;  // hash cell without a key (valid positions are >= 0)
-constexpr int32_t kNone = INT32_MAX;
+constexpr int32_t kEmptyCell = -1;    // hash cell without a key (valid positions are >= 0)
+constexpr int32_t kNone = INT32_MAX;  // no entry / no slot yet, in a hash cell
 
-enum class Kind : uint8_t { kUnused, kPadding, kOutOfRange, kValid, kDuplicate, kWindow, kHit, kMiss };
+// What a top-k entry turned out to be. kValid is provisional (until step 3); kUnused marks the
+// register slots past top_k.
+enum class Kind : uint8_t {
+  kUnused,
+  kPadding,
+  kOutOfRange,
+  kValid,
+  kDuplicate,
+  kWindow,
+  kHit,
+  kMiss,
+};
 
 // Counters summed in shared memory; misses come from the scan.
 enum Count { kHits, kWindowHits, kPadding, kDuplicates, kOutOfRange, kNumCounts };
@@ -113,8 +124,8 @@ __device__ __forceinline__ void BlockAdd(int32_t* total, int32_t value) {
 }
 
 template <int kItems>
-__global__ void __launch_bounds__(kThreads) ResolveKernel(const ResolveView v,
-                                                          const SmemLayout layout) {
+__global__ void __launch_bounds__(kThreads)
+    ResolveKernel(const ResolveView v, const SmemLayout layout) {
   const int32_t b = blockIdx.x;
   if (b >= *v.batch_size) return;
   const BatchEntry e = v.batch[b];
@@ -166,10 +177,10 @@ __global__ void __launch_bounds__(kThreads) ResolveKernel(const ResolveView v,
   for (int j = 0; j < kItems; ++j) {
     const int32_t k = tid * kItems + j;
     pos[j] = k < top_k ? topk[k] : kPaddingPosition;
-    kind[j] = k >= top_k                           ? Kind::kUnused
-              : pos[j] == kPaddingPosition         ? Kind::kPadding
+    kind[j] = k >= top_k                          ? Kind::kUnused
+              : pos[j] == kPaddingPosition        ? Kind::kPadding
               : pos[j] < 0 || pos[j] >= e.seq_len ? Kind::kOutOfRange
-                                                   : Kind::kValid;
+                                                  : Kind::kValid;
   }
   __syncthreads();
 
@@ -182,16 +193,17 @@ __global__ void __launch_bounds__(kThreads) ResolveKernel(const ResolveView v,
     }
   }
   __syncthreads();
+  bool first[kItems];
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    if (kind[j] != Kind::kValid) continue;
-    // The cell's first entry resets cell_min for step 2. The others read either that entry's k or
-    // the reset value, neither of which is their own k: the race is benign.
-    if (cell_min[cell[j]] == tid * kItems + j) {
-      cell_min[cell[j]] = kNone;
-    } else {
-      kind[j] = Kind::kDuplicate;
-    }
+    first[j] = kind[j] == Kind::kValid && cell_min[cell[j]] == tid * kItems + j;
+    if (kind[j] == Kind::kValid && !first[j]) kind[j] = Kind::kDuplicate;
+  }
+  __syncthreads();
+  // Every entry has read its cell; the cell's first entry now resets it for step 2.
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (first[j]) cell_min[cell[j]] = kNone;
   }
   __syncthreads();
 
@@ -297,8 +309,8 @@ __global__ void __launch_bounds__(kThreads) ResolveKernel(const ResolveView v,
     if (tid == 0) miss_base = atomicAdd(v.miss_count, n_filled);
     int32_t row_min = INT32_MAX;
     int32_t row_max = INT32_MIN;
-    const int32_t* page_row = v.page_table + static_cast<int64_t>(e.page_table_row) *
-                                                 v.pages_per_request;
+    const int32_t* page_row =
+        v.page_table + static_cast<int64_t>(e.page_table_row) * v.pages_per_request;
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       if (kind[j] != Kind::kMiss || miss_rank[j] >= n_filled) continue;
@@ -383,10 +395,10 @@ __global__ void __launch_bounds__(kThreads) ResolveKernel(const ResolveView v,
   }
 }
 
-// The dynamic shared memory `kernel` may use on the current device. The first call per device
-// raises the kernel's limit to the device's opt-in maximum.
-template <typename Kernel>
-cudaError_t MaxDynamicSmem(Kernel kernel, int32_t* bytes) {
+// The dynamic shared memory ResolveKernel<kItems> may use on the current device. The first call
+// per device raises the kernel's limit to the device's opt-in maximum.
+template <int kItems>
+cudaError_t MaxDynamicSmem(int32_t* bytes) {
   static std::mutex mu;
   static std::map<int, int32_t> limit_by_device;
   int device = 0;
@@ -403,10 +415,13 @@ cudaError_t MaxDynamicSmem(Kernel kernel, int32_t* bytes) {
       err != cudaSuccess) {
     return err;
   }
-  if (cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) return err;
+  if (cudaError_t err = cudaFuncGetAttributes(&attributes, ResolveKernel<kItems>);
+      err != cudaSuccess) {
+    return err;
+  }
   const int32_t limit = optin - static_cast<int32_t>(attributes.sharedSizeBytes);
-  if (cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+  if (cudaError_t err = cudaFuncSetAttribute(ResolveKernel<kItems>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
       err != cudaSuccess) {
     return err;
   }
@@ -419,9 +434,7 @@ template <int kItems>
 cudaError_t Launch(const ResolveView& view, int32_t max_batch, cudaStream_t stream) {
   const SmemLayout layout = MakeLayout<kItems>(view.top_k, view.hot_slots);
   int32_t limit = 0;
-  if (cudaError_t err = MaxDynamicSmem(ResolveKernel<kItems>, &limit); err != cudaSuccess) {
-    return err;
-  }
+  if (cudaError_t err = MaxDynamicSmem<kItems>(&limit); err != cudaSuccess) return err;
   if (layout.total() > limit) return kUnsupported;
   ResolveKernel<kItems><<<max_batch, kThreads, layout.total(), stream>>>(view, layout);
   return cudaGetLastError();

@@ -7,12 +7,12 @@
 // form a fixed lattice: `lanes = min(chunks, T)` consecutive threads share a row, one chunk each,
 // and the T / lanes groups of them stride over the rows. Hence
 //   * no lane idles on a ragged row (a warp per 41-chunk row leaves 23 of 64 lanes idle), and a
-//     warp's 32 accesses are contiguous runs in at most three rows (two for rows of >= 32 chunks);
+//     warp's 32 accesses are contiguous runs within at most two rows once rows have >= 32 chunks;
 //   * there is no division per element: a thread's chunk is fixed, only its row advances;
 //   * each thread resolves kUnroll rows, issues all of their loads, then all of their stores, so
-//     every thread keeps kUnroll independent reads in flight. Over PCIe the latency of a read is
-//     ~1-2 us; the bandwidth-delay product at 55 GB/s is ~100 KB, which a few thousand threads with
-//     four 16-B reads each already cover, so the full grid leaves ample margin.
+//     every thread keeps kUnroll independent reads in flight. A read of pinned host memory takes
+//     on the order of a microsecond, so ~55 GB/s needs ~100 KB in flight: a few thousand threads
+//     with four 16-B reads each; the resident grid (4 x 256 threads per SM) has ample margin.
 // Rows far longer than the grid (chunks > T) fall out of the same loop: lanes = T and each thread
 // walks several chunks of the row.
 #pragma once

@@ -1,0 +1,116 @@
+// Sparse MLA decode attention over selected KV rows, and the CPU reference it is tested against.
+//
+// Shape (DeepSeek-V3.2 / GLM-5 MLA in "absorbed" form): for every request b of a batch, H query
+// heads of kMLAQKDim = 576 dims attend to K = top_k selected KV rows. A row holds a 576-dim key;
+// its first kMLAValueDim = 512 dims are also the value:
+//
+//   s[h, k]   = softmax_scale * dot(q[b, h, :], key(row(b, k)))      for unmasked k
+//   out[b, h] = sum_k softmax_k(s[h, :]) * key(row(b, k))[0:512]
+//
+// Row k of request b is row indices[b, k] of one layer's buffer: kv_rows + indices[b, k] *
+// row_stride. That covers the hot cache (the manager's layer-wide slots index
+// HotCache::layer_data(layer)) and a full-HBM KV buffer (global row numbers) alike. An index < 0
+// (kNullSlot / padding) is masked: its weight is zero; a request whose entries are all masked gets
+// an output of zeros. Duplicate indices are not special: each occurrence is one softmax entry.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "sparsekv/backend.h"
+#include "sparsekv/status.h"
+
+namespace sparsekv {
+
+inline constexpr int32_t kMLAQKDim = 576;     // query and key dims per head: 512 latent + 64 rope
+inline constexpr int32_t kMLAValueDim = 512;  // value dims: the first 512 of a key
+
+// How a KV row is stored.
+enum class KVRowFormat {
+  // 1152 B: the 576 key dims as bf16.
+  kBf16Row1152,
+  // 656 B: 512 float8 e4m3 values, then 4 fp32 scales (one per group of 128 of those dims), then
+  // the 64 rope dims as bf16. Dim d < 512 is e4m3[d] * scale[d / 128]; dim 512 + r is rope[r].
+  kFp8Row656,
+};
+
+// Meaningful bytes of a row: 1152 or 656.
+int32_t KVRowBytes(KVRowFormat format);
+
+struct SparseMLAOptions {
+  // ---- Behaviour ----
+  // Largest batch a Run accepts; the work buffers are sized for it. Required (>= 1).
+  int32_t max_batch = 0;
+  // Query heads per request (128 for the whole model, 16 per GPU under tensor parallelism 8).
+  int32_t heads = 128;
+  // Selected rows per request (entries of each indices row).
+  int32_t top_k = 2048;
+  KVRowFormat format = KVRowFormat::kFp8Row656;
+  // Multiplies q . k before the softmax. 0 means 1 / sqrt(576).
+  float softmax_scale = 0;
+
+  float effective_softmax_scale() const;
+};
+
+// InvalidArgument unless every field is in range, and the shapes keep the kernels' 32-bit index
+// arithmetic in range (max_batch * top_k * 72 < 2^31, max_batch * heads < 2^31).
+Status ValidateSparseMLAOptions(const SparseMLAOptions& options);
+
+// The attention operator on one GPU: a gather that dequantises the selected rows into a compact
+// bf16 buffer [batch, top_k, 576] (zero rows where masked), then on tensor cores (cuBLAS, bf16
+// inputs, fp32 accumulation) S = Q K^T per request into fp32, a masked softmax into bf16 P, and
+// O = P V into the bf16 output.
+//
+// Graph safety: all work memory (workspace_bytes()) is allocated by Create; Run only enqueues
+// kernels and cuBLAS calls on the caller's stream, never allocates or synchronises, so it may be
+// captured into a CUDA graph. The batch size is a launch parameter: capture one graph per batch.
+//
+// Thread safety: Run calls share the work buffers. Calls on one stream may follow each other
+// freely; runs on different streams must not overlap in time.
+class SparseMLAAttention {
+ public:
+  // Unavailable if the library was built without CUDA or `device` does not exist; InvalidArgument
+  // for bad options; Internal for a failing CUDA or cuBLAS call.
+  static StatusOr<std::unique_ptr<SparseMLAAttention>> Create(const SparseMLAOptions& options,
+                                                              int device = 0);
+  virtual ~SparseMLAAttention() = default;
+
+  // Enqueues out = attention(q, rows) for requests [0, batch) on `stream` (semantics at the top of
+  // this file). All pointers are device memory of the object's device:
+  //   q        [batch, heads, 576] bf16
+  //   kv_rows  one layer's row buffer, 16-B aligned; row_stride: bytes between its rows, a
+  //            multiple of 16 and >= KVRowBytes(format)
+  //   indices  [batch, top_k] int32; < 0 = masked
+  //   out      [batch, heads, 512] bf16
+  // REQUIRES: every index >= 0 names a row of the buffer (not checked on the device), and the
+  // buffers stay valid until the stream reaches the run. InvalidArgument for batch outside
+  // [0, max_batch], a null pointer or a misaligned row buffer; batch 0 enqueues nothing.
+  virtual Status Run(int32_t batch, const void* q, const std::byte* kv_rows, int64_t row_stride,
+                     const int32_t* indices, void* out, StreamHandle stream) = 0;
+
+  // Device bytes held for the work buffers (compact keys, scores, probabilities, cuBLAS).
+  virtual int64_t workspace_bytes() const = 0;
+  virtual const SparseMLAOptions& options() const = 0;
+};
+
+// The same function as SparseMLAAttention::Run, computed in float64 on the CPU over host memory:
+// the oracle for the tests. Inputs are exact (bf16 and e4m3 decoded exactly, scales as stored);
+// nothing is rounded to bf16 along the way.
+//   q        [batch, heads, 576] bf16 (as uint16 bit patterns)
+//   kv_rows  the row buffer; row_stride >= KVRowBytes(format), any alignment
+//   indices  [batch, top_k]; < 0 = masked
+//   out      [batch, heads, 512] float64
+// REQUIRES: every index >= 0 names a row of the buffer. InvalidArgument for bad options, batch
+// outside [0, max_batch], a null pointer or a short row stride.
+Status ReferenceSparseMLA(const SparseMLAOptions& options, int32_t batch, const uint16_t* q,
+                          const std::byte* kv_rows, int64_t row_stride, const int32_t* indices,
+                          double* out);
+
+// Exact decodings used by the reference (and by tests to read device outputs).
+double DecodeBf16(uint16_t bits);
+// float8 e4m3 (OCP "E4M3FN"): sign, 4-bit exponent with bias 7, 3-bit mantissa; exponent 0 is
+// subnormal (mantissa * 2^-9); 0x7F and 0xFF are NaN; there is no infinity (max 448).
+double DecodeFp8E4M3(uint8_t bits);
+
+}  // namespace sparsekv

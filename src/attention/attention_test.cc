@@ -1,0 +1,478 @@
+// Tests of sparse MLA attention (against the float64 CPU reference) and of the weight-streaming
+// proxy.
+//
+// Compiled by the host compiler against public headers only; data moves through the Backend
+// interface. The reference's own tests run everywhere; every GPU test skips where no device is
+// present. GPU inputs are random (never zeros) with fixed seeds, cover masked (-1) and duplicate
+// indices and padded row strides, and the output is poisoned with NaN before each run, one request
+// past the batch included, so that an unwritten element or a write past the batch shows.
+#include "sparsekv/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention/row_layout.h"
+#include "sparsekv/backend.h"
+#include "sparsekv/model_proxy.h"
+#include "testing/cuda_test_util.h"
+
+namespace sparsekv {
+namespace {
+
+constexpr int kNaNPoison = 0xFF;  // every bf16 of the poisoned output reads 0xFFFF, a NaN
+
+void ExpectOk(const Status& status) { EXPECT_TRUE(status.ok()) << status.ToString(); }
+
+// Round to nearest even; the inputs here are finite.
+uint16_t ToBf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+template <typename T>
+void Store(std::vector<std::byte>& bytes, size_t offset, T value) {
+  std::memcpy(bytes.data() + offset, &value, sizeof(T));
+}
+
+// ‖a − b‖ / ‖b‖ over n elements (a in bf16); NaN in `a` makes it NaN, which fails any bound.
+double RelativeError(const uint16_t* a, const double* b, size_t n) {
+  double diff = 0;
+  double norm = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = DecodeBf16(a[i]) - b[i];
+    diff += d * d;
+    norm += b[i] * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// A block of device memory, freed on destruction. Transfers synchronise.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Backend& backend, size_t bytes) : backend_(backend), bytes_(bytes) {
+    StatusOr<void*> ptr = backend.AllocateDevice(bytes);
+    EXPECT_TRUE(ptr.ok()) << ptr.status().ToString();
+    ptr_ = ptr.ok() ? *ptr : nullptr;
+  }
+  ~DeviceBuffer() { backend_.FreeDevice(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  template <typename T = std::byte>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  template <typename T>
+  void Upload(const std::vector<T>& values) {
+    ASSERT_LE(values.size() * sizeof(T), bytes_);
+    ExpectOk(backend_.CopyAsync(ptr_, values.data(), values.size() * sizeof(T), nullptr));
+    ExpectOk(backend_.Synchronize(nullptr));
+  }
+  template <typename T>
+  std::vector<T> Download() const {
+    std::vector<T> values(bytes_ / sizeof(T));
+    ExpectOk(backend_.CopyAsync(values.data(), ptr_, values.size() * sizeof(T), nullptr));
+    ExpectOk(backend_.Synchronize(nullptr));
+    return values;
+  }
+  void Fill(int value) {
+    ExpectOk(backend_.MemsetAsync(ptr_, value, bytes_, nullptr));
+    ExpectOk(backend_.Synchronize(nullptr));
+  }
+
+ private:
+  Backend& backend_;
+  size_t bytes_;
+  void* ptr_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Exact decodings.
+
+TEST(DecodeTest, Fp8E4M3) {
+  EXPECT_EQ(DecodeFp8E4M3(0x00), 0.0);
+  EXPECT_TRUE(std::signbit(DecodeFp8E4M3(0x80)));
+  EXPECT_EQ(DecodeFp8E4M3(0x38), 1.0);  // exponent 7 = bias
+  EXPECT_EQ(DecodeFp8E4M3(0xB8), -1.0);
+  EXPECT_EQ(DecodeFp8E4M3(0x3C), 1.5);           // mantissa 4/8
+  EXPECT_EQ(DecodeFp8E4M3(0x7E), 448.0);         // largest finite: 1.75 * 2^8
+  EXPECT_EQ(DecodeFp8E4M3(0x08), 0x1.0p-6);      // smallest normal
+  EXPECT_EQ(DecodeFp8E4M3(0x01), 0x1.0p-9);      // smallest subnormal
+  EXPECT_EQ(DecodeFp8E4M3(0x07), 7 * 0x1.0p-9);  // largest subnormal
+  EXPECT_TRUE(std::isnan(DecodeFp8E4M3(0x7F)));
+  EXPECT_TRUE(std::isnan(DecodeFp8E4M3(0xFF)));
+}
+
+TEST(DecodeTest, Bf16) {
+  EXPECT_EQ(DecodeBf16(0x3F80), 1.0);
+  EXPECT_EQ(DecodeBf16(0xC040), -3.0);
+  EXPECT_EQ(DecodeBf16(ToBf16(0.1f)), 0.10009765625);  // nearest bf16 of 0.1
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CPU reference on inputs whose result is known in closed form.
+
+// Rows of the bf16 format from per-row key vectors.
+std::vector<std::byte> Bf16Rows(const std::vector<std::vector<float>>& keys) {
+  std::vector<std::byte> rows(keys.size() * KVRowBytes(KVRowFormat::kBf16Row1152));
+  for (size_t r = 0; r < keys.size(); ++r) {
+    for (int d = 0; d < kMLAQKDim; ++d) {
+      Store(rows, (r * kMLAQKDim + d) * 2, ToBf16(keys[r][d]));
+    }
+  }
+  return rows;
+}
+
+std::vector<float> RandomKey(std::mt19937_64& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> key(kMLAQKDim);
+  for (float& x : key) x = normal(rng);
+  return key;
+}
+
+TEST(ReferenceSparseMLATest, EqualScoresAverageTheValuesCountingDuplicates) {
+  std::mt19937_64 rng(1);
+  const std::vector<std::vector<float>> keys = {RandomKey(rng), RandomKey(rng), RandomKey(rng)};
+  const SparseMLAOptions options{
+      .max_batch = 1, .heads = 2, .top_k = 4, .format = KVRowFormat::kBf16Row1152};
+  const std::vector<uint16_t> q(2 * kMLAQKDim, 0);  // every score 0
+  const std::vector<int32_t> indices = {2, -1, 0, 2};
+  std::vector<double> out(2 * kMLAValueDim);
+  ExpectOk(ReferenceSparseMLA(options, 1, q.data(), Bf16Rows(keys).data(), 2 * kMLAQKDim,
+                              indices.data(), out.data()));
+  for (int h = 0; h < 2; ++h) {
+    for (int d = 0; d < kMLAValueDim; ++d) {
+      const double v0 = DecodeBf16(ToBf16(keys[0][d]));
+      const double v2 = DecodeBf16(ToBf16(keys[2][d]));
+      EXPECT_NEAR(out[h * kMLAValueDim + d], (v0 + 2 * v2) / 3, 1e-12);
+    }
+  }
+}
+
+TEST(ReferenceSparseMLATest, WeightsAreTheScaledSoftmax) {
+  // Key 0 has dim 0 = 2, key 1 is zero, q = e_0: raw scores 2 and 0, scaled by 0.5 to 1 and 0.
+  std::vector<std::vector<float>> keys(2, std::vector<float>(kMLAQKDim, 0.0f));
+  keys[0][0] = 2.0f;
+  keys[0][1] = 3.0f;
+  keys[1][1] = 5.0f;
+  const SparseMLAOptions options{.max_batch = 1,
+                                 .heads = 1,
+                                 .top_k = 2,
+                                 .format = KVRowFormat::kBf16Row1152,
+                                 .softmax_scale = 0.5f};
+  std::vector<uint16_t> q(kMLAQKDim, 0);
+  q[0] = ToBf16(1.0f);
+  const std::vector<int32_t> indices = {0, 1};
+  std::vector<double> out(kMLAValueDim);
+  ExpectOk(ReferenceSparseMLA(options, 1, q.data(), Bf16Rows(keys).data(), 2 * kMLAQKDim,
+                              indices.data(), out.data()));
+  const double w0 = std::exp(1.0) / (std::exp(1.0) + 1.0);
+  EXPECT_NEAR(out[0], w0 * 2.0, 1e-12);
+  EXPECT_NEAR(out[1], w0 * 3.0 + (1 - w0) * 5.0, 1e-12);
+  EXPECT_EQ(out[2], 0.0);
+}
+
+TEST(ReferenceSparseMLATest, Fp8ValuesAreScaledPerGroupOf128) {
+  std::vector<std::byte> row(KVRowBytes(KVRowFormat::kFp8Row656));
+  for (int d = 0; d < kMLAValueDim; ++d) row[d] = std::byte{0x3C};  // 1.5
+  const float scales[4] = {0.5f, 1.0f, 2.0f, -4.0f};
+  std::memcpy(row.data() + mla_layout::kFp8ScalesOffset, scales, sizeof(scales));
+  for (int r = 0; r < mla_layout::kRopeDims; ++r) {
+    Store(row, mla_layout::kFp8RopeOffset + 2 * r, ToBf16(7.0f));
+  }
+  const SparseMLAOptions options{
+      .max_batch = 1, .heads = 1, .top_k = 1, .format = KVRowFormat::kFp8Row656};
+  const std::vector<uint16_t> q(kMLAQKDim, ToBf16(0.25f));
+  const int32_t index = 0;
+  std::vector<double> out(kMLAValueDim);
+  ExpectOk(ReferenceSparseMLA(options, 1, q.data(), row.data(), row.size(), &index, out.data()));
+  for (int d = 0; d < kMLAValueDim; ++d) {
+    EXPECT_EQ(out[d], 1.5 * scales[d / mla_layout::kFp8GroupDims]) << d;
+  }
+}
+
+TEST(ReferenceSparseMLATest, FullyMaskedRequestIsZero) {
+  std::mt19937_64 rng(2);
+  const SparseMLAOptions options{
+      .max_batch = 1, .heads = 1, .top_k = 3, .format = KVRowFormat::kBf16Row1152};
+  std::vector<uint16_t> q(kMLAQKDim, ToBf16(1.0f));
+  const std::vector<int32_t> indices = {-1, -1, -1};
+  std::vector<double> out(kMLAValueDim, 1.0);
+  ExpectOk(ReferenceSparseMLA(options, 1, q.data(), Bf16Rows({RandomKey(rng)}).data(),
+                              2 * kMLAQKDim, indices.data(), out.data()));
+  for (double x : out) EXPECT_EQ(x, 0.0);
+}
+
+TEST(ReferenceSparseMLATest, RejectsBadArguments) {
+  const SparseMLAOptions options{
+      .max_batch = 1, .heads = 1, .top_k = 1, .format = KVRowFormat::kFp8Row656};
+  std::vector<std::byte> row(656);
+  const std::vector<uint16_t> q(kMLAQKDim);
+  const int32_t index = 0;
+  std::vector<double> out(kMLAValueDim);
+  EXPECT_EQ(ReferenceSparseMLA(options, 2, q.data(), row.data(), 656, &index, out.data()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReferenceSparseMLA(options, 1, q.data(), row.data(), 640, &index, out.data()).code(),
+            StatusCode::kInvalidArgument);
+  SparseMLAOptions no_batch = options;
+  no_batch.max_batch = 0;
+  EXPECT_EQ(ReferenceSparseMLA(no_batch, 0, q.data(), row.data(), 656, &index, out.data()).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CUDA operator against the reference.
+
+// Random inputs of one run.
+struct AttentionInputs {
+  std::vector<uint16_t> q;       // [batch, heads, 576] bf16
+  std::vector<std::byte> rows;   // [kRows, row_stride]
+  std::vector<int32_t> indices;  // [batch, top_k]
+};
+
+constexpr int kRows = 4096;
+
+// One stored row of random data. Keys have an rms near 1, so that scores spread over a few units
+// and the softmax is neither uniform nor one-hot. fp8 values use exponents 4..8 (magnitudes
+// 2^-3 .. 3.75, no NaN codes); scales lie in [0.25, 1).
+void RandomRow(KVRowFormat format, std::mt19937_64& rng, std::byte* row) {
+  std::normal_distribution<float> normal;
+  if (format == KVRowFormat::kBf16Row1152) {
+    for (int d = 0; d < kMLAQKDim; ++d) {
+      const uint16_t bits = ToBf16(normal(rng));
+      std::memcpy(row + 2 * d, &bits, 2);
+    }
+    return;
+  }
+  std::uniform_int_distribution<int> exponent(4, 8);
+  for (int d = 0; d < kMLAValueDim; ++d) {
+    const int bits = static_cast<int>(rng() & 0x87) | exponent(rng) << 3;  // sign, mantissa
+    row[d] = static_cast<std::byte>(bits);
+  }
+  std::uniform_real_distribution<float> scale(0.25f, 1.0f);
+  for (int g = 0; g < mla_layout::kFp8Groups; ++g) {
+    const float s = scale(rng);
+    std::memcpy(row + mla_layout::kFp8ScalesOffset + 4 * g, &s, 4);
+  }
+  for (int r = 0; r < mla_layout::kRopeDims; ++r) {
+    const uint16_t bits = ToBf16(normal(rng));
+    std::memcpy(row + mla_layout::kFp8RopeOffset + 2 * r, &bits, 2);
+  }
+}
+
+// Rows (random garbage in the stride padding, which must be ignored), queries, and indices with
+// ~10% masked entries and ~5% explicit repeats of the previous entry (besides chance duplicates).
+AttentionInputs RandomInputs(const SparseMLAOptions& options, int batch, int64_t row_stride,
+                             std::mt19937_64& rng) {
+  AttentionInputs in;
+  in.rows.resize(kRows * row_stride);
+  for (auto& b : in.rows) b = static_cast<std::byte>(rng());
+  for (int r = 0; r < kRows; ++r) RandomRow(options.format, rng, &in.rows[r * row_stride]);
+  std::normal_distribution<float> normal;
+  in.q.resize(size_t{1} * batch * options.heads * kMLAQKDim);
+  for (auto& x : in.q) x = ToBf16(normal(rng));
+  std::uniform_int_distribution<int32_t> row(0, kRows - 1);
+  std::uniform_real_distribution<double> coin(0, 1);
+  in.indices.resize(size_t{1} * batch * options.top_k);
+  for (size_t i = 0; i < in.indices.size(); ++i) {
+    const double c = coin(rng);
+    const bool repeat = c < 0.05 && i % options.top_k != 0;
+    in.indices[i] = c > 0.9 ? -1 : repeat ? in.indices[i - 1] : row(rng);
+  }
+  return in;
+}
+
+// Runs the operator on `in` and returns the bf16 output of requests [0, batch + 1): the last one
+// must still hold the poison.
+std::vector<uint16_t> RunOnGpu(Backend& gpu, SparseMLAAttention& attention,
+                               const AttentionInputs& in, int batch, int64_t row_stride) {
+  const SparseMLAOptions& options = attention.options();
+  DeviceBuffer q(gpu, in.q.size() * 2);
+  DeviceBuffer rows(gpu, in.rows.size());
+  DeviceBuffer indices(gpu, in.indices.size() * 4);
+  DeviceBuffer out(gpu, size_t{2} * (batch + 1) * options.heads * kMLAValueDim);
+  q.Upload(in.q);
+  rows.Upload(in.rows);
+  indices.Upload(in.indices);
+  out.Fill(kNaNPoison);
+  ExpectOk(attention.Run(batch, q.get(), rows.get(), row_stride, indices.get<int32_t>(), out.get(),
+                         nullptr));
+  ExpectOk(gpu.Synchronize(nullptr));
+  return out.Download<uint16_t>();
+}
+
+using AttentionCase = std::tuple<KVRowFormat, int /*heads*/, int /*top_k*/, int /*batch*/>;
+
+std::string AttentionCaseName(const ::testing::TestParamInfo<AttentionCase>& info) {
+  const auto [format, heads, top_k, batch] = info.param;
+  return std::string(format == KVRowFormat::kFp8Row656 ? "Fp8" : "Bf16") + "_H" +
+         std::to_string(heads) + "_K" + std::to_string(top_k) + "_B" + std::to_string(batch);
+}
+
+class SparseMLAAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
+
+// Batch 3 also pads the row stride (1152 -> 1184, 656 -> 704), as a hot cache may.
+TEST_P(SparseMLAAttentionTest, MatchesReferenceOnRandomInputs) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const auto [format, heads, top_k, batch] = GetParam();
+  const SparseMLAOptions options{
+      .max_batch = batch + 1, .heads = heads, .top_k = top_k, .format = format};
+  const int64_t row_stride =
+      KVRowBytes(format) + (batch > 1 ? (format == KVRowFormat::kFp8Row656 ? 48 : 32) : 0);
+  StatusOr<std::unique_ptr<SparseMLAAttention>> attention = SparseMLAAttention::Create(options);
+  ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+  EXPECT_GT((*attention)->workspace_bytes(), 0);
+
+  std::mt19937_64 rng(heads * 7919 + top_k * 31 + batch);
+  // Two runs on the same object with fresh inputs: no result may depend on an earlier run.
+  for (int trial = 0; trial < 2; ++trial) {
+    const AttentionInputs in = RandomInputs(options, batch, row_stride, rng);
+    const std::vector<uint16_t> out = RunOnGpu(*gpu, **attention, in, batch, row_stride);
+    std::vector<double> ref(size_t{1} * batch * heads * kMLAValueDim);
+    ExpectOk(ReferenceSparseMLA(options, batch, in.q.data(), in.rows.data(), row_stride,
+                                in.indices.data(), ref.data()));
+    const size_t per_request = size_t{1} * heads * kMLAValueDim;
+    for (int b = 0; b < batch; ++b) {
+      EXPECT_LT(RelativeError(&out[b * per_request], &ref[b * per_request], per_request), 1e-2)
+          << "trial " << trial << " request " << b;
+    }
+    size_t poisoned = 0;
+    for (size_t i = batch * per_request; i < out.size(); ++i) poisoned += out[i] == 0xFFFF;
+    EXPECT_EQ(poisoned, per_request) << "a request past the batch was written";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SparseMLAAttentionTest,
+                         ::testing::Combine(::testing::Values(KVRowFormat::kBf16Row1152,
+                                                              KVRowFormat::kFp8Row656),
+                                            ::testing::Values(16, 128), ::testing::Values(64, 2048),
+                                            ::testing::Values(1, 3)),
+                         AttentionCaseName);
+
+TEST(SparseMLAAttentionCudaTest, FullyMaskedRequestGivesZeros) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const SparseMLAOptions options{
+      .max_batch = 4, .heads = 16, .top_k = 64, .format = KVRowFormat::kFp8Row656};
+  StatusOr<std::unique_ptr<SparseMLAAttention>> attention = SparseMLAAttention::Create(options);
+  ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+  std::mt19937_64 rng(3);
+  const int64_t row_stride = KVRowBytes(options.format);
+  AttentionInputs in = RandomInputs(options, 3, row_stride, rng);
+  std::fill(in.indices.begin() + options.top_k, in.indices.begin() + 2 * options.top_k, -1);
+  const std::vector<uint16_t> out = RunOnGpu(*gpu, **attention, in, 3, row_stride);
+  std::vector<double> ref(size_t{3} * options.heads * kMLAValueDim);
+  ExpectOk(ReferenceSparseMLA(options, 3, in.q.data(), in.rows.data(), row_stride,
+                              in.indices.data(), ref.data()));
+  const size_t per_request = size_t{1} * options.heads * kMLAValueDim;
+  for (size_t i = per_request; i < 2 * per_request; ++i) {
+    ASSERT_EQ(DecodeBf16(out[i]), 0.0) << "element " << i - per_request << " of request 1";
+  }
+  for (int b : {0, 2}) {
+    EXPECT_LT(RelativeError(&out[b * per_request], &ref[b * per_request], per_request), 1e-2);
+  }
+}
+
+TEST(SparseMLAAttentionCudaTest, RejectsBadArguments) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  SparseMLAOptions options{
+      .max_batch = 2, .heads = 16, .top_k = 64, .format = KVRowFormat::kBf16Row1152};
+  StatusOr<std::unique_ptr<SparseMLAAttention>> attention = SparseMLAAttention::Create(options);
+  ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+  DeviceBuffer buffer(*gpu, 1 << 20);
+  std::byte* p = buffer.get();
+  const auto* indices = buffer.get<int32_t>();
+  EXPECT_EQ((*attention)->Run(3, p, p, 1152, indices, p, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*attention)->Run(1, p, p, 1160, indices, p, nullptr).code(),
+            StatusCode::kInvalidArgument);  // stride not a multiple of 16
+  EXPECT_EQ((*attention)->Run(1, p, p + 8, 1152, indices, p, nullptr).code(),
+            StatusCode::kInvalidArgument);  // misaligned rows
+  EXPECT_EQ((*attention)->Run(1, p, p, 1152, nullptr, p, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  ExpectOk((*attention)->Run(0, nullptr, nullptr, 0, nullptr, nullptr, nullptr));
+  options.top_k = 0;
+  EXPECT_EQ(SparseMLAAttention::Create(options).status().code(), StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The weight-streaming proxy: sanity only (it computes nothing anyone reads).
+
+TEST(WeightStreamProxyTest, SizesFollowTheRequest) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  constexpr int64_t kBytes = 8 << 20;
+  StatusOr<std::unique_ptr<WeightStreamProxy>> proxy = WeightStreamProxy::Create(4, kBytes, 3);
+  ASSERT_TRUE(proxy.ok()) << proxy.status().ToString();
+  EXPECT_EQ((*proxy)->in_features(), kProxyHiddenDim);
+  EXPECT_EQ((*proxy)->out_features() % 64, 0);
+  EXPECT_EQ((*proxy)->bytes_per_layer(), int64_t{2} * kProxyHiddenDim * (*proxy)->out_features());
+  EXPECT_LE(std::abs((*proxy)->bytes_per_layer() - kBytes), int64_t{kProxyHiddenDim} * 64);
+  EXPECT_GE((*proxy)->device_bytes(), 3 * (*proxy)->bytes_per_layer());
+  EXPECT_EQ(WeightStreamProxy::Create(4, kBytes, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(WeightStreamProxyTest, OutputIsLinearInTheInputAndWeightsRotate) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  constexpr int kMaxBatch = 4;
+  constexpr int kBatch = 3;
+  StatusOr<std::unique_ptr<WeightStreamProxy>> proxy =
+      WeightStreamProxy::Create(kMaxBatch, 4 << 20, /*num_buffers=*/2);
+  ASSERT_TRUE(proxy.ok()) << proxy.status().ToString();
+  WeightStreamProxy& p = **proxy;
+  const size_t inputs = size_t{kMaxBatch} * p.in_features();
+  const size_t outputs = size_t{kBatch} * p.out_features();
+
+  std::mt19937_64 rng(4);
+  std::uniform_real_distribution<float> uniform(-1, 1);
+  std::vector<uint16_t> x(inputs);
+  std::vector<uint16_t> twice_x(inputs);
+  for (size_t i = 0; i < inputs; ++i) {
+    x[i] = ToBf16(uniform(rng));
+    twice_x[i] = ToBf16(2 * static_cast<float>(DecodeBf16(x[i])));  // exact
+  }
+  // Runs layer `layer` on input `in`; returns the batch's output as float64.
+  auto run = [&](const std::vector<uint16_t>& in, int layer) {
+    ExpectOk(gpu->CopyAsync(p.input(), in.data(), inputs * 2, nullptr));
+    ExpectOk(p.Run(kBatch, layer, nullptr));
+    std::vector<uint16_t> y(outputs);
+    ExpectOk(gpu->CopyAsync(y.data(), p.output(), outputs * 2, nullptr));
+    ExpectOk(gpu->Synchronize(nullptr));
+    std::vector<double> out(outputs);
+    for (size_t i = 0; i < outputs; ++i) out[i] = DecodeBf16(y[i]);
+    return out;
+  };
+  auto relative = [](const std::vector<double>& a, const std::vector<double>& b, double k) {
+    double diff = 0;
+    double norm = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff += (a[i] - k * b[i]) * (a[i] - k * b[i]);
+      norm += k * b[i] * k * b[i];
+    }
+    return std::sqrt(diff / norm);
+  };
+  const std::vector<double> y0 = run(x, 0);
+  double norm = 0;
+  for (double v : y0) norm += v * v;
+  EXPECT_GT(norm, 0.0);
+  EXPECT_TRUE(std::isfinite(norm));
+  EXPECT_LT(relative(run(twice_x, 0), y0, 2.0), 1e-3);  // linear in the input
+  EXPECT_GT(relative(run(x, 1), y0, 1.0), 0.5);         // layer 1: the other weights
+  EXPECT_LT(relative(run(x, 2), y0, 1.0), 1e-3);        // layer 2: layer 0's weights again
+  EXPECT_EQ(p.Run(kMaxBatch + 1, 0, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.Run(1, -1, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sparsekv

@@ -52,6 +52,27 @@ T ValueOrDie(StatusOr<T> result, const char* what) {
   return std::move(result).value();
 }
 
+// Wrong results found while benchmarking. They are printed and recorded, and the run goes on, so
+// that one bad configuration does not cost the numbers of all the others; main() turns them into
+// a non-zero exit status and the JSON lists them.
+class Errors {
+ public:
+  void Add(const std::string& message) {
+    if (messages_.size() < kKept) {
+      std::fprintf(stderr, "WRONG RESULT: %s\n", message.c_str());
+      messages_.push_back(message);
+    }
+    ++count_;
+  }
+  int count() const { return count_; }
+  const std::vector<std::string>& messages() const { return messages_; }  // the first kKept
+
+ private:
+  static constexpr size_t kKept = 20;
+  std::vector<std::string> messages_;
+  int count_ = 0;
+};
+
 // ---- Flags: --name=value or --name value ----------------------------------------------------
 
 class Flags {
@@ -77,7 +98,7 @@ class Flags {
       } else {
         Fail("flag --" + name + " needs a value");
       }
-      if (!values_.contains(name)) Fail("unknown flag --" + name + " (try --help)");
+      if (values_.count(name) == 0) Fail("unknown flag --" + name + " (try --help)");
       values_[name] = value;
     }
   }
@@ -137,6 +158,7 @@ class Json {
   Json& Add(const std::string& key, const char* v) { return Add(key, std::string(v)); }
   Json& Add(const std::string& key, const Json& v) { return Raw(key, v.str()); }
   Json& Push(const Json& v) { return Raw("", v.str()); }
+  Json& Push(const std::string& v) { return Raw("", Quote(v)); }
 
   std::string str() const { return text_ + close_; }
 
@@ -258,6 +280,15 @@ __global__ void SpinKernel(uint64_t ns) {
   }
 }
 
+// ---- Copies ---------------------------------------------------------------------------------
+
+// A blocking copy ordered on `stream`. The benchmarks' streams are non-blocking, so a plain
+// cudaMemcpy on the legacy default stream would not be ordered against their kernels.
+inline void CopySync(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  BENCH_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+}
+
 // ---- Timing ----------------------------------------------------------------------------------
 
 struct Timing {
@@ -279,7 +310,7 @@ Timing TimeOnStream(cudaStream_t stream, int warmup, int reps, Setup&& setup, Bo
   BENCH_CUDA(cudaEventCreate(&stop));
   std::vector<double> ms;
   for (int rep = 0; rep < warmup + reps; ++rep) {
-    SpinKernel<<<1, 1, 0, stream>>>(50'000);
+    SpinKernel<<<1, 1, 0, stream>>>(100'000);
     BENCH_LAUNCHED();
     setup(rep);
     BENCH_CUDA(cudaEventRecord(start, stream));
@@ -308,6 +339,12 @@ Timing TimeOnStream(cudaStream_t stream, int warmup, int reps, Setup&& setup, Bo
 template <typename Body>
 Timing TimeOnStream(cudaStream_t stream, int warmup, int reps, Body&& body) {
   return TimeOnStream(stream, warmup, reps, [](int) {}, body, [](int) {});
+}
+
+inline Json ErrorsJson(const Errors& errors) {
+  Json messages = Json::Array();
+  for (const std::string& m : errors.messages()) messages.Push(m);
+  return Json::Object().Add("count", errors.count()).Add("first", messages);
 }
 
 inline Json TimingJson(const Timing& t) {

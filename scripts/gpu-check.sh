@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# The one command to run on a GPU machine, from the repository root:
+#   OUT=/some/dir bash scripts/gpu-check.sh
+# Builds everything (Release, sm_90, CUDA on), runs all tests, the two operator benchmarks and
+# compute-sanitizer (memcheck, racecheck) on the CUDA backend tests, and collects the results in
+# $OUT (default ./gpu-check-out), at most 7 files:
+#   gpu-check.txt     everything printed here: device, toolchain, bench tables, step table
+#   build.log         cmake configure + build
+#   ctest.log         ctest --output-on-failure
+#   sanitizer.log     compute-sanitizer memcheck + racecheck
+#   index_copy.json   index_copy_bench results       resolve.json   resolve_bench results
+#   summary.json      the summary keys of both (scripts/merge_summary.py)
+# Every step runs even if an earlier one failed (except those that need a build that failed);
+# the exit status is non-zero if any step failed. The benchmarks run before the sanitizers so that
+# a slow sanitizer cannot cost the numbers; every step is capped so the whole run stays under
+# GPU_CHECK_DEADLINE seconds.
+#
+# Environment (all optional):
+#   GPU_CHECK_ONLY_BENCH=1        build (incrementally) and run the benchmarks only
+#   GPU_CHECK_SKIP_BUILD=1        reuse an existing build directory as it is
+#   GPU_CHECK_SKIP_TESTS=1        no ctest
+#   GPU_CHECK_SKIP_BENCH=1        no benchmarks
+#   GPU_CHECK_SKIP_SANITIZER=1    no compute-sanitizer
+#   GPU_CHECK_BUILD_DIR           build directory (build-gpu)
+#   GPU_CHECK_DEADLINE            seconds for the whole script (540)
+#   GPU_CHECK_INDEX_COPY_ARGS     extra flags for index_copy_bench (e.g. "--pool_gib 8")
+#   GPU_CHECK_RESOLVE_ARGS        extra flags for resolve_bench (e.g. "--contexts 32768")
+#   GPU_CHECK_MEMCHECK_FILTER     gtest filter for memcheck (default: all but the three longest)
+#   GPU_CHECK_RACECHECK_FILTER    gtest filter for racecheck (default: the kernel tests)
+#   GPU_CHECK_SANITIZER_TIMEOUT   seconds per sanitizer tool (120)
+set -u -o pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-check-out}
+BUILD=${GPU_CHECK_BUILD_DIR:-build-gpu}
+DEADLINE=${GPU_CHECK_DEADLINE:-540}
+mkdir -p "$OUT"
+
+ONLY_BENCH=${GPU_CHECK_ONLY_BENCH:-0}
+SKIP_BUILD=${GPU_CHECK_SKIP_BUILD:-0}
+SKIP_TESTS=${GPU_CHECK_SKIP_TESTS:-$ONLY_BENCH}
+SKIP_BENCH=${GPU_CHECK_SKIP_BENCH:-0}
+SKIP_SANITIZER=${GPU_CHECK_SKIP_SANITIZER:-$ONLY_BENCH}
+MEMCHECK_FILTER=${GPU_CHECK_MEMCHECK_FILTER:-"-CudaResolveTest.MatchesReferenceOverManySteps:ManagerCudaTest.RandomOperationsMatchTheCpuBackend:ManagerCudaTest.ProductionShapesMatchTheCpuBackend"}
+RACECHECK_FILTER=${GPU_CHECK_RACECHECK_FILTER:-"CudaIndexCopyTest.*:CudaResolveTest.ZeroWindow:CudaResolveTest.LargestShapes:CudaAssembleTest.*"}
+SANITIZER_TIMEOUT=${GPU_CHECK_SANITIZER_TIMEOUT:-120}
+SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+
+STEP_NAMES=()
+STEP_RESULTS=()
+FAILED=0
+
+record() {  # record NAME RESULT SECONDS
+  STEP_NAMES+=("$1")
+  STEP_RESULTS+=("$(printf '%-12s %5ss' "$2" "$3")")
+  case $2 in ok | skipped) ;; *) FAILED=1 ;; esac
+}
+
+# Seconds left before the deadline, minus a margin for the final summary.
+remaining() { echo $((DEADLINE - SECONDS - 15)); }
+
+# step NAME LOG TIMEOUT CMD... : runs CMD (output appended to LOG, or shown here if LOG is "-")
+# under a TIMEOUT-second limit (capped by the deadline) and records ok / FAIL(rc) / TIMEOUT.
+step() {
+  local name=$1 log=$2 limit=$3
+  shift 3
+  local left
+  left=$(remaining)
+  if ((left < 20)); then
+    echo "=== $name: not started, deadline reached"
+    record "$name" "NO-TIME" 0
+    return 1
+  fi
+  ((limit > left)) && limit=$left
+  echo "=== $name ($(date +%T), limit ${limit}s)"
+  local t0=$SECONDS rc
+  if [[ $log == - ]]; then
+    timeout -k 10 "$limit" "$@"
+    rc=$?
+  else
+    echo "=== $name: $*" >>"$log"
+    timeout -k 10 "$limit" "$@" >>"$log" 2>&1
+    rc=$?
+  fi
+  local took=$((SECONDS - t0)) result=ok
+  if ((rc == 124 || rc == 137)); then
+    result=TIMEOUT
+  elif ((rc != 0)); then
+    result="FAIL($rc)"
+  fi
+  record "$name" "$result" "$took"
+  if [[ $result != ok && $log != - ]]; then
+    echo "--- last lines of $(basename "$log"):"
+    tail -n 40 "$log"
+  fi
+  [[ $result == ok ]]
+}
+
+main() {
+  echo "=== gpu-check $(date -u +%FT%TZ) in $ROOT, results in $OUT"
+  nvidia-smi -L
+  nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.mem,temperature.gpu --format=csv
+  nvcc --version | tail -n 2
+  cmake --version | head -n 1
+  echo "cores: $(nproc); memory: $(free -g | awk '/Mem:/ {print $2 " GiB total, " $7 " GiB available"}')"
+  if [[ -d $ROOT/.git ]] && command -v git >/dev/null; then
+    echo "tree: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no commit'), $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed paths"
+  fi
+
+  # The CLI's header-only dependencies (CLI11, nlohmann-json) travel in .deps/sysroot, copied there
+  # from this machine's Debian packages; the GPU machine has no network and no package for them.
+  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
+    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || echo "!!! could not install .deps/sysroot"
+  fi
+
+  # Tests need GoogleTest: from .deps/googletest (no network on the GPU machine).
+  local want_tests=1 gtest_src=$ROOT/.deps/googletest
+  [[ $SKIP_TESTS == 1 && $SKIP_SANITIZER == 1 ]] && want_tests=0
+  if ((want_tests)) && [[ ! -f $gtest_src/CMakeLists.txt ]]; then
+    echo "!!! $gtest_src is missing: building without tests"
+    want_tests=0
+    record "googletest" "MISSING" 0
+  fi
+  local tests_flag=OFF
+  ((want_tests)) && tests_flag=ON
+  local cmake_args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TOOLS=ON
+    -DSPARSEKV_BUILD_TESTS="$tests_flag" -DSPARSEKV_GTEST_SOURCE="$gtest_src")
+
+  local built=1
+  if [[ $SKIP_BUILD == 1 ]]; then
+    record "build" "skipped" 0
+  else
+    : >"$OUT/build.log"
+    if ! step "configure" "$OUT/build.log" 180 cmake "${cmake_args[@]}"; then
+      # The CLI tool needs packages the GPU machine may lack; the rest (tests, benchmarks) does
+      # not. The failed configure stays recorded; build what can be built.
+      if grep -qE "CLI11|nlohmann_json" "$OUT/build.log"; then
+        step "configure-no-tools" "$OUT/build.log" 180 cmake "${cmake_args[@]}" \
+          -DSPARSEKV_BUILD_TOOLS=OFF || built=0
+      else
+        built=0
+      fi
+    fi
+    if ((built)); then
+      step "build" "$OUT/build.log" 420 cmake --build "$BUILD" -j "$(nproc)" || built=0
+    fi
+  fi
+
+  if [[ $SKIP_TESTS == 1 || $want_tests == 0 ]]; then
+    record "ctest" "skipped" 0
+  elif ((!built)); then
+    record "ctest" "NO-BUILD" 0
+  else
+    : >"$OUT/ctest.log"
+    step "ctest" "$OUT/ctest.log" 300 \
+      ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 240
+    grep -E "tests passed|tests failed|Total Test time" "$OUT/ctest.log" | tail -n 3
+  fi
+
+  if [[ $SKIP_BENCH == 1 ]]; then
+    record "index_copy" "skipped" 0
+    record "resolve" "skipped" 0
+  elif ((!built)); then
+    record "index_copy" "NO-BUILD" 0
+    record "resolve" "NO-BUILD" 0
+  else
+    rm -f "$OUT/index_copy.json" "$OUT/resolve.json"
+    # shellcheck disable=SC2086 # the extra flags are meant to split
+    step "index_copy" - 200 "$BUILD/bench/index_copy_bench" --json "$OUT/index_copy.json" \
+      ${GPU_CHECK_INDEX_COPY_ARGS:-}
+    # shellcheck disable=SC2086
+    step "resolve" - 200 "$BUILD/bench/resolve_bench" --json "$OUT/resolve.json" \
+      ${GPU_CHECK_RESOLVE_ARGS:-}
+  fi
+
+  if [[ $SKIP_SANITIZER == 1 || $want_tests == 0 ]]; then
+    record "memcheck" "skipped" 0
+    record "racecheck" "skipped" 0
+  elif ((!built)); then
+    record "memcheck" "NO-BUILD" 0
+    record "racecheck" "NO-BUILD" 0
+  else
+    local test_bin=$BUILD/src/cuda_backend_test
+    : >"$OUT/sanitizer.log"
+    step "memcheck" "$OUT/sanitizer.log" "$SANITIZER_TIMEOUT" \
+      "$SANITIZER" --tool memcheck --error-exitcode 1 --print-limit 20 \
+      "$test_bin" --gtest_filter="$MEMCHECK_FILTER" --gtest_brief=1
+    step "racecheck" "$OUT/sanitizer.log" "$SANITIZER_TIMEOUT" \
+      "$SANITIZER" --tool racecheck --error-exitcode 1 --print-limit 20 \
+      "$test_bin" --gtest_filter="$RACECHECK_FILTER" --gtest_brief=1
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | tail -n 6
+  fi
+
+  echo
+  echo "=== summary keys ($OUT/summary.json)"
+  local inputs=()
+  for f in "$OUT/index_copy.json" "$OUT/resolve.json"; do [[ -f $f ]] && inputs+=("$f"); done
+  if ((${#inputs[@]})); then
+    python3 "$ROOT/scripts/merge_summary.py" "$OUT/summary.json" "${inputs[@]}" || FAILED=1
+  else
+    echo "  (no benchmark results)"
+  fi
+
+  echo
+  echo "=== steps (total ${SECONDS}s)"
+  for i in "${!STEP_NAMES[@]}"; do
+    printf '  %-12s %s\n' "${STEP_NAMES[$i]}" "${STEP_RESULTS[$i]}"
+  done
+  if ((FAILED)); then echo "gpu-check: FAILED"; else echo "gpu-check: all steps ok"; fi
+  return "$FAILED"
+}
+
+main 2>&1 | tee "$OUT/gpu-check.txt"
+exit "${PIPESTATUS[0]}"

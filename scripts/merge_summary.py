@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Merges benchmark summary keys into one summary JSON file, keeping the keys already there.
+
+usage: merge_summary.py OUTPUT INPUT [INPUT...]
+
+Each INPUT is either a benchmark's JSON output (its "summary" object is merged) or a flat summary
+file (all of its top-level keys are merged), so the same script collects a run's benchmarks into
+$OUT/summary.json and later merges that file into bench/results/summary.json. A key set by an
+input replaces the same key in OUTPUT; every other key of OUTPUT is kept. A missing or unreadable
+input is reported and skipped, and the exit status is then 1. Prints the merged keys last.
+"""
+import json
+import os
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def main(argv):
+    if len(argv) < 3:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    out_path, inputs = argv[1], argv[2:]
+    merged = load(out_path) if os.path.exists(out_path) else {}
+    ok = True
+    for path in inputs:
+        try:
+            data = load(path)
+        except (OSError, ValueError) as e:
+            print(f"merge_summary: skipping {path}: {e}", file=sys.stderr)
+            ok = False
+            continue
+        summary = data.get("summary", data)
+        if not isinstance(summary, dict):
+            print(f"merge_summary: skipping {path}: no summary object", file=sys.stderr)
+            ok = False
+            continue
+        merged.update(summary)
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(merged, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, out_path)
+    width = max((len(k) for k in merged), default=0)
+    for key in sorted(merged):
+        value = merged[key]
+        text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value)
+        print(f"  {key:<{width}}  {text}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -19,11 +19,13 @@
 // against the pool's pattern before it is timed.
 #include <cuda_runtime.h>
 
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -466,6 +468,7 @@ int main(int argc, char** argv) {
                      {"reps", "20"},
                      {"seed", "1"},
                      {"device", "0"},
+                     {"host_memory", "auto"},
                      {"json", ""}});
   Options o;
   o.pool_bytes = size_t(flags.Double("pool_gib") * kGiB) & ~size_t{4095};
@@ -484,7 +487,17 @@ int main(int argc, char** argv) {
     Fail("--rows, --reps, --index_sets must be positive, --warmup >= 0, --row_bytes non-empty");
   }
 
-  auto backend = ValueOrDie(sparsekv::CreateCudaBackend(o.device), "CreateCudaBackend");
+  // How the pool is backed: auto | hugetlb | thp | hostalloc (see sparsekv::HostMemoryKind).
+  const std::string host_memory = flags.Str("host_memory");
+  const std::map<std::string, sparsekv::HostMemoryKind> kinds = {
+      {"auto", sparsekv::HostMemoryKind::kAuto},
+      {"hugetlb", sparsekv::HostMemoryKind::kHugeTlb},
+      {"thp", sparsekv::HostMemoryKind::kTransparentHugePages},
+      {"hostalloc", sparsekv::HostMemoryKind::kCudaHostAlloc}};
+  if (kinds.count(host_memory) == 0) Fail("--host_memory: auto, hugetlb, thp or hostalloc");
+  std::printf("host memory: %s\n", host_memory.c_str());
+  auto backend = ValueOrDie(sparsekv::CreateCudaBackend(o.device, kinds.at(host_memory)),
+                            "CreateCudaBackend");
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int wrong = Bench(o, backend.get(), stream).Run();

@@ -57,6 +57,17 @@ record() {  # record NAME RESULT SECONDS
   case $2 in ok | skipped) ;; *) FAILED=1 ;; esac
 }
 
+# Reserves GiB of 2 MB pages (vm.nr_hugepages) for the pool if the system lets us, and prints the
+# state either way. The benchmarks then use them through HostMemoryKind::kAuto.
+reserve_huge_pages() {
+  local gib=$1 f=/proc/sys/vm/nr_hugepages
+  if ((gib > 0)) && [[ -w $f ]]; then
+    echo $((gib * 512)) >"$f" 2>/dev/null || true
+  fi
+  echo "huge pages: $(grep -E 'HugePages_(Total|Free)|Hugepagesize' /proc/meminfo | tr -s ' ' | tr '\n' ' ')"
+  echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
+}
+
 # Seconds left before the deadline, minus a margin for the final summary.
 remaining() { echo $((DEADLINE - SECONDS - 15)); }
 
@@ -125,7 +136,7 @@ main() {
   local tests_flag=OFF
   ((want_tests)) && tests_flag=ON
   local cmake_args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TOOLS=ON
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TOOLS="${GPU_CHECK_TOOLS:-ON}"
     -DSPARSEKV_BUILD_TESTS="$tests_flag" -DSPARSEKV_GTEST_SOURCE="$gtest_src")
 
   local built=1
@@ -166,13 +177,42 @@ main() {
     record "index_copy" "NO-BUILD" 0
     record "resolve" "NO-BUILD" 0
   else
-    rm -f "$OUT/index_copy.json" "$OUT/resolve.json"
+    rm -f "$OUT/index_copy.json" "$OUT/index_copy_modes.json" "$OUT/resolve.json"
+    # The pool's backing decides the gather speed at large spans (translation reach): reserve
+    # 2 MB pages so that the library's default (HostMemoryKind::kAuto) can use them, and compare
+    # the three kinds of host memory once, for 656-B rows.
+    reserve_huge_pages "${GPU_CHECK_HUGEPAGES_GIB:-40}"
     # shellcheck disable=SC2086 # the extra flags are meant to split
     step "index_copy" - 200 "$BUILD/bench/index_copy_bench" --json "$OUT/index_copy.json" \
       ${GPU_CHECK_INDEX_COPY_ARGS:-}
+    if [[ ${GPU_CHECK_SKIP_MODES:-0} != 1 ]]; then
+      for mode in thp hostalloc; do
+        step "ic_$mode" - 120 "$BUILD/bench/index_copy_bench" --host_memory "$mode" \
+          --row_bytes 656 --span_gib 2 --reps 10 --json "$OUT/ic_$mode.tmp.json"
+      done
+      python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+modes = {}
+for f in sorted(out.glob("ic_*.tmp.json")):
+    modes[f.name[3:-9]] = json.loads(f.read_text())
+    f.unlink()
+(out / "index_copy_modes.json").write_text(json.dumps(modes, indent=1))
+PY
+    fi
     # shellcheck disable=SC2086
     step "resolve" - 200 "$BUILD/bench/resolve_bench" --json "$OUT/resolve.json" \
       ${GPU_CHECK_RESOLVE_ARGS:-}
+    if [[ ${GPU_CHECK_PROFILE:-0} == 1 ]]; then
+      # Hardware counters of one hits-only Resolve at B = 64 (clocks left alone).
+      local ncu_bin
+      ncu_bin=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+      step "ncu_resolve" - 150 "$ncu_bin" --clock-control none -k regex:ResolveKernel \
+        --launch-skip 4 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+        --section LaunchStats --section Occupancy --section SchedulerStats \
+        "$BUILD/bench/resolve_bench" --contexts 32768 --batches 64 --miss_rates 0 \
+        --row_bytes 656 --warmup 1 --reps 2 --max_pool_gib 4
+    fi
   fi
 
   if [[ $SKIP_SANITIZER == 1 || $want_tests == 0 ]]; then

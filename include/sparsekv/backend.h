@@ -64,9 +64,22 @@ class Backend {
 // The reference backend. Never fails to create.
 std::shared_ptr<Backend> CreateCpuBackend();
 
+// How the CUDA backend backs large host allocations (the KV pool). The GPU reads the pool through
+// its own address translation, whose reach decides the speed of random row gathers over large
+// spans (docs/index-copy.md): 2 MB pages are the lever.
+enum class HostMemoryKind {
+  kAuto,                  // kHugeTlb if the system has free huge pages, else kTransparentHugePages
+  kHugeTlb,               // MAP_HUGETLB (reserved 2 MB pages, vm.nr_hugepages), then registered
+  kTransparentHugePages,  // 2 MB-aligned anonymous memory with MADV_HUGEPAGE, then registered
+  kCudaHostAlloc,         // cudaHostAlloc
+};
+
 // The CUDA backend on `device`. Unavailable if the library was built without CUDA or no device is
-// present; the message says which.
-StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device = 0);
+// present; the message says which. Allocations below 2 MB always use cudaHostAlloc; a large one
+// that cannot be had in the kind asked for falls back along kHugeTlb -> kTransparentHugePages ->
+// kCudaHostAlloc only under kAuto, and is an error otherwise.
+StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(
+    int device = 0, HostMemoryKind host_memory = HostMemoryKind::kAuto);
 
 // True if the library was compiled with the CUDA backend (whether or not a GPU is present).
 bool CudaBackendCompiled();

@@ -61,12 +61,12 @@ class DeviceGuard {
 
 class CudaBackend final : public Backend {
  public:
-  static StatusOr<std::shared_ptr<Backend>> Create(int device) {
+  static StatusOr<std::shared_ptr<Backend>> Create(int device, HostMemoryKind host_memory) {
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     cudaDeviceProp prop{};
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
     auto backend = std::shared_ptr<CudaBackend>(
-        new CudaBackend(device, "cuda:" + std::to_string(device) + " " + prop.name));
+        new CudaBackend(device, "cuda:" + std::to_string(device) + " " + prop.name, host_memory));
     SPARSEKV_CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&backend->side_stream_, cudaStreamNonBlocking));
     SPARSEKV_CUDA_RETURN_IF_ERROR(
@@ -86,27 +86,33 @@ class CudaBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string name() const override { return name_; }
 
-  // Large blocks: 2 MB-aligned anonymous memory with transparent huge pages requested, then
-  // registered (pinned, mapped). Small blocks, or where registration fails: cudaHostAlloc.
+  // Large blocks: huge-page-backed anonymous memory, registered (pinned, mapped), as
+  // host_memory_ asks (see HostMemoryKind). Small blocks: cudaHostAlloc.
   StatusOr<void*> AllocateHost(size_t bytes) override {
     DeviceGuard guard(device_);
     void* ptr = nullptr;
     HostBlock block{HostBlock::kHostAlloc, 0};
-    if (bytes >= kHugePage) {
-      const size_t length = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-      ptr = MapHugePages(length);
-      if (ptr != nullptr) {
-        if (cudaHostRegister(ptr, length, cudaHostRegisterMapped | cudaHostRegisterPortable) ==
-            cudaSuccess) {
-          block = {HostBlock::kRegistered, length};
-        } else {
-          cudaGetLastError();  // registration can fail (e.g. locked-memory limits): fall back
-          munmap(ptr, length);
-          ptr = nullptr;
-        }
+    const bool large = bytes >= kHugePage;
+    const size_t length = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    const bool automatic = host_memory_ == HostMemoryKind::kAuto;
+    if (large && (automatic || host_memory_ == HostMemoryKind::kHugeTlb)) {
+      ptr = MapAndRegister(length, /*hugetlb=*/true);
+      if (ptr == nullptr && !automatic) {
+        return ResourceExhausted("no " + std::to_string(length >> 20) +
+                                 " MB of reserved huge pages (vm.nr_hugepages) to pin");
       }
     }
-    if (ptr == nullptr) {
+    if (large && ptr == nullptr &&
+        (automatic || host_memory_ == HostMemoryKind::kTransparentHugePages)) {
+      ptr = MapAndRegister(length, /*hugetlb=*/false);
+      if (ptr == nullptr && !automatic) {
+        return ResourceExhausted("could not map and register " + std::to_string(length) +
+                                 " bytes of anonymous memory");
+      }
+    }
+    if (ptr != nullptr) {
+      block = {HostBlock::kRegistered, length};
+    } else {
       if (cudaError_t err = cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes,
                                           cudaHostAllocMapped | cudaHostAllocPortable);
           err != cudaSuccess) {
@@ -237,24 +243,41 @@ class CudaBackend final : public Backend {
     size_t mapped_bytes;  // kRegistered: the length of the mapping
   };
 
-  CudaBackend(int device, std::string name) : device_(device), name_(std::move(name)) {}
+  CudaBackend(int device, std::string name, HostMemoryKind host_memory)
+      : device_(device), name_(std::move(name)), host_memory_(host_memory) {}
 
-  // `length` bytes (a multiple of kHugePage) at a kHugePage-aligned address with huge pages
-  // requested, or nullptr.
-  static void* MapHugePages(size_t length) {
-    const size_t padded = length + kHugePage;
-    void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return nullptr;
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
-    const uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;
-    if (aligned > begin) munmap(raw, aligned - begin);
-    const uintptr_t end = begin + padded;
-    if (end > aligned + length) {
-      munmap(reinterpret_cast<void*>(aligned + length), end - aligned - length);
+  // `length` bytes (a multiple of kHugePage) at a kHugePage-aligned address, backed by reserved
+  // huge pages (hugetlb) or with transparent huge pages requested, pinned and mapped for the
+  // device; nullptr if any of it fails.
+  static void* MapAndRegister(size_t length, bool hugetlb) {
+    void* ptr = nullptr;
+    if (hugetlb) {
+      // hugetlb mappings are 2 MB-aligned by construction.
+      ptr = mmap(nullptr, length, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+      if (ptr == MAP_FAILED) return nullptr;
+    } else {
+      const size_t padded = length + kHugePage;
+      void* raw =
+          mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (raw == MAP_FAILED) return nullptr;
+      const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
+      const uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;
+      if (aligned > begin) munmap(raw, aligned - begin);
+      const uintptr_t end = begin + padded;
+      if (end > aligned + length) {
+        munmap(reinterpret_cast<void*>(aligned + length), end - aligned - length);
+      }
+      ptr = reinterpret_cast<void*>(aligned);
+      // Advisory: without transparent huge pages the memory still works, with 4 KB pages.
+      madvise(ptr, length, MADV_HUGEPAGE);
     }
-    void* ptr = reinterpret_cast<void*>(aligned);
-    // Advisory: without transparent huge pages the memory still works, with 4 KB pages.
-    madvise(ptr, length, MADV_HUGEPAGE);
+    if (cudaHostRegister(ptr, length, cudaHostRegisterMapped | cudaHostRegisterPortable) !=
+        cudaSuccess) {
+      cudaGetLastError();  // registration can fail (e.g. locked-memory limits)
+      munmap(ptr, length);
+      return nullptr;
+    }
     return ptr;
   }
 
@@ -279,6 +302,7 @@ class CudaBackend final : public Backend {
 
   const int device_;
   const std::string name_;
+  const HostMemoryKind host_memory_;
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t fork_event_ = nullptr;
   cudaEvent_t join_event_ = nullptr;
@@ -289,7 +313,7 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device) {
+StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device, HostMemoryKind host_memory) {
   int count = 0;
   if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
     cudaGetLastError();
@@ -301,7 +325,7 @@ StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device) {
     return Unavailable("CUDA device " + std::to_string(device) + " requested, " +
                        std::to_string(count) + " present");
   }
-  return CudaBackend::Create(device);
+  return CudaBackend::Create(device, host_memory);
 }
 
 bool CudaBackendCompiled() { return true; }

@@ -3,7 +3,7 @@
 
 namespace sparsekv {
 
-StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int) {
+StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int, HostMemoryKind) {
   return Unavailable("sparsekv was built without the CUDA backend (no nvcc at build time)");
 }
 

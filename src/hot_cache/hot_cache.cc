@@ -21,6 +21,8 @@ StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
   for (const LayerShape& layer : geometry.layers) {
     SPARSEKV_ASSIGN_OR_RETURN(void* p, backend->AllocateDevice(rows * layer.row_stride));
     cache->data_.push_back(static_cast<std::byte*>(p));
+    // Defined contents (stride padding of copied rows is never written) on every backend.
+    SPARSEKV_RETURN_IF_ERROR(backend->MemsetAsync(p, 0, rows * layer.row_stride, nullptr));
     cache->device_bytes_ += rows * layer.row_stride;
   }
   const int64_t state_bytes =

@@ -156,12 +156,8 @@ TEST(ManagerCudaTest, CapturedStepReplaysExactly) {
     auto got = dev_driver.DownloadOutputs(static_cast<int32_t>(batch.size()));
     for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
       SCOPED_TRACE("step " + std::to_string(step) + " layer " + std::to_string(l));
-      const size_t n = batch.size() * o.top_k;
-      const size_t bytes = n * o.geometry.layers[l].row_stride;
-      EXPECT_TRUE(std::equal(got[l].slots.begin(), got[l].slots.begin() + n,
-                             want[l].slots.begin()));
-      EXPECT_TRUE(std::equal(got[l].gathered.begin(), got[l].gathered.begin() + bytes,
-                             want[l].gathered.begin()));
+      EXPECT_TRUE(testing::SameRows(got[l], want[l], batch.size() * o.top_k,
+                                    o.geometry.layers[l]));
       EXPECT_EQ(testing::CheckLayer(model, o.geometry, l, batch, topk[l], got[l], o.top_k), 0);
     }
     if (HasFailure()) break;

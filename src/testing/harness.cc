@@ -144,6 +144,18 @@ std::vector<LayerResult> StepDriver::Step(const std::vector<RequestId>& batch,
   return DownloadOutputs(static_cast<int32_t>(batch.size()));
 }
 
+bool SameRows(const LayerResult& a, const LayerResult& b, size_t rows, LayerShape shape) {
+  if (!std::equal(a.slots.begin(), a.slots.begin() + rows, b.slots.begin())) return false;
+  for (size_t i = 0; i < rows; ++i) {
+    const size_t at = i * shape.row_stride;
+    if (std::memcmp(a.gathered.data() + at, b.gathered.data() + at, shape.row_bytes) != 0 ||
+        std::memcmp(a.assembled.data() + at, b.assembled.data() + at, shape.row_bytes) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t layer,
                const std::vector<RequestId>& batch, const std::vector<int32_t>& topk,
                const LayerResult& result, int32_t top_k) {

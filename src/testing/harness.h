@@ -98,6 +98,10 @@ class StepDriver {
   std::vector<std::unique_ptr<DeviceBuffer>> new_rows_, topk_, slots_, assembled_;
 };
 
+// True if the first `rows` entries of a and b have the same slots and the same meaningful bytes
+// (row_bytes of each row; stride padding is not compared) gathered and assembled.
+bool SameRows(const LayerResult& a, const LayerResult& b, size_t rows, LayerShape shape);
+
 // Checks one layer's result against the model: every valid entry's row (through the slot and in
 // the assembled buffer) equals the model's; skipped entries are -1 with zero assembled rows.
 // Returns the number of mismatches (0 = exact) and reports them with ADD_FAILURE.

@@ -190,14 +190,9 @@ void RandomWorkload::Step() {
           << "step " << steps_ << " layer " << l << " on " << managers_[i]->backend().name();
       if (i > 0) {
         // Identical slot choices and bytes across backends (the rows of the batch).
-        const size_t used = n * options_.top_k;
-        EXPECT_TRUE(std::equal(results[i][l].slots.begin(), results[i][l].slots.begin() + used,
-                               results[0][l].slots.begin()))
-            << "slots differ between backends at step " << steps_ << " layer " << l;
-        const size_t bytes = used * options_.geometry.layers[l].row_stride;
-        EXPECT_TRUE(std::equal(results[i][l].gathered.begin(),
-                               results[i][l].gathered.begin() + bytes,
-                               results[0][l].gathered.begin()));
+        EXPECT_TRUE(SameRows(results[i][l], results[0][l], n * options_.top_k,
+                             options_.geometry.layers[l]))
+            << "backends differ at step " << steps_ << " layer " << l;
       }
     }
   }

@@ -1,0 +1,83 @@
+"""sparsekv: sparse-attention KV offloading.
+
+The complete KV history of every request lives in host memory; a small hot cache per request lives
+in device memory (HBM). At every decode step and layer, the engine's top-k positions are resolved
+against the hot cache: hits are used in place, misses are copied in, and the caller gets, per top-k
+entry, a slot of the layer's hot cache (``SparseKVCacheManager.hot_layer``).
+
+A step, as the engine drives it::
+
+    mgr = sparsekv.SparseKVCacheManager(options, sparsekv.cuda_backend(0))
+    mgr.admit(rid, prompt_len, max_new_tokens)           # lifecycle (host side)
+    for layer in range(num_layers):
+        mgr.ingest_prompt(rid, layer, prompt_kv[layer])  # [prompt_len, row_stride] bytes
+    mgr.plan_step([rid, ...])                            # plan (host side, between steps)
+    for layer in range(num_layers):                      # run (graph-capturable)
+        mgr.append_token(layer, new_kv[layer])           # [>= batch, row_stride] bytes
+        mgr.run_layer(layer, topk[layer], slots[layer])  # int32 [>= batch, >= top_k] -> [.., top_k]
+    mgr.finish_step()
+
+Tensors are passed without copies from any object with ``__array_interface__`` (numpy),
+``__dlpack__`` (torch on CPU or CUDA, numpy, CuPy) or ``__cuda_array_interface__``. Checks raise
+``TypeError`` (dtype: int32 for top-k and slots; KV rows may have any dtype whose trailing
+dimensions hold ``row_stride`` bytes) or ``ValueError`` (shape, C-contiguity, device: the CPU
+backend takes host tensors, the CUDA backend tensors on its device, except ``ingest_prompt`` which
+also takes host tensors). Errors returned by the library raise a subclass of ``SparseKVError``
+that also derives from the matching builtin (``InvalidArgumentError`` is a ``ValueError``,
+``NotFoundError`` a ``LookupError``, ...).
+
+Every call that enqueues work takes ``stream``: None (torch's current stream on the backend's
+device when the backend is CUDA and torch is importable, else the default stream), an int
+``cudaStream_t`` or an object with ``.cuda_stream``. Buffers handed to a call must stay alive until
+the stream has reached the work (as for any asynchronous CUDA call).
+
+``sparsekv.sglang_adapter`` has the call shape of an engine's sparse attention backend.
+"""
+
+from sparsekv._core import (
+    AlreadyExistsError,
+    Backend,
+    CacheOptions,
+    CacheStats,
+    FailedPreconditionError,
+    HotLayer,
+    InternalError,
+    InvalidArgumentError,
+    KVGeometry,
+    LayerShape,
+    LayerStats,
+    NotFoundError,
+    OutOfRangeError,
+    ResourceExhaustedError,
+    SparseKVCacheManager,
+    SparseKVError,
+    UnavailableError,
+    cpu_backend,
+    cuda_backend,
+    cuda_compiled,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlreadyExistsError",
+    "Backend",
+    "CacheOptions",
+    "CacheStats",
+    "FailedPreconditionError",
+    "HotLayer",
+    "InternalError",
+    "InvalidArgumentError",
+    "KVGeometry",
+    "LayerShape",
+    "LayerStats",
+    "NotFoundError",
+    "OutOfRangeError",
+    "ResourceExhaustedError",
+    "SparseKVCacheManager",
+    "SparseKVError",
+    "UnavailableError",
+    "cpu_backend",
+    "cuda_backend",
+    "cuda_compiled",
+]

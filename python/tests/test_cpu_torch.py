@@ -1,0 +1,142 @@
+"""The binding on the CPU backend with torch CPU tensors (the DLPack path), and the adapter."""
+
+import numpy as np
+import pytest
+
+import sparsekv
+from conftest import LAYERS, TOP_K, make_options
+from resolve_reference import ReferenceManager
+from workload import Flavour, run_workload
+
+torch = pytest.importorskip("torch")
+
+
+def torch_cpu() -> Flavour:
+    return Flavour(torch.from_numpy, lambda t: t.numpy(), lambda v: np.array(np.asarray(v)))
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_resolve_matches_reference(manager, seed):
+    run_workload(manager, torch_cpu(), seed)
+
+
+def test_bf16_rows_and_errors(manager):
+    manager.admit(1, 4, 4)
+    manager.ingest_prompt(1, 0, torch.zeros(4, 8, dtype=torch.bfloat16))  # 16 B rows
+    manager.ingest_prompt(1, 1, torch.zeros(4, 12, dtype=torch.bfloat16))  # 24 B rows
+    manager.plan_step([1])
+    manager.append_token(0, torch.zeros(1, 8, dtype=torch.bfloat16))
+    slots = torch.zeros(1, TOP_K, dtype=torch.int32)
+    with pytest.raises(TypeError, match="int32"):
+        manager.run_layer(0, torch.zeros(1, TOP_K, dtype=torch.int64), slots)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        manager.run_layer(0, torch.zeros(TOP_K, 2, dtype=torch.int32).t(), slots)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        manager.run_layer(0, torch.zeros(1, TOP_K, dtype=torch.int32),
+                          torch.zeros(1, 2 * TOP_K, dtype=torch.int32)[:, ::2])
+    manager.run_layer(0, torch.zeros(1, TOP_K, dtype=torch.int32), slots)
+    assert slots[0, 0].item() >= 0
+
+
+class FakeReq:
+    """The fields of an engine request the adapter reads (through request_info)."""
+
+    def __init__(self, rid, pool_idx, prompt):
+        self.rid, self.req_pool_idx, self.prompt = rid, pool_idx, prompt
+
+
+def request_info(req):
+    from sparsekv.sglang_adapter import RequestInfo
+
+    return RequestInfo(req.rid, req.req_pool_idx, req.prompt[0].shape[0], 16)
+
+
+def test_sglang_adapter_drives_steps_like_an_engine():
+    from sparsekv.sglang_adapter import SparseKVCoordinator
+
+    options = make_options()
+    manager = sparsekv.SparseKVCacheManager(options, sparsekv.cpu_backend())
+    coordinator = SparseKVCoordinator(
+        manager, request_info=request_info, prompt_kv=lambda req, layer: req.prompt[layer])
+    ref = ReferenceManager(options.hot_slots, options.window, options.max_requests, len(LAYERS))
+    rng = np.random.default_rng(7)
+
+    def new_req(rid, pool_idx, prompt_len):
+        prompt = [rng.integers(0, 256, (prompt_len, s), dtype=np.uint8) for _, s in LAYERS]
+        return FakeReq(rid, pool_idx, [torch.from_numpy(p) for p in prompt])
+
+    reqs = {0: new_req("a", 3, 9), 1: new_req("b", 0, 14)}
+    for req in reqs.values():
+        coordinator.admit_request_into_staging(req)
+        ref.admit(coordinator._ids_by_key[req.rid], [p.numpy() for p in req.prompt])
+    coordinator.request_finished(FakeReq("never-admitted", 1, [np.zeros((1, 1))]))
+    assert coordinator.has_ongoing_staging()
+    assert coordinator.collect_ready_reqs() == list(reqs.values())
+    assert not coordinator.has_ongoing_staging()
+
+    for step in range(12):
+        batch = [reqs[i] for i in sorted(reqs)]
+        ids = [coordinator._ids_by_key[r.rid] for r in batch]
+        pool = torch.tensor([r.req_pool_idx for r in batch])
+        seq_lens = torch.tensor([manager.sequence_length(i) + 1 for i in ids])
+        coordinator.map_last_loc_to_buffer(seq_lens, None, pool, seq_lens, pool)
+        ref.plan(ids)
+        for layer, (nbytes, stride) in enumerate(LAYERS):
+            new_rows = rng.integers(0, 256, (len(batch), stride), dtype=np.uint8)
+            coordinator.append_token_kv(layer, torch.from_numpy(new_rows))
+            ref.append(layer, new_rows)
+            lengths = [ref.requests[i].history[layer].shape[0] for i in ids]
+            topk = np.stack([rng.integers(-1, n, TOP_K) for n in lengths]).astype(np.int32)
+            slots = coordinator.swap_in_selected_pages(pool, seq_lens, torch.from_numpy(topk),
+                                                       layer)
+            want = ref.resolve(layer, topk, TOP_K)
+            np.testing.assert_array_equal(slots.numpy(), want)
+            kv = coordinator.layer_kv(layer)
+            for b, i in enumerate(ids):
+                for k in range(TOP_K):
+                    if want[b, k] >= 0:
+                        np.testing.assert_array_equal(
+                            kv[want[b, k], :nbytes].numpy(),
+                            ref.row(i, layer, int(topk[b, k]))[:nbytes])
+        if step == 4:  # retract "b" (its pool row is given back), re-admit it with its history
+            coordinator.retract_req(reqs[1])
+            ref.retract(ids[1])
+            next_lens = seq_lens + 1
+            with pytest.raises(LookupError, match="pool row 0"):
+                coordinator.map_last_loc_to_buffer(next_lens, None, pool, next_lens, pool)
+            reqs[1].req_pool_idx = 5
+            reqs[1].prompt = [torch.zeros(manager.sequence_length(ids[1]), 1)] * len(LAYERS)
+            coordinator.admit_request_into_staging(reqs[1])
+            ref.resume(ids[1])
+            assert coordinator.collect_ready_reqs() == [reqs[1]]
+        if step == 8:  # "a" finishes; a new request takes its pool row
+            coordinator.request_finished(reqs[0])
+            ref.release(ids[0])
+            reqs[0] = new_req("c", 3, 5)
+            coordinator.admit_request_into_staging(reqs[0])
+            ref.admit(coordinator._ids_by_key["c"], [p.numpy() for p in reqs[0].prompt])
+            coordinator.collect_ready_reqs()
+
+    stale = torch.tensor([manager.sequence_length(coordinator._ids_by_key["c"])])
+    with pytest.raises(ValueError, match="engine's length"):
+        coordinator.map_last_loc_to_buffer(stale, None, torch.tensor([3]), stale,
+                                           torch.tensor([3]))
+
+
+def test_adapter_readmits_a_recomputed_request():
+    from sparsekv.sglang_adapter import SparseKVCoordinator
+
+    manager = sparsekv.SparseKVCacheManager(make_options(), sparsekv.cpu_backend())
+    prompts = {n: [torch.zeros(n, s, dtype=torch.uint8) for _, s in LAYERS] for n in (6, 9)}
+    req = FakeReq("r", 2, prompts[6])
+    coordinator = SparseKVCoordinator(
+        manager, request_info=request_info, prompt_kv=lambda r, layer: r.prompt[layer])
+    coordinator.admit_request_into_staging(req)
+    first_id = coordinator._ids_by_key["r"]
+    coordinator.retract_req(req)
+    req.prompt = prompts[9]  # the engine recomputed prompt + output: a longer prompt
+    coordinator.admit_request_into_staging(req)
+    assert coordinator._ids_by_key["r"] != first_id
+    with pytest.raises(sparsekv.NotFoundError):
+        manager.sequence_length(first_id)
+    assert manager.read_stats().hot_blocks_used == 1

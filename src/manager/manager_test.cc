@@ -38,6 +38,7 @@ class ManagerTest : public ::testing::Test {
  protected:
   void SetUp() override { Create(SmallOptions()); }
   void Create(const CacheOptions& o) {
+    driver_.reset();  // its buffers live on the old manager's backend
     auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     m_ = std::move(*m);

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The README's test command: installs dependencies, then
+#   1. build/      Release, CUDA AUTO (the CUDA backend compiles when nvcc exists; its tests skip
+#                  without a GPU), ctest;
+#   2. build-asan/ Debug, AddressSanitizer + UBSan, CPU only, ctest;
+#   3. the Python package: `pip install .` into build/python-venv and pytest
+#      (scripts/python-test.sh).
+# Prints each ctest summary; exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+
+jobs=$(nproc)
+summaries=()
+start=$SECONDS
+
+# run_suite NAME DIR CMAKE_ARGS...: configure, build and ctest one build directory.
+run_suite() {
+  local name=$1 dir=$2
+  shift 2
+  local log="$dir/test-build.log"
+  mkdir -p "$dir"
+  echo "== $name: configure + build in $dir/"
+  if ! { cmake -S . -B "$dir" -G Ninja "$@" && cmake --build "$dir" -j"$jobs"; } >"$log" 2>&1; then
+    tail -n 80 "$log"
+    echo "== $name: build FAILED (full log: $log)" >&2
+    exit 1
+  fi
+  echo "== $name: ctest"
+  local out="$dir/ctest.log" rc=0
+  ctest --test-dir "$dir" -j"$jobs" --output-on-failure --timeout 600 >"$out" 2>&1 || rc=$?
+  # Failures in full; otherwise ctest's summary lines (skipped tests counted, not listed).
+  if [[ $rc -ne 0 ]]; then
+    cat "$out"
+  else
+    grep -E 'tests passed|Total Test time' "$out" || true
+    local skipped
+    skipped=$(grep -c '(Skipped)' "$out" || true)
+    [[ $skipped -eq 0 ]] || echo "$skipped tests skipped (e.g. CUDA tests without a GPU)"
+  fi
+  summaries+=("$name: $(grep -E 'tests passed|tests failed' "$out" | tail -n 1)")
+  if [[ $rc -ne 0 ]]; then
+    echo "== $name: ctest FAILED" >&2
+    exit "$rc"
+  fi
+}
+
+run_suite "release" build -DCMAKE_BUILD_TYPE=Release -DSPARSEKV_CUDA=AUTO
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  run_suite "asan" build-asan -DCMAKE_BUILD_TYPE=Debug -DSPARSEKV_SANITIZE=ON -DSPARSEKV_CUDA=OFF
+
+echo "== python: pip install . + pytest"
+py_log=build/python-test.log
+if ! bash scripts/python-test.sh >"$py_log" 2>&1; then
+  tail -n 80 "$py_log"
+  echo "== python: FAILED (full log: $py_log)" >&2
+  exit 1
+fi
+tail -n 1 "$py_log"
+summaries+=("python: $(tail -n 1 "$py_log")")
+
+echo
+echo "== summary ($((SECONDS - start)) s)"
+printf '  %s\n' "${summaries[@]}"

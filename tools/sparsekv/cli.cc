@@ -1,0 +1,43 @@
+#include "tools/sparsekv/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <vector>
+
+#include "tools/sparsekv/bench_command.h"
+
+namespace sparsekv::tools {
+namespace {
+
+// The command line as a shell would accept it, for the JSON record.
+std::string Quote(std::span<const std::string> args) {
+  std::string line = "sparsekv";
+  for (const std::string& a : args) {
+    const bool plain = !a.empty() && a.find_first_of(" \t\"'\\$`") == std::string::npos;
+    line += plain ? " " + a : " '" + a + "'";
+  }
+  return line;
+}
+
+}  // namespace
+
+int RunCli(std::span<const std::string> args, std::ostream& out, std::ostream& err,
+           bool progress_bar) {
+  CLI::App app("sparsekv: sparse-attention KV offloading (host KV pool + HBM hot cache).",
+               "sparsekv");
+  app.require_subcommand(1);
+  app.set_version_flag("--version", SPARSEKV_VERSION);
+  BenchCommand bench(app);
+
+  // CLI11 consumes its arguments from the back.
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e, out, err);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+  if (bench.selected()) return bench.Run(Quote(args), out, err, progress_bar);
+  return kExitUsage;  // unreachable: require_subcommand(1)
+}
+
+}  // namespace sparsekv::tools

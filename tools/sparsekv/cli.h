@@ -1,0 +1,22 @@
+// The `sparsekv` command line: one tool, one subcommand per job (`bench` today).
+//
+// RunCli parses, dispatches to the subcommand and returns the process exit code, writing only to
+// the given streams, so that tests can drive it like a user would.
+#pragma once
+
+#include <ostream>
+#include <span>
+#include <string>
+
+namespace sparsekv::tools {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;  // the run failed: a Status from the library
+inline constexpr int kExitUsage = 2;    // bad arguments
+
+// `args` are the arguments after the program name. `progress_bar`: draw a progress bar on `err`
+// during long runs (pass true only when `err` is a terminal).
+int RunCli(std::span<const std::string> args, std::ostream& out, std::ostream& err,
+           bool progress_bar);
+
+}  // namespace sparsekv::tools

@@ -1,0 +1,125 @@
+#include "tools/sparsekv/topk_generator.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+
+namespace sparsekv::tools {
+namespace {
+
+// SplitMix64: decorrelates the per-layer streams of one seed.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+int32_t Share(double fraction, int32_t top_k) {
+  return static_cast<int32_t>(std::llround(fraction * top_k));
+}
+
+}  // namespace
+
+LayerTopKGenerator::LayerTopKGenerator(const TopKGeneratorOptions& options, int32_t layer,
+                                       int32_t batch)
+    : options_(options),
+      reuse_(layer < options.early_layers ? std::min(options.early_layer_reuse, options.reuse)
+                                          : options.reuse),
+      rng_(Mix(options.seed ^ Mix(static_cast<uint64_t>(layer)))),
+      previous_(batch) {
+  assert(options.top_k >= 1 && batch >= 1);
+  row_.reserve(options.top_k);
+}
+
+void LayerTopKGenerator::Add(int32_t position) {
+  mark_[position] = row_stamp_;
+  row_.push_back(position);
+}
+
+int32_t LayerTopKGenerator::TakeSinks(int32_t n, int32_t seq_len) {
+  const int32_t end = std::min({n, seq_len, options_.sinks});
+  for (int32_t p = 0; p < end; ++p) Add(p);
+  return end;
+}
+
+int32_t LayerTopKGenerator::TakeFromPrevious(int32_t n, const std::vector<int32_t>& previous,
+                                             int32_t seq_len) {
+  // Partial Fisher-Yates over a copy of the previous row, skipping what is already selected.
+  scratch_ = previous;
+  const int32_t size = static_cast<int32_t>(scratch_.size());
+  int32_t added = 0;
+  for (int32_t i = 0; i < size && added < n; ++i) {
+    const int32_t j = std::uniform_int_distribution<int32_t>(i, size - 1)(rng_);
+    std::swap(scratch_[i], scratch_[j]);
+    const int32_t p = scratch_[i];
+    if (p < seq_len && !Selected(p)) {
+      Add(p);
+      ++added;
+    }
+  }
+  return added;
+}
+
+int32_t LayerTopKGenerator::TakeFromRange(int32_t lo, int32_t hi, int32_t n) {
+  if (n <= 0 || lo >= hi) return 0;
+  const auto in_range =
+      std::count_if(row_.begin(), row_.end(), [&](int32_t p) { return p >= lo && p < hi; });
+  const int64_t free = int64_t{hi} - lo - in_range;
+  if (free <= 0) return 0;
+  if (2 * int64_t{n} <= free) {
+    // Sparse: rejection sampling needs at most two draws per position on average.
+    std::uniform_int_distribution<int32_t> draw(lo, hi - 1);
+    for (int32_t added = 0; added < n;) {
+      const int32_t p = draw(rng_);
+      if (!Selected(p)) {
+        Add(p);
+        ++added;
+      }
+    }
+    return n;
+  }
+  // Dense: list the free positions (at most 2n + K of them) and take a random subset.
+  scratch_.clear();
+  for (int32_t p = lo; p < hi; ++p) {
+    if (!Selected(p)) scratch_.push_back(p);
+  }
+  const int32_t take = static_cast<int32_t>(std::min<int64_t>(n, free));
+  for (int32_t i = 0; i < take; ++i) {
+    const int32_t j =
+        std::uniform_int_distribution<int32_t>(i, static_cast<int32_t>(scratch_.size()) - 1)(rng_);
+    std::swap(scratch_[i], scratch_[j]);
+    Add(scratch_[i]);
+  }
+  return take;
+}
+
+void LayerTopKGenerator::Next(std::span<const int32_t> seq_lens, std::span<int32_t> out) {
+  const int32_t k = options_.top_k;
+  assert(seq_lens.size() == previous_.size());
+  assert(out.size() >= seq_lens.size() * static_cast<size_t>(k));
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    const int32_t seq_len = seq_lens[b];
+    assert(seq_len >= k);
+    if (mark_.size() < static_cast<size_t>(seq_len)) mark_.resize(seq_len, 0);
+    if (++row_stamp_ == 0) {  // the stamp wrapped: forget every old mark
+      std::fill(mark_.begin(), mark_.end(), 0);
+      row_stamp_ = 1;
+    }
+    row_.clear();
+
+    int32_t left = k - TakeSinks(k, seq_len);
+    if (!previous_[b].empty()) {
+      left -= TakeFromPrevious(std::min(left, Share(reuse_, k)), previous_[b], seq_len);
+    }
+    const int32_t recent_begin = seq_len - std::max(1, seq_len / 10);
+    left -= TakeFromRange(recent_begin, seq_len, std::min(left, Share(options_.recency, k)));
+    left -= TakeFromRange(0, seq_len, left);
+    assert(left == 0 && static_cast<int32_t>(row_.size()) == k);
+
+    std::copy(row_.begin(), row_.end(), out.begin() + b * k);
+    previous_[b].assign(row_.begin(), row_.end());
+  }
+}
+
+}  // namespace sparsekv::tools

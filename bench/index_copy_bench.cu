@@ -487,14 +487,15 @@ int main(int argc, char** argv) {
     Fail("--rows, --reps, --index_sets must be positive, --warmup >= 0, --row_bytes non-empty");
   }
 
-  // How the pool is backed: auto | hugetlb | thp | hostalloc (see sparsekv::HostMemoryKind).
+  // How the pool is backed: auto | hugetlb | thp | hostalloc | vmm (see sparsekv::HostMemoryKind).
   const std::string host_memory = flags.Str("host_memory");
   const std::map<std::string, sparsekv::HostMemoryKind> kinds = {
       {"auto", sparsekv::HostMemoryKind::kAuto},
       {"hugetlb", sparsekv::HostMemoryKind::kHugeTlb},
       {"thp", sparsekv::HostMemoryKind::kTransparentHugePages},
-      {"hostalloc", sparsekv::HostMemoryKind::kCudaHostAlloc}};
-  if (kinds.count(host_memory) == 0) Fail("--host_memory: auto, hugetlb, thp or hostalloc");
+      {"hostalloc", sparsekv::HostMemoryKind::kCudaHostAlloc},
+      {"vmm", sparsekv::HostMemoryKind::kCudaVmm}};
+  if (kinds.count(host_memory) == 0) Fail("--host_memory: auto, hugetlb, thp, hostalloc or vmm");
   std::printf("host memory: %s\n", host_memory.c_str());
   auto backend = ValueOrDie(sparsekv::CreateCudaBackend(o.device, kinds.at(host_memory)),
                             "CreateCudaBackend");

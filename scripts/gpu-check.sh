@@ -186,7 +186,7 @@ main() {
     step "index_copy" - 200 "$BUILD/bench/index_copy_bench" --json "$OUT/index_copy.json" \
       ${GPU_CHECK_INDEX_COPY_ARGS:-}
     if [[ ${GPU_CHECK_SKIP_MODES:-0} != 1 ]]; then
-      for mode in thp hostalloc; do
+      for mode in thp hostalloc vmm; do
         step "ic_$mode" - 120 "$BUILD/bench/index_copy_bench" --host_memory "$mode" \
           --row_bytes 656 --span_gib 2 --reps 10 --json "$OUT/ic_$mode.tmp.json"
       done

@@ -72,12 +72,14 @@ enum class HostMemoryKind {
   kHugeTlb,               // MAP_HUGETLB (reserved 2 MB pages, vm.nr_hugepages), then registered
   kTransparentHugePages,  // 2 MB-aligned anonymous memory with MADV_HUGEPAGE, then registered
   kCudaHostAlloc,         // cudaHostAlloc
+  kCudaVmm,               // cuMemCreate of pinned host memory (CUDA virtual memory management),
+                          // mapped for the device and the CPU at the allocation granularity
 };
 
 // The CUDA backend on `device`. Unavailable if the library was built without CUDA or no device is
 // present; the message says which. Allocations below 2 MB always use cudaHostAlloc; a large one
 // that cannot be had in the kind asked for falls back along kHugeTlb -> kTransparentHugePages ->
-// kCudaHostAlloc only under kAuto, and is an error otherwise.
+// kCudaHostAlloc only under kAuto, and is an error otherwise. kCudaVmm is only used when asked.
 StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(
     int device = 0, HostMemoryKind host_memory = HostMemoryKind::kAuto);
 

@@ -4,6 +4,7 @@
 // Every CUDA error becomes Status Internal naming the call; a shape the kernels do not cover
 // becomes InvalidArgument. Operators only enqueue: they never allocate or synchronise, so a
 // sequence of them can be captured into a CUDA graph.
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 
@@ -110,7 +111,11 @@ class CudaBackend final : public Backend {
                                  " bytes of anonymous memory");
       }
     }
-    if (ptr != nullptr) {
+    if (large && host_memory_ == HostMemoryKind::kCudaVmm) {
+      StatusOr<HostBlock> vmm = MapVmm(length, &ptr);
+      if (!vmm.ok()) return vmm.status();
+      block = *vmm;
+    } else if (ptr != nullptr) {
       block = {HostBlock::kRegistered, length};
     } else {
       if (cudaError_t err = cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes,
@@ -121,9 +126,12 @@ class CudaBackend final : public Backend {
                                  " bytes: " + cudaGetErrorString(err));
       }
     }
-    // The kernels address host memory by its host pointer (UVA); make sure that holds.
-    void* device_ptr = nullptr;
-    const cudaError_t err = cudaHostGetDevicePointer(&device_ptr, ptr, 0);
+    // The kernels address host memory by its host pointer (UVA); make sure that holds. (A VMM
+    // mapping is one address for both by construction.)
+    void* device_ptr = ptr;
+    const cudaError_t err = block.kind == HostBlock::kVmm
+                                ? cudaSuccess
+                                : cudaHostGetDevicePointer(&device_ptr, ptr, 0);
     if (err != cudaSuccess || device_ptr != ptr) {
       Release(ptr, block);
       return err != cudaSuccess
@@ -239,9 +247,104 @@ class CudaBackend final : public Backend {
 
  private:
   struct HostBlock {
-    enum Kind { kHostAlloc, kRegistered } kind;
-    size_t mapped_bytes;  // kRegistered: the length of the mapping
+    enum Kind { kHostAlloc, kRegistered, kVmm } kind;
+    size_t mapped_bytes;  // kRegistered, kVmm: the length of the mapping
+    CUmemGenericAllocationHandle handle = 0;  // kVmm
   };
+
+  // The driver API calls of the VMM path, looked up through the runtime so that the library does
+  // not link libcuda (absent on machines without a driver, where the library must still load).
+  struct Vmm {
+    decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
+    decltype(&::cuMemAddressReserve) reserve = nullptr;
+    decltype(&::cuMemAddressFree) free = nullptr;
+    decltype(&::cuMemCreate) create = nullptr;
+    decltype(&::cuMemRelease) release = nullptr;
+    decltype(&::cuMemMap) map = nullptr;
+    decltype(&::cuMemUnmap) unmap = nullptr;
+    decltype(&::cuMemSetAccess) set_access = nullptr;
+    decltype(&::cuGetErrorString) error_string = nullptr;
+  };
+
+  template <typename Fn>
+  static bool LoadDriverCall(const char* name, Fn* fn) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || p == nullptr) {
+      cudaGetLastError();
+      return false;
+    }
+    *fn = reinterpret_cast<Fn>(p);
+    return true;
+  }
+
+  static const Vmm* LoadVmm() {
+    static const Vmm* vmm = [] {
+      static Vmm v;
+      const bool ok = LoadDriverCall("cuMemGetAllocationGranularity", &v.granularity) &&
+                      LoadDriverCall("cuMemAddressReserve", &v.reserve) &&
+                      LoadDriverCall("cuMemAddressFree", &v.free) &&
+                      LoadDriverCall("cuMemCreate", &v.create) &&
+                      LoadDriverCall("cuMemRelease", &v.release) &&
+                      LoadDriverCall("cuMemMap", &v.map) &&
+                      LoadDriverCall("cuMemUnmap", &v.unmap) &&
+                      LoadDriverCall("cuMemSetAccess", &v.set_access) &&
+                      LoadDriverCall("cuGetErrorString", &v.error_string);
+      return ok ? &v : nullptr;
+    }();
+    return vmm;
+  }
+
+  // Pinned host memory from the driver's virtual memory management: one physical allocation,
+  // mapped at a reserved address range with read-write access for the device and the CPU.
+  StatusOr<HostBlock> MapVmm(size_t length, void** ptr) const {
+    const Vmm* d = LoadVmm();
+    if (d == nullptr) return Unavailable("the driver's virtual memory management is unavailable");
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    prop.location.id = 0;
+    size_t granularity = 0;
+    auto fail = [d](CUresult r, const char* call) {
+      const char* text = nullptr;
+      d->error_string(r, &text);
+      return Internal(std::string(call) + ": " + (text != nullptr ? text : "unknown error"));
+    };
+    if (CUresult r = d->granularity(&granularity, &prop,
+                                                   CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+        r != CUDA_SUCCESS) {
+      return fail(r, "cuMemGetAllocationGranularity");
+    }
+    const size_t size = (length + granularity - 1) / granularity * granularity;
+    HostBlock block{HostBlock::kVmm, size, 0};
+    CUdeviceptr va = 0;
+    if (CUresult r = d->reserve(&va, size, granularity, 0, 0); r != CUDA_SUCCESS) {
+      return fail(r, "cuMemAddressReserve");
+    }
+    if (CUresult r = d->create(&block.handle, size, &prop, 0); r != CUDA_SUCCESS) {
+      d->free(va, size);
+      return fail(r, "cuMemCreate (host)");
+    }
+    CUmemAccessDesc access[2]{};
+    access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[0].location.id = device_;
+    access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    access[1].location.id = 0;
+    access[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUresult r = d->map(va, size, 0, block.handle, 0);
+    if (r == CUDA_SUCCESS) r = d->set_access(va, size, access, 2);
+    if (r != CUDA_SUCCESS) {
+      d->unmap(va, size);
+      d->release(block.handle);
+      d->free(va, size);
+      return fail(r, "cuMemMap/cuMemSetAccess (host)");
+    }
+    *ptr = reinterpret_cast<void*>(va);
+    return block;
+  }
 
   CudaBackend(int device, std::string name, HostMemoryKind host_memory)
       : device_(device), name_(std::move(name)), host_memory_(host_memory) {}
@@ -282,7 +385,13 @@ class CudaBackend final : public Backend {
   }
 
   static void Release(void* ptr, const HostBlock& block) {
-    if (block.kind == HostBlock::kRegistered) {
+    if (block.kind == HostBlock::kVmm) {
+      const Vmm* d = LoadVmm();  // non-null: the block was made through it
+      const auto va = reinterpret_cast<CUdeviceptr>(ptr);
+      d->unmap(va, block.mapped_bytes);
+      d->release(block.handle);
+      d->free(va, block.mapped_bytes);
+    } else if (block.kind == HostBlock::kRegistered) {
       cudaHostUnregister(ptr);
       munmap(ptr, block.mapped_bytes);
     } else {

@@ -1,27 +1,38 @@
 // Resolve: one CTA of kThreads per batch row classifies the row's top-k against its hot-cache
 // block, picks LRU victims, updates slot_token and lru_order, and emits the row's misses.
 //
+// One CTA per row leaves the kernel latency-bound: its time is the chain of dependent phases, so
+// the chain is kept short. Two global round trips precede the work (the batch entry; then the
+// top-k row and the block's first slot_token and lru_order chunks, issued together), ranks are
+// ballots within a warp plus one barrier across warps (no block scan), and the hits-only path
+// crosses five barriers.
+//
 // The top-k entries sit in registers in a blocked arrangement (thread t holds k = t * kItems + j),
-// so block scans rank them in k order. In O(K + C) per row, with every step block-wide:
+// so ranks follow k order. In O(K + C) per row, with every step block-wide:
 //   1. Hash the row's valid positions into shared memory (open addressing, linear probing, at least
 //      twice as many cells as entries), each cell keeping the smallest k that holds its position:
 //      entry k is a duplicate iff its cell's smallest k is not k. Deterministic under any
 //      interleaving of the inserts.
 //   2. Walk the C slots: a slot whose token is in the hash (and not a window position) is a hit.
-//      The cell keeps the smallest such slot, so that even a table holding a position twice picks
-//      the slot the reference picks.
-//   3. Classify (window hit, hit, miss) and rank the misses in k order with a block scan. Hit slots
-//      are marked in a bitmask of C bits.
-//   4. One scan over the old LRU order (copied to shared memory, since the new order overwrites it
-//      in place) ranks the "free" slots (not hit). The first n_filled = min(misses, free) free
-//      slots are the victims, in LRU order, and the same scan gives every slot its place in the
-//      stable partition (kept slots first, then hit and filled ones), so the new order is written
-//      directly: with u = free slots before position i of the old order,
+//      A second minimum per cell keeps the smallest such slot, so that even a table holding a
+//      position twice picks the slot the reference picks.
+//   3. Classify (window hit, hit, miss), mark hit slots in a bitmask of C bits, and rank the
+//      misses in k order. The per-warp miss totals and counters cross one barrier.
+//   4. Rank the "free" slots (not hit) of the old LRU order the same way. The first
+//      n_filled = min(misses, free) free slots are the victims, in LRU order, and the same rank
+//      gives every slot its place in the stable partition (kept slots first, then hit and filled
+//      ones), so the new order is written directly: with u = free slots before position i of the
+//      old order,
 //        kept   (free, u >= n_filled): new position u - n_filled
 //        others (hit, or victim u):    new position n_kept + i - max(0, u - n_filled).
+//      The first kLruChunk entries are read into registers at the start; the rest (C > kLruChunk)
+//      are copied to shared memory before the first write, since the new order overwrites the
+//      old one in place.
 //   5. Miss r takes victim r. The row's misses are appended to the miss list with one atomicAdd,
-//      sorted by host row when asked (block radix sort over the row's host-row range only).
-//   6. Counters: warp sums, then shared sums, then one global atomic per nonzero counter.
+//      sorted by host row when asked (block radix sort over the row's host-row range only). The
+//      atomicAdd and the page-table reads are issued before step 4, whose barriers hide them.
+//   6. Counters: warp sums from step 3, summed by warp 0 into one global atomic per nonzero
+//      counter, also before step 4.
 // Shared memory: the hash, the LRU copy and the sort's storage are live at disjoint times and share
 // one region; the hit bitmask and the victims have their own.
 #include <cuda_runtime.h>
@@ -29,7 +40,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cub/block/block_radix_sort.cuh>
-#include <cub/block/block_scan.cuh>
 #include <map>
 #include <mutex>
 
@@ -41,10 +51,15 @@ namespace {
 // 1024 threads: one CTA per row leaves most of the SM's warp slots empty at small batches, and
 // the steps are latency-bound; twice the warps of 512 measured to hide more of it.
 constexpr int kThreads = 1024;
-// Old LRU entries per thread per round of the scan in step 4.
+constexpr int kWarps = kThreads / 32;
+static_assert(kWarps == 32, "one warp sums the per-warp totals, a lane per warp");
+// Slots (step 2) and old LRU entries (step 4) per thread per round: one 16-byte load.
+constexpr int kSlotItems = 4;
 constexpr int kLruItems = 4;
+constexpr int32_t kSlotChunk = kThreads * kSlotItems;
+constexpr int32_t kLruChunk = kThreads * kLruItems;
 constexpr int32_t kEmptyCell = -1;    // hash cell without a key (valid positions are >= 0)
-constexpr int32_t kNone = INT32_MAX;  // no entry / no slot yet, in a hash cell
+constexpr int32_t kNone = INT32_MAX;  // no entry / no slot yet, in a hash cell; unranked entry
 
 // What a top-k entry turned out to be. kValid is provisional (until step 3); kUnused marks the
 // register slots past top_k.
@@ -59,10 +74,9 @@ enum class Kind : uint8_t {
   kMiss,
 };
 
-// Counters summed in shared memory; misses come from the scan.
-enum Count { kHits, kWindowHits, kPadding, kDuplicates, kOutOfRange, kNumCounts };
+// Counters summed per warp in step 3.
+enum Count { kHits, kWindowHits, kMisses, kPadding, kDuplicates, kOutOfRange, kNumCounts };
 
-using Scan = cub::BlockScan<int32_t, kThreads>;
 template <int kItems>
 using Sort = cub::BlockRadixSort<uint32_t, kThreads, kItems, int32_t>;
 
@@ -81,10 +95,11 @@ constexpr int32_t RoundUp16(int64_t bytes) { return static_cast<int32_t>((bytes 
 template <int kItems>
 SmemLayout MakeLayout(int32_t top_k, int32_t hot_slots) {
   SmemLayout layout{};
-  layout.hash_bits = 1;
+  // At least 4 cells: each of the hash's three arrays is then a whole number of 16-byte vectors.
+  layout.hash_bits = 2;
   while ((1 << layout.hash_bits) < 2 * top_k) ++layout.hash_bits;
-  const int64_t hash_bytes = int64_t{2} * sizeof(int32_t) << layout.hash_bits;
-  const int64_t lru_bytes = int64_t{hot_slots} * sizeof(uint16_t);
+  const int64_t hash_bytes = int64_t{3} * sizeof(int32_t) << layout.hash_bits;
+  const int64_t lru_bytes = int64_t{std::max(0, hot_slots - kLruChunk)} * sizeof(uint16_t);
   const int64_t sort_bytes = sizeof(typename Sort<kItems>::TempStorage);
   layout.region_bytes = RoundUp16(std::max({hash_bytes, lru_bytes, sort_bytes}));
   layout.hit_mask_bytes = RoundUp16((int64_t{hot_slots} + 31) / 32 * sizeof(uint32_t));
@@ -109,31 +124,138 @@ __device__ __forceinline__ int32_t HashInsert(int32_t* keys, int32_t* min_k, int
   }
 }
 
-// The cell holding `position`, or -1.
-__device__ __forceinline__ int32_t HashFind(const int32_t* keys, int32_t bits, int32_t position) {
+// found[j] = the cell holding position[j], or -1 (also where look[j] is false). The kN probe
+// sequences advance together, so that their shared-memory loads overlap: a round costs one load
+// latency, and the lookups take as many rounds as the longest sequence, not the sum.
+template <int kN>
+__device__ __forceinline__ void HashFind(const int32_t* keys, int32_t bits,
+                                         const int32_t (&position)[kN], const bool (&look)[kN],
+                                         int32_t (&found)[kN]) {
   const int32_t mask = (1 << bits) - 1;
-  for (int32_t cell = HashCell(position, bits);; cell = (cell + 1) & mask) {
-    const int32_t key = keys[cell];
-    if (key == position) return cell;
-    if (key == kEmptyCell) return -1;
+  int32_t cell[kN];
+  bool pending[kN];
+  bool any = false;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    found[j] = -1;
+    cell[j] = HashCell(position[j], bits);
+    pending[j] = look[j];
+    any |= look[j];
+  }
+  while (any) {
+    int32_t key[kN];
+#pragma unroll
+    for (int j = 0; j < kN; ++j) key[j] = pending[j] ? keys[cell[j]] : kEmptyCell;
+    any = false;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      if (pending[j] && key[j] == position[j]) found[j] = cell[j];
+      pending[j] = pending[j] && key[j] != position[j] && key[j] != kEmptyCell;
+      cell[j] = (cell[j] + 1) & mask;
+      any |= pending[j];
+    }
   }
 }
 
-// Adds `value` of every thread into *total (a shared-memory counter).
-__device__ __forceinline__ void BlockAdd(int32_t* total, int32_t value) {
-  const int32_t warp_sum = __reduce_add_sync(0xffffffffu, value);
-  if (threadIdx.x % 32 == 0 && warp_sum != 0) atomicAdd(total, warp_sum);
+// out[j] = p[i + j] for j < 4, `fill` at or past n; one 16-byte load when all four are in range
+// and aligned (the usual case: the row starts are multiples of 16 bytes when C is a multiple of 4).
+__device__ __forceinline__ void Load4(const int32_t* p, int32_t i, int32_t n, int32_t fill,
+                                      int32_t (&out)[4]) {
+  if (i + 3 < n && reinterpret_cast<uintptr_t>(p + i) % 16 == 0) {
+    const int4 q = *reinterpret_cast<const int4*>(p + i);
+    out[0] = q.x;
+    out[1] = q.y;
+    out[2] = q.z;
+    out[3] = q.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = i + j < n ? p[i + j] : fill;
+  }
+}
+
+// Ranks the set flags (0 or 1) of a blocked arrangement within the calling warp: rank[j] = set
+// flags before item j of this thread in the warp's order. Returns the warp's total.
+template <int kN>
+__device__ __forceinline__ int32_t WarpRank(const int32_t (&flag)[kN], int32_t (&rank)[kN]) {
+  const uint32_t lanes_before = (1u << (threadIdx.x % 32)) - 1;
+  int32_t before = 0;
+  int32_t total = 0;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    const uint32_t set = __ballot_sync(0xffffffffu, flag[j] != 0);
+    before += __popc(set & lanes_before);
+    total += __popc(set);
+  }
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    rank[j] = before;
+    before += flag[j];
+  }
+  return total;
+}
+
+// After a barrier that follows the per-warp totals `warp_total[kWarps]`: the totals of the warps
+// before the calling one, and (in *all) of every warp.
+__device__ __forceinline__ int32_t WarpOffset(const int32_t* warp_total, int32_t* all) {
+  const int32_t lane = threadIdx.x % 32;
+  const int32_t mine = warp_total[lane];
+  *all = __reduce_add_sync(0xffffffffu, mine);
+  return __reduce_add_sync(0xffffffffu, lane < static_cast<int32_t>(threadIdx.x / 32) ? mine : 0);
 }
 
 template <int kItems>
 __global__ void __launch_bounds__(kThreads, 1)
     ResolveKernel(const ResolveView v, const SmemLayout layout) {
   const int32_t b = blockIdx.x;
-  if (b >= *v.batch_size) return;
-  const BatchEntry e = v.batch[b];
-  if (e.block < 0) return;
-
   const int32_t tid = threadIdx.x;
+  const int32_t lane = tid % 32;
+  const int32_t warp = tid / 32;
+  // Global round trip 1: the batch size and the entry together (batch has max_batch = gridDim.x
+  // entries, so batch[b] is in bounds whatever the batch size).
+  const int32_t batch_size = *v.batch_size;
+  const BatchEntry e = v.batch[b];
+
+  extern __shared__ int4 smem[];
+  std::byte* const smem_bytes = reinterpret_cast<std::byte*>(smem);
+  // Region, in turn: the hash (steps 1-3), the LRU copy past the first chunk (step 4), host rows
+  // by miss rank and the sort's storage (step 5).
+  const int32_t cells = 1 << layout.hash_bits;
+  int32_t* const keys = reinterpret_cast<int32_t*>(smem_bytes);
+  int32_t* const first_k = keys + cells;      // smallest k holding the cell's key (step 1)
+  int32_t* const hit_slot = first_k + cells;  // smallest slot holding it (step 2)
+  uint16_t* const lru_copy = reinterpret_cast<uint16_t*>(smem_bytes);
+  int32_t* const host_row_by_rank = reinterpret_cast<int32_t*>(smem_bytes);
+  auto& sort_storage = *reinterpret_cast<typename Sort<kItems>::TempStorage*>(smem_bytes);
+  uint32_t* const hit_mask = reinterpret_cast<uint32_t*>(smem_bytes + layout.region_bytes);
+  int32_t* const victims =
+      reinterpret_cast<int32_t*>(smem_bytes + layout.region_bytes + layout.hit_mask_bytes);
+  __shared__ int32_t warp_counts[kNumCounts][kWarps];
+  __shared__ int32_t warp_free[kWarps];
+  __shared__ int32_t miss_base;
+  __shared__ int32_t min_host_row;
+  __shared__ int32_t max_host_row;
+
+  // Initialise the shared memory while round trip 1 is in flight, with 16-byte stores.
+  {
+    int4* const keys4 = reinterpret_cast<int4*>(keys);
+    int4* const first_k4 = reinterpret_cast<int4*>(first_k);
+    int4* const hit_slot4 = reinterpret_cast<int4*>(hit_slot);
+    for (int32_t i = tid; i < cells / 4; i += kThreads) {
+      keys4[i] = make_int4(kEmptyCell, kEmptyCell, kEmptyCell, kEmptyCell);
+      first_k4[i] = make_int4(kNone, kNone, kNone, kNone);
+      hit_slot4[i] = make_int4(kNone, kNone, kNone, kNone);
+    }
+    int4* const hit_mask4 = reinterpret_cast<int4*>(hit_mask);
+    for (int32_t i = tid; i < layout.hit_mask_bytes / 16; i += kThreads) {
+      hit_mask4[i] = make_int4(0, 0, 0, 0);
+    }
+  }
+  if (tid == 0) {
+    min_host_row = INT32_MAX;
+    max_host_row = INT32_MIN;
+  }
+  if (b >= batch_size || e.block < 0) return;
+
   const int32_t top_k = v.top_k;
   const int32_t c = v.hot_slots;
   const int32_t w = v.window;
@@ -144,77 +266,52 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* slot_token = v.slot_token + static_cast<int64_t>(e.block) * c;
   int32_t* lru = v.lru_order + static_cast<int64_t>(e.block) * c;
 
-  extern __shared__ int4 smem[];
-  std::byte* const smem_bytes = reinterpret_cast<std::byte*>(smem);
-  // Region, in turn: the hash (steps 1-3), the LRU copy (step 4), host rows by miss rank and the
-  // sort's storage (step 5).
-  const int32_t cells = 1 << layout.hash_bits;
-  int32_t* const keys = reinterpret_cast<int32_t*>(smem_bytes);
-  int32_t* const cell_min = keys + cells;  // smallest k (step 1), then smallest hit slot (2, 3)
-  uint16_t* const lru_copy = reinterpret_cast<uint16_t*>(smem_bytes);
-  int32_t* const host_row_by_rank = reinterpret_cast<int32_t*>(smem_bytes);
-  auto& sort_storage = *reinterpret_cast<typename Sort<kItems>::TempStorage*>(smem_bytes);
-  uint32_t* const hit_mask = reinterpret_cast<uint32_t*>(smem_bytes + layout.region_bytes);
-  int32_t* const victims =
-      reinterpret_cast<int32_t*>(smem_bytes + layout.region_bytes + layout.hit_mask_bytes);
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int32_t counts[kNumCounts];
-  __shared__ int32_t miss_base;
-  __shared__ int32_t min_host_row;
-  __shared__ int32_t max_host_row;
-
-  for (int32_t i = tid; i < cells; i += kThreads) {
-    keys[i] = kEmptyCell;
-    cell_min[i] = kNone;
-  }
-  for (int32_t i = tid; i < layout.hit_mask_bytes / 4; i += kThreads) hit_mask[i] = 0;
-  if (tid < kNumCounts) counts[tid] = 0;
-  if (tid == 0) {
-    min_host_row = INT32_MAX;
-    max_host_row = INT32_MIN;
-  }
+  // Global round trip 2: the top-k row, the first chunk of slot_token (step 2) and of lru_order
+  // (step 4), all in flight at once; step 1 waits only for the top-k.
   int32_t pos[kItems];
-  Kind kind[kItems];
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     const int32_t k = tid * kItems + j;
     pos[j] = k < top_k ? topk[k] : kPaddingPosition;
+  }
+  int32_t token[kSlotItems];
+  Load4(slot_token, tid * kSlotItems, c, -1, token);  // -1: empty, never looked up
+  int32_t lru_slot[kLruItems];
+  Load4(lru, tid * kLruItems, c, 0, lru_slot);
+  __syncthreads();  // the shared memory is initialised
+
+  // Step 1: hash; duplicates.
+  Kind kind[kItems];
+  int32_t cell[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int32_t k = tid * kItems + j;
     kind[j] = k >= top_k                          ? Kind::kUnused
               : pos[j] == kPaddingPosition        ? Kind::kPadding
               : pos[j] < 0 || pos[j] >= e.seq_len ? Kind::kOutOfRange
                                                   : Kind::kValid;
+    if (kind[j] == Kind::kValid) cell[j] = HashInsert(keys, first_k, layout.hash_bits, pos[j], k);
   }
   __syncthreads();
-
-  // Step 1: hash; duplicates.
-  int32_t cell[kItems];
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    if (kind[j] == Kind::kValid) {
-      cell[j] = HashInsert(keys, cell_min, layout.hash_bits, pos[j], tid * kItems + j);
+    if (kind[j] == Kind::kValid && first_k[cell[j]] != tid * kItems + j) kind[j] = Kind::kDuplicate;
+  }
+
+  // Step 2: hits, found from the slots' side; the next chunk's four loads are issued together.
+  for (int32_t chunk = 0;;) {
+    bool look[kSlotItems];
+#pragma unroll
+    for (int j = 0; j < kSlotItems; ++j) look[j] = token[j] >= 0 && token[j] < window_begin;
+    int32_t found[kSlotItems];
+    HashFind(keys, layout.hash_bits, token, look, found);
+#pragma unroll
+    for (int j = 0; j < kSlotItems; ++j) {
+      if (found[j] >= 0) atomicMin(hit_slot + found[j], chunk + tid * kSlotItems + j);
     }
-  }
-  __syncthreads();
-  bool first[kItems];
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    first[j] = kind[j] == Kind::kValid && cell_min[cell[j]] == tid * kItems + j;
-    if (kind[j] == Kind::kValid && !first[j]) kind[j] = Kind::kDuplicate;
-  }
-  __syncthreads();
-  // Every entry has read its cell; the cell's first entry now resets it for step 2.
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    if (first[j]) cell_min[cell[j]] = kNone;
-  }
-  __syncthreads();
-
-  // Step 2: hits, found from the slots' side.
-  for (int32_t s = tid; s < c; s += kThreads) {
-    const int32_t token = slot_token[s];
-    if (token < 0 || token >= window_begin) continue;
-    const int32_t found = HashFind(keys, layout.hash_bits, token);
-    if (found >= 0) atomicMin(cell_min + found, s);
+    chunk += kSlotChunk;
+    if (chunk >= c) break;
+    Load4(slot_token, chunk + tid * kSlotItems, c, -1, token);
   }
   __syncthreads();
 
@@ -222,106 +319,160 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t out[kItems];
   int32_t is_miss[kItems];
   int32_t local[kNumCounts] = {};
+  // The cells' hit slots first, so that the loads issue together.
+  int32_t slot_of[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    slot_of[j] = kind[j] == Kind::kValid && pos[j] < window_begin ? hit_slot[cell[j]] : kNone;
+  }
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     out[j] = kNullSlot;
     is_miss[j] = 0;
-    switch (kind[j]) {
-      case Kind::kPadding:
-        ++local[kPadding];
-        break;
-      case Kind::kOutOfRange:
-        ++local[kOutOfRange];
-        break;
-      case Kind::kDuplicate:
-        ++local[kDuplicates];
-        break;
-      case Kind::kValid:
-        if (pos[j] >= window_begin) {
-          kind[j] = Kind::kWindow;
-          out[j] = base + c + pos[j] % w;
-          ++local[kWindowHits];
-        } else if (const int32_t slot = cell_min[cell[j]]; slot != kNone) {
-          kind[j] = Kind::kHit;
-          out[j] = base + slot;
-          atomicOr(hit_mask + slot / 32, 1u << (slot % 32));
-          ++local[kHits];
-        } else {
-          kind[j] = Kind::kMiss;
-          is_miss[j] = 1;
-        }
-        break;
-      default:
-        break;
+    local[kPadding] += kind[j] == Kind::kPadding;
+    local[kOutOfRange] += kind[j] == Kind::kOutOfRange;
+    local[kDuplicates] += kind[j] == Kind::kDuplicate;
+    if (kind[j] != Kind::kValid) continue;
+    if (pos[j] >= window_begin) {
+      kind[j] = Kind::kWindow;
+      out[j] = base + c + pos[j] % w;
+      ++local[kWindowHits];
+    } else if (slot_of[j] != kNone) {
+      kind[j] = Kind::kHit;
+      out[j] = base + slot_of[j];
+      atomicOr(hit_mask + slot_of[j] / 32, 1u << (slot_of[j] % 32));
+      ++local[kHits];
+    } else {
+      kind[j] = Kind::kMiss;
+      is_miss[j] = 1;
     }
   }
-#pragma unroll
-  for (int i = 0; i < kNumCounts; ++i) BlockAdd(counts + i, local[i]);
   int32_t miss_rank[kItems];
+  local[kMisses] = WarpRank(is_miss, miss_rank);
+#pragma unroll
+  for (int i = 0; i < kNumCounts; ++i) {
+    const int32_t sum = i == kMisses ? local[i] : __reduce_add_sync(0xffffffffu, local[i]);
+    if (lane == 0) warp_counts[i][warp] = sum;
+  }
+  __syncthreads();  // the hit bitmask and warp_counts are complete
   int32_t n_miss = 0;
-  Scan(scan_storage).ExclusiveSum(is_miss, miss_rank, n_miss);
-  __syncthreads();
+  const int32_t miss_offset = WarpOffset(warp_counts[kMisses], &n_miss);
   // Each hit entry has its own position and each position its own slot: n_hit slots are hit.
-  const int32_t n_hit = counts[kHits];
+  const int32_t n_hit = __reduce_add_sync(0xffffffffu, warp_counts[kHits][lane]);
   const int32_t n_filled = min(n_miss, c - n_hit);
   const int32_t n_kept = c - n_hit - n_filled;
+  // From here miss_rank[j] < n_filled iff entry j is a miss that gets a slot.
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) miss_rank[j] = is_miss[j] ? miss_offset + miss_rank[j] : kNone;
+
+  // Step 6, early: counters (warp_counts is final).
+  if (warp == 0) {
+    int32_t total[kNumCounts];
+#pragma unroll
+    for (int i = 0; i < kNumCounts; ++i) {
+      total[i] = __reduce_add_sync(0xffffffffu, warp_counts[i][lane]);
+    }
+    if (lane == 0) {
+      ResolveCounters* n = v.counters;
+      const auto add = [](unsigned long long* counter, int32_t value) {
+        if (value != 0) atomicAdd(counter, static_cast<unsigned long long>(value));
+      };
+      add(&n->hits, total[kHits]);
+      add(&n->window_hits, total[kWindowHits]);
+      add(&n->misses, total[kMisses]);
+      add(&n->padding, total[kPadding]);
+      add(&n->duplicates, total[kDuplicates]);
+      add(&n->out_of_range, total[kOutOfRange]);
+    }
+  }
+  // Every output but a filled miss's is final.
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (kind[j] != Kind::kUnused && miss_rank[j] >= n_filled) out_row[tid * kItems + j] = out[j];
+  }
+  // Step 5's global reads and the miss list's atomicAdd, issued now and consumed after step 4.
+  int32_t page[kItems];
+  int32_t list_base = 0;  // thread 0's
+  if (n_filled > 0) {
+    if (tid == 0) list_base = atomicAdd(v.miss_count, n_filled);
+    const int32_t* page_row =
+        v.page_table + static_cast<int64_t>(e.page_table_row) * v.pages_per_request;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if (miss_rank[j] < n_filled) page[j] = page_row[pos[j] / v.page_tokens];
+    }
+  }
 
   // Step 4: victims and the new LRU order. Nothing changes when no slot is hit or filled.
   if (n_hit + n_filled > 0) {
-    for (int32_t i = tid; i < c; i += kThreads) lru_copy[i] = static_cast<uint16_t>(lru[i]);
-    __syncthreads();
-    int32_t free_before = 0;  // free slots in the rounds already scanned
-    for (int32_t round = 0; round < c; round += kThreads * kLruItems) {
-      int32_t slot[kLruItems];
+    for (int32_t i = kLruChunk + tid; i < c; i += kThreads) {
+      lru_copy[i - kLruChunk] = static_cast<uint16_t>(lru[i]);
+    }
+    int32_t free_before = 0;  // free slots in the rounds already ranked
+    for (int32_t round = 0;;) {
       int32_t is_free[kLruItems];
-      int32_t free_rank[kLruItems];
 #pragma unroll
       for (int j = 0; j < kLruItems; ++j) {
         const int32_t i = round + tid * kLruItems + j;
-        slot[j] = i < c ? lru_copy[i] : 0;
-        // A corrupt entry (>= C) is never free, hence never a victim.
-        is_free[j] = i < c && slot[j] < c && !(hit_mask[slot[j] / 32] >> (slot[j] % 32) & 1u);
+        // A corrupt entry (outside [0, C)) is never free, hence never a victim. No branch: the
+        // four mask loads issue together (the index is clamped into the mask).
+        const uint32_t slot = static_cast<uint32_t>(lru_slot[j]);
+        const bool in_range = (i < c) & (slot < static_cast<uint32_t>(c));
+        const uint32_t probe = in_range ? slot : 0;
+        const uint32_t hit = hit_mask[probe / 32] >> (probe % 32) & 1u;
+        is_free[j] = in_range & (hit == 0);
       }
+      int32_t free_rank[kLruItems];
+      const int32_t warp_free_total = WarpRank(is_free, free_rank);
+      if (lane == 0) warp_free[warp] = warp_free_total;
+      __syncthreads();  // warp_free is complete (and, in round 0, lru_copy)
       int32_t round_free = 0;
-      Scan(scan_storage).ExclusiveSum(is_free, free_rank, round_free);
+      const int32_t free_offset = free_before + WarpOffset(warp_free, &round_free);
 #pragma unroll
       for (int j = 0; j < kLruItems; ++j) {
         const int32_t i = round + tid * kLruItems + j;
         if (i >= c) continue;
-        const int32_t u = free_before + free_rank[j];
+        const int32_t u = free_offset + free_rank[j];
         // With lru_order a permutation every target is in [0, C); the bound only keeps a corrupt
         // order from writing outside the block.
         int32_t target;
         if (is_free[j] && u >= n_filled) {
           target = u - n_filled;
         } else {
-          if (is_free[j]) victims[u] = slot[j];
+          if (is_free[j]) victims[u] = lru_slot[j];
           target = n_kept + i - max(0, u - n_filled);
         }
-        if (target < c) lru[target] = slot[j];
+        if (target < c) lru[target] = lru_slot[j];
       }
       free_before += round_free;
-      __syncthreads();
+      round += kLruChunk;
+      if (round >= c) break;
+      __syncthreads();  // every warp has read warp_free before the next round rewrites it
+#pragma unroll
+      for (int j = 0; j < kLruItems; ++j) {
+        const int32_t i = round + tid * kLruItems + j;
+        lru_slot[j] = i < c ? lru_copy[i - kLruChunk] : 0;
+      }
     }
   }
 
   // Step 5: misses take their victims.
-  int32_t host_row[kItems];
   if (n_filled > 0) {
-    if (tid == 0) miss_base = atomicAdd(v.miss_count, n_filled);
+    if (tid == 0) miss_base = list_base;
+    __syncthreads();  // victims and miss_base are written
+    int32_t host_row[kItems];
     int32_t row_min = INT32_MAX;
     int32_t row_max = INT32_MIN;
-    const int32_t* page_row =
-        v.page_table + static_cast<int64_t>(e.page_table_row) * v.pages_per_request;
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      if (kind[j] != Kind::kMiss || miss_rank[j] >= n_filled) continue;
+      if (miss_rank[j] >= n_filled) continue;
       const int32_t p = pos[j];
       const int32_t victim = victims[miss_rank[j]];
       // Always in [0, C) unless lru_order was corrupt (fewer free slots than counted).
       if (static_cast<uint32_t>(victim) < static_cast<uint32_t>(c)) slot_token[victim] = p;
       out[j] = base + victim;
-      host_row[j] = page_row[p / v.page_tokens] * v.page_tokens + p % v.page_tokens;
+      out_row[tid * kItems + j] = out[j];
+      host_row[j] = page[j] * v.page_tokens + p % v.page_tokens;
       if (v.sort_misses) {
         host_row_by_rank[miss_rank[j]] = host_row[j];
         row_min = min(row_min, host_row[j]);
@@ -331,18 +482,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (v.sort_misses) {
       row_min = __reduce_min_sync(0xffffffffu, row_min);
       row_max = __reduce_max_sync(0xffffffffu, row_max);
-      if (tid % 32 == 0) {
+      if (lane == 0) {
         atomicMin(&min_host_row, row_min);
         atomicMax(&max_host_row, row_max);
       }
     }
     __syncthreads();
-    const int32_t list_base = miss_base;
+    const int32_t miss_list_base = miss_base;
     if (!v.sort_misses) {
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {
-        const int32_t at = list_base + miss_rank[j];
-        if (kind[j] != Kind::kMiss || miss_rank[j] >= n_filled || at >= v.miss_capacity) continue;
+        const int32_t at = miss_list_base + miss_rank[j];
+        if (miss_rank[j] >= n_filled || at >= v.miss_capacity) continue;
         v.miss_host_row[at] = host_row[j];
         v.miss_slot[at] = out[j];
       }
@@ -369,31 +520,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {
         const int32_t r = j * kThreads + tid;
-        const int32_t at = list_base + r;
+        const int32_t at = miss_list_base + r;
         if (r >= n_filled || at >= v.miss_capacity) continue;
         v.miss_host_row[at] = static_cast<int32_t>(key[j] + static_cast<uint32_t>(lowest));
         v.miss_slot[at] = slot[j];
       }
     }
-  }
-
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    if (kind[j] != Kind::kUnused) out_row[tid * kItems + j] = out[j];
-  }
-
-  // Step 6: counters (counts[] is final since the sync after the miss scan).
-  if (tid == 0) {
-    ResolveCounters* n = v.counters;
-    const auto add = [](unsigned long long* counter, int32_t value) {
-      if (value != 0) atomicAdd(counter, static_cast<unsigned long long>(value));
-    };
-    add(&n->hits, counts[kHits]);
-    add(&n->window_hits, counts[kWindowHits]);
-    add(&n->misses, n_miss);
-    add(&n->padding, counts[kPadding]);
-    add(&n->duplicates, counts[kDuplicates]);
-    add(&n->out_of_range, counts[kOutOfRange]);
   }
 }
 

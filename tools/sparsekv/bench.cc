@@ -13,6 +13,7 @@
 
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/manager.h"
+#include "tools/sparsekv/e2e_plan.h"
 #include "tools/sparsekv/topk_generator.h"
 
 namespace sparsekv::tools {
@@ -117,7 +118,33 @@ Status ValidateBenchConfig(const BenchConfig& c) {
   if (int64_t{c.context} + c.steps + c.page_tokens > kInt32Max) {
     return Bad("--context + --steps + --page-tokens overflows 32-bit positions");
   }
+  for (double m : c.miss_rates) {
+    if (!(m >= 0 && m <= 1)) return Bad("--miss-rate values must be in [0, 1]");
+  }
+  for (int32_t context : c.contexts) {
+    if (context < c.top_k || int64_t{context} + 16 * int64_t{c.steps} > kInt32Max / 2) {
+      return Bad("--contexts values must be in [--top-k, 2^30)");
+    }
+  }
+  for (const std::string& v : c.variants) {
+    if (!ParseVariant(v).ok()) return Bad("--variants: unknown variant '" + v + "'");
+  }
+  if (c.variants.empty()) return Bad("--variants must name at least one variant");
+  if (!(c.hbm_budget_gb > 0)) return Bad("--hbm-budget-gb must be > 0");
+  if (!(c.host_pool_gb > 0)) return Bad("--host-pool-gb must be > 0");
+  if (c.max_batch < 0) return Bad("--max-batch must be >= 0");
+  if (c.heads < 1 || c.heads > 1024) return Bad("--heads must be in [1, 1024]");
+  if (!(c.weights_gb > 0)) return Bad("--weights-gb must be > 0");
+  if (!(c.time_limit_s >= 0)) return Bad("--time-limit must be >= 0");
   return Status::Ok();
+}
+
+BenchConfig WithStandardSweep(BenchConfig config) {
+  config.contexts = {32768, 16384, 65536, 131072};
+  config.miss_rates = {0.2, 0.05, 0.4};
+  config.variants = {"full-hbm", "sparsekv", "no-cache"};
+  config.batch_given = false;
+  return config;
 }
 
 StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backend> backend,
@@ -194,6 +221,10 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   g.recency = c.recency;
   g.sinks = c.sinks;
   g.seed = c.seed;
+  if (!c.miss_rates.empty()) {
+    g.miss_rate = c.miss_rates.front();
+    g.fresh_range = c.context;
+  }
   std::vector<LayerTopKGenerator> generators;
   for (int32_t l = 0; l < layers; ++l) generators.emplace_back(g, l, c.batch);
   std::vector<int32_t> topk(layers * topk_elems);
@@ -237,6 +268,7 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   const double total_ms = std::accumulate(sorted.begin(), sorted.end(), 0.0);
   r.ms_per_step_mean = total_ms / static_cast<double>(n);
 
+  r.miss_rate_target = c.miss_rates.empty() ? -1 : c.miss_rates.front();
   r.hit_rate = stats.total.hit_rate();
   r.miss_rate =
       stats.total.hits + stats.total.window_hits + stats.total.misses == 0 ? 0.0 : 1.0 - r.hit_rate;
@@ -280,7 +312,10 @@ std::string FormatBenchTable(const BenchResult& r) {
       {"ms per step", Fixed(r.ms_per_step_median, 3) + " median, " + Fixed(r.ms_per_step_mean, 3) +
                           " mean" + (c.assemble ? " (with assemble)" : "")},
       {"hit rate", Fixed(100 * r.hit_rate, 1) + " %"},
-      {"miss rate", Fixed(100 * r.miss_rate, 1) + " %"},
+      {"miss rate",
+       Fixed(100 * r.miss_rate, 1) + " %" +
+           (r.miss_rate_target >= 0 ? " (target " + Fixed(100 * r.miss_rate_target, 1) + " %)"
+                                    : "")},
       {"host->device",
        HumanBytes(r.bytes_h2d_per_step) + " per step, " + Fixed(r.h2d_gb_per_s, 2) + " GB/s"},
       {"HBM per request", "hot cache " + HumanBytes(r.hot_cache_bytes_per_request) +
@@ -296,6 +331,11 @@ std::string FormatBenchTable(const BenchResult& r) {
   out +=
       "  (a step = plan + append + resolve + miss copy over all layers; no attention, no "
       "weights)\n";
+  if (r.backend_kind == BackendKind::kCpu) {
+    out +=
+        "  (attention, weight proxy and the full-hbm / no-cache variants run on a GPU only: "
+        "skipped on the CPU backend)\n";
+  }
   return out;
 }
 
@@ -331,6 +371,10 @@ std::string FormatBenchJson(const BenchResult& r, const std::string& command) {
   j["step_ms"] = r.step_ms;
   j["hit_rate"] = r.hit_rate;
   j["miss_rate"] = r.miss_rate;
+  j["miss_rate_target"] =
+      r.miss_rate_target >= 0 ? nlohmann::ordered_json(r.miss_rate_target) : nullptr;
+  j["attention"] = "skipped (GPU only)";
+  j["proxy"] = "skipped (GPU only)";
   j["layer_hit_rate"] = r.layer_hit_rate;
   j["skipped_entries"] = r.skipped_entries;
   j["bytes_h2d_per_step"] = r.bytes_h2d_per_step;

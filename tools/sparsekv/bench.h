@@ -9,7 +9,9 @@
 //
 // What a step's time covers: plan upload, newest-token append and write-back, resolve, miss copy
 // (and assemble when enabled) for all layers. No attention and no model weights: it is the cost
-// that offloading adds to a decode step, not a decode step.
+// that offloading adds to a decode step, not a decode step. This is the CPU path of `sparsekv
+// bench`; on a GPU the command runs the end-to-end comparison of gpu_bench.h instead, which the
+// fields under "end to end" configure.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +33,8 @@ struct BenchConfig {
   int32_t layers = 0;                         // 0 = the preset's layer count
   int32_t batch = 32;                         // requests, all decoding in every step
   int32_t context = 32768;                    // prompt tokens per request
-  int32_t steps = 64;                         // decode steps, warm-up included
-  int32_t warmup_steps = 4;                   // first steps, neither timed nor counted
+  int32_t steps = 16;        // decode steps (per point on the GPU), warm-up included
+  int32_t warmup_steps = 4;  // first steps, neither timed nor counted
   int32_t top_k = 2048;
   int32_t hot_slots = 4096;
   int32_t window = 1;
@@ -43,7 +45,26 @@ struct BenchConfig {
   uint64_t seed = 1;
   bool assemble = false;     // also gather the selected rows into a dense buffer
   bool scaled_down = false;  // defaults were reduced for the CPU backend (a label only)
+
+  // ---- End to end (GPU). Of these, the CPU path uses only miss_rates (one value). ----
+  // Miss-rate targets: the generator's miss-rate mode (topk_generator.h) at each rate; empty = the
+  // locality parameters above decide, and the miss rate is only measured.
+  std::vector<double> miss_rates;
+  std::vector<int32_t> contexts;  // contexts to run; empty = {context}
+  std::vector<std::string> variants = {"full-hbm", "sparsekv", "no-cache"};
+  bool batch_given = false;   // run `batch` only, instead of sweeping up to each max batch
+  double hbm_budget_gb = 49;  // HBM for everything KV-related, per variant (141 - 84 - 8)
+  double host_pool_gb = 100;  // pinned host pool; also caps the batch of the offloading variants
+  int32_t max_batch = 0;      // caps every variant's batch; 0 = no cap
+  int32_t heads = 128;        // attention query heads per request (128: DP attention)
+  bool proxy = true;          // run the weight-streaming proxy for the rest of the model
+  double weights_gb = 84;     // proxy weights streamed per step (per-GPU weight bytes)
+  double time_limit_s = 0;    // stop starting new points after this long; 0 = no limit
 };
+
+// The standard sweep (--sweep): contexts 32K, 16K, 64K, 128K (32K first: the summary keys use
+// it), miss rates 20%, 5%, 40%, every variant, every batch size up to each max batch.
+BenchConfig WithStandardSweep(BenchConfig config);
 
 // InvalidArgument naming the offending option (as spelled on the command line) if the
 // configuration cannot run, e.g. top_k > context.
@@ -62,7 +83,8 @@ struct BenchResult {
   double ms_per_step_mean = 0;
 
   // hit_rate = (hits + window_hits) / (hits + window_hits + misses) over timed steps and all
-  // layers; miss_rate = 1 - hit_rate.
+  // layers; miss_rate = 1 - hit_rate. miss_rate_target: the generator's, or < 0 (locality mode).
+  double miss_rate_target = -1;
   double hit_rate = 0;
   double miss_rate = 0;
   std::vector<double> layer_hit_rate;  // the same per layer

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "tools/sparsekv/cli.h"
+#include "tools/sparsekv/gpu_bench.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -42,6 +43,16 @@ class ProgressBar {
   Clock::time_point start_;
   Clock::time_point last_;
 };
+
+// `what` names the content in the error message ("JSON", "CSV").
+bool WriteText(const std::string& path, const std::string& text, const char* what,
+               std::ostream& err) {
+  std::ofstream file(path);
+  file << text;
+  file.close();
+  if (!file) err << "sparsekv bench: cannot write " << what << " to '" << path << "'\n";
+  return static_cast<bool>(file);
+}
 
 int UsageError(std::ostream& err, const std::string& message) {
   err << "sparsekv bench: " << message << "\nRun with --help for more information.\n";
@@ -118,13 +129,55 @@ BenchCommand::BenchCommand(CLI::App& parent) {
                  "also gather the selected rows into a dense [batch, top-k, row] buffer");
   app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
       ->option_text("PATH");
+
+  // End to end (GPU; docs/benchmark.md).
+  app_->add_option("--miss-rate", config_.miss_rates,
+                   "target miss rates, comma-separated: the generator keeps each request's "
+                   "previous top-k and replaces round(rate * top-k) of it with positions outside "
+                   "the hot cache (one value on the CPU) [default: locality parameters decide]")
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 1.0));
+  app_->add_option("--contexts", config_.contexts,
+                   "GPU: contexts to run, comma-separated [default: --context]")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app_->add_option("--variants", config_.variants, "GPU: KV variants to compare, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"full-hbm", "sparsekv", "no-cache"}))
+      ->capture_default_str();
+  app_->add_option("--hbm-budget-gb", config_.hbm_budget_gb,
+                   "GPU: HBM for everything KV-related, per variant; sets each max batch")
+      ->capture_default_str();
+  app_->add_option("--host-pool-gb", config_.host_pool_gb,
+                   "GPU: pinned host pool; also caps the offloading variants' batch")
+      ->capture_default_str();
+  app_->add_option("--max-batch", config_.max_batch, "GPU: cap on every batch (0: no cap)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app_->add_option("--heads", config_.heads, "GPU: attention query heads per request")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app_->add_flag("--no-proxy", no_proxy_, "GPU: leave out the weight-streaming proxy");
+  app_->add_option("--weights-gb", config_.weights_gb,
+                   "GPU: weight bytes the proxy streams per step (per GPU)")
+      ->capture_default_str();
+  app_->add_flag("--sweep", sweep_,
+                 "GPU: the standard sweep: contexts 32K,16K,64K,128K, miss rates 20,5,40 %, "
+                 "all variants and batch sizes");
+  app_->add_option("--time-limit", config_.time_limit_s,
+                   "GPU: seconds after which no new point starts (0: none)")
+      ->capture_default_str();
+  app_->add_option("--csv", csv_path_, "GPU: also write one CSV line per point to PATH")
+      ->option_text("PATH");
 }
 
 bool BenchCommand::selected() const { return app_->parsed(); }
 
 BenchConfig BenchCommand::Resolve(BackendKind kind) const {
-  BenchConfig c = config_;
+  BenchConfig c = sweep_ ? WithStandardSweep(config_) : config_;
   c.precision = precision_ == "bf16" ? KVPrecision::kBf16 : KVPrecision::kFp8;
+  c.proxy = !no_proxy_;
+  c.batch_given = batch_->count() > 0;
   if (kind != BackendKind::kCpu) return c;
   const CpuScaleDown cpu;
   auto scale = [&](const CLI::Option* given, int32_t& field, int32_t value) {
@@ -168,6 +221,17 @@ int BenchCommand::Run(const std::string& command, std::ostream& out, std::ostrea
                                                : ""));
   }
 
+  if (backend->kind() == BackendKind::kCuda) return RunOnGpu(config, backend, command, out, err);
+  // The CPU runs one point: the first of --sweep's miss rates, or the one given.
+  if (config.miss_rates.size() > 1 && !sweep_) {
+    return UsageError(err, "--miss-rate takes one value on the CPU backend");
+  }
+  return RunOnCpu(config, backend, command, out, err, progress_bar);
+}
+
+int BenchCommand::RunOnCpu(const BenchConfig& config, std::shared_ptr<Backend> backend,
+                           const std::string& command, std::ostream& out, std::ostream& err,
+                           bool progress_bar) {
   StatusOr<BenchResult> result = [&] {
     ProgressBar bar(err, progress_bar);
     return RunBench(config, backend, [&](std::string_view phase, int64_t done, int64_t total) {
@@ -179,14 +243,30 @@ int BenchCommand::Run(const std::string& command, std::ostream& out, std::ostrea
     return kExitFailure;
   }
   out << FormatBenchTable(*result) << std::flush;
-  if (!json_path_.empty()) {
-    std::ofstream file(json_path_);
-    file << FormatBenchJson(*result, command);
-    file.close();
-    if (!file) {
-      err << "sparsekv bench: cannot write JSON to '" << json_path_ << "'\n";
-      return kExitFailure;
-    }
+  if (!json_path_.empty() &&
+      !WriteText(json_path_, FormatBenchJson(*result, command), "JSON", err)) {
+    return kExitFailure;
+  }
+  return kExitOk;
+}
+
+int BenchCommand::RunOnGpu(const BenchConfig& config, std::shared_ptr<Backend> backend,
+                           const std::string& command, std::ostream& out, std::ostream& err) {
+  StatusOr<E2EReport> report = RunE2EBench(config, std::move(backend), err);
+  if (!report.ok()) {
+    err << "sparsekv bench: " << report.status().ToString() << "\n";
+    return kExitFailure;
+  }
+  report->command = command;
+  if (!json_path_.empty() && !WriteText(json_path_, FormatE2EJson(*report), "JSON", err)) {
+    return kExitFailure;
+  }
+  if (!csv_path_.empty() && !WriteText(csv_path_, FormatE2ECsv(*report), "CSV", err)) {
+    return kExitFailure;
+  }
+  out << FormatE2ETable(*report) << std::flush;
+  for (const E2ECheck& c : report->checks) {
+    if (!c.passed()) return kExitFailure;  // a wrong result is a failed run, after the report
   }
   return kExitOk;
 }

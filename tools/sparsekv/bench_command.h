@@ -33,20 +33,28 @@ class BenchCommand {
   // True if the parsed command line selected `bench`.
   bool selected() const;
 
-  // Picks the backend, applies the CPU scale-down, validates, runs, prints the table on `out`
-  // and writes --json. `command` is recorded in the JSON. Returns an exit code (cli.h).
+  // Picks the backend, applies the CPU scale-down, validates, runs (the manager-only decode loop
+  // on the CPU, the end-to-end comparison on a GPU), prints the table on `out` and writes --json
+  // (and --csv on a GPU). `command` is recorded in the JSON. Returns an exit code (cli.h).
   // REQUIRES: the command line was parsed successfully and selected() is true.
   int Run(const std::string& command, std::ostream& out, std::ostream& err, bool progress_bar);
 
  private:
   // The configuration for `kind`: user values, else defaults (scaled down on the CPU).
   BenchConfig Resolve(BackendKind kind) const;
+  int RunOnCpu(const BenchConfig& config, std::shared_ptr<Backend> backend,
+               const std::string& command, std::ostream& out, std::ostream& err, bool progress_bar);
+  int RunOnGpu(const BenchConfig& config, std::shared_ptr<Backend> backend,
+               const std::string& command, std::ostream& out, std::ostream& err);
 
   CLI::App* app_;
   BenchConfig config_;  // filled by the parser; fields not given keep BenchConfig's defaults
   std::string precision_ = "fp8";
   std::string backend_ = "auto";
   std::string json_path_;
+  std::string csv_path_;
+  bool sweep_ = false;
+  bool no_proxy_ = false;
   CLI::Option* layers_;
   CLI::Option* batch_;
   CLI::Option* context_;

@@ -13,7 +13,10 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "tools/sparsekv/arena_backend.h"
 #include "tools/sparsekv/bench.h"
+#include "tools/sparsekv/e2e_plan.h"
+#include "tools/sparsekv/e2e_report.h"
 #include "tools/sparsekv/topk_generator.h"
 
 namespace sparsekv::tools {
@@ -123,6 +126,179 @@ TEST(TopKGeneratorTest, SameSeedSameRows) {
   EXPECT_NE(Rows(o, 4, 5000, 1), Rows(o, 5, 5000, 1));  // layers draw independent streams
 }
 
+TEST(TopKGeneratorTest, MissRateModeReplacesExactlyTheTargetShare) {
+  TopKGeneratorOptions o;
+  o.top_k = 256;
+  o.miss_rate = 0.2;
+  o.fresh_range = 20000;
+  const int32_t fresh = 51;  // round(0.2 * 256)
+  const auto rows = Rows(o, /*layer=*/0, 20001, 30);
+  for (size_t s = 0; s < rows.size(); ++s) {
+    const std::set<int32_t> unique(rows[s].begin(), rows[s].end());
+    ASSERT_EQ(unique.size(), 256u);
+    EXPECT_EQ(rows[s][0], 20000 + static_cast<int32_t>(s));  // the newest position first
+    EXPECT_LT(*std::next(unique.rbegin()), 20000);           // the rest from the fresh range
+    if (s == 0) continue;
+    // Everything but the newest position and the fresh ones is kept from the previous row.
+    const std::set<int32_t> previous(rows[s - 1].begin() + 1, rows[s - 1].end());
+    const auto kept = std::count_if(rows[s].begin() + 1, rows[s].end(),
+                                    [&](int32_t p) { return previous.contains(p); });
+    EXPECT_EQ(kept, 256 - 1 - fresh) << "step " << s;
+  }
+}
+
+TEST(TopKGeneratorTest, MissRateModeRunsPartOfTheBatch) {
+  TopKGeneratorOptions o;
+  o.top_k = 64;
+  o.miss_rate = 0.5;
+  o.fresh_range = 1000;
+  LayerTopKGenerator g(o, 0, /*batch=*/4);
+  std::vector<int32_t> out(4 * 64, -7);
+  const std::vector<int32_t> two = {1001, 1001};
+  g.Next(two, out);  // requests 0 and 1 only
+  EXPECT_EQ(out[2 * 64], -7);
+  g.set_miss_rate(0.0);
+  const std::vector<int32_t> next = {1002, 1002};
+  std::vector<int32_t> again(2 * 64);
+  g.Next(next, again);
+  // Rate 0: everything but the newest position is kept.
+  EXPECT_EQ(std::set<int32_t>(out.begin() + 1, out.begin() + 64),
+            std::set<int32_t>(again.begin() + 1, again.begin() + 64));
+}
+
+// ---- End-to-end arithmetic (e2e_plan.h) ----
+
+RequestShape Standard(int64_t tokens) {
+  RequestShape s;  // DeepSeek-V3.2, fp8 rows, K 2048, C 4096, W 1, 64-token pages
+  s.tokens = tokens;
+  return s;
+}
+
+TEST(E2EPlanTest, FootprintsFollowTheirFormulas) {
+  const RequestShape s = Standard(32768);
+  const RequestFootprint full = Footprint(KVVariant::kFullHbm, s);
+  EXPECT_EQ(full.hbm_bytes, int64_t{32768} * 61 * (656 + 132) + 2048 * 4);
+  EXPECT_EQ(full.host_bytes, 0);
+  const RequestFootprint sparse = Footprint(KVVariant::kSparseKV, s);
+  const int64_t block = int64_t{61} * 4097 * 656 + int64_t{61} * 4096 * 8;
+  EXPECT_EQ(sparse.hbm_bytes, block + int64_t{32768} * 61 * 132 + 512 * 4 + 2048 * 4 * 3);
+  EXPECT_EQ(sparse.host_bytes, int64_t{32768} * 61 * 656);
+  const RequestFootprint none = Footprint(KVVariant::kNoCache, s);
+  EXPECT_EQ(none.hbm_bytes, int64_t{32768} * 61 * 132 + 2048 * (656 + 8));
+  EXPECT_EQ(none.host_bytes, int64_t{32768} * 61 * 656);
+  // Host pages are whole: one more token costs a page.
+  EXPECT_EQ(Footprint(KVVariant::kSparseKV, Standard(32769)).host_bytes,
+            int64_t{32768 + 64} * 61 * 656);
+}
+
+TEST(E2EPlanTest, MaxBatchOfTheStandardScenario) {
+  const int64_t hbm = 49'000'000'000, host = 100'000'000'000;
+  EXPECT_EQ(MaxBatch(KVVariant::kFullHbm, Standard(32768), hbm, host, 0), 31);
+  EXPECT_EQ(MaxBatch(KVVariant::kFullHbm, Standard(16384), hbm, host, 0), 62);
+  // sparsekv: HBM admits 114 at 32K (166 MB hot cache + 264 MB indexer keys), the host pool 76.
+  EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, Standard(32768), hbm, 1'000'000'000'000, 0), 114);
+  EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, Standard(32768), hbm, host, 0), 76);
+  EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, Standard(32768), hbm, host, 40), 40);  // --max-batch
+  EXPECT_EQ(MaxBatch(KVVariant::kFullHbm, Standard(32768), 1'000'000'000, host, 0), 0);
+}
+
+TEST(E2EPlanTest, SweepBatchesArePowersOfTwoThenTheMax) {
+  EXPECT_EQ(SweepBatches(0), std::vector<int32_t>{});
+  EXPECT_EQ(SweepBatches(1), std::vector<int32_t>{1});
+  EXPECT_EQ(SweepBatches(31), (std::vector<int32_t>{1, 2, 4, 8, 16, 31}));
+  EXPECT_EQ(SweepBatches(32), (std::vector<int32_t>{1, 2, 4, 8, 16, 32}));
+}
+
+TEST(E2EPlanTest, PlanChargesTheDecodeHeadroom) {
+  const int64_t hbm = 49'000'000'000, host = 100'000'000'000;
+  const VariantPlan full =
+      PlanVariant(KVVariant::kFullHbm, Standard(32768), hbm, host, 0, 3, 16, 2, 0);
+  EXPECT_EQ(full.headroom, 2 + 6 * 16);  // 6 batch sizes, one point each
+  EXPECT_EQ(full.max_batch, 31);
+  EXPECT_EQ(full.batches.back(), 31);
+  // 2400 tokens of headroom (6 points x 400 steps) cost three requests.
+  EXPECT_EQ(PlanVariant(KVVariant::kFullHbm, Standard(32768), hbm, host, 0, 1, 400, 0, 0).max_batch,
+            28);
+  EXPECT_EQ(full.footprint.hbm_bytes,
+            Footprint(KVVariant::kFullHbm, Standard(32768 + 98)).hbm_bytes);
+  const VariantPlan sparse =
+      PlanVariant(KVVariant::kSparseKV, Standard(32768), hbm, host, 0, 3, 16, 2, 0);
+  EXPECT_EQ(sparse.headroom, 2 + 3 * 8 * 16);  // 3 rates x 8 batch sizes (1 .. 64, 76)
+  EXPECT_EQ(sparse.batches.back(), sparse.max_batch);
+  // One batch asked for: one point per rate; a batch above the max runs nothing.
+  EXPECT_EQ(PlanVariant(KVVariant::kSparseKV, Standard(32768), hbm, host, 0, 3, 16, 2, 8).batches,
+            std::vector<int32_t>{8});
+  EXPECT_TRUE(PlanVariant(KVVariant::kFullHbm, Standard(32768), hbm, host, 0, 1, 16, 2, 64)
+                  .batches.empty());
+}
+
+TEST(E2EPlanTest, FloorAddsTransfersAtTheirCeilingsToAttentionAndProxy) {
+  const RequestShape s = Standard(32768);
+  const Ceilings c{.pcie_h2d_gbps = 50, .pcie_d2h_gbps = 50, .hbm_gbps = 4000};
+  // sparsekv, batch 2, 1000 misses per step.
+  const StepTraffic t = Traffic(KVVariant::kSparseKV, s, 2, 1000);
+  EXPECT_DOUBLE_EQ(t.pcie_bytes, 1000.0 * 656 + 2.0 * 61 * 656);
+  EXPECT_DOUBLE_EQ(t.hbm_bytes, 1000.0 * 656 + 2.0 * 61 * (656 + 3 * 2048 * 4 + 4 * 4096 * 4));
+  EXPECT_DOUBLE_EQ(StepFloorMs(t, c, 3.0, 20.0), 23.0 + t.pcie_bytes / 50e6 + t.hbm_bytes / 4000e6);
+  EXPECT_DOUBLE_EQ(Traffic(KVVariant::kFullHbm, s, 4, 0).pcie_bytes, 0);
+  EXPECT_DOUBLE_EQ(Traffic(KVVariant::kNoCache, s, 1, 0).pcie_bytes, 61.0 * 2049 * 656);
+  EXPECT_DOUBLE_EQ(StepFloorMs({}, c, 1.5, 2.5), 4.0);
+}
+
+TEST(E2EReportTest, SummaryKeysComeFromThe32KPoints) {
+  E2EReport r;
+  auto add = [&](KVVariant v, std::optional<double> rate, int32_t batch, double tpot,
+                 double floor) {
+    E2EPoint p;
+    p.variant = v;
+    p.context = 32768;
+    p.miss_rate_target = rate;
+    p.batch = batch;
+    p.tpot_ms = tpot;
+    p.tokens_per_s = batch * 1e3 / tpot;
+    p.floor_ms = floor;
+    p.step_to_floor = tpot / floor;
+    r.points.push_back(p);
+  };
+  add(KVVariant::kFullHbm, std::nullopt, 1, 20, 19);
+  add(KVVariant::kFullHbm, std::nullopt, 30, 30, 25);  // peak 1000 tok/s
+  add(KVVariant::kSparseKV, 0.2, 1, 22, 20);
+  add(KVVariant::kSparseKV, 0.2, 60, 40, 32);  // peak 1500 tok/s, ideal 60 / 32 ms
+  add(KVVariant::kSparseKV, 0.05, 1, 21, 20);
+  const nlohmann::json j = nlohmann::json::parse(FormatE2ESummaryJson(r));
+  EXPECT_DOUBLE_EQ(j["e2e_throughput_ratio_vs_full_hbm_32k_m20"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(j["e2e_throughput_to_ideal_32k_m20"].get<double>(), 1500.0 / 1875.0);
+  EXPECT_TRUE(j["e2e_throughput_ratio_vs_page_offload_32k_m20"].is_null());
+  EXPECT_DOUBLE_EQ(j["e2e_tpot_overhead_b1_m5"].get<double>(), 21.0 / 20 - 1);
+  EXPECT_DOUBLE_EQ(j["e2e_tpot_overhead_b1_m20"].get<double>(), 22.0 / 20 - 1);
+  EXPECT_DOUBLE_EQ(j["e2e_step_to_floor_ratio"].get<double>(), 40.0 / 32);
+  const nlohmann::json full = nlohmann::json::parse(FormatE2EJson(r));
+  EXPECT_EQ(full["points"].size(), 5u);
+  EXPECT_EQ(full["summary"], j);
+  const std::string csv = FormatE2ECsv(r);
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 6);  // header + 5 points
+  EXPECT_TRUE(nlohmann::json::parse(
+                  FormatE2ESummaryJson(E2EReport{}))["e2e_throughput_ratio_vs_full_hbm_32k_m20"]
+                  .is_null());
+}
+
+TEST(ArenaBackendTest, HandsOutPiecesAndStartsOverWhenAllAreFreed) {
+  auto arena = ArenaBackend::Create(CreateCpuBackend(), 6 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+  auto a = (*arena)->AllocateHost(1);
+  auto b = (*arena)->AllocateHost(3 << 20);  // two 2 MB pieces
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, (*arena)->arena());
+  EXPECT_EQ(static_cast<std::byte*>(*b), (*arena)->arena() + (2 << 20));
+  EXPECT_EQ((*arena)->AllocateHost(1).status().code(), StatusCode::kResourceExhausted);
+  (*arena)->FreeHost(*a);
+  (*arena)->FreeHost(*b);
+  auto c = (*arena)->AllocateHost(6 << 20);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(*c, (*arena)->arena());
+  (*arena)->FreeHost(*c);
+}
+
 // ---- Benchmark on the CPU backend ----
 
 BenchConfig Tiny() {
@@ -164,6 +340,16 @@ TEST(BenchTest, TinyCpuRunReportsConsistentFigures) {
             r->full_kv_bytes_per_request - r->hot_cache_bytes_per_request);
   EXPECT_GT(r->host_pool_bytes, int64_t{3} * 2008 * 4 * 656 - 1);
   EXPECT_NE(FormatBenchTable(*r).find("CPU reference backend"), std::string::npos);
+}
+
+TEST(BenchTest, MissRateTargetIsMet) {
+  BenchConfig c = Tiny();
+  c.miss_rates = {0.2};  // round(0.2 * 128) = 26 fresh positions per row
+  StatusOr<BenchResult> r = RunBench(c, CreateCpuBackend());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NEAR(r->miss_rate, 26.0 / 128, 0.005);
+  EXPECT_DOUBLE_EQ(r->miss_rate_target, 0.2);
+  EXPECT_NE(FormatBenchTable(*r).find("(target 20.0 %)"), std::string::npos);
 }
 
 TEST(BenchTest, Bf16RowsAndAssemble) {
@@ -236,6 +422,19 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
       {"bench", "--backend", "cpu", "--context", "100", "--top-k", "200"},
       {"bench", "--backend", "cpu", "--top-k", "512", "--hot-slots", "256"},
       {"bench", "--backend", "cpu", "--steps", "4", "--warmup", "4"},
+      {"bench", "--miss-rate", "1.5"},                           // not a rate
+      {"bench", "--miss-rate", "0.1,x"},                         // not a number
+      {"bench", "--variants", "page-offload"},                   // not implemented
+      {"bench", "--variants", "sparsekv,nope"},                  // not a variant
+      {"bench", "--hbm-budget-gb", "0"},                         // not positive
+      {"bench", "--host-pool-gb", "-5"},                         // not positive
+      {"bench", "--weights-gb", "0"},                            // not positive
+      {"bench", "--heads", "0"},                                 // out of range
+      {"bench", "--max-batch", "-1"},                            // negative
+      {"bench", "--time-limit", "-1"},                           // negative
+      {"bench", "--contexts", "16384,0"},                        // not positive
+      {"bench", "--backend", "cpu", "--contexts", "1000"},       // below --top-k
+      {"bench", "--backend", "cpu", "--miss-rate", "0.05,0.2"},  // one value on the CPU
   };
   for (const auto& args : bad) {
     const CliRun r = Cli(args);
@@ -245,6 +444,17 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
     EXPECT_FALSE(r.err.empty()) << line;
     EXPECT_TRUE(r.out.empty()) << line;
   }
+}
+
+TEST(CliTest, GpuFlagsAreAcceptedOnTheCpu) {
+  std::vector<std::string> args = SmallCpuArgs();
+  args.insert(args.end(), {"--miss-rate", "0.25", "--no-proxy", "--heads", "16", "--hbm-budget-gb",
+                           "30", "--host-pool-gb", "50", "--max-batch", "8", "--variants",
+                           "sparsekv,full-hbm", "--weights-gb", "40", "--time-limit", "100"});
+  const CliRun r = Cli(args);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("(target 25.0 %)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("skipped on the CPU backend"), std::string::npos) << r.out;
 }
 
 TEST(CliTest, TopKAboveContextSaysWhich) {

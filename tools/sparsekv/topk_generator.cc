@@ -30,6 +30,19 @@ LayerTopKGenerator::LayerTopKGenerator(const TopKGeneratorOptions& options, int3
       previous_(batch) {
   assert(options.top_k >= 1 && batch >= 1);
   row_.reserve(options.top_k);
+  if (options_.miss_rate >= 0) {
+    assert(options_.fresh_range >= 1 && options_.top_k <= options_.fresh_range + 1);
+    order_.resize(options_.fresh_range);
+    for (int32_t p = 0; p < options_.fresh_range; ++p) order_[p] = p;
+    std::shuffle(order_.begin(), order_.end(), rng_);
+    // Requests start at independent points of the permutation.
+    for (int32_t b = 0; b < batch; ++b) cursor_.push_back(rng_() % order_.size());
+  }
+}
+
+void LayerTopKGenerator::set_miss_rate(double miss_rate) {
+  assert(options_.miss_rate >= 0 && miss_rate >= 0 && miss_rate <= 1);
+  options_.miss_rate = miss_rate;
 }
 
 void LayerTopKGenerator::Add(int32_t position) {
@@ -94,9 +107,34 @@ int32_t LayerTopKGenerator::TakeFromRange(int32_t lo, int32_t hi, int32_t n) {
   return take;
 }
 
+void LayerTopKGenerator::MissRateRow(size_t b) {
+  const int32_t k = options_.top_k;
+  const std::vector<int32_t>& previous = previous_[b];
+  int32_t fresh = k - 1;
+  if (!previous.empty()) {
+    fresh = std::min(k - 1, Share(options_.miss_rate, k));
+    // Keep k - 1 - fresh of the previous row's entries, its newest position (entry 0) excluded:
+    // that one has left the window since.
+    scratch_.assign(previous.begin() + 1, previous.end());
+    const int32_t keep = k - 1 - fresh;
+    for (int32_t i = 0; i < keep; ++i) {
+      const int32_t j = std::uniform_int_distribution<int32_t>(
+          i, static_cast<int32_t>(scratch_.size()) - 1)(rng_);
+      std::swap(scratch_[i], scratch_[j]);
+      Add(scratch_[i]);
+    }
+  }
+  size_t& cursor = cursor_[b];
+  while (static_cast<int32_t>(row_.size()) < k) {
+    const int32_t p = order_[cursor];
+    cursor = cursor + 1 == order_.size() ? 0 : cursor + 1;
+    if (!Selected(p)) Add(p);
+  }
+}
+
 void LayerTopKGenerator::Next(std::span<const int32_t> seq_lens, std::span<int32_t> out) {
   const int32_t k = options_.top_k;
-  assert(seq_lens.size() == previous_.size());
+  assert(seq_lens.size() <= previous_.size());
   assert(out.size() >= seq_lens.size() * static_cast<size_t>(k));
   for (size_t b = 0; b < seq_lens.size(); ++b) {
     const int32_t seq_len = seq_lens[b];
@@ -108,15 +146,21 @@ void LayerTopKGenerator::Next(std::span<const int32_t> seq_lens, std::span<int32
     }
     row_.clear();
 
-    int32_t left = k - TakeSinks(k, seq_len);
-    if (!previous_[b].empty()) {
-      left -= TakeFromPrevious(std::min(left, Share(reuse_, k)), previous_[b], seq_len);
+    if (options_.miss_rate >= 0) {
+      assert(options_.fresh_range < seq_len);
+      Add(seq_len - 1);
+      MissRateRow(b);
+    } else {
+      int32_t left = k - TakeSinks(k, seq_len);
+      if (!previous_[b].empty()) {
+        left -= TakeFromPrevious(std::min(left, Share(reuse_, k)), previous_[b], seq_len);
+      }
+      const int32_t recent_begin = seq_len - std::max(1, seq_len / 10);
+      left -= TakeFromRange(recent_begin, seq_len, std::min(left, Share(options_.recency, k)));
+      left -= TakeFromRange(0, seq_len, left);
+      assert(left == 0);
     }
-    const int32_t recent_begin = seq_len - std::max(1, seq_len / 10);
-    left -= TakeFromRange(recent_begin, seq_len, std::min(left, Share(options_.recency, k)));
-    left -= TakeFromRange(0, seq_len, left);
-    assert(left == 0 && static_cast<int32_t>(row_.size()) == k);
-
+    assert(static_cast<int32_t>(row_.size()) == k);
     std::copy(row_.begin(), row_.end(), out.begin() + b * k);
     previous_[b].assign(row_.begin(), row_.end());
   }

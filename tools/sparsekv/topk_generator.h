@@ -15,6 +15,19 @@
 // consecutive top-k sets overlap ~35-50% in the middle layers and almost not at all in the first
 // two, so layers below `early_layers` use `early_layer_reuse` instead of `reuse`.
 //
+// Miss-rate mode (miss_rate >= 0) replaces the four sources, to make a hot cache's miss rate a
+// parameter rather than an outcome. A row is:
+//   1. the newest position, seq_len - 1 (always resident in a cache's window);
+//   2. the previous row's other entries, all but F = round(miss_rate * K) of them, drawn at random
+//      (at a request's first step: none, and F = K - 1);
+//   3. F fresh positions from [0, fresh_range), taken in the order of a random permutation of that
+//      range with one cursor per request, skipping positions already in the row.
+// A fresh position was last taken fresh_range / F steps earlier, and a kept position was used at
+// the previous step, so an LRU cache of C >= K slots per request misses exactly the F fresh
+// positions once fresh_range >= C + F (unless a position survives as "kept" for a whole cycle of
+// the permutation, which has probability (1 - miss_rate)^(fresh_range / F)): the miss rate is
+// F / K. Every layer behaves the same in this mode.
+//
 // Deterministic: the same options, layer and sequence of calls give the same rows.
 // Thread safety: one generator per layer; distinct generators may run on different threads.
 #pragma once
@@ -34,18 +47,27 @@ struct TopKGeneratorOptions {
   double recency = 0.10;  // fraction of K drawn from the newest 10% of positions
   int32_t sinks = 4;      // positions 0 .. sinks-1 are always selected
   uint64_t seed = 1;
+  double miss_rate = -1;    // >= 0: miss-rate mode (above); the four sources are then unused
+  int32_t fresh_range = 0;  // miss-rate mode: fresh positions come from [0, fresh_range)
 };
 
 // Generates the rows of one layer for a fixed batch of requests, step after step.
 class LayerTopKGenerator {
  public:
-  // REQUIRES: options.top_k >= 1, batch >= 1, fractions in [0, 1].
+  // REQUIRES: options.top_k >= 1, batch >= 1, fractions in [0, 1]; in miss-rate mode also
+  // top_k <= fresh_range + 1.
   LayerTopKGenerator(const TopKGeneratorOptions& options, int32_t layer, int32_t batch);
 
-  // Writes one step's rows: out[b * top_k, (b + 1) * top_k) for request b, whose history holds
-  // seq_lens[b] tokens. The previous call's rows are the reuse source.
-  // REQUIRES: seq_lens.size() == batch, top_k <= seq_lens[b], out.size() >= batch * top_k.
+  // Writes one step's rows for requests [0, seq_lens.size()): out[b * top_k, (b + 1) * top_k)
+  // for request b, whose history holds seq_lens[b] tokens. Each request's previous row (from the
+  // last call that included it) is its reuse source; requests not included keep theirs.
+  // REQUIRES: seq_lens.size() <= batch, top_k <= seq_lens[b] (miss-rate mode: fresh_range <
+  // seq_lens[b]), out.size() >= seq_lens.size() * top_k.
   void Next(std::span<const int32_t> seq_lens, std::span<int32_t> out);
+
+  // Switches to miss-rate mode with this rate (see the top of this file) from the next call on.
+  // REQUIRES: miss-rate mode (options.miss_rate >= 0) and 0 <= miss_rate <= 1.
+  void set_miss_rate(double miss_rate);
 
   // The reuse fraction this layer applies.
   double reuse() const { return reuse_; }
@@ -56,6 +78,8 @@ class LayerTopKGenerator {
   int32_t TakeFromPrevious(int32_t n, const std::vector<int32_t>& previous, int32_t seq_len);
   // n distinct positions of [lo, hi) not yet in the row, uniformly.
   int32_t TakeFromRange(int32_t lo, int32_t hi, int32_t n);
+  // Miss-rate mode: builds row_ for request b (the newest position is already in it).
+  void MissRateRow(size_t b);
   void Add(int32_t position);
   bool Selected(int32_t position) const { return mark_[position] == row_stamp_; }
 
@@ -67,6 +91,9 @@ class LayerTopKGenerator {
   std::vector<uint32_t> mark_;                  // position -> stamp of the row that selected it
   uint32_t row_stamp_ = 0;
   std::vector<int32_t> scratch_;
+  // Miss-rate mode: a random permutation of [0, fresh_range) and each request's cursor in it.
+  std::vector<int32_t> order_;
+  std::vector<size_t> cursor_;
 };
 
 }  // namespace sparsekv::tools

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The end-to-end benchmark on a GPU machine (issue 4), from the repository root:
+#   OUT=/some/dir bash scripts/gpu-bench-e2e.sh
+# Builds the tool (Release, sm_90, no tests), runs `sparsekv bench --sweep` for DeepSeek-V3.2 and,
+# if time is left, a reduced sweep for GLM-5, and writes at most 8 files to $OUT:
+#   e2e.txt                  everything printed here (build log tail, progress, tables)
+#   e2e-deepseek-v3.2.json   every point, ceilings, checks, summary (docs/benchmark.md)
+#   e2e-glm-5.json           the same for GLM-5 (if run)
+#   e2e.csv                  one line per point, both presets
+#   summary.json             the flat summary keys (DeepSeek-V3.2), for scripts/merge_summary.py
+#   tpot_vs_batch.png, peak_throughput.png, hbm_per_request.png
+# The tables are printed last. Environment knobs (defaults in brackets):
+#   E2E_HOST_POOL_GB [80]   pinned host pool budget (the machine has 128 GB; pinning ~4 GB/s)
+#   E2E_DEADLINE [330]      seconds for the whole script; the runs get what the build leaves
+#   E2E_STEPS [12] E2E_WARMUP [3]   decode steps per point, the first E2E_WARMUP untimed
+#   E2E_EXTRA                extra flags for both runs (e.g. "--max-batch 64")
+set -u -o pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-bench-e2e-out}
+BUILD=build-e2e
+DEADLINE=${E2E_DEADLINE:-330}
+POOL=${E2E_HOST_POOL_GB:-80}
+STEPS=${E2E_STEPS:-12}
+WARMUP=${E2E_WARMUP:-3}
+mkdir -p "$OUT"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+main() {
+  echo "=== gpu-bench-e2e $(date -u +%FT%TZ), results in $OUT"
+  nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.mem --format=csv
+  echo "cores: $(nproc); memory: $(free -g | awk '/Mem:/ {print $2 " GiB total, " $7 " GiB available"}')"
+  # CLI11 and nlohmann-json travel in .deps/sysroot (no network on the GPU machine).
+  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
+    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || echo "!!! could not install .deps/sysroot"
+  fi
+  if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=OFF \
+    -DSPARSEKV_BUILD_TOOLS=ON >"$TMP/build.log" 2>&1 ||
+    ! cmake --build "$BUILD" -j "$(nproc)" --target sparsekv_tool >>"$TMP/build.log" 2>&1; then
+    tail -n 60 "$TMP/build.log"
+    echo "gpu-bench-e2e: BUILD FAILED"
+    return 1
+  fi
+  echo "=== built in ${SECONDS}s"
+  local tool=$BUILD/tools/sparsekv/sparsekv failed=0
+  local common=(bench --backend cuda --host-pool-gb "$POOL" --page-tokens 1024
+    --steps "$STEPS" --warmup "$WARMUP")
+  # shellcheck disable=SC2206 # the extra flags are meant to split
+  common+=(${E2E_EXTRA:-})
+
+  # DeepSeek-V3.2: the standard sweep. GLM-5 gets what is left, if enough: 32K at 20% misses.
+  local left=$((DEADLINE - SECONDS - 20))
+  local glm_share=0
+  ((left > 200)) && glm_share=70
+  echo "=== deepseek-v3.2 sweep (limit $((left - glm_share))s)"
+  "$tool" "${common[@]}" --preset deepseek-v3.2 --sweep --time-limit $((left - glm_share - 30)) \
+    --json "$OUT/e2e-deepseek-v3.2.json" --csv "$TMP/deepseek.csv" >"$TMP/deepseek.txt" || failed=1
+  left=$((DEADLINE - SECONDS - 20))
+  if ((left > 60)); then
+    echo "=== glm-5 reduced sweep (limit ${left}s)"
+    "$tool" "${common[@]}" --preset glm-5 --contexts 32768 --miss-rate 0.2 \
+      --time-limit $((left - 30)) --json "$OUT/e2e-glm-5.json" --csv "$TMP/glm.csv" \
+      >"$TMP/glm.txt" || failed=1
+  else
+    echo "=== glm-5: skipped (${left}s left)"
+  fi
+
+  cat "$TMP/deepseek.csv" >"$OUT/e2e.csv" 2>/dev/null
+  [[ -f $TMP/glm.csv ]] && tail -n +2 "$TMP/glm.csv" >>"$OUT/e2e.csv"
+  if [[ -f $OUT/e2e-deepseek-v3.2.json ]]; then
+    echo "=== summary keys"
+    python3 "$ROOT/scripts/merge_summary.py" "$OUT/summary.json" "$OUT/e2e-deepseek-v3.2.json" ||
+      failed=1
+    local jsons=("$OUT/e2e-deepseek-v3.2.json")
+    [[ -f $OUT/e2e-glm-5.json ]] && jsons+=("$OUT/e2e-glm-5.json")
+    python3 "$ROOT/scripts/plot_bench.py" --out "$OUT" "${jsons[@]}" || echo "!!! plots failed"
+  fi
+  echo
+  for t in "$TMP/deepseek.txt" "$TMP/glm.txt"; do [[ -f $t ]] && cat "$t"; done
+  echo "=== total ${SECONDS}s"
+  if ((failed)); then echo "gpu-bench-e2e: FAILED"; else echo "gpu-bench-e2e: ok"; fi
+  return "$failed"
+}
+
+main 2>&1 | tee "$OUT/e2e.txt"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,38 @@
+// The small kernels of the end-to-end benchmark (gpu_bench.h). Each launcher enqueues on `stream`,
+// never synchronises and returns the launch's cudaError_t. C++17: compiled by nvcc.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace sparsekv::tools::gpu {
+
+// The content of the synthetic KV: row (request, layer, position) is a pure function of those and
+// `seed`, a valid row of its format (656 B: e4m3 values of magnitude < 2 without NaN, scales in
+// [0.5, 1.5), rope bf16 in (-1, 1); 1152 B: bf16 in (-1, 1)), so that every variant holds the same
+// bytes for a token and attention never sees NaN. Writes rows first_position + i, i < count, of
+// `request` to dst + (dst_row + i) * stride; dst may be device memory or mapped host memory.
+// REQUIRES: row_bytes is 656 or 1152; stride and dst 4-byte aligned.
+cudaError_t FillKVRows(std::byte* dst, int64_t stride, int64_t dst_row, int32_t count,
+                       int32_t row_bytes, int32_t request, int32_t layer, int32_t first_position,
+                       uint64_t seed, cudaStream_t stream);
+
+// n bf16 values, pseudo-random in (-1, 1) (never zeros: they can run faster than real data).
+cudaError_t FillBf16(void* dst, int64_t n, uint64_t seed, cudaStream_t stream);
+
+// For b < batch, k < top_k, with p = topk[b * top_k + k]:
+//   rows[b * top_k + k] = p < 0 ? -1 : b * request_rows + p    (request b's rows are contiguous)
+//   staging[b * top_k + k] = p < 0 ? -1 : b * top_k + k        (if staging is not null)
+cudaError_t PositionsToRows(const int32_t* topk, int32_t batch, int32_t top_k, int64_t request_rows,
+                            int32_t* rows, int32_t* staging, cudaStream_t stream);
+
+// For b < batch: row b * request_rows + positions[b] of dst = row b of new_rows (row_bytes each,
+// both with `stride`). dst may be device memory or mapped host memory.
+// REQUIRES: row_bytes, stride and both bases 16-byte aligned.
+cudaError_t AppendRows(const std::byte* new_rows, int32_t batch, int32_t row_bytes, int64_t stride,
+                       const int32_t* positions, int64_t request_rows, std::byte* dst,
+                       cudaStream_t stream);
+
+}  // namespace sparsekv::tools::gpu

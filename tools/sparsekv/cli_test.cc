@@ -243,6 +243,10 @@ TEST(E2EPlanTest, FloorAddsTransfersAtTheirCeilingsToAttentionAndProxy) {
   EXPECT_DOUBLE_EQ(Traffic(KVVariant::kFullHbm, s, 4, 0).pcie_bytes, 0);
   EXPECT_DOUBLE_EQ(Traffic(KVVariant::kNoCache, s, 1, 0).pcie_bytes, 61.0 * 2049 * 656);
   EXPECT_DOUBLE_EQ(StepFloorMs({}, c, 1.5, 2.5), 4.0);
+  // Perfect overlap: the longer of PCIe and everything else.
+  EXPECT_DOUBLE_EQ(StepIdealMs(t, c, 3.0, 20.0), 23.0 + t.hbm_bytes / 4000e6);
+  const StepTraffic heavy{.pcie_bytes = 5e9, .hbm_bytes = 0};
+  EXPECT_DOUBLE_EQ(StepIdealMs(heavy, c, 3.0, 20.0), 5e9 / 50e6);
 }
 
 TEST(E2EReportTest, SummaryKeysComeFromThe32KPoints) {
@@ -257,6 +261,7 @@ TEST(E2EReportTest, SummaryKeysComeFromThe32KPoints) {
     p.tpot_ms = tpot;
     p.tokens_per_s = batch * 1e3 / tpot;
     p.floor_ms = floor;
+    p.ideal_ms = floor;  // the summary's ideal bound reads ideal_ms
     p.step_to_floor = tpot / floor;
     r.points.push_back(p);
   };

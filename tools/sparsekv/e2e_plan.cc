@@ -124,4 +124,13 @@ double StepFloorMs(const StepTraffic& traffic, const Ceilings& ceilings, double 
   return ms;
 }
 
+double StepIdealMs(const StepTraffic& traffic, const Ceilings& ceilings, double attention_ms,
+                   double proxy_ms) {
+  const double pcie_ms =
+      ceilings.pcie_h2d_gbps > 0 ? traffic.pcie_bytes / (ceilings.pcie_h2d_gbps * 1e6) : 0;
+  StepTraffic rest = traffic;
+  rest.pcie_bytes = 0;
+  return std::max(StepFloorMs(rest, ceilings, attention_ms, proxy_ms), pcie_ms);
+}
+
 }  // namespace sparsekv::tools

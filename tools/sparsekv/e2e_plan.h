@@ -104,4 +104,11 @@ struct Ceilings {
 double StepFloorMs(const StepTraffic& traffic, const Ceilings& ceilings, double attention_ms,
                    double proxy_ms);
 
+// The step time (ms) the same ceilings allow with perfect overlap: the PCIe transfers hidden
+// behind everything else (or the reverse, whichever is longer):
+//   ideal = max(attention + proxy + hbm_bytes / hbm, pcie_bytes / pcie_h2d).
+// The "ideal bound" of a variant's throughput is max over batches of batch / ideal.
+double StepIdealMs(const StepTraffic& traffic, const Ceilings& ceilings, double attention_ms,
+                   double proxy_ms);
+
 }  // namespace sparsekv::tools

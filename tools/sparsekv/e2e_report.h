@@ -41,6 +41,7 @@ struct E2EPoint {
   double topk_host_ms = 0;    // generating the step's top-k on the host (untimed), median
   double topk_upload_ms = 0;  // uploading it (untimed), median
   double floor_ms = 0;        // StepFloorMs
+  double ideal_ms = 0;        // StepIdealMs
   double step_to_floor = 0;   // tpot / floor
 };
 

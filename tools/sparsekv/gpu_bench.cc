@@ -593,6 +593,8 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
       const int32_t layers = shared_.shape.layers;
       p.floor_ms = StepFloorMs(traffic, report_.ceilings, p.attention_us_per_layer * layers / 1e3,
                                p.proxy_us_per_layer * layers / 1e3);
+      p.ideal_ms = StepIdealMs(traffic, report_.ceilings, p.attention_us_per_layer * layers / 1e3,
+                               p.proxy_us_per_layer * layers / 1e3);
       p.step_to_floor = p.tpot_ms / p.floor_ms;
       char line[256];
       std::snprintf(line, sizeof(line),

@@ -10,6 +10,7 @@
 #   sanitizer.log     compute-sanitizer memcheck + racecheck
 #   index_copy.json   index_copy_bench results       resolve.json   resolve_bench results
 #   summary.json      the summary keys of both (scripts/merge_summary.py)
+#   python.log        pip install of the Python package (CUDA), its pytest suite, the torch example
 # Every step runs even if an earlier one failed (except those that need a build that failed);
 # the exit status is non-zero if any step failed. The benchmarks run before the sanitizers so that
 # a slow sanitizer cannot cost the numbers; every step is capped so the whole run stays under
@@ -21,6 +22,7 @@
 #   GPU_CHECK_SKIP_TESTS=1        no ctest
 #   GPU_CHECK_SKIP_BENCH=1        no benchmarks
 #   GPU_CHECK_SKIP_SANITIZER=1    no compute-sanitizer
+#   GPU_CHECK_SKIP_PYTHON=1       no Python package build, tests and example
 #   GPU_CHECK_BUILD_DIR           build directory (build-gpu)
 #   GPU_CHECK_DEADLINE            seconds for the whole script (540)
 #   GPU_CHECK_INDEX_COPY_ARGS     extra flags for index_copy_bench (e.g. "--pool_gib 8")
@@ -231,6 +233,22 @@ PY
       "$SANITIZER" --tool racecheck --error-exitcode 1 --print-limit 20 \
       "$test_bin" --gtest_filter="$RACECHECK_FILTER" --gtest_brief=1
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | tail -n 6
+  fi
+
+  # The Python package with the CUDA backend, built against the torch installed there (no network:
+  # build requirements come from the machine's Python), its GPU tests and the CUDA-graph example.
+  if [[ ${GPU_CHECK_SKIP_PYTHON:-0} == 1 ]]; then
+    record "python" "skipped" 0
+  else
+    local site=/tmp/sparsekv-python
+    rm -rf "$site"
+    step "python-build" "$OUT/python.log" 240 python3 -m pip install --no-build-isolation \
+      --no-deps --target "$site" -Ccmake.define.SPARSEKV_CUDA=ON "$ROOT"
+    step "pytest" "$OUT/python.log" 120 env PYTHONPATH="$site" python3 -m pytest -ra \
+      -p no:cacheprovider "$ROOT/python/tests"
+    step "torch-example" "$OUT/python.log" 120 env PYTHONPATH="$site" python3 \
+      "$ROOT/examples/torch_dsa_decoder.py"
+    grep -E "passed|failed|match|MATCH|mismatch" "$OUT/python.log" | tail -n 6
   fi
 
   echo

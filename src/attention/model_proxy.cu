@@ -70,10 +70,10 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
     SPARSEKV_RETURN_IF_ERROR(Allocate(&input_, input_elements));
     SPARSEKV_RETURN_IF_ERROR(Fill(input_, input_elements, /*seed=*/0, 1.0f));
     SPARSEKV_RETURN_IF_ERROR(Allocate(&output_, int64_t{max_batch_} * out_features_));
-    SPARSEKV_MLA_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     device_bytes_ += kCublasWorkspaceBytes;
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
-    SPARSEKV_MLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     return Status::Ok();
   }
 
@@ -123,7 +123,7 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
     constexpr int kThreads = 256;
     const int64_t blocks = std::min<int64_t>((elements + kThreads - 1) / kThreads, 65536);
     FillRandomBf16<<<static_cast<unsigned>(blocks), kThreads>>>(data, elements, seed, amplitude);
-    SPARSEKV_MLA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return Status::Ok();
   }
 

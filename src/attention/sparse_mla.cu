@@ -59,7 +59,7 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     SPARSEKV_RETURN_IF_ERROR(Allocate(&keys_, entries * kMLAQKDim));
     SPARSEKV_RETURN_IF_ERROR(Allocate(&scores_, scores));
     SPARSEKV_RETURN_IF_ERROR(Allocate(&probs_, scores));
-    SPARSEKV_MLA_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     workspace_bytes_ += kCublasWorkspaceBytes;
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
     return Status::Ok();
@@ -88,7 +88,7 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     const int top_k = options_.top_k;
 
     const mla_cuda::GatherDequantView gather{kv_rows, row_stride, indices, keys_, batch, top_k};
-    SPARSEKV_MLA_CUDA_RETURN_IF_ERROR(
+    SPARSEKV_CUDA_RETURN_IF_ERROR(
         mla_cuda::LaunchGatherDequant(options_.format, gather, stream));
 
     // cublasSetStream resets the workspace to cuBLAS's own pool: set ours again after it.
@@ -108,7 +108,7 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
         CUBLAS_GEMM_DEFAULT));
 
     const mla_cuda::MaskedSoftmaxView softmax{scores_, indices, probs_, batch, heads, top_k};
-    SPARSEKV_MLA_CUDA_RETURN_IF_ERROR(mla_cuda::LaunchMaskedSoftmax(softmax, stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(mla_cuda::LaunchMaskedSoftmax(softmax, stream));
 
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
         cublas_, CUBLAS_OP_N, CUBLAS_OP_N, /*m=*/kMLAValueDim, /*n=*/heads, /*k=*/top_k, &one,

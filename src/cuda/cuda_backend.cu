@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "cuda/cuda_util.h"
 #include "cuda/kernels.h"
 #include "sparsekv/backend.h"
 
@@ -28,37 +29,8 @@ constexpr size_t kHugePage = size_t{2} << 20;
 
 cudaStream_t ToCuda(StreamHandle stream) { return static_cast<cudaStream_t>(stream); }
 
-Status CudaError(cudaError_t err, const char* call) {
-  return Internal(std::string(call) + ": " + cudaGetErrorString(err));
-}
-
-#define SPARSEKV_CUDA_RETURN_IF_ERROR(call)               \
-  do {                                                    \
-    if (cudaError_t err_ = (call); err_ != cudaSuccess) { \
-      return CudaError(err_, #call);                      \
-    }                                                     \
-  } while (0)
-
-// Makes `device` current for the calling thread for the guard's lifetime; the CUDA current device
-// is per thread, and a backend may be called from any thread.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
-      cudaSetDevice(device);
-    } else {
-      previous_ = -1;
-    }
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
+using cuda_util::CudaError;
+using cuda_util::DeviceGuard;
 
 class CudaBackend final : public Backend {
  public:
@@ -423,17 +395,7 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device, HostMemoryKind host_memory) {
-  int count = 0;
-  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
-    cudaGetLastError();
-    return Unavailable(std::string("no usable CUDA device: cudaGetDeviceCount: ") +
-                       cudaGetErrorString(err));
-  }
-  if (count == 0) return Unavailable("no CUDA device present");
-  if (device < 0 || device >= count) {
-    return Unavailable("CUDA device " + std::to_string(device) + " requested, " +
-                       std::to_string(count) + " present");
-  }
+  SPARSEKV_RETURN_IF_ERROR(cuda_util::CheckDevice(device));
   return CudaBackend::Create(device, host_memory);
 }
 

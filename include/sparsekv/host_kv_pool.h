@@ -36,12 +36,29 @@ class HostKVPool {
   HostKVPool(const HostKVPool&) = delete;
   HostKVPool& operator=(const HostKVPool&) = delete;
 
-  // Gives owner `owner` pages for `tokens` positions, all or nothing. ResourceExhausted if the
-  // pool has too few free pages (nothing is changed then); FailedPrecondition if the owner already
-  // holds pages; OutOfRange if tokens exceeds max_tokens_per_owner.
-  Status Reserve(int32_t owner, int32_t tokens);
-  // Returns the owner's pages to the pool. No-op for an owner without pages.
-  void Release(int32_t owner);
+  // Gives owner `owner` pages for `tokens` positions, all or nothing: table entry i is
+  // shared_prefix[i] (which gains a reference) for i < shared_prefix.size(), a fresh page after.
+  // ResourceExhausted if the pool has too few free pages (nothing is changed then);
+  // FailedPrecondition if the owner already holds pages; OutOfRange if tokens exceeds
+  // max_tokens_per_owner; InvalidArgument if shared_prefix has more pages than `tokens` need.
+  // REQUIRES: every page of shared_prefix has a reference.
+  Status Reserve(int32_t owner, int32_t tokens, std::span<const int32_t> shared_prefix = {});
+  // Drops the owner's references. Pages whose last reference this was are free again and, if
+  // `freed` is not null, appended to it. No-op for an owner without pages.
+  void Release(int32_t owner, std::vector<int32_t>* freed = nullptr);
+
+  // A free page, with one reference held by the caller. ResourceExhausted if none is free.
+  StatusOr<int32_t> AllocatePage();
+  // REQUIRES: page has a reference.
+  void AddRef(int32_t page);
+  // Drops one reference; true if it was the last one (the page is free again).
+  // REQUIRES: page has a reference.
+  bool Unref(int32_t page);
+  // Puts `page` at entry `index` of owner's table and returns the page that was there: the
+  // caller's reference to `page` moves into the table, the table's reference to the old page
+  // moves to the caller. REQUIRES: index < the owner's reserved pages; page has a reference.
+  int32_t SwapPage(int32_t owner, int32_t index, int32_t page);
+  int32_t RefCount(int32_t page) const { return refs_[page]; }
 
   // REQUIRES: position < the tokens reserved by owner.
   int32_t HostRow(int32_t owner, int32_t position) const;
@@ -57,6 +74,12 @@ class HostKVPool {
   int32_t pages_per_owner() const { return pages_per_owner_; }
   int32_t total_pages() const { return rows_ / page_tokens_; }
   int32_t free_pages() const { return static_cast<int32_t>(free_pages_.size()); }
+  // Pages with more than one reference.
+  int32_t shared_pages() const { return shared_pages_; }
+  // Sum over pages of (references - 1): the page copies that sharing avoids storing.
+  int64_t extra_references() const { return extra_references_; }
+  // Bytes of one page over all layers: page_tokens * token_stride_bytes.
+  int64_t page_bytes() const { return int64_t{page_tokens_} * geometry_.token_stride_bytes(); }
   int64_t bytes() const { return static_cast<int64_t>(rows_) * geometry_.token_stride_bytes(); }
   // [max_owners, pages_per_owner] host page index of each page of each owner, -1 = none.
   std::span<const int32_t> page_table() const { return page_table_; }
@@ -77,6 +100,9 @@ class HostKVPool {
   std::vector<std::byte*> layer_base_;
   std::vector<int32_t> page_table_;
   std::vector<int32_t> owner_pages_;  // pages held by each owner
+  std::vector<int32_t> refs_;         // references per page; 0 = free
+  int32_t shared_pages_ = 0;          // pages with refs_ > 1
+  int64_t extra_references_ = 0;      // sum of max(refs_ - 1, 0)
   // Lowest pages first, so that an owner's rows are as contiguous as the pool allows.
   std::set<int32_t> free_pages_;
 };

@@ -16,11 +16,18 @@
 // A graph captured over the run phase stays valid for every later step whose batch has at most
 // max_batch requests: the batch size and table are read from device memory at run time.
 //
+// Host pages are reference-counted and may be shared between requests (a common prompt, the next
+// turn of a conversation, forked branches) and retained conversations that have no device state;
+// see "Shared prefixes and retained conversations" below and docs/prefix-sharing.md. The hot
+// cache stays private per request: sharing changes nothing in the run phase.
+//
 // Thread safety: not thread-safe. One thread drives a manager; its run-phase calls must be
-// enqueued on one stream (the side stream for write-back is internal).
+// enqueued on one stream (the side stream for write-back is internal), and so must the lifecycle
+// calls that take a stream, because they read and copy host pages that earlier steps wrote.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -35,6 +42,7 @@
 namespace sparsekv {
 
 using RequestId = uint64_t;
+class PrefixIndex;
 
 // Statistics since creation or the last ResetStats(). Formulas are in the comments.
 struct LayerStats {
@@ -66,6 +74,21 @@ struct CacheStats {
   int32_t hot_blocks_used = 0;
   // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
   int64_t device_bytes = 0;
+
+  // Prefix sharing. A page's holders are the page tables of live requests and the retained
+  // conversations that reference it (copy-on-write spares are private pages).
+  uint64_t prefix_lookup_tokens = 0;  // prompt tokens of successful AdmitWithPrefix calls
+  uint64_t prefix_hit_tokens = 0;     // of those, tokens found in the pool (not ingested)
+  uint64_t copy_on_write_pages = 0;   // shared, partially filled pages copied before an append
+  // Retained conversations evicted (least recently used first) to make room for an admission,
+  // and the pages those evictions freed (a page that another holder still references is not).
+  uint64_t evictions = 0;
+  uint64_t evicted_pages = 0;
+  int32_t pages_shared = 0;  // now: pages with more than one holder
+  // now: bytes_saved = sum over pages of (holders - 1) * page_tokens * token_stride_bytes, the
+  // page copies that private histories would store in addition.
+  int64_t bytes_saved = 0;
+  int32_t retained_conversations = 0;  // now
 };
 
 class SparseKVCacheManager {
@@ -81,15 +104,18 @@ class SparseKVCacheManager {
   // ---- Lifecycle (host side) ----
 
   // Reserves host pages for prompt_len + max_new_tokens positions and a hot-cache block.
-  // AlreadyExists for a known id; OutOfRange if the length exceeds max_context;
-  // ResourceExhausted if the host pool or the hot cache is full (nothing changes then).
+  // AlreadyExists for a known id (live or retained); OutOfRange if the length exceeds
+  // max_context; ResourceExhausted if the hot cache is full, or the host pool is even after
+  // evicting every retained conversation (nothing changes then).
   Status Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens, StreamHandle stream);
   // Writes the prompt KV of one layer into the host pool and its newest `window` rows into the
   // hot cache. `rows` is [prompt_len, row_stride(layer)] in host or device memory and must stay
-  // valid until `stream` reaches the copies. Every layer must be ingested before the request
+  // valid until `stream` reaches the copies; rows of positions found by AdmitWithPrefix are
+  // skipped (the pool's shared copy is kept). Every layer must be ingested before the request
   // joins a step. REQUIRES: the request is admitted and not released.
   Status IngestPrompt(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
-  // Frees the request's host pages and hot-cache block. NotFound for an unknown or released id.
+  // Frees the request's host pages (drops its references to shared ones) and hot-cache block, or
+  // drops the retained conversation `id`. NotFound for an unknown or released id.
   // REQUIRES: no enqueued step that includes the request is still running.
   Status Release(RequestId id);
   // Gives back the request's hot-cache block but keeps its history in the host pool, to free HBM
@@ -98,13 +124,59 @@ class SparseKVCacheManager {
   // Takes a hot-cache block again (ResourceExhausted if none is free) and reloads the window.
   Status Resume(RequestId id, StreamHandle stream);
 
+  // ---- Shared prefixes and retained conversations (host side) ----
+  //
+  // Full host pages are indexed by the token ids they hold (a hash chain over pages, verified on
+  // every hit), once their KV is complete in every layer. Admissions share the pages of the
+  // longest indexed prefix; a request appending into a page it shares first copies it (copy on
+  // write), so that nothing another holder references is ever overwritten. Admissions (Admit,
+  // AdmitWithPrefix, Fork) that find the pool short of pages evict retained conversations, least
+  // recently used first, and fail with ResourceExhausted (evicting nothing) only if evicting all
+  // of them would not make room.
+
+  // Admit for a prompt of token_ids.size() tokens whose longest prefix of full pages already in
+  // the pool is shared instead of stored again. Returns `cached`, the prompt positions [0, cached)
+  // found (a multiple of host_page_tokens, less than the prompt length, 0 on a miss); only
+  // [cached, prompt_len) is ingested, with IngestPromptSuffix (or IngestPrompt). A prefix that
+  // was evicted is a miss, never stale. Errors as Admit; nothing changes on error.
+  StatusOr<int32_t> AdmitWithPrefix(RequestId id, std::span<const int32_t> token_ids,
+                                    int32_t max_new_tokens, StreamHandle stream);
+  // IngestPrompt for a request admitted with AdmitWithPrefix: `rows` is
+  // [prompt_len - cached, row_stride(layer)], the KV of positions [cached, prompt_len).
+  // (IngestPrompt takes all prompt_len rows and skips the cached ones.)
+  Status IngestPromptSuffix(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
+  // Admits `child` with all of `parent`'s history (KV and token ids) shared, and room for
+  // max_new_tokens more: an agent branch. The child gets its own hot-cache block, whose window is
+  // loaded from the pool on `stream`; it can join a step at once. A partially filled last page
+  // stays shared until the first of them appends into it; the copy it will need is reserved now,
+  // so appends never fail for lack of pages. Errors: NotFound (parent), AlreadyExists (child),
+  // FailedPrecondition (parent not fully ingested or in the open step), OutOfRange
+  // (parent length + max_new_tokens > max_context), ResourceExhausted as Admit.
+  Status Fork(RequestId parent, RequestId child, int32_t max_new_tokens, StreamHandle stream);
+  // Ends a request like Release, but keeps the full pages of its history whose token ids are
+  // known in the pool as the retained conversation `id`: no device state, still indexed, so that
+  // a later AdmitWithPrefix (the next turn) shares them. Returns the tokens retained (0: nothing
+  // was, as for Release). Release(id) drops the conversation; eviction may drop it at any time.
+  // Errors: NotFound, FailedPrecondition (in the open step).
+  StatusOr<int32_t> Retain(RequestId id);
+  // Evicts every retained conversation; returns how many there were.
+  int32_t EvictRetained();
+  bool IsRetained(RequestId id) const { return retained_.contains(id); }
+
   // ---- Plan (host side, between steps) ----
 
   // Fixes the next step's batch: each request gains one token (its position is the request's
   // current length), whose KV the run phase appends. Errors: empty or oversized batch,
   // duplicate, unknown, retracted or not fully ingested requests, a request at its reserved
-  // length, or a previous step not finished. Enqueues the upload of the plan on `stream`.
+  // length, or a previous step not finished. Enqueues the upload of the plan on `stream`, after
+  // the copy on write of any shared page a request appends into.
   Status PlanStep(std::span<const RequestId> batch, StreamHandle stream);
+  // As above, and token_ids[b] is the id of the token whose KV batch[b] appends in this step
+  // (InvalidArgument unless token_ids.size() == batch.size()). A request whose ids are known from
+  // position 0 on (AdmitWithPrefix, Fork) keeps them, so that its pages can be shared once full;
+  // a step planned without ids ends that for the requests of its batch.
+  Status PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
+                  StreamHandle stream);
 
   // ---- Run (device side; graph-capturable) ----
 
@@ -136,6 +208,9 @@ class SparseKVCacheManager {
   Status ResetStats(StreamHandle stream);
   // Tokens with KV of a known request; NotFound otherwise.
   StatusOr<int32_t> SequenceLength(RequestId id) const;
+  // The host pages of a live request or retained conversation, in position order (page i holds
+  // positions [i * host_page_tokens, (i + 1) * host_page_tokens)); NotFound otherwise.
+  StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
   // Layer `layer` of the hot cache, [max_requests * (hot_slots + window), row_stride(layer)]:
   // what the slots returned by RunLayer index.
   const std::byte* HotLayer(int32_t layer) const;
@@ -152,6 +227,17 @@ class SparseKVCacheManager {
     int32_t reserved;      // tokens reserved in the host pool
     std::vector<bool> ingested;  // per layer
     int32_t ingested_layers;
+    int32_t cached = 0;  // prompt positions [0, cached) shared at admission, never ingested
+    // Ids of positions [0, token_ids.size()); only extended while complete (size == seq_len).
+    std::vector<int32_t> token_ids{};
+    int32_t indexed_pages = 0;  // pages [0, indexed_pages) of the table are in the prefix index
+    // A private page reserved for the copy on write of the shared, partially filled page that
+    // the request's next append goes into; -1 if none. Used or freed by that append.
+    int32_t cow_page = -1;
+  };
+  struct Retained {
+    std::vector<int32_t> pages;          // one reference each, full and indexed
+    std::list<RequestId>::iterator lru;  // position in retained_lru_
   };
   // The fixed device buffers of the run phase. Everything the plan phase writes is in one
   // contiguous region (`plan`), uploaded with one copy.
@@ -163,6 +249,28 @@ class SparseKVCacheManager {
   Status UploadPageTable(const Request& r, StreamHandle stream);
   Status LoadWindow(const Request& r, int32_t layer, const void* rows, int32_t first,
                     StreamHandle stream);
+  // Admission shared by Admit, AdmitWithPrefix and Fork: checks, makes room, reserves `tokens`
+  // with `shared` as the first pages plus `spare_pages` private pages (returned in `spares`), and
+  // takes a hot-cache block. REQUIRES: the caller holds a reference to every page of `shared`.
+  StatusOr<Request*> AdmitShared(RequestId id, int32_t seq_len, int64_t tokens,
+                                 std::span<const int32_t> shared, int32_t spare_pages,
+                                 std::vector<int32_t>& spares, StreamHandle stream);
+  // Evicts retained conversations, least recently used first, until `pages` pages are free;
+  // ResourceExhausted, evicting nothing, if evicting all of them would not be enough.
+  Status MakeRoom(int64_t pages, const char* op);
+  void DropRetained(std::unordered_map<RequestId, Retained>::iterator it);
+  // Drops one reference; unindexes the page if it was the last.
+  void Unref(int32_t page);
+  // Frees what a live request holds (hot block, page references, spare) and forgets it.
+  void Forget(RequestId id, Request& r);
+  Status Ingest(RequestId id, int32_t layer, const void* rows, int32_t rows_first, const char* op,
+                StreamHandle stream);
+  // Indexes the request's full pages whose token ids are known and KV is complete.
+  void IndexFullPages(Request& r);
+  // Before the request appends at `position`: copies the page on write if it is shared.
+  Status PrepareAppend(Request& r, int32_t position, StreamHandle stream);
+  // Ends the open step (after its write-back is joined): indexes the pages it filled.
+  void CloseStep();
 
   CacheOptions options_;
   std::shared_ptr<Backend> backend_;
@@ -170,6 +278,10 @@ class SparseKVCacheManager {
   std::unique_ptr<HotCache> hot_;
   std::unordered_map<RequestId, Request> requests_;
   std::vector<int32_t> free_owners_;
+  std::unique_ptr<PrefixIndex> index_;
+  std::unordered_map<RequestId, Retained> retained_;
+  std::list<RequestId> retained_lru_;   // least recently used first
+  std::vector<int32_t> retained_refs_;  // per page: references held by retained conversations
 
   // Device buffers.
   std::byte* plan_device_ = nullptr;  // see PlanLayout
@@ -195,6 +307,11 @@ class SparseKVCacheManager {
   uint64_t bytes_device_to_host_ = 0;
   uint64_t bytes_assembled_ = 0;
   uint64_t bytes_ingested_ = 0;
+  uint64_t prefix_lookup_tokens_ = 0;
+  uint64_t prefix_hit_tokens_ = 0;
+  uint64_t copy_on_write_pages_ = 0;
+  uint64_t evictions_ = 0;
+  uint64_t evicted_pages_ = 0;
 };
 
 }  // namespace sparsekv

@@ -1,5 +1,6 @@
 #include "sparsekv/host_kv_pool.h"
 
+#include <cassert>
 #include <string>
 
 namespace sparsekv {
@@ -35,7 +36,8 @@ HostKVPool::HostKVPool(const KVGeometry& geometry, int32_t rows, int32_t page_to
       pages_per_owner_(pages_per_owner),
       backend_(backend),
       page_table_(static_cast<size_t>(max_owners) * pages_per_owner, -1),
-      owner_pages_(max_owners, 0) {
+      owner_pages_(max_owners, 0),
+      refs_(rows / page_tokens, 0) {
   for (int32_t p = 0; p < rows / page_tokens; ++p) free_pages_.insert(free_pages_.end(), p);
 }
 
@@ -43,7 +45,7 @@ HostKVPool::~HostKVPool() {
   for (std::byte* p : layer_base_) backend_->FreeHost(p);
 }
 
-Status HostKVPool::Reserve(int32_t owner, int32_t tokens) {
+Status HostKVPool::Reserve(int32_t owner, int32_t tokens, std::span<const int32_t> shared_prefix) {
   if (owner < 0 || owner >= static_cast<int32_t>(owner_pages_.size())) {
     return InvalidArgument("HostKVPool: owner " + std::to_string(owner) + " out of range");
   }
@@ -56,28 +58,73 @@ Status HostKVPool::Reserve(int32_t owner, int32_t tokens) {
                       std::to_string(int64_t{pages_per_owner_} * page_tokens_) +
                       " a request may hold (max_context)");
   }
-  if (pages > static_cast<int64_t>(free_pages_.size())) {
-    return ResourceExhausted("HostKVPool: need " + std::to_string(pages) + " pages of " +
+  const int64_t shared = static_cast<int64_t>(shared_prefix.size());
+  if (shared > pages) {
+    return InvalidArgument("HostKVPool: a shared prefix of " + std::to_string(shared) +
+                           " pages is longer than the " + std::to_string(pages) + " reserved");
+  }
+  if (pages - shared > static_cast<int64_t>(free_pages_.size())) {
+    return ResourceExhausted("HostKVPool: need " + std::to_string(pages - shared) + " pages of " +
                              std::to_string(page_tokens_) + " tokens, " +
                              std::to_string(free_pages_.size()) + " free of " +
                              std::to_string(total_pages()));
   }
   int32_t* table = page_table_.data() + static_cast<size_t>(owner) * pages_per_owner_;
   for (int64_t i = 0; i < pages; ++i) {
-    table[i] = *free_pages_.begin();
-    free_pages_.erase(free_pages_.begin());
+    if (i < shared) {
+      table[i] = shared_prefix[i];
+      AddRef(table[i]);
+    } else {
+      table[i] = *AllocatePage();  // cannot fail: enough free pages were checked above
+    }
   }
   owner_pages_[owner] = static_cast<int32_t>(pages);
   return Status::Ok();
 }
 
-void HostKVPool::Release(int32_t owner) {
+void HostKVPool::Release(int32_t owner, std::vector<int32_t>* freed) {
   int32_t* table = page_table_.data() + static_cast<size_t>(owner) * pages_per_owner_;
   for (int32_t i = 0; i < owner_pages_[owner]; ++i) {
-    free_pages_.insert(table[i]);
+    if (Unref(table[i]) && freed != nullptr) freed->push_back(table[i]);
     table[i] = -1;
   }
   owner_pages_[owner] = 0;
+}
+
+StatusOr<int32_t> HostKVPool::AllocatePage() {
+  if (free_pages_.empty()) {
+    return ResourceExhausted("HostKVPool: all " + std::to_string(total_pages()) +
+                             " pages are in use");
+  }
+  const int32_t page = *free_pages_.begin();
+  free_pages_.erase(free_pages_.begin());
+  refs_[page] = 1;
+  return page;
+}
+
+void HostKVPool::AddRef(int32_t page) {
+  assert(refs_[page] > 0);
+  if (++refs_[page] == 2) ++shared_pages_;
+  ++extra_references_;
+}
+
+bool HostKVPool::Unref(int32_t page) {
+  assert(refs_[page] > 0);
+  if (--refs_[page] == 0) {
+    free_pages_.insert(page);
+    return true;
+  }
+  if (refs_[page] == 1) --shared_pages_;
+  --extra_references_;
+  return false;
+}
+
+int32_t HostKVPool::SwapPage(int32_t owner, int32_t index, int32_t page) {
+  assert(index < owner_pages_[owner] && refs_[page] > 0);
+  int32_t& entry = page_table_[static_cast<size_t>(owner) * pages_per_owner_ + index];
+  const int32_t old = entry;
+  entry = page;
+  return old;
 }
 
 int32_t HostKVPool::HostRow(int32_t owner, int32_t position) const {

@@ -62,5 +62,67 @@ TEST_F(HostKVPoolTest, ReleaseReturnsPagesAndReservationLimitsHold) {
   EXPECT_EQ(pool_->free_pages(), 7);
 }
 
+TEST_F(HostKVPoolTest, SharedPrefixPagesAreReferencedNotCopied) {
+  ASSERT_TRUE(pool_->Reserve(0, 40).ok());  // pages a, b, c
+  const std::span<const int32_t> a = pool_->page_table_row(0);
+  ASSERT_TRUE(pool_->Reserve(1, 50, a.first(2)).ok());  // a, b shared; 2 fresh
+  EXPECT_EQ(pool_->page_table_row(1)[0], a[0]);
+  EXPECT_EQ(pool_->page_table_row(1)[1], a[1]);
+  EXPECT_NE(pool_->page_table_row(1)[2], a[2]);
+  EXPECT_EQ(pool_->RefCount(a[0]), 2);
+  EXPECT_EQ(pool_->RefCount(a[2]), 1);
+  EXPECT_EQ(pool_->free_pages(), 2);
+  EXPECT_EQ(pool_->shared_pages(), 2);
+  EXPECT_EQ(pool_->extra_references(), 2);
+  EXPECT_EQ(pool_->page_bytes(), 16 * 3 * 32);
+  EXPECT_EQ(pool_->Reserve(2, 16, a.first(2)).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(HostKVPoolTest, PageIsFreedWithItsLastReference) {
+  ASSERT_TRUE(pool_->Reserve(0, 32).ok());
+  const int32_t first = pool_->page_table_row(0)[0];
+  ASSERT_TRUE(pool_->Reserve(1, 32, pool_->page_table_row(0).first(1)).ok());
+  pool_->AddRef(first);  // e.g. a retained conversation
+  std::vector<int32_t> freed;
+  pool_->Release(0, &freed);
+  EXPECT_EQ(freed.size(), 1u);  // the private second page
+  EXPECT_EQ(pool_->RefCount(first), 2);
+  pool_->Release(1, &freed);
+  EXPECT_EQ(freed.size(), 2u);
+  EXPECT_EQ(pool_->shared_pages(), 0);
+  EXPECT_EQ(pool_->extra_references(), 0);
+  EXPECT_TRUE(pool_->Unref(first));
+  EXPECT_EQ(pool_->free_pages(), 7);
+}
+
+TEST_F(HostKVPoolTest, ExhaustionWithASharedPrefixChangesNothing) {
+  ASSERT_TRUE(pool_->Reserve(0, 48).ok());
+  ASSERT_TRUE(pool_->Reserve(1, 48).ok());                                    // 1 of 7 pages left
+  const Status s = pool_->Reserve(2, 64, pool_->page_table_row(0).first(1));  // needs 3 fresh
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_EQ(pool_->RefCount(pool_->page_table_row(0)[0]), 1);
+  EXPECT_EQ(pool_->free_pages(), 1);
+  EXPECT_EQ(pool_->ReservedTokens(2), 0);
+  EXPECT_TRUE(pool_->Reserve(2, 32, pool_->page_table_row(0).first(1)).ok());  // 1 fresh
+  EXPECT_EQ(pool_->free_pages(), 0);
+  EXPECT_EQ(pool_->AllocatePage().status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST_F(HostKVPoolTest, SwapPageMovesReferences) {
+  ASSERT_TRUE(pool_->Reserve(0, 20).ok());
+  ASSERT_TRUE(pool_->Reserve(1, 20, pool_->page_table_row(0).first(2)).ok());  // both shared
+  const int32_t shared = pool_->page_table_row(1)[1];
+  StatusOr<int32_t> copy = pool_->AllocatePage();
+  ASSERT_TRUE(copy.ok());
+  EXPECT_EQ(pool_->SwapPage(1, 1, *copy), shared);
+  EXPECT_EQ(pool_->page_table_row(1)[1], *copy);
+  EXPECT_FALSE(pool_->Unref(shared));  // owner 0 still holds it
+  EXPECT_EQ(pool_->RefCount(shared), 1);
+  EXPECT_EQ(pool_->shared_pages(), 1);
+  pool_->Release(0);
+  pool_->Release(1);
+  EXPECT_EQ(pool_->free_pages(), 7);
+}
+
 }  // namespace
 }  // namespace sparsekv

@@ -1,9 +1,12 @@
 #include "sparsekv/manager.h"
 
 #include <algorithm>
+#include <cassert>
 #include <numeric>
 #include <string>
 #include <unordered_set>
+
+#include "host_pool/prefix_index.h"
 
 namespace sparsekv {
 
@@ -58,6 +61,7 @@ SparseKVCacheManager::SparseKVCacheManager(const CacheOptions& options,
     : options_(options), backend_(std::move(backend)), appended_(options.geometry.num_layers()) {
   const int32_t owners = options_.effective_max_host_requests();
   for (int32_t o = owners - 1; o >= 0; --o) free_owners_.push_back(o);
+  index_ = std::make_unique<PrefixIndex>(options_.host_page_tokens);
 }
 
 Status SparseKVCacheManager::Allocate() {
@@ -66,6 +70,7 @@ Status SparseKVCacheManager::Allocate() {
   SPARSEKV_ASSIGN_OR_RETURN(
       pool_, HostKVPool::Create(o.geometry, o.host_capacity_tokens, o.host_page_tokens,
                                 o.effective_max_host_requests(), o.max_context, backend_.get()));
+  retained_refs_.assign(pool_->total_pages(), 0);
   SPARSEKV_ASSIGN_OR_RETURN(hot_, HotCache::Create(o.geometry, o.hot_slots, o.window,
                                                    o.max_requests, backend_.get()));
   device_bytes_ = hot_->device_bytes();
@@ -128,13 +133,12 @@ Status SparseKVCacheManager::UploadPageTable(const Request& r, StreamHandle stre
                              row.data(), row.size_bytes(), stream);
 }
 
-Status SparseKVCacheManager::Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
-                                   StreamHandle stream) {
-  if (requests_.contains(id)) return AlreadyExists("Admit: " + Describe(id) + " already exists");
-  if (prompt_len < 1 || max_new_tokens < 0) {
-    return InvalidArgument("Admit: prompt_len must be >= 1 and max_new_tokens >= 0");
+StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::AdmitShared(
+    RequestId id, int32_t seq_len, int64_t tokens, std::span<const int32_t> shared,
+    int32_t spare_pages, std::vector<int32_t>& spares, StreamHandle stream) {
+  if (requests_.contains(id) || retained_.contains(id)) {
+    return AlreadyExists("Admit: " + Describe(id) + " already exists");
   }
-  const int64_t tokens = int64_t{prompt_len} + max_new_tokens;
   if (tokens > options_.max_context) {
     return OutOfRange("Admit: " + Describe(id) + " needs " + std::to_string(tokens) +
                       " tokens, more than max_context (" + std::to_string(options_.max_context) +
@@ -149,30 +153,161 @@ Status SparseKVCacheManager::Admit(RequestId id, int32_t prompt_len, int32_t max
     return ResourceExhausted("Admit: all " + std::to_string(hot_->max_blocks()) +
                              " hot-cache blocks are in use (max_requests)");
   }
+  const int32_t pt = options_.host_page_tokens;
+  const int64_t fresh = (tokens + pt - 1) / pt - static_cast<int64_t>(shared.size()) + spare_pages;
+  SPARSEKV_RETURN_IF_ERROR(MakeRoom(fresh, "Admit"));
   const int32_t owner = free_owners_.back();
-  SPARSEKV_RETURN_IF_ERROR(pool_->Reserve(owner, static_cast<int32_t>(tokens)));
-  StatusOr<int32_t> block = hot_->Acquire(stream);
-  if (!block.ok()) {
-    pool_->Release(owner);
-    return block.status();
-  }
+  SPARSEKV_RETURN_IF_ERROR(pool_->Reserve(owner, static_cast<int32_t>(tokens), shared));
+  for (int32_t i = 0; i < spare_pages; ++i) spares.push_back(*pool_->AllocatePage());
+  // Cannot fail: a free block was checked above, and the pool does not take blocks.
+  const int32_t block = *hot_->Acquire(stream);
   free_owners_.pop_back();
   // The pool rounds the reservation up to pages; the request may use no more than it asked for.
-  Request r{owner, *block, prompt_len, static_cast<int32_t>(tokens),
-            std::vector<bool>(options_.geometry.num_layers(), false), 0};
+  Request r{.owner = owner,
+            .block = block,
+            .seq_len = seq_len,
+            .reserved = static_cast<int32_t>(tokens),
+            .ingested = std::vector<bool>(options_.geometry.num_layers(), false),
+            .ingested_layers = 0};
   SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
-  requests_.emplace(id, std::move(r));
+  return &requests_.emplace(id, std::move(r)).first->second;
+}
+
+Status SparseKVCacheManager::MakeRoom(int64_t pages, const char* op) {
+  if (pool_->free_pages() >= pages) return Status::Ok();
+  // Evicting every retained conversation frees exactly the pages that only they reference.
+  int64_t freeable = 0;
+  for (int32_t p = 0; p < pool_->total_pages(); ++p) {
+    freeable += retained_refs_[p] > 0 && retained_refs_[p] == pool_->RefCount(p);
+  }
+  if (pool_->free_pages() + freeable < pages) {
+    return ResourceExhausted(
+        std::string(op) + ": need " + std::to_string(pages) + " host pages, " +
+        std::to_string(pool_->free_pages()) + " free and " + std::to_string(freeable) +
+        " held only by retained conversations, of " + std::to_string(pool_->total_pages()));
+  }
+  while (pool_->free_pages() < pages) {
+    const int32_t before = pool_->free_pages();
+    DropRetained(retained_.find(retained_lru_.front()));
+    ++evictions_;
+    evicted_pages_ += pool_->free_pages() - before;
+  }
+  return Status::Ok();
+}
+
+void SparseKVCacheManager::DropRetained(std::unordered_map<RequestId, Retained>::iterator it) {
+  for (int32_t page : it->second.pages) {
+    --retained_refs_[page];
+    Unref(page);
+  }
+  retained_lru_.erase(it->second.lru);
+  retained_.erase(it);
+}
+
+void SparseKVCacheManager::Unref(int32_t page) {
+  if (pool_->Unref(page)) index_->Erase(page);
+}
+
+Status SparseKVCacheManager::Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
+                                   StreamHandle stream) {
+  if (prompt_len < 1 || max_new_tokens < 0) {
+    return InvalidArgument("Admit: prompt_len must be >= 1 and max_new_tokens >= 0");
+  }
+  std::vector<int32_t> no_spares;
+  return AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, {}, 0, no_spares, stream)
+      .status();
+}
+
+StatusOr<int32_t> SparseKVCacheManager::AdmitWithPrefix(RequestId id,
+                                                        std::span<const int32_t> token_ids,
+                                                        int32_t max_new_tokens,
+                                                        StreamHandle stream) {
+  if (token_ids.empty() || max_new_tokens < 0) {
+    return InvalidArgument("AdmitWithPrefix: token_ids must not be empty and max_new_tokens >= 0");
+  }
+  if (token_ids.size() > static_cast<size_t>(options_.max_context)) {
+    return OutOfRange("AdmitWithPrefix: " + Describe(id) + " has " +
+                      std::to_string(token_ids.size()) + " prompt tokens, more than max_context");
+  }
+  const int32_t prompt_len = static_cast<int32_t>(token_ids.size());
+  const int32_t pt = options_.host_page_tokens;
+  // At least the last prompt token is ingested: the engine computes its KV with its logits.
+  const std::vector<int32_t> matched = index_->Match(token_ids, (prompt_len - 1) / pt);
+  // Pinned while admission may evict, so that the prefix it found is not freed under it.
+  for (int32_t page : matched) pool_->AddRef(page);
+  std::vector<int32_t> no_spares;
+  StatusOr<Request*> r = AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, matched,
+                                     0, no_spares, stream);
+  for (int32_t page : matched) Unref(page);
+  if (!r.ok()) return r.status();
+  const int32_t cached = static_cast<int32_t>(matched.size()) * pt;
+  (*r)->cached = cached;
+  (*r)->token_ids.assign(token_ids.begin(), token_ids.end());
+  (*r)->indexed_pages = static_cast<int32_t>(matched.size());
+  if (!matched.empty()) {
+    // The conversations holding the matched prefix are in use again: to the back of the LRU
+    // order, keeping their relative order (each of the original entries is visited once).
+    const size_t last = matched.size() - 1;
+    auto it = retained_lru_.begin();
+    for (size_t n = retained_lru_.size(); n > 0; --n) {
+      const std::vector<int32_t>& pages = retained_.at(*it).pages;
+      auto next = std::next(it);
+      if (pages.size() > last && pages[last] == matched[last]) {
+        retained_lru_.splice(retained_lru_.end(), retained_lru_, it);
+      }
+      it = next;
+    }
+  }
+  prefix_lookup_tokens_ += prompt_len;
+  prefix_hit_tokens_ += cached;
+  return cached;
+}
+
+Status SparseKVCacheManager::Fork(RequestId parent, RequestId child, int32_t max_new_tokens,
+                                  StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * p, Find(parent, "Fork"));
+  if (max_new_tokens < 0) return InvalidArgument("Fork: max_new_tokens must be >= 0");
+  if (p->ingested_layers != options_.geometry.num_layers()) {
+    return FailedPrecondition("Fork: " + Describe(parent) + " has layers not yet ingested");
+  }
+  if (step_open_ && std::find(batch_.begin(), batch_.end(), parent) != batch_.end()) {
+    return FailedPrecondition("Fork: " + Describe(parent) + " is in the open step");
+  }
+  const int32_t pt = options_.host_page_tokens;
+  const int32_t seq_len = p->seq_len;
+  const std::span<const int32_t> table = pool_->page_table_row(p->owner);
+  const std::span<const int32_t> shared = table.first((seq_len + pt - 1) / pt);
+  // A shared, partially filled last page must be copied by each holder that appends into it
+  // while another still holds it: one spare for the child, and one for the parent unless it has
+  // one already (from an earlier fork) or cannot append any more.
+  const bool partial = seq_len % pt != 0;
+  const bool child_spare = partial && max_new_tokens > 0;
+  const bool parent_spare = partial && p->seq_len < p->reserved && p->cow_page < 0;
+  std::vector<int32_t> spares;
+  SPARSEKV_ASSIGN_OR_RETURN(
+      Request * c, AdmitShared(child, seq_len, int64_t{seq_len} + max_new_tokens, shared,
+                               int32_t{child_spare} + int32_t{parent_spare}, spares, stream));
+  if (child_spare) c->cow_page = spares[0];
+  if (parent_spare) p->cow_page = spares.back();
+  c->cached = seq_len;
+  c->ingested.assign(options_.geometry.num_layers(), true);
+  c->ingested_layers = options_.geometry.num_layers();
+  c->token_ids = p->token_ids;
+  c->indexed_pages = p->indexed_pages;
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    SPARSEKV_RETURN_IF_ERROR(LoadWindow(*c, l, nullptr, 0, stream));
+  }
   return Status::Ok();
 }
 
 Status SparseKVCacheManager::LoadWindow(const Request& r, int32_t layer, const void* rows,
                                         int32_t first, StreamHandle stream) {
   // Window positions [max(0, seq_len - W), seq_len). `rows` holds positions from `first` on
-  // (or is null: read them from the host pool).
+  // (or is null); earlier positions are read from the host pool.
   const int32_t stride = options_.geometry.layers[layer].row_stride;
   for (int32_t p = std::max(0, r.seq_len - options_.window); p < r.seq_len; ++p) {
     const std::byte* src =
-        rows != nullptr
+        rows != nullptr && p >= first
             ? static_cast<const std::byte*>(rows) + static_cast<int64_t>(p - first) * stride
             : pool_->row(layer, pool_->HostRow(r.owner, p));
     std::byte* dst = hot_->layer_data(layer) +
@@ -185,44 +320,112 @@ Status SparseKVCacheManager::LoadWindow(const Request& r, int32_t layer, const v
 
 Status SparseKVCacheManager::IngestPrompt(RequestId id, int32_t layer, const void* rows,
                                           StreamHandle stream) {
-  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "IngestPrompt"));
+  return Ingest(id, layer, rows, 0, "IngestPrompt", stream);
+}
+
+Status SparseKVCacheManager::IngestPromptSuffix(RequestId id, int32_t layer, const void* rows,
+                                                StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "IngestPromptSuffix"));
+  return Ingest(id, layer, rows, r->cached, "IngestPromptSuffix", stream);
+}
+
+Status SparseKVCacheManager::Ingest(RequestId id, int32_t layer, const void* rows,
+                                    int32_t rows_first, const char* op, StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, op));
   if (layer < 0 || layer >= options_.geometry.num_layers()) {
-    return InvalidArgument("IngestPrompt: layer " + std::to_string(layer) + " out of range");
+    return InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) + " out of range");
   }
-  if (rows == nullptr) return InvalidArgument("IngestPrompt: rows is null");
+  if (rows == nullptr) return InvalidArgument(std::string(op) + ": rows is null");
   if (r->ingested[layer]) {
-    return AlreadyExists("IngestPrompt: layer " + std::to_string(layer) + " of " + Describe(id) +
-                         " was already ingested (stored KV is never overwritten)");
+    return AlreadyExists(std::string(op) + ": layer " + std::to_string(layer) + " of " +
+                         Describe(id) + " was already ingested (stored KV is never overwritten)");
   }
-  if (r->block < 0) return FailedPrecondition("IngestPrompt: " + Describe(id) + " is retracted");
+  if (r->block < 0) {
+    return FailedPrecondition(std::string(op) + ": " + Describe(id) + " is retracted");
+  }
   const LayerShape shape = options_.geometry.layers[layer];
+  const int32_t pt = options_.host_page_tokens;
   const auto* src = static_cast<const std::byte*>(rows);
-  // One copy per run of positions that share a host page.
-  for (int32_t p = 0; p < r->seq_len;) {
-    const int32_t n = std::min(r->seq_len - p, options_.host_page_tokens - p % options_.host_page_tokens);
-    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(pool_->row(layer, pool_->HostRow(r->owner, p)),
-                                                 src + static_cast<int64_t>(p) * shape.row_stride,
-                                                 static_cast<size_t>(n) * shape.row_stride,
-                                                 stream));
+  // Positions [cached, seq_len) lie in the request's private pages (cached is a page multiple);
+  // the shared ones are never written. One copy per run of positions that share a host page.
+  for (int32_t p = r->cached; p < r->seq_len;) {
+    const int32_t n = std::min(r->seq_len - p, pt - p % pt);
+    SPARSEKV_RETURN_IF_ERROR(
+        backend_->CopyAsync(pool_->row(layer, pool_->HostRow(r->owner, p)),
+                            src + static_cast<int64_t>(p - rows_first) * shape.row_stride,
+                            static_cast<size_t>(n) * shape.row_stride, stream));
     p += n;
   }
-  SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, layer, rows, 0, stream));
+  SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, layer, rows, rows_first, stream));
   r->ingested[layer] = true;
   ++r->ingested_layers;
-  bytes_ingested_ += static_cast<uint64_t>(r->seq_len) * shape.row_bytes;
+  bytes_ingested_ += static_cast<uint64_t>(r->seq_len - r->cached) * shape.row_bytes;
+  if (r->ingested_layers == options_.geometry.num_layers()) IndexFullPages(*r);
   return Status::Ok();
 }
 
+void SparseKVCacheManager::IndexFullPages(Request& r) {
+  const int32_t pt = options_.host_page_tokens;
+  const std::span<const int32_t> table = pool_->page_table_row(r.owner);
+  const std::span<const int32_t> ids = r.token_ids;
+  const int32_t full = static_cast<int32_t>(std::min<size_t>(r.seq_len, ids.size()) / pt);
+  for (; r.indexed_pages < full; ++r.indexed_pages) {
+    const int32_t i = r.indexed_pages;
+    // Fails only if an identical copy of the page is indexed already (two requests computed the
+    // same prefix independently): lookups find that copy, and the pages after this one could not
+    // be reached through it, so indexing stops here.
+    if (!index_->Insert(i == 0 ? -1 : table[i - 1], table[i], ids.subspan(i * pt, pt))) return;
+  }
+}
+
+void SparseKVCacheManager::Forget(RequestId id, Request& r) {
+  if (r.block >= 0) hot_->Release(r.block);
+  std::vector<int32_t> freed;
+  pool_->Release(r.owner, &freed);
+  for (int32_t page : freed) index_->Erase(page);
+  if (r.cow_page >= 0) Unref(r.cow_page);
+  free_owners_.push_back(r.owner);
+  requests_.erase(id);
+}
+
 Status SparseKVCacheManager::Release(RequestId id) {
+  if (auto it = retained_.find(id); it != retained_.end()) {
+    DropRetained(it);
+    return Status::Ok();
+  }
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Release"));
   if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
     return FailedPrecondition("Release: " + Describe(id) + " is in the open step");
   }
-  if (r->block >= 0) hot_->Release(r->block);
-  pool_->Release(r->owner);
-  free_owners_.push_back(r->owner);
-  requests_.erase(id);
+  Forget(id, *r);
   return Status::Ok();
+}
+
+StatusOr<int32_t> SparseKVCacheManager::Retain(RequestId id) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retain"));
+  if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
+    return FailedPrecondition("Retain: " + Describe(id) + " is in the open step");
+  }
+  // The indexed pages: full, complete in every layer, reachable by lookups. The rest (a partial
+  // last page, unused reservation, pages without known ids) could never be shared again.
+  const std::span<const int32_t> table = pool_->page_table_row(r->owner);
+  std::vector<int32_t> pages(table.begin(), table.begin() + r->indexed_pages);
+  for (int32_t page : pages) {
+    pool_->AddRef(page);
+    ++retained_refs_[page];
+  }
+  Forget(id, *r);
+  if (pages.empty()) return 0;
+  const int32_t tokens = static_cast<int32_t>(pages.size()) * options_.host_page_tokens;
+  retained_lru_.push_back(id);
+  retained_.emplace(id, Retained{std::move(pages), std::prev(retained_lru_.end())});
+  return tokens;
+}
+
+int32_t SparseKVCacheManager::EvictRetained() {
+  const int32_t n = static_cast<int32_t>(retained_.size());
+  while (!retained_.empty()) DropRetained(retained_.begin());
+  return n;
 }
 
 Status SparseKVCacheManager::Retract(RequestId id) {
@@ -247,8 +450,45 @@ Status SparseKVCacheManager::Resume(RequestId id, StreamHandle stream) {
   return Status::Ok();
 }
 
+Status SparseKVCacheManager::PrepareAppend(Request& r, int32_t position, StreamHandle stream) {
+  const int32_t pt = options_.host_page_tokens;
+  const int32_t index = position / pt;
+  if (r.cow_page >= 0) {
+    // The page holding `position` was shared, partially filled, when the request was forked.
+    const int32_t page = pool_->page_table_row(r.owner)[index];
+    if (pool_->RefCount(page) == 1) {
+      Unref(r.cow_page);  // every other holder has copied it or let go: it is ours to write
+    } else {
+      // Copy rows [index * pt, position) of every layer into the spare, on `stream` before the
+      // plan upload, hence before AppendToken forks the write-back of this step's token from it.
+      const int32_t rows = position - index * pt;
+      for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+        const int64_t stride = options_.geometry.layers[l].row_stride;
+        SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(
+            pool_->row(l, r.cow_page * pt), pool_->row(l, page * pt), rows * stride, stream));
+      }
+      Unref(pool_->SwapPage(r.owner, index, r.cow_page));  // others still hold it: not freed
+      SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
+      ++copy_on_write_pages_;
+    }
+    r.cow_page = -1;
+  }
+  // The invariant copy on write keeps: a request writes only pages no one else references.
+  assert(pool_->RefCount(pool_->page_table_row(r.owner)[index]) == 1);
+  return Status::Ok();
+}
+
 Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch, StreamHandle stream) {
+  return PlanStep(batch, {}, stream);
+}
+
+Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch,
+                                      std::span<const int32_t> token_ids, StreamHandle stream) {
   if (step_open_) return FailedPrecondition("PlanStep: the previous step was not finished");
+  if (!token_ids.empty() && token_ids.size() != batch.size()) {
+    return InvalidArgument("PlanStep: " + std::to_string(token_ids.size()) +
+                           " token ids for a batch of " + std::to_string(batch.size()));
+  }
   const int32_t max_batch = options_.effective_max_batch();
   if (batch.empty() || batch.size() > static_cast<size_t>(max_batch)) {
     return InvalidArgument("PlanStep: batch size " + std::to_string(batch.size()) +
@@ -283,6 +523,10 @@ Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch, StreamHa
     }
     Request& r = requests_.at(batch[b]);
     const int32_t position = r.seq_len++;
+    SPARSEKV_RETURN_IF_ERROR(PrepareAppend(r, position, stream));
+    if (r.token_ids.size() == static_cast<size_t>(position) && !token_ids.empty()) {
+      r.token_ids.push_back(token_ids[b]);
+    }
     entries[b] = BatchEntry{r.block, r.seq_len, r.owner};
     append_slot[b] = hot_->WindowSlot(r.block, position);
     append_row[b] = pool_->HostRow(r.owner, position);
@@ -429,8 +673,15 @@ Status SparseKVCacheManager::FinishStep(StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(backend_->Join(stream));
   step_bytes_to_host_per_request_ = open_bytes_to_host_per_request_;
   step_bytes_assembled_per_request_ = open_bytes_assembled_per_request_;
-  step_open_ = false;
+  CloseStep();
   return Status::Ok();
+}
+
+void SparseKVCacheManager::CloseStep() {
+  // Pages this step filled are complete once its write-back is joined into the main stream,
+  // which every later reader of the pool is ordered after.
+  for (RequestId id : batch_) IndexFullPages(requests_.at(id));
+  step_open_ = false;
 }
 
 Status SparseKVCacheManager::FinishReplayedStep() {
@@ -440,7 +691,7 @@ Status SparseKVCacheManager::FinishReplayedStep() {
   }
   bytes_device_to_host_ += batch_.size() * step_bytes_to_host_per_request_;
   bytes_assembled_ += batch_.size() * step_bytes_assembled_per_request_;
-  step_open_ = false;
+  CloseStep();
   return Status::Ok();
 }
 
@@ -476,6 +727,14 @@ StatusOr<CacheStats> SparseKVCacheManager::ReadStats(StreamHandle stream) {
   s.host_pages_used = pool_->total_pages() - pool_->free_pages();
   s.hot_blocks_used = hot_->used_blocks();
   s.device_bytes = device_bytes_;
+  s.prefix_lookup_tokens = prefix_lookup_tokens_;
+  s.prefix_hit_tokens = prefix_hit_tokens_;
+  s.copy_on_write_pages = copy_on_write_pages_;
+  s.evictions = evictions_;
+  s.evicted_pages = evicted_pages_;
+  s.pages_shared = pool_->shared_pages();
+  s.bytes_saved = pool_->extra_references() * pool_->page_bytes();
+  s.retained_conversations = static_cast<int32_t>(retained_.size());
   return s;
 }
 
@@ -485,6 +744,8 @@ Status SparseKVCacheManager::ResetStats(StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(
       backend_->MemsetAsync(invalid_copies_, 0, sizeof(unsigned long long), stream));
   bytes_host_to_device_ = bytes_device_to_host_ = bytes_assembled_ = bytes_ingested_ = 0;
+  prefix_lookup_tokens_ = prefix_hit_tokens_ = copy_on_write_pages_ = 0;
+  evictions_ = evicted_pages_ = 0;
   return backend_->Synchronize(stream);
 }
 
@@ -492,6 +753,15 @@ StatusOr<int32_t> SparseKVCacheManager::SequenceLength(RequestId id) const {
   auto it = requests_.find(id);
   if (it == requests_.end()) return NotFound("SequenceLength: " + Describe(id) + " is unknown");
   return it->second.seq_len;
+}
+
+StatusOr<std::vector<int32_t>> SparseKVCacheManager::HostPages(RequestId id) const {
+  if (auto it = retained_.find(id); it != retained_.end()) return it->second.pages;
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return NotFound("HostPages: " + Describe(id) + " is unknown");
+  const int32_t pages = pool_->ReservedTokens(it->second.owner) / options_.host_page_tokens;
+  const std::span<const int32_t> row = pool_->page_table_row(it->second.owner);
+  return std::vector<int32_t>(row.begin(), row.begin() + pages);
 }
 
 const std::byte* SparseKVCacheManager::HotLayer(int32_t layer) const {

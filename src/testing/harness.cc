@@ -135,8 +135,9 @@ std::vector<LayerResult> StepDriver::DownloadOutputs(int32_t batch) {
 
 std::vector<LayerResult> StepDriver::Step(const std::vector<RequestId>& batch,
                                           const std::vector<Bytes>& new_rows,
-                                          const std::vector<std::vector<int32_t>>& topk) {
-  Status s = m_.PlanStep(batch, stream_);
+                                          const std::vector<std::vector<int32_t>>& topk,
+                                          const std::vector<int32_t>& token_ids) {
+  Status s = m_.PlanStep(batch, token_ids, stream_);
   EXPECT_TRUE(s.ok()) << s.ToString();
   UploadInputs(static_cast<int32_t>(batch.size()), new_rows, topk);
   s = RunPhase();

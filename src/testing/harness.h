@@ -31,6 +31,8 @@ class DenseModel {
   void Add(RequestId id, const std::vector<Bytes>& prompt_layers, int32_t prompt_len);
   void Append(RequestId id, int32_t layer, const std::byte* row);
   void Remove(RequestId id) { history_.erase(id); }
+  // `to` gets a copy of `from`'s history (a fork).
+  void Copy(RequestId from, RequestId to) { history_[to] = history_.at(from); }
   bool Contains(RequestId id) const { return history_.contains(id); }
   int32_t Length(RequestId id, int32_t layer) const;
   const std::byte* Row(RequestId id, int32_t layer, int32_t position) const;
@@ -75,12 +77,13 @@ class StepDriver {
   // `stream` is passed to every call.
   StepDriver(SparseKVCacheManager& manager, StreamHandle stream = nullptr);
 
-  // Plans `batch`, then per layer: uploads new_rows[layer] ([batch, stride]) and topk[layer]
-  // ([batch, top_k]), appends, runs (with assemble), and downloads the results.
-  // EXPECTs every call to succeed.
+  // Plans `batch` (with the appended tokens' ids if `token_ids` is not empty), then per layer:
+  // uploads new_rows[layer] ([batch, stride]) and topk[layer] ([batch, top_k]), appends, runs
+  // (with assemble), and downloads the results. EXPECTs every call to succeed.
   std::vector<LayerResult> Step(const std::vector<RequestId>& batch,
                                 const std::vector<Bytes>& new_rows,
-                                const std::vector<std::vector<int32_t>>& topk);
+                                const std::vector<std::vector<int32_t>>& topk,
+                                const std::vector<int32_t>& token_ids = {});
 
   // The run phase alone (what a graph captures): append + run for every layer, finish.
   Status RunPhase();

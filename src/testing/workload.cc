@@ -4,10 +4,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <numeric>
-#include <tuple>
 #include <string>
+#include <tuple>
 
 namespace sparsekv::testing {
 
@@ -43,7 +44,12 @@ std::vector<uint64_t> TestSeeds(int count) {
 
 RandomWorkload::RandomWorkload(const CacheOptions& options, uint64_t seed,
                                std::vector<SparseKVCacheManager*> managers, Shape shape)
-    : options_(options), shape_(shape), rng_(seed), managers_(std::move(managers)), model_(options.geometry) {
+    : options_(options),
+      shape_(shape),
+      rng_(seed),
+      managers_(std::move(managers)),
+      model_(options.geometry),
+      shared_snapshots_(managers_.size()) {
   for (SparseKVCacheManager* m : managers_) drivers_.push_back(std::make_unique<StepDriver>(*m));
 }
 
@@ -59,6 +65,29 @@ void RandomWorkload::ExpectAll(const char* what,
 int RandomWorkload::Run(int ops) {
   for (int i = 0; i < ops && !::testing::Test::HasFailure(); ++i) {
     const uint64_t r = rng_() % 100;
+    if (shape_.sharing) {
+      if (r < 8) {
+        Admit();
+      } else if (r < 16) {
+        Continue();
+      } else if (r < 22) {
+        Fork();
+      } else if (r < 70) {
+        Step();
+      } else if (r < 76) {
+        Release();
+      } else if (r < 84) {
+        Retain();
+      } else if (r < 88) {
+        RetractOrResume();
+      } else if (r < 92) {
+        DropRetained();
+      } else {
+        BadInput();
+      }
+      CheckPool();
+      continue;
+    }
     if (r < 15) {
       Admit();
     } else if (r < 80) {
@@ -75,6 +104,11 @@ int RandomWorkload::Run(int ops) {
 }
 
 void RandomWorkload::Admit() {
+  if (shape_.sharing) {
+    const int32_t prompt = 1 + static_cast<int32_t>(rng_() % shape_.max_prompt);
+    AdmitTokens(RandomTokens(prompt), static_cast<int32_t>(rng_() % shape_.max_new));
+    return;
+  }
   const RequestId id = next_id_++;
   const int32_t prompt = 1 + static_cast<int32_t>(rng_() % shape_.max_prompt);
   const int32_t max_new = static_cast<int32_t>(rng_() % shape_.max_new);
@@ -159,11 +193,26 @@ void RandomWorkload::Step() {
   const size_t n = 1 + rng_() % std::min<size_t>(ready.size(), options_.effective_max_batch());
   const std::vector<RequestId> batch(ready.begin(), ready.begin() + n);
 
+  std::vector<int32_t> token_ids;
+  if (shape_.sharing) {
+    for (RequestId id : batch) {
+      token_ids.push_back(RandomTokens(1)[0]);
+      live_[id].tokens.push_back(token_ids.back());
+    }
+  }
   std::vector<Bytes> new_rows;
   std::vector<std::vector<int32_t>> topk(options_.geometry.num_layers());
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
     const int32_t stride = options_.geometry.layers[l].row_stride;
-    new_rows.push_back(RandomRows(rng_, static_cast<int64_t>(n), stride));
+    if (shape_.sharing) {
+      new_rows.emplace_back();
+      for (RequestId id : batch) {
+        const Bytes row = RowOf(live_[id].tokens, l);
+        new_rows.back().insert(new_rows.back().end(), row.begin(), row.end());
+      }
+    } else {
+      new_rows.push_back(RandomRows(rng_, static_cast<int64_t>(n), stride));
+    }
     for (size_t b = 0; b < n; ++b) {
       model_.Append(batch[b], l, new_rows[l].data() + b * stride);
       const std::vector<int32_t> row = RandomTopKRow(batch[b], l, Length(batch[b]));
@@ -171,7 +220,7 @@ void RandomWorkload::Step() {
     }
   }
   std::vector<std::vector<LayerResult>> results;
-  for (auto& d : drivers_) results.push_back(d->Step(batch, new_rows, topk));
+  for (auto& d : drivers_) results.push_back(d->Step(batch, new_rows, topk, token_ids));
   ++steps_;
   entries_ += n * options_.top_k;
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
@@ -304,11 +353,210 @@ void RandomWorkload::ReleaseAll() {
     model_.Remove(id);
   }
   live_.clear();
+  const int32_t evicted = managers_[0]->EvictRetained();
   for (SparseKVCacheManager* m : managers_) {
+    if (m != managers_[0]) {
+      EXPECT_EQ(m->EvictRetained(), evicted);
+    }
     StatusOr<CacheStats> s = m->ReadStats(nullptr);
     ASSERT_TRUE(s.ok());
     EXPECT_EQ(s->host_pages_used, 0) << "host pages leaked";
     EXPECT_EQ(s->hot_blocks_used, 0) << "hot-cache blocks leaked";
+    EXPECT_EQ(s->pages_shared, 0);
+    EXPECT_EQ(s->bytes_saved, 0);
+  }
+  retained_.clear();
+}
+
+std::vector<int32_t> RandomWorkload::RandomTokens(int32_t n) {
+  std::vector<int32_t> ids(n);
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng_() % shape_.vocabulary);
+  return ids;
+}
+
+Bytes RandomWorkload::RowOf(std::span<const int32_t> tokens, int32_t layer) const {
+  uint64_t h = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(layer + 1);
+  for (int32_t id : tokens) h = (h ^ static_cast<uint32_t>(id)) * 0x100000001b3ull + 0x7f4a7c15;
+  std::mt19937_64 rng(h);
+  return RandomRows(rng, 1, options_.geometry.layers[layer].row_stride);
+}
+
+void RandomWorkload::AdmitTokens(std::vector<int32_t> tokens, int32_t max_new) {
+  const RequestId id = next_id_++;
+  const int32_t prompt = static_cast<int32_t>(tokens.size());
+  std::vector<StatusOr<int32_t>> results;
+  for (SparseKVCacheManager* m : managers_) {
+    results.push_back(m->AdmitWithPrefix(id, tokens, max_new, nullptr));
+  }
+  for (const auto& r : results) {
+    EXPECT_EQ(r.status().code(), results[0].status().code()) << r.status().ToString();
+    if (r.ok() && results[0].ok()) {
+      EXPECT_EQ(*r, *results[0]) << "backends disagree on the prefix";
+    }
+  }
+  if (!results[0].ok()) {
+    const StatusCode c = results[0].status().code();
+    EXPECT_TRUE(c == StatusCode::kResourceExhausted || c == StatusCode::kOutOfRange)
+        << results[0].status().ToString();
+    return;
+  }
+  const int32_t cached = *results[0];
+  const int32_t page = options_.host_page_tokens;
+  EXPECT_TRUE(cached % page == 0 && cached < prompt) << "cached " << cached;
+  std::vector<Bytes> prompt_rows(options_.geometry.num_layers());
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    for (int32_t p = 0; p < prompt; ++p) {
+      const Bytes row = RowOf(std::span(tokens).first(p + 1), l);
+      prompt_rows[l].insert(prompt_rows[l].end(), row.begin(), row.end());
+    }
+    // Alternately the suffix alone and the whole prompt (whose cached rows are skipped).
+    const bool suffix = rng_() % 2 == 0;
+    const std::byte* rows =
+        prompt_rows[l].data() +
+        (suffix ? static_cast<size_t>(cached) * options_.geometry.layers[l].row_stride : 0);
+    ExpectAll(
+        "Ingest",
+        [&](SparseKVCacheManager& m) {
+          return suffix ? m.IngestPromptSuffix(id, l, rows, nullptr)
+                        : m.IngestPrompt(id, l, rows, nullptr);
+        },
+        StatusCode::kOk);
+  }
+  model_.Add(id, prompt_rows, prompt);
+  live_[id] =
+      Req{prompt + max_new, false,
+          std::vector<std::vector<int32_t>>(options_.geometry.num_layers()), std::move(tokens)};
+}
+
+void RandomWorkload::Continue() {
+  // The source: a retained conversation (which the managers may have evicted since) or a live
+  // request; the new turn keeps a random part of its history and adds new tokens.
+  std::vector<int32_t> tokens;
+  if (!retained_.empty() && (live_.empty() || rng_() % 3 != 0)) {
+    auto it = retained_.begin();
+    std::advance(it, rng_() % retained_.size());
+    tokens = it->second;
+  } else if (!live_.empty()) {
+    auto it = live_.begin();
+    std::advance(it, rng_() % live_.size());
+    tokens = it->second.tokens;
+  } else {
+    return;
+  }
+  if (rng_() % 3 == 0) tokens.resize(1 + rng_() % tokens.size());
+  const std::vector<int32_t> turn = RandomTokens(static_cast<int32_t>(rng_() % 12));
+  tokens.insert(tokens.end(), turn.begin(), turn.end());
+  if (tokens.empty()) tokens = RandomTokens(1);
+  AdmitTokens(std::move(tokens), static_cast<int32_t>(rng_() % shape_.max_new));
+}
+
+void RandomWorkload::Fork() {
+  if (live_.empty()) return;
+  auto it = live_.begin();
+  std::advance(it, rng_() % live_.size());
+  const RequestId parent = it->first;
+  const RequestId child = next_id_++;
+  const int32_t max_new = static_cast<int32_t>(rng_() % shape_.max_new);
+  std::vector<Status> results;
+  for (SparseKVCacheManager* m : managers_)
+    results.push_back(m->Fork(parent, child, max_new, nullptr));
+  for (const Status& s : results) EXPECT_EQ(s.code(), results[0].code()) << s.ToString();
+  if (!results[0].ok()) {
+    const StatusCode c = results[0].code();
+    EXPECT_TRUE(c == StatusCode::kResourceExhausted || c == StatusCode::kOutOfRange)
+        << results[0].ToString();
+    return;
+  }
+  model_.Copy(parent, child);
+  Req r = it->second;
+  r.reserved = Length(parent) + max_new;
+  r.retracted = false;
+  live_[child] = std::move(r);
+}
+
+void RandomWorkload::Retain() {
+  if (live_.empty()) return;
+  auto it = live_.begin();
+  std::advance(it, rng_() % live_.size());
+  const RequestId id = it->first;
+  std::vector<StatusOr<int32_t>> results;
+  for (SparseKVCacheManager* m : managers_) results.push_back(m->Retain(id));
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(*r, *results[0]);
+  }
+  const int32_t page = options_.host_page_tokens;
+  EXPECT_TRUE(*results[0] % page == 0 && *results[0] <= Length(id));
+  if (*results[0] > 0) retained_[id] = it->second.tokens;
+  ExpectAll(
+      "PlanStep of a retained request",
+      [&](SparseKVCacheManager& m) { return m.PlanStep(std::vector<RequestId>{id}, nullptr); },
+      StatusCode::kNotFound);
+  live_.erase(it);
+  model_.Remove(id);
+}
+
+void RandomWorkload::DropRetained() {
+  // Forget the conversations the managers evicted.
+  std::erase_if(retained_, [&](const auto& c) { return !managers_[0]->IsRetained(c.first); });
+  for (SparseKVCacheManager* m : managers_) {
+    for (const auto& [id, tokens] : retained_) EXPECT_TRUE(m->IsRetained(id)) << "request " << id;
+  }
+  if (rng_() % 4 == 0) {
+    for (SparseKVCacheManager* m : managers_) {
+      EXPECT_EQ(m->EvictRetained(), static_cast<int32_t>(retained_.size()));
+    }
+    retained_.clear();
+  } else if (!retained_.empty()) {
+    auto it = retained_.begin();
+    std::advance(it, rng_() % retained_.size());
+    const RequestId id = it->first;
+    ExpectAll(
+        "Release retained", [&](SparseKVCacheManager& m) { return m.Release(id); },
+        StatusCode::kOk);
+    ExpectAll(
+        "Release retained twice", [&](SparseKVCacheManager& m) { return m.Release(id); },
+        StatusCode::kNotFound);
+    retained_.erase(it);
+  }
+}
+
+void RandomWorkload::CheckPool() {
+  const int32_t page = options_.host_page_tokens;
+  for (size_t i = 0; i < managers_.size(); ++i) {
+    SparseKVCacheManager& m = *managers_[i];
+    ASSERT_TRUE(m.backend().Synchronize(nullptr).ok());
+    const HostKVPool& pool = m.host_pool();
+    for (const auto& [id, r] : live_) {
+      StatusOr<std::vector<int32_t>> pages = m.HostPages(id);
+      ASSERT_TRUE(pages.ok()) << pages.status().ToString();
+      for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+        const int32_t bytes = options_.geometry.layers[l].row_bytes;
+        for (int32_t p = 0; p < Length(id); ++p) {
+          const int32_t row = (*pages)[p / page] * page + p % page;
+          ASSERT_EQ(std::memcmp(pool.row(l, row), model_.Row(id, l, p), bytes), 0)
+              << "request " << id << " layer " << l << " position " << p << " in the host pool on "
+              << m.backend().name();
+        }
+      }
+    }
+    // A page with several holders never changes while it has them.
+    std::map<int32_t, Bytes>& snapshots = shared_snapshots_[i];
+    std::erase_if(snapshots, [&](const auto& s) { return pool.RefCount(s.first) < 2; });
+    for (int32_t p = 0; p < pool.total_pages(); ++p) {
+      if (pool.RefCount(p) < 2) continue;
+      Bytes now;
+      for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+        const std::byte* first = pool.row(l, p * page);
+        now.insert(now.end(), first,
+                   first + int64_t{page} * options_.geometry.layers[l].row_stride);
+      }
+      auto [it, fresh] = snapshots.emplace(p, now);
+      if (!fresh) {
+        ASSERT_TRUE(it->second == now)
+            << "shared page " << p << " was modified on " << m.backend().name();
+      }
+    }
   }
 }
 

@@ -3,12 +3,20 @@
 // released requests, exhausted pools), applied in lockstep to one or more managers. Every step's
 // rows are checked byte for byte against the dense model, and the managers' outputs (slots and
 // assembled rows) must be identical to each other.
+//
+// With WorkloadShape::sharing, requests carry token ids from a tiny vocabulary and their KV rows
+// are a function of the ids up to each position (as in a real model), so that prefixes repeat;
+// operations add prefix admission, continuing a retained or live conversation with a new turn,
+// fork, retain, release of retained conversations and eviction (also under pool pressure). After
+// every operation, each live request's history is checked in the host pool, and every page with
+// more than one holder must hold the bytes it held when it became shared.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "sparsekv/manager.h"
@@ -25,6 +33,8 @@ std::vector<uint64_t> TestSeeds(int count);
 struct WorkloadShape {
   int32_t max_prompt = 60;  // prompts are 1..max_prompt tokens
   int32_t max_new = 50;     // each request may generate 0..max_new-1 tokens
+  bool sharing = false;     // prefix sharing, forks and retained conversations (see above)
+  int32_t vocabulary = 3;   // token ids are 0..vocabulary-1 (sharing only)
 };
 
 class RandomWorkload {
@@ -46,8 +56,21 @@ class RandomWorkload {
     int32_t reserved;
     bool retracted;
     std::vector<std::vector<int32_t>> last_topk;  // per layer, last step's positions
+    std::vector<int32_t> tokens{};                // sharing: ids of positions [0, length)
   };
+  // Sharing: the token ids of the retained conversations the managers may still hold.
+  using Conversations = std::map<RequestId, std::vector<int32_t>>;
   void Admit();
+  void AdmitTokens(std::vector<int32_t> tokens, int32_t max_new);
+  void Continue();
+  void Fork();
+  void Retain();
+  void DropRetained();
+  // KV row of the last position of `tokens` in `layer` (sharing).
+  Bytes RowOf(std::span<const int32_t> tokens, int32_t layer) const;
+  std::vector<int32_t> RandomTokens(int32_t n);
+  // Sharing: live histories in the host pool, shared pages unchanged.
+  void CheckPool();
   void Step();
   void Release();
   void RetractOrResume();
@@ -64,6 +87,9 @@ class RandomWorkload {
   std::vector<std::unique_ptr<StepDriver>> drivers_;
   DenseModel model_;
   std::map<RequestId, Req> live_;
+  Conversations retained_;
+  // Per manager: page -> its bytes in every layer, for pages with more than one holder.
+  std::vector<std::map<int32_t, Bytes>> shared_snapshots_;
   RequestId next_id_ = 1;
   uint64_t entries_ = 0;  // top-k entries resolved, per layer
   int steps_ = 0;

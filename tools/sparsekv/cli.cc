@@ -4,6 +4,9 @@
 #include <vector>
 
 #include "tools/sparsekv/bench_command.h"
+#include "tools/sparsekv/multi_turn.h"
+#include "tools/sparsekv/plan_command.h"
+#include "tools/sparsekv/replay_command.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -27,6 +30,9 @@ int RunCli(std::span<const std::string> args, std::ostream& out, std::ostream& e
   app.require_subcommand(1);
   app.set_version_flag("--version", SPARSEKV_VERSION);
   BenchCommand bench(app);
+  PlanCommand plan(app);
+  ReplayCommand replay(app);
+  MultiTurnCommand multi_turn(app);
 
   // CLI11 consumes its arguments from the back.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
@@ -37,6 +43,9 @@ int RunCli(std::span<const std::string> args, std::ostream& out, std::ostream& e
     return code == 0 ? kExitOk : kExitUsage;
   }
   if (bench.selected()) return bench.Run(Quote(args), out, err, progress_bar);
+  if (plan.selected()) return plan.Run(Quote(args), out, err);
+  if (replay.selected()) return replay.Run(Quote(args), out, err, progress_bar);
+  if (multi_turn.selected()) return multi_turn.Run(Quote(args), out, err);
   return kExitUsage;  // unreachable: require_subcommand(1)
 }
 

@@ -1,4 +1,4 @@
-// The `sparsekv` command line: one tool, one subcommand per job (`bench` today).
+// The `sparsekv` command line: one tool, one subcommand per job (`bench`, `plan`, `replay`).
 //
 // RunCli parses, dispatches to the subcommand and returns the process exit code, writing only to
 // the given streams, so that tests can drive it like a user would.

@@ -158,9 +158,19 @@ StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::AdmitShared(
   SPARSEKV_RETURN_IF_ERROR(MakeRoom(fresh, "Admit"));
   const int32_t owner = free_owners_.back();
   SPARSEKV_RETURN_IF_ERROR(pool_->Reserve(owner, static_cast<int32_t>(tokens), shared));
+  // MakeRoom left at least `spare_pages` free pages beyond the reservation.
   for (int32_t i = 0; i < spare_pages; ++i) spares.push_back(*pool_->AllocatePage());
-  // Cannot fail: a free block was checked above, and the pool does not take blocks.
-  const int32_t block = *hot_->Acquire(stream);
+  // A free block was checked above; only the backend's reset copy can still fail.
+  StatusOr<int32_t> acquired = hot_->Acquire(stream);
+  if (!acquired.ok()) {
+    for (int32_t page : spares) Unref(page);
+    spares.clear();
+    std::vector<int32_t> freed;
+    pool_->Release(owner, &freed);
+    for (int32_t page : freed) index_->Erase(page);
+    return acquired.status();
+  }
+  const int32_t block = *acquired;
   free_owners_.pop_back();
   // The pool rounds the reservation up to pages; the request may use no more than it asked for.
   Request r{.owner = owner,

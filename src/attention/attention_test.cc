@@ -26,6 +26,7 @@
 #include "sparsekv/backend.h"
 #include "sparsekv/model_proxy.h"
 #include "testing/cuda_test_util.h"
+#include "testing/harness.h"
 
 namespace sparsekv {
 namespace {
@@ -59,45 +60,7 @@ double RelativeError(const uint16_t* a, const double* b, size_t n) {
   return std::sqrt(diff / norm);
 }
 
-// A block of device memory, freed on destruction. Transfers synchronise.
-class DeviceBuffer {
- public:
-  DeviceBuffer(Backend& backend, size_t bytes) : backend_(backend), bytes_(bytes) {
-    StatusOr<void*> ptr = backend.AllocateDevice(bytes);
-    EXPECT_TRUE(ptr.ok()) << ptr.status().ToString();
-    ptr_ = ptr.ok() ? *ptr : nullptr;
-  }
-  ~DeviceBuffer() { backend_.FreeDevice(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  template <typename T = std::byte>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-  template <typename T>
-  void Upload(const std::vector<T>& values) {
-    ASSERT_LE(values.size() * sizeof(T), bytes_);
-    ExpectOk(backend_.CopyAsync(ptr_, values.data(), values.size() * sizeof(T), nullptr));
-    ExpectOk(backend_.Synchronize(nullptr));
-  }
-  template <typename T>
-  std::vector<T> Download() const {
-    std::vector<T> values(bytes_ / sizeof(T));
-    ExpectOk(backend_.CopyAsync(values.data(), ptr_, values.size() * sizeof(T), nullptr));
-    ExpectOk(backend_.Synchronize(nullptr));
-    return values;
-  }
-  void Fill(int value) {
-    ExpectOk(backend_.MemsetAsync(ptr_, value, bytes_, nullptr));
-    ExpectOk(backend_.Synchronize(nullptr));
-  }
-
- private:
-  Backend& backend_;
-  size_t bytes_;
-  void* ptr_ = nullptr;
-};
+using testing::DeviceBuffer;
 
 // ---------------------------------------------------------------------------------------------
 // Exact decodings.

@@ -22,6 +22,7 @@
 #include "cpu/reference_ops.h"
 #include "sparsekv/backend.h"
 #include "testing/cuda_test_util.h"
+#include "testing/harness.h"
 
 namespace sparsekv {
 namespace {
@@ -30,58 +31,7 @@ constexpr int kPoison = 0xA5;
 
 void ExpectOk(const Status& status) { EXPECT_TRUE(status.ok()) << status.ToString(); }
 
-// A block of the backend's host or device memory, freed on destruction. Transfers synchronise.
-class Buffer {
- public:
-  enum class Where { kHost, kDevice };
-
-  Buffer(Backend& backend, Where where, size_t bytes)
-      : backend_(backend), where_(where), bytes_(bytes) {
-    StatusOr<void*> ptr =
-        where == Where::kHost ? backend.AllocateHost(bytes) : backend.AllocateDevice(bytes);
-    EXPECT_TRUE(ptr.ok()) << ptr.status().ToString();
-    ptr_ = static_cast<std::byte*>(ptr.value());
-  }
-  ~Buffer() {
-    if (where_ == Where::kHost) {
-      backend_.FreeHost(ptr_);
-    } else {
-      backend_.FreeDevice(ptr_);
-    }
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-
-  template <typename T = std::byte>
-  T* get() const {
-    return reinterpret_cast<T*>(ptr_);
-  }
-
-  template <typename T>
-  void Upload(const std::vector<T>& values) {
-    ASSERT_LE(values.size() * sizeof(T), bytes_);
-    ExpectOk(backend_.CopyAsync(ptr_, values.data(), values.size() * sizeof(T), nullptr));
-    ExpectOk(backend_.Synchronize(nullptr));
-  }
-  template <typename T>
-  std::vector<T> Download() const {
-    std::vector<T> values(bytes_ / sizeof(T));
-    ExpectOk(backend_.CopyAsync(values.data(), ptr_, values.size() * sizeof(T), nullptr));
-    ExpectOk(backend_.Synchronize(nullptr));
-    return values;
-  }
-  void Fill(int value) {
-    ExpectOk(backend_.MemsetAsync(ptr_, value, bytes_, nullptr));
-    ExpectOk(backend_.Synchronize(nullptr));
-  }
-
- private:
-  Backend& backend_;
-  Where where_;
-  size_t bytes_;
-  std::byte* ptr_ = nullptr;
-};
-
+using Buffer = testing::DeviceBuffer;
 using Where = Buffer::Where;
 
 std::vector<std::byte> RandomBytes(std::mt19937_64& rng, size_t bytes) {
@@ -107,8 +57,8 @@ TEST(CudaBackendTest, NameAndKind) {
 TEST(CudaBackendTest, ForkJoinOrdersTheSideStream) {
   SPARSEKV_REQUIRE_GPU(gpu);
   constexpr size_t kBytes = 64 << 20;
-  Buffer a(*gpu, Where::kDevice, kBytes);
-  Buffer b(*gpu, Where::kDevice, kBytes);
+  Buffer a(*gpu, kBytes);
+  Buffer b(*gpu, kBytes);
   ExpectOk(gpu->MemsetAsync(a.get(), 7, kBytes, nullptr));
   ExpectOk(gpu->Fork(nullptr));
   ExpectOk(gpu->CopyAsync(b.get(), a.get(), kBytes, gpu->SideStream()));
@@ -182,12 +132,12 @@ void RunIndexCopyCase(Backend& gpu, const IndexCopyCase& c, uint64_t seed) {
   reference::IndexCopy({src.data(), want_dst.data(), src_index.data(), dst_index.data(), &count,
                         kCapacity, c.row_bytes, stride, stride, kSrcRows, kDstRows, &want_invalid});
 
-  Buffer gpu_src(gpu, c.src_where, src.size());
-  Buffer gpu_dst(gpu, c.dst_where, want_dst.size());
-  Buffer gpu_src_index(gpu, Where::kDevice, kCapacity * sizeof(int32_t));
-  Buffer gpu_dst_index(gpu, Where::kDevice, kCapacity * sizeof(int32_t));
-  Buffer gpu_count(gpu, Where::kDevice, sizeof(int32_t));
-  Buffer gpu_invalid(gpu, Where::kDevice, sizeof(unsigned long long));
+  Buffer gpu_src(gpu, src.size(), c.src_where);
+  Buffer gpu_dst(gpu, want_dst.size(), c.dst_where);
+  Buffer gpu_src_index(gpu, kCapacity * sizeof(int32_t));
+  Buffer gpu_dst_index(gpu, kCapacity * sizeof(int32_t));
+  Buffer gpu_count(gpu, sizeof(int32_t));
+  Buffer gpu_invalid(gpu, sizeof(unsigned long long));
   gpu_src.Upload(src);
   gpu_dst.Fill(kPoison);
   gpu_src_index.Upload(src_index);
@@ -239,10 +189,10 @@ TEST(CudaIndexCopyTest, ZeroOrNegativeCountCopiesNothing) {
 
 TEST(CudaIndexCopyTest, NullInvalidCounterIsAllowed) {
   SPARSEKV_REQUIRE_GPU(gpu);
-  Buffer src(*gpu, Where::kDevice, 4 * 16);
-  Buffer dst(*gpu, Where::kDevice, 4 * 16);
-  Buffer index(*gpu, Where::kDevice, 4 * sizeof(int32_t));
-  Buffer count(*gpu, Where::kDevice, sizeof(int32_t));
+  Buffer src(*gpu, 4 * 16);
+  Buffer dst(*gpu, 4 * 16);
+  Buffer index(*gpu, 4 * sizeof(int32_t));
+  Buffer count(*gpu, sizeof(int32_t));
   src.Fill(1);
   dst.Fill(0);
   index.Upload(std::vector<int32_t>{0, 9, 2, -1});
@@ -293,17 +243,17 @@ class ResolveHarness {
         batch_(shape.max_batch),
         topk_(static_cast<size_t>(shape.max_batch) * topk_stride_, kPaddingPosition),
         page_table_(static_cast<size_t>(shape.max_batch) * pages_per_request_),
-        g_batch_size_(gpu, Where::kDevice, sizeof(int32_t)),
-        g_batch_(gpu, Where::kDevice, batch_.size() * sizeof(BatchEntry)),
-        g_topk_(gpu, Where::kDevice, topk_.size() * sizeof(int32_t)),
-        g_slots_out_(gpu, Where::kDevice, MissCapacity() * sizeof(int32_t)),
-        g_slot_token_(gpu, Where::kDevice, slot_token_.size() * sizeof(int32_t)),
-        g_lru_order_(gpu, Where::kDevice, lru_order_.size() * sizeof(int32_t)),
-        g_page_table_(gpu, Where::kDevice, page_table_.size() * sizeof(int32_t)),
-        g_miss_host_row_(gpu, Where::kDevice, MissCapacity() * sizeof(int32_t)),
-        g_miss_slot_(gpu, Where::kDevice, MissCapacity() * sizeof(int32_t)),
-        g_miss_count_(gpu, Where::kDevice, sizeof(int32_t)),
-        g_counters_(gpu, Where::kDevice, sizeof(ResolveCounters)) {
+        g_batch_size_(gpu, sizeof(int32_t)),
+        g_batch_(gpu, batch_.size() * sizeof(BatchEntry)),
+        g_topk_(gpu, topk_.size() * sizeof(int32_t)),
+        g_slots_out_(gpu, MissCapacity() * sizeof(int32_t)),
+        g_slot_token_(gpu, slot_token_.size() * sizeof(int32_t)),
+        g_lru_order_(gpu, lru_order_.size() * sizeof(int32_t)),
+        g_page_table_(gpu, page_table_.size() * sizeof(int32_t)),
+        g_miss_host_row_(gpu, MissCapacity() * sizeof(int32_t)),
+        g_miss_slot_(gpu, MissCapacity() * sizeof(int32_t)),
+        g_miss_count_(gpu, sizeof(int32_t)),
+        g_counters_(gpu, sizeof(ResolveCounters)) {
     for (int32_t block = 0; block < num_blocks_; ++block) {
       std::iota(lru_order_.begin() + static_cast<int64_t>(block) * s_.hot_slots,
                 lru_order_.begin() + static_cast<int64_t>(block + 1) * s_.hot_slots, 0);
@@ -613,10 +563,10 @@ void RunAssembleCase(Backend& gpu, int32_t row_bytes, int32_t stride, uint64_t s
   reference::Assemble(
       {&batch_size, hot.data(), kHotRows, slots.data(), want.data(), kTopK, row_bytes, stride});
 
-  Buffer g_hot(gpu, Where::kDevice, hot.size());
-  Buffer g_slots(gpu, Where::kDevice, slots.size() * sizeof(int32_t));
-  Buffer g_out(gpu, Where::kDevice, out_bytes);
-  Buffer g_batch_size(gpu, Where::kDevice, sizeof(int32_t));
+  Buffer g_hot(gpu, hot.size());
+  Buffer g_slots(gpu, slots.size() * sizeof(int32_t));
+  Buffer g_out(gpu, out_bytes);
+  Buffer g_batch_size(gpu, sizeof(int32_t));
   g_hot.Upload(hot);
   g_slots.Upload(slots);
   g_out.Fill(kPoison);

@@ -38,18 +38,25 @@ Bytes RandomRows(std::mt19937_64& rng, int64_t rows, int32_t stride) {
   return out;
 }
 
-DeviceBuffer::DeviceBuffer(Backend& backend, size_t bytes) : backend_(backend), bytes_(bytes) {
-  StatusOr<void*> p = backend.AllocateDevice(bytes);
+DeviceBuffer::DeviceBuffer(Backend& backend, size_t bytes, Where where)
+    : backend_(backend), where_(where), bytes_(bytes) {
+  StatusOr<void*> p =
+      where == Where::kHost ? backend.AllocateHost(bytes) : backend.AllocateDevice(bytes);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
   if (p.ok()) ptr_ = *p;
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != nullptr) {
-    backend_.Synchronize(nullptr).IgnoreError();
+  if (ptr_ == nullptr) return;
+  backend_.Synchronize(nullptr).IgnoreError();
+  if (where_ == Where::kHost) {
+    backend_.FreeHost(ptr_);
+  } else {
     backend_.FreeDevice(ptr_);
   }
 }
+
+void DeviceBuffer::Sync() const { EXPECT_TRUE(backend_.Synchronize(nullptr).ok()); }
 
 void DeviceBuffer::Upload(const void* src, size_t bytes, StreamHandle stream) {
   EXPECT_TRUE(backend_.CopyAsync(ptr_, src, bytes, stream).ok());
@@ -100,8 +107,8 @@ void StepDriver::UploadInputs(int32_t batch, const std::vector<Bytes>& new_rows,
 Status StepDriver::RunPhase() {
   for (int32_t l = 0; l < m_.options().geometry.num_layers(); ++l) {
     SPARSEKV_RETURN_IF_ERROR(m_.AppendToken(l, new_rows_[l]->get(), stream_));
-    SPARSEKV_RETURN_IF_ERROR(m_.RunLayer(l, static_cast<const int32_t*>(topk_[l]->get()),
-                                         static_cast<int32_t*>(slots_[l]->get()),
+    SPARSEKV_RETURN_IF_ERROR(m_.RunLayer(l, topk_[l]->get<const int32_t>(),
+                                         slots_[l]->get<int32_t>(),
                                          assembled_[l]->get(), stream_));
   }
   return m_.FinishStep(stream_);

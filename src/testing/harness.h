@@ -3,8 +3,11 @@
 // backend's device memory.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -45,21 +48,49 @@ class DenseModel {
 // Random bytes for `rows` rows of `stride` bytes.
 Bytes RandomRows(std::mt19937_64& rng, int64_t rows, int32_t stride);
 
-// Owns a block of the backend's device memory.
+// A block of the backend's device (or host) memory, freed on destruction. The stream-taking
+// transfers are enqueued on the stream; the others synchronise.
 class DeviceBuffer {
  public:
-  DeviceBuffer(Backend& backend, size_t bytes);
+  enum class Where { kDevice, kHost };
+  DeviceBuffer(Backend& backend, size_t bytes, Where where = Where::kDevice);
   ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
+
+  template <typename T = std::byte>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t size() const { return bytes_; }
+
   void Upload(const void* src, size_t bytes, StreamHandle stream);
   Bytes Download(StreamHandle stream) const;
   void Fill(int value, StreamHandle stream);
 
+  template <typename T>
+  void Upload(const std::vector<T>& values) {
+    ASSERT_LE(values.size() * sizeof(T), bytes_);
+    Upload(values.data(), values.size() * sizeof(T), nullptr);
+    Sync();
+  }
+  template <typename T>
+  std::vector<T> Download() const {
+    const Bytes bytes = Download(nullptr);
+    std::vector<T> values(bytes_ / sizeof(T));
+    std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
+    return values;
+  }
+  void Fill(int value) {
+    Fill(value, nullptr);
+    Sync();
+  }
+
  private:
+  void Sync() const;
+
   Backend& backend_;
+  Where where_;
   void* ptr_ = nullptr;
   size_t bytes_;
 };

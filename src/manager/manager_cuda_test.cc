@@ -25,44 +25,37 @@ std::unique_ptr<SparseKVCacheManager> MustCreate(const CacheOptions& o,
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-TEST(ManagerCudaTest, RandomOperationsMatchTheCpuBackend) {
-  SPARSEKV_REQUIRE_GPU(gpu);
+// Runs the random workload of `shape` on the CPU and the CUDA backend in lockstep, over the test
+// seeds; returns the decode steps run.
+int RunLockstep(std::shared_ptr<Backend> gpu, const testing::WorkloadShape& shape) {
   int steps = 0;
   for (uint64_t seed : testing::TestSeeds(12)) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const CacheOptions o = testing::RandomSmallOptions(seed);
     auto cpu = MustCreate(o, CreateCpuBackend());
     auto dev = MustCreate(o, gpu);
-    ASSERT_TRUE(cpu && dev);
-    testing::RandomWorkload w(o, seed, {cpu.get(), dev.get()});
+    if (!cpu || !dev) break;
+    testing::RandomWorkload w(o, seed, {cpu.get(), dev.get()}, shape);
     steps += w.Run(250);
     w.CheckStats();
     w.ReleaseAll();
-    if (HasFailure()) break;
+    if (::testing::Test::HasFailure()) break;
   }
-  EXPECT_GT(steps, 500);
+  return steps;
+}
+
+TEST(ManagerCudaTest, RandomOperationsMatchTheCpuBackend) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  EXPECT_GT(RunLockstep(gpu, testing::WorkloadShape()), 500);
 }
 
 // Shared prefixes, forks (copy on write through CopyAsync host -> host on the stream), retained
 // conversations and eviction, in lockstep: identical prefixes found, slots and rows delivered.
 TEST(ManagerCudaTest, RandomSharingOperationsMatchTheCpuBackend) {
   SPARSEKV_REQUIRE_GPU(gpu);
-  int steps = 0;
-  for (uint64_t seed : testing::TestSeeds(12)) {
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    const CacheOptions o = testing::RandomSmallOptions(seed);
-    auto cpu = MustCreate(o, CreateCpuBackend());
-    auto dev = MustCreate(o, gpu);
-    ASSERT_TRUE(cpu && dev);
-    testing::WorkloadShape shape;
-    shape.sharing = true;
-    testing::RandomWorkload w(o, seed, {cpu.get(), dev.get()}, shape);
-    steps += w.Run(250);
-    w.CheckStats();
-    w.ReleaseAll();
-    if (HasFailure()) break;
-  }
-  EXPECT_GT(steps, 500);
+  testing::WorkloadShape shape;
+  shape.sharing = true;
+  EXPECT_GT(RunLockstep(gpu, shape), 500);
 }
 
 // Production shapes: K = 2048, C in {K, 2K}, 656-B and 1152-B rows, batches up to 8.

@@ -5,7 +5,8 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-          nlohmann-json3-dev python3 python3-venv python3-pip)
+          nlohmann-json3-dev python3 python3-venv python3-pip
+          libucx-dev ucx-utils redis-server libhiredis-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -67,7 +67,9 @@ struct IndexCopyView {
 // window_begin = max(0, e.seq_len - W), each top-k entry p = topk[b * topk_stride + k] is:
 //   * -1                                 -> padding:      out = -1
 //   * p < -1 or p >= e.seq_len           -> out_of_range: out = -1
-//   * an earlier entry of the row was p  -> duplicate:    out = -1
+//   * an earlier entry of the row was p  -> duplicate:    out = -1, or with share_duplicates the
+//                                           out of the first entry holding p (after the misses
+//                                           below are placed)
 //   * p >= window_begin                  -> window hit:   out = base + C + p % W
 //   * slot_token[block][s] == p, s < C   -> hit:          out = base + s
 //   * otherwise                          -> miss (the i-th miss of the row, in k order).
@@ -80,6 +82,9 @@ struct IndexCopyView {
 // slots hit or filled follow, also in their previous relative order.
 // Miss entries of all rows are appended at miss_count (atomically); their order in the list is
 // unspecified (the CUDA backend sorts each row's misses by host row).
+// If fill_mask is not null, fill_mask[b * top_k + k] = 1 where out names a slot that this step's
+// miss list fills (a miss given a victim, or with share_duplicates a repeat of one), else 0: the
+// entries whose rows are not in the hot cache until the miss copy has run.
 struct ResolveView {
   const int32_t* batch_size;   // device scalar: rows in use this step
   const BatchEntry* batch;     // [max_batch]
@@ -99,7 +104,10 @@ struct ResolveView {
   int32_t* miss_count;         // device scalar, zeroed before the launch
   int32_t miss_capacity;       // >= max_batch * top_k
   ResolveCounters* counters;   // this layer's counters
+  uint8_t* fill_mask;          // [max_batch, top_k] or nullptr; see above
   bool sort_misses;            // sort each row's misses by host row (performance only)
+  // Repeats of a position share its slot (several query tokens' top-k in one row: MTP).
+  bool share_duplicates;
 };
 
 // out[b, k] = hot[slots[b, k]] for b < *batch_size and k < top_k; a row whose slot is kNullSlot

@@ -40,18 +40,22 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
   for (int32_t s = 0; s < c; ++s) {
     if (slot_token[s] >= 0) slot_of.emplace(slot_token[s], s);
   }
-  std::unordered_map<int32_t, int32_t> seen;
+  std::unordered_map<int32_t, int32_t> seen;  // position -> first entry holding it
   std::vector<char> touched(c, 0);
+  std::vector<int32_t> repeats;  // entries repeating an earlier one
+  uint8_t* fill = v.fill_mask == nullptr ? nullptr : v.fill_mask + int64_t{b} * v.top_k;
   misses.clear();
   for (int32_t k = 0; k < v.top_k; ++k) {
     const int32_t p = topk[k];
     out[k] = kNullSlot;
+    if (fill != nullptr) fill[k] = 0;
     if (p == kPaddingPosition) {
       ++n.padding;
     } else if (p < 0 || p >= e.seq_len) {
       ++n.out_of_range;
     } else if (!seen.emplace(p, k).second) {
       ++n.duplicates;
+      repeats.push_back(k);
     } else if (p >= window_begin) {
       ++n.window_hits;
       out[k] = base + c + p % w;
@@ -73,6 +77,7 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
     touched[s] = 1;
     slot_token[s] = p;
     out[k] = base + s;
+    if (fill != nullptr) fill[k] = 1;
     const int32_t page = v.page_table[static_cast<int64_t>(e.page_table_row) * v.pages_per_request +
                                       p / v.page_tokens];
     const int32_t slot_index = (*v.miss_count)++;
@@ -80,6 +85,13 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
     v.miss_slot[slot_index] = base + s;
   }
   n.misses += misses.size();
+  if (v.share_duplicates) {
+    for (const int32_t k : repeats) {
+      const int32_t first = seen.at(topk[k]);
+      out[k] = out[first];
+      if (fill != nullptr) fill[k] = fill[first];
+    }
+  }
   // Untouched slots first, then touched ones, each in their previous order.
   std::stable_partition(lru, lru + c, [&](int32_t s) { return !touched[s]; });
 }

@@ -73,6 +73,9 @@ class ReferenceResolveTest : public ::testing::Test {
     v.miss_count = &miss_count_;
     v.miss_capacity = kK;
     v.counters = &counters_;
+    v.share_duplicates = share_duplicates_;
+    fill_.assign(kK, 0xEE);
+    v.fill_mask = fill_.data();
     reference::Resolve(v);
     return out;
   }
@@ -80,6 +83,8 @@ class ReferenceResolveTest : public ::testing::Test {
   std::vector<int32_t> slot_token_, lru_, page_table_, miss_rows_, miss_slots_;
   int32_t miss_count_ = 0;
   ResolveCounters counters_{};
+  bool share_duplicates_ = false;
+  std::vector<uint8_t> fill_;
 };
 
 TEST_F(ReferenceResolveTest, MissesFillLeastRecentlyUsedSlotsInOrder) {
@@ -113,6 +118,27 @@ TEST_F(ReferenceResolveTest, WindowPaddingDuplicatesAndOutOfRange) {
   EXPECT_EQ(out, (std::vector<int32_t>{-1, -1, 0}));
   EXPECT_EQ(counters_.out_of_range, 2u);
   EXPECT_EQ(miss_rows_[0], 7);
+}
+
+TEST_F(ReferenceResolveTest, FillMaskMarksTheEntriesTheMissCopyFills) {
+  Run({10, 20, 10}, 40);
+  EXPECT_EQ(fill_, (std::vector<uint8_t>{1, 1, 0}));  // the repeat is skipped, not filled
+  Run({10, 30, -1}, 40);                              // 10 hits, 30 misses
+  EXPECT_EQ(fill_, (std::vector<uint8_t>{0, 1, 0}));
+}
+
+TEST_F(ReferenceResolveTest, SharedDuplicatesTakeTheFirstEntrysSlot) {
+  share_duplicates_ = true;
+  // Two query tokens' selections in one row: 10 twice (a miss), 39 twice (the window).
+  auto out = Run({10, 10, 39}, 40);
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 0, 4}));
+  EXPECT_EQ(fill_, (std::vector<uint8_t>{1, 1, 0}));
+  EXPECT_EQ(miss_count_, 1);  // fetched once
+  EXPECT_EQ(counters_.misses, 1u);
+  EXPECT_EQ(counters_.duplicates, 1u);
+  out = Run({39, 10, 39}, 40);  // a hit, and a repeated window position
+  EXPECT_EQ(out, (std::vector<int32_t>{4, 0, 4}));
+  EXPECT_EQ(fill_, (std::vector<uint8_t>{0, 0, 0}));
 }
 
 TEST_F(ReferenceResolveTest, HostRowComesFromThePageTable) {

@@ -253,7 +253,8 @@ class ResolveHarness {
         g_miss_host_row_(gpu, MissCapacity() * sizeof(int32_t)),
         g_miss_slot_(gpu, MissCapacity() * sizeof(int32_t)),
         g_miss_count_(gpu, sizeof(int32_t)),
-        g_counters_(gpu, sizeof(ResolveCounters)) {
+        g_counters_(gpu, sizeof(ResolveCounters)),
+        g_fill_mask_(gpu, MissCapacity()) {
     for (int32_t block = 0; block < num_blocks_; ++block) {
       std::iota(lru_order_.begin() + static_cast<int64_t>(block) * s_.hot_slots,
                 lru_order_.begin() + static_cast<int64_t>(block + 1) * s_.hot_slots, 0);
@@ -277,11 +278,18 @@ class ResolveHarness {
   }
 
   enum class Mode { kMixed, kRepeat, kFresh };
+  struct Flags {
+    bool sort_misses;
+    bool share_duplicates;
+    bool fill_mask;  // ask for the fill mask
+  };
 
   // Builds the next step's inputs, runs both sides, and compares everything.
-  void Step(Mode mode, int32_t batch_size, bool sort_misses) {
-    SCOPED_TRACE(ShapeName(s_) + " step " + std::to_string(step_) +
-                 " batch_size=" + std::to_string(batch_size));
+  void Step(Mode mode, int32_t batch_size, Flags flags) {
+    SCOPED_TRACE(ShapeName(s_) + " step " + std::to_string(step_) + " batch_size=" +
+                 std::to_string(batch_size) + " sort=" + std::to_string(flags.sort_misses) +
+                 " share=" + std::to_string(flags.share_duplicates) +
+                 " fill_mask=" + std::to_string(flags.fill_mask));
     ++step_;
     for (int32_t b = 0; b < s_.max_batch; ++b) MakeRow(b, mode);
 
@@ -289,11 +297,12 @@ class ResolveHarness {
     std::vector<int32_t> want_out = Poisoned<int32_t>(MissCapacity());
     std::vector<int32_t> want_miss_row = Poisoned<int32_t>(MissCapacity());
     std::vector<int32_t> want_miss_slot = Poisoned<int32_t>(MissCapacity());
+    std::vector<uint8_t> want_fill = Poisoned<uint8_t>(MissCapacity());
     int32_t want_miss_count = 0;
     reference::Resolve(View(&batch_size, batch_.data(), topk_.data(), want_out.data(),
                             slot_token_.data(), lru_order_.data(), page_table_.data(),
                             want_miss_row.data(), want_miss_slot.data(), &want_miss_count,
-                            &counters_, sort_misses));
+                            &counters_, flags.fill_mask ? want_fill.data() : nullptr, flags));
 
     // GPU.
     g_batch_size_.Upload(std::vector<int32_t>{batch_size});
@@ -303,16 +312,20 @@ class ResolveHarness {
     g_miss_host_row_.Fill(kPoison);
     g_miss_slot_.Fill(kPoison);
     g_miss_count_.Fill(0);
+    g_fill_mask_.Fill(kPoison);
     ExpectOk(gpu_.Resolve(
         View(g_batch_size_.get<int32_t>(), g_batch_.get<BatchEntry>(), g_topk_.get<int32_t>(),
              g_slots_out_.get<int32_t>(), g_slot_token_.get<int32_t>(), g_lru_order_.get<int32_t>(),
              g_page_table_.get<int32_t>(), g_miss_host_row_.get<int32_t>(),
              g_miss_slot_.get<int32_t>(), g_miss_count_.get<int32_t>(),
-             g_counters_.get<ResolveCounters>(), sort_misses),
+             g_counters_.get<ResolveCounters>(),
+             flags.fill_mask ? g_fill_mask_.get<uint8_t>() : nullptr, flags),
         s_.max_batch, nullptr));
     ExpectOk(gpu_.Synchronize(nullptr));
 
     EXPECT_EQ(g_slots_out_.Download<int32_t>(), want_out);
+    EXPECT_EQ(g_fill_mask_.Download<uint8_t>(),
+              flags.fill_mask ? want_fill : Poisoned<uint8_t>(MissCapacity()));
     EXPECT_EQ(g_slot_token_.Download<int32_t>(), slot_token_);
     EXPECT_EQ(g_lru_order_.Download<int32_t>(), lru_order_);
     const ResolveCounters got = g_counters_.Download<ResolveCounters>()[0];
@@ -336,7 +349,7 @@ class ResolveHarness {
     // Entries past the list stay poisoned.
     EXPECT_TRUE(std::equal(got_miss_row.begin() + want_miss_count, got_miss_row.end(),
                            want_miss_row.begin() + want_miss_count));
-    if (sort_misses) ExpectSortedRuns(got_misses);
+    if (flags.sort_misses) ExpectSortedRuns(got_misses);
     std::sort(got_misses.begin(), got_misses.end());
     std::sort(want_misses.begin(), want_misses.end());
     EXPECT_EQ(got_misses, want_misses);
@@ -351,7 +364,8 @@ class ResolveHarness {
   ResolveView View(const int32_t* batch_size, const BatchEntry* batch, const int32_t* topk,
                    int32_t* slots_out, int32_t* slot_token, int32_t* lru_order,
                    const int32_t* page_table, int32_t* miss_host_row, int32_t* miss_slot,
-                   int32_t* miss_count, ResolveCounters* counters, bool sort_misses) const {
+                   int32_t* miss_count, ResolveCounters* counters, uint8_t* fill_mask,
+                   Flags flags) const {
     return {.batch_size = batch_size,
             .batch = batch,
             .topk = topk,
@@ -370,7 +384,9 @@ class ResolveHarness {
             .miss_count = miss_count,
             .miss_capacity = static_cast<int32_t>(MissCapacity()),
             .counters = counters,
-            .sort_misses = sort_misses};
+            .fill_mask = fill_mask,
+            .sort_misses = flags.sort_misses,
+            .share_duplicates = flags.share_duplicates};
   }
 
   // The next top-k of row b. kMixed: about half from the row's last top-k, the rest anywhere in
@@ -469,6 +485,7 @@ class ResolveHarness {
   Buffer g_miss_slot_;
   Buffer g_miss_count_;
   Buffer g_counters_;
+  Buffer g_fill_mask_;
 };
 
 // A fixed schedule of steps: cold start, mixed, full hit, full miss, shrinking and growing batch.
@@ -476,21 +493,22 @@ void RunResolveSchedule(Backend& gpu, const ResolveShape& shape, uint64_t seed) 
   using Mode = ResolveHarness::Mode;
   ResolveHarness h(gpu, shape, seed);
   const int32_t b = shape.max_batch;
-  const std::tuple<Mode, int32_t, bool> schedule[] = {
-      {Mode::kMixed, b, true},
-      {Mode::kMixed, b, false},
-      {Mode::kRepeat, b, true},
-      {Mode::kFresh, b, true},
-      {Mode::kMixed, std::max(1, b / 2), true},
-      {Mode::kRepeat, std::max(1, b - 3), false},
-      {Mode::kMixed, b, true},
-      {Mode::kFresh, std::max(1, b - 1), false},
-      {Mode::kMixed, b, true},
-      {Mode::kMixed, 0, true},
+  // Flags: sort misses, share duplicates, fill mask.
+  const std::tuple<Mode, int32_t, ResolveHarness::Flags> schedule[] = {
+      {Mode::kMixed, b, {true, false, true}},
+      {Mode::kMixed, b, {false, true, true}},
+      {Mode::kRepeat, b, {true, true, false}},
+      {Mode::kFresh, b, {true, false, true}},
+      {Mode::kMixed, std::max(1, b / 2), {true, true, true}},
+      {Mode::kRepeat, std::max(1, b - 3), {false, false, false}},
+      {Mode::kMixed, b, {true, true, false}},
+      {Mode::kFresh, std::max(1, b - 1), {false, true, true}},
+      {Mode::kMixed, b, {true, false, true}},
+      {Mode::kMixed, 0, {true, true, true}},
   };
   for (int i = 0; i < std::min<int>(shape.steps, std::size(schedule)); ++i) {
-    const auto& [mode, batch_size, sort] = schedule[i];
-    h.Step(mode, batch_size, sort);
+    const auto& [mode, batch_size, flags] = schedule[i];
+    h.Step(mode, batch_size, flags);
     if (::testing::Test::HasFatalFailure()) return;
   }
 }

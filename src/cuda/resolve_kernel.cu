@@ -33,6 +33,8 @@
 //      atomicAdd and the page-table reads are issued before step 4, whose barriers hide them.
 //   6. Counters: warp sums from step 3, summed by warp 0 into one global atomic per nonzero
 //      counter, also before step 4.
+//   7. With share_duplicates, after a barrier that makes every other output visible, each repeat
+//      copies the output (and fill flag) of its first entry, whose k step 1 left in a register.
 // Shared memory: the hash, the LRU copy and the sort's storage are live at disjoint times and share
 // one region; the hit bitmask and the victims have their own.
 #include <cuda_runtime.h>
@@ -293,9 +295,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (kind[j] == Kind::kValid) cell[j] = HashInsert(keys, first_k, layout.hash_bits, pos[j], k);
   }
   __syncthreads();
+  int32_t first_of[kItems];  // a repeat's first entry
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    if (kind[j] == Kind::kValid && first_k[cell[j]] != tid * kItems + j) kind[j] = Kind::kDuplicate;
+    first_of[j] = kind[j] == Kind::kValid ? first_k[cell[j]] : kNone;
+    if (kind[j] == Kind::kValid && first_of[j] != tid * kItems + j) kind[j] = Kind::kDuplicate;
   }
 
   // Step 2: hits, found from the slots' side; the next chunk's four loads are issued together.
@@ -385,10 +389,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       add(&n->out_of_range, total[kOutOfRange]);
     }
   }
-  // Every output but a filled miss's is final.
+  // Every output but a filled miss's (and with share_duplicates a repeat's) is final.
+  uint8_t* const fill_row =
+      v.fill_mask == nullptr ? nullptr : v.fill_mask + static_cast<int64_t>(b) * top_k;
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    if (kind[j] != Kind::kUnused && miss_rank[j] >= n_filled) out_row[tid * kItems + j] = out[j];
+    if (kind[j] == Kind::kUnused) continue;
+    if (miss_rank[j] >= n_filled) out_row[tid * kItems + j] = out[j];
+    if (fill_row != nullptr) fill_row[tid * kItems + j] = miss_rank[j] < n_filled;
   }
   // Step 5's global reads and the miss list's atomicAdd, issued now and consumed after step 4.
   int32_t page[kItems];
@@ -525,6 +533,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         v.miss_host_row[at] = static_cast<int32_t>(key[j] + static_cast<uint32_t>(lowest));
         v.miss_slot[at] = slot[j];
       }
+    }
+  }
+
+  // Step 7: repeats share their first entry's slot.
+  if (v.share_duplicates) {
+    __syncthreads();  // every first entry's output and fill flag is written
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if (kind[j] != Kind::kDuplicate) continue;
+      out_row[tid * kItems + j] = out_row[first_of[j]];
+      if (fill_row != nullptr) fill_row[tid * kItems + j] = fill_row[first_of[j]];
     }
   }
 }

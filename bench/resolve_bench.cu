@@ -5,7 +5,8 @@
 // (--row_bytes), with K = --top_k, C = --hot_slots, W = --window:
 //   state   each request b owns block b of the hot cache; its C LRU slots hold C distinct random
 //           positions of [0, ctx - W) (slot_token written directly, hot rows filled from the pool
-//           with IndexCopy) in a random LRU order; seq_len = ctx.
+//           with IndexCopy) in a random LRU order; seq_len = ctx. --eviction slru: segmented
+//           LRU, its protected part full (the last C * --protected_percent / 100 entries).
 //   host    one layer of the pool: ctx * B rows of row_bytes (stride = row bytes), pattern-filled,
 //           in pages of --page_tokens tokens. The pages are a random permutation of the layer dealt
 //           to the requests, as in a long-running pool whose free list has been shuffled by churn:
@@ -49,6 +50,8 @@ struct Options {
   int32_t top_k, hot_slots, window, page_tokens;
   int warmup, reps, verify_samples;
   bool sort_misses;
+  bool segmented;             // --eviction slru
+  int32_t protected_percent;  // segmented: the protected part's capacity, % of C
   double max_pool_gib;
   uint64_t seed;
   int device;
@@ -85,6 +88,8 @@ class Bench {
     int32_t ctx = 0, batch = 0, pages_per_request = 0;
     std::vector<int32_t> slot_token;  // [batch, C] resident position of each LRU slot
     std::vector<int32_t> lru;         // [batch, C] a random permutation of [0, C) per request
+    // [batch] segmented LRU: the size of the protected part, full
+    std::vector<int32_t> lru_protected;
     std::vector<int32_t> page_table;  // [batch, pages_per_request]
     std::vector<BatchEntry> entries;  // [batch]
   };
@@ -121,6 +126,10 @@ class Bench {
   std::mt19937_64 rng_;
   int32_t max_batch_ = 0, max_ctx_ = 0, max_row_ = 0, runs_ = 0;
   int32_t c_ = 0, k_ = 0;  // hot slots C and top-k K
+  // Segmented LRU's protected capacity, as CacheOptions::protected_capacity() computes it.
+  int32_t ProtectedCapacity() const {
+    return static_cast<int32_t>(int64_t{c_} * o_.protected_percent / 100);
+  }
 
   State state_;
   std::vector<int32_t> topk_;  // [runs, batch, K] host copy of the current top-k sets
@@ -129,6 +138,8 @@ class Bench {
   std::byte* hot_ = nullptr;   // [max_batch * (C + W), max_row] one layer of the hot cache
   int32_t *d_slot_token_ = nullptr, *d_lru_ = nullptr;    // live state [max_batch, C]
   int32_t *d_slot_token0_ = nullptr, *d_lru0_ = nullptr;  // saved initial state
+  // [max_batch] segmented LRU's protected counts, live and saved.
+  int32_t *d_lru_protected_ = nullptr, *d_lru_protected0_ = nullptr;
   int32_t *d_topk_ = nullptr, *d_topk_sets_ = nullptr;    // [max_batch, K], [runs, max_batch, K]
   int32_t* d_slots_out_ = nullptr;                        // [max_batch, K]
   int32_t* d_page_table_ = nullptr;  // [max_batch, max_ctx / page_tokens]
@@ -173,6 +184,8 @@ void Bench::Allocate() {
   d_lru_ = DeviceArray<int32_t>(be, bc, "lru_order");
   d_slot_token0_ = DeviceArray<int32_t>(be, bc, "saved slot_token");
   d_lru0_ = DeviceArray<int32_t>(be, bc, "saved lru_order");
+  d_lru_protected_ = DeviceArray<int32_t>(be, max_batch_, "lru_protected");
+  d_lru_protected0_ = DeviceArray<int32_t>(be, max_batch_, "saved lru_protected");
   d_topk_ = DeviceArray<int32_t>(be, bk, "topk");
   d_topk_sets_ = DeviceArray<int32_t>(be, bk * runs_, "topk sets");
   d_slots_out_ = DeviceArray<int32_t>(be, bk, "slots_out");
@@ -214,6 +227,7 @@ void Bench::BuildState(int32_t ctx, int32_t batch) {
   s.pages_per_request = ctx / o_.page_tokens;
   s.slot_token.resize(size_t(batch) * c_);
   s.lru.resize(size_t(batch) * c_);
+  s.lru_protected.assign(batch, ProtectedCapacity());
   s.page_table.resize(size_t(batch) * s.pages_per_request);
   s.entries.assign(batch, BatchEntry{});
 
@@ -243,6 +257,7 @@ void Bench::BuildState(int32_t ctx, int32_t batch) {
   auto up = [&](void* d, const void* h, size_t bytes) { CopySync(d, h, bytes, stream_); };
   up(d_slot_token0_, s.slot_token.data(), s.slot_token.size() * 4);
   up(d_lru0_, s.lru.data(), s.lru.size() * 4);
+  up(d_lru_protected0_, s.lru_protected.data(), s.lru_protected.size() * 4);
   up(d_page_table_, s.page_table.data(), s.page_table.size() * 4);
   up(d_batch_, s.entries.data(), s.entries.size() * sizeof(BatchEntry));
   up(d_batch_size_, &batch, 4);
@@ -303,6 +318,8 @@ ResolveView Bench::View() const {
   v.slots_out = d_slots_out_;
   v.slot_token = d_slot_token_;
   v.lru_order = d_lru_;
+  v.lru_protected = o_.segmented ? d_lru_protected_ : nullptr;
+  v.protected_capacity = ProtectedCapacity();
   v.hot_slots = c_;
   v.window = o_.window;
   v.page_table = d_page_table_;
@@ -347,6 +364,8 @@ void Bench::Prepare(int set) {
   const size_t bc = size_t(state_.batch) * c_ * 4;
   BENCH_CUDA(cudaMemcpyAsync(d_slot_token_, d_slot_token0_, bc, cudaMemcpyDeviceToDevice, stream_));
   BENCH_CUDA(cudaMemcpyAsync(d_lru_, d_lru0_, bc, cudaMemcpyDeviceToDevice, stream_));
+  BENCH_CUDA(cudaMemcpyAsync(d_lru_protected_, d_lru_protected0_, size_t(state_.batch) * 4,
+                             cudaMemcpyDeviceToDevice, stream_));
   BENCH_CUDA(cudaMemcpyAsync(d_topk_, d_topk_sets_ + size_t(set) * max_batch_ * k_,
                              size_t(state_.batch) * k_ * 4, cudaMemcpyDeviceToDevice, stream_));
   BENCH_CUDA(cudaMemsetAsync(d_miss_count_, 0, 4, stream_));
@@ -391,6 +410,7 @@ void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses) {
   CheckOk(backend_->IndexCopy(CopyView(row_bytes), stream_), "IndexCopy");
   CheckCounters(misses, (Where(row_bytes, misses) + "eager step").c_str());
   std::vector<int32_t> slots(bk), tokens(s.slot_token.size()), lru(s.lru.size());
+  std::vector<int32_t> lru_protected(s.lru_protected.size());
   std::vector<int32_t> miss_row(size_t(s.batch) * misses), miss_slot(miss_row.size());
   auto down = [&](std::vector<int32_t>& h, const int32_t* d) {
     CopySync(h.data(), d, h.size() * 4, stream_);
@@ -398,11 +418,13 @@ void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses) {
   down(slots, d_slots_out_);
   down(tokens, d_slot_token_);
   down(lru, d_lru_);
+  down(lru_protected, d_lru_protected_);
   down(miss_row, d_miss_row_);
   down(miss_slot, d_miss_slot_);
 
   // Reference: the same step on host copies of the initial state.
   std::vector<int32_t> ref_slots(bk), ref_tokens = s.slot_token, ref_lru = s.lru;
+  std::vector<int32_t> ref_lru_protected = s.lru_protected;
   std::vector<int32_t> ref_miss_row(bk), ref_miss_slot(bk);
   int32_t ref_miss_count = 0;
   ResolveCounters ref_counters{};
@@ -413,6 +435,7 @@ void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses) {
   v.slots_out = ref_slots.data();
   v.slot_token = ref_tokens.data();
   v.lru_order = ref_lru.data();
+  if (o_.segmented) v.lru_protected = ref_lru_protected.data();
   v.page_table = s.page_table.data();
   v.miss_host_row = ref_miss_row.data();
   v.miss_slot = ref_miss_slot.data();
@@ -424,6 +447,9 @@ void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses) {
   if (slots != ref_slots) errors_.Add(where + "slots_out differs from the CPU reference");
   if (tokens != ref_tokens) errors_.Add(where + "slot_token differs from the CPU reference");
   if (lru != ref_lru) errors_.Add(where + "lru_order differs from the CPU reference");
+  if (lru_protected != ref_lru_protected) {
+    errors_.Add(where + "lru_protected differs from the CPU reference");
+  }
   // The miss list's order is unspecified: compare it as a set of (host row, slot) pairs.
   std::vector<std::pair<int32_t, int32_t>> got, want;
   for (size_t i = 0; i < miss_row.size(); ++i) got.emplace_back(miss_row[i], miss_slot[i]);
@@ -593,6 +619,8 @@ void Bench::Report() {
                          .Add("window", o_.window)
                          .Add("page_tokens", o_.page_tokens)
                          .Add("sort_misses", o_.sort_misses)
+                         .Add("eviction", o_.segmented ? "slru" : "lru")
+                         .Add("protected_percent", o_.protected_percent)
                          .Add("warmup", o_.warmup)
                          .Add("reps", o_.reps)
                          .Add("seed", int64_t(o_.seed))
@@ -633,6 +661,8 @@ int main(int argc, char** argv) {
                      {"window", "1"},
                      {"page_tokens", "64"},
                      {"sort_misses", "1"},
+                     {"eviction", "lru"},
+                     {"protected_percent", "80"},
                      {"warmup", "3"},
                      {"reps", "20"},
                      {"verify_samples", "8192"},
@@ -650,6 +680,13 @@ int main(int argc, char** argv) {
   o.window = static_cast<int32_t>(flags.Int("window"));
   o.page_tokens = static_cast<int32_t>(flags.Int("page_tokens"));
   o.sort_misses = flags.Int("sort_misses") != 0;
+  const std::string eviction = flags.Str("eviction");
+  if (eviction != "lru" && eviction != "slru") Fail("--eviction must be lru or slru");
+  o.segmented = eviction == "slru";
+  o.protected_percent = static_cast<int32_t>(flags.Int("protected_percent"));
+  if (o.protected_percent < 0 || o.protected_percent > 100) {
+    Fail("--protected_percent must lie in [0, 100]");
+  }
   o.warmup = static_cast<int>(flags.Int("warmup"));
   o.reps = static_cast<int>(flags.Int("reps"));
   o.verify_samples = static_cast<int>(flags.Int("verify_samples"));

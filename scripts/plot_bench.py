@@ -5,8 +5,9 @@ usage: plot_bench.py [--out DIR] JSON [JSON...]
 
 Writes three PNGs into DIR (default: the first JSON's folder):
   tpot_vs_batch.png     TPOT against batch at 16K and 32K, one panel per (context, miss rate),
-                        every variant; the first JSON's preset
-  peak_throughput.png   peak tokens/s per variant and context (sparsekv at each miss rate)
+                        every variant (log scales); the first JSON's preset
+  peak_throughput.png   peak tokens/s per variant and context (sparsekv and page-offload at each
+                        miss rate)
   hbm_per_request.png   HBM per request per variant and context
 """
 import argparse
@@ -19,7 +20,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"full-hbm": "tab:blue", "sparsekv": "tab:green", "no-cache": "tab:red"}
+COLORS = {"full-hbm": "tab:blue", "sparsekv": "tab:green", "no-cache": "tab:red",
+          "page-offload": "tab:orange"}
 
 
 def label(point):
@@ -47,10 +49,10 @@ def plot_tpot(data, path):
                     ax.plot([p["batch"] for p in series], [p["tpot_ms"] for p in series], "o-",
                             color=color, label=variant)
             ax.set_xscale("log", base=2)
+            ax.set_yscale("log")  # page-offload's steps are an order of magnitude longer
             ax.set_xlabel("batch")
             ax.set_ylabel("TPOT (ms)")
-            title = f"{context // 1024}K" + (f", sparsekv misses {rate:.0%}" if rate is not None
-                                             else "")
+            title = f"{context // 1024}K" + (f", misses {rate:.0%}" if rate is not None else "")
             ax.set_title(title)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Copies what the GPU machine lacks and cannot download into .deps/ (ignored by git, carried with
-# each device run): GoogleTest's sources and the CLI's header-only dependencies (CLI11,
-# nlohmann-json) with their CMake packages, from this machine's Debian packages.
+# each device run): GoogleTest's sources, the CLI's header-only dependencies (CLI11,
+# nlohmann-json) with their CMake packages, and hiredis (headers, static library, pkg-config file;
+# the control plane's client), from this machine's Debian packages.
 # scripts/gpu-check.sh installs .deps/sysroot into / and builds GoogleTest from .deps/googletest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,4 +12,9 @@ mkdir -p .deps/sysroot/usr/include .deps/sysroot/usr/share/cmake
 cp -r /usr/src/googletest .deps/
 cp -r /usr/include/CLI /usr/include/nlohmann .deps/sysroot/usr/include/
 cp -r /usr/share/cmake/CLI11 /usr/share/cmake/nlohmann_json .deps/sysroot/usr/share/cmake/
+lib=usr/lib/x86_64-linux-gnu
+mkdir -p ".deps/sysroot/$lib/pkgconfig"
+cp -r /usr/include/hiredis .deps/sysroot/usr/include/
+cp "/$lib/libhiredis.a" ".deps/sysroot/$lib/"
+cp "/$lib/pkgconfig/hiredis.pc" ".deps/sysroot/$lib/pkgconfig/"
 du -sh .deps

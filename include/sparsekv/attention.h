@@ -50,6 +50,19 @@ struct SparseMLAOptions {
   // Multiplies q . k before the softmax. 0 means 1 / sqrt(576).
   float softmax_scale = 0;
 
+  // ---- Performance ----
+  // How RunHits / RunFillsAndMerge divide the work (see there).
+  enum class Split {
+    // RunHits only gathers and dequantises the resident rows; RunFillsAndMerge gathers the rest
+    // and runs the whole attention once: bit-identical to Run, nothing computed twice.
+    kGatherFirst,
+    // RunHits runs the whole attention over the resident rows; RunFillsAndMerge over the others,
+    // then merges the two by their log-sum-exp: more of the work before the rows arrive, but the
+    // GEMMs and the softmax run twice over all top_k columns (masked).
+    kMergeHalves,
+  };
+  Split split = Split::kGatherFirst;
+
   float effective_softmax_scale() const;
 };
 
@@ -88,6 +101,24 @@ class SparseMLAAttention {
   // [0, max_batch], a null pointer or a misaligned row buffer; batch 0 enqueues nothing.
   virtual Status Run(int32_t batch, const void* q, const std::byte* kv_rows, int64_t row_stride,
                      const int32_t* indices, void* out, StreamHandle stream) = 0;
+
+  // Split attention, to start before every selected row is in place (transfer hiding): the same
+  // function as Run, in two halves over the entries of `fill` ([batch, top_k] uint8, device
+  // memory; SparseKVCacheManager::ResolveLayer's fill mask). RunHits reads only the rows of the
+  // entries with fill 0; RunFillsAndMerge, once the rows of the entries with fill 1 are in place,
+  // reads those and writes `out`. With Split::kGatherFirst, RunHits gathers its rows and
+  // RunFillsAndMerge gathers the others and attends once: `out` is bit-identical to Run's. With
+  // Split::kMergeHalves, RunHits attends over its entries and keeps the partial result (output
+  // and log-sum-exp per head) in the work buffers, RunFillsAndMerge attends over the others and
+  // merges both exactly (log-sum-exp weights): equal to Run's up to rounding (partials in fp32).
+  // REQUIRES: RunFillsAndMerge follows RunHits with the same batch, q, kv_rows, indices and fill,
+  // on a stream ordered after it, with no other run of this object in between.
+  virtual Status RunHits(int32_t batch, const void* q, const std::byte* kv_rows,
+                         int64_t row_stride, const int32_t* indices, const uint8_t* fill,
+                         StreamHandle stream) = 0;
+  virtual Status RunFillsAndMerge(int32_t batch, const void* q, const std::byte* kv_rows,
+                                  int64_t row_stride, const int32_t* indices,
+                                  const uint8_t* fill, void* out, StreamHandle stream) = 0;
 
   // Device bytes held for the work buffers (compact keys, scores, probabilities, cuBLAS).
   virtual int64_t workspace_bytes() const = 0;

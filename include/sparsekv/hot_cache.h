@@ -4,8 +4,10 @@
 // followed by W = window slots for the newest tokens. Layer l's data is one buffer of
 // [max_requests * (C + W)][row_stride(l)] bytes; a slot is addressed layer-wide as
 // block * (C + W) + slot, which is what Resolve returns and attention kernels index with.
-// Replacement state per layer and block is O(C): slot -> position (-1 = empty) and the LRU order
-// of the C slots. Nothing is sized by context length.
+// Replacement state per index group (layers that share one top-k; a group is one layer unless
+// the model shares its indexer) and block is O(C): slot -> position (-1 = empty), the LRU
+// order of the C slots, and the size of the order's protected part (segmented LRU). Nothing is
+// sized by context length.
 //
 // Thread safety: not thread-safe; the owning manager serialises calls.
 #pragma once
@@ -23,16 +25,18 @@ namespace sparsekv {
 
 class HotCache {
  public:
-  // `backend` must outlive the cache.
+  // `backend` must outlive the cache. Layers [g * layers_per_state, (g + 1) * layers_per_state)
+  // share replacement state g.
   static StatusOr<std::unique_ptr<HotCache>> Create(const KVGeometry& geometry, int32_t hot_slots,
                                                     int32_t window, int32_t max_blocks,
-                                                    Backend* backend);
+                                                    Backend* backend,
+                                                    int32_t layers_per_state = 1);
   ~HotCache();
   HotCache(const HotCache&) = delete;
   HotCache& operator=(const HotCache&) = delete;
 
   // Takes a free block (lowest first) and enqueues the reset of its state on `stream`: every
-  // slot empty, LRU order 0..C-1. ResourceExhausted if all blocks are taken.
+  // slot empty, LRU order 0..C-1, no protected entry. ResourceExhausted if all blocks are taken.
   StatusOr<int32_t> Acquire(StreamHandle stream);
   // REQUIRES: block was acquired and not yet released.
   void Release(int32_t block);
@@ -49,26 +53,39 @@ class HotCache {
 
   std::byte* layer_data(int32_t layer) const { return data_[layer]; }        // [rows, stride]
   int64_t layer_rows() const { return int64_t{max_blocks_} * slots_per_block(); }
+  // The replacement state `layer` uses (shared by the layers of its group).
   int32_t* slot_token(int32_t layer) const { return slot_token_ + Offset(layer); }  // [blocks, C]
   int32_t* lru_order(int32_t layer) const { return lru_order_ + Offset(layer); }    // [blocks, C]
+  // Entries at the end of each block's lru_order that are protected (segmented LRU).
+  int32_t* lru_protected(int32_t layer) const {  // [blocks]
+    return lru_protected_ + int64_t{layer / layers_per_state_} * max_blocks_;
+  }
   // Device bytes held: data plus replacement state.
   int64_t device_bytes() const { return device_bytes_; }
   // Device bytes one block costs over all layers.
-  static int64_t BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window);
+  static int64_t BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
+                            int32_t layers_per_state = 1);
 
  private:
   HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window, int32_t max_blocks,
-           Backend* backend);
-  int64_t Offset(int32_t layer) const { return int64_t{layer} * max_blocks_ * hot_slots_; }
+           Backend* backend, int32_t layers_per_state);
+  int32_t states() const {
+    return (geometry_.num_layers() + layers_per_state_ - 1) / layers_per_state_;
+  }
+  int64_t Offset(int32_t layer) const {
+    return int64_t{layer / layers_per_state_} * max_blocks_ * hot_slots_;
+  }
 
   KVGeometry geometry_;
   int32_t hot_slots_;
   int32_t window_;
   int32_t max_blocks_;
+  int32_t layers_per_state_;
   Backend* backend_;
   std::vector<std::byte*> data_;
-  int32_t* slot_token_ = nullptr;  // [layers, blocks, C]
-  int32_t* lru_order_ = nullptr;   // [layers, blocks, C]
+  int32_t* slot_token_ = nullptr;     // [states, blocks, C]
+  int32_t* lru_order_ = nullptr;      // [states, blocks, C]
+  int32_t* lru_protected_ = nullptr;  // [states, blocks]
   std::vector<int32_t> reset_image_;  // host: C x -1 then 0..C-1, the state of a fresh block
   int64_t device_bytes_ = 0;
   std::vector<int32_t> free_;  // free blocks, highest first (Acquire pops the lowest)

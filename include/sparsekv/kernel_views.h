@@ -80,6 +80,15 @@ struct IndexCopyView {
 //   + p % page_tokens.
 // New LRU order: the slots neither hit nor filled keep their relative order at the front; the
 // slots hit or filled follow, also in their previous relative order.
+// Segmented LRU (lru_protected not null): the order is [probationary | protected], the protected
+// part being its last q = lru_protected[block] entries (clamped into [0, C]). Victims are taken
+// exactly as above (the probationary part's least recently used first). The new order is the
+// concatenation, each group in its previous relative order, of: the untouched slots (neither hit
+// nor filled) at old index < C - q; the filled slots; the untouched slots at old index >= C - q;
+// the hit slots. The new q is min(protected_capacity, untouched slots at old index >= C - q + hit
+// slots): hits are promoted, fills enter the probationary part, and the protected part's overflow
+// (its least recently used entries) is demoted to the probationary part's most recent end, after
+// the fills. With no slot filled, both policies give the same order.
 // Miss entries of all rows are appended at miss_count (atomically); their order in the list is
 // unspecified (the CUDA backend sorts each row's misses by host row).
 // If fill_mask is not null, fill_mask[b * top_k + k] = 1 where out names a slot that this step's
@@ -94,6 +103,8 @@ struct ResolveView {
   int32_t* slots_out;          // [max_batch, top_k] layer-wide slot, kNullSlot for skipped
   int32_t* slot_token;         // [num_blocks, hot_slots] this layer's slot -> position, -1 empty
   int32_t* lru_order;          // [num_blocks, hot_slots] this layer's slots, LRU first
+  int32_t* lru_protected;      // [num_blocks] protected entries at lru_order's end; nullptr = LRU
+  int32_t protected_capacity;  // segmented LRU: the most slots the protected part holds, <= C
   int32_t hot_slots;           // C
   int32_t window;              // W
   const int32_t* page_table;   // [max_requests, pages_per_request] host page of each page

@@ -43,6 +43,9 @@ namespace sparsekv {
 
 using RequestId = uint64_t;
 class PrefixIndex;
+class RemoteTier;
+struct RemotePromptLayout;
+struct RemoteStaging;
 
 // Statistics since creation or the last ResetStats(). Formulas are in the comments.
 struct LayerStats {
@@ -89,6 +92,11 @@ struct CacheStats {
   // page copies that private histories would store in addition.
   int64_t bytes_saved = 0;
   int32_t retained_conversations = 0;  // now
+
+  // Prefetch (PrefetchLayer), counted once per index group: positions looked up, and of those
+  // the rows fetched (not resident). Their bytes are in bytes_host_to_device.
+  uint64_t prefetch_lookups = 0;
+  uint64_t prefetch_rows = 0;
 };
 
 class SparseKVCacheManager {
@@ -190,8 +198,42 @@ class SparseKVCacheManager {
   // `slots` ([max_batch, top_k] int32 layer-wide slots, -1 = skipped entry). If `assembled` is
   // not null, also gathers the selected rows into it ([max_batch, top_k, row_stride(layer)];
   // skipped entries are zero rows). topk_stride 0 means top_k.
+  // RunLayer is ResolveLayer + CopyMisses + AssembleLayer (if `assembled` is not null) on one
+  // stream; with layers_per_index > 1, only for the first layer of an index group.
   Status RunLayer(int32_t layer, const int32_t* topk, int32_t* slots, void* assembled,
                   StreamHandle stream, int32_t topk_stride = 0);
+
+  // The parts of RunLayer, for engines that overlap the miss copy with other work.
+  //
+  // ResolveLayer resolves `topk` for `layer`'s index group (see CacheOptions::layers_per_index)
+  // and writes `slots` as RunLayer does, and if `fill_mask` is not null, fill_mask[b * top_k + k]
+  // = 1 where the row of slots[b, k] arrives with the group's miss copy, else 0 ([max_batch,
+  // top_k] uint8, device memory). Rows with fill_mask 0 are readable once `stream` reaches the
+  // resolve; the others once CopyMisses(layer) has run. The slots are layer-wide and the same
+  // for every layer of the group, each indexing its own HotLayer.
+  // REQUIRES: `layer` is the first of its group and was appended in this step.
+  Status ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots, uint8_t* fill_mask,
+                      StreamHandle stream, int32_t topk_stride = 0);
+  // Copies the misses of the last ResolveLayer of `layer`'s group into `layer`'s rows, on
+  // `stream`, which must be ordered after that resolve. Once per layer and step, in any order;
+  // a layer need not be appended first (a layer's copy may run ahead of its turn).
+  // REQUIRES: every copy of group g is complete (ordered) before the resolve of group g + 2,
+  // which reuses its miss list.
+  Status CopyMisses(int32_t layer, StreamHandle stream);
+  // Gathers the rows of `slots` ([max_batch, top_k], as ResolveLayer wrote them) of `layer`
+  // into `assembled` ([max_batch, top_k, row_stride(layer)]; skipped entries are zero rows).
+  Status AssembleLayer(int32_t layer, const int32_t* slots, void* assembled, StreamHandle stream);
+
+  // Cross-step prefetch: brings `positions` ([max_batch, count] int32 per request of the step's
+  // batch, -1 = padding; out-of-range and repeated entries are skipped) into the hot cache of
+  // `layer`'s index group for a later step, as a resolve of them would (they become the most
+  // recently used; rows not resident take LRU victims and are copied on `stream`). Counted in
+  // CacheStats::prefetch_*, not in the layer's hit and miss counts.
+  // REQUIRES: `layer` is the first of its group; count in [1, max_prefetch]; `stream` is
+  // ordered after every read of this group's rows in the step (a victim may be a row the step
+  // used), and the group's next resolve is ordered after this call's copies.
+  Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count,
+                       StreamHandle stream);
   // Ends the step: joins the write-back side stream into `stream`.
   Status FinishStep(StreamHandle stream);
   // Host side, after replaying a captured run phase for a step planned with PlanStep: closes the
@@ -199,6 +241,36 @@ class SparseKVCacheManager {
   // applies their byte accounting to the new batch. REQUIRES: the graph was captured from a
   // complete run phase of this manager (every layer appended, FinishStep) and has been launched.
   Status FinishReplayedStep();
+
+  // ---- Remote tier (remote_tier.h, docs/scale-out.md) ----
+  //
+  // A remote-backed request's prompt rows stay in a remote region; the prompt pages wholly before
+  // its window take no host memory here (their page-table entries point at one placeholder page).
+  // Rows are read, row by row, when a resolve misses on them: CopyMisses (and RunLayer,
+  // PrefetchLayer) then waits for the host (synchronises `stream`, reads the miss list, reads the
+  // remote rows into a staging area or their host rows) before its copies. A step whose batch
+  // holds no remote-backed request is unchanged (and graph-capturable); one that does must run
+  // eagerly. A failed request's slots are -1 from the failure on (its ResolveLayer slots after
+  // the CopyMisses that failed it, for the split API). Fork refuses a remote-backed parent.
+
+  // Attaches `tier` (which must outlive the manager), takes the placeholder page from the host
+  // pool, allocates the staging area ([max_batch * max(top_k, max_prefetch)] rows of the largest
+  // stride, host memory) and registers both with the tier's transport. FailedPrecondition if a
+  // tier is attached already.
+  Status AttachRemoteTier(RemoteTier* tier);
+  // Admits request `id` for layout.tokens prompt positions plus max_new_tokens, with its prompt
+  // KV in region `region` of the attached tier (RemoteTier::ImportRegion), laid out as `layout`
+  // (layout.layers == the geometry's layers, layout.row_bytes == every layer's row_bytes). No
+  // ingestion follows: the newest `window` prompt rows of every layer are read now (the call
+  // waits for them), the others on demand. Errors as Admit, plus FailedPrecondition (no tier),
+  // InvalidArgument / OutOfRange for a layout that does not match the geometry or the region,
+  // and the transfer's error (nothing is admitted then).
+  Status AdmitRemote(RequestId id, uint32_t region, const RemotePromptLayout& layout,
+                     int32_t max_new_tokens, StreamHandle stream);
+  // OK while a remote-backed request's reads succeed; once one fails, that error, for good
+  // (Release the request; its prompt may be recomputed). NotFound if `id` is not a live
+  // remote-backed request.
+  Status RemoteStatus(RequestId id) const;
 
   // ---- Introspection ----
 
@@ -272,6 +344,34 @@ class SparseKVCacheManager {
   // Ends the open step (after its write-back is joined): indexes the pages it filled.
   void CloseStep();
 
+  // A miss list in device memory: (host row, layer-wide slot) pairs and their count.
+  struct MissList {
+    int32_t* host_row = nullptr;  // [capacity]
+    int32_t* slot = nullptr;      // [capacity]
+    int32_t* count = nullptr;     // scalar
+  };
+  Status CheckLayer(int32_t layer, const char* op) const;
+  // Resolves [max_batch, top_k] positions against `layer`'s replacement state into `list`.
+  Status Resolve(int32_t layer, const int32_t* topk, int32_t top_k, int32_t topk_stride,
+                 int32_t* slots, uint8_t* fill_mask, const MissList& list,
+                 ResolveCounters* counters, StreamHandle stream);
+  // Copies `list` (of `capacity` entries) from the host pool into `layer`'s rows.
+  Status Copy(int32_t layer, const MissList& list, int32_t capacity, StreamHandle stream);
+  // Remote tier hooks (src/remote/manager_remote.cc). Before a copy of `list` into `layer`:
+  // reads the remote rows it needs (into their host rows, or into the staging area for the
+  // staged copy) and drops the entries of failed requests. No-op unless a request of the batch is
+  // remote-backed.
+  Status FetchRemoteRows(int32_t layer, const MissList& list, int32_t capacity,
+                         StreamHandle stream);
+  // After that copy: the staged copy (staging area -> hot cache) of what FetchRemoteRows staged.
+  Status CopyStagedRemoteRows(int32_t layer, StreamHandle stream);
+  // Sets the slots rows (of the last ResolveLayer of `layer`'s group) of failed requests to -1.
+  Status BlankFailedRemoteSlots(int32_t layer, StreamHandle stream);
+  bool BatchHasRemote() const;
+
+  // Index groups alternate between two miss lists.
+  int32_t MissListOf(int32_t layer) const { return layer / options_.layers_per_index % 2; }
+
   CacheOptions options_;
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<HostKVPool> pool_;
@@ -286,18 +386,22 @@ class SparseKVCacheManager {
   // Device buffers.
   std::byte* plan_device_ = nullptr;  // see PlanLayout
   int32_t* page_table_device_ = nullptr;  // [max_requests, pages_per_request]
-  int32_t* miss_host_row_ = nullptr;      // [max_batch * top_k]
-  int32_t* miss_slot_ = nullptr;          // [max_batch * top_k]
-  int32_t* miss_count_ = nullptr;         // scalar
-  ResolveCounters* counters_ = nullptr;   // [layers]
+  MissList miss_lists_[2];                // [max_batch * top_k] each
+  MissList prefetch_list_;                // [max_batch * max_prefetch]
+  int32_t* prefetch_slots_ = nullptr;     // [max_batch * max_prefetch] (discarded)
+  ResolveCounters* counters_ = nullptr;   // [layers] resolves, then [layers] prefetches
   unsigned long long* invalid_copies_ = nullptr;  // scalar
   int64_t device_bytes_ = 0;
+  RemoteTier* remote_ = nullptr;   // not owned; null without a remote tier
+  std::unique_ptr<RemoteStaging> remote_staging_;  // null without a remote tier
+  int32_t* remote_slots_[2] = {};  // slots of the last ResolveLayer per miss list
 
   // Host mirror of the plan and step state.
   std::vector<std::byte> plan_host_;
   std::vector<RequestId> batch_;
   bool step_open_ = false;
   std::vector<bool> appended_;  // per layer, in the open step
+  std::vector<bool> resolved_;  // per index group, in the open step
   // Bytes one request of a step moves, as recorded by the last complete run phase (replays).
   uint64_t step_bytes_to_host_per_request_ = 0;
   uint64_t step_bytes_assembled_per_request_ = 0;

@@ -45,6 +45,13 @@ struct ModelPreset {
 // Known names: "deepseek-v3.2", "glm-5". Returns NotFound for any other name.
 StatusOr<ModelPreset> FindPreset(const std::string& name, KVPrecision precision);
 
+// How a request's hot slots are replaced (ResolveView in kernel_views.h defines both exactly;
+// docs/planning.md has the replayed hit rates that chose the default).
+enum class EvictionPolicy {
+  kLru,           // least recently used slot first
+  kSegmentedLru,  // segmented LRU: slots hit again are protected; new fills are evicted first
+};
+
 struct CacheOptions {
   KVGeometry geometry;
 
@@ -57,6 +64,12 @@ struct CacheOptions {
   // The newest `window` tokens of each request are always resident, in `window` extra slots per
   // request and layer (beyond hot_slots), and are never evicted.
   int32_t window = 1;
+  // Replacement of the hot slots. Segmented LRU kept +1.2 points of hit rate over LRU at
+  // hot_slots = 2 x top_k on a real model's trace (+0.35 to +0.9 on the synthetic one).
+  EvictionPolicy eviction = EvictionPolicy::kSegmentedLru;
+  // kSegmentedLru: the protected part holds at most hot_slots * protected_percent / 100 slots
+  // (rounded down); in [0, 100].
+  int32_t protected_percent = 80;
   // Host pool size in tokens (each token holds a row for every layer). Required.
   int64_t host_capacity_tokens = 0;
   // Requests that may hold a hot-cache block at once (admitted and not retracted). Required.
@@ -70,10 +83,26 @@ struct CacheOptions {
   int32_t max_context = 0;
   // Host rows are given to requests in pages of this many tokens.
   int32_t host_page_tokens = 64;
+  // Consecutive layers that share one top-k (models whose indexer serves several layers,
+  // "IndexShare"). Layers [g * n, (g + 1) * n) form index group g (the last group may be
+  // shorter); they share one replacement state, so the group's first layer resolves the top-k and
+  // every layer of the group copies the same misses into its own rows
+  // (SparseKVCacheManager::ResolveLayer / CopyMisses). 1: every layer has its own top-k.
+  int32_t layers_per_index = 1;
+  int32_t index_groups() const {
+    return (geometry.num_layers() + layers_per_index - 1) / layers_per_index;
+  }
+  // A top-k row may repeat a position, and repeats share its slot (instead of being skipped as
+  // duplicates). For several query tokens per step (speculative / MTP decoding): concatenate the
+  // T tokens' selections into one row of top_k = T * k entries; each missed row is fetched once.
+  bool share_repeated_positions = false;
 
   // ---- Performance ----
   // Sort each request's miss list by host address before copying (translation locality).
   bool sort_misses = true;
+  // Positions per request and layer that one PrefetchLayer call may take (its device buffers
+  // are sized for max_batch * max_prefetch entries). 0: no prefetch.
+  int32_t max_prefetch = 0;
 
   int32_t effective_max_batch() const { return max_batch > 0 ? max_batch : max_requests; }
   int32_t effective_max_host_requests() const {
@@ -81,6 +110,10 @@ struct CacheOptions {
   }
   // Slots per request and layer in the hot cache: hot_slots + window.
   int32_t slots_per_request() const { return hot_slots + window; }
+  // kSegmentedLru: the protected part's capacity in slots.
+  int32_t protected_capacity() const {
+    return static_cast<int32_t>(int64_t{hot_slots} * protected_percent / 100);
+  }
 };
 
 // Checks every field and their combinations; the message names the field and the rule.

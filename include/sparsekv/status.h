@@ -24,6 +24,7 @@ enum class StatusCode {
   kFailedPrecondition, // the call is valid, but not in the current state
   kOutOfRange,         // a position or count outside what was reserved
   kUnavailable,        // a device or service is not present
+  kDeadlineExceeded,   // an operation did not complete before its deadline
   kInternal,           // a backend call failed (e.g. a CUDA error)
 };
 
@@ -61,6 +62,9 @@ inline Status FailedPrecondition(std::string m) {
 }
 inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // Holds either a T or a non-OK Status.

@@ -84,6 +84,7 @@ void RegisterErrors(py::module_& m) {
       {StatusCode::kFailedPrecondition, "FailedPreconditionError", PyExc_RuntimeError},
       {StatusCode::kOutOfRange, "OutOfRangeError", PyExc_ValueError},
       {StatusCode::kUnavailable, "UnavailableError", PyExc_RuntimeError},
+      {StatusCode::kDeadlineExceeded, "DeadlineExceededError", PyExc_TimeoutError},
       {StatusCode::kInternal, "InternalError", PyExc_RuntimeError},
   };
   for (const Spec& s : specs) {
@@ -543,6 +544,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("token_bytes", &KVGeometry::token_bytes)
       .def_property_readonly("token_stride_bytes", &KVGeometry::token_stride_bytes);
 
+  py::enum_<EvictionPolicy>(m, "EvictionPolicy", "Replacement of the hot slots (options.h).")
+      .value("LRU", EvictionPolicy::kLru)
+      .value("SEGMENTED_LRU", EvictionPolicy::kSegmentedLru);
+
   const CacheOptions defaults;
   py::class_<CacheOptions>(m, "CacheOptions",
                            "Options of a manager; fields and defaults as in "
@@ -550,7 +555,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](KVGeometry geometry, int32_t top_k, int32_t hot_slots, int32_t window,
                        int64_t host_capacity_tokens, int32_t max_requests,
                        int32_t max_host_requests, int32_t max_batch, int32_t max_context,
-                       int32_t host_page_tokens, bool sort_misses) {
+                       int32_t host_page_tokens, bool sort_misses, EvictionPolicy eviction,
+                       int32_t protected_percent) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -563,6 +569,8 @@ PYBIND11_MODULE(_core, m) {
              o.max_context = max_context;
              o.host_page_tokens = host_page_tokens;
              o.sort_misses = sort_misses;
+             o.eviction = eviction;
+             o.protected_percent = protected_percent;
              return o;
            }),
            py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
@@ -571,7 +579,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("max_host_requests") = defaults.max_host_requests,
            py::arg("max_batch") = defaults.max_batch, py::arg("max_context"),
            py::arg("host_page_tokens") = defaults.host_page_tokens,
-           py::arg("sort_misses") = defaults.sort_misses)
+           py::arg("sort_misses") = defaults.sort_misses,
+           py::arg("eviction") = defaults.eviction,
+           py::arg("protected_percent") = defaults.protected_percent)
       .def_readwrite("geometry", &CacheOptions::geometry)
       .def_readwrite("top_k", &CacheOptions::top_k)
       .def_readwrite("hot_slots", &CacheOptions::hot_slots)
@@ -583,6 +593,9 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("max_context", &CacheOptions::max_context)
       .def_readwrite("host_page_tokens", &CacheOptions::host_page_tokens)
       .def_readwrite("sort_misses", &CacheOptions::sort_misses)
+      .def_readwrite("eviction", &CacheOptions::eviction)
+      .def_readwrite("protected_percent", &CacheOptions::protected_percent)
+      .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity)
       .def_property_readonly("effective_max_batch", &CacheOptions::effective_max_batch)
       .def_property_readonly("slots_per_request", &CacheOptions::slots_per_request)
       .def(

@@ -30,14 +30,23 @@ class _Request:
     block: Optional[int]
     slot_token: List[List[int]] = field(default_factory=list)  # per layer, [C]
     lru: List[List[int]] = field(default_factory=list)  # per layer, [C], LRU first
+    protected: List[int] = field(default_factory=list)  # per layer: lru's protected tail
 
     @property
     def seq_len(self) -> int:
         return self.history[0].shape[0]
 
 
+def protected_capacity_of(options) -> Optional[int]:
+    """ReferenceManager's protected_capacity for a sparsekv.CacheOptions."""
+    return options.protected_capacity if options.eviction.name == "SEGMENTED_LRU" else None
+
+
 class ReferenceManager:
-    def __init__(self, hot_slots: int, window: int, max_requests: int, num_layers: int):
+    def __init__(self, hot_slots: int, window: int, max_requests: int, num_layers: int,
+                 protected_capacity: Optional[int] = None):
+        """protected_capacity: segmented LRU with this capacity; None: LRU."""
+        self.P = protected_capacity
         self.C = hot_slots
         self.W = window
         self.max_requests = max_requests
@@ -51,6 +60,7 @@ class ReferenceManager:
         r.block = min(b for b in range(self.max_requests) if b not in used)
         r.slot_token = [[-1] * self.C for _ in range(self.num_layers)]
         r.lru = [list(range(self.C)) for _ in range(self.num_layers)]
+        r.protected = [0] * self.num_layers
 
     def admit(self, rid: int, prompt: List[np.ndarray]) -> None:
         r = _Request(history=[p.copy() for p in prompt], block=None)
@@ -112,7 +122,16 @@ class ReferenceManager:
                 slot_token[v] = p
                 out[b, k] = base + v
             used = hit | set(victims)
-            r.lru[layer] = [s for s in lru if s not in used] + [s for s in lru if s in used]
+            if self.P is None:
+                r.lru[layer] = [s for s in lru if s not in used] + [s for s in lru if s in used]
+                continue
+            first = C - r.protected[layer]
+            kept = [(i, s) for i, s in enumerate(lru) if s not in used]
+            probationary = [s for i, s in kept if i < first]
+            untouched_protected = [s for i, s in kept if i >= first]
+            r.lru[layer] = (probationary + [s for s in lru if s in victims] +
+                            untouched_protected + [s for s in lru if s in hit])
+            r.protected[layer] = min(self.P, len(untouched_protected) + len(hit))
         return out
 
     def row(self, rid: int, layer: int, position: int) -> np.ndarray:

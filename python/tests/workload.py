@@ -13,7 +13,7 @@ from typing import Callable, List
 import numpy as np
 
 import sparsekv
-from resolve_reference import ReferenceManager
+from resolve_reference import ReferenceManager, protected_capacity_of
 
 UNTOUCHED = -7  # sentinel in slot rows past the batch
 
@@ -40,7 +40,8 @@ class Workload:
         self.o = o
         self.strides = [layer.row_stride for layer in o.geometry.layers]
         self.row_bytes = [layer.row_bytes for layer in o.geometry.layers]
-        self.ref = ReferenceManager(o.hot_slots, o.window, o.max_requests, len(self.strides))
+        self.ref = ReferenceManager(o.hot_slots, o.window, o.max_requests, len(self.strides),
+                                    protected_capacity_of(o))
         self.next_id = 100
         self.live: List[int] = []  # admitted, holding a hot-cache block
         self.retracted: List[int] = []

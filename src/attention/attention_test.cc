@@ -318,6 +318,81 @@ TEST_P(SparseMLAAttentionTest, MatchesReferenceOnRandomInputs) {
   }
 }
 
+// Split attention as a transfer-hiding engine runs it: the rows of the "fill" entries hold NaN
+// poison while RunHits runs (the miss copy is in flight), the real rows arrive, then
+// RunFillsAndMerge. The merged output must match the reference like Run's does. Fill rows are
+// chosen per stored row (a repeat of a missed row is a fill too); request 0 has no fills and
+// request 1 only fills, when the batch has them.
+TEST_P(SparseMLAAttentionTest, SplitRunMatchesReference) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const auto [format, heads, top_k, batch] = GetParam();
+  const int64_t row_stride = KVRowBytes(format);
+  std::mt19937_64 rng(heads * 131 + top_k * 7 + batch);
+  SparseMLAOptions options{
+      .max_batch = batch + 1, .heads = heads, .top_k = top_k, .format = format};
+  AttentionInputs in = RandomInputs(options, batch, row_stride, rng);
+  // A stored row is either resident or being filled (a hit and a miss never share a slot);
+  // request 0 reads only resident rows, request 1 only filled ones.
+  std::vector<uint8_t> fill_row(kRows);
+  for (int32_t r = 0; r < kRows; ++r) fill_row[r] = r % 5 == 0;
+  std::vector<uint8_t> fill(in.indices.size(), 0);
+  for (size_t i = 0; i < fill.size(); ++i) {
+    const int b = static_cast<int>(i / top_k);
+    int32_t& index = in.indices[i];
+    if (index < 0) continue;
+    if (b == 0 && fill_row[index]) index = (index + 1) % kRows;
+    if (b == 1 && !fill_row[index]) index -= index % 5;
+    fill[i] = fill_row[index];
+  }
+  std::vector<std::byte> poisoned_rows = in.rows;
+  for (size_t i = 0; i < fill.size(); ++i) {
+    if (fill[i]) std::memset(&poisoned_rows[in.indices[i] * row_stride], 0xFF, row_stride);
+  }
+  std::vector<double> ref(size_t{1} * batch * heads * kMLAValueDim);
+  ExpectOk(ReferenceSparseMLA(options, batch, in.q.data(), in.rows.data(), row_stride,
+                              in.indices.data(), ref.data()));
+  const size_t per_request = size_t{1} * heads * kMLAValueDim;
+
+  for (const auto split :
+       {SparseMLAOptions::Split::kGatherFirst, SparseMLAOptions::Split::kMergeHalves}) {
+    const bool merge = split == SparseMLAOptions::Split::kMergeHalves;
+    SCOPED_TRACE(merge ? "kMergeHalves" : "kGatherFirst");
+    options.split = split;
+    StatusOr<std::unique_ptr<SparseMLAAttention>> attention = SparseMLAAttention::Create(options);
+    ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+    DeviceBuffer q(*gpu, in.q.size() * 2);
+    DeviceBuffer rows(*gpu, in.rows.size());
+    DeviceBuffer indices(*gpu, in.indices.size() * 4);
+    DeviceBuffer fill_mask(*gpu, fill.size());
+    DeviceBuffer out(*gpu, size_t{2} * (batch + 1) * heads * kMLAValueDim);
+    q.Upload(in.q);
+    rows.Upload(poisoned_rows);
+    indices.Upload(in.indices);
+    fill_mask.Upload(fill);
+    out.Fill(kNaNPoison);
+    ExpectOk((*attention)->RunHits(batch, q.get(), rows.get(), row_stride,
+                                   indices.get<int32_t>(), fill_mask.get<uint8_t>(), nullptr));
+    ExpectOk(gpu->Synchronize(nullptr));
+    rows.Upload(in.rows);  // the miss copy lands
+    ExpectOk((*attention)->RunFillsAndMerge(batch, q.get(), rows.get(), row_stride,
+                                            indices.get<int32_t>(), fill_mask.get<uint8_t>(),
+                                            out.get(), nullptr));
+    ExpectOk(gpu->Synchronize(nullptr));
+    const std::vector<uint16_t> got = out.Download<uint16_t>();
+    for (int b = 0; b < batch; ++b) {
+      EXPECT_LT(RelativeError(&got[b * per_request], &ref[b * per_request], per_request), 1e-2)
+          << "request " << b;
+    }
+    size_t poisoned = 0;
+    for (size_t i = batch * per_request; i < got.size(); ++i) poisoned += got[i] == 0xFFFF;
+    EXPECT_EQ(poisoned, per_request) << "a request past the batch was written";
+    if (!merge) {
+      // Gathering first changes only when rows are read: the output is Run's, bit for bit.
+      EXPECT_EQ(got, RunOnGpu(*gpu, **attention, in, batch, row_stride));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, SparseMLAAttentionTest,
                          ::testing::Combine(::testing::Values(KVRowFormat::kBf16Row1152,
                                                               KVRowFormat::kFp8Row656),

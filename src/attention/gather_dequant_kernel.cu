@@ -7,7 +7,8 @@
 //   * kFp8Row656: 40 pieces. Pieces 0..31 hold 16 e4m3 values each (dims 16c .. 16c + 15), which
 //     become 32 output bytes scaled by the group's fp32 scale (8 pieces share one); pieces 32..39
 //     are the bf16 rope dims, copied as is. The 16 scale bytes are read by the value pieces.
-// A masked entry (index < 0) writes zeros in place of its piece, so the GEMMs never see stale data.
+// A masked entry (index < 0) writes zeros in place of its piece, so the GEMMs never see stale data;
+// so does an entry outside the hits half of a split run, until the fills half writes it.
 // One thread per piece (up to 9.4 M at batch 64, top_k 2048) keeps enough loads in flight to cover
 // HBM latency without a persistent loop; the flat piece number fits in 32 bits by option
 // validation.
@@ -101,7 +102,9 @@ __global__ void __launch_bounds__(kThreads) GatherDequantKernel(const GatherDequ
   if (entry >= static_cast<uint32_t>(view.batch) * static_cast<uint32_t>(view.top_k)) return;
   const int32_t index = __ldg(view.indices + entry);
   uint4* out = reinterpret_cast<uint4*>(view.keys) + static_cast<int64_t>(entry) * kOutChunks;
-  if (index < 0) {
+  const bool fill = view.part != FillPart::kAll && __ldg(view.fill + entry) != 0;
+  if (view.part == FillPart::kFills && !fill) return;
+  if (index < 0 || (view.part == FillPart::kHits && fill)) {
     Pieces::Zero(c, out);
   } else {
     Pieces::Move(view.kv_rows + index * view.row_stride, c, out);

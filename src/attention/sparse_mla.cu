@@ -47,7 +47,9 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     DeviceGuard guard(device_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     for (void* buffer : {cublas_workspace_, static_cast<void*>(keys_), static_cast<void*>(scores_),
-                         static_cast<void*>(probs_)}) {
+                         static_cast<void*>(probs_), static_cast<void*>(partial_out_[0]),
+                         static_cast<void*>(partial_out_[1]), static_cast<void*>(partial_lse_[0]),
+                         static_cast<void*>(partial_lse_[1])}) {
       if (buffer != nullptr) cudaFree(buffer);
     }
   }
@@ -59,6 +61,12 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     SPARSEKV_RETURN_IF_ERROR(Allocate(&keys_, entries * kMLAQKDim));
     SPARSEKV_RETURN_IF_ERROR(Allocate(&scores_, scores));
     SPARSEKV_RETURN_IF_ERROR(Allocate(&probs_, scores));
+    const int64_t rows = int64_t{options_.max_batch} * options_.heads;
+    for (int half = 0; half < 2 && options_.split == SparseMLAOptions::Split::kMergeHalves;
+         ++half) {
+      SPARSEKV_RETURN_IF_ERROR(Allocate(&partial_out_[half], rows * kMLAValueDim));
+      SPARSEKV_RETURN_IF_ERROR(Allocate(&partial_lse_[half], rows));
+    }
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     workspace_bytes_ += kCublasWorkspaceBytes;
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
@@ -66,13 +74,61 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
   }
 
   Status Run(int32_t batch, const void* q, const std::byte* kv_rows, int64_t row_stride,
-             const int32_t* indices, void* out, StreamHandle stream_handle) override {
+             const int32_t* indices, void* out, StreamHandle stream) override {
+    return RunPart(mla_cuda::FillPart::kAll, batch, q, kv_rows, row_stride, indices, nullptr,
+                   out, stream);
+  }
+
+  Status RunHits(int32_t batch, const void* q, const std::byte* kv_rows, int64_t row_stride,
+                 const int32_t* indices, const uint8_t* fill, StreamHandle stream) override {
+    if (fill == nullptr) return InvalidArgument("SparseMLAAttention::RunHits: fill is null");
+    const bool gather_only = options_.split == SparseMLAOptions::Split::kGatherFirst;
+    return RunPart(mla_cuda::FillPart::kHits, batch, q, kv_rows, row_stride, indices, fill,
+                   nullptr, stream, gather_only);
+  }
+
+  Status RunFillsAndMerge(int32_t batch, const void* q, const std::byte* kv_rows,
+                          int64_t row_stride, const int32_t* indices, const uint8_t* fill,
+                          void* out, StreamHandle stream) override {
+    if (fill == nullptr) {
+      return InvalidArgument("SparseMLAAttention::RunFillsAndMerge: fill is null");
+    }
+    if (options_.split == SparseMLAOptions::Split::kGatherFirst) {
+      // The resident rows are in place: gather the others, then one pass over all entries.
+      SPARSEKV_RETURN_IF_ERROR(RunPart(mla_cuda::FillPart::kFills, batch, q, kv_rows, row_stride,
+                                       indices, fill, out, stream, /*gather_only=*/true));
+      return RunPart(mla_cuda::FillPart::kAll, batch, q, kv_rows, row_stride, indices, nullptr,
+                     out, stream, /*gather_only=*/false, /*gather=*/false);
+    }
+    SPARSEKV_RETURN_IF_ERROR(RunPart(mla_cuda::FillPart::kFills, batch, q, kv_rows, row_stride,
+                                     indices, fill, out, stream));
+    if (batch == 0) return Status::Ok();
+    DeviceGuard guard(device_);
+    const mla_cuda::MergeView merge{partial_out_[0], partial_lse_[0], partial_out_[1],
+                                    partial_lse_[1], static_cast<__nv_bfloat16*>(out), batch,
+                                    options_.heads};
+    SPARSEKV_CUDA_RETURN_IF_ERROR(
+        mla_cuda::LaunchMerge(merge, static_cast<cudaStream_t>(stream)));
+    return Status::Ok();
+  }
+
+  int64_t workspace_bytes() const override { return workspace_bytes_; }
+  const SparseMLAOptions& options() const override { return options_; }
+
+ private:
+  // One pass of the pipeline over the entries of `part`. kAll writes bf16 `out`; kHits and kFills
+  // write their fp32 partial output and log-sum-exp into half 0 and 1 of the partial buffers.
+  // gather_only: stop after the gather; gather = false: start after it (keys_ is complete).
+  Status RunPart(mla_cuda::FillPart part, int32_t batch, const void* q, const std::byte* kv_rows,
+                 int64_t row_stride, const int32_t* indices, const uint8_t* fill, void* out,
+                 StreamHandle stream_handle, bool gather_only = false, bool gather = true) {
     if (batch < 0 || batch > options_.max_batch) {
       return InvalidArgument("SparseMLAAttention::Run: batch " + std::to_string(batch) +
                              " outside [0, " + std::to_string(options_.max_batch) + "]");
     }
     if (batch == 0) return Status::Ok();
-    if (q == nullptr || kv_rows == nullptr || indices == nullptr || out == nullptr) {
+    if (q == nullptr || kv_rows == nullptr || indices == nullptr ||
+        (part != mla_cuda::FillPart::kHits && !gather_only && out == nullptr)) {
       return InvalidArgument("SparseMLAAttention::Run: null pointer");
     }
     if (reinterpret_cast<uintptr_t>(kv_rows) % 16 != 0 || row_stride % 16 != 0 ||
@@ -86,10 +142,16 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     const auto stream = static_cast<cudaStream_t>(stream_handle);
     const int heads = options_.heads;
     const int top_k = options_.top_k;
+    const int half = part == mla_cuda::FillPart::kFills ? 1 : 0;
 
-    const mla_cuda::GatherDequantView gather{kv_rows, row_stride, indices, keys_, batch, top_k};
-    SPARSEKV_CUDA_RETURN_IF_ERROR(
-        mla_cuda::LaunchGatherDequant(options_.format, gather, stream));
+    mla_cuda::GatherDequantView gather_view{kv_rows, row_stride, indices, keys_, batch, top_k};
+    gather_view.fill = fill;
+    gather_view.part = part;
+    if (gather) {
+      SPARSEKV_CUDA_RETURN_IF_ERROR(
+          mla_cuda::LaunchGatherDequant(options_.format, gather_view, stream));
+    }
+    if (gather_only) return Status::Ok();
 
     // cublasSetStream resets the workspace to cuBLAS's own pool: set ours again after it.
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream));
@@ -107,22 +169,24 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
         CUDA_R_32F, /*ldc=*/top_k, /*strideC=*/int64_t{heads} * top_k, batch, CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT));
 
-    const mla_cuda::MaskedSoftmaxView softmax{scores_, indices, probs_, batch, heads, top_k};
+    mla_cuda::MaskedSoftmaxView softmax{scores_, indices, probs_, batch, heads, top_k};
+    softmax.fill = fill;
+    softmax.part = part;
+    softmax.lse = part == mla_cuda::FillPart::kAll ? nullptr : partial_lse_[half];
     SPARSEKV_CUDA_RETURN_IF_ERROR(mla_cuda::LaunchMaskedSoftmax(softmax, stream));
 
+    // The whole run writes bf16 `out`; a half writes its fp32 partial output.
+    void* gemm_out = part == mla_cuda::FillPart::kAll ? out : partial_out_[half];
+    const cudaDataType out_type = part == mla_cuda::FillPart::kAll ? CUDA_R_16BF : CUDA_R_32F;
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
         cublas_, CUBLAS_OP_N, CUBLAS_OP_N, /*m=*/kMLAValueDim, /*n=*/heads, /*k=*/top_k, &one,
         keys_, CUDA_R_16BF, /*lda=*/kMLAQKDim, /*strideA=*/int64_t{top_k} * kMLAQKDim, probs_,
-        CUDA_R_16BF, /*ldb=*/top_k, /*strideB=*/int64_t{heads} * top_k, &zero, out, CUDA_R_16BF,
-        /*ldc=*/kMLAValueDim, /*strideC=*/int64_t{heads} * kMLAValueDim, batch, CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT));
+        CUDA_R_16BF, /*ldb=*/top_k, /*strideB=*/int64_t{heads} * top_k, &zero, gemm_out,
+        out_type, /*ldc=*/kMLAValueDim, /*strideC=*/int64_t{heads} * kMLAValueDim, batch,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return Status::Ok();
   }
 
-  int64_t workspace_bytes() const override { return workspace_bytes_; }
-  const SparseMLAOptions& options() const override { return options_; }
-
- private:
   template <typename T>
   Status Allocate(T** ptr, int64_t elements) {
     const size_t bytes = static_cast<size_t>(elements) * sizeof(T);
@@ -142,6 +206,10 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
   __nv_bfloat16* keys_ = nullptr;   // [max_batch, top_k, 576] gathered, dequantised rows
   float* scores_ = nullptr;         // [max_batch, heads, top_k] scaled logits, base 2
   __nv_bfloat16* probs_ = nullptr;  // [max_batch, heads, top_k] softmax weights
+  // Split runs: per half (0: hits, 1: fills), the normalised partial output [max_batch, heads,
+  // 512] and log2 of its softmax denominator [max_batch, heads].
+  float* partial_out_[2] = {nullptr, nullptr};
+  float* partial_lse_[2] = {nullptr, nullptr};
   int64_t workspace_bytes_ = 0;
 };
 

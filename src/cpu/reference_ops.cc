@@ -67,6 +67,8 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
       misses.push_back(k);
     }
   }
+  // Hit slots (touched before any victim is taken); the rest of `touched` become victims.
+  const std::vector<char> hit = touched;
   // Victims: the least recently used slots that no hit touched.
   size_t next_miss = 0;
   for (int32_t i = 0; i < c && next_miss < misses.size(); ++i) {
@@ -92,8 +94,23 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
       if (fill != nullptr) fill[k] = fill[first];
     }
   }
-  // Untouched slots first, then touched ones, each in their previous order.
-  std::stable_partition(lru, lru + c, [&](int32_t s) { return !touched[s]; });
+  if (v.lru_protected == nullptr) {
+    // Untouched slots first, then touched ones, each in their previous order.
+    std::stable_partition(lru, lru + c, [&](int32_t s) { return !touched[s]; });
+    return;
+  }
+  // Segmented: [untouched probationary][filled][untouched protected][hit], each in order.
+  int32_t& protected_count = v.lru_protected[e.block];
+  const int32_t first_protected = c - std::clamp(protected_count, 0, c);
+  std::vector<int32_t> group(c, 0);
+  int32_t promoted = 0;
+  for (int32_t i = 0; i < c; ++i) {
+    const int32_t s = lru[i];
+    group[s] = hit[s] ? 3 : touched[s] ? 1 : i >= first_protected ? 2 : 0;
+    promoted += group[s] >= 2;
+  }
+  std::stable_sort(lru, lru + c, [&](int32_t a, int32_t b) { return group[a] < group[b]; });
+  protected_count = std::min(v.protected_capacity, promoted);
 }
 
 }  // namespace

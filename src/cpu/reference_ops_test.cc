@@ -63,6 +63,10 @@ class ReferenceResolveTest : public ::testing::Test {
     v.slots_out = out.data();
     v.slot_token = slot_token_.data();
     v.lru_order = lru_.data();
+    if (protected_capacity_ >= 0) {
+      v.lru_protected = &lru_protected_;
+      v.protected_capacity = protected_capacity_;
+    }
     v.hot_slots = kC;
     v.window = 1;
     v.page_table = page_table_.data();
@@ -84,6 +88,8 @@ class ReferenceResolveTest : public ::testing::Test {
   int32_t miss_count_ = 0;
   ResolveCounters counters_{};
   bool share_duplicates_ = false;
+  int32_t protected_capacity_ = -1;  // >= 0: segmented LRU
+  int32_t lru_protected_ = 0;
   std::vector<uint8_t> fill_;
 };
 
@@ -105,6 +111,26 @@ TEST_F(ReferenceResolveTest, HitsAreNeverEvictedAndLruOrderFollowsUse) {
   EXPECT_EQ(lru_, (std::vector<int32_t>{1, 3, 0, 2}));
   out = Run({40, 30, 50}, 60);  // slot 1 (20) is the least recently used
   EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 3}));
+}
+
+TEST_F(ReferenceResolveTest, SegmentedLruEvictsProbationarySlotsFirst) {
+  protected_capacity_ = 2;
+  Run({10, 20, 30}, 40);  // fills slots 0, 1, 2: order 3,0,1,2, nothing protected
+  EXPECT_EQ(lru_protected_, 0);
+  Run({10, 20, -1}, 40);  // 10 and 20 hit again: protected
+  EXPECT_EQ(lru_, (std::vector<int32_t>{3, 2, 0, 1}));
+  EXPECT_EQ(lru_protected_, 2);
+  Run({40, -1, -1}, 50);  // fills the empty slot 3, which enters the probationary part
+  EXPECT_EQ(lru_, (std::vector<int32_t>{2, 3, 0, 1}));
+  // Two misses take the probationary slots 2 (30) and 3 (40); LRU would have evicted 10.
+  EXPECT_EQ(Run({50, 60, -1}, 64), (std::vector<int32_t>{2, 3, kNullSlot}));
+  EXPECT_EQ(slot_token_, (std::vector<int32_t>{10, 20, 50, 60}));
+  EXPECT_EQ(lru_, (std::vector<int32_t>{2, 3, 0, 1}));
+  EXPECT_EQ(lru_protected_, 2);
+  // Untouched probationary, filled, untouched protected, hit.
+  EXPECT_EQ(Run({10, 45, -1}, 64), (std::vector<int32_t>{0, 2, kNullSlot}));
+  EXPECT_EQ(lru_, (std::vector<int32_t>{3, 2, 1, 0}));
+  EXPECT_EQ(lru_protected_, 2);
 }
 
 TEST_F(ReferenceResolveTest, WindowPaddingDuplicatesAndOutOfRange) {

@@ -216,11 +216,13 @@ struct ResolveShape {
   int32_t hot_slots;
   int32_t window;
   int32_t steps;
+  int32_t protected_capacity = -1;  // >= 0: segmented LRU with this capacity; -1: LRU
 };
 
 std::string ShapeName(const ResolveShape& s) {
   return "B=" + std::to_string(s.max_batch) + " K=" + std::to_string(s.top_k) +
-         " C=" + std::to_string(s.hot_slots) + " W=" + std::to_string(s.window);
+         " C=" + std::to_string(s.hot_slots) + " W=" + std::to_string(s.window) +
+         (s.protected_capacity >= 0 ? " P=" + std::to_string(s.protected_capacity) : "");
 }
 
 // One layer's resolve state and inputs, held twice: in host vectors for the reference and in the
@@ -240,6 +242,7 @@ class ResolveHarness {
             (InitialSeqLen() + shape.steps * (shape.top_k + shape.window + 64)) / kPageTokens + 2),
         slot_token_(static_cast<size_t>(num_blocks_) * shape.hot_slots, -1),
         lru_order_(static_cast<size_t>(num_blocks_) * shape.hot_slots),
+        lru_protected_(num_blocks_, 0),
         batch_(shape.max_batch),
         topk_(static_cast<size_t>(shape.max_batch) * topk_stride_, kPaddingPosition),
         page_table_(static_cast<size_t>(shape.max_batch) * pages_per_request_),
@@ -249,6 +252,7 @@ class ResolveHarness {
         g_slots_out_(gpu, MissCapacity() * sizeof(int32_t)),
         g_slot_token_(gpu, slot_token_.size() * sizeof(int32_t)),
         g_lru_order_(gpu, lru_order_.size() * sizeof(int32_t)),
+        g_lru_protected_(gpu, lru_protected_.size() * sizeof(int32_t)),
         g_page_table_(gpu, page_table_.size() * sizeof(int32_t)),
         g_miss_host_row_(gpu, MissCapacity() * sizeof(int32_t)),
         g_miss_slot_(gpu, MissCapacity() * sizeof(int32_t)),
@@ -272,6 +276,7 @@ class ResolveHarness {
     std::shuffle(page_table_.begin(), page_table_.end(), rng_);
     g_slot_token_.Upload(slot_token_);
     g_lru_order_.Upload(lru_order_);
+    g_lru_protected_.Upload(lru_protected_);
     g_page_table_.Upload(page_table_);
     g_counters_.Fill(0);
     last_topk_ = topk_;
@@ -300,9 +305,10 @@ class ResolveHarness {
     std::vector<uint8_t> want_fill = Poisoned<uint8_t>(MissCapacity());
     int32_t want_miss_count = 0;
     reference::Resolve(View(&batch_size, batch_.data(), topk_.data(), want_out.data(),
-                            slot_token_.data(), lru_order_.data(), page_table_.data(),
-                            want_miss_row.data(), want_miss_slot.data(), &want_miss_count,
-                            &counters_, flags.fill_mask ? want_fill.data() : nullptr, flags));
+                            slot_token_.data(), lru_order_.data(), lru_protected_.data(),
+                            page_table_.data(), want_miss_row.data(), want_miss_slot.data(),
+                            &want_miss_count, &counters_,
+                            flags.fill_mask ? want_fill.data() : nullptr, flags));
 
     // GPU.
     g_batch_size_.Upload(std::vector<int32_t>{batch_size});
@@ -316,9 +322,9 @@ class ResolveHarness {
     ExpectOk(gpu_.Resolve(
         View(g_batch_size_.get<int32_t>(), g_batch_.get<BatchEntry>(), g_topk_.get<int32_t>(),
              g_slots_out_.get<int32_t>(), g_slot_token_.get<int32_t>(), g_lru_order_.get<int32_t>(),
-             g_page_table_.get<int32_t>(), g_miss_host_row_.get<int32_t>(),
-             g_miss_slot_.get<int32_t>(), g_miss_count_.get<int32_t>(),
-             g_counters_.get<ResolveCounters>(),
+             g_lru_protected_.get<int32_t>(), g_page_table_.get<int32_t>(),
+             g_miss_host_row_.get<int32_t>(), g_miss_slot_.get<int32_t>(),
+             g_miss_count_.get<int32_t>(), g_counters_.get<ResolveCounters>(),
              flags.fill_mask ? g_fill_mask_.get<uint8_t>() : nullptr, flags),
         s_.max_batch, nullptr));
     ExpectOk(gpu_.Synchronize(nullptr));
@@ -328,6 +334,7 @@ class ResolveHarness {
               flags.fill_mask ? want_fill : Poisoned<uint8_t>(MissCapacity()));
     EXPECT_EQ(g_slot_token_.Download<int32_t>(), slot_token_);
     EXPECT_EQ(g_lru_order_.Download<int32_t>(), lru_order_);
+    EXPECT_EQ(g_lru_protected_.Download<int32_t>(), lru_protected_);
     const ResolveCounters got = g_counters_.Download<ResolveCounters>()[0];
     EXPECT_EQ(got.hits, counters_.hits);
     EXPECT_EQ(got.window_hits, counters_.window_hits);
@@ -363,9 +370,9 @@ class ResolveHarness {
 
   ResolveView View(const int32_t* batch_size, const BatchEntry* batch, const int32_t* topk,
                    int32_t* slots_out, int32_t* slot_token, int32_t* lru_order,
-                   const int32_t* page_table, int32_t* miss_host_row, int32_t* miss_slot,
-                   int32_t* miss_count, ResolveCounters* counters, uint8_t* fill_mask,
-                   Flags flags) const {
+                   int32_t* lru_protected, const int32_t* page_table, int32_t* miss_host_row,
+                   int32_t* miss_slot, int32_t* miss_count, ResolveCounters* counters,
+                   uint8_t* fill_mask, Flags flags) const {
     return {.batch_size = batch_size,
             .batch = batch,
             .topk = topk,
@@ -374,6 +381,8 @@ class ResolveHarness {
             .slots_out = slots_out,
             .slot_token = slot_token,
             .lru_order = lru_order,
+            .lru_protected = s_.protected_capacity >= 0 ? lru_protected : nullptr,
+            .protected_capacity = s_.protected_capacity,
             .hot_slots = s_.hot_slots,
             .window = s_.window,
             .page_table = page_table,
@@ -467,6 +476,7 @@ class ResolveHarness {
   // The reference's state and inputs.
   std::vector<int32_t> slot_token_;
   std::vector<int32_t> lru_order_;
+  std::vector<int32_t> lru_protected_;  // [blocks]; stays 0 for LRU
   std::vector<BatchEntry> batch_;
   std::vector<int32_t> topk_;
   std::vector<int32_t> last_topk_;
@@ -480,6 +490,7 @@ class ResolveHarness {
   Buffer g_slots_out_;
   Buffer g_slot_token_;
   Buffer g_lru_order_;
+  Buffer g_lru_protected_;
   Buffer g_page_table_;
   Buffer g_miss_host_row_;
   Buffer g_miss_slot_;
@@ -521,6 +532,22 @@ TEST(CudaResolveTest, MatchesReferenceOverManySteps) {
       for (int32_t w : {1, 4}) {
         const int32_t max_batch = k >= 2048 ? 24 : 64;
         RunResolveSchedule(*gpu, {max_batch, k, c, w, 10}, seed++);
+      }
+    }
+  }
+}
+
+// Segmented LRU: protected parts from empty to the whole cache, one round (C <= 4096) and several.
+TEST(CudaResolveTest, SegmentedLruMatchesReference) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  uint64_t seed = 4000;
+  for (int32_t k : {7, 64, 600, 2048}) {
+    for (int32_t c : {k, 2 * k, 4096, 6000}) {
+      if (c < k) continue;
+      for (int32_t p : {0, c / 2, c * 8 / 10, c}) {
+        const int32_t max_batch = k >= 2048 ? 24 : 48;
+        RunResolveSchedule(*gpu, {max_batch, k, c, 1 + static_cast<int32_t>(seed % 3), 10, p},
+                           seed++);
       }
     }
   }

@@ -28,6 +28,14 @@
 //      The first kLruChunk entries are read into registers at the start; the rest (C > kLruChunk)
 //      are copied to shared memory before the first write, since the new order overwrites the
 //      old one in place.
+//      Segmented LRU (lru_protected set), with the protected part starting at old index C - q:
+//        kept probationary:  u - n_filled;   kept protected:  u;
+//        hit:                C - n_hit + (i - u);
+//        victim u:           a + u, written in step 5 (a is known only after the round that
+//                            holds index C - q),
+//      where a = max(0, p - n_filled) and p = the u of index C - q: the free probationary slots.
+//      The thread holding index C - q also writes the new protected count. No extra ballot or
+//      barrier; with no miss this is the LRU formula.
 //   5. Miss r takes victim r. The row's misses are appended to the miss list with one atomicAdd,
 //      sorted by host row when asked (block radix sort over the row's host-row range only). The
 //      atomicAdd and the page-table reads are issued before step 4, whose barriers hide them.
@@ -234,6 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int32_t warp_counts[kNumCounts][kWarps];
   __shared__ int32_t warp_free[kWarps];
   __shared__ int32_t miss_base;
+  __shared__ int32_t victims_at;  // segmented: where the filled slots start in the new order
   __shared__ int32_t min_host_row;
   __shared__ int32_t max_host_row;
 
@@ -267,9 +276,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* out_row = v.slots_out + static_cast<int64_t>(b) * top_k;
   int32_t* slot_token = v.slot_token + static_cast<int64_t>(e.block) * c;
   int32_t* lru = v.lru_order + static_cast<int64_t>(e.block) * c;
+  const bool segmented = v.lru_protected != nullptr;
 
   // Global round trip 2: the top-k row, the first chunk of slot_token (step 2) and of lru_order
-  // (step 4), all in flight at once; step 1 waits only for the top-k.
+  // (step 4), and the protected count, all in flight at once; step 1 waits only for the top-k.
   int32_t pos[kItems];
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
@@ -280,6 +290,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   Load4(slot_token, tid * kSlotItems, c, -1, token);  // -1: empty, never looked up
   int32_t lru_slot[kLruItems];
   Load4(lru, tid * kLruItems, c, 0, lru_slot);
+  // Where the protected part begins in the old order (C: none, or plain LRU).
+  const int32_t first_protected = segmented ? c - min(max(v.lru_protected[e.block], 0), c) : c;
   __syncthreads();  // the shared memory is initialised
 
   // Step 1: hash; duplicates.
@@ -445,12 +457,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         // order from writing outside the block.
         int32_t target;
         if (is_free[j] && u >= n_filled) {
-          target = u - n_filled;
+          target = segmented && i >= first_protected ? u : u - n_filled;
+        } else if (is_free[j]) {
+          victims[u] = lru_slot[j];
+          // Segmented: the victim's place needs the free count at first_protected (step 5).
+          target = segmented ? c : n_kept + i - max(0, u - n_filled);
         } else {
-          if (is_free[j]) victims[u] = lru_slot[j];
-          target = n_kept + i - max(0, u - n_filled);
+          target = segmented ? n_kept + n_filled + i - u : n_kept + i - max(0, u - n_filled);
         }
         if (target < c) lru[target] = lru_slot[j];
+        if (segmented && i == first_protected) {
+          // u free slots are probationary: max(0, u - n_filled) of them are kept, and the
+          // c - n_hit - u protected ones lose max(0, n_filled - u) victims.
+          victims_at = max(0, u - n_filled);
+          v.lru_protected[e.block] = min(v.protected_capacity, c - u - max(0, n_filled - u));
+        }
       }
       free_before += round_free;
       round += kLruChunk;
@@ -462,6 +483,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         lru_slot[j] = i < c ? lru_copy[i - kLruChunk] : 0;
       }
     }
+  }
+  // Segmented, no protected part (no entry at first_protected): every free slot was probationary.
+  // With nothing hit or filled the order stays, and so does the protected part (up to capacity).
+  if (segmented && tid == 0 && (first_protected == c || n_hit + n_filled == 0)) {
+    victims_at = n_kept;
+    v.lru_protected[e.block] =
+        min(v.protected_capacity, n_hit + n_filled > 0 ? n_hit : c - first_protected);
   }
 
   // Step 5: misses take their victims.
@@ -478,6 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int32_t victim = victims[miss_rank[j]];
       // Always in [0, C) unless lru_order was corrupt (fewer free slots than counted).
       if (static_cast<uint32_t>(victim) < static_cast<uint32_t>(c)) slot_token[victim] = p;
+      if (segmented && victims_at + miss_rank[j] < c) lru[victims_at + miss_rank[j]] = victim;
       out[j] = base + victim;
       out_row[tid * kItems + j] = out[j];
       host_row[j] = page[j] * v.page_tokens + p % v.page_tokens;

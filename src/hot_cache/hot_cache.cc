@@ -4,19 +4,24 @@
 
 namespace sparsekv {
 
-int64_t HotCache::BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window) {
+int64_t HotCache::BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
+                             int32_t layers_per_state) {
   const int64_t data = geometry.token_stride_bytes() * (hot_slots + window);
-  const int64_t state = int64_t{geometry.num_layers()} * hot_slots * 2 * sizeof(int32_t);
+  const int64_t states = (geometry.num_layers() + layers_per_state - 1) / layers_per_state;
+  const int64_t state = states * (hot_slots * 2 + 1) * sizeof(int32_t);
   return data + state;
 }
 
 StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
                                                       int32_t hot_slots, int32_t window,
-                                                      int32_t max_blocks, Backend* backend) {
-  if (hot_slots <= 0 || window <= 0 || max_blocks <= 0 || geometry.layers.empty()) {
+                                                      int32_t max_blocks, Backend* backend,
+                                                      int32_t layers_per_state) {
+  if (hot_slots <= 0 || window <= 0 || max_blocks <= 0 || geometry.layers.empty() ||
+      layers_per_state < 1) {
     return InvalidArgument("HotCache: invalid shape");
   }
-  std::unique_ptr<HotCache> cache(new HotCache(geometry, hot_slots, window, max_blocks, backend));
+  std::unique_ptr<HotCache> cache(
+      new HotCache(geometry, hot_slots, window, max_blocks, backend, layers_per_state));
   const int64_t rows = cache->layer_rows();
   for (const LayerShape& layer : geometry.layers) {
     SPARSEKV_ASSIGN_OR_RETURN(void* p, backend->AllocateDevice(rows * layer.row_stride));
@@ -25,22 +30,25 @@ StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
     SPARSEKV_RETURN_IF_ERROR(backend->MemsetAsync(p, 0, rows * layer.row_stride, nullptr));
     cache->device_bytes_ += rows * layer.row_stride;
   }
-  const int64_t state_bytes =
-      int64_t{geometry.num_layers()} * max_blocks * hot_slots * sizeof(int32_t);
+  const int64_t state_bytes = int64_t{cache->states()} * max_blocks * hot_slots * sizeof(int32_t);
   SPARSEKV_ASSIGN_OR_RETURN(void* tokens, backend->AllocateDevice(state_bytes));
   cache->slot_token_ = static_cast<int32_t*>(tokens);
   SPARSEKV_ASSIGN_OR_RETURN(void* order, backend->AllocateDevice(state_bytes));
   cache->lru_order_ = static_cast<int32_t*>(order);
-  cache->device_bytes_ += 2 * state_bytes;
+  const int64_t protected_bytes = int64_t{cache->states()} * max_blocks * sizeof(int32_t);
+  SPARSEKV_ASSIGN_OR_RETURN(void* protected_counts, backend->AllocateDevice(protected_bytes));
+  cache->lru_protected_ = static_cast<int32_t*>(protected_counts);
+  cache->device_bytes_ += 2 * state_bytes + protected_bytes;
   return cache;
 }
 
 HotCache::HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
-                   int32_t max_blocks, Backend* backend)
+                   int32_t max_blocks, Backend* backend, int32_t layers_per_state)
     : geometry_(geometry),
       hot_slots_(hot_slots),
       window_(window),
       max_blocks_(max_blocks),
+      layers_per_state_(layers_per_state),
       backend_(backend),
       reset_image_(2 * static_cast<size_t>(hot_slots), -1) {
   std::iota(reset_image_.begin() + hot_slots, reset_image_.end(), 0);
@@ -51,6 +59,7 @@ HotCache::~HotCache() {
   for (std::byte* p : data_) backend_->FreeDevice(p);
   if (slot_token_ != nullptr) backend_->FreeDevice(slot_token_);
   if (lru_order_ != nullptr) backend_->FreeDevice(lru_order_);
+  if (lru_protected_ != nullptr) backend_->FreeDevice(lru_protected_);
 }
 
 StatusOr<int32_t> HotCache::Acquire(StreamHandle stream) {
@@ -60,12 +69,14 @@ StatusOr<int32_t> HotCache::Acquire(StreamHandle stream) {
   }
   const int32_t block = free_.back();
   const size_t bytes = static_cast<size_t>(hot_slots_) * sizeof(int32_t);
-  for (int32_t l = 0; l < geometry_.num_layers(); ++l) {
+  for (int32_t l = 0; l < geometry_.num_layers(); l += layers_per_state_) {
     const int64_t at = int64_t{block} * hot_slots_;
     SPARSEKV_RETURN_IF_ERROR(
         backend_->CopyAsync(slot_token(l) + at, reset_image_.data(), bytes, stream));
     SPARSEKV_RETURN_IF_ERROR(
         backend_->CopyAsync(lru_order(l) + at, reset_image_.data() + hot_slots_, bytes, stream));
+    SPARSEKV_RETURN_IF_ERROR(
+        backend_->MemsetAsync(lru_protected(l) + block, 0, sizeof(int32_t), stream));
   }
   free_.pop_back();
   return block;

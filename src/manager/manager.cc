@@ -7,6 +7,8 @@
 #include <unordered_set>
 
 #include "host_pool/prefix_index.h"
+#include "remote/remote_staging.h"
+#include "sparsekv/remote_tier.h"
 
 namespace sparsekv {
 
@@ -58,7 +60,10 @@ StatusOr<std::unique_ptr<SparseKVCacheManager>> SparseKVCacheManager::Create(
 
 SparseKVCacheManager::SparseKVCacheManager(const CacheOptions& options,
                                            std::shared_ptr<Backend> backend)
-    : options_(options), backend_(std::move(backend)), appended_(options.geometry.num_layers()) {
+    : options_(options),
+      backend_(std::move(backend)),
+      appended_(options.geometry.num_layers()),
+      resolved_(options.index_groups()) {
   const int32_t owners = options_.effective_max_host_requests();
   for (int32_t o = owners - 1; o >= 0; --o) free_owners_.push_back(o);
   index_ = std::make_unique<PrefixIndex>(options_.host_page_tokens);
@@ -72,7 +77,8 @@ Status SparseKVCacheManager::Allocate() {
                                 o.effective_max_host_requests(), o.max_context, backend_.get()));
   retained_refs_.assign(pool_->total_pages(), 0);
   SPARSEKV_ASSIGN_OR_RETURN(hot_, HotCache::Create(o.geometry, o.hot_slots, o.window,
-                                                   o.max_requests, backend_.get()));
+                                                   o.max_requests, backend_.get(),
+                                                   o.layers_per_index));
   device_bytes_ = hot_->device_bytes();
 
   auto device = [&](size_t bytes) -> StatusOr<void*> {
@@ -94,16 +100,28 @@ Status SparseKVCacheManager::Allocate() {
   SPARSEKV_RETURN_IF_ERROR(
       backend_->MemsetAsync(page_table_device_, 0xff, page_table_bytes, nullptr));
 
-  const size_t misses = static_cast<size_t>(max_batch) * o.top_k;
-  SPARSEKV_ASSIGN_OR_RETURN(void* rows, device(misses * sizeof(int32_t)));
-  miss_host_row_ = static_cast<int32_t*>(rows);
-  SPARSEKV_ASSIGN_OR_RETURN(void* slots, device(misses * sizeof(int32_t)));
-  miss_slot_ = static_cast<int32_t*>(slots);
-  SPARSEKV_ASSIGN_OR_RETURN(void* count, device(sizeof(int32_t)));
-  miss_count_ = static_cast<int32_t*>(count);
+  auto miss_list = [&](size_t entries) -> StatusOr<MissList> {
+    MissList list;
+    SPARSEKV_ASSIGN_OR_RETURN(void* rows, device(entries * sizeof(int32_t)));
+    list.host_row = static_cast<int32_t*>(rows);
+    SPARSEKV_ASSIGN_OR_RETURN(void* slots, device(entries * sizeof(int32_t)));
+    list.slot = static_cast<int32_t*>(slots);
+    SPARSEKV_ASSIGN_OR_RETURN(void* count, device(sizeof(int32_t)));
+    list.count = static_cast<int32_t*>(count);
+    return list;
+  };
+  for (MissList& list : miss_lists_) {
+    SPARSEKV_ASSIGN_OR_RETURN(list, miss_list(static_cast<size_t>(max_batch) * o.top_k));
+  }
   SPARSEKV_ASSIGN_OR_RETURN(void* counters,
-                            device(sizeof(ResolveCounters) * o.geometry.num_layers()));
+                            device(sizeof(ResolveCounters) * 2 * o.geometry.num_layers()));
   counters_ = static_cast<ResolveCounters*>(counters);
+  if (o.max_prefetch > 0) {
+    const size_t entries = static_cast<size_t>(max_batch) * o.max_prefetch;
+    SPARSEKV_ASSIGN_OR_RETURN(prefetch_list_, miss_list(entries));
+    SPARSEKV_ASSIGN_OR_RETURN(void* slots, device(entries * sizeof(int32_t)));
+    prefetch_slots_ = static_cast<int32_t*>(slots);
+  }
   SPARSEKV_ASSIGN_OR_RETURN(void* invalid, device(sizeof(unsigned long long)));
   invalid_copies_ = static_cast<unsigned long long*>(invalid);
   return backend_->Synchronize(nullptr);
@@ -111,9 +129,14 @@ Status SparseKVCacheManager::Allocate() {
 
 SparseKVCacheManager::~SparseKVCacheManager() {
   backend_->Synchronize(nullptr).IgnoreError();
-  for (void* p : std::initializer_list<void*>{plan_device_, page_table_device_, miss_host_row_,
-                                              miss_slot_, miss_count_, counters_,
-                                              invalid_copies_}) {
+  std::vector<void*> buffers = {plan_device_, page_table_device_, counters_, invalid_copies_,
+                                prefetch_slots_};
+  for (const MissList& list : miss_lists_) {
+    buffers.insert(buffers.end(), {list.host_row, list.slot, list.count});
+  }
+  buffers.insert(buffers.end(),
+                 {prefetch_list_.host_row, prefetch_list_.slot, prefetch_list_.count});
+  for (void* p : buffers) {
     if (p != nullptr) backend_->FreeDevice(p);
   }
 }
@@ -277,6 +300,9 @@ Status SparseKVCacheManager::Fork(RequestId parent, RequestId child, int32_t max
                                   StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * p, Find(parent, "Fork"));
   if (max_new_tokens < 0) return InvalidArgument("Fork: max_new_tokens must be >= 0");
+  if (remote_ != nullptr && remote_->IsBound(parent)) {
+    return FailedPrecondition("Fork: " + Describe(parent) + " is remote-backed");
+  }
   if (p->ingested_layers != options_.geometry.num_layers()) {
     return FailedPrecondition("Fork: " + Describe(parent) + " has layers not yet ingested");
   }
@@ -389,6 +415,7 @@ void SparseKVCacheManager::IndexFullPages(Request& r) {
 }
 
 void SparseKVCacheManager::Forget(RequestId id, Request& r) {
+  if (remote_ != nullptr) remote_->Unbind(id);
   if (r.block >= 0) hot_->Release(r.block);
   std::vector<int32_t> freed;
   pool_->Release(r.owner, &freed);
@@ -544,6 +571,7 @@ Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch,
   batch_.assign(batch.begin(), batch.end());
   step_open_ = true;
   std::fill(appended_.begin(), appended_.end(), false);
+  std::fill(resolved_.begin(), resolved_.end(), false);
   open_bytes_to_host_per_request_ = open_bytes_assembled_per_request_ = 0;
   return backend_->CopyAsync(plan_device_, plan, layout.bytes, stream);
 }
@@ -598,76 +626,156 @@ Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows,
 Status SparseKVCacheManager::RunLayer(int32_t layer, const int32_t* topk, int32_t* slots,
                                       void* assembled, StreamHandle stream,
                                       int32_t topk_stride) {
-  if (!step_open_) return FailedPrecondition("RunLayer: no step is planned");
+  SPARSEKV_RETURN_IF_ERROR(ResolveLayer(layer, topk, slots, nullptr, stream, topk_stride));
+  SPARSEKV_RETURN_IF_ERROR(CopyMisses(layer, stream));
+  if (assembled == nullptr) return Status::Ok();
+  return AssembleLayer(layer, slots, assembled, stream);
+}
+
+Status SparseKVCacheManager::CheckLayer(int32_t layer, const char* op) const {
+  if (!step_open_) return FailedPrecondition(std::string(op) + ": no step is planned");
   if (layer < 0 || layer >= options_.geometry.num_layers()) {
-    return InvalidArgument("RunLayer: layer " + std::to_string(layer) + " out of range");
+    return InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) + " out of range");
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots,
+                                          uint8_t* fill_mask, StreamHandle stream,
+                                          int32_t topk_stride) {
+  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "ResolveLayer"));
+  if (layer % options_.layers_per_index != 0) {
+    return FailedPrecondition("ResolveLayer: layer " + std::to_string(layer) +
+                              " shares the top-k of layer " +
+                              std::to_string(layer - layer % options_.layers_per_index) +
+                              " (layers_per_index); that layer resolves for it");
   }
   if (!appended_[layer]) {
-    return FailedPrecondition("RunLayer: AppendToken(" + std::to_string(layer) +
+    return FailedPrecondition("ResolveLayer: AppendToken(" + std::to_string(layer) +
                               ") must come first in the step");
   }
   if (topk == nullptr || slots == nullptr) {
-    return InvalidArgument("RunLayer: topk and slots must not be null");
+    return InvalidArgument("ResolveLayer: topk and slots must not be null");
   }
   if (topk_stride == 0) topk_stride = options_.top_k;
-  if (topk_stride < options_.top_k) {
-    return InvalidArgument("RunLayer: topk_stride < top_k");
-  }
-  const LayerShape shape = options_.geometry.layers[layer];
+  if (topk_stride < options_.top_k) return InvalidArgument("ResolveLayer: topk_stride < top_k");
+  const MissList& list = miss_lists_[MissListOf(layer)];
+  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask,
+                                   list, counters_ + layer, stream));
+  resolved_[layer / options_.layers_per_index] = true;
+  remote_slots_[MissListOf(layer)] = slots;
+  return BlankFailedRemoteSlots(layer, stream);
+}
+
+Status SparseKVCacheManager::Resolve(int32_t layer, const int32_t* topk, int32_t top_k,
+                                     int32_t topk_stride, int32_t* slots, uint8_t* fill_mask,
+                                     const MissList& list, ResolveCounters* counters,
+                                     StreamHandle stream) {
   const int32_t max_batch = options_.effective_max_batch();
   const PlanLayout layout(max_batch);
-  const int32_t* batch_size = At<int32_t>(plan_device_, layout.batch_size);
-
-  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(miss_count_, 0, sizeof(int32_t), stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(list.count, 0, sizeof(int32_t), stream));
   ResolveView resolve{};
-  resolve.batch_size = batch_size;
+  resolve.batch_size = At<int32_t>(plan_device_, layout.batch_size);
   resolve.batch = At<BatchEntry>(plan_device_, layout.batch);
   resolve.topk = topk;
-  resolve.top_k = options_.top_k;
+  resolve.top_k = top_k;
   resolve.topk_stride = topk_stride;
   resolve.slots_out = slots;
   resolve.slot_token = hot_->slot_token(layer);
   resolve.lru_order = hot_->lru_order(layer);
+  if (options_.eviction == EvictionPolicy::kSegmentedLru) {
+    resolve.lru_protected = hot_->lru_protected(layer);
+    resolve.protected_capacity = options_.protected_capacity();
+  }
   resolve.hot_slots = options_.hot_slots;
   resolve.window = options_.window;
   resolve.page_table = page_table_device_;
   resolve.pages_per_request = pool_->pages_per_owner();
   resolve.page_tokens = options_.host_page_tokens;
-  resolve.miss_host_row = miss_host_row_;
-  resolve.miss_slot = miss_slot_;
-  resolve.miss_count = miss_count_;
-  resolve.miss_capacity = max_batch * options_.top_k;
-  resolve.counters = counters_ + layer;
+  resolve.miss_host_row = list.host_row;
+  resolve.miss_slot = list.slot;
+  resolve.miss_count = list.count;
+  resolve.miss_capacity = max_batch * top_k;
+  resolve.counters = counters;
+  resolve.fill_mask = fill_mask;
   resolve.sort_misses = options_.sort_misses;
-  SPARSEKV_RETURN_IF_ERROR(backend_->Resolve(resolve, max_batch, stream));
+  resolve.share_duplicates = options_.share_repeated_positions;
+  return backend_->Resolve(resolve, max_batch, stream);
+}
 
+Status SparseKVCacheManager::CopyMisses(int32_t layer, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "CopyMisses"));
+  if (!resolved_[layer / options_.layers_per_index]) {
+    return FailedPrecondition("CopyMisses: the top-k of layer " + std::to_string(layer) +
+                              "'s index group was not resolved in this step");
+  }
+  SPARSEKV_RETURN_IF_ERROR(Copy(layer, miss_lists_[MissListOf(layer)],
+                                options_.effective_max_batch() * options_.top_k, stream));
+  return BlankFailedRemoteSlots(layer, stream);
+}
+
+Status SparseKVCacheManager::Copy(int32_t layer, const MissList& list, int32_t capacity,
+                                  StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(FetchRemoteRows(layer, list, capacity, stream));
+  const LayerShape shape = options_.geometry.layers[layer];
   IndexCopyView copy{};
   copy.src = pool_->layer_base(layer);
   copy.dst = hot_->layer_data(layer);
-  copy.src_index = miss_host_row_;
-  copy.dst_index = miss_slot_;
-  copy.count = miss_count_;
-  copy.capacity = resolve.miss_capacity;
+  copy.src_index = list.host_row;
+  copy.dst_index = list.slot;
+  copy.count = list.count;
+  copy.capacity = capacity;
   copy.row_bytes = shape.row_bytes;
   copy.src_stride = copy.dst_stride = shape.row_stride;
   copy.src_rows = pool_->rows();
   copy.dst_rows = hot_->layer_rows();
   copy.invalid = invalid_copies_;
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
+  return CopyStagedRemoteRows(layer, stream);
+}
 
-  if (assembled != nullptr) {
-    AssembleView a{};
-    a.batch_size = batch_size;
-    a.hot = hot_->layer_data(layer);
-    a.hot_rows = hot_->layer_rows();
-    a.slots = slots;
-    a.out = static_cast<std::byte*>(assembled);
-    a.top_k = options_.top_k;
-    a.row_bytes = shape.row_bytes;
-    a.stride = shape.row_stride;
-    SPARSEKV_RETURN_IF_ERROR(backend_->Assemble(a, max_batch, stream));
-    open_bytes_assembled_per_request_ += static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
-    bytes_assembled_ += batch_.size() * static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
+Status SparseKVCacheManager::AssembleLayer(int32_t layer, const int32_t* slots, void* assembled,
+                                           StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "AssembleLayer"));
+  if (slots == nullptr || assembled == nullptr) {
+    return InvalidArgument("AssembleLayer: slots and assembled must not be null");
+  }
+  const LayerShape shape = options_.geometry.layers[layer];
+  const int32_t max_batch = options_.effective_max_batch();
+  const PlanLayout layout(max_batch);
+  AssembleView a{};
+  a.batch_size = At<int32_t>(plan_device_, layout.batch_size);
+  a.hot = hot_->layer_data(layer);
+  a.hot_rows = hot_->layer_rows();
+  a.slots = slots;
+  a.out = static_cast<std::byte*>(assembled);
+  a.top_k = options_.top_k;
+  a.row_bytes = shape.row_bytes;
+  a.stride = shape.row_stride;
+  SPARSEKV_RETURN_IF_ERROR(backend_->Assemble(a, max_batch, stream));
+  open_bytes_assembled_per_request_ += static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
+  bytes_assembled_ += batch_.size() * static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::PrefetchLayer(int32_t layer, const int32_t* positions,
+                                           int32_t count, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "PrefetchLayer"));
+  if (layer % options_.layers_per_index != 0) {
+    return FailedPrecondition("PrefetchLayer: layer " + std::to_string(layer) +
+                              " is not the first of its index group");
+  }
+  if (positions == nullptr) return InvalidArgument("PrefetchLayer: positions is null");
+  if (count < 1 || count > options_.max_prefetch) {
+    return InvalidArgument("PrefetchLayer: count " + std::to_string(count) + " outside [1, " +
+                           std::to_string(options_.max_prefetch) + "] (max_prefetch)");
+  }
+  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, prefetch_slots_, nullptr,
+                                   prefetch_list_, counters_ + options_.geometry.num_layers() + layer, stream));
+  const int32_t capacity = options_.effective_max_batch() * count;
+  const int32_t last = std::min(layer + options_.layers_per_index, options_.geometry.num_layers());
+  for (int32_t l = layer; l < last; ++l) {
+    SPARSEKV_RETURN_IF_ERROR(Copy(l, prefetch_list_, capacity, stream));
   }
   return Status::Ok();
 }
@@ -707,18 +815,19 @@ Status SparseKVCacheManager::FinishReplayedStep() {
 
 StatusOr<CacheStats> SparseKVCacheManager::ReadStats(StreamHandle stream) {
   const int32_t layers = options_.geometry.num_layers();
-  std::vector<ResolveCounters> counters(layers);
+  std::vector<ResolveCounters> counters(2 * layers);
   unsigned long long invalid = 0;
   SPARSEKV_RETURN_IF_ERROR(backend_->Synchronize(stream));
-  SPARSEKV_RETURN_IF_ERROR(
-      backend_->CopyAsync(counters.data(), counters_, sizeof(ResolveCounters) * layers, stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(counters.data(), counters_,
+                                               sizeof(ResolveCounters) * 2 * layers, stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(&invalid, invalid_copies_, sizeof(invalid), stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->Synchronize(stream));
 
   CacheStats s;
   s.bytes_host_to_device = bytes_host_to_device_;
   for (int32_t l = 0; l < layers; ++l) {
-    const ResolveCounters& c = counters[l];
+    // A layer that shares its group's top-k copies what the group's first layer resolved.
+    const ResolveCounters& c = counters[l - l % options_.layers_per_index];
     LayerStats ls{c.hits, c.window_hits, c.misses, c.padding, c.duplicates, c.out_of_range};
     s.layers.push_back(ls);
     s.total.hits += ls.hits;
@@ -728,6 +837,14 @@ StatusOr<CacheStats> SparseKVCacheManager::ReadStats(StreamHandle stream) {
     s.total.duplicates += ls.duplicates;
     s.total.out_of_range += ls.out_of_range;
     s.bytes_host_to_device += ls.misses * options_.geometry.layers[l].row_bytes;
+  }
+  for (int32_t l = 0; l < layers; ++l) {
+    const ResolveCounters& p = counters[layers + l - l % options_.layers_per_index];
+    if (l % options_.layers_per_index == 0) {
+      s.prefetch_lookups += p.hits + p.window_hits + p.misses;
+      s.prefetch_rows += p.misses;
+    }
+    s.bytes_host_to_device += p.misses * options_.geometry.layers[l].row_bytes;
   }
   s.bytes_device_to_host = bytes_device_to_host_;
   s.bytes_assembled = bytes_assembled_;
@@ -750,7 +867,7 @@ StatusOr<CacheStats> SparseKVCacheManager::ReadStats(StreamHandle stream) {
 
 Status SparseKVCacheManager::ResetStats(StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(
-      counters_, 0, sizeof(ResolveCounters) * options_.geometry.num_layers(), stream));
+      counters_, 0, sizeof(ResolveCounters) * 2 * options_.geometry.num_layers(), stream));
   SPARSEKV_RETURN_IF_ERROR(
       backend_->MemsetAsync(invalid_copies_, 0, sizeof(unsigned long long), stream));
   bytes_host_to_device_ = bytes_device_to_host_ = bytes_assembled_ = bytes_ingested_ = 0;

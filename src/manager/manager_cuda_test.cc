@@ -58,6 +58,30 @@ TEST(ManagerCudaTest, RandomSharingOperationsMatchTheCpuBackend) {
   EXPECT_GT(RunLockstep(gpu, shape), 500);
 }
 
+// The transfer-hiding paths (index groups, shared repeats, split runs with the fill mask,
+// prefetch) in lockstep: identical slots, fill masks and rows.
+TEST(ManagerCudaTest, OverlapPathsMatchTheCpuBackend) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  int steps = 0;
+  for (uint64_t seed : testing::TestSeeds(12)) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    testing::WorkloadShape shape;
+    shape.run.split = seed % 2 == 0;
+    shape.run.prefetch = seed % 3 == 0 ? 0 : 1 + static_cast<int32_t>(seed % 5);
+    const CacheOptions o = testing::RandomOverlapOptions(seed, shape.run.prefetch);
+    shape.run.prefetch = std::min(shape.run.prefetch, o.max_prefetch);
+    auto cpu = MustCreate(o, CreateCpuBackend());
+    auto dev = MustCreate(o, gpu);
+    if (!cpu || !dev) break;
+    testing::RandomWorkload w(o, seed, {cpu.get(), dev.get()}, shape);
+    steps += w.Run(250);
+    w.CheckStats();
+    w.ReleaseAll();
+    if (::testing::Test::HasFailure()) break;
+  }
+  EXPECT_GT(steps, 500);
+}
+
 // Production shapes: K = 2048, C in {K, 2K}, 656-B and 1152-B rows, batches up to 8.
 TEST(ManagerCudaTest, ProductionShapesMatchTheCpuBackend) {
   SPARSEKV_REQUIRE_GPU(gpu);

@@ -3,6 +3,8 @@
 // model of each request's history. Run one seed with SPARSEKV_TEST_SEED=<n>.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "sparsekv/manager.h"
 #include "testing/workload.h"
 
@@ -58,6 +60,40 @@ TEST(ManagerModelTest, RandomSharingOperationsMatchTheDenseModel) {
   EXPECT_GT(hits, 0u);
   EXPECT_GT(evictions, 0u);
   EXPECT_GT(copies, 0u);
+}
+
+// The transfer-hiding paths (issue #5): index groups sharing one top-k (ResolveLayer on the
+// group's first layer, CopyMisses on every layer), repeated positions sharing a slot (several
+// query tokens per row), the split run (rows with fill 0 read before the miss copy must already
+// be right) and prefetches before each resolve. Exactness as above, with sharing operations too.
+TEST(ManagerModelTest, OverlapPathsMatchTheDenseModel) {
+  int total_steps = 0;
+  uint64_t prefetched = 0, grouped = 0, shared = 0;
+  for (uint64_t seed : testing::TestSeeds(24)) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + " (rerun with SPARSEKV_TEST_SEED=" +
+                 std::to_string(seed) + ")");
+    testing::WorkloadShape shape;
+    shape.sharing = seed % 3 == 0;
+    shape.run.split = seed % 2 == 0;
+    shape.run.prefetch = seed % 4 < 2 ? 0 : 1 + static_cast<int32_t>(seed % 5);
+    const CacheOptions options = testing::RandomOverlapOptions(seed, shape.run.prefetch);
+    shape.run.prefetch = std::min(shape.run.prefetch, options.max_prefetch);
+    auto m = SparseKVCacheManager::Create(options, CreateCpuBackend());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    testing::RandomWorkload w(options, seed, {m->get()}, shape);
+    total_steps += w.Run(300);
+    w.CheckStats();
+    prefetched += (*m)->ReadStats(nullptr)->prefetch_rows;
+    grouped += options.layers_per_index > 1;
+    shared += options.share_repeated_positions;
+    w.ReleaseAll();
+    if (HasFailure()) break;
+  }
+  RecordProperty("steps", total_steps);
+  EXPECT_GT(total_steps, 1000);
+  EXPECT_GT(prefetched, 0u);
+  EXPECT_GT(grouped, 0u);
+  EXPECT_GT(shared, 0u);
 }
 
 }  // namespace

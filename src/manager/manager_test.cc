@@ -1,5 +1,5 @@
-// Targeted behaviour of the manager on the CPU backend: LRU replacement through the public API,
-// the window, statistics, capacity errors and lifecycle errors.
+// Targeted behaviour of the manager on the CPU backend: LRU and segmented-LRU replacement through
+// the public API, the window, statistics, capacity errors and lifecycle errors.
 #include "sparsekv/manager.h"
 
 #include <gtest/gtest.h>
@@ -65,6 +65,9 @@ class ManagerTest : public ::testing::Test {
 };
 
 TEST_F(ManagerTest, LeastRecentlyUsedSlotIsEvictedAndHitsAreKept) {
+  CacheOptions o = SmallOptions();
+  o.eviction = EvictionPolicy::kLru;
+  Create(o);
   AdmitWithPrompt(1, 10);  // block 0: slots 0..2 LRU, 3 window
   EXPECT_EQ(Step(1, {0, 1}), (std::vector<int32_t>{0, 1}));  // misses fill slots 0, 1
   EXPECT_EQ(Step(1, {2, 0}), (std::vector<int32_t>{2, 0}));  // 0 hits; 2 -> empty slot 2
@@ -73,6 +76,22 @@ TEST_F(ManagerTest, LeastRecentlyUsedSlotIsEvictedAndHitsAreKept) {
   // LRU order now: 2, 1, 0. Position 2 hits slot 2; position 1 was evicted, so it misses and
   // takes the least recently used slot not hit in this step: slot 1.
   EXPECT_EQ(Step(1, {1, 2}), (std::vector<int32_t>{1, 2}));
+}
+
+TEST_F(ManagerTest, SegmentedLruEvictsANewFillBeforeASlotHitAgain) {
+  ASSERT_EQ(SmallOptions().eviction, EvictionPolicy::kSegmentedLru);  // the default
+  AdmitWithPrompt(1, 10);  // C = 3, protected capacity 3 * 80 / 100 = 2
+  EXPECT_EQ(Step(1, {0, 1}), (std::vector<int32_t>{0, 1}));  // fills: probationary
+  EXPECT_EQ(Step(1, {0, 1}), (std::vector<int32_t>{0, 1}));  // hit again: protected
+  EXPECT_EQ(Step(1, {2, 0}), (std::vector<int32_t>{2, 0}));  // 2 -> empty slot 2
+  // LRU would now evict position 1 (slot 1, untouched for two steps); segmented LRU evicts the
+  // probationary position 2 and keeps 1.
+  EXPECT_EQ(Step(1, {3, -1}), (std::vector<int32_t>{2, -1}));
+  EXPECT_EQ(Step(1, {1, 0}), (std::vector<int32_t>{1, 0}));
+  auto s = m_->ReadStats(nullptr);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->layers[0].hits, 5u);
+  EXPECT_EQ(s->layers[0].misses, 4u);
 }
 
 TEST_F(ManagerTest, WindowSlotHoldsTheNewestTokenAndIsNeverEvicted) {

@@ -50,11 +50,26 @@ Status ValidateOptions(const CacheOptions& o) {
     }
   }
   if (o.top_k <= 0) return Field("top_k must be > 0");
+  if (o.layers_per_index < 1 || o.layers_per_index > o.geometry.num_layers()) {
+    return Field("layers_per_index (" + std::to_string(o.layers_per_index) +
+                 ") must be in [1, number of layers = " + std::to_string(o.geometry.num_layers()) +
+                 "]");
+  }
+  if (o.max_prefetch < 0 || o.max_prefetch > o.hot_slots) {
+    return Field("max_prefetch (" + std::to_string(o.max_prefetch) + ") must be in [0, hot_slots]");
+  }
   if (o.hot_slots < o.top_k) {
     return Field("hot_slots (" + std::to_string(o.hot_slots) + ") < top_k (" +
                  std::to_string(o.top_k) + "): a step's misses could find no victim");
   }
   if (o.window < 1) return Field("window must be >= 1 (the newest token is always resident)");
+  if (o.eviction != EvictionPolicy::kLru && o.eviction != EvictionPolicy::kSegmentedLru) {
+    return Field("eviction is not a known EvictionPolicy");
+  }
+  if (o.protected_percent < 0 || o.protected_percent > 100) {
+    return Field("protected_percent (" + std::to_string(o.protected_percent) +
+                 ") must be in [0, 100]");
+  }
   if (o.max_requests <= 0) return Field("max_requests must be > 0");
   if (o.max_batch < 0 || o.max_batch > o.max_requests) {
     return Field("max_batch must be in [0, max_requests] (0 = max_requests)");

@@ -32,6 +32,21 @@ TEST(OptionsTest, HotSlotsBelowTopKRejected) {
   EXPECT_TRUE(ValidateOptions(o).ok());
 }
 
+TEST(OptionsTest, EvictionPolicyValidated) {
+  CacheOptions o = Valid();
+  EXPECT_EQ(o.eviction, EvictionPolicy::kSegmentedLru);  // the documented default
+  o.protected_percent = 101;
+  ExpectInvalid(o, "protected_percent");
+  o.protected_percent = -1;
+  ExpectInvalid(o, "protected_percent");
+  o.protected_percent = 0;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  o.eviction = static_cast<EvictionPolicy>(7);
+  ExpectInvalid(o, "eviction");
+  o.eviction = EvictionPolicy::kLru;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
+
 TEST(OptionsTest, StrideBelowRowBytesRejected) {
   CacheOptions o = Valid();
   o.geometry.layers[2].row_stride = 600;

@@ -77,8 +77,8 @@ namespace {
 constexpr int kPoison = 0xA5;
 }  // namespace
 
-StepDriver::StepDriver(SparseKVCacheManager& manager, StreamHandle stream)
-    : m_(manager), stream_(stream) {
+StepDriver::StepDriver(SparseKVCacheManager& manager, StreamHandle stream, RunMode mode)
+    : m_(manager), stream_(stream), mode_(mode), rng_(mode.seed) {
   const CacheOptions& o = manager.options();
   const size_t rows = static_cast<size_t>(o.effective_max_batch()) * o.top_k;
   for (const LayerShape& l : o.geometry.layers) {
@@ -88,12 +88,29 @@ StepDriver::StepDriver(SparseKVCacheManager& manager, StreamHandle stream)
     topk_.push_back(std::make_unique<DeviceBuffer>(b, rows * sizeof(int32_t)));
     slots_.push_back(std::make_unique<DeviceBuffer>(b, rows * sizeof(int32_t)));
     assembled_.push_back(std::make_unique<DeviceBuffer>(b, rows * l.row_stride));
+    fill_.push_back(std::make_unique<DeviceBuffer>(b, rows));
+    if (mode.prefetch > 0) {
+      prefetch_.push_back(std::make_unique<DeviceBuffer>(
+          b, static_cast<size_t>(o.effective_max_batch()) * mode.prefetch * sizeof(int32_t)));
+    }
   }
 }
 
 void StepDriver::UploadInputs(int32_t batch, const std::vector<Bytes>& new_rows,
-                              const std::vector<std::vector<int32_t>>& topk) {
+                              const std::vector<std::vector<int32_t>>& topk,
+                              const std::vector<int32_t>& seq_lens) {
   const CacheOptions& o = m_.options();
+  for (size_t l = 0; l < prefetch_.size() && !seq_lens.empty(); ++l) {
+    std::vector<int32_t> positions(static_cast<size_t>(o.effective_max_batch()) * mode_.prefetch,
+                                   kPaddingPosition);
+    for (int32_t b = 0; b < batch; ++b) {
+      for (int32_t i = 0; i < mode_.prefetch; ++i) {
+        positions[b * mode_.prefetch + i] =
+            static_cast<int32_t>(rng_() % (seq_lens[b] + 4)) - 2;  // some out of range
+      }
+    }
+    prefetch_[l]->Upload(positions.data(), positions.size() * sizeof(int32_t), stream_);
+  }
   for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
     new_rows_[l]->Upload(new_rows[l].data(),
                          static_cast<size_t>(batch) * o.geometry.layers[l].row_stride, stream_);
@@ -101,15 +118,36 @@ void StepDriver::UploadInputs(int32_t batch, const std::vector<Bytes>& new_rows,
     topk_[l]->Upload(topk[l].data(), topk[l].size() * sizeof(int32_t), stream_);
     slots_[l]->Fill(kPoison, stream_);
     assembled_[l]->Fill(kPoison, stream_);
+    fill_[l]->Fill(kPoison, stream_);
   }
 }
 
 Status StepDriver::RunPhase() {
-  for (int32_t l = 0; l < m_.options().geometry.num_layers(); ++l) {
+  const int32_t layers = m_.options().geometry.num_layers();
+  for (int32_t l = 0; l < layers; ++l) {
     SPARSEKV_RETURN_IF_ERROR(m_.AppendToken(l, new_rows_[l]->get(), stream_));
-    SPARSEKV_RETURN_IF_ERROR(m_.RunLayer(l, topk_[l]->get<const int32_t>(),
-                                         slots_[l]->get<int32_t>(),
-                                         assembled_[l]->get(), stream_));
+    int32_t* slots = slots_[Leader(l)]->get<int32_t>();
+    // A prefetch before the resolve (an engine would issue it during the previous step, after
+    // the group's last read): the resolve must find the prefetched rows intact.
+    if (mode_.prefetch > 0 && l == Leader(l)) {
+      SPARSEKV_RETURN_IF_ERROR(
+          m_.PrefetchLayer(l, prefetch_[l]->get<int32_t>(), mode_.prefetch, stream_));
+    }
+    if (mode_.split) {
+      if (l == Leader(l)) {
+        SPARSEKV_RETURN_IF_ERROR(m_.ResolveLayer(l, topk_[l]->get<const int32_t>(), slots,
+                                                 fill_[l]->get<uint8_t>(), stream_));
+      }
+      // Before the copy: what an attention over the rows with fill 0 would read.
+      SPARSEKV_RETURN_IF_ERROR(m_.AssembleLayer(l, slots, assembled_[l]->get(), stream_));
+      SPARSEKV_RETURN_IF_ERROR(m_.CopyMisses(l, stream_));
+    } else if (l == Leader(l)) {
+      SPARSEKV_RETURN_IF_ERROR(m_.RunLayer(l, topk_[l]->get<const int32_t>(), slots,
+                                           assembled_[l]->get(), stream_));
+    } else {
+      SPARSEKV_RETURN_IF_ERROR(m_.CopyMisses(l, stream_));
+      SPARSEKV_RETURN_IF_ERROR(m_.AssembleLayer(l, slots, assembled_[l]->get(), stream_));
+    }
   }
   return m_.FinishStep(stream_);
 }
@@ -121,7 +159,12 @@ std::vector<LayerResult> StepDriver::DownloadOutputs(int32_t batch) {
   for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
     const int32_t stride = o.geometry.layers[l].row_stride;
     LayerResult r;
-    Bytes slots = slots_[l]->Download(stream_);
+    Bytes slots = slots_[Leader(l)]->Download(stream_);
+    if (mode_.split) {
+      const Bytes fill = fill_[Leader(l)]->Download(stream_);
+      r.fill.assign(reinterpret_cast<const uint8_t*>(fill.data()),
+                    reinterpret_cast<const uint8_t*>(fill.data()) + fill.size());
+    }
     r.slots.resize(slots.size() / sizeof(int32_t));
     std::memcpy(r.slots.data(), slots.data(), slots.size());
     r.assembled = assembled_[l]->Download(stream_);
@@ -146,7 +189,9 @@ std::vector<LayerResult> StepDriver::Step(const std::vector<RequestId>& batch,
                                           const std::vector<int32_t>& token_ids) {
   Status s = m_.PlanStep(batch, token_ids, stream_);
   EXPECT_TRUE(s.ok()) << s.ToString();
-  UploadInputs(static_cast<int32_t>(batch.size()), new_rows, topk);
+  std::vector<int32_t> seq_lens;
+  for (RequestId id : batch) seq_lens.push_back(*m_.SequenceLength(id) + 1);
+  UploadInputs(static_cast<int32_t>(batch.size()), new_rows, topk, seq_lens);
   s = RunPhase();
   EXPECT_TRUE(s.ok()) << s.ToString();
   return DownloadOutputs(static_cast<int32_t>(batch.size()));
@@ -154,10 +199,17 @@ std::vector<LayerResult> StepDriver::Step(const std::vector<RequestId>& batch,
 
 bool SameRows(const LayerResult& a, const LayerResult& b, size_t rows, LayerShape shape) {
   if (!std::equal(a.slots.begin(), a.slots.begin() + rows, b.slots.begin())) return false;
+  if (a.fill.size() != b.fill.size() ||
+      !std::equal(a.fill.begin(), a.fill.begin() + std::min(rows, a.fill.size()),
+                  b.fill.begin())) {
+    return false;
+  }
   for (size_t i = 0; i < rows; ++i) {
     const size_t at = i * shape.row_stride;
+    const bool assembled_meaningful = a.fill.empty() || a.fill[i] == 0;
     if (std::memcmp(a.gathered.data() + at, b.gathered.data() + at, shape.row_bytes) != 0 ||
-        std::memcmp(a.assembled.data() + at, b.assembled.data() + at, shape.row_bytes) != 0) {
+        (assembled_meaningful &&
+         std::memcmp(a.assembled.data() + at, b.assembled.data() + at, shape.row_bytes) != 0)) {
       return false;
     }
   }
@@ -166,7 +218,7 @@ bool SameRows(const LayerResult& a, const LayerResult& b, size_t rows, LayerShap
 
 int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t layer,
                const std::vector<RequestId>& batch, const std::vector<int32_t>& topk,
-               const LayerResult& result, int32_t top_k) {
+               const LayerResult& result, int32_t top_k, bool repeats_share) {
   const LayerShape shape = geometry.layers[layer];
   int mismatches = 0;
   const Bytes zero(shape.row_bytes, std::byte{0});
@@ -176,7 +228,7 @@ int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t laye
     for (int32_t k = 0; k < top_k; ++k) {
       const size_t i = b * top_k + k;
       const int32_t p = topk[i];
-      const bool valid = p >= 0 && p < len && !seen[p];
+      const bool valid = p >= 0 && p < len && (repeats_share || !seen[p]);
       if (valid) seen[p] = true;
       const std::byte* assembled = result.assembled.data() + i * shape.row_stride;
       const std::byte* gathered = result.gathered.data() + i * shape.row_stride;
@@ -192,8 +244,9 @@ int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t laye
         continue;
       }
       const std::byte* want = model.Row(batch[b], layer, p);
+      const bool check_assembled = result.fill.empty() || result.fill[i] == 0;
       if (result.slots[i] < 0 || std::memcmp(gathered, want, shape.row_bytes) != 0 ||
-          std::memcmp(assembled, want, shape.row_bytes) != 0) {
+          (check_assembled && std::memcmp(assembled, want, shape.row_bytes) != 0)) {
         if (++mismatches <= 5) {
           ADD_FAILURE() << "layer " << layer << " row " << b << " (request " << batch[b]
                         << ") k " << k << " position " << p << " of " << len << ": slot "

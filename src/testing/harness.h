@@ -100,13 +100,28 @@ struct LayerResult {
   std::vector<int32_t> slots;  // [max_batch, top_k]
   Bytes assembled;             // [max_batch, top_k, stride]
   Bytes gathered;              // rows read through `slots` from the hot cache, [batch, top_k, stride]
+  // Split runs only: ResolveLayer's fill mask, [max_batch, top_k]; `assembled` was then gathered
+  // before the miss copy, so only its entries with fill 0 are meaningful.
+  std::vector<uint8_t> fill;
+};
+
+// How a StepDriver runs a layer.
+struct RunMode {
+  // RunLayer (false), or ResolveLayer with a fill mask, AssembleLayer, then CopyMisses (true).
+  // Layers that share their group's top-k (layers_per_index > 1) always copy and assemble with
+  // the group's slots.
+  bool split = false;
+  // After each layer: PrefetchLayer of this many random positions per request (0 = none).
+  int32_t prefetch = 0;
+  uint64_t seed = 0;  // of the prefetched positions
 };
 
 // Drives steps on one manager with fixed device buffers (the shape a captured graph needs).
 class StepDriver {
  public:
   // `stream` is passed to every call.
-  StepDriver(SparseKVCacheManager& manager, StreamHandle stream = nullptr);
+  explicit StepDriver(SparseKVCacheManager& manager, StreamHandle stream = nullptr,
+                      RunMode mode = RunMode());
 
   // Plans `batch` (with the appended tokens' ids if `token_ids` is not empty), then per layer:
   // uploads new_rows[layer] ([batch, stride]) and topk[layer] ([batch, top_k]), appends, runs
@@ -119,17 +134,27 @@ class StepDriver {
   // The run phase alone (what a graph captures): append + run for every layer, finish.
   Status RunPhase();
   // Uploads a step's inputs into the fixed buffers (outside any graph); poisons the outputs.
+  // With a prefetch mode, also draws the positions to prefetch (in [-2, seq_lens[b] + 2)).
   void UploadInputs(int32_t batch, const std::vector<Bytes>& new_rows,
-                    const std::vector<std::vector<int32_t>>& topk);
+                    const std::vector<std::vector<int32_t>>& topk,
+                    const std::vector<int32_t>& seq_lens = {});
   // Downloads the outputs of the last run phase.
   std::vector<LayerResult> DownloadOutputs(int32_t batch);
 
   StreamHandle stream() const { return stream_; }
 
  private:
+  // The layer whose slots `layer` uses: the first of its index group.
+  int32_t Leader(int32_t layer) const {
+    return layer - layer % m_.options().layers_per_index;
+  }
+
   SparseKVCacheManager& m_;
   StreamHandle stream_;
-  std::vector<std::unique_ptr<DeviceBuffer>> new_rows_, topk_, slots_, assembled_;
+  RunMode mode_;
+  std::mt19937_64 rng_;
+  std::vector<std::unique_ptr<DeviceBuffer>> new_rows_, topk_, slots_, assembled_, fill_;
+  std::vector<std::unique_ptr<DeviceBuffer>> prefetch_;  // per layer [max_batch, prefetch]
 };
 
 // True if the first `rows` entries of a and b have the same slots and the same meaningful bytes
@@ -138,9 +163,11 @@ bool SameRows(const LayerResult& a, const LayerResult& b, size_t rows, LayerShap
 
 // Checks one layer's result against the model: every valid entry's row (through the slot and in
 // the assembled buffer) equals the model's; skipped entries are -1 with zero assembled rows.
+// With `repeats_share`, a repeated position is valid too (CacheOptions::share_repeated_positions).
+// With a fill mask, the assembled rows of entries with fill 1 are not checked.
 // Returns the number of mismatches (0 = exact) and reports them with ADD_FAILURE.
 int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t layer,
                const std::vector<RequestId>& batch, const std::vector<int32_t>& topk,
-               const LayerResult& result, int32_t top_k);
+               const LayerResult& result, int32_t top_k, bool repeats_share = false);
 
 }  // namespace sparsekv::testing

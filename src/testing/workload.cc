@@ -35,6 +35,19 @@ CacheOptions RandomSmallOptions(uint64_t seed) {
   return o;
 }
 
+CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch) {
+  CacheOptions o = RandomSmallOptions(seed);
+  std::mt19937_64 rng(seed * 104729 + 3);
+  // 2..4 layers, so that groups (of 2 or 3 layers, the last one maybe shorter) occur.
+  while (o.geometry.num_layers() < 2 + static_cast<int32_t>(seed % 3)) {
+    o.geometry.layers.push_back(o.geometry.layers.back());
+  }
+  o.layers_per_index = 1 + static_cast<int32_t>(rng() % std::min(3, o.geometry.num_layers()));
+  o.share_repeated_positions = rng() % 2 == 0;
+  o.max_prefetch = std::min(o.hot_slots, prefetch + static_cast<int32_t>(rng() % 3));
+  return o;
+}
+
 std::vector<uint64_t> TestSeeds(int count) {
   if (const char* s = std::getenv("SPARSEKV_TEST_SEED")) return {std::stoull(s)};
   std::vector<uint64_t> seeds;
@@ -50,7 +63,11 @@ RandomWorkload::RandomWorkload(const CacheOptions& options, uint64_t seed,
       managers_(std::move(managers)),
       model_(options.geometry),
       shared_snapshots_(managers_.size()) {
-  for (SparseKVCacheManager* m : managers_) drivers_.push_back(std::make_unique<StepDriver>(*m));
+  RunMode run = shape.run;
+  run.seed = seed;
+  for (SparseKVCacheManager* m : managers_) {
+    drivers_.push_back(std::make_unique<StepDriver>(*m, nullptr, run));
+  }
 }
 
 void RandomWorkload::ExpectAll(const char* what,
@@ -215,6 +232,12 @@ void RandomWorkload::Step() {
     }
     for (size_t b = 0; b < n; ++b) {
       model_.Append(batch[b], l, new_rows[l].data() + b * stride);
+    }
+    if (l % options_.layers_per_index != 0) {
+      topk[l] = topk[l - 1];  // the group's top-k
+      continue;
+    }
+    for (size_t b = 0; b < n; ++b) {
       const std::vector<int32_t> row = RandomTopKRow(batch[b], l, Length(batch[b]));
       topk[l].insert(topk[l].end(), row.begin(), row.end());
     }
@@ -234,7 +257,7 @@ void RandomWorkload::Step() {
     }
     for (size_t i = 0; i < results.size(); ++i) {
       EXPECT_EQ(CheckLayer(model_, options_.geometry, l, batch, topk[l], results[i][l],
-                           options_.top_k),
+                           options_.top_k, options_.share_repeated_positions),
                 0)
           << "step " << steps_ << " layer " << l << " on " << managers_[i]->backend().name();
       if (i > 0) {
@@ -343,6 +366,8 @@ void RandomWorkload::CheckStats() {
     EXPECT_EQ(s.invalid_copy_entries, 0u);
     EXPECT_EQ(s.bytes_host_to_device, stats[0].bytes_host_to_device);
     EXPECT_EQ(s.bytes_device_to_host, stats[0].bytes_device_to_host);
+    EXPECT_EQ(s.prefetch_lookups, stats[0].prefetch_lookups);
+    EXPECT_EQ(s.prefetch_rows, stats[0].prefetch_rows);
   }
 }
 

@@ -26,6 +26,9 @@ namespace sparsekv::testing {
 
 // Random but valid options for a small configuration, derived from `seed`.
 CacheOptions RandomSmallOptions(uint64_t seed);
+// The same with the transfer-hiding options drawn too: layers_per_index (groups of up to 3
+// layers sharing a top-k), share_repeated_positions, and max_prefetch >= `prefetch`.
+CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch);
 
 // Seeds to run: SPARSEKV_TEST_SEED (one seed) if set, else `count` fixed seeds 1..count.
 std::vector<uint64_t> TestSeeds(int count);
@@ -35,6 +38,7 @@ struct WorkloadShape {
   int32_t max_new = 50;     // each request may generate 0..max_new-1 tokens
   bool sharing = false;     // prefix sharing, forks and retained conversations (see above)
   int32_t vocabulary = 3;   // token ids are 0..vocabulary-1 (sharing only)
+  RunMode run;              // how the step drivers run each layer
 };
 
 class RandomWorkload {

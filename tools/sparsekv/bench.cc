@@ -130,19 +130,28 @@ Status ValidateBenchConfig(const BenchConfig& c) {
     if (!ParseVariant(v).ok()) return Bad("--variants: unknown variant '" + v + "'");
   }
   if (c.variants.empty()) return Bad("--variants must name at least one variant");
+  if (c.offload_page_tokens < 1 || c.offload_page_tokens > 4096) {
+    return Bad("--offload-page-tokens must be in [1, 4096]");
+  }
   if (!(c.hbm_budget_gb > 0)) return Bad("--hbm-budget-gb must be > 0");
   if (!(c.host_pool_gb > 0)) return Bad("--host-pool-gb must be > 0");
   if (c.max_batch < 0) return Bad("--max-batch must be >= 0");
+  if (c.offload_max_batch < 0) return Bad("--offload-max-batch must be >= 0");
   if (c.heads < 1 || c.heads > 1024) return Bad("--heads must be in [1, 1024]");
   if (!(c.weights_gb > 0)) return Bad("--weights-gb must be > 0");
   if (!(c.time_limit_s >= 0)) return Bad("--time-limit must be >= 0");
   return Status::Ok();
 }
 
+int32_t BatchCap(const BenchConfig& c, KVVariant variant) {
+  if (variant != KVVariant::kPageOffload || c.offload_max_batch == 0) return c.max_batch;
+  return c.max_batch == 0 ? c.offload_max_batch : std::min(c.max_batch, c.offload_max_batch);
+}
+
 BenchConfig WithStandardSweep(BenchConfig config) {
   config.contexts = {32768, 16384, 65536, 131072};
   config.miss_rates = {0.2, 0.05, 0.4};
-  config.variants = {"full-hbm", "sparsekv", "no-cache"};
+  config.variants = {"full-hbm", "sparsekv", "no-cache", "page-offload"};
   config.batch_given = false;
   return config;
 }

@@ -24,6 +24,7 @@
 #include "sparsekv/backend.h"
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
+#include "tools/sparsekv/e2e_plan.h"
 
 namespace sparsekv::tools {
 
@@ -51,7 +52,18 @@ struct BenchConfig {
   // locality parameters above decide, and the miss rate is only measured.
   std::vector<double> miss_rates;
   std::vector<int32_t> contexts;  // contexts to run; empty = {context}
-  std::vector<std::string> variants = {"full-hbm", "sparsekv", "no-cache"};
+  std::vector<std::string> variants = {"full-hbm", "sparsekv", "no-cache", "page-offload"};
+  int32_t offload_page_tokens = 64;  // page-offload: tokens per page it fetches and caches
+  // page-offload: cap on its batch (0: none). Its page copies run at the PCIe limit from small
+  // batches on, so its tokens/s stops growing early while each step grows with the batch.
+  int32_t offload_max_batch = 0;
+  // sparsekv transfer hiding (VariantSetup): layers per shared top-k (also applied to the top-k
+  // every variant reads), and the overlap mode: "off"; "copies" (miss copies on a side stream, a
+  // group's later layers ahead of their turn); "gather" (also: the resident rows gathered for
+  // attention while the copy is in flight, SparseMLAOptions::Split::kGatherFirst); "merge" (also:
+  // attention over the resident rows in flight, log-sum-exp merge, Split::kMergeHalves).
+  int32_t layers_per_index = 1;
+  std::string overlap = "off";
   bool batch_given = false;   // run `batch` only, instead of sweeping up to each max batch
   double hbm_budget_gb = 49;  // HBM for everything KV-related, per variant (141 - 84 - 8)
   double host_pool_gb = 100;  // pinned host pool; also caps the batch of the offloading variants
@@ -61,6 +73,10 @@ struct BenchConfig {
   double weights_gb = 84;     // proxy weights streamed per step (per-GPU weight bytes)
   double time_limit_s = 0;    // stop starting new points after this long; 0 = no limit
 };
+
+// The cap on `variant`'s batch: max_batch, and for page-offload also offload_max_batch (0 = no
+// cap).
+int32_t BatchCap(const BenchConfig& config, KVVariant variant);
 
 // The standard sweep (--sweep): contexts 32K, 16K, 64K, 128K (32K first: the summary keys use
 // it), miss rates 20%, 5%, 40%, every variant, every batch size up to each max batch.

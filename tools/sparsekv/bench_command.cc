@@ -110,7 +110,17 @@ BenchCommand::BenchCommand(CLI::App& parent) {
       ->check(CLI::PositiveNumber);
   app_->add_option("--variants", config_.variants, "GPU: KV variants to compare, comma-separated")
       ->delimiter(',')
-      ->check(CLI::IsMember({"full-hbm", "sparsekv", "no-cache"}))
+      ->check(CLI::IsMember({"full-hbm", "sparsekv", "no-cache", "page-offload"}))
+      ->capture_default_str();
+  app_->add_option("--offload-page-tokens", config_.offload_page_tokens,
+                   "GPU: page-offload's page in tokens (what it fetches and caches; independent "
+                   "of --page-tokens)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app_->add_option("--offload-max-batch", config_.offload_max_batch,
+                   "GPU: cap on page-offload's batch (0: no cap); its page copies saturate PCIe "
+                   "at small batches")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app_->add_option("--hbm-budget-gb", config_.hbm_budget_gb,
                    "GPU: HBM for everything KV-related, per variant; sets each max batch")
@@ -123,6 +133,18 @@ BenchCommand::BenchCommand(CLI::App& parent) {
       ->capture_default_str();
   app_->add_option("--heads", config_.heads, "GPU: attention query heads per request")
       ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app_->add_option("--layers-per-index", config_.layers_per_index,
+                   "GPU: consecutive layers sharing one top-k (a shared indexer); sparsekv "
+                   "resolves once per group")
+      ->check(CLI::Range(1, 128))
+      ->capture_default_str();
+  app_->add_option("--overlap", config_.overlap,
+                   "GPU: how sparsekv hides its miss copies: off; copies (on a side stream, a "
+                   "group's later layers ahead of their turn); gather (also gather the resident "
+                   "rows for attention meanwhile); merge (also attend over them meanwhile, "
+                   "log-sum-exp merge)")
+      ->check(CLI::IsMember({"off", "copies", "gather", "merge"}))
       ->capture_default_str();
   app_->add_flag("--no-proxy", no_proxy_, "GPU: leave out the weight-streaming proxy");
   app_->add_option("--weights-gb", config_.weights_gb,

@@ -6,6 +6,7 @@
 #include "tools/sparsekv/bench_command.h"
 #include "tools/sparsekv/multi_turn.h"
 #include "tools/sparsekv/plan_command.h"
+#include "tools/sparsekv/pool_command.h"
 #include "tools/sparsekv/replay_command.h"
 
 namespace sparsekv::tools {
@@ -33,6 +34,7 @@ int RunCli(std::span<const std::string> args, std::ostream& out, std::ostream& e
   PlanCommand plan(app);
   ReplayCommand replay(app);
   MultiTurnCommand multi_turn(app);
+  PoolCommand pool(app);
 
   // CLI11 consumes its arguments from the back.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
@@ -46,6 +48,7 @@ int RunCli(std::span<const std::string> args, std::ostream& out, std::ostream& e
   if (plan.selected()) return plan.Run(Quote(args), out, err);
   if (replay.selected()) return replay.Run(Quote(args), out, err, progress_bar);
   if (multi_turn.selected()) return multi_turn.Run(Quote(args), out, err);
+  if (pool.selected()) return pool.Run(out, err);
   return kExitUsage;  // unreachable: require_subcommand(1)
 }
 

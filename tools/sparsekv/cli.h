@@ -1,4 +1,5 @@
-// The `sparsekv` command line: one tool, one subcommand per job (`bench`, `plan`, `replay`).
+// The `sparsekv` command line: one tool, one subcommand per job (`bench`, `plan`, `replay`,
+// `pool`).
 //
 // RunCli parses, dispatches to the subcommand and returns the process exit code, writing only to
 // the given streams, so that tests can drive it like a user would.

@@ -17,6 +17,7 @@
 #include "tools/sparsekv/bench.h"
 #include "tools/sparsekv/e2e_plan.h"
 #include "tools/sparsekv/e2e_report.h"
+#include "tools/sparsekv/page_offload.h"
 #include "tools/sparsekv/topk_generator.h"
 
 namespace sparsekv::tools {
@@ -180,8 +181,8 @@ TEST(E2EPlanTest, FootprintsFollowTheirFormulas) {
   EXPECT_EQ(full.hbm_bytes, int64_t{32768} * 61 * (656 + 132) + 2048 * 4);
   EXPECT_EQ(full.host_bytes, 0);
   const RequestFootprint sparse = Footprint(KVVariant::kSparseKV, s);
-  const int64_t block = int64_t{61} * 4097 * 656 + int64_t{61} * 4096 * 8;
-  EXPECT_EQ(sparse.hbm_bytes, block + int64_t{32768} * 61 * 132 + 512 * 4 + 2048 * 4 * 3);
+  const int64_t block = int64_t{61} * 4097 * 656 + int64_t{61} * (4096 * 8 + 4);
+  EXPECT_EQ(sparse.hbm_bytes, block + int64_t{32768} * 61 * 132 + 512 * 4 + 2048 * (4 * 5 + 1));
   EXPECT_EQ(sparse.host_bytes, int64_t{32768} * 61 * 656);
   const RequestFootprint none = Footprint(KVVariant::kNoCache, s);
   EXPECT_EQ(none.hbm_bytes, int64_t{32768} * 61 * 132 + 2048 * (656 + 8));
@@ -195,11 +196,57 @@ TEST(E2EPlanTest, MaxBatchOfTheStandardScenario) {
   const int64_t hbm = 49'000'000'000, host = 100'000'000'000;
   EXPECT_EQ(MaxBatch(KVVariant::kFullHbm, Standard(32768), hbm, host, 0), 31);
   EXPECT_EQ(MaxBatch(KVVariant::kFullHbm, Standard(16384), hbm, host, 0), 62);
-  // sparsekv: HBM admits 114 at 32K (166 MB hot cache + 264 MB indexer keys), the host pool 76.
-  EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, Standard(32768), hbm, 1'000'000'000'000, 0), 114);
+  // sparsekv: HBM admits 113 at 32K (166 MB hot cache + 264 MB indexer keys), the host pool 76.
+  EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, Standard(32768), hbm, 1'000'000'000'000, 0), 113);
   EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, Standard(32768), hbm, host, 0), 76);
   EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, Standard(32768), hbm, host, 40), 40);  // --max-batch
   EXPECT_EQ(MaxBatch(KVVariant::kFullHbm, Standard(32768), 1'000'000'000, host, 0), 0);
+}
+
+TEST(E2EPlanTest, PageOffloadCachesTheHotCacheBytesInPagesAndStagesTheRest) {
+  const RequestShape s = Standard(32768);
+  const PageOffloadPages p = OffloadPages(s);
+  EXPECT_EQ(p.pages, 512);
+  EXPECT_EQ(p.cached, 64);    // 4096 hot slots / 64 tokens
+  EXPECT_EQ(p.staging, 512);  // min(top-k, pages)
+  EXPECT_EQ(OffloadPages(Standard(131072)).staging, 2048);
+  const int64_t page = 64 * 656;
+  const RequestFootprint f = Footprint(KVVariant::kPageOffload, s);
+  EXPECT_EQ(f.hbm_bytes, int64_t{61} * (65 * page + 64 * 8) + 512 * (page + 8) +
+                             int64_t{32768} * 61 * 132 + 512 * 4 + 2048 * 4 * 9);
+  EXPECT_EQ(f.host_bytes, int64_t{32768} * 61 * 656);
+  // The page is its own option, independent of the host pool's page.
+  RequestShape big = s;
+  big.page_tokens = 1024;
+  EXPECT_EQ(Footprint(KVVariant::kPageOffload, big).hbm_bytes, f.hbm_bytes);
+  big.offload_page_tokens = 128;
+  EXPECT_EQ(OffloadPages(big).cached, 32);
+  // Its cache has sparsekv's bytes (plus one newest page and the staging pages): a batch close
+  // to sparsekv's 114 by HBM, the same 76 by the host pool.
+  const int64_t hbm = 49'000'000'000, host = 100'000'000'000;
+  const int32_t by_hbm = MaxBatch(KVVariant::kPageOffload, s, hbm, 1'000'000'000'000, 0);
+  EXPECT_GT(by_hbm, 90);
+  EXPECT_LT(by_hbm, 114);
+  EXPECT_EQ(MaxBatch(KVVariant::kPageOffload, s, hbm, host, 0), 76);
+  // Every page copied crosses PCIe whole.
+  const StepTraffic t = Traffic(KVVariant::kPageOffload, s, 2, 100);
+  EXPECT_DOUBLE_EQ(t.pcie_bytes, 100.0 * page + 2.0 * 61 * 656);
+  EXPECT_TRUE(DependsOnMissRate(KVVariant::kPageOffload));
+  EXPECT_FALSE(DependsOnMissRate(KVVariant::kNoCache));
+  EXPECT_EQ(PlanVariant(KVVariant::kPageOffload, s, hbm, host, 0, 3, 16, 2, 8).headroom,
+            2 + 3 * 16);  // one point per miss rate
+  EXPECT_EQ(ParseVariant("page-offload").value(), KVVariant::kPageOffload);
+}
+
+TEST(E2EPlanTest, OffloadMaxBatchCapsOnlyPageOffload) {
+  BenchConfig c;
+  EXPECT_EQ(BatchCap(c, KVVariant::kPageOffload), 0);
+  c.offload_max_batch = 16;
+  EXPECT_EQ(BatchCap(c, KVVariant::kPageOffload), 16);
+  EXPECT_EQ(BatchCap(c, KVVariant::kSparseKV), 0);
+  c.max_batch = 8;
+  EXPECT_EQ(BatchCap(c, KVVariant::kPageOffload), 8);
+  EXPECT_EQ(BatchCap(c, KVVariant::kFullHbm), 8);
 }
 
 TEST(E2EPlanTest, SweepBatchesArePowersOfTwoThenTheMax) {
@@ -270,18 +317,24 @@ TEST(E2EReportTest, SummaryKeysComeFromThe32KPoints) {
   add(KVVariant::kSparseKV, 0.2, 1, 22, 20);
   add(KVVariant::kSparseKV, 0.2, 60, 40, 32);  // peak 1500 tok/s, ideal 60 / 32 ms
   add(KVVariant::kSparseKV, 0.05, 1, 21, 20);
+  add(KVVariant::kPageOffload, 0.2, 8, 40, 30);   // peak 200 tok/s
+  add(KVVariant::kPageOffload, 0.05, 8, 20, 15);  // another miss rate: not the key's
   const nlohmann::json j = nlohmann::json::parse(FormatE2ESummaryJson(r));
   EXPECT_DOUBLE_EQ(j["e2e_throughput_ratio_vs_full_hbm_32k_m20"].get<double>(), 1.5);
   EXPECT_DOUBLE_EQ(j["e2e_throughput_to_ideal_32k_m20"].get<double>(), 1500.0 / 1875.0);
-  EXPECT_TRUE(j["e2e_throughput_ratio_vs_page_offload_32k_m20"].is_null());
+  EXPECT_DOUBLE_EQ(j["e2e_throughput_ratio_vs_page_offload_32k_m20"].get<double>(), 1500.0 / 200);
   EXPECT_DOUBLE_EQ(j["e2e_tpot_overhead_b1_m5"].get<double>(), 21.0 / 20 - 1);
   EXPECT_DOUBLE_EQ(j["e2e_tpot_overhead_b1_m20"].get<double>(), 22.0 / 20 - 1);
   EXPECT_DOUBLE_EQ(j["e2e_step_to_floor_ratio"].get<double>(), 40.0 / 32);
   const nlohmann::json full = nlohmann::json::parse(FormatE2EJson(r));
-  EXPECT_EQ(full["points"].size(), 5u);
+  EXPECT_EQ(full["points"].size(), 7u);
   EXPECT_EQ(full["summary"], j);
+  EXPECT_EQ(full["points"][5]["variant"], "page-offload");
   const std::string csv = FormatE2ECsv(r);
-  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 6);  // header + 5 points
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 8);  // header + 7 points
+  EXPECT_NE(csv.find(",page-offload,32768,0.2,8,"), std::string::npos) << csv;
+  EXPECT_NE(FormatE2ETable(r).find("  page-offload   32K   20%     8"), std::string::npos)
+      << FormatE2ETable(r);
   EXPECT_TRUE(nlohmann::json::parse(
                   FormatE2ESummaryJson(E2EReport{}))["e2e_throughput_ratio_vs_full_hbm_32k_m20"]
                   .is_null());
@@ -302,6 +355,105 @@ TEST(ArenaBackendTest, HandsOutPiecesAndStartsOverWhenAllAreFreed) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(*c, (*arena)->arena());
   (*arena)->FreeHost(*c);
+}
+
+// ---- The page-offload variant's cache on the CPU backend (page_offload.h) ----
+
+// Row (request, layer, position) of the test's KV: every byte a function of the three.
+std::vector<std::byte> TestRow(int32_t row_bytes, int32_t request, int32_t layer,
+                               int32_t position) {
+  uint64_t x =
+      (uint64_t(uint32_t(request)) << 48) ^ (uint64_t(uint32_t(layer)) << 32) ^ uint32_t(position);
+  std::vector<std::byte> row(row_bytes);
+  for (std::byte& v : row) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    v = static_cast<std::byte>(x >> 56);
+  }
+  return row;
+}
+
+TEST(PageOffloadTest, EverySelectedRowIsDeliveredFromCacheOrStaging) {
+  RequestShape shape;
+  shape.layers = 3;
+  shape.row_bytes = 656;
+  shape.top_k = 128;
+  shape.hot_slots = 256;  // 16 cached pages per request and layer
+  shape.offload_page_tokens = 16;
+  const int32_t context = 2003;  // a partial last prompt page
+  const int32_t steps = 10;
+  const int32_t max_batch = 3;
+  shape.tokens = context + steps;
+  const PageOffloadPages pages = OffloadPages(shape);
+  ASSERT_EQ(pages.cached, 16);
+  auto created =
+      PageOffloadCache::Create(shape, max_batch, CreateCpuBackend(), CreateCpuPageOffloadOps());
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  PageOffloadCache& cache = **created;
+  const int32_t row = shape.row_bytes;
+  for (int32_t l = 0; l < shape.layers; ++l) {
+    for (int32_t b = 0; b < max_batch; ++b) {
+      for (int32_t p = 0; p < context; ++p) {
+        const std::vector<std::byte> r = TestRow(row, b, l, p);
+        std::copy(r.begin(), r.end(), cache.host_layer(l) + (b * cache.request_rows() + p) * row);
+      }
+    }
+  }
+  ASSERT_TRUE(cache.LoadPrompt(context, nullptr).ok());
+
+  TopKGeneratorOptions o;
+  o.top_k = shape.top_k;
+  o.miss_rate = 0.2;
+  o.fresh_range = context;
+  std::vector<LayerTopKGenerator> generators;
+  for (int32_t l = 0; l < shape.layers; ++l) generators.emplace_back(o, l, max_batch);
+  std::vector<int32_t> lens(max_batch, context);
+  int64_t request_layers = 0;  // Resolve rows run
+  for (int32_t step = 0; step < steps; ++step) {
+    const int32_t batch = step % 3 == 1 ? 2 : max_batch;  // request 2 sits some steps out
+    const std::vector<int32_t> positions(lens.begin(), lens.begin() + batch);
+    std::vector<int32_t> seq_lens = positions;
+    for (int32_t& n : seq_lens) ++n;
+    ASSERT_TRUE(cache.Plan(positions, nullptr).ok());
+    for (int32_t l = 0; l < shape.layers; ++l) {
+      std::vector<std::byte> new_rows(size_t(max_batch) * row);
+      for (int32_t b = 0; b < batch; ++b) {
+        const std::vector<std::byte> r = TestRow(row, b, l, positions[b]);
+        std::copy(r.begin(), r.end(), new_rows.begin() + b * row);
+      }
+      std::vector<int32_t> topk(size_t(max_batch) * shape.top_k, -1);
+      generators[l].Next(seq_lens, std::span(topk.data(), size_t(batch) * shape.top_k));
+      ASSERT_TRUE(cache.RunLayer(l, batch, topk.data(), new_rows.data(), nullptr).ok());
+      for (int32_t i = 0; i < batch * shape.top_k; ++i) {
+        const int32_t b = i / shape.top_k;
+        ASSERT_GE(cache.Indices()[i], 0) << "step " << step << " layer " << l << " entry " << i;
+        const std::byte* got = cache.cache_rows() + int64_t{cache.Indices()[i]} * row;
+        const std::vector<std::byte> want = TestRow(row, b, l, topk[i]);
+        ASSERT_TRUE(std::equal(want.begin(), want.end(), got))
+            << "step " << step << " layer " << l << " request " << b << " position " << topk[i];
+      }
+      request_layers += batch;
+    }
+    for (int32_t b = 0; b < batch; ++b) ++lens[b];
+  }
+  StatusOr<ResolveCounters> stats = cache.ReadStats(nullptr);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GT(stats->hits, 0u);         // pages kept in the LRU cache across steps
+  EXPECT_GT(stats->window_hits, 0u);  // the newest page
+  EXPECT_GT(stats->duplicates, 0u);   // positions sharing a page
+  // More pages copied than the cache has slots: the staging area served the rest.
+  EXPECT_GT(stats->misses, static_cast<uint64_t>(request_layers * pages.cached));
+  ASSERT_TRUE(cache.ResetStats(nullptr).ok());
+  EXPECT_EQ(cache.ReadStats(nullptr)->misses, 0u);
+}
+
+TEST(PageOffloadTest, ShapesBeyond32BitRowsAreRefused) {
+  RequestShape shape;
+  shape.tokens = 131072;
+  const auto r =
+      PageOffloadCache::Create(shape, 20000, CreateCpuBackend(), CreateCpuPageOffloadOps());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(PageOffloadCache::Create(shape, 1, CreateCpuBackend(), nullptr).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 // ---- Benchmark on the CPU backend ----
@@ -340,7 +492,7 @@ TEST(BenchTest, TinyCpuRunReportsConsistentFigures) {
   EXPECT_LT(r->layer_hit_rate[0], r->layer_hit_rate[3]);  // layer 0 reuses almost nothing
   EXPECT_EQ(r->full_kv_bytes_per_request, int64_t{2000} * 4 * 656);
   EXPECT_EQ(r->hot_cache_bytes_per_request,
-            int64_t{4} * (256 + 4) * 656 + int64_t{4} * 256 * 2 * 4);
+            int64_t{4} * (256 + 4) * 656 + int64_t{4} * (256 * 2 + 1) * 4);
   EXPECT_EQ(r->hbm_saved_bytes_per_request,
             r->full_kv_bytes_per_request - r->hot_cache_bytes_per_request);
   EXPECT_GT(r->host_pool_bytes, int64_t{3} * 2008 * 4 * 656 - 1);
@@ -429,7 +581,10 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
       {"bench", "--backend", "cpu", "--steps", "4", "--warmup", "4"},
       {"bench", "--miss-rate", "1.5"},                           // not a rate
       {"bench", "--miss-rate", "0.1,x"},                         // not a number
-      {"bench", "--variants", "page-offload"},                   // not implemented
+      {"bench", "--offload-page-tokens", "0"},                   // out of range
+      {"bench", "--offload-max-batch", "-1"},                    // negative
+      {"bench", "--overlap", "always"},                          // not an overlap mode
+      {"bench", "--layers-per-index", "0"},                      // out of range
       {"bench", "--variants", "sparsekv,nope"},                  // not a variant
       {"bench", "--hbm-budget-gb", "0"},                         // not positive
       {"bench", "--host-pool-gb", "-5"},                         // not positive

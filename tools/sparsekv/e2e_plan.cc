@@ -16,16 +16,28 @@ std::string_view VariantName(KVVariant variant) {
       return "sparsekv";
     case KVVariant::kNoCache:
       return "no-cache";
+    case KVVariant::kPageOffload:
+      return "page-offload";
   }
   return "unknown";
 }
 
 StatusOr<KVVariant> ParseVariant(std::string_view name) {
-  for (KVVariant v : {KVVariant::kFullHbm, KVVariant::kSparseKV, KVVariant::kNoCache}) {
+  for (KVVariant v :
+       {KVVariant::kFullHbm, KVVariant::kSparseKV, KVVariant::kNoCache, KVVariant::kPageOffload}) {
     if (name == VariantName(v)) return v;
   }
   return InvalidArgument("unknown variant '" + std::string(name) +
-                         "' (known: full-hbm, sparsekv, no-cache)");
+                         "' (known: full-hbm, sparsekv, no-cache, page-offload)");
+}
+
+PageOffloadPages OffloadPages(const RequestShape& s) {
+  const int64_t q = std::max(1, s.offload_page_tokens);
+  PageOffloadPages p;
+  p.pages = static_cast<int32_t>((s.tokens + q - 1) / q);
+  p.cached = static_cast<int32_t>(std::max<int64_t>(1, s.hot_slots / q));
+  p.staging = std::min(s.top_k, p.pages);
+  return p;
 }
 
 RequestFootprint Footprint(KVVariant variant, const RequestShape& s) {
@@ -41,7 +53,7 @@ RequestFootprint Footprint(KVVariant variant, const RequestShape& s) {
       const int64_t pages = (s.tokens + s.page_tokens - 1) / s.page_tokens;
       f.hbm_bytes =
           HotCache::BlockBytes(KVGeometry::Uniform(s.layers, s.row_bytes), s.hot_slots, s.window) +
-          indexer + pages * index + int64_t{s.top_k} * index * 3;
+          indexer + pages * index + int64_t{s.top_k} * (index * 5 + 1);
       f.host_bytes = pages * s.page_tokens * layers * s.row_bytes;
       break;
     }
@@ -49,6 +61,15 @@ RequestFootprint Footprint(KVVariant variant, const RequestShape& s) {
       f.hbm_bytes = indexer + int64_t{s.top_k} * (s.row_bytes + 2 * index);
       f.host_bytes = s.tokens * layers * s.row_bytes;
       break;
+    case KVVariant::kPageOffload: {
+      const PageOffloadPages p = OffloadPages(s);
+      const int64_t page_bytes = int64_t{s.offload_page_tokens} * s.row_bytes;
+      f.hbm_bytes = layers * ((p.cached + 1) * page_bytes + p.cached * index * 2) +
+                    p.staging * (page_bytes + index * 2) + indexer + p.pages * index +
+                    int64_t{s.top_k} * index * 9;
+      f.host_bytes = p.pages * page_bytes * layers;
+      break;
+    }
   }
   return f;
 }
@@ -62,6 +83,10 @@ int32_t MaxBatch(KVVariant variant, const RequestShape& shape, int64_t hbm_budge
   return static_cast<int32_t>(std::clamp<int64_t>(batch, 0, std::numeric_limits<int32_t>::max()));
 }
 
+bool DependsOnMissRate(KVVariant variant) {
+  return variant == KVVariant::kSparseKV || variant == KVVariant::kPageOffload;
+}
+
 std::vector<int32_t> SweepBatches(int32_t max_batch) {
   std::vector<int32_t> out;
   for (int64_t b = 1; b < max_batch; b *= 2) out.push_back(static_cast<int32_t>(b));
@@ -73,7 +98,7 @@ VariantPlan PlanVariant(KVVariant variant, RequestShape shape, int64_t hbm_budge
                         int64_t host_budget_bytes, int32_t cap, int32_t rates, int32_t steps,
                         int32_t check_steps, int32_t batch) {
   const int64_t context = shape.tokens;
-  const int32_t points_per_batch = variant == KVVariant::kSparseKV ? std::max(rates, 1) : 1;
+  const int32_t points_per_batch = DependsOnMissRate(variant) ? std::max(rates, 1) : 1;
   // The headroom depends on the number of points, which depends on the batch the budget admits:
   // bound the points with the batch admitted without headroom (more headroom only lowers it).
   const int32_t upper = MaxBatch(variant, shape, hbm_budget_bytes, host_budget_bytes, cap);
@@ -112,6 +137,14 @@ StepTraffic Traffic(KVVariant variant, const RequestShape& s, int32_t batch,
       t.pcie_bytes = rows * (k + 1) * row;
       t.hbm_bytes = rows * (k * row + 3 * k * index);
       break;
+    case KVVariant::kPageOffload: {
+      const PageOffloadPages p = OffloadPages(s);
+      const double page = row * s.offload_page_tokens;
+      t.pcie_bytes = misses_per_step * page + rows * row;
+      t.hbm_bytes = misses_per_step * page +
+                    rows * (row + 9 * k * index + 4.0 * p.cached * index + 2.0 * p.staging * index);
+      break;
+    }
   }
   return t;
 }

@@ -13,11 +13,13 @@
 namespace sparsekv::tools {
 
 // One (variant, context, miss rate, batch) measurement. Times are medians over the timed steps.
+// For page-offload, lookups, hits and misses are counted in pages (the distinct pages of each
+// top-k row; a miss is a page copied), as is misses_per_step.
 struct E2EPoint {
   std::string preset;
   KVVariant variant = KVVariant::kSparseKV;
   int32_t context = 0;
-  std::optional<double> miss_rate_target;  // sparsekv in miss-rate mode; none otherwise
+  std::optional<double> miss_rate_target;  // sparsekv, page-offload in miss-rate mode; else none
   int32_t batch = 0;
   int32_t max_batch = 0;  // the variant's largest batch under the budgets at this context
   int32_t timed_steps = 0;
@@ -56,7 +58,15 @@ struct E2ECheck {
   int64_t bytes_compared = 0;
   int64_t bytes_different = 0;
   bool output_nonzero = false;  // the reference output is not all zeros (the check means something)
-  bool passed() const { return bytes_compared > 0 && bytes_different == 0 && output_nonzero; }
+  // Split attention (--overlap) rounds differently from one pass: then the check passes on the
+  // largest relative L2 error of one request's output in one layer instead of on bit identity.
+  bool split_attention = false;
+  double max_relative_error = 0;
+  static constexpr double kSplitTolerance = 1e-2;
+  bool passed() const {
+    const bool equal = split_attention ? max_relative_error < kSplitTolerance : bytes_different == 0;
+    return bytes_compared > 0 && equal && output_nonzero;
+  }
 };
 
 struct E2EReport {
@@ -70,6 +80,7 @@ struct E2EReport {
   int32_t hot_slots = 0;
   int32_t window = 0;
   int32_t page_tokens = 0;
+  int32_t offload_page_tokens = 0;  // page-offload's page
   int32_t heads = 0;
   bool proxy = true;
   double proxy_weights_gb = 0;        // per step, as asked
@@ -90,7 +101,8 @@ struct E2EReport {
 //   e2e_throughput_ratio_vs_full_hbm_32k_m20: peak sparsekv tokens/s (miss rate 20%) / peak
 //     full-hbm tokens/s, each over its batches (the largest is its max batch under the budget);
 //   e2e_throughput_to_ideal_32k_m20: that sparsekv peak / max over its batches of batch / floor;
-//   e2e_throughput_ratio_vs_page_offload_32k_m20: null (page-offload is not implemented);
+//   e2e_throughput_ratio_vs_page_offload_32k_m20: that sparsekv peak / peak page-offload tokens/s
+//     (miss rate 20%);
 //   e2e_tpot_overhead_b1_m5, _m20: sparsekv TPOT / full-hbm TPOT - 1 at batch 1;
 //   e2e_step_to_floor_ratio: sparsekv (20%) step / floor at its largest batch.
 std::string FormatE2ESummaryJson(const E2EReport& report);

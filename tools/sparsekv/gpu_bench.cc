@@ -155,7 +155,11 @@ class TopKFeed {
   void SetMissRate(double rate) {
     for (LayerTopKGenerator& g : generators_) g.set_miss_rate(rate);
   }
-  const int32_t* layer(int32_t l) const { return device_.as<int32_t>() + l * layer_elems_; }
+  // Layers of an index group share their first layer's rows.
+  const int32_t* layer(int32_t l) const {
+    return device_.as<int32_t>() + (l - l % layers_per_index_) * layer_elems_;
+  }
+  void set_layers_per_index(int32_t n) { layers_per_index_ = n; }
 
  private:
   TopKFeed(const TopKGeneratorOptions& options, int32_t layers, int32_t max_batch)
@@ -167,6 +171,7 @@ class TopKFeed {
 
   int32_t top_k_;
   int64_t layer_elems_;
+  int32_t layers_per_index_ = 1;
   std::vector<LayerTopKGenerator> generators_;
   std::vector<int32_t> host_;
   DeviceBuffer device_;
@@ -183,6 +188,7 @@ struct Shared {
   DeviceBuffer out;                          // [max_batch, heads, 512] bf16
   DeviceBuffer new_rows;                     // [layers, max_batch, row]
   std::map<int32_t, double> proxy_us;        // per layer, by batch
+  bool split_attention = false;  // attention starts on the resident rows (--overlap gather|merge)
 
   size_t OutBytes(int32_t batch) const { return size_t(batch) * heads * kMLAValueDim * 2; }
   const std::byte* NewRows(int32_t layer) const {
@@ -196,8 +202,20 @@ Status StepBody(StepVariant& v, const Shared& sh, const TopKFeed& feed, int32_t 
                 cudaStream_t s, std::byte* check_out) {
   for (int32_t l = 0; l < sh.shape.layers; ++l) {
     SPARSEKV_RETURN_IF_ERROR(v.RunLayer(l, batch, feed.layer(l), sh.NewRows(l), s));
-    SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(batch, sh.q.get(), v.Rows(l), sh.shape.row_bytes,
-                                               v.Indices(), sh.out.get(), s));
+    if (const uint8_t* fill = v.FillMask(); fill != nullptr && sh.split_attention) {
+      // Split attention: the resident rows while the copy is in flight, then the copied ones.
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->RunHits(batch, sh.q.get(), v.Rows(l),
+                                                     sh.shape.row_bytes, v.Indices(), fill, s));
+      SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->RunFillsAndMerge(batch, sh.q.get(), v.Rows(l),
+                                                              sh.shape.row_bytes, v.Indices(),
+                                                              fill, sh.out.get(), s));
+    } else {
+      SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(batch, sh.q.get(), v.Rows(l),
+                                                 sh.shape.row_bytes, v.Indices(), sh.out.get(),
+                                                 s));
+    }
     if (check_out != nullptr) {
       TOOLS_CUDA_RETURN(cudaMemcpyAsync(check_out + l * sh.OutBytes(batch), sh.out.get(),
                                         sh.OutBytes(batch), cudaMemcpyDeviceToDevice, s));
@@ -222,6 +240,34 @@ struct Requests {
     for (int32_t b = 0; b < batch; ++b) ++lens[b];
   }
 };
+
+// The largest relative L2 error of a bf16 vector of `n` values of `got` against `want` (the
+// outputs of one request in one layer), over all of them; 1 if the sizes differ.
+double MaxRelativeError(const std::vector<std::byte>& got, const std::vector<std::byte>& want,
+                        int64_t n) {
+  if (got.size() != want.size()) return 1;
+  const auto value = [](const std::vector<std::byte>& v, int64_t i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, v.data() + 2 * i, 2);
+    bits <<= 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return double{f};
+  };
+  double worst = 0;
+  const int64_t values = static_cast<int64_t>(got.size() / 2);
+  for (int64_t first = 0; first + n <= values; first += n) {
+    double diff = 0, norm = 0;
+    for (int64_t i = first; i < first + n; ++i) {
+      const double g = value(got, i), w = value(want, i);
+      diff += (g - w) * (g - w);
+      norm += w * w;
+    }
+    const double error = norm > 0 ? std::sqrt(diff / norm) : (diff > 0 ? 1.0 : 0.0);
+    worst = std::isfinite(error) ? std::max(worst, error) : 1e30;  // NaN or inf: a failure
+  }
+  return worst;
+}
 
 // The eager check steps; returns every layer's attention output of every step.
 StatusOr<std::vector<std::byte>> RunCheck(StepVariant& v, const Shared& sh, TopKFeed& feed,
@@ -409,6 +455,7 @@ Status E2ERun::Plan(const ModelPreset& preset) {
   shape.hot_slots = c_.hot_slots;
   shape.window = c_.window;
   shape.page_tokens = c_.page_tokens;
+  shape.offload_page_tokens = c_.offload_page_tokens;
   shared_.shape = shape;
   const int64_t hbm = static_cast<int64_t>(c_.hbm_budget_gb * 1e9);
   const int64_t host = static_cast<int64_t>(c_.host_pool_gb * 1e9);
@@ -423,8 +470,8 @@ Status E2ERun::Plan(const ModelPreset& preset) {
     cp.check_batch = kCheckBatch;
     for (const std::string& name : c_.variants) {
       SPARSEKV_ASSIGN_OR_RETURN(const KVVariant kind, ParseVariant(name));
-      const VariantPlan vp =
-          PlanVariant(kind, shape, hbm, host, c_.max_batch, rates, c_.steps, kCheckSteps, batch);
+      const VariantPlan vp = PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates,
+                                         c_.steps, kCheckSteps, batch);
       full = full || kind == KVVariant::kFullHbm;
       cp.check_batch = std::min(cp.check_batch, vp.max_batch);
       shared_.max_batch = std::max(shared_.max_batch, vp.max_batch);
@@ -467,6 +514,9 @@ Status E2ERun::Setup(const ModelPreset& preset) {
   ao.heads = c_.heads;
   ao.top_k = c_.top_k;
   ao.format = shape.row_bytes == 656 ? KVRowFormat::kFp8Row656 : KVRowFormat::kBf16Row1152;
+  ao.split = c_.overlap == "merge" ? SparseMLAOptions::Split::kMergeHalves
+                                   : SparseMLAOptions::Split::kGatherFirst;
+  shared_.split_attention = c_.overlap == "gather" || c_.overlap == "merge";
   SPARSEKV_ASSIGN_OR_RETURN(shared_.attention, SparseMLAAttention::Create(ao));
   if (c_.proxy) {
     // Per-layer bytes from the preset's full layer count, so that --layers does not change them.
@@ -505,7 +555,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   if (TimeIsUp()) {  // filling a variant takes seconds: not for points that would be skipped
     skipped_points_ +=
         static_cast<int64_t>(vp.batches.size()) *
-        (kind == KVVariant::kSparseKV ? std::max<size_t>(1, c_.miss_rates.size()) : 1);
+        (DependsOnMissRate(kind) ? std::max<size_t>(1, c_.miss_rates.size()) : 1);
     return Status::Ok();
   }
   VariantSetup setup;
@@ -514,6 +564,8 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.context = plan.context;
   setup.max_batch = vp.max_batch;
   setup.seed = c_.seed;
+  setup.layers_per_index = c_.layers_per_index;
+  setup.overlap = c_.overlap != "off";
   Log(label + ": filling " + std::to_string(vp.max_batch) + " requests");
   SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<StepVariant> v,
                             CreateVariant(kind, setup, arena_, stream_));
@@ -524,6 +576,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
     SPARSEKV_ASSIGN_OR_RETURN(auto feed,
                               TopKFeed::Create(GeneratorOptions(plan.context, true, kCheckMissRate),
                                                shared_.shape.layers, plan.check_batch));
+    feed->set_layers_per_index(c_.layers_per_index);
     SPARSEKV_ASSIGN_OR_RETURN(std::vector<std::byte> out,
                               RunCheck(*v, shared_, *feed, req, plan.check_batch, stream_));
     if (kind == KVVariant::kFullHbm) {
@@ -542,6 +595,10 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
       if (out.size() != reference_.size()) check.bytes_different += 1;
       check.output_nonzero = std::any_of(reference_.begin(), reference_.end(),
                                          [](std::byte b) { return b != std::byte{0}; });
+      if (kind == KVVariant::kSparseKV && c_.overlap == "merge") {
+        check.split_attention = true;
+        check.max_relative_error = MaxRelativeError(out, reference_, kMLAValueDim * c_.heads);
+      }
       Log(label + ": check vs full-hbm " + (check.passed() ? "PASS" : "FAIL"));
       report_.checks.push_back(check);
     }
@@ -552,9 +609,11 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   SPARSEKV_ASSIGN_OR_RETURN(
       auto feed, TopKFeed::Create(GeneratorOptions(plan.context, miss_rate_mode, first_rate),
                                   shared_.shape.layers, vp.max_batch));
-  // Only sparsekv depends on the miss rate: the others run once, labelled with no target.
+  feed->set_layers_per_index(c_.layers_per_index);
+  // Only sparsekv and page-offload depend on the miss rate: the others run once, labelled with no
+  // target.
   std::vector<double> rates = {first_rate};
-  if (kind == KVVariant::kSparseKV && miss_rate_mode) rates = c_.miss_rates;
+  if (DependsOnMissRate(kind) && miss_rate_mode) rates = c_.miss_rates;
   const int32_t warmup = std::max(1, c_.warmup_steps);  // the capture step is never timed
   for (double rate : rates) {
     if (miss_rate_mode) feed->SetMissRate(rate);
@@ -569,7 +628,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
       p.preset = report_.preset;
       p.variant = kind;
       p.context = plan.context;
-      if (kind == KVVariant::kSparseKV && miss_rate_mode) p.miss_rate_target = rate;
+      if (DependsOnMissRate(kind) && miss_rate_mode) p.miss_rate_target = rate;
       p.batch = batch;
       p.max_batch = vp.max_batch;
       p.timed_steps = static_cast<int32_t>(t.tpot_ms.size());
@@ -640,15 +699,23 @@ StatusOr<E2EReport> E2ERun::Run() {
   report_.hot_slots = c_.hot_slots;
   report_.window = c_.window;
   report_.page_tokens = c_.page_tokens;
+  report_.offload_page_tokens = c_.offload_page_tokens;
   report_.heads = c_.heads;
   report_.proxy = c_.proxy;
   report_.proxy_weights_gb = c_.proxy ? c_.weights_gb : 0;
   report_.hbm_budget_gb = c_.hbm_budget_gb;
   report_.host_pool_gb = c_.host_pool_gb;
   report_.steps = c_.steps;
+  if (c_.layers_per_index > 1) {
+    report_.notes.push_back("layers share a top-k in groups of " +
+                            std::to_string(c_.layers_per_index) +
+                            " (--layers-per-index); every variant reads the same top-k");
+  }
+  if (c_.overlap != "off") {
+    report_.notes.push_back("sparsekv runs with --overlap " + c_.overlap +
+                            " (tools/sparsekv/bench.h BenchConfig::overlap)");
+  }
   report_.warmup_steps = std::max(1, c_.warmup_steps);
-  report_.notes.push_back(
-      "page-offload (whole 64-token pages into a page-granular cache) is not implemented");
 
   TOOLS_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   Status s = Setup(preset);

@@ -73,6 +73,39 @@ __global__ void AppendRowsKernel(const std::byte* new_rows, int32_t batch, int32
   for (int32_t v = lane; v < row_bytes / 16; v += 32) d[v] = s[v];
 }
 
+__global__ void PageIdsKernel(const int32_t* topk, int32_t entries, int32_t page_tokens,
+                              int32_t* page_ids) {
+  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= entries) return;
+  const int32_t p = topk[i];
+  page_ids[i] = p < 0 ? -1 : p / page_tokens;
+}
+
+__global__ void PageOverflowKernel(const int32_t* page_ids, const int32_t* cache_slots,
+                                   int32_t entries, int32_t* overflow) {
+  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= entries) return;
+  const int32_t page = page_ids[i];
+  overflow[i] = page >= 0 && cache_slots[i] < 0 ? page : -1;
+}
+
+__global__ void PageRowsKernel(const int32_t* topk, const int32_t* cache_slots,
+                               const int32_t* staging_slots, int32_t entries, int32_t page_tokens,
+                               int64_t first_cache_row, int64_t first_staging_row, int32_t* rows) {
+  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= entries) return;
+  const int32_t p = topk[i];
+  const int32_t cache = cache_slots[i];
+  const int32_t staging = staging_slots[i];
+  int64_t row = -1;
+  if (p >= 0 && cache >= 0) {
+    row = first_cache_row + int64_t{cache} * page_tokens + p % page_tokens;
+  } else if (p >= 0 && staging >= 0) {
+    row = first_staging_row + int64_t{staging} * page_tokens + p % page_tokens;
+  }
+  rows[i] = static_cast<int32_t>(row);
+}
+
 unsigned Blocks(int64_t threads) {
   return static_cast<unsigned>((threads + kThreads - 1) / kThreads);
 }
@@ -109,6 +142,31 @@ cudaError_t AppendRows(const std::byte* new_rows, int32_t batch, int32_t row_byt
   if (batch <= 0) return cudaSuccess;
   AppendRowsKernel<<<Blocks(int64_t{batch} * 32), kThreads, 0, stream>>>(
       new_rows, batch, row_bytes, stride, positions, request_rows, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t PageIds(const int32_t* topk, int32_t entries, int32_t page_tokens, int32_t* page_ids,
+                    cudaStream_t stream) {
+  if (entries <= 0) return cudaSuccess;
+  PageIdsKernel<<<Blocks(entries), kThreads, 0, stream>>>(topk, entries, page_tokens, page_ids);
+  return cudaGetLastError();
+}
+
+cudaError_t PageOverflow(const int32_t* page_ids, const int32_t* cache_slots, int32_t entries,
+                         int32_t* overflow, cudaStream_t stream) {
+  if (entries <= 0) return cudaSuccess;
+  PageOverflowKernel<<<Blocks(entries), kThreads, 0, stream>>>(page_ids, cache_slots, entries,
+                                                               overflow);
+  return cudaGetLastError();
+}
+
+cudaError_t PageRows(const int32_t* topk, const int32_t* cache_slots, const int32_t* staging_slots,
+                     int32_t entries, int32_t page_tokens, int64_t first_cache_row,
+                     int64_t first_staging_row, int32_t* rows, cudaStream_t stream) {
+  if (entries <= 0) return cudaSuccess;
+  PageRowsKernel<<<Blocks(entries), kThreads, 0, stream>>>(topk, cache_slots, staging_slots,
+                                                           entries, page_tokens, first_cache_row,
+                                                           first_staging_row, rows);
   return cudaGetLastError();
 }
 

@@ -35,4 +35,14 @@ cudaError_t AppendRows(const std::byte* new_rows, int32_t batch, int32_t row_byt
                        const int32_t* positions, int64_t request_rows, std::byte* dst,
                        cudaStream_t stream);
 
+// The page-offload variant's element-wise steps (page_offload.h, PageOffloadOps: the same
+// semantics), over `entries` entries.
+cudaError_t PageIds(const int32_t* topk, int32_t entries, int32_t page_tokens, int32_t* page_ids,
+                    cudaStream_t stream);
+cudaError_t PageOverflow(const int32_t* page_ids, const int32_t* cache_slots, int32_t entries,
+                         int32_t* overflow, cudaStream_t stream);
+cudaError_t PageRows(const int32_t* topk, const int32_t* cache_slots, const int32_t* staging_slots,
+                     int32_t entries, int32_t page_tokens, int64_t first_cache_row,
+                     int64_t first_staging_row, int32_t* rows, cudaStream_t stream);
+
 }  // namespace sparsekv::tools::gpu

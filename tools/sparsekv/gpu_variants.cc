@@ -7,6 +7,7 @@
 
 #include "sparsekv/manager.h"
 #include "tools/sparsekv/gpu_kernels.h"
+#include "tools/sparsekv/page_offload_variant.h"
 
 namespace sparsekv::tools {
 
@@ -116,6 +117,11 @@ class FullHbmVariant final : public StepVariant {
 class SparseKVVariant final : public StepVariant {
  public:
   explicit SparseKVVariant(const VariantSetup& s) : s_(s) {}
+  ~SparseKVVariant() override {
+    for (cudaEvent_t e : resolved_) cudaEventDestroy(e);
+    for (cudaEvent_t e : copied_) cudaEventDestroy(e);
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+  }
 
   Status Init(std::shared_ptr<Backend> host, cudaStream_t stream) {
     const RequestShape& r = s_.shape;
@@ -129,9 +135,21 @@ class SparseKVVariant final : public StepVariant {
     o.host_capacity_tokens = pages * r.page_tokens * s_.max_batch;
     o.max_requests = s_.max_batch;
     o.max_context = static_cast<int32_t>(r.tokens);
+    o.layers_per_index = s_.layers_per_index;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
     SPARSEKV_ASSIGN_OR_RETURN(slots_,
                               DeviceBuffer::Create(Int32s(int64_t{s_.max_batch} * r.top_k)));
+    if (s_.overlap) {
+      SPARSEKV_ASSIGN_OR_RETURN(fill_, DeviceBuffer::Create(size_t(s_.max_batch) * r.top_k));
+      TOOLS_CUDA_RETURN(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+      resolved_.resize(o.index_groups());
+      copied_.resize(r.layers);
+      for (auto* events : {&resolved_, &copied_}) {
+        for (cudaEvent_t& e : *events) {
+          TOOLS_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
+      }
+    }
     // The prompt goes through the manager's own ingestion, one (request, layer) at a time from
     // a device buffer holding its FillKVRows content.
     SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer prompt,
@@ -160,7 +178,33 @@ class SparseKVVariant final : public StepVariant {
   Status RunLayer(int32_t layer, int32_t, const int32_t* topk, const std::byte* new_rows,
                   cudaStream_t stream) override {
     SPARSEKV_RETURN_IF_ERROR(manager_->AppendToken(layer, new_rows, stream));
-    return manager_->RunLayer(layer, topk, slots_.as<int32_t>(), nullptr, stream);
+    const int32_t n = s_.layers_per_index;
+    const bool leader = layer % n == 0;
+    if (!s_.overlap) {
+      if (leader) {
+        SPARSEKV_RETURN_IF_ERROR(
+            manager_->ResolveLayer(layer, topk, slots_.as<int32_t>(), nullptr, stream));
+      }
+      return manager_->CopyMisses(layer, stream);
+    }
+    if (!leader) return Status::Ok();  // its copy was issued with the group's resolve
+    // Resolve on the main stream; every layer of the group copies on the side stream at once,
+    // each copy recording when its layer's rows are complete.
+    const int32_t group = layer / n;
+    SPARSEKV_RETURN_IF_ERROR(manager_->ResolveLayer(layer, topk, slots_.as<int32_t>(),
+                                                    fill_.as<uint8_t>(), stream));
+    TOOLS_CUDA_RETURN(cudaEventRecord(resolved_[group], stream));
+    TOOLS_CUDA_RETURN(cudaStreamWaitEvent(copy_stream_, resolved_[group]));
+    for (int32_t l = layer; l < std::min(layer + n, s_.shape.layers); ++l) {
+      SPARSEKV_RETURN_IF_ERROR(manager_->CopyMisses(l, copy_stream_));
+      TOOLS_CUDA_RETURN(cudaEventRecord(copied_[l], copy_stream_));
+    }
+    return Status::Ok();
+  }
+  const uint8_t* FillMask() const override { return s_.overlap ? fill_.as<uint8_t>() : nullptr; }
+  Status WaitForRows(int32_t layer, cudaStream_t stream) override {
+    if (!s_.overlap) return Status::Ok();
+    return CudaStatus(cudaStreamWaitEvent(stream, copied_[layer]), "wait for the miss copy");
   }
   Status FinishStep(cudaStream_t stream) override { return manager_->FinishStep(stream); }
   Status AfterReplay() override { return manager_->FinishReplayedStep(); }
@@ -178,6 +222,11 @@ class SparseKVVariant final : public StepVariant {
   std::unique_ptr<SparseKVCacheManager> manager_;
   std::vector<RequestId> ids_;
   DeviceBuffer slots_;  // [max_batch, top_k] layer-wide hot-cache slots
+  // Overlap only.
+  DeviceBuffer fill_;                    // [max_batch, top_k] ResolveLayer's fill mask
+  cudaStream_t copy_stream_ = nullptr;   // the miss copies
+  std::vector<cudaEvent_t> resolved_;    // per index group: its resolve is done
+  std::vector<cudaEvent_t> copied_;      // per layer: its miss copy is done
 };
 
 // No cache: every top-k row of every layer gathered from the host pool into a staging buffer at
@@ -297,6 +346,8 @@ StatusOr<std::unique_ptr<StepVariant>> CreateVariant(KVVariant kind, const Varia
       SPARSEKV_RETURN_IF_ERROR(v->Init(stream));
       return std::unique_ptr<StepVariant>(std::move(v));
     }
+    case KVVariant::kPageOffload:
+      return CreatePageOffloadVariant(setup, std::move(host), stream);
   }
   return InvalidArgument("CreateVariant: unknown variant");
 }

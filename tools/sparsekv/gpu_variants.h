@@ -54,6 +54,13 @@ struct VariantSetup {
   int32_t context = 0;  // prompt positions [0, context) hold FillKVRows content
   int32_t max_batch = 0;
   uint64_t seed = 1;
+  // sparsekv only. Layers per shared top-k (CacheOptions::layers_per_index): the group's first
+  // layer resolves, the others only copy.
+  int32_t layers_per_index = 1;
+  // sparsekv only, transfer hiding: the miss copies run on a side stream, a group's later layers
+  // copied ahead of their turn, right after the group's resolve; and FillMask() tells attention
+  // which rows are still in flight (split attention, if the bench asks for it).
+  bool overlap = false;
 };
 
 // Lookups of the steps since ResetStats: all top-k entries of all layers, and those fetched from
@@ -78,6 +85,11 @@ class StepVariant {
   virtual Status AfterReplay() = 0;
   virtual const std::byte* Rows(int32_t layer) const = 0;
   virtual const int32_t* Indices() const = 0;  // [max_batch, top_k]
+  // With overlap: after RunLayer(layer), the entries of Indices() whose rows are still being
+  // copied ([max_batch, top_k], 1 = in flight); null for a variant whose rows are ready at once.
+  virtual const uint8_t* FillMask() const { return nullptr; }
+  // Makes `stream` wait for the copies that bring `layer`'s rows (no-op if there are none).
+  virtual Status WaitForRows(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
   virtual Status ResetStats(cudaStream_t stream) = 0;
   virtual StatusOr<VariantStats> ReadStats(cudaStream_t stream) = 0;
 };

@@ -115,6 +115,9 @@ StatusOr<MeasuredRun> ReadMeasured(const std::vector<std::string>& paths) {
         MeasuredPoint m;
         m.preset = p.at("preset").get<std::string>();
         SPARSEKV_ASSIGN_OR_RETURN(m.variant, ParseVariant(p.at("variant").get<std::string>()));
+        // The planner models token-level offloading; page-granular offload is the benchmark's
+        // comparison point, not a configuration it plans.
+        if (m.variant == KVVariant::kPageOffload) continue;
         m.context = p.at("context").get<int32_t>();
         if (const Json* rate = field(p, "miss_rate_target"))
           m.miss_rate_target = rate->get<double>();

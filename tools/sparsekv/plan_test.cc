@@ -169,7 +169,7 @@ TEST(PlanCalibrationTest, CommittedResultsWithinFifteenPercent) {
   const auto preset = [](const MeasuredPoint& p) { return p.preset; };
   StatusOr<CalibrationCheck> held = HoldOut(*run, preset, {"glm-5"});
   ASSERT_TRUE(held.ok());
-  EXPECT_EQ(held->points.size(), 20u);
+  EXPECT_EQ(held->points.size(), 126u);
   EXPECT_LT(held->max_abs_error_pct, 15);
   // The built-in defaults are this fit, rounded.
   EXPECT_LT(Check(Calibration{}, *run).max_abs_error_pct, 15);
@@ -213,7 +213,7 @@ TEST(PlanCommandTest, CalibrationReportsEveryPoint) {
             kExitOk);
   std::ifstream file(json_path);
   const nlohmann::json j = nlohmann::json::parse(file);
-  EXPECT_EQ(j["check"]["points"].size(), 146u);
+  EXPECT_EQ(j["check"]["points"].size(), 252u);
   EXPECT_LT(j["summary"]["plan_max_error_pct"].get<double>(), 15);
 }
 

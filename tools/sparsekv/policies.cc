@@ -14,15 +14,21 @@ std::string PolicyName(PolicyKind kind) {
       return "clock";
     case PolicyKind::kLfuDecay:
       return "lfu-decay";
+    case PolicyKind::kSlru:
+      return "slru";
+    case PolicyKind::kAging:
+      return "aging";
   }
   return "unknown";
 }
 
 StatusOr<PolicyKind> ParsePolicy(const std::string& name) {
-  for (PolicyKind k : {PolicyKind::kLru, PolicyKind::kClock, PolicyKind::kLfuDecay}) {
+  for (PolicyKind k : {PolicyKind::kLru, PolicyKind::kClock, PolicyKind::kLfuDecay,
+                       PolicyKind::kSlru, PolicyKind::kAging}) {
     if (name == PolicyName(k)) return k;
   }
-  return InvalidArgument("unknown policy '" + name + "' (known: lru, clock, lfu-decay)");
+  return InvalidArgument("unknown policy '" + name +
+                         "' (known: lru, clock, lfu-decay, slru, aging)");
 }
 
 PolicySimulator::PolicySimulator(const PolicyConfig& config)
@@ -77,6 +83,14 @@ RowOutcome PolicySimulator::Step(std::span<const int32_t> row, int32_t seq_len,
 
 namespace {
 
+// Victims as lru takes them: the first untouched slots of an explicit order.
+void FirstUntouched(const std::vector<int32_t>& order, const std::vector<char>& touched, int32_t n,
+                    std::vector<int32_t>& victims) {
+  for (size_t i = 0; i < order.size() && static_cast<int32_t>(victims.size()) < n; ++i) {
+    if (!touched[order[i]]) victims.push_back(order[i]);
+  }
+}
+
 // The manager's policy (reference_ops.cc): an explicit order, least recently used first; after a
 // step the untouched slots keep their relative order at the front and the touched ones follow,
 // also in their previous relative order.
@@ -88,9 +102,7 @@ class Lru final : public PolicySimulator {
 
  private:
   void PickVictims(int32_t n, std::vector<int32_t>& victims) override {
-    for (int32_t i = 0; i < config_.slots && static_cast<int32_t>(victims.size()) < n; ++i) {
-      if (!touched_[order_[i]]) victims.push_back(order_[i]);
-    }
+    FirstUntouched(order_, touched_, n, victims);
   }
   void Use(int32_t, bool) override {}
   void EndStep() override {
@@ -160,6 +172,75 @@ class LfuDecay final : public PolicySimulator {
   double log_decay_;
 };
 
+class Slru final : public PolicySimulator {
+ public:
+  explicit Slru(const PolicyConfig& c)
+      : PolicySimulator(c),
+        order_(c.slots),
+        hit_(c.slots, 0),
+        capacity_(static_cast<int32_t>(int64_t{c.slots} * c.protected_percent / 100)) {
+    for (int32_t s = 0; s < c.slots; ++s) order_[s] = s;
+  }
+
+ private:
+  void PickVictims(int32_t n, std::vector<int32_t>& victims) override {
+    FirstUntouched(order_, touched_, n, victims);
+  }
+  void Use(int32_t s, bool filled) override { hit_[s] = filled ? 0 : 1; }
+  // Classes of the new order: 0 untouched probationary, 1 filled, 2 untouched protected, 3 hit.
+  void EndStep() override {
+    const int32_t first_protected = config_.slots - protected_;
+    class_.resize(config_.slots);
+    int32_t promoted = 0;
+    for (int32_t i = 0; i < config_.slots; ++i) {
+      const int32_t s = order_[i];
+      class_[s] = touched_[s] ? (hit_[s] ? 3 : 1) : (i >= first_protected ? 2 : 0);
+      promoted += class_[s] >= 2;
+    }
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](int32_t a, int32_t b) { return class_[a] < class_[b]; });
+    protected_ = std::min(capacity_, promoted);
+  }
+  std::vector<int32_t> order_;
+  std::vector<char> hit_;    // slot -> touched by a hit (not a fill) in this step
+  std::vector<char> class_;  // slot -> its class in EndStep
+  const int32_t capacity_;   // P
+  int32_t protected_ = 0;    // entries at the end of order_ that are protected
+};
+
+class Aging final : public PolicySimulator {
+ public:
+  explicit Aging(const PolicyConfig& c)
+      : PolicySimulator(c), order_(c.slots), score_(c.slots, 0), class_(c.slots, 0) {
+    for (int32_t s = 0; s < c.slots; ++s) order_[s] = s;
+  }
+
+ private:
+  void PickVictims(int32_t n, std::vector<int32_t>& victims) override {
+    FirstUntouched(order_, touched_, n, victims);
+  }
+  // Decay first: s - (s >> shift) of the score before this step, then the use.
+  void Use(int32_t s, bool filled) override {
+    score_[s] = filled ? kAgingIncrement : Decayed(score_[s]) + kAgingIncrement;
+    class_[s] = filled ? 1 : 2;
+  }
+  void EndStep() override {
+    for (int32_t s = 0; s < config_.slots; ++s) {
+      if (!touched_[s]) {
+        score_[s] = Decayed(score_[s]);
+        class_[s] = 0;
+      }
+    }
+    std::stable_sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
+      return score_[a] != score_[b] ? score_[a] < score_[b] : class_[a] < class_[b];
+    });
+  }
+  uint32_t Decayed(uint32_t s) const { return s - (s >> config_.aging_shift); }
+  std::vector<int32_t> order_;  // sorted by score, lowest first
+  std::vector<uint32_t> score_;
+  std::vector<char> class_;  // 0 untouched, 1 filled, 2 hit in this step
+};
+
 }  // namespace
 
 std::unique_ptr<PolicySimulator> MakePolicy(const PolicyConfig& config) {
@@ -168,6 +249,10 @@ std::unique_ptr<PolicySimulator> MakePolicy(const PolicyConfig& config) {
       return std::make_unique<Clock>(config);
     case PolicyKind::kLfuDecay:
       return std::make_unique<LfuDecay>(config);
+    case PolicyKind::kSlru:
+      return std::make_unique<Slru>(config);
+    case PolicyKind::kAging:
+      return std::make_unique<Aging>(config);
     case PolicyKind::kLru:
       break;
   }

@@ -12,10 +12,27 @@
 //              first slot whose bit is clear (hits and fills set the bit);
 //   lfu-decay: lowest score first, score = sum over past uses of decay^(steps since the use)
 //              (empty slots first, ties to the least recently used).
+//   slru:      segmented lru, the manager's EvictionPolicy::kSegmentedLru reproduced slot for
+//              slot (ResolveView): one explicit order [probationary | protected], each part least
+//              recently used first. Victims are the first untouched slots of the order
+//              (probationary ones first), as in lru. After a step the order is the stable
+//              partition [untouched probationary][filled][untouched protected][hit], and the
+//              protected part is its last min(P, untouched protected + hit) entries, P = slots *
+//              protected_percent / 100 (rounded down): hits are promoted, fills enter the
+//              probationary part, and protected overflow (its least recently used entries) is
+//              demoted to the probationary part, after this step's fills.
+//   aging:     integer lfu with decay 1 - 2^-aging_shift: each step every resident slot's score
+//              becomes s - (s >> aging_shift), then a hit adds kAgingIncrement and a fill sets
+//              it to kAgingIncrement (empty slots: 0). The order is kept sorted by score (ties:
+//              untouched before filled before hit, then the previous order); victims are the
+//              first untouched slots of the order. Exact integers, so any backend agrees bit
+//              for bit. aging_shift 1 (decay 1/2) is lru but for the order of a step's fills
+//              and hits: a use outweighs all older ones.
 // A "window + LRU split" is lru with a wider window at the same memory (replay.h builds it).
 //
 // Cost: O(top_k + slots) per step for lru and clock, plus O(slots log slots) for lfu-decay's
-// victim order; memory O(slots + the largest position seen).
+// victim order and the stable sorts of slru and aging; memory O(slots + the largest position
+// seen).
 #pragma once
 
 #include <cstdint>
@@ -28,16 +45,21 @@
 
 namespace sparsekv::tools {
 
-enum class PolicyKind { kLru, kClock, kLfuDecay };
-std::string PolicyName(PolicyKind kind);  // "lru", "clock", "lfu-decay"
+enum class PolicyKind { kLru, kClock, kLfuDecay, kSlru, kAging };
+std::string PolicyName(PolicyKind kind);  // "lru", "clock", "lfu-decay", "slru", "aging"
 StatusOr<PolicyKind> ParsePolicy(const std::string& name);
 
 struct PolicyConfig {
   PolicyKind kind = PolicyKind::kLru;
-  int32_t slots = 4096;  // replaceable slots (the manager's hot_slots); must be >= top_k
-  int32_t window = 1;    // newest tokens always resident, beyond `slots`
-  double decay = 0.8;    // lfu-decay: weight of a use per step of age, in (0, 1]
+  int32_t slots = 4096;            // replaceable slots (the manager's hot_slots); must be >= top_k
+  int32_t window = 1;              // newest tokens always resident, beyond `slots`
+  double decay = 0.8;              // lfu-decay: weight of a use per step of age, in (0, 1]
+  int32_t protected_percent = 80;  // slru: the protected part's capacity, % of slots
+  int32_t aging_shift = 4;         // aging: decay 1 - 2^-aging_shift, in [1, 15]
 };
+
+// aging: the score a use adds; with aging_shift <= 15 scores stay below 2^32.
+inline constexpr uint32_t kAgingIncrement = 1u << 16;
 
 // The counts of one row, as ResolveCounters defines them.
 struct RowOutcome {

@@ -16,7 +16,8 @@ struct ReplayPolicy {
 std::vector<ReplayPolicy> PoliciesFor(const ReplayOptions& o, int32_t hot_slots, int32_t top_k) {
   std::vector<ReplayPolicy> out;
   for (PolicyKind kind : o.policies) {
-    out.push_back({PolicyName(kind), {kind, hot_slots, 1, o.decay}});
+    out.push_back(
+        {PolicyName(kind), {kind, hot_slots, 1, o.decay, o.protected_percent, o.aging_shift}});
   }
   // Same memory as the others: hot_slots + 1 slots, of which window_split are the window.
   const int32_t replaceable = hot_slots + 1 - o.window_split;
@@ -158,6 +159,12 @@ StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& o,
     }
   }
   if (o.decay <= 0 || o.decay > 1) return InvalidArgument("--decay must be in (0, 1]");
+  if (o.protected_percent < 0 || o.protected_percent > 100) {
+    return InvalidArgument("--protected-percent must be in [0, 100]");
+  }
+  if (o.aging_shift < 1 || o.aging_shift > 15) {
+    return InvalidArgument("--aging-shift must be in [1, 15]");
+  }
   if (o.warmup_steps < 0 || o.warmup_steps >= trace.steps) {
     return InvalidArgument("--warmup must be in [0, steps of the trace)");
   }

@@ -28,13 +28,16 @@ struct ReplayOptions {
   // Hot-cache sizes to replay: slots per request and layer, the one newest-token slot excluded
   // (the manager's hot_slots). Each must be >= top_k.
   std::vector<int32_t> hot_slots;
-  std::vector<PolicyKind> policies = {PolicyKind::kLru, PolicyKind::kClock, PolicyKind::kLfuDecay};
+  std::vector<PolicyKind> policies = {PolicyKind::kLru, PolicyKind::kClock, PolicyKind::kLfuDecay,
+                                      PolicyKind::kSlru, PolicyKind::kAging};
   // > 1: also replay "window<N>-lru": lru with N newest tokens resident and hot_slots + 1 - N
   // replaceable slots (the same memory), where hot_slots + 1 - N >= top_k.
   int32_t window_split = 0;
-  double decay = 0.8;         // lfu-decay
-  int32_t warmup_steps = 16;  // first steps not counted in hit rates and bytes
-  int32_t row_bytes = 656;    // bytes per miss
+  double decay = 0.8;              // lfu-decay
+  int32_t protected_percent = 80;  // slru
+  int32_t aging_shift = 4;         // aging
+  int32_t warmup_steps = 16;       // first steps not counted in hit rates and bytes
+  int32_t row_bytes = 656;         // bytes per miss
   int32_t working_set_steps = 16;
 };
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/sparsekv/cli.h"
+#include "tools/sparsekv/prefetch_predictors.h"
 #include "tools/sparsekv/progress.h"
 
 namespace sparsekv::tools {
@@ -121,6 +122,27 @@ std::string Table(const ReplayResult& r, const Trace& trace, const std::string& 
   return out;
 }
 
+Json PrefetchJson(const std::vector<PrefetchResult>& runs) {
+  Json out = Json::array();
+  for (const PrefetchResult& r : runs) {
+    out.push_back({{"predictor", r.predictor},
+                   {"budget", r.budget},
+                   {"hot_slots", r.hot_slots},
+                   {"lookups", r.lookups},
+                   {"baseline_misses", r.baseline_misses},
+                   {"misses", r.misses},
+                   {"fetched", r.fetched},
+                   {"useful", r.useful},
+                   {"precision", r.precision},
+                   {"recall", r.recall},
+                   {"baseline_miss_rate", r.baseline_miss_rate},
+                   {"net_miss_rate", r.net_miss_rate},
+                   {"extra_bytes", r.extra_bytes},
+                   {"net_bytes", r.net_bytes}});
+  }
+  return out;
+}
+
 }  // namespace
 
 ReplayCommand::ReplayCommand(CLI::App& parent) {
@@ -158,6 +180,13 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app_->add_option("--seed", generator_.seed, "synthetic: random seed")->capture_default_str();
+  app_->add_option("--miss-rate", generator_.miss_rate,
+                   "synthetic: miss-rate mode with this rate (topk_generator.h; its fresh "
+                   "positions are a random permutation, unpredictable by design) [default: off]")
+      ->check(CLI::Range(0.0, 1.0));
+  app_->add_option("--fresh-range", generator_.fresh_range,
+                   "synthetic, miss-rate mode: fresh positions from [0, N) [default: context - 1]")
+      ->check(CLI::PositiveNumber);
   app_->add_option("--hot-slots", hot_slots_,
                    "hot-cache sizes (slots per request and layer), comma-separated [default: "
                    "1, 2, 3 and 4 times top-k]")
@@ -165,7 +194,7 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(CLI::PositiveNumber);
   app_->add_option("--policies", policies_, "policies, comma-separated")
       ->delimiter(',')
-      ->check(CLI::IsMember({"lru", "clock", "lfu-decay"}))
+      ->check(CLI::IsMember({"lru", "clock", "lfu-decay", "slru", "aging"}))
       ->capture_default_str();
   app_->add_option("--window-split", window_split_,
                    "also replay lru with this many newest tokens resident, at the same memory "
@@ -174,12 +203,30 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
   app_->add_option("--decay", options_.decay, "lfu-decay: weight of a use per step of age")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  app_->add_option("--protected-percent", options_.protected_percent,
+                   "slru: the protected part's capacity, % of the hot slots")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  app_->add_option("--aging-shift", options_.aging_shift,
+                   "aging: scores decay by 1 - 2^-N per step")
+      ->check(CLI::Range(1, 15))
+      ->capture_default_str();
   app_->add_option("--warmup", options_.warmup_steps, "first steps not counted")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app_->add_option("--row-bytes", options_.row_bytes, "bytes per missed row")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app_->add_option("--prefetch", prefetch_,
+                   "also replay cross-step prefetch with these predictors, comma-separated "
+                   "(docs/prefetch.md), on lru")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"window-exit", "neighbours", "evicted", "dropped", "combined"}));
+  app_->add_option("--prefetch-budget", prefetch_budgets_,
+                   "prefetch: positions proposed per step, request and layer, comma-separated "
+                   "[default: 1, 2, top-k / 16, / 8, / 4, / 2]")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   app_->add_flag("--synthetic-like", synthetic_like_,
                  "also replay the generator with the parameters fitted to the trace");
   app_->add_option("--write-trace", write_trace_path_, "write the replayed trace to PATH")
@@ -206,10 +253,18 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     if (generator_.top_k > context_) {
       return fail(InvalidArgument("--top-k must be <= --context"), kExitUsage);
     }
+    Json generator = ToJson(generator_);
+    if (generator_.miss_rate >= 0) {
+      if (generator_.fresh_range == 0) generator_.fresh_range = context_ - 1;
+      if (generator_.fresh_range >= context_ || generator_.top_k > generator_.fresh_range + 1) {
+        return fail(InvalidArgument("--fresh-range must be in [top-k - 1, context)"), kExitUsage);
+      }
+      generator["miss_rate"] = generator_.miss_rate;
+      generator["fresh_range"] = generator_.fresh_range;
+    }
     trace = SyntheticTrace(generator_, layers_, steps_, context_);
     trace.metadata =
-        Json{{"source", "synthetic"}, {"generator", ToJson(generator_)}, {"context", context_}}
-            .dump();
+        Json{{"source", "synthetic"}, {"generator", generator}, {"context", context_}}.dump();
     source = "synthetic generator";
   }
   if (!write_trace_path_.empty()) {
@@ -245,6 +300,8 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
                {"row_bytes", options.row_bytes},
                {"warmup_steps", options.warmup_steps},
                {"decay", options.decay},
+               {"protected_percent", options.protected_percent},
+               {"aging_shift", options.aging_shift},
                {"window_split", options.window_split},
                {"trace", ToJson(*result, trace)},
                {"summary",
@@ -252,6 +309,32 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
                  {"replay_best_policy", gain.policy},
                  {"replay_reference_hot_slots", reference_slots}}}};
 
+  if (!prefetch_.empty()) {
+    PrefetchOptions prefetch{
+        options.hot_slots, {}, prefetch_budgets_, options.warmup_steps, options.row_bytes};
+    for (const std::string& name : prefetch_) prefetch.predictors.push_back(*ParsePredictor(name));
+    if (prefetch.budgets.empty()) {
+      prefetch.budgets = {1, 2};
+      for (int32_t d : {16, 8, 4, 2}) {
+        if (trace.top_k / d > 2) prefetch.budgets.push_back(trace.top_k / d);
+      }
+    }
+    StatusOr<std::vector<PrefetchResult>> runs = ReplayPrefetch(trace, prefetch, progress);
+    if (!runs.ok()) return fail(runs.status(), kExitUsage);
+    out << PrefetchTable(*runs, options.row_bytes);
+    json["prefetch"] = PrefetchJson(*runs);
+    if (const PrefetchResult* best = BestPrefetch(*runs, reference_slots); best != nullptr) {
+      out << Format("  best prefetch at %d slots: %s, budget %d: miss rate %.4f -> %.4f\n",
+                    reference_slots, best->predictor.c_str(), best->budget,
+                    best->baseline_miss_rate, best->net_miss_rate);
+      json["summary"]["prefetch_precision"] = best->precision;
+      json["summary"]["prefetch_recall"] = best->recall;
+      json["summary"]["prefetch_best_predictor"] = best->predictor;
+      json["summary"]["prefetch_best_budget"] = best->budget;
+      json["summary"]["prefetch_baseline_miss_rate"] = best->baseline_miss_rate;
+      json["summary"]["prefetch_net_miss_rate"] = best->net_miss_rate;
+    }
+  }
   if (synthetic_like_) {
     TopKGeneratorOptions fitted = result->stats.fitted;
     fitted.seed = generator_.seed;

@@ -32,10 +32,12 @@ class ReplayCommand {
   int32_t steps_ = 256;
   int32_t context_ = 32768;
   std::vector<int32_t> hot_slots_;
-  std::vector<std::string> policies_ = {"lru", "clock", "lfu-decay"};
+  std::vector<std::string> policies_ = {"lru", "clock", "lfu-decay", "slru", "aging"};
   int32_t window_split_ = -1;  // -1: top_k / 8
   ReplayOptions options_;
   bool synthetic_like_ = false;
+  std::vector<std::string> prefetch_;          // predictors; empty: no prefetch replay
+  std::vector<int32_t> prefetch_budgets_;      // empty: 1, 2, top_k / 16, / 8, / 4, / 2
   std::string write_trace_path_;
   std::string json_path_;
 };

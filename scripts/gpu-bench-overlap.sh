@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Transfer hiding on a GPU machine (issue 5), from the repository root:
+#   OUT=/some/dir bash scripts/gpu-bench-overlap.sh
+# The standard scenario (DeepSeek-V3.2 fp8, 84 GB proxy, 49 GB KV budget) at 32K context and 20%
+# misses, full-hbm and sparsekv at batch 1 .. 64, once per configuration (OVERLAP_RUNS):
+#   base        every layer its own top-k, copies on the critical path
+#   gather      --overlap gather: side-stream copies; the resident rows gathered meanwhile
+#   merge       --overlap merge: attention over the resident rows meanwhile, log-sum-exp merge
+#   share4      --layers-per-index 4 (a shared indexer: one top-k per 4 layers), no overlap
+#   share4-copies  + --overlap copies: a group's later layers copied ahead of their turn
+#   share4-gather  + --overlap gather
+# Each run measures its own full-hbm, so every overhead is a ratio within one run. Writes
+# overlap-<name>.json and overlap.txt to $OUT; scripts/overlap_summary.py turns the JSONs into the
+# table of docs/overlap.md and the summary keys.
+# Knobs: OVERLAP_HOST_POOL_GB [90], OVERLAP_STEPS [8], OVERLAP_WARMUP [2], OVERLAP_RUNS (names),
+# OVERLAP_BUILD [build-e2e] (a build directory with the tool, e.g. gpu-check.sh's build-gpu).
+set -u -o pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-bench-overlap-out}
+BUILD=${OVERLAP_BUILD:-build-e2e}
+POOL=${OVERLAP_HOST_POOL_GB:-90}
+STEPS=${OVERLAP_STEPS:-8}
+WARMUP=${OVERLAP_WARMUP:-2}
+RUNS=${OVERLAP_RUNS:-"base gather merge share4 share4-copies share4-gather"}
+mkdir -p "$OUT"
+
+flags_of() {
+  case $1 in
+    base) echo "" ;;
+    gather | merge) echo "--overlap $1" ;;
+    share4) echo "--layers-per-index 4" ;;
+    share4-*) echo "--layers-per-index 4 --overlap ${1#share4-}" ;;
+  esac
+}
+
+main() {
+  echo "=== gpu-bench-overlap $(date -u +%FT%TZ)"
+  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
+    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || true
+  fi
+  if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=OFF \
+    -DSPARSEKV_BUILD_TOOLS=ON >/tmp/overlap-build.log 2>&1 ||
+    ! cmake --build "$BUILD" -j "$(nproc)" --target sparsekv_tool >>/tmp/overlap-build.log 2>&1; then
+    tail -n 60 /tmp/overlap-build.log
+    echo "gpu-bench-overlap: BUILD FAILED"
+    return 1
+  fi
+  echo "=== built in ${SECONDS}s"
+  local tool=$BUILD/tools/sparsekv/sparsekv failed=0
+  for run in $RUNS; do
+    echo "=== $run: $(flags_of "$run")"
+    # shellcheck disable=SC2046 # the flags are meant to split
+    "$tool" bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024 \
+      --contexts 32768 --miss-rate 0.2 --variants full-hbm,sparsekv --max-batch 64 \
+      --steps "$STEPS" --warmup "$WARMUP" $(flags_of "$run") \
+      --json "$OUT/overlap-$run.json" || failed=1
+  done
+  echo "=== done in ${SECONDS}s"
+  return $failed
+}
+
+main 2>&1 | tee "$OUT/overlap.txt"
+exit "${PIPESTATUS[0]}"

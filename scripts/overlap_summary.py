@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""The transfer-hiding table (docs/overlap.md) and summary keys from gpu-bench-overlap.sh's JSONs.
+
+    python3 scripts/overlap_summary.py bench/results/overlap [--summary out.json]
+
+Every run holds its own full-hbm points; a sparsekv point's overhead is TPOT / full-hbm's TPOT at
+the same batch - 1, from the same run. full-hbm holds at most 31 requests at 32K within the 49 GB
+budget, so at batch 32 and 64 its TPOT is a least-squares line through its measured points
+(TPOT is linear in the batch there: weight streaming plus per-request attention), marked "ext".
+A feature's gain is the TPOT of the run it adds to minus its own, also given as a share of that
+run's overhead over full-hbm; the base step's PCIe floor (miss bytes / pinned-copy bandwidth)
+puts the transfer's part of the overhead in proportion.
+"""
+import argparse
+import json
+import pathlib
+
+RUNS = [  # name, what it adds over "base"
+    ("base", "every layer its own top-k; copies on the critical path"),
+    ("gather", "--overlap gather: side-stream copies; resident rows gathered meanwhile"),
+    ("merge", "--overlap merge: attention over resident rows meanwhile, log-sum-exp merge"),
+    ("share4", "--layers-per-index 4: one top-k per 4 layers (shared indexer), one resolve"),
+    ("share4-copies", "share4 + --overlap copies: later layers of a group copied ahead"),
+    ("share4-gather", "share4 + --overlap gather"),
+]
+BATCHES = [1, 2, 4, 8, 16, 32, 64]
+# Each feature against the run it adds to.
+FEATURES = [("gather", "base"), ("merge", "base"), ("share4", "base"),
+            ("share4-copies", "share4"), ("share4-gather", "share4")]
+
+
+def load(folder):
+    runs = {}
+    for name, _ in RUNS:
+        path = folder / f"overlap-{name}.json"
+        if path.exists():
+            runs[name] = json.loads(path.read_text())
+    return runs
+
+
+def points(run, variant):
+    return {p["batch"]: p for p in run["points"] if p["variant"] == variant}
+
+
+def full_hbm_tpot(run):
+    """TPOT by batch: measured, plus a line fitted through them for larger batches."""
+    measured = {b: p["tpot_ms"] for b, p in points(run, "full-hbm").items()}
+    xs, ys = list(measured), list(measured.values())
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+    def tpot(batch):
+        if batch in measured:
+            return measured[batch], False
+        return my + slope * (batch - mx), True
+
+    return tpot
+
+
+def pcie_floor_ms(point, run):
+    return point["pcie_bytes_per_step"] / (run["ceilings"]["pcie_h2d_gbps"] * 1e9) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folder", type=pathlib.Path)
+    ap.add_argument("--summary", type=pathlib.Path, help="write the summary keys here")
+    args = ap.parse_args()
+    runs = load(args.folder)
+    base = points(runs["base"], "sparsekv")
+
+    print("TPOT overhead of sparsekv over full-hbm at equal batch (32K context, 20% misses)")
+    print("| run | " + " | ".join(f"B={b}" for b in BATCHES) + " |")
+    print("|---|" + "---|" * len(BATCHES))
+    overhead = {}
+    for name, _ in RUNS:
+        if name not in runs:
+            continue
+        run = runs[name]
+        fh = full_hbm_tpot(run)
+        cells = []
+        for b in BATCHES:
+            p = points(run, "sparsekv").get(b)
+            if p is None:
+                cells.append("-")
+                continue
+            ref, extrapolated = fh(b)
+            o = p["tpot_ms"] / ref - 1
+            overhead[(name, b)] = o
+            cells.append(f"{100 * o:+.1f}%" + (" ext" if extrapolated else ""))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+    print()
+    print("TPOT gained per step by each feature over the run it adds to (ms), and the share of")
+    print("that run's overhead over full-hbm it removes")
+    print("| feature (over) | " + " | ".join(f"B={b}" for b in BATCHES) + " |")
+    print("|---|" + "---|" * len(BATCHES))
+    for name, over in FEATURES:
+        if name not in runs or over not in runs:
+            continue
+        cells = []
+        for b in BATCHES:
+            p = points(runs[name], "sparsekv").get(b)
+            q = points(runs[over], "sparsekv").get(b)
+            if p is None or q is None:
+                cells.append("-")
+                continue
+            gain = q["tpot_ms"] - p["tpot_ms"]
+            ref, _ = full_hbm_tpot(runs[over])(b)
+            cells.append(f"{gain:+.2f} ({gain / (q['tpot_ms'] - ref):+.0%})")
+        print(f"| {name} ({over}) | " + " | ".join(cells) + " |")
+
+    print()
+    print("PCIe floor of the base step (miss bytes / pinned-copy bandwidth), ms")
+    print("| " + " | ".join(f"B={b}: {pcie_floor_ms(base[b], runs['base']):.2f}" for b in BATCHES
+                          if b in base) + " |")
+
+    keys = {
+        "overlap_tpot_overhead_b8_m20": overhead.get(("gather", 8)),
+        "overlap_tpot_overhead_b64_m20": overhead.get(("gather", 64)),
+        "no_overlap_tpot_overhead_b64_m20": overhead.get(("base", 64)),
+        "overlap_shared_index_tpot_overhead_b8_m20": overhead.get(("share4-copies", 8)),
+        "overlap_shared_index_tpot_overhead_b64_m20": overhead.get(("share4-copies", 64)),
+    }
+    keys = {k: round(v, 4) for k, v in keys.items() if v is not None}
+    print()
+    print(json.dumps(keys, indent=1))
+    if args.summary:
+        args.summary.write_text(json.dumps(keys, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

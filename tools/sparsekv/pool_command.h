@@ -1,0 +1,42 @@
+// The `pool` subcommand: a pool server. It allocates one region of host memory, registers it
+// with a UCX transport, publishes the region's descriptor and its membership in the control plane
+// (Redis), heartbeats its lease, and progresses the transport in wakeup mode (blocking on the
+// transport's event fd, never busy polling) until SIGTERM or SIGINT, then deregisters and exits
+// 0 (docs/scale-out.md). Peers read and write the region with one-sided operations; which bytes
+// belong to which request is decided by the writers and recorded in the control plane.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace sparsekv::tools {
+
+class PoolCommand {
+ public:
+  // Adds the `pool` subcommand and its options to `parent`, which must outlive this object.
+  explicit PoolCommand(CLI::App& parent);
+  bool selected() const;
+  // Serves until SIGTERM or SIGINT (it installs handlers for both). Returns an exit code (cli.h):
+  // kExitFailure if the transport, the region or the control plane cannot be set up.
+  // REQUIRES: the command line was parsed successfully and selected() is true.
+  int Run(std::ostream& out, std::ostream& err);
+
+ private:
+  CLI::App* app_;
+  std::string node_id_;
+  std::string control_plane_ = "127.0.0.1:6379";
+  std::string key_prefix_ = "sparsekv";
+  int64_t region_mib_ = 256;
+  std::string transports_;
+  std::string net_devices_;
+  int64_t lease_ms_ = 3000;
+  int64_t timeout_ms_ = 2000;
+};
+
+}  // namespace sparsekv::tools

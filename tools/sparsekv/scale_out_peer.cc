@@ -1,0 +1,549 @@
+// scale_out_peer: the prefill and decode processes of the multi-process scale-out test
+// (scale_out_test.cc). Real processes over a real control plane and UCX:
+//
+//   prefill  writes the prompt KV of its requests (rows from a seeded generator, layer-major:
+//            row (l, p) at base + l * tokens * row_bytes + p * row_bytes) into its own registered
+//            region (it is then a member itself) or, with --pool, into a pool server's region by
+//            one-sided writes; publishes each request's location; then progresses its transport
+//            until every request is released: once a reader called Done, it retries Release
+//            until no reader is bound.
+//   decode   decodes through SparseKVCacheManager (CPU backend) with a RemoteTier: per request,
+//            Bind (control plane) -> RemoteTier::ImportRegion(node, descriptor) -> AdmitRemote,
+//            so its prompt stays where prefill wrote it. Each step (PlanStep, AppendToken and
+//            RunLayer per layer, FinishStep) appends a new random token per request (written
+//            locally) and selects --topk positions: a run of adjacent prompt positions, a few
+//            generated ones and random ones, so misses read remote prompt rows (merged) and local
+//            rows. Every delivered entry (assembled row and hot-cache row) is checked byte for
+//            byte against the CPU oracle (testing::DenseModel). A request whose remote reads fail
+//            fails through RemoteStatus; it stays in the batch for one more step, in which every
+//            entry must be skipped (-1, zero row), and is then released; the others go on. On
+//            SIGTERM it releases every request from the manager, calls Done, prints the remote
+//            tier's counters and exits 0, or 1 if any entry was wrong.
+//
+// Output (stdout, one line each, flushed): "published KEY generation G", "released KEY",
+// "bound KEY generation G node N", "admitted KEY tokens T", "step S healthy H failed F",
+// "request KEY failed: STATUS", "request KEY skipped in step S", "finished KEY",
+// "done KEY: STATUS", "WRONG request KEY step S layer L: ...",
+// "remote rows_fetched N rows_staged N reads N transfers N failed_requests N".
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "sparsekv/backend.h"
+#include "sparsekv/control_plane.h"
+#include "sparsekv/manager.h"
+#include "sparsekv/remote_tier.h"
+#include "sparsekv/transport.h"
+#include "testing/harness.h"
+
+namespace sparsekv::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+volatile std::sig_atomic_t stop_requested = 0;
+extern "C" void OnStop(int) { stop_requested = 1; }
+
+struct Common {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  std::string key_prefix = "sparsekv";
+  std::string transports = "tcp";
+  int64_t lease_ms = 2000;
+  int64_t timeout_ms = 1000;
+  int32_t layers = 4;
+  int32_t tokens = 1024;
+  int32_t row_bytes = 656;
+  std::vector<std::string> requests;  // "KEY:SEED"
+};
+
+struct Request {
+  std::string key;
+  uint64_t seed = 0;
+};
+
+std::vector<Request> ParseRequests(const std::vector<std::string>& specs) {
+  std::vector<Request> out;
+  for (const std::string& s : specs) {
+    const size_t colon = s.rfind(':');
+    out.push_back({s.substr(0, colon), std::stoull(s.substr(colon + 1))});
+  }
+  return out;
+}
+
+// The prompt rows of a request: one [tokens][row_bytes] block per layer.
+std::vector<testing::Bytes> PromptLayers(const Common& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<testing::Bytes> layers;
+  for (int32_t l = 0; l < c.layers; ++l)
+    layers.push_back(testing::RandomRows(rng, c.tokens, c.row_bytes));
+  return layers;
+}
+
+uint64_t RequestBytes(const Common& c) {
+  return static_cast<uint64_t>(c.layers) * c.tokens * c.row_bytes;
+}
+
+std::unique_ptr<ControlPlane> ConnectOrDie(const Common& c) {
+  ControlPlaneOptions o;
+  o.host = c.host;
+  o.port = c.port;
+  o.key_prefix = c.key_prefix;
+  o.connect_timeout = o.command_timeout = milliseconds(c.timeout_ms);
+  auto plane = ControlPlane::Connect(o);
+  if (!plane.ok()) {
+    std::cerr << "control plane: " << plane.status().ToString() << std::endl;
+    std::exit(2);
+  }
+  return std::move(plane).value();
+}
+
+std::unique_ptr<Transport> TransportOrDie(const Common& c) {
+  UcxTransportOptions o;
+  o.transports = c.transports;
+  if (c.transports == "tcp") o.net_devices = "lo";
+  o.operation_timeout = milliseconds(c.timeout_ms);
+  auto transport = CreateUcxTransport(o);
+  if (!transport.ok()) {
+    std::cerr << "transport: " << transport.status().ToString() << std::endl;
+    std::exit(2);
+  }
+  return std::move(transport).value();
+}
+
+void Check(const Status& s, const std::string& what) {
+  if (s.ok()) return;
+  std::cerr << what << ": " << s.ToString() << std::endl;
+  std::exit(2);
+}
+
+int RunPrefill(const Common& c, const std::string& node_id, const std::string& pool,
+               uint64_t pool_offset, int64_t release_deadline_ms) {
+  const std::vector<Request> requests = ParseRequests(c.requests);
+  auto plane = ConnectOrDie(c);
+  auto transport = TransportOrDie(c);
+  const uint64_t request_bytes = RequestBytes(c);
+  std::vector<std::byte> memory(request_bytes * requests.size());
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const auto layers = PromptLayers(c, requests[r].seed);
+    for (int32_t l = 0; l < c.layers; ++l) {
+      std::copy(layers[l].begin(), layers[l].end(),
+                memory.begin() + r * request_bytes + l * layers[l].size());
+    }
+  }
+  auto region = transport->RegisterRegion(memory.data(), memory.size());
+  Check(region.status(), "register");
+  const milliseconds lease(c.lease_ms);
+
+  RequestLocation location;
+  location.region_id = 0;
+  location.layer_stride = static_cast<uint64_t>(c.tokens) * c.row_bytes;
+  location.row_stride = c.row_bytes;
+  location.row_bytes = c.row_bytes;
+  location.layers = c.layers;
+  location.tokens = c.tokens;
+  uint64_t own_incarnation = 0;
+  if (pool.empty()) {
+    // The rows stay in this process: it is a member serving its own region.
+    auto incarnation = plane->RegisterNode(node_id, "prefill", lease);
+    Check(incarnation.status(), "register node");
+    own_incarnation = *incarnation;
+    auto descriptor = transport->ExportRegion(*region);
+    Check(descriptor.status(), "export");
+    Check(plane->PublishRegion(node_id, own_incarnation, 0, *descriptor), "publish region");
+    location.node_id = node_id;
+    location.node_incarnation = own_incarnation;
+  } else {
+    uint64_t incarnation = 0;
+    auto descriptor = plane->GetRegion(pool, 0, &incarnation);
+    Check(descriptor.status(), "pool region");
+    auto remote = transport->ImportRegion(*descriptor);
+    Check(remote.status(), "import");
+    const CopyRange all{pool_offset, 0, memory.size()};
+    auto write = transport->Write(*remote, *region, std::span(&all, 1));
+    Check(write.status(), "write");
+    Check(write->Wait(), "write");
+    location.node_id = pool;
+    location.node_incarnation = incarnation;
+  }
+  std::map<std::string, uint64_t> published;  // key -> generation, until released
+  for (size_t r = 0; r < requests.size(); ++r) {
+    location.base_offset = (pool.empty() ? 0 : pool_offset) + r * request_bytes;
+    auto generation = plane->Publish(requests[r].key, location);
+    Check(generation.status(), "publish " + requests[r].key);
+    published[requests[r].key] = *generation;
+    std::cout << "published " << requests[r].key << " generation " << *generation << std::endl;
+  }
+
+  // Serve (own region) and release each request once its reader is done.
+  const auto deadline = Clock::now() + milliseconds(release_deadline_ms);
+  const milliseconds period = lease / 4;
+  while (!published.empty() && stop_requested == 0 && Clock::now() < deadline) {
+    Check(transport->WaitForEvents(period), "progress");
+    if (pool.empty()) Check(plane->Heartbeat(node_id, own_incarnation, lease), "heartbeat");
+    for (auto it = published.begin(); it != published.end();) {
+      // The hand-off: keep the rows until the reader is done with them (Release also waits
+      // for any reader still bound).
+      int64_t done = 0;
+      if (plane->Lookup(it->first, nullptr, &done).ok() && done > 0 &&
+          plane->Release(it->first, it->second).ok()) {
+        std::cout << "released " << it->first << std::endl;
+        it = published.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (pool.empty()) plane->Deregister(node_id, own_incarnation).IgnoreError();
+  return published.empty() ? 0 : 1;
+}
+
+// A block of the backend's device memory (host memory on the CPU backend), freed on destruction.
+class DeviceBlock {
+ public:
+  DeviceBlock(Backend& backend, size_t bytes) : backend_(backend) {
+    auto p = backend.AllocateDevice(bytes);
+    Check(p.status(), "allocate");
+    ptr_ = *p;
+  }
+  ~DeviceBlock() { backend_.FreeDevice(ptr_); }
+  DeviceBlock(const DeviceBlock&) = delete;
+  DeviceBlock& operator=(const DeviceBlock&) = delete;
+  template <typename T = std::byte>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  Backend& backend_;
+  void* ptr_ = nullptr;
+};
+
+// One request of the decode process.
+struct Decoding {
+  Request request;
+  RequestId id = 0;
+  Binding binding;
+  bool bound = false;     // Bind succeeded: Done is owed
+  bool admitted = false;  // live in the manager
+  bool failed = false;
+};
+
+// `top_k` positions of a request of `len` tokens (this step's included) of which `prompt` are
+// remote prompt rows: a run of adjacent prompt positions (one merged read), a few generated
+// positions (local rows), random positions anywhere, then -1 padding.
+std::vector<int32_t> PickTopK(std::mt19937_64& rng, int32_t top_k, int32_t prompt, int32_t len) {
+  std::set<int32_t> chosen;
+  const int32_t start = static_cast<int32_t>(rng() % prompt);
+  for (int32_t p = start; p < prompt && static_cast<int32_t>(chosen.size()) < top_k / 4; ++p) {
+    chosen.insert(p);
+  }
+  for (int32_t i = 0; i < top_k / 8 && len > prompt; ++i) {
+    chosen.insert(prompt + static_cast<int32_t>(rng() % (len - prompt)));
+  }
+  for (int tries = 0; tries < 4 * top_k && static_cast<int32_t>(chosen.size()) < top_k - 2;
+       ++tries) {
+    chosen.insert(static_cast<int32_t>(rng() % len));
+  }
+  std::vector<int32_t> out(chosen.begin(), chosen.end());
+  std::shuffle(out.begin(), out.end(), rng);
+  out.resize(static_cast<size_t>(top_k), -1);
+  return out;
+}
+
+// How one request's entries of one layer came back.
+struct LayerCheck {
+  int exact = 0;    // slot >= 0, the row (assembled and in the hot cache) equals the oracle's
+  int skipped = 0;  // slot -1 with a zero assembled row (the request failed)
+  int wrong = 0;    // anything else: a wrong, stale or missing row
+};
+
+LayerCheck CheckEntries(const SparseKVCacheManager& manager, const testing::DenseModel& oracle,
+                        RequestId id, int32_t layer, const int32_t* topk, const int32_t* slots,
+                        const std::byte* assembled) {
+  const LayerShape shape = manager.options().geometry.layers[layer];
+  const std::vector<std::byte> zero(static_cast<size_t>(shape.row_bytes));
+  LayerCheck check;
+  for (int32_t k = 0; k < manager.options().top_k; ++k) {
+    const std::byte* row = assembled + static_cast<size_t>(k) * shape.row_stride;
+    if (slots[k] < 0) {
+      const bool blank = std::memcmp(row, zero.data(), zero.size()) == 0;
+      if (!blank) {
+        ++check.wrong;
+      } else if (topk[k] >= 0) {
+        ++check.skipped;  // a selected position: only a failed request's may be skipped
+      }
+      continue;
+    }
+    if (topk[k] < 0) {
+      ++check.wrong;  // a slot for padding
+      continue;
+    }
+    // The CPU backend's device memory is host memory: the hot cache is readable here.
+    const std::byte* want = oracle.Row(id, layer, topk[k]);
+    const std::byte* hot =
+        manager.HotLayer(layer) + static_cast<size_t>(slots[k]) * shape.row_stride;
+    const bool exact = std::memcmp(row, want, shape.row_bytes) == 0 &&
+                       std::memcmp(hot, want, shape.row_bytes) == 0;
+    (exact ? check.exact : check.wrong) += 1;
+  }
+  return check;
+}
+
+int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t max_new_tokens,
+              int64_t step_ms) {
+  const std::vector<Request> requests = ParseRequests(c.requests);
+  auto plane = ConnectOrDie(c);
+  auto transport = TransportOrDie(c);
+  auto created_tier = RemoteTier::Create(transport.get());
+  Check(created_tier.status(), "remote tier");
+  const std::unique_ptr<RemoteTier> tier = std::move(created_tier).value();
+  const milliseconds lease(c.lease_ms);
+
+  CacheOptions o;
+  o.geometry = KVGeometry::Uniform(c.layers, c.row_bytes);
+  o.top_k = top_k;
+  o.hot_slots = 2 * top_k;
+  o.window = 16;
+  o.host_page_tokens = 16;
+  o.max_requests = static_cast<int32_t>(requests.size());
+  o.max_context = c.tokens + max_new_tokens;
+  // Remote prompt pages take no host memory; this is room for every request's whole context.
+  o.host_capacity_tokens = int64_t{o.max_requests + 1} * (o.max_context + o.host_page_tokens);
+  std::shared_ptr<Backend> backend = CreateCpuBackend();
+  auto created = SparseKVCacheManager::Create(o, backend);
+  Check(created.status(), "manager");
+  const std::unique_ptr<SparseKVCacheManager> manager = std::move(created).value();
+  Check(manager->AttachRemoteTier(tier.get()), "attach remote tier");
+  testing::DenseModel oracle(o.geometry);
+
+  std::vector<Decoding> decoding;
+  auto fail = [&](Decoding& d, const Status& s) {
+    d.failed = true;
+    std::cout << "request " << d.request.key << " failed: " << s.ToString() << std::endl;
+  };
+  // Bind -> import the region -> AdmitRemote: the prompt stays where prefill wrote it.
+  for (size_t r = 0; r < requests.size(); ++r) {
+    Decoding& d = decoding.emplace_back();
+    d.request = requests[r];
+    d.id = r + 1;
+    auto binding = plane->Bind(d.request.key, reader, lease);
+    if (!binding.ok()) {
+      fail(d, binding.status());
+      continue;
+    }
+    d.bound = true;
+    d.binding = *binding;
+    const RequestLocation& l = d.binding.location;
+    std::cout << "bound " << d.request.key << " generation " << d.binding.generation << " node "
+              << l.node_id << std::endl;
+    uint64_t incarnation = 0;
+    auto descriptor = plane->GetRegion(l.node_id, l.region_id, &incarnation);
+    if (descriptor.ok() && incarnation != l.node_incarnation) {
+      descriptor = Unavailable("node restarted since the request was published");
+    }
+    if (!descriptor.ok()) {
+      fail(d, descriptor.status());
+      continue;
+    }
+    auto region = tier->ImportRegion(l.node_id, *descriptor);
+    if (!region.ok()) {
+      fail(d, region.status());
+      continue;
+    }
+    RemotePromptLayout layout;
+    layout.base_offset = l.base_offset;
+    layout.layer_stride = l.layer_stride;
+    layout.row_stride = l.row_stride;
+    layout.row_bytes = l.row_bytes;
+    layout.layers = l.layers;
+    layout.tokens = l.tokens;
+    const Status admitted = manager->AdmitRemote(d.id, *region, layout, max_new_tokens, nullptr);
+    if (!admitted.ok()) {
+      fail(d, admitted);
+      continue;
+    }
+    d.admitted = true;
+    oracle.Add(d.id, PromptLayers(c, d.request.seed), l.tokens);
+    std::cout << "admitted " << d.request.key << " tokens " << l.tokens << std::endl;
+  }
+
+  // The run phase's fixed buffers, per layer.
+  const int32_t max_batch = o.effective_max_batch();
+  const size_t stride = static_cast<size_t>(c.row_bytes);
+  const size_t entries = static_cast<size_t>(max_batch) * top_k;
+  std::vector<std::unique_ptr<DeviceBlock>> new_rows, topk, slots, assembled;
+  for (int32_t l = 0; l < c.layers; ++l) {
+    new_rows.push_back(std::make_unique<DeviceBlock>(*backend, max_batch * stride));
+    topk.push_back(std::make_unique<DeviceBlock>(*backend, entries * sizeof(int32_t)));
+    slots.push_back(std::make_unique<DeviceBlock>(*backend, entries * sizeof(int32_t)));
+    assembled.push_back(std::make_unique<DeviceBlock>(*backend, entries * stride));
+  }
+  std::mt19937_64 rng(42);
+  signal(SIGTERM, OnStop);
+  bool wrong = false;
+  auto next_renewal = Clock::now() + lease / 3;
+  for (int64_t step = 1; stop_requested == 0; ++step) {
+    const auto step_end = Clock::now() + milliseconds(step_ms);
+    std::vector<Decoding*> batch;
+    std::vector<RequestId> ids;
+    for (Decoding& d : decoding) {
+      if (!d.admitted) continue;
+      batch.push_back(&d);
+      ids.push_back(d.id);
+    }
+    if (!batch.empty()) {
+      // A request that failed in an earlier step stays for this one: every entry must be skipped.
+      std::vector<bool> failed_before;
+      for (Decoding* d : batch) failed_before.push_back(d->failed);
+      Check(manager->PlanStep(ids, nullptr), "plan step");
+      std::vector<std::vector<int32_t>> picks(c.layers);
+      for (int32_t l = 0; l < c.layers; ++l) {
+        const testing::Bytes rows =
+            testing::RandomRows(rng, static_cast<int64_t>(ids.size()), c.row_bytes);
+        for (size_t b = 0; b < ids.size(); ++b) {
+          oracle.Append(ids[b], l, rows.data() + b * stride);
+          const std::vector<int32_t> p = PickTopK(rng, top_k, c.tokens, oracle.Length(ids[b], l));
+          picks[l].insert(picks[l].end(), p.begin(), p.end());
+        }
+        Check(backend->CopyAsync(new_rows[l]->get(), rows.data(), rows.size(), nullptr), "upload");
+        Check(backend->CopyAsync(topk[l]->get(), picks[l].data(), picks[l].size() * sizeof(int32_t),
+                                 nullptr),
+              "upload");
+        Check(manager->AppendToken(l, new_rows[l]->get(), nullptr), "append token");
+        Check(manager->RunLayer(l, topk[l]->get<int32_t>(), slots[l]->get<int32_t>(),
+                                assembled[l]->get(), nullptr),
+              "run layer");
+      }
+      Check(manager->FinishStep(nullptr), "finish step");
+      Check(backend->Synchronize(nullptr), "synchronize");
+
+      for (size_t b = 0; b < batch.size(); ++b) {
+        Decoding& d = *batch[b];
+        const Status remote = manager->RemoteStatus(d.id);
+        // Exact rows until the layer a failure happened in, skipped entries from it on.
+        bool skipping = failed_before[b];
+        for (int32_t l = 0; l < c.layers; ++l) {
+          const size_t first = b * static_cast<size_t>(top_k);
+          const LayerCheck check =
+              CheckEntries(*manager, oracle, d.id, l, picks[l].data() + first,
+                           slots[l]->get<int32_t>() + first, assembled[l]->get() + first * stride);
+          if (check.skipped > 0 && check.exact == 0 && !remote.ok()) skipping = true;
+          const bool as_expected =
+              check.wrong == 0 && (skipping ? check.exact == 0 : check.skipped == 0);
+          if (!as_expected) {
+            wrong = true;
+            std::cout << "WRONG request " << d.request.key << " step " << step << " layer " << l
+                      << ": exact " << check.exact << " skipped " << check.skipped << " wrong "
+                      << check.wrong << std::endl;
+          }
+        }
+        if (failed_before[b]) {
+          std::cout << "request " << d.request.key << " skipped in step " << step << std::endl;
+          Check(manager->Release(d.id), "release");
+          oracle.Remove(d.id);
+          d.admitted = false;
+        } else if (!remote.ok()) {
+          fail(d, remote);
+        } else if (*manager->SequenceLength(d.id) == c.tokens + max_new_tokens) {
+          std::cout << "finished " << d.request.key << std::endl;
+          Check(manager->Release(d.id), "release");
+          d.admitted = false;
+        }
+      }
+    }
+    if (Clock::now() >= next_renewal) {
+      next_renewal = Clock::now() + lease / 3;
+      for (Decoding& d : decoding) {
+        if (!d.bound || d.failed) continue;
+        const Status renewed =
+            plane->RenewBinding(d.request.key, reader, d.binding.generation, lease);
+        if (renewed.ok()) continue;
+        // What it would read from now on may be stale: it stops reading.
+        fail(d, renewed);
+        if (d.admitted) Check(manager->Release(d.id), "release");
+        d.admitted = false;
+      }
+    }
+    const auto failed =
+        std::count_if(decoding.begin(), decoding.end(), [](const Decoding& d) { return d.failed; });
+    std::cout << "step " << step << " healthy " << decoding.size() - failed << " failed " << failed
+              << std::endl;
+    // The step clock: the transport progresses while idle, and a wakeup (which may come at once,
+    // e.g. while a dead shared-memory peer's operations are being cancelled) never makes the
+    // loop spin.
+    const auto idle = std::chrono::duration_cast<milliseconds>(step_end - Clock::now());
+    if (idle.count() > 0) Check(transport->WaitForEvents(idle), "progress");
+    std::this_thread::sleep_until(step_end);
+  }
+  // Ownership protocol: stop reading (Release from the manager), then Done.
+  for (Decoding& d : decoding) {
+    if (d.admitted) Check(manager->Release(d.id), "release");
+    if (!d.bound) continue;
+    std::cout << "done " << d.request.key << ": "
+              << plane->Done(d.request.key, reader, d.binding.generation).ToString() << std::endl;
+  }
+  const RemoteTierStats stats = tier->stats();
+  std::cout << "remote rows_fetched " << stats.rows_fetched << " rows_staged " << stats.rows_staged
+            << " reads " << stats.reads << " transfers " << stats.transfers << " failed_requests "
+            << stats.failed_requests << std::endl;
+  return wrong ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace sparsekv::tools
+
+int main(int argc, char** argv) {
+  using namespace sparsekv::tools;
+  CLI::App app("scale_out_peer: prefill and decode processes of the scale-out test");
+  app.require_subcommand(1);
+  Common c;
+  std::string control_plane = "127.0.0.1:6379";
+  auto add_common = [&](CLI::App* sub) {
+    sub->add_option("--control-plane", control_plane)->required();
+    sub->add_option("--key-prefix", c.key_prefix);
+    sub->add_option("--transports", c.transports);
+    sub->add_option("--lease-ms", c.lease_ms);
+    sub->add_option("--timeout-ms", c.timeout_ms);
+    sub->add_option("--layers", c.layers);
+    sub->add_option("--tokens", c.tokens);
+    sub->add_option("--row-bytes", c.row_bytes);
+    sub->add_option("--request", c.requests, "KEY:SEED")->required();
+  };
+  CLI::App* prefill = app.add_subcommand("prefill");
+  add_common(prefill);
+  std::string node_id = "prefill", pool;
+  uint64_t pool_offset = 0;
+  int64_t release_deadline_ms = 60000;
+  prefill->add_option("--node-id", node_id);
+  prefill->add_option("--pool", pool, "write into this pool server's region 0");
+  prefill->add_option("--pool-offset", pool_offset);
+  prefill->add_option("--release-deadline-ms", release_deadline_ms);
+  CLI::App* decode = app.add_subcommand("decode");
+  add_common(decode);
+  std::string reader = "decode";
+  int32_t top_k = 64;
+  int32_t max_new_tokens = 4096;
+  int64_t step_ms = 20;
+  decode->add_option("--reader", reader);
+  decode->add_option("--topk", top_k);
+  decode->add_option("--max-new-tokens", max_new_tokens);
+  decode->add_option("--step-ms", step_ms);
+  CLI11_PARSE(app, argc, argv);
+
+  const size_t colon = control_plane.rfind(':');
+  c.host = control_plane.substr(0, colon);
+  c.port = std::stoi(control_plane.substr(colon + 1));
+  signal(SIGTERM, OnStop);
+  if (prefill->parsed()) return RunPrefill(c, node_id, pool, pool_offset, release_deadline_ms);
+  return RunDecode(c, reader, top_k, max_new_tokens, step_ms);
+}

@@ -1,0 +1,291 @@
+// The scale-out pool across real processes on 127.0.0.1: a redis-server (control plane), two
+// `sparsekv pool` servers, prefill and decode processes (scale_out_peer.cc) over UCX, with the
+// tcp and the shared-memory transports. Decode runs SparseKVCacheManager (CPU backend) with the
+// remote tier: its prompt rows are read from where prefill wrote them when a step misses on them,
+// and every row a step delivers is checked byte for byte against the CPU oracle.
+// Every process is in its own process group and is killed and reaped by the test's destructors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "sparsekv/control_plane.h"
+#include "testing/harness.h"
+#include "testing/redis_server.h"
+#include "testing/subprocess.h"
+#include "testing/wait_until.h"
+
+namespace sparsekv {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::RedisServer;
+using testing::Subprocess;
+using testing::WaitUntil;
+
+constexpr milliseconds kDeadline{20000};
+constexpr int64_t kLeaseMs = 1500;         // of the pool servers' membership
+constexpr int64_t kBindingLeaseMs = 5000;  // of decode's bindings: > a failed read's deadline
+constexpr int64_t kTimeoutMs = 1000;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The value of counter `name` in decode's last line "remote NAME VALUE NAME VALUE ...", or -1.
+int64_t RemoteCounter(const std::string& log, const std::string& name) {
+  const size_t line = log.rfind("\nremote ");
+  if (line == std::string::npos) return -1;
+  const size_t at = log.find(" " + name + " ", line);
+  if (at == std::string::npos) return -1;
+  return std::stoll(log.substr(at + name.size() + 2));
+}
+
+// The rest of the first line of `log` that starts with `prefix` ("" if none).
+std::string LineAfter(const std::string& log, const std::string& prefix) {
+  const size_t at = log.find(prefix);
+  if (at == std::string::npos) return "";
+  const size_t from = at + prefix.size();
+  return log.substr(from, log.find('\n', from) - from);
+}
+
+class ScaleOutTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto server = RedisServer::Start();
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    redis_ = std::move(server).value();
+    auto dir = testing::MakeTempDir("scale-out");
+    ASSERT_TRUE(dir.ok());
+    dir_ = *dir;
+    ControlPlaneOptions options;
+    options.port = redis_->port();
+    options.key_prefix = key_prefix_;
+    auto plane = ControlPlane::Connect(options);
+    ASSERT_TRUE(plane.ok()) << plane.status().ToString();
+    plane_ = std::move(plane).value();
+  }
+  void TearDown() override {
+    processes_.clear();  // kills and reaps whatever is still running
+    if (HasFailure()) {
+      for (const std::string& log : logs_) std::cerr << "---- " << log << "\n" << ReadFile(log);
+    }
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  std::string ControlPlaneAddress() const { return "127.0.0.1:" + std::to_string(redis_->port()); }
+  std::string LogPath(const std::string& name) const { return dir_ + "/" + name + ".log"; }
+
+  // Starts `argv` with its output in LogPath(name); the test owns the process.
+  Subprocess* Start(const std::string& name, std::vector<std::string> argv) {
+    auto process = Subprocess::Start(argv, {}, LogPath(name));
+    EXPECT_TRUE(process.ok()) << process.status().ToString();
+    if (!process.ok()) return nullptr;
+    logs_.push_back(LogPath(name));
+    processes_.push_back(std::move(process).value());
+    return processes_.back().get();
+  }
+
+  // A pool server; returns once its region is published under `incarnation`.
+  Subprocess* StartPool(const std::string& node, uint64_t incarnation) {
+    std::vector<std::string> argv = {SPARSEKV_TOOL,     "pool",
+                                     "--node-id",       node,
+                                     "--control-plane", ControlPlaneAddress(),
+                                     "--key-prefix",    key_prefix_,
+                                     "--region-mib",    "16",
+                                     "--transports",    GetParam(),
+                                     "--lease-ms",      std::to_string(kLeaseMs),
+                                     "--timeout-ms",    std::to_string(kTimeoutMs)};
+    if (GetParam() == "tcp") argv.insert(argv.end(), {"--net-devices", "lo"});
+    Subprocess* pool = Start(node + "-" + std::to_string(incarnation), argv);
+    EXPECT_TRUE(WaitUntil(
+        [&] {
+          uint64_t live = 0;
+          return plane_->GetRegion(node, 0, &live).ok() && live == incarnation;
+        },
+        kDeadline))
+        << node << " did not publish its region";
+    return pool;
+  }
+
+  std::vector<std::string> PeerArgs(const std::string& mode) const {
+    return {SPARSEKV_SCALE_OUT_PEER,
+            mode,
+            "--control-plane",
+            ControlPlaneAddress(),
+            "--key-prefix",
+            key_prefix_,
+            "--transports",
+            GetParam(),
+            "--lease-ms",
+            std::to_string(kBindingLeaseMs),
+            "--timeout-ms",
+            std::to_string(kTimeoutMs),
+            "--layers",
+            "4",
+            "--tokens",
+            "1024",
+            "--row-bytes",
+            "656"};
+  }
+
+  // A prefill process for `requests` ("KEY:SEED"), into `pool`'s region at `offset` (its own
+  // region if `pool` is empty); returns once every request is published.
+  Subprocess* StartPrefill(const std::string& name, const std::vector<std::string>& requests,
+                           const std::string& pool = "", uint64_t offset = 0) {
+    std::vector<std::string> argv = PeerArgs("prefill");
+    argv.insert(argv.end(), {"--node-id", name});
+    if (!pool.empty()) {
+      argv.insert(argv.end(), {"--pool", pool, "--pool-offset", std::to_string(offset)});
+    }
+    for (const std::string& r : requests) argv.insert(argv.end(), {"--request", r});
+    Subprocess* prefill = Start(name, argv);
+    EXPECT_TRUE(WaitUntil(
+        [&] { return Count(ReadFile(LogPath(name)), "published ") == int(requests.size()); },
+        kDeadline))
+        << name << " did not publish";
+    return prefill;
+  }
+
+  Subprocess* StartDecode(const std::string& name, const std::vector<std::string>& requests) {
+    std::vector<std::string> argv = PeerArgs("decode");
+    argv.insert(argv.end(), {"--reader", name});
+    for (const std::string& r : requests) argv.insert(argv.end(), {"--request", r});
+    return Start(name, argv);
+  }
+
+  // Waits until `name`'s log holds `what` at least `times` times.
+  bool WaitForLog(const std::string& name, const std::string& what, int times = 1) {
+    return WaitUntil([&] { return Count(ReadFile(LogPath(name)), what) >= times; }, kDeadline);
+  }
+
+  // Sends SIGTERM and returns the exit code (-1 if it did not exit in time).
+  static int Terminate(Subprocess* process) {
+    process->Signal(SIGTERM);
+    auto code = process->WaitFor(kDeadline);
+    return code.ok() ? *code : -1;
+  }
+
+  const std::string key_prefix_ = "scale-out";
+  std::unique_ptr<RedisServer> redis_;
+  std::string dir_;
+  std::unique_ptr<ControlPlane> plane_;
+  std::vector<std::unique_ptr<Subprocess>> processes_;
+  std::vector<std::string> logs_;
+};
+
+TEST_P(ScaleOutTest, DecodeReadsPromptsFromPrefillMemoryAndPoolServers) {
+  Subprocess* pool_a = StartPool("pool-a", 1);
+  Subprocess* pool_b = StartPool("pool-b", 1);
+  ASSERT_TRUE(pool_a && pool_b);
+  Subprocess* own = StartPrefill("prefill-0", {"own-1:11", "own-2:12"});
+  Subprocess* into_a = StartPrefill("prefill-1", {"a-1:21"}, "pool-a", 0);
+  Subprocess* into_b = StartPrefill("prefill-2", {"b-1:31"}, "pool-b", 1 << 20);
+  ASSERT_TRUE(own && into_a && into_b);
+
+  Subprocess* decode = StartDecode("decode-0", {"own-1:11", "own-2:12", "a-1:21", "b-1:31"});
+  ASSERT_NE(decode, nullptr);
+  ASSERT_TRUE(WaitForLog("decode-0", "healthy 4 failed 0", 5));
+  EXPECT_EQ(Count(ReadFile(LogPath("decode-0")), "admitted "), 4);
+  // While decode is bound, the writers cannot release.
+  int64_t readers = 0;
+  ASSERT_TRUE(plane_->Lookup("a-1", &readers).ok());
+  EXPECT_EQ(readers, 1);
+
+  EXPECT_EQ(Terminate(decode), 0);
+  const std::string log = ReadFile(LogPath("decode-0"));
+  EXPECT_EQ(Count(log, "WRONG"), 0) << log;
+  EXPECT_EQ(Count(log, "failed: "), 0) << log;
+  EXPECT_EQ(Count(log, ": OK"), 4) << log;
+  // The misses read remote prompt rows, staged (remote pages) and into host rows (the pages of
+  // the window), adjacent ones merged into one read: each top-k holds a run of 16 adjacent
+  // prompt positions among 62, so merging saves about a fifth of the reads.
+  const int64_t fetched = RemoteCounter(log, "rows_fetched");
+  EXPECT_GT(RemoteCounter(log, "rows_staged"), 0) << log;
+  EXPECT_GT(fetched, RemoteCounter(log, "rows_staged")) << log;
+  EXPECT_LT(RemoteCounter(log, "reads") * 10, fetched * 9) << log;
+  EXPECT_EQ(RemoteCounter(log, "failed_requests"), 0) << log;
+  // Decode is done: every writer releases its requests and exits.
+  for (Subprocess* prefill : {own, into_a, into_b}) {
+    auto code = prefill->WaitFor(kDeadline);
+    ASSERT_TRUE(code.ok()) << code.status().ToString();
+    EXPECT_EQ(*code, 0);
+  }
+  EXPECT_EQ(plane_->Lookup("a-1").status().code(), StatusCode::kNotFound);
+  // Pool servers stop cleanly on SIGTERM and leave the membership.
+  EXPECT_EQ(Terminate(pool_a), 0);
+  EXPECT_EQ(Terminate(pool_b), 0);
+  auto nodes = plane_->ListNodes();
+  ASSERT_TRUE(nodes.ok());
+  EXPECT_TRUE(nodes->empty());
+}
+
+TEST_P(ScaleOutTest, KilledPoolServerFailsOnlyItsRequestsAndRejoins) {
+  Subprocess* pool_a = StartPool("pool-a", 1);
+  ASSERT_NE(StartPool("pool-b", 1), nullptr);
+  ASSERT_NE(pool_a, nullptr);
+  Subprocess* into_a = StartPrefill("prefill-a", {"a-1:21"}, "pool-a", 0);
+  Subprocess* into_b = StartPrefill("prefill-b", {"b-1:31"}, "pool-b", 0);
+  ASSERT_TRUE(into_a && into_b);
+  Subprocess* decode = StartDecode("decode-0", {"a-1:21", "b-1:31"});
+  ASSERT_NE(decode, nullptr);
+  ASSERT_TRUE(WaitForLog("decode-0", "healthy 2 failed 0", 3));
+
+  pool_a->Kill();
+  // a-1 fails through the manager's RemoteStatus with a clear error, gets only skipped entries
+  // in the next step and is released; b-1 goes on decoding.
+  ASSERT_TRUE(WaitForLog("decode-0", "request a-1 failed: "));
+  ASSERT_TRUE(WaitForLog("decode-0", "request a-1 skipped in step "));
+  ASSERT_TRUE(WaitForLog("decode-0", "healthy 1 failed 1", 5));
+  const std::string log = ReadFile(LogPath("decode-0"));
+  const std::string reason = LineAfter(log, "request a-1 failed: ");
+  EXPECT_TRUE(reason.starts_with("Unavailable") || reason.starts_with("DeadlineExceeded"))
+      << reason;
+  EXPECT_NE(reason.find("remote prompt rows of request"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("'pool-a'"), std::string::npos) << reason;
+  EXPECT_EQ(Count(log, "request b-1 failed"), 0);
+
+  // Once pool-a's lease ran out, no one can bind its requests any more.
+  ASSERT_TRUE(WaitUntil([&] { return !plane_->GetNode("pool-a").ok(); }, kDeadline));
+  const auto late = plane_->Bind("a-1", "late-reader", milliseconds(kLeaseMs));
+  EXPECT_EQ(late.status().code(), StatusCode::kUnavailable) << late.status().ToString();
+
+  EXPECT_EQ(Terminate(decode), 0);
+  const std::string final_log = ReadFile(LogPath("decode-0"));
+  EXPECT_EQ(Count(final_log, "WRONG"), 0) << final_log;
+  EXPECT_EQ(RemoteCounter(final_log, "failed_requests"), 1) << final_log;
+  EXPECT_EQ(Count(final_log, "done b-1: OK"), 1) << final_log;
+  EXPECT_EQ(Count(final_log, "done a-1: Unavailable"), 1) << final_log;
+  // Both writers can release: decode's binding of a-1 ended with its Done.
+  EXPECT_EQ(*into_a->WaitFor(kDeadline), 0);
+  EXPECT_EQ(*into_b->WaitFor(kDeadline), 0);
+
+  // pool-a restarts as incarnation 2: it serves new requests, never the lost ones.
+  ASSERT_NE(StartPool("pool-a", 2), nullptr);
+  ASSERT_NE(StartPrefill("prefill-a2", {"a-2:41"}, "pool-a", 0), nullptr);
+  Subprocess* again = StartDecode("decode-1", {"a-2:41"});
+  ASSERT_NE(again, nullptr);
+  ASSERT_TRUE(WaitForLog("decode-1", "healthy 1 failed 0", 3));
+  EXPECT_EQ(Terminate(again), 0);
+  const std::string again_log = ReadFile(LogPath("decode-1"));
+  EXPECT_EQ(Count(again_log, "WRONG"), 0) << again_log;
+  EXPECT_EQ(Count(again_log, "done a-2: OK"), 1) << again_log;
+  EXPECT_GT(RemoteCounter(again_log, "rows_fetched"), 0) << again_log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ScaleOutTest, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace sparsekv

@@ -417,21 +417,29 @@ class PyManager {
     Check(manager_->AppendToken(layer, t.data, Stream(stream)));
   }
 
+  // topk: int32 [>= batch, >= top_k]; slots: int32 [>= batch, top_k], written.
+  TensorArg TopK(const py::object& topk, const char* name, int32_t top_k) const {
+    TensorRules tr{name};
+    tr.int32 = true;
+    tr.min_rows = manager_->batch_size();
+    tr.min_second = top_k;
+    return CheckTensor(topk, tr, backend_);
+  }
+  TensorArg Slots(const py::object& slots, const char* name) const {
+    TensorRules sr{name};
+    sr.int32 = true;
+    sr.min_rows = manager_->batch_size();
+    sr.second_dim = options().top_k;
+    sr.output = true;
+    return CheckTensor(slots, sr, backend_);
+  }
+
   void RunLayer(int32_t layer, const py::object& topk, const py::object& slots,
                 const py::object& assembled, const py::object& stream) {
     const int32_t row_stride = RowStride(options(), layer, "run_layer");
     const int32_t top_k = options().top_k;
-    TensorRules tr{"topk"};
-    tr.int32 = true;
-    tr.min_rows = manager_->batch_size();
-    tr.min_second = top_k;
-    const TensorArg t = CheckTensor(topk, tr, backend_);
-    TensorRules sr{"slots"};
-    sr.int32 = true;
-    sr.min_rows = manager_->batch_size();
-    sr.second_dim = top_k;
-    sr.output = true;
-    const TensorArg s = CheckTensor(slots, sr, backend_);
+    const TensorArg t = TopK(topk, "topk", top_k);
+    const TensorArg s = Slots(slots, "slots");
     void* out = nullptr;
     if (!assembled.is_none()) {
       TensorRules ar{"assembled"};
@@ -445,6 +453,56 @@ class PyManager {
     Check(manager_->RunLayer(layer, static_cast<const int32_t*>(t.data),
                              static_cast<int32_t*>(s.data), out, Stream(stream),
                              static_cast<int32_t>(t.shape[1])));
+  }
+
+  void ResolveLayer(int32_t layer, const py::object& topk, const py::object& slots,
+                    const py::object& fill_mask, const py::object& stream) {
+    const TensorArg t = TopK(topk, "topk", options().top_k);
+    const TensorArg s = Slots(slots, "slots");
+    uint8_t* fill = nullptr;
+    if (!fill_mask.is_none()) {
+      TensorRules fr{"fill_mask"};  // [>= batch, top_k] of 1-byte elements (uint8 or bool)
+      fr.row_bytes = options().top_k;
+      fr.min_rows = manager_->batch_size();
+      fr.second_dim = options().top_k;
+      fr.output = true;
+      fill = static_cast<uint8_t*>(CheckTensor(fill_mask, fr, backend_).data);
+    }
+    Check(manager_->ResolveLayer(layer, static_cast<const int32_t*>(t.data),
+                                 static_cast<int32_t*>(s.data), fill, Stream(stream),
+                                 static_cast<int32_t>(t.shape[1])));
+  }
+
+  void CopyMisses(int32_t layer, const py::object& stream) {
+    Check(manager_->CopyMisses(layer, Stream(stream)));
+  }
+
+  void AssembleLayer(int32_t layer, const py::object& slots, const py::object& assembled,
+                     const py::object& stream) {
+    TensorRules sr{"slots"};
+    sr.int32 = true;
+    sr.min_rows = manager_->batch_size();
+    sr.second_dim = options().top_k;
+    const TensorArg s = CheckTensor(slots, sr, backend_);
+    TensorRules ar{"assembled"};
+    ar.row_dims = 2;
+    ar.row_bytes = RowStride(options(), layer, "assemble_layer");
+    ar.min_rows = manager_->batch_size();
+    ar.second_dim = options().top_k;
+    ar.output = true;
+    const TensorArg a = CheckTensor(assembled, ar, backend_);
+    Check(manager_->AssembleLayer(layer, static_cast<const int32_t*>(s.data), a.data,
+                                  Stream(stream)));
+  }
+
+  void PrefetchLayer(int32_t layer, const py::object& positions, const py::object& stream) {
+    TensorRules pr{"positions"};
+    pr.int32 = true;
+    pr.min_rows = manager_->batch_size();
+    const TensorArg t = CheckTensor(positions, pr, backend_);
+    if (t.shape.size() != 2) throw py::value_error("positions: must be [batch, count]");
+    Check(manager_->PrefetchLayer(layer, static_cast<const int32_t*>(t.data),
+                                  static_cast<int32_t>(t.shape[1]), Stream(stream)));
   }
 
   void FinishStep(const py::object& stream) { Check(manager_->FinishStep(Stream(stream))); }
@@ -556,7 +614,8 @@ PYBIND11_MODULE(_core, m) {
                        int64_t host_capacity_tokens, int32_t max_requests,
                        int32_t max_host_requests, int32_t max_batch, int32_t max_context,
                        int32_t host_page_tokens, bool sort_misses, EvictionPolicy eviction,
-                       int32_t protected_percent) {
+                       int32_t protected_percent, int32_t layers_per_index,
+                       bool share_repeated_positions, int32_t max_prefetch) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -571,6 +630,9 @@ PYBIND11_MODULE(_core, m) {
              o.sort_misses = sort_misses;
              o.eviction = eviction;
              o.protected_percent = protected_percent;
+             o.layers_per_index = layers_per_index;
+             o.share_repeated_positions = share_repeated_positions;
+             o.max_prefetch = max_prefetch;
              return o;
            }),
            py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
@@ -581,7 +643,10 @@ PYBIND11_MODULE(_core, m) {
            py::arg("host_page_tokens") = defaults.host_page_tokens,
            py::arg("sort_misses") = defaults.sort_misses,
            py::arg("eviction") = defaults.eviction,
-           py::arg("protected_percent") = defaults.protected_percent)
+           py::arg("protected_percent") = defaults.protected_percent,
+           py::arg("layers_per_index") = defaults.layers_per_index,
+           py::arg("share_repeated_positions") = defaults.share_repeated_positions,
+           py::arg("max_prefetch") = defaults.max_prefetch)
       .def_readwrite("geometry", &CacheOptions::geometry)
       .def_readwrite("top_k", &CacheOptions::top_k)
       .def_readwrite("hot_slots", &CacheOptions::hot_slots)
@@ -595,6 +660,9 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("sort_misses", &CacheOptions::sort_misses)
       .def_readwrite("eviction", &CacheOptions::eviction)
       .def_readwrite("protected_percent", &CacheOptions::protected_percent)
+      .def_readwrite("layers_per_index", &CacheOptions::layers_per_index)
+      .def_readwrite("share_repeated_positions", &CacheOptions::share_repeated_positions)
+      .def_readwrite("max_prefetch", &CacheOptions::max_prefetch)
       .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity)
       .def_property_readonly("effective_max_batch", &CacheOptions::effective_max_batch)
       .def_property_readonly("slots_per_request", &CacheOptions::slots_per_request)
@@ -625,6 +693,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("host_pages_total", &CacheStats::host_pages_total)
       .def_readonly("hot_blocks_used", &CacheStats::hot_blocks_used)
       .def_readonly("device_bytes", &CacheStats::device_bytes)
+      .def_readonly("prefetch_lookups", &CacheStats::prefetch_lookups)
+      .def_readonly("prefetch_rows", &CacheStats::prefetch_rows)
       .def("to_dict", [](const CacheStats& s) {
         py::dict d;
         py::list layers;
@@ -636,6 +706,8 @@ PYBIND11_MODULE(_core, m) {
         d["bytes_assembled"] = s.bytes_assembled;
         d["bytes_ingested"] = s.bytes_ingested;
         d["invalid_copy_entries"] = s.invalid_copy_entries;
+        d["prefetch_lookups"] = s.prefetch_lookups;
+        d["prefetch_rows"] = s.prefetch_rows;
         d["host_pages_used"] = s.host_pages_used;
         d["host_pages_total"] = s.host_pages_total;
         d["hot_blocks_used"] = s.hot_blocks_used;
@@ -704,6 +776,13 @@ PYBIND11_MODULE(_core, m) {
            no_stream)
       .def("run_layer", &PyManager::RunLayer, py::arg("layer"), py::arg("topk"), py::arg("slots"),
            py::arg("assembled") = py::none(), no_stream)
+      .def("resolve_layer", &PyManager::ResolveLayer, py::arg("layer"), py::arg("topk"),
+           py::arg("slots"), py::arg("fill_mask") = py::none(), no_stream)
+      .def("copy_misses", &PyManager::CopyMisses, py::arg("layer"), no_stream)
+      .def("assemble_layer", &PyManager::AssembleLayer, py::arg("layer"), py::arg("slots"),
+           py::arg("assembled"), no_stream)
+      .def("prefetch_layer", &PyManager::PrefetchLayer, py::arg("layer"), py::arg("positions"),
+           no_stream)
       .def("finish_step", &PyManager::FinishStep, no_stream)
       .def("finish_replayed_step", &PyManager::FinishReplayedStep)
       .def("read_stats", &PyManager::ReadStats, no_stream)

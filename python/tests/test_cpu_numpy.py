@@ -180,3 +180,56 @@ def test_stream_argument_forms(manager):
     manager.admit(2, 3, 2, stream=FakeStream())
     with pytest.raises(TypeError, match="stream"):
         manager.admit(3, 3, 2, stream="default")
+
+
+def test_split_run_index_groups_and_prefetch_match_run_layer():
+    """resolve_layer + copy_misses + assemble_layer (one top-k per 2 layers, prefetches before
+    each resolve) deliver the bytes run_layer delivers with every layer resolving on its own."""
+    rng = np.random.default_rng(7)
+    plain = sparsekv.SparseKVCacheManager(make_options(), sparsekv.cpu_backend())
+    split = sparsekv.SparseKVCacheManager(make_options(layers_per_index=2, max_prefetch=3),
+                                          sparsekv.cpu_backend())
+    prompt = [rng.integers(0, 256, (20, stride), dtype=np.uint8) for _, stride in LAYERS]
+    for m in (plain, split):
+        m.admit(1, 20, 30)
+        for layer, rows in enumerate(prompt):
+            m.ingest_prompt(1, layer, rows)
+    for step in range(12):
+        new_rows = [rng.integers(0, 256, (1, stride), dtype=np.uint8) for _, stride in LAYERS]
+        topk = rng.integers(-1, 21 + step, (1, TOP_K), dtype=np.int32)
+        for m in (plain, split):
+            m.plan_step([1])
+        got = {}
+        for m, name in ((plain, "plain"), (split, "split")):
+            slots = np.full((1, TOP_K), -7, np.int32)
+            fill = np.full((1, TOP_K), 9, np.uint8)
+            for layer, (row_bytes, stride) in enumerate(LAYERS):
+                m.append_token(layer, new_rows[layer])
+                out = np.zeros((1, TOP_K, stride), np.uint8)
+                if name == "plain":
+                    m.run_layer(layer, topk, slots, out)
+                else:
+                    if layer == 0:
+                        m.prefetch_layer(0, rng.integers(-2, 22 + step, (1, 3), dtype=np.int32))
+                        m.resolve_layer(0, topk, slots, fill)
+                        assert set(np.unique(fill)) <= {0, 1}
+                    before = np.zeros_like(out)
+                    m.assemble_layer(layer, slots, before)
+                    m.copy_misses(layer)
+                    m.assemble_layer(layer, slots, out)
+                    # Rows the fill mask calls resident were right before the copy.
+                    resident = fill[0] == 0
+                    assert np.array_equal(before[0, resident, :row_bytes],
+                                          out[0, resident, :row_bytes])
+                got[(name, layer)] = out[0, :, :row_bytes].copy()
+            m.finish_step()
+        for layer in range(len(LAYERS)):
+            assert np.array_equal(got[("plain", layer)], got[("split", layer)]), (step, layer)
+    stats = split.read_stats()
+    assert stats.prefetch_lookups > 0
+    assert stats.to_dict()["prefetch_rows"] == stats.prefetch_rows
+    with pytest.raises(sparsekv.FailedPreconditionError, match="shares the top-k"):
+        split.plan_step([1])
+        split.append_token(0, np.zeros((1, LAYERS[0][1]), np.uint8))
+        split.append_token(1, np.zeros((1, LAYERS[1][1]), np.uint8))
+        split.resolve_layer(1, np.zeros((1, TOP_K), np.int32), np.zeros((1, TOP_K), np.int32))

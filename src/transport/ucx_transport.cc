@@ -172,7 +172,7 @@ class UcxTransport final : public Transport {
   // Force-closes `ep` and progresses until the close completes or kCloseTimeout passes.
   void CloseEndpointLocked(ucp_ep_h ep);
   // Arms the worker's event fd for the next event; false if events are already pending (progress
-  // first) or arming failed.
+  // first). True also when arming failed: the caller's poll of the fd is bounded by its timeout.
   bool ArmLocked();
 
   // UCX 1.13's shared-memory transports cannot report a peer's failure, and UCX refuses to
@@ -507,8 +507,10 @@ void UcxTransport::CloseEndpointLocked(ucp_ep_h ep) {
 }
 
 bool UcxTransport::ArmLocked() {
-  ucs_status_t st = ucp_worker_arm(worker_);
-  return st == UCS_OK;
+  // UCS_ERR_BUSY: events are pending, progress first. Any other failure (a worker whose
+  // interfaces cannot be armed any more, e.g. after a peer's shared-memory segment went away)
+  // must not make the callers spin: they then wait on the event fd for their timeout anyway.
+  return ucp_worker_arm(worker_) != UCS_ERR_BUSY;
 }
 
 Status UcxTransport::WaitTransfer(UcxTransfer* transfer, Clock::time_point until) {

@@ -112,6 +112,24 @@ def main():
         print(f"| {name} ({over}) | " + " | ".join(cells) + " |")
 
     print()
+    print("Fraction of the transfer time hidden: the gain over the PCIe floor of the run it adds")
+    print("to (miss bytes / pinned-copy bandwidth); share4 saves resolves, not transfers")
+    print("| feature (over) | " + " | ".join(f"B={b}" for b in BATCHES) + " |")
+    print("|---|" + "---|" * len(BATCHES))
+    for name, over in FEATURES:
+        if name == "share4" or name not in runs or over not in runs:
+            continue
+        cells = []
+        for b in BATCHES:
+            p = points(runs[name], "sparsekv").get(b)
+            q = points(runs[over], "sparsekv").get(b)
+            if p is None or q is None:
+                cells.append("-")
+                continue
+            cells.append(f"{(q['tpot_ms'] - p['tpot_ms']) / pcie_floor_ms(q, runs[over]):+.0%}")
+        print(f"| {name} ({over}) | " + " | ".join(cells) + " |")
+
+    print()
     print("PCIe floor of the base step (miss bytes / pinned-copy bandwidth), ms")
     print("| " + " | ".join(f"B={b}: {pcie_floor_ms(base[b], runs['base']):.2f}" for b in BATCHES
                           if b in base) + " |")

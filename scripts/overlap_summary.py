@@ -91,43 +91,32 @@ def main():
             cells.append(f"{100 * o:+.1f}%" + (" ext" if extrapolated else ""))
         print(f"| {name} | " + " | ".join(cells) + " |")
 
-    print()
-    print("TPOT gained per step by each feature over the run it adds to (ms), and the share of")
-    print("that run's overhead over full-hbm it removes")
-    print("| feature (over) | " + " | ".join(f"B={b}" for b in BATCHES) + " |")
-    print("|---|" + "---|" * len(BATCHES))
-    for name, over in FEATURES:
-        if name not in runs or over not in runs:
-            continue
-        cells = []
-        for b in BATCHES:
-            p = points(runs[name], "sparsekv").get(b)
-            q = points(runs[over], "sparsekv").get(b)
-            if p is None or q is None:
-                cells.append("-")
+    def gain_table(title, cell, features):
+        """One row per feature: cell(gain_ms, its point, the point of the run it adds to)."""
+        print()
+        print(title)
+        print("| feature (over) | " + " | ".join(f"B={b}" for b in BATCHES) + " |")
+        print("|---|" + "---|" * len(BATCHES))
+        for name, over in features:
+            if name not in runs or over not in runs:
                 continue
-            gain = q["tpot_ms"] - p["tpot_ms"]
-            ref, _ = full_hbm_tpot(runs[over])(b)
-            cells.append(f"{gain:+.2f} ({gain / (q['tpot_ms'] - ref):+.0%})")
-        print(f"| {name} ({over}) | " + " | ".join(cells) + " |")
+            cells = []
+            for b in BATCHES:
+                p = points(runs[name], "sparsekv").get(b)
+                q = points(runs[over], "sparsekv").get(b)
+                cells.append("-" if p is None or q is None else
+                             cell(q["tpot_ms"] - p["tpot_ms"], b, q, runs[over]))
+            print(f"| {name} ({over}) | " + " | ".join(cells) + " |")
 
-    print()
-    print("Fraction of the transfer time hidden: the gain over the PCIe floor of the run it adds")
-    print("to (miss bytes / pinned-copy bandwidth); share4 saves resolves, not transfers")
-    print("| feature (over) | " + " | ".join(f"B={b}" for b in BATCHES) + " |")
-    print("|---|" + "---|" * len(BATCHES))
-    for name, over in FEATURES:
-        if name == "share4" or name not in runs or over not in runs:
-            continue
-        cells = []
-        for b in BATCHES:
-            p = points(runs[name], "sparsekv").get(b)
-            q = points(runs[over], "sparsekv").get(b)
-            if p is None or q is None:
-                cells.append("-")
-                continue
-            cells.append(f"{(q['tpot_ms'] - p['tpot_ms']) / pcie_floor_ms(q, runs[over]):+.0%}")
-        print(f"| {name} ({over}) | " + " | ".join(cells) + " |")
+    gain_table("TPOT gained per step by each feature over the run it adds to (ms), and the share\n"
+               "of that run's overhead over full-hbm it removes",
+               lambda gain, b, q, run:
+               f"{gain:+.2f} ({gain / (q['tpot_ms'] - full_hbm_tpot(run)(b)[0]):+.0%})",
+               FEATURES)
+    gain_table("Fraction of the transfer time hidden: the gain over the PCIe floor of the run it\n"
+               "adds to (miss bytes / pinned-copy bandwidth); share4 saves resolves, not transfers",
+               lambda gain, b, q, run: f"{gain / pcie_floor_ms(q, run):+.0%}",
+               [f for f in FEATURES if f[0] != "share4"])
 
     print()
     print("PCIe floor of the base step (miss bytes / pinned-copy bandwidth), ms")

@@ -16,18 +16,7 @@ namespace {
 using testing::Bytes;
 
 // One layer of 8-byte rows; 8-token pages, 8 pages in the pool, 4 per request.
-CacheOptions SmallOptions() {
-  CacheOptions o;
-  o.geometry = KVGeometry::Uniform(1, 8);
-  o.top_k = 2;
-  o.hot_slots = 3;
-  o.window = 1;
-  o.host_capacity_tokens = 64;
-  o.max_requests = 2;
-  o.max_context = 32;
-  o.host_page_tokens = 8;
-  return o;
-}
+using testing::SmallOptions;
 
 std::shared_ptr<HostKVPool> MustCreatePool(const CacheOptions& o, int32_t max_owners) {
   auto pool = HostKVPool::CreateShared(o, max_owners, CreateCpuBackend());

@@ -7,25 +7,14 @@
 #include <cstring>
 
 #include "testing/harness.h"
+#include "testing/workload.h"
 
 namespace sparsekv {
 namespace {
 
 using testing::Bytes;
 
-// One layer of 8-byte rows; K = 2, C = 3, W = 1; 8-token pages.
-CacheOptions SmallOptions() {
-  CacheOptions o;
-  o.geometry = KVGeometry::Uniform(1, 8);
-  o.top_k = 2;
-  o.hot_slots = 3;
-  o.window = 1;
-  o.host_capacity_tokens = 64;
-  o.max_requests = 2;
-  o.max_context = 32;
-  o.host_page_tokens = 8;
-  return o;
-}
+using testing::SmallOptions;  // one layer of 8-byte rows; K = 2, C = 3, W = 1; 8-token pages
 
 // Row of position p: eight bytes equal to p + 1.
 Bytes Rows(int32_t first, int32_t n) {

@@ -12,6 +12,19 @@
 
 namespace sparsekv::testing {
 
+CacheOptions SmallOptions() {
+  CacheOptions o;
+  o.geometry = KVGeometry::Uniform(1, 8);
+  o.top_k = 2;
+  o.hot_slots = 3;
+  o.window = 1;
+  o.host_capacity_tokens = 64;
+  o.max_requests = 2;
+  o.max_context = 32;
+  o.host_page_tokens = 8;
+  return o;
+}
+
 CacheOptions RandomSmallOptions(uint64_t seed) {
   std::mt19937_64 rng(seed * 7919 + 17);
   auto pick = [&](std::initializer_list<int32_t> v) {

@@ -24,6 +24,9 @@
 
 namespace sparsekv::testing {
 
+// One layer of 8-byte rows; top_k 2, 3 hot slots, window 1; 8-token pages, 64 tokens in the
+// pool, 2 requests of up to 32 tokens: small enough to reason about slot by slot.
+CacheOptions SmallOptions();
 // Random but valid options for a small configuration, derived from `seed`.
 CacheOptions RandomSmallOptions(uint64_t seed);
 // The same with the transfer-hiding options drawn too: layers_per_index (groups of up to 3

@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_flags.h"
 #include "sparsekv/transport.h"
 
 namespace sparsekv {
@@ -42,10 +43,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-[[noreturn]] void Fail(const std::string& message) {
-  std::fprintf(stderr, "FATAL: %s\n", message.c_str());
-  std::exit(1);
-}
+using bench::Fail;
+using bench::Flags;
 
 template <typename T>
 T ValueOrDie(StatusOr<T> result, const char* what) {
@@ -57,55 +56,20 @@ std::byte PatternByte(uint64_t offset) {
   return static_cast<std::byte>((offset * 2654435761u) >> 13);
 }
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-struct Flags {
-  std::map<std::string, std::string> values = {{"transports", "tcp,shm"},
-                                               {"row_bytes", "656,1152"},
-                                               {"rows", "2048"},
-                                               {"region_mib", "1024"},
-                                               {"warmup", "20"},
-                                               {"reps", "200"},
-                                               {"seed", "1"},
-                                               {"json", ""},
-                                               {"serve", ""},
-                                               {"fd", "-1"},
-                                               {"patterns", "random,runs16"},
-                                               {"serve_bytes", "0"},
-                                               {"server_progress", "wakeup"}};
-
-  Flags(int argc, char** argv) {
-    for (int i = 1; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg == "--help") {
-        for (const auto& [k, v] : values) std::printf("  --%s (%s)\n", k.c_str(), v.c_str());
-        std::exit(0);
-      }
-      if (arg.rfind("--", 0) != 0) Fail("unexpected argument " + arg);
-      std::string name = arg.substr(2);
-      std::string value;
-      if (const size_t eq = name.find('='); eq != std::string::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-      } else if (i + 1 < argc) {
-        value = argv[++i];
-      } else {
-        Fail("flag --" + name + " needs a value");
-      }
-      if (!values.contains(name)) Fail("unknown flag --" + name + " (try --help)");
-      values[name] = value;
-    }
-  }
-  const std::string& Str(const std::string& name) const { return values.at(name); }
-  int64_t Int(const std::string& name) const { return std::stoll(Str(name)); }
-};
+// Every flag and its default.
+const std::map<std::string, std::string> kFlags = {{"transports", "tcp,shm"},
+                                                   {"row_bytes", "656,1152"},
+                                                   {"rows", "2048"},
+                                                   {"region_mib", "1024"},
+                                                   {"warmup", "20"},
+                                                   {"reps", "200"},
+                                                   {"seed", "1"},
+                                                   {"json", ""},
+                                                   {"serve", ""},
+                                                   {"fd", "-1"},
+                                                   {"patterns", "random,runs16"},
+                                                   {"serve_bytes", "0"},
+                                                   {"server_progress", "wakeup"}};
 
 UcxTransportOptions TransportOptions(const std::string& transports) {
   UcxTransportOptions options;
@@ -244,9 +208,8 @@ int Run(const Flags& flags, const char* self, const std::string& command) {
   const int64_t rows = flags.Int("rows");
   const int warmup = static_cast<int>(flags.Int("warmup"));
   const int reps = static_cast<int>(flags.Int("reps"));
-  std::vector<int64_t> row_sizes;
-  for (const std::string& s : Split(flags.Str("row_bytes"))) row_sizes.push_back(std::stoll(s));
-  const std::vector<std::string> patterns = Split(flags.Str("patterns"));
+  const std::vector<int64_t> row_sizes = flags.IntList("row_bytes");
+  const std::vector<std::string> patterns = flags.StrList("patterns");
   std::mt19937_64 rng(static_cast<uint64_t>(flags.Int("seed")));
   int64_t wrong_bytes = 0;
   std::vector<Result> results;
@@ -285,7 +248,7 @@ int Run(const Flags& flags, const char* self, const std::string& command) {
     }
   }
 
-  for (const std::string& transports : Split(flags.Str("transports"))) {
+  for (const std::string& transports : flags.StrList("transports")) {
     Server server(self, transports, region_bytes, flags.Str("server_progress"));
     auto client = ValueOrDie(CreateUcxTransport(TransportOptions(transports)), "transport");
     const RegionHandle local =
@@ -371,7 +334,7 @@ int Run(const Flags& flags, const char* self, const std::string& command) {
 }  // namespace sparsekv
 
 int main(int argc, char** argv) {
-  const sparsekv::Flags flags(argc, argv);
+  const sparsekv::bench::Flags flags(argc, argv, sparsekv::kFlags);
   if (!flags.Str("serve").empty()) {
     sparsekv::Serve(flags.Str("serve"), static_cast<uint64_t>(flags.Int("serve_bytes")),
                     static_cast<int>(flags.Int("fd")), flags.Str("server_progress") == "busy");

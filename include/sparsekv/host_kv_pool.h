@@ -6,13 +6,28 @@
 // belongs to the same token. Rows are given to requests in pages of `page_tokens` consecutive
 // rows; a per-request page table maps a token position to its host row.
 //
-// The memory comes from Backend::AllocateHost (pinned and device-mapped under CUDA).
-// Thread safety: not thread-safe; the owning manager serialises calls.
+// The memory comes from Backend::AllocateHost: under CUDA it is pinned, device-mapped and portable
+// (cudaHostAllocPortable / cudaHostRegisterPortable), one address for the host and every GPU
+// (UVA), so that the managers of several GPUs of one machine can share one pool (node-level
+// sharing, docs/scale-out.md). HostMemoryKind::kCudaVmm is the exception: its mapping is
+// accessible from the allocating GPU only, so a pool shared by several GPUs must not use it.
+//
+// Sharing: the pool hands out owners (rows of the page table) with AcquireOwner, so that every
+// manager uses rows of its own; a page's reference count is global. Page numbers and owner ids
+// are pool-wide.
+//
+// Thread safety: every method that reads or changes page references, the free list or owner
+// state takes an internal mutex, so that several managers, each driven by its own thread, may
+// call them at once. page_table_row(owner) and the layer memory are read without the mutex: an
+// owner's row is changed only by calls for that owner, and the bytes of a page only by the holder
+// of its only reference, so the one thread that holds an owner (or page) must order its reads
+// after its own changes. The layout accessors (rows(), layer_base(), ...) are immutable.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <span>
 #include <vector>
@@ -32,17 +47,34 @@ class HostKVPool {
                                                       int32_t max_owners,
                                                       int32_t max_tokens_per_owner,
                                                       Backend* backend);
+  // A pool for several managers created with `options` (SparseKVCacheManager::Create with a
+  // pool): options' geometry, host_capacity_tokens, host_page_tokens and max_context, and
+  // `max_owners` live requests over all of them (e.g. GPUs * effective_max_host_requests()).
+  // The pool keeps `backend` alive. InvalidArgument for invalid options or max_owners < 1.
+  static StatusOr<std::shared_ptr<HostKVPool>> CreateShared(const CacheOptions& options,
+                                                            int32_t max_owners,
+                                                            std::shared_ptr<Backend> backend);
   ~HostKVPool();
   HostKVPool(const HostKVPool&) = delete;
   HostKVPool& operator=(const HostKVPool&) = delete;
 
+  // A free owner (row of the page table), lowest first; ResourceExhausted if all max_owners are
+  // taken. The caller holds it until ReleaseOwner.
+  StatusOr<int32_t> AcquireOwner();
+  // REQUIRES: the caller acquired `owner` and it holds no pages (Release first).
+  void ReleaseOwner(int32_t owner);
+  int32_t max_owners() const { return static_cast<int32_t>(owner_pages_.size()); }
+  int32_t free_owners() const;
+
   // Gives owner `owner` pages for `tokens` positions, all or nothing: table entry i is
-  // shared_prefix[i] (which gains a reference) for i < shared_prefix.size(), a fresh page after.
-  // ResourceExhausted if the pool has too few free pages (nothing is changed then);
+  // shared_prefix[i] (which gains a reference) for i < shared_prefix.size(), a fresh page after;
+  // and appends `spare_pages` more free pages, one reference each held by the caller, to
+  // `spares`. ResourceExhausted if the pool has too few free pages (nothing is changed then);
   // FailedPrecondition if the owner already holds pages; OutOfRange if tokens exceeds
   // max_tokens_per_owner; InvalidArgument if shared_prefix has more pages than `tokens` need.
-  // REQUIRES: every page of shared_prefix has a reference.
-  Status Reserve(int32_t owner, int32_t tokens, std::span<const int32_t> shared_prefix = {});
+  // REQUIRES: every page of shared_prefix has a reference; spares is not null if spare_pages > 0.
+  Status Reserve(int32_t owner, int32_t tokens, std::span<const int32_t> shared_prefix = {},
+                 int32_t spare_pages = 0, std::vector<int32_t>* spares = nullptr);
   // Drops the owner's references. Pages whose last reference this was are free again and, if
   // `freed` is not null, appended to it. No-op for an owner without pages.
   void Release(int32_t owner, std::vector<int32_t>* freed = nullptr);
@@ -58,7 +90,7 @@ class HostKVPool {
   // caller's reference to `page` moves into the table, the table's reference to the old page
   // moves to the caller. REQUIRES: index < the owner's reserved pages; page has a reference.
   int32_t SwapPage(int32_t owner, int32_t index, int32_t page);
-  int32_t RefCount(int32_t page) const { return refs_[page]; }
+  int32_t RefCount(int32_t page) const;
 
   // REQUIRES: position < the tokens reserved by owner.
   int32_t HostRow(int32_t owner, int32_t position) const;
@@ -73,15 +105,17 @@ class HostKVPool {
   int32_t page_tokens() const { return page_tokens_; }
   int32_t pages_per_owner() const { return pages_per_owner_; }
   int32_t total_pages() const { return rows_ / page_tokens_; }
-  int32_t free_pages() const { return static_cast<int32_t>(free_pages_.size()); }
+  int32_t free_pages() const;
   // Pages with more than one reference.
-  int32_t shared_pages() const { return shared_pages_; }
+  int32_t shared_pages() const;
   // Sum over pages of (references - 1): the page copies that sharing avoids storing.
-  int64_t extra_references() const { return extra_references_; }
+  int64_t extra_references() const;
+  const KVGeometry& geometry() const { return geometry_; }
   // Bytes of one page over all layers: page_tokens * token_stride_bytes.
   int64_t page_bytes() const { return int64_t{page_tokens_} * geometry_.token_stride_bytes(); }
   int64_t bytes() const { return static_cast<int64_t>(rows_) * geometry_.token_stride_bytes(); }
-  // [max_owners, pages_per_owner] host page index of each page of each owner, -1 = none.
+  // [max_owners, pages_per_owner] host page index of each page of each owner, -1 = none. Not
+  // synchronised: for its size, or while no other thread uses the pool.
   std::span<const int32_t> page_table() const { return page_table_; }
   std::span<const int32_t> page_table_row(int32_t owner) const {
     return {page_table_.data() + static_cast<size_t>(owner) * pages_per_owner_,
@@ -91,13 +125,21 @@ class HostKVPool {
  private:
   HostKVPool(const KVGeometry& geometry, int32_t rows, int32_t page_tokens, int32_t max_owners,
              int32_t pages_per_owner, Backend* backend);
+  // The public methods of the same names without the mutex. REQUIRES: mutex_ is held.
+  int32_t AllocatePageLocked();
+  void AddRefLocked(int32_t page);
+  bool UnrefLocked(int32_t page);
 
   KVGeometry geometry_;
   int32_t rows_;
   int32_t page_tokens_;
   int32_t pages_per_owner_;
   Backend* backend_;
+  std::shared_ptr<Backend> backend_owner_;  // CreateShared: keeps backend_ alive
   std::vector<std::byte*> layer_base_;
+  // Guards page_table_, owner_pages_, refs_, shared_pages_, extra_references_, free_pages_ and
+  // free_owners_.
+  mutable std::mutex mutex_;
   std::vector<int32_t> page_table_;
   std::vector<int32_t> owner_pages_;  // pages held by each owner
   std::vector<int32_t> refs_;         // references per page; 0 = free
@@ -105,6 +147,7 @@ class HostKVPool {
   int64_t extra_references_ = 0;      // sum of max(refs_ - 1, 0)
   // Lowest pages first, so that an owner's rows are as contiguous as the pool allows.
   std::set<int32_t> free_pages_;
+  std::vector<int32_t> free_owners_;  // highest first: AcquireOwner takes from the back
 };
 
 }  // namespace sparsekv

@@ -21,7 +21,14 @@
 // see "Shared prefixes and retained conversations" below and docs/prefix-sharing.md. The hot
 // cache stays private per request: sharing changes nothing in the run phase.
 //
-// Thread safety: not thread-safe. One thread drives a manager; its run-phase calls must be
+// Node-level sharing: several managers (one per GPU of a machine) may share one HostKVPool
+// (HostKVPool::CreateShared, Create with a pool). Each keeps its own hot cache, device page
+// table, prefix index and retained conversations and takes its page-table rows (owners) from the
+// pool; pages are never shared between managers, so that nothing one stores is ever overwritten
+// by another. See docs/scale-out.md.
+//
+// Thread safety: not thread-safe. One thread drives a manager (managers sharing a pool may be
+// driven by different threads at once); its run-phase calls must be
 // enqueued on one stream (the side stream for write-back is internal), and so must the lifecycle
 // calls that take a stream, because they read and copy host pages that earlier steps wrote.
 #pragma once
@@ -72,7 +79,7 @@ struct CacheStats {
   // bytes_ingested = prompt rows * row_bytes written into the host pool.
   uint64_t bytes_ingested = 0;
   uint64_t invalid_copy_entries = 0;  // IndexCopy entries skipped as out of bounds
-  int32_t host_pages_used = 0;
+  int32_t host_pages_used = 0;        // of the whole pool, also when it is shared
   int32_t host_pages_total = 0;
   int32_t hot_blocks_used = 0;
   // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
@@ -87,7 +94,7 @@ struct CacheStats {
   // and the pages those evictions freed (a page that another holder still references is not).
   uint64_t evictions = 0;
   uint64_t evicted_pages = 0;
-  int32_t pages_shared = 0;  // now: pages with more than one holder
+  int32_t pages_shared = 0;  // now: pages with more than one holder (whole pool)
   // now: bytes_saved = sum over pages of (holders - 1) * page_tokens * token_stride_bytes, the
   // page copies that private histories would store in addition.
   int64_t bytes_saved = 0;
@@ -105,6 +112,18 @@ class SparseKVCacheManager {
   // device buffers of the run phase.
   static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
                                                                 std::shared_ptr<Backend> backend);
+  // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared)
+  // instead of a pool of its own. The pool's geometry, page size, capacity and max_context must
+  // match `options` (InvalidArgument otherwise); options.max_host_requests is unused: the pool's
+  // owners bound the live requests of all its managers together. The device page table has a row
+  // per owner of the pool. Admissions evict only this manager's retained conversations and fail
+  // with ResourceExhausted, changing nothing, if the pool is short of pages that other managers
+  // hold (one that loses a race for pages to another manager may have evicted some of its own
+  // retained conversations first). Under CUDA, the pool's host memory must be portable (any
+  // HostMemoryKind but kCudaVmm). The destructor releases what the manager holds in the pool.
+  static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
+                                                                std::shared_ptr<Backend> backend,
+                                                                std::shared_ptr<HostKVPool> pool);
   ~SparseKVCacheManager();
   SparseKVCacheManager(const SparseKVCacheManager&) = delete;
   SparseKVCacheManager& operator=(const SparseKVCacheManager&) = delete;
@@ -113,8 +132,8 @@ class SparseKVCacheManager {
 
   // Reserves host pages for prompt_len + max_new_tokens positions and a hot-cache block.
   // AlreadyExists for a known id (live or retained); OutOfRange if the length exceeds
-  // max_context; ResourceExhausted if the hot cache is full, or the host pool is even after
-  // evicting every retained conversation (nothing changes then).
+  // max_context; ResourceExhausted if the hot cache or the pool's owners are all in use, or the
+  // host pool is full even after evicting every retained conversation (nothing changes then).
   Status Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens, StreamHandle stream);
   // Writes the prompt KV of one layer into the host pool and its newest `window` rows into the
   // hot cache. `rows` is [prompt_len, row_stride(layer)] in host or device memory and must stay
@@ -315,7 +334,9 @@ class SparseKVCacheManager {
   // contiguous region (`plan`), uploaded with one copy.
   struct PlanLayout;
 
-  SparseKVCacheManager(const CacheOptions& options, std::shared_ptr<Backend> backend);
+  SparseKVCacheManager(const CacheOptions& options, std::shared_ptr<Backend> backend,
+                       std::shared_ptr<HostKVPool> pool);
+  // Creates the host pool unless one was given, and the device state.
   Status Allocate();
   StatusOr<Request*> Find(RequestId id, const char* op);
   Status UploadPageTable(const Request& r, StreamHandle stream);
@@ -330,7 +351,8 @@ class SparseKVCacheManager {
   // Evicts retained conversations, least recently used first, until `pages` pages are free;
   // ResourceExhausted, evicting nothing, if evicting all of them would not be enough.
   Status MakeRoom(int64_t pages, const char* op);
-  void DropRetained(std::unordered_map<RequestId, Retained>::iterator it);
+  // Returns the pages this freed (a page another holder still references is not).
+  int32_t DropRetained(std::unordered_map<RequestId, Retained>::iterator it);
   // Drops one reference; unindexes the page if it was the last.
   void Unref(int32_t page);
   // Frees what a live request holds (hot block, page references, spare) and forgets it.
@@ -374,10 +396,9 @@ class SparseKVCacheManager {
 
   CacheOptions options_;
   std::shared_ptr<Backend> backend_;
-  std::unique_ptr<HostKVPool> pool_;
+  std::shared_ptr<HostKVPool> pool_;
   std::unique_ptr<HotCache> hot_;
   std::unordered_map<RequestId, Request> requests_;
-  std::vector<int32_t> free_owners_;
   std::unique_ptr<PrefixIndex> index_;
   std::unordered_map<RequestId, Retained> retained_;
   std::list<RequestId> retained_lru_;   // least recently used first

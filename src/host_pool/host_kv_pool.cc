@@ -28,6 +28,19 @@ StatusOr<std::unique_ptr<HostKVPool>> HostKVPool::Create(const KVGeometry& geome
   return pool;
 }
 
+StatusOr<std::shared_ptr<HostKVPool>> HostKVPool::CreateShared(const CacheOptions& options,
+                                                               int32_t max_owners,
+                                                               std::shared_ptr<Backend> backend) {
+  SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options));
+  if (backend == nullptr) return InvalidArgument("HostKVPool: backend is null");
+  SPARSEKV_ASSIGN_OR_RETURN(
+      std::shared_ptr<HostKVPool> pool,
+      Create(options.geometry, options.host_capacity_tokens, options.host_page_tokens, max_owners,
+             options.max_context, backend.get()));
+  pool->backend_owner_ = std::move(backend);
+  return pool;
+}
+
 HostKVPool::HostKVPool(const KVGeometry& geometry, int32_t rows, int32_t page_tokens,
                        int32_t max_owners, int32_t pages_per_owner, Backend* backend)
     : geometry_(geometry),
@@ -39,13 +52,38 @@ HostKVPool::HostKVPool(const KVGeometry& geometry, int32_t rows, int32_t page_to
       owner_pages_(max_owners, 0),
       refs_(rows / page_tokens, 0) {
   for (int32_t p = 0; p < rows / page_tokens; ++p) free_pages_.insert(free_pages_.end(), p);
+  for (int32_t o = max_owners - 1; o >= 0; --o) free_owners_.push_back(o);
 }
 
 HostKVPool::~HostKVPool() {
   for (std::byte* p : layer_base_) backend_->FreeHost(p);
 }
 
-Status HostKVPool::Reserve(int32_t owner, int32_t tokens, std::span<const int32_t> shared_prefix) {
+StatusOr<int32_t> HostKVPool::AcquireOwner() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (free_owners_.empty()) {
+    return ResourceExhausted("HostKVPool: all " + std::to_string(max_owners()) +
+                             " owners are in use");
+  }
+  const int32_t owner = free_owners_.back();
+  free_owners_.pop_back();
+  return owner;
+}
+
+void HostKVPool::ReleaseOwner(int32_t owner) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  assert(owner_pages_[owner] == 0);
+  free_owners_.push_back(owner);
+}
+
+int32_t HostKVPool::free_owners() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int32_t>(free_owners_.size());
+}
+
+Status HostKVPool::Reserve(int32_t owner, int32_t tokens, std::span<const int32_t> shared_prefix,
+                           int32_t spare_pages, std::vector<int32_t>* spares) {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (owner < 0 || owner >= static_cast<int32_t>(owner_pages_.size())) {
     return InvalidArgument("HostKVPool: owner " + std::to_string(owner) + " out of range");
   }
@@ -63,8 +101,12 @@ Status HostKVPool::Reserve(int32_t owner, int32_t tokens, std::span<const int32_
     return InvalidArgument("HostKVPool: a shared prefix of " + std::to_string(shared) +
                            " pages is longer than the " + std::to_string(pages) + " reserved");
   }
-  if (pages - shared > static_cast<int64_t>(free_pages_.size())) {
-    return ResourceExhausted("HostKVPool: need " + std::to_string(pages - shared) + " pages of " +
+  if (spare_pages < 0 || (spare_pages > 0 && spares == nullptr)) {
+    return InvalidArgument("HostKVPool: invalid spare pages");
+  }
+  const int64_t fresh = pages - shared + spare_pages;
+  if (fresh > static_cast<int64_t>(free_pages_.size())) {
+    return ResourceExhausted("HostKVPool: need " + std::to_string(fresh) + " pages of " +
                              std::to_string(page_tokens_) + " tokens, " +
                              std::to_string(free_pages_.size()) + " free of " +
                              std::to_string(total_pages()));
@@ -73,29 +115,37 @@ Status HostKVPool::Reserve(int32_t owner, int32_t tokens, std::span<const int32_
   for (int64_t i = 0; i < pages; ++i) {
     if (i < shared) {
       table[i] = shared_prefix[i];
-      AddRef(table[i]);
+      AddRefLocked(table[i]);
     } else {
-      table[i] = *AllocatePage();  // cannot fail: enough free pages were checked above
+      table[i] = AllocatePageLocked();  // enough free pages were checked above
     }
   }
+  for (int32_t i = 0; i < spare_pages; ++i) spares->push_back(AllocatePageLocked());
   owner_pages_[owner] = static_cast<int32_t>(pages);
   return Status::Ok();
 }
 
 void HostKVPool::Release(int32_t owner, std::vector<int32_t>* freed) {
+  std::lock_guard<std::mutex> lock(mutex_);
   int32_t* table = page_table_.data() + static_cast<size_t>(owner) * pages_per_owner_;
   for (int32_t i = 0; i < owner_pages_[owner]; ++i) {
-    if (Unref(table[i]) && freed != nullptr) freed->push_back(table[i]);
+    if (UnrefLocked(table[i]) && freed != nullptr) freed->push_back(table[i]);
     table[i] = -1;
   }
   owner_pages_[owner] = 0;
 }
 
 StatusOr<int32_t> HostKVPool::AllocatePage() {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (free_pages_.empty()) {
     return ResourceExhausted("HostKVPool: all " + std::to_string(total_pages()) +
                              " pages are in use");
   }
+  return AllocatePageLocked();
+}
+
+int32_t HostKVPool::AllocatePageLocked() {
+  assert(!free_pages_.empty());
   const int32_t page = *free_pages_.begin();
   free_pages_.erase(free_pages_.begin());
   refs_[page] = 1;
@@ -103,12 +153,22 @@ StatusOr<int32_t> HostKVPool::AllocatePage() {
 }
 
 void HostKVPool::AddRef(int32_t page) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  AddRefLocked(page);
+}
+
+void HostKVPool::AddRefLocked(int32_t page) {
   assert(refs_[page] > 0);
   if (++refs_[page] == 2) ++shared_pages_;
   ++extra_references_;
 }
 
 bool HostKVPool::Unref(int32_t page) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return UnrefLocked(page);
+}
+
+bool HostKVPool::UnrefLocked(int32_t page) {
   assert(refs_[page] > 0);
   if (--refs_[page] == 0) {
     free_pages_.insert(page);
@@ -120,6 +180,7 @@ bool HostKVPool::Unref(int32_t page) {
 }
 
 int32_t HostKVPool::SwapPage(int32_t owner, int32_t index, int32_t page) {
+  std::lock_guard<std::mutex> lock(mutex_);
   assert(index < owner_pages_[owner] && refs_[page] > 0);
   int32_t& entry = page_table_[static_cast<size_t>(owner) * pages_per_owner_ + index];
   const int32_t old = entry;
@@ -127,14 +188,36 @@ int32_t HostKVPool::SwapPage(int32_t owner, int32_t index, int32_t page) {
   return old;
 }
 
+int32_t HostKVPool::RefCount(int32_t page) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return refs_[page];
+}
+
 int32_t HostKVPool::HostRow(int32_t owner, int32_t position) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   const int32_t page =
       page_table_[static_cast<size_t>(owner) * pages_per_owner_ + position / page_tokens_];
   return page * page_tokens_ + position % page_tokens_;
 }
 
 int32_t HostKVPool::ReservedTokens(int32_t owner) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   return owner_pages_[owner] * page_tokens_;
+}
+
+int32_t HostKVPool::free_pages() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int32_t>(free_pages_.size());
+}
+
+int32_t HostKVPool::shared_pages() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shared_pages_;
+}
+
+int64_t HostKVPool::extra_references() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return extra_references_;
 }
 
 }  // namespace sparsekv

@@ -53,28 +53,59 @@ StatusOr<std::unique_ptr<SparseKVCacheManager>> SparseKVCacheManager::Create(
     const CacheOptions& options, std::shared_ptr<Backend> backend) {
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options));
   if (backend == nullptr) return InvalidArgument("SparseKVCacheManager: backend is null");
-  std::unique_ptr<SparseKVCacheManager> m(new SparseKVCacheManager(options, std::move(backend)));
+  std::unique_ptr<SparseKVCacheManager> m(
+      new SparseKVCacheManager(options, std::move(backend), nullptr));
+  SPARSEKV_RETURN_IF_ERROR(m->Allocate());
+  return m;
+}
+
+StatusOr<std::unique_ptr<SparseKVCacheManager>> SparseKVCacheManager::Create(
+    const CacheOptions& options, std::shared_ptr<Backend> backend,
+    std::shared_ptr<HostKVPool> pool) {
+  SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options));
+  if (backend == nullptr) return InvalidArgument("SparseKVCacheManager: backend is null");
+  if (pool == nullptr) return InvalidArgument("SparseKVCacheManager: pool is null");
+  const int32_t pt = options.host_page_tokens;
+  const auto same_layers = [](const LayerShape& a, const LayerShape& b) {
+    return a.row_bytes == b.row_bytes && a.row_stride == b.row_stride;
+  };
+  const std::vector<LayerShape>& layers = pool->geometry().layers;
+  if (!std::equal(layers.begin(), layers.end(), options.geometry.layers.begin(),
+                  options.geometry.layers.end(), same_layers)) {
+    return InvalidArgument("SparseKVCacheManager: the pool's geometry differs from options'");
+  }
+  if (pool->page_tokens() != pt ||
+      int64_t{pool->total_pages()} != (options.host_capacity_tokens + pt - 1) / pt ||
+      pool->pages_per_owner() != (options.max_context + pt - 1) / pt) {
+    return InvalidArgument(
+        "SparseKVCacheManager: the pool's host_page_tokens, host_capacity_tokens or max_context "
+        "differ from options'");
+  }
+  std::unique_ptr<SparseKVCacheManager> m(
+      new SparseKVCacheManager(options, std::move(backend), std::move(pool)));
   SPARSEKV_RETURN_IF_ERROR(m->Allocate());
   return m;
 }
 
 SparseKVCacheManager::SparseKVCacheManager(const CacheOptions& options,
-                                           std::shared_ptr<Backend> backend)
+                                           std::shared_ptr<Backend> backend,
+                                           std::shared_ptr<HostKVPool> pool)
     : options_(options),
       backend_(std::move(backend)),
+      pool_(std::move(pool)),
       appended_(options.geometry.num_layers()),
       resolved_(options.index_groups()) {
-  const int32_t owners = options_.effective_max_host_requests();
-  for (int32_t o = owners - 1; o >= 0; --o) free_owners_.push_back(o);
   index_ = std::make_unique<PrefixIndex>(options_.host_page_tokens);
 }
 
 Status SparseKVCacheManager::Allocate() {
   const CacheOptions& o = options_;
   const int32_t max_batch = o.effective_max_batch();
-  SPARSEKV_ASSIGN_OR_RETURN(
-      pool_, HostKVPool::Create(o.geometry, o.host_capacity_tokens, o.host_page_tokens,
-                                o.effective_max_host_requests(), o.max_context, backend_.get()));
+  if (pool_ == nullptr) {
+    SPARSEKV_ASSIGN_OR_RETURN(
+        pool_, HostKVPool::Create(o.geometry, o.host_capacity_tokens, o.host_page_tokens,
+                                  o.effective_max_host_requests(), o.max_context, backend_.get()));
+  }
   retained_refs_.assign(pool_->total_pages(), 0);
   SPARSEKV_ASSIGN_OR_RETURN(hot_, HotCache::Create(o.geometry, o.hot_slots, o.window,
                                                    o.max_requests, backend_.get(),
@@ -129,6 +160,16 @@ Status SparseKVCacheManager::Allocate() {
 
 SparseKVCacheManager::~SparseKVCacheManager() {
   backend_->Synchronize(nullptr).IgnoreError();
+  // Gives back what this manager holds, for other managers of a shared pool.
+  for (const auto& [id, r] : requests_) {
+    pool_->Release(r.owner);
+    if (r.cow_page >= 0) pool_->Unref(r.cow_page);
+    pool_->ReleaseOwner(r.owner);
+  }
+  for (const auto& [id, conversation] : retained_) {
+    for (int32_t page : conversation.pages) pool_->Unref(page);
+  }
+  if (remote_staging_ != nullptr) pool_->Unref(remote_staging_->placeholder_page);
   std::vector<void*> buffers = {plan_device_, page_table_device_, counters_, invalid_copies_,
                                 prefetch_slots_};
   for (const MissList& list : miss_lists_) {
@@ -167,22 +208,30 @@ StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::AdmitShared(
                       " tokens, more than max_context (" + std::to_string(options_.max_context) +
                       ")");
   }
-  if (free_owners_.empty()) {
-    return ResourceExhausted("Admit: all " +
-                             std::to_string(options_.effective_max_host_requests()) +
-                             " host request slots are in use (max_host_requests)");
+  StatusOr<int32_t> owner_or = pool_->AcquireOwner();
+  if (!owner_or.ok()) {
+    return ResourceExhausted("Admit: all " + std::to_string(pool_->max_owners()) +
+                             " host request slots of the host pool are in use "
+                             "(max_host_requests)");
   }
+  const int32_t owner = *owner_or;
   if (hot_->used_blocks() == hot_->max_blocks()) {
+    pool_->ReleaseOwner(owner);
     return ResourceExhausted("Admit: all " + std::to_string(hot_->max_blocks()) +
                              " hot-cache blocks are in use (max_requests)");
   }
   const int32_t pt = options_.host_page_tokens;
   const int64_t fresh = (tokens + pt - 1) / pt - static_cast<int64_t>(shared.size()) + spare_pages;
-  SPARSEKV_RETURN_IF_ERROR(MakeRoom(fresh, "Admit"));
-  const int32_t owner = free_owners_.back();
-  SPARSEKV_RETURN_IF_ERROR(pool_->Reserve(owner, static_cast<int32_t>(tokens), shared));
-  // MakeRoom left at least `spare_pages` free pages beyond the reservation.
-  for (int32_t i = 0; i < spare_pages; ++i) spares.push_back(*pool_->AllocatePage());
+  // With a shared pool, another manager may take the pages MakeRoom found before Reserve runs;
+  // Reserve then fails, all or nothing.
+  Status reserved = MakeRoom(fresh, "Admit");
+  if (reserved.ok()) {
+    reserved = pool_->Reserve(owner, static_cast<int32_t>(tokens), shared, spare_pages, &spares);
+  }
+  if (!reserved.ok()) {
+    pool_->ReleaseOwner(owner);
+    return reserved;
+  }
   // A free block was checked above; only the backend's reset copy can still fail.
   StatusOr<int32_t> acquired = hot_->Acquire(stream);
   if (!acquired.ok()) {
@@ -191,10 +240,10 @@ StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::AdmitShared(
     std::vector<int32_t> freed;
     pool_->Release(owner, &freed);
     for (int32_t page : freed) index_->Erase(page);
+    pool_->ReleaseOwner(owner);
     return acquired.status();
   }
   const int32_t block = *acquired;
-  free_owners_.pop_back();
   // The pool rounds the reservation up to pages; the request may use no more than it asked for.
   Request r{.owner = owner,
             .block = block,
@@ -219,22 +268,26 @@ Status SparseKVCacheManager::MakeRoom(int64_t pages, const char* op) {
         std::to_string(pool_->free_pages()) + " free and " + std::to_string(freeable) +
         " held only by retained conversations, of " + std::to_string(pool_->total_pages()));
   }
-  while (pool_->free_pages() < pages) {
-    const int32_t before = pool_->free_pages();
-    DropRetained(retained_.find(retained_lru_.front()));
+  // (Another manager of a shared pool may take freed pages meanwhile; Reserve then fails.)
+  while (pool_->free_pages() < pages && !retained_lru_.empty()) {
+    evicted_pages_ += DropRetained(retained_.find(retained_lru_.front()));
     ++evictions_;
-    evicted_pages_ += pool_->free_pages() - before;
   }
   return Status::Ok();
 }
 
-void SparseKVCacheManager::DropRetained(std::unordered_map<RequestId, Retained>::iterator it) {
+int32_t SparseKVCacheManager::DropRetained(std::unordered_map<RequestId, Retained>::iterator it) {
+  int32_t freed = 0;
   for (int32_t page : it->second.pages) {
     --retained_refs_[page];
-    Unref(page);
+    if (pool_->Unref(page)) {
+      index_->Erase(page);
+      ++freed;
+    }
   }
   retained_lru_.erase(it->second.lru);
   retained_.erase(it);
+  return freed;
 }
 
 void SparseKVCacheManager::Unref(int32_t page) {
@@ -421,7 +474,7 @@ void SparseKVCacheManager::Forget(RequestId id, Request& r) {
   pool_->Release(r.owner, &freed);
   for (int32_t page : freed) index_->Erase(page);
   if (r.cow_page >= 0) Unref(r.cow_page);
-  free_owners_.push_back(r.owner);
+  pool_->ReleaseOwner(r.owner);
   requests_.erase(id);
 }
 

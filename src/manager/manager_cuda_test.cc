@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <numeric>
+#include <thread>
 
+#include "sparsekv/host_kv_pool.h"
 #include "sparsekv/manager.h"
 #include "testing/cuda_test_util.h"
 #include "testing/workload.h"
@@ -102,6 +104,52 @@ TEST(ManagerCudaTest, ProductionShapesMatchTheCpuBackend) {
     w.Run(40);
     w.CheckStats();
     w.ReleaseAll();
+  }
+}
+
+// Node-level sharing: two managers on two GPUs share one pinned, portable host pool (allocated
+// through GPU 0's backend), each driven by its own thread and checked step by step against its own
+// dense model; the pool is empty once both are destroyed.
+TEST(ManagerCudaTest, TwoGpusShareOneHostPool) {
+  SPARSEKV_REQUIRE_GPU(gpu0);
+  int devices = 0;
+#if defined(SPARSEKV_WITH_CUDA)
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+#endif
+  if (devices < 2) {
+    GTEST_SKIP() << "node-level sharing needs 2 CUDA devices; this machine has " << devices;
+  }
+  StatusOr<std::shared_ptr<Backend>> gpu1 = CreateCudaBackend(1);
+  ASSERT_TRUE(gpu1.ok()) << gpu1.status().ToString();
+  const std::shared_ptr<Backend> gpus[2] = {gpu0, *gpu1};
+  for (uint64_t seed : testing::TestSeeds(4)) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    CacheOptions o = testing::RandomSmallOptions(seed);
+    o.host_capacity_tokens *= 2;
+    auto pool = HostKVPool::CreateShared(o, 2 * o.effective_max_host_requests(), gpu0);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    std::vector<std::unique_ptr<SparseKVCacheManager>> managers;
+    for (const std::shared_ptr<Backend>& gpu : gpus) {
+      auto m = SparseKVCacheManager::Create(o, gpu, *pool);
+      ASSERT_TRUE(m.ok()) << m.status().ToString();
+      managers.push_back(std::move(*m));
+    }
+    int steps[2] = {0, 0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        testing::RandomWorkload w(o, seed * 100 + i, {managers[i].get()});
+        steps[i] = w.Run(500);
+        w.CheckStats();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    EXPECT_GT(steps[0], 0);
+    EXPECT_GT(steps[1], 0);
+    managers.clear();
+    EXPECT_EQ((*pool)->free_pages(), (*pool)->total_pages());
+    EXPECT_EQ((*pool)->free_owners(), (*pool)->max_owners());
+    if (HasFailure()) break;
   }
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Copies what the GPU machine lacks and cannot download into .deps/ (ignored by git, carried with
 # each device run): GoogleTest's sources, the CLI's header-only dependencies (CLI11,
-# nlohmann-json) with their CMake packages, and hiredis (headers, static library, pkg-config file;
-# the control plane's client), from this machine's Debian packages.
+# nlohmann-json) with their CMake packages, hiredis (headers, static library, pkg-config file;
+# the control plane's client) and UCX (its libraries, transport modules, headers and pkg-config
+# file, with libnuma; the remote tier), from this machine's Debian packages.
 # scripts/gpu-check.sh installs .deps/sysroot into / and builds GoogleTest from .deps/googletest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,4 +18,13 @@ mkdir -p ".deps/sysroot/$lib/pkgconfig"
 cp -r /usr/include/hiredis .deps/sysroot/usr/include/
 cp "/$lib/libhiredis.a" ".deps/sysroot/$lib/"
 cp "/$lib/pkgconfig/hiredis.pc" ".deps/sysroot/$lib/pkgconfig/"
+# UCX and what its libraries load; cp -n on the GPU machine keeps whatever is there already.
+for package in libucx0 libucx-dev libnuma1; do
+  dpkg -L "$package" | while read -r path; do
+    if [[ -f $path || -L $path ]] && [[ $path == /usr/lib/* || $path == /usr/include/* ]]; then
+      mkdir -p ".deps/sysroot$(dirname "$path")"
+      cp -P "$path" ".deps/sysroot$path"
+    fi
+  done
+done
 du -sh .deps

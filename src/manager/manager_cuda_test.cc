@@ -125,7 +125,9 @@ TEST(ManagerCudaTest, TwoGpusShareOneHostPool) {
   for (uint64_t seed : testing::TestSeeds(4)) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     CacheOptions o = testing::RandomSmallOptions(seed);
-    o.host_capacity_tokens *= 2;
+    // Room for both managers' largest demand, so that both make progress whatever the timing.
+    o.host_capacity_tokens =
+        int64_t{2} * o.effective_max_host_requests() * (o.max_context + o.host_page_tokens);
     auto pool = HostKVPool::CreateShared(o, 2 * o.effective_max_host_requests(), gpu0);
     ASSERT_TRUE(pool.ok()) << pool.status().ToString();
     std::vector<std::unique_ptr<SparseKVCacheManager>> managers;

@@ -1,5 +1,6 @@
-// The remote tier on the CPU backend: remote-backed requests decode next to local ones, every
-// delivered row checked byte for byte against the dense model; a dead pool server fails exactly
+// The remote tier on the CPU and the CUDA backend (the latter skips without a GPU): remote-backed
+// requests decode next to local ones, every delivered row checked byte for byte against the dense
+// model; a dead pool server fails exactly
 // the requests whose rows it held; a restarted one serves new requests.
 #include "sparsekv/remote_tier.h"
 
@@ -15,8 +16,10 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "sparsekv/manager.h"
+#include "testing/cuda_test_util.h"
 #include "testing/harness.h"
 
 namespace sparsekv {
@@ -236,11 +239,22 @@ class Decoder {
   std::mt19937_64 rng_;
 };
 
-class RemoteTierTest : public ::testing::TestWithParam<std::string> {
+// (transports, backend): UCX_TLS-style transport list, "cpu" or "cuda".
+using RemoteParam = std::tuple<std::string, std::string>;
+
+class RemoteTierTest : public ::testing::TestWithParam<RemoteParam> {
  protected:
+  static std::string Transports() { return std::get<0>(GetParam()); }
+
   void SetUp() override {
     if (!HaveUcx()) GTEST_SKIP() << "built without UCX";
-    auto transport = CreateUcxTransport(Options(GetParam(), milliseconds(2000)));
+    if (std::get<1>(GetParam()) == "cuda") {
+      backend_ = testing::CudaBackendOrSkip();
+      if (backend_ == nullptr) return;
+    } else {
+      backend_ = CreateCpuBackend();
+    }
+    auto transport = CreateUcxTransport(Options(Transports(), milliseconds(2000)));
     ASSERT_TRUE(transport.ok()) << transport.status().ToString();
     transport_ = std::move(*transport);
     tier_ = RemoteTier::Create(transport_.get()).value();
@@ -249,7 +263,7 @@ class RemoteTierTest : public ::testing::TestWithParam<std::string> {
   // A fresh manager with `options`, attached to the tier.
   void Recreate(const CacheOptions& options) {
     manager_.reset();
-    manager_ = SparseKVCacheManager::Create(options, CreateCpuBackend()).value();
+    manager_ = SparseKVCacheManager::Create(options, backend_).value();
     ASSERT_TRUE(manager_->AttachRemoteTier(tier_.get()).ok());
   }
   void TearDown() override {
@@ -273,13 +287,14 @@ class RemoteTierTest : public ::testing::TestWithParam<std::string> {
     d.model().Add(id, PromptOf(layout), layout.tokens);
   }
 
+  std::shared_ptr<Backend> backend_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<RemoteTier> tier_;
   std::unique_ptr<SparseKVCacheManager> manager_;
 };
 
 TEST_P(RemoteTierTest, RemoteAndLocalRequestsDecodeByteExactly) {
-  ThreadServer server(GetParam(), 1 << 20);
+  ThreadServer server(Transports(), 1 << 20);
   auto region = tier_->ImportRegion("pool-a", server.descriptor());
   ASSERT_TRUE(region.ok()) << region.status().ToString();
   EXPECT_EQ(*tier_->ImportRegion("pool-a", server.descriptor()), *region);
@@ -329,8 +344,8 @@ TEST_P(RemoteTierTest, RemoteAndLocalRequestsDecodeByteExactly) {
 // A prefill instance writes a prompt into a pool server's region (WritePromptLayer); a decode
 // instance then reads exactly those rows.
 TEST_P(RemoteTierTest, PromptWrittenIntoAPoolServerIsReadBack) {
-  ThreadServer pool(GetParam(), 1 << 20);
-  auto prefill_transport = CreateUcxTransport(Options(GetParam(), milliseconds(2000)));
+  ThreadServer pool(Transports(), 1 << 20);
+  auto prefill_transport = CreateUcxTransport(Options(Transports(), milliseconds(2000)));
   ASSERT_TRUE(prefill_transport.ok());
   auto prefill = RemoteTier::Create(prefill_transport->get());
   ASSERT_TRUE(prefill.ok());
@@ -367,7 +382,7 @@ TEST_P(RemoteTierTest, IndexGroupsReadEveryLayersRows) {
   CacheOptions options = SmallOptions();
   options.layers_per_index = 2;
   Recreate(options);
-  ThreadServer server(GetParam(), 1 << 20);
+  ThreadServer server(Transports(), 1 << 20);
   auto region = tier_->ImportRegion("pool-a", server.descriptor());
   ASSERT_TRUE(region.ok());
   Decoder d(*manager_, 5);
@@ -384,7 +399,7 @@ TEST_P(RemoteTierTest, SplitRunsAndPrefetchesReadRemoteRows) {
   CacheOptions options = SmallOptions();
   options.max_prefetch = 4;
   Recreate(options);
-  ThreadServer server(GetParam(), 1 << 20);
+  ThreadServer server(Transports(), 1 << 20);
   auto region = tier_->ImportRegion("pool-a", server.descriptor());
   ASSERT_TRUE(region.ok());
   testing::RunMode mode;
@@ -401,7 +416,7 @@ TEST_P(RemoteTierTest, SplitRunsAndPrefetchesReadRemoteRows) {
 }
 
 TEST_P(RemoteTierTest, RejectsLayoutsThatDoNotFit) {
-  ThreadServer server(GetParam(), 1 << 16);
+  ThreadServer server(Transports(), 1 << 16);
   auto region = tier_->ImportRegion("pool-a", server.descriptor());
   ASSERT_TRUE(region.ok());
   RemotePromptLayout too_long = RemotePromptLayout::Dense(kLayers, 1000, kRowBytes);
@@ -423,8 +438,8 @@ TEST_P(RemoteTierTest, RejectsLayoutsThatDoNotFit) {
 // only -1 slots from then on; the local request and the one on the other server go on, exact.
 // A restarted server is imported again and serves a new request.
 TEST_P(RemoteTierTest, DeadServerFailsOnlyItsRequestsAndARestartedOneServesAgain) {
-  ThreadServer alive(GetParam(), 1 << 20);
-  auto dying = std::make_unique<ProcessServer>(GetParam(), 1 << 20);
+  ThreadServer alive(Transports(), 1 << 20);
+  auto dying = std::make_unique<ProcessServer>(Transports(), 1 << 20);
   auto alive_region = tier_->ImportRegion("pool-alive", alive.descriptor());
   auto dying_region = tier_->ImportRegion("pool-dying", dying->descriptor());
   ASSERT_TRUE(alive_region.ok() && dying_region.ok());
@@ -460,7 +475,7 @@ TEST_P(RemoteTierTest, DeadServerFailsOnlyItsRequestsAndARestartedOneServesAgain
   ASSERT_TRUE(manager_->Release(3).ok());
   d.model().Remove(3);
   ASSERT_TRUE(tier_->ReleaseRegion(*dying_region).ok());
-  ProcessServer restarted(GetParam(), 1 << 20);
+  ProcessServer restarted(Transports(), 1 << 20);
   auto new_region = tier_->ImportRegion("pool-dying", restarted.descriptor());
   ASSERT_TRUE(new_region.ok()) << new_region.status().ToString();
   AdmitRemote(d, 4, *new_region, layout);
@@ -468,8 +483,12 @@ TEST_P(RemoteTierTest, DeadServerFailsOnlyItsRequestsAndARestartedOneServesAgain
   EXPECT_TRUE(manager_->RemoteStatus(4).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, RemoteTierTest, ::testing::Values("tcp", "shm"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Transports, RemoteTierTest,
+                         ::testing::Combine(::testing::Values("tcp", "shm"),
+                                            ::testing::Values("cpu", "cuda")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
 
 }  // namespace
 }  // namespace sparsekv

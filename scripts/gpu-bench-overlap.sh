@@ -9,10 +9,15 @@
 #   share4      --layers-per-index 4 (a shared indexer: one top-k per 4 layers), no overlap
 #   share4-copies  + --overlap copies: a group's later layers copied ahead of their turn
 #   share4-gather  + --overlap gather
+#   pdl-off     base with SPARSEKV_PDL=0: every cache kernel launched plainly (no programmatic
+#               dependent launch), to measure what it gains
+#   unsorted    base with --sort-misses false: Resolve leaves each request's misses unsorted
+#   unsorted-share4-copies  share4-copies with --sort-misses false
 # Each run measures its own full-hbm, so every overhead is a ratio within one run. Writes
 # overlap-<name>.json and overlap.txt to $OUT; scripts/overlap_summary.py turns the JSONs into the
 # table of docs/overlap.md and the summary keys.
 # Knobs: OVERLAP_HOST_POOL_GB [90], OVERLAP_STEPS [8], OVERLAP_WARMUP [2], OVERLAP_RUNS (names),
+# OVERLAP_MAX_BATCH [64],
 # OVERLAP_BUILD [build-e2e] (a build directory with the tool, e.g. gpu-check.sh's build-gpu).
 set -u -o pipefail
 
@@ -24,11 +29,14 @@ POOL=${OVERLAP_HOST_POOL_GB:-90}
 STEPS=${OVERLAP_STEPS:-8}
 WARMUP=${OVERLAP_WARMUP:-2}
 RUNS=${OVERLAP_RUNS:-"base gather merge share4 share4-copies share4-gather"}
+MAX_BATCH=${OVERLAP_MAX_BATCH:-64}
 mkdir -p "$OUT"
 
 flags_of() {
   case $1 in
-    base) echo "" ;;
+    base | pdl-off) echo "" ;;
+    unsorted) echo "--sort-misses false" ;;
+    unsorted-*) echo "--sort-misses false $(flags_of "${1#unsorted-}")" ;;
     gather | merge) echo "--overlap $1" ;;
     share4) echo "--layers-per-index 4" ;;
     share4-*) echo "--layers-per-index 4 --overlap ${1#share4-}" ;;
@@ -53,8 +61,9 @@ main() {
   for run in $RUNS; do
     echo "=== $run: $(flags_of "$run")"
     # shellcheck disable=SC2046 # the flags are meant to split
-    "$tool" bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024 \
-      --contexts 32768 --miss-rate 0.2 --variants full-hbm,sparsekv --max-batch 64 \
+    env SPARSEKV_PDL="$([[ $run == pdl-off ]] && echo 0 || echo 1)" \
+      "$tool" bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024 \
+      --contexts 32768 --miss-rate 0.2 --variants full-hbm,sparsekv --max-batch "$MAX_BATCH" \
       --steps "$STEPS" --warmup "$WARMUP" $(flags_of "$run") \
       --json "$OUT/overlap-$run.json" || failed=1
   done

@@ -16,17 +16,21 @@ import json
 import pathlib
 
 RUNS = [  # name, what it adds over "base"
+    ("pdl-off", "base with every cache kernel launched plainly (SPARSEKV_PDL=0)"),
     ("base", "every layer its own top-k; copies on the critical path"),
+    ("unsorted", "base with --sort-misses false: misses not sorted by host row"),
     ("gather", "--overlap gather: side-stream copies; resident rows gathered meanwhile"),
     ("merge", "--overlap merge: attention over resident rows meanwhile, log-sum-exp merge"),
     ("share4", "--layers-per-index 4: one top-k per 4 layers (shared indexer), one resolve"),
     ("share4-copies", "share4 + --overlap copies: later layers of a group copied ahead"),
     ("share4-gather", "share4 + --overlap gather"),
+    ("unsorted-share4-copies", "share4-copies with --sort-misses false"),
 ]
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 # Each feature against the run it adds to.
-FEATURES = [("gather", "base"), ("merge", "base"), ("share4", "base"),
-            ("share4-copies", "share4"), ("share4-gather", "share4")]
+FEATURES = [("base", "pdl-off"), ("unsorted", "base"), ("gather", "base"), ("merge", "base"), ("share4", "base"),
+            ("share4-copies", "share4"), ("share4-gather", "share4"),
+            ("unsorted-share4-copies", "share4-copies")]
 
 
 def load(folder):

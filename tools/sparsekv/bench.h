@@ -64,6 +64,8 @@ struct BenchConfig {
   // attention over the resident rows in flight, log-sum-exp merge, Split::kMergeHalves).
   int32_t layers_per_index = 1;
   std::string overlap = "off";
+  // sparsekv: Resolve sorts each request's misses by host row (CacheOptions::sort_misses).
+  bool sort_misses = true;
   bool batch_given = false;   // run `batch` only, instead of sweeping up to each max batch
   double hbm_budget_gb = 49;  // HBM for everything KV-related, per variant (141 - 84 - 8)
   double host_pool_gb = 100;  // pinned host pool; also caps the batch of the offloading variants

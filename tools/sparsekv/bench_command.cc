@@ -146,6 +146,9 @@ BenchCommand::BenchCommand(CLI::App& parent) {
                    "log-sum-exp merge)")
       ->check(CLI::IsMember({"off", "copies", "gather", "merge"}))
       ->capture_default_str();
+  app_->add_option("--sort-misses", config_.sort_misses,
+                   "GPU: sparsekv's Resolve sorts each request's misses by host row")
+      ->capture_default_str();
   app_->add_flag("--no-proxy", no_proxy_, "GPU: leave out the weight-streaming proxy");
   app_->add_option("--weights-gb", config_.weights_gb,
                    "GPU: weight bytes the proxy streams per step (per GPU)")

@@ -565,6 +565,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.max_batch = vp.max_batch;
   setup.seed = c_.seed;
   setup.layers_per_index = c_.layers_per_index;
+  setup.sort_misses = c_.sort_misses;
   setup.overlap = c_.overlap != "off";
   Log(label + ": filling " + std::to_string(vp.max_batch) + " requests");
   SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<StepVariant> v,

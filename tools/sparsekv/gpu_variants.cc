@@ -136,6 +136,7 @@ class SparseKVVariant final : public StepVariant {
     o.max_requests = s_.max_batch;
     o.max_context = static_cast<int32_t>(r.tokens);
     o.layers_per_index = s_.layers_per_index;
+    o.sort_misses = s_.sort_misses;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
     SPARSEKV_ASSIGN_OR_RETURN(slots_,
                               DeviceBuffer::Create(Int32s(int64_t{s_.max_batch} * r.top_k)));

@@ -61,6 +61,7 @@ struct VariantSetup {
   // copied ahead of their turn, right after the group's resolve; and FillMask() tells attention
   // which rows are still in flight (split attention, if the bench asks for it).
   bool overlap = false;
+  bool sort_misses = true;  // sparsekv only: CacheOptions::sort_misses
 };
 
 // Lookups of the steps since ResetStats: all top-k entries of all layers, and those fetched from

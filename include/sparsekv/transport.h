@@ -175,6 +175,8 @@ struct UcxTransportOptions {
   // A list of shared-memory transports only ("shm", "posix", "sysv", "cma", ...) connects
   // without UCX peer-failure detection (UCX 1.13 cannot detect a dead peer over them): there a
   // dead peer shows up as DeadlineExceeded at the transfer's deadline instead of Unavailable.
+  // In such a list "shm" and "sm" mean "posix,sysv": without error handling, UCX 1.13 aborts the
+  // process when a CMA read finds its peer dead, so CMA is used only where named explicitly.
   std::string transports;
   // Network devices for UCX (the "NET_DEVICES" setting), e.g. "lo"; empty = UCX's default.
   std::string net_devices;

@@ -221,6 +221,24 @@ bool IsSharedMemory(std::string_view name) {
          std::end(kSharedMemory);
 }
 
+// The TLS setting for `transports`. A list of shared-memory transports only connects without peer
+// error handling (DetectsPeerFailure), and there UCX 1.13 aborts the whole process when a CMA
+// read finds its peer dead (process_vm_readv fails, no error callback). So in such a list the
+// aliases "shm" and "sm" stand for the mapped-memory transports alone, "posix,sysv", whose
+// transfers a dead peer leaves to time out; "cma" named explicitly is kept.
+std::string EffectiveTransports(const std::string& transports) {
+  const std::vector<std::string_view> names = TransportNames(transports);
+  if (transports.empty() || !std::all_of(names.begin(), names.end(), IsSharedMemory)) {
+    return transports;
+  }
+  std::string out;
+  for (std::string_view name : names) {
+    if (!out.empty()) out += ',';
+    out += name == "shm" || name == "sm" ? std::string_view("posix,sysv") : name;
+  }
+  return out;
+}
+
 bool UsesSharedMemory(const std::string& transports) {
   if (transports.empty()) return true;
   for (std::string_view name : TransportNames(transports)) {
@@ -247,7 +265,9 @@ Status UcxTransport::Init(const UcxTransportOptions& options) {
     // (draining a FIFO raises no event): make room for a whole batch of operations.
     settings.emplace_back("MM_FIFO_SIZE", std::to_string(kSharedMemoryFifoSize));
   }
-  if (!options.transports.empty()) settings.emplace_back("TLS", options.transports);
+  if (!options.transports.empty()) {
+    settings.emplace_back("TLS", EffectiveTransports(options.transports));
+  }
   if (!options.net_devices.empty()) settings.emplace_back("NET_DEVICES", options.net_devices);
   settings.insert(settings.end(), options.ucx_config.begin(), options.ucx_config.end());
   for (const auto& [name, value] : settings) {

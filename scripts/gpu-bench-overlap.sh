@@ -9,8 +9,6 @@
 #   share4      --layers-per-index 4 (a shared indexer: one top-k per 4 layers), no overlap
 #   share4-copies  + --overlap copies: a group's later layers copied ahead of their turn
 #   share4-gather  + --overlap gather
-#   pdl-off     base with SPARSEKV_PDL=0: every cache kernel launched plainly (no programmatic
-#               dependent launch), to measure what it gains
 #   unsorted    base with --sort-misses false: Resolve leaves each request's misses unsorted
 #   unsorted-share4-copies  share4-copies with --sort-misses false
 # Each run measures its own full-hbm, so every overhead is a ratio within one run. Writes
@@ -34,7 +32,7 @@ mkdir -p "$OUT"
 
 flags_of() {
   case $1 in
-    base | pdl-off) echo "" ;;
+    base) echo "" ;;
     unsorted) echo "--sort-misses false" ;;
     unsorted-*) echo "--sort-misses false $(flags_of "${1#unsorted-}")" ;;
     gather | merge) echo "--overlap $1" ;;
@@ -61,8 +59,7 @@ main() {
   for run in $RUNS; do
     echo "=== $run: $(flags_of "$run")"
     # shellcheck disable=SC2046 # the flags are meant to split
-    env SPARSEKV_PDL="$([[ $run == pdl-off ]] && echo 0 || echo 1)" \
-      "$tool" bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024 \
+    "$tool" bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024 \
       --contexts 32768 --miss-rate 0.2 --variants full-hbm,sparsekv --max-batch "$MAX_BATCH" \
       --steps "$STEPS" --warmup "$WARMUP" $(flags_of "$run") \
       --json "$OUT/overlap-$run.json" || failed=1

@@ -16,7 +16,6 @@ import json
 import pathlib
 
 RUNS = [  # name, what it adds over "base"
-    ("pdl-off", "base with every cache kernel launched plainly (SPARSEKV_PDL=0)"),
     ("base", "every layer its own top-k; copies on the critical path"),
     ("unsorted", "base with --sort-misses false: misses not sorted by host row"),
     ("gather", "--overlap gather: side-stream copies; resident rows gathered meanwhile"),
@@ -28,7 +27,7 @@ RUNS = [  # name, what it adds over "base"
 ]
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 # Each feature against the run it adds to.
-FEATURES = [("base", "pdl-off"), ("unsorted", "base"), ("gather", "base"), ("merge", "base"), ("share4", "base"),
+FEATURES = [("unsorted", "base"), ("gather", "base"), ("merge", "base"), ("share4", "base"),
             ("share4-copies", "share4"), ("share4-gather", "share4"),
             ("unsorted-share4-copies", "share4-copies")]
 

@@ -7,7 +7,6 @@
 
 #include <cstdint>
 
-#include "cuda/dependent_launch.cuh"
 #include "cuda/kernels.h"
 #include "cuda/row_gather.cuh"
 
@@ -38,8 +37,6 @@ struct AssembleRows {
 template <int kVecBytes>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     AssembleKernel(const AssembleView view, int32_t max_batch) {
-  dependent_launch::LetDependentsLaunch();
-  dependent_launch::WaitForPrerequisites();
   const int64_t rows = static_cast<int64_t>(min(max(*view.batch_size, 0), max_batch)) * view.top_k;
   row_gather::GatherRows<kVecBytes>(AssembleRows{view}, rows, view.row_bytes / kVecBytes);
 }
@@ -62,20 +59,21 @@ cudaError_t LaunchAssemble(const AssembleView& view, int32_t max_batch, cudaStre
   }
   switch (vec) {
     case 16:
-      return dependent_launch::Launch(AssembleKernel<16>, blocks, kThreads, 0, stream, view,
-                                      max_batch);
+      AssembleKernel<16><<<blocks, kThreads, 0, stream>>>(view, max_batch);
+      break;
     case 8:
-      return dependent_launch::Launch(AssembleKernel<8>, blocks, kThreads, 0, stream, view,
-                                      max_batch);
+      AssembleKernel<8><<<blocks, kThreads, 0, stream>>>(view, max_batch);
+      break;
     case 4:
-      return dependent_launch::Launch(AssembleKernel<4>, blocks, kThreads, 0, stream, view,
-                                      max_batch);
+      AssembleKernel<4><<<blocks, kThreads, 0, stream>>>(view, max_batch);
+      break;
     case 1:
-      return dependent_launch::Launch(AssembleKernel<1>, blocks, kThreads, 0, stream, view,
-                                      max_batch);
+      AssembleKernel<1><<<blocks, kThreads, 0, stream>>>(view, max_batch);
+      break;
     default:
       return kUnsupported;
   }
+  return cudaGetLastError();
 }
 
 }  // namespace sparsekv

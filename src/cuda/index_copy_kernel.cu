@@ -8,7 +8,6 @@
 
 #include <cstdint>
 
-#include "cuda/dependent_launch.cuh"
 #include "cuda/kernels.h"
 #include "cuda/row_gather.cuh"
 
@@ -42,8 +41,6 @@ struct IndexCopyRows {
 template <int kVecBytes>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     IndexCopyKernel(const IndexCopyView view) {
-  dependent_launch::LetDependentsLaunch();
-  dependent_launch::WaitForPrerequisites();
   const int32_t n = min(max(*view.count, 0), view.capacity);
   const int32_t invalid =
       row_gather::GatherRows<kVecBytes>(IndexCopyRows{view}, n, view.row_bytes / kVecBytes);
@@ -77,16 +74,21 @@ cudaError_t LaunchIndexCopy(const IndexCopyView& view, cudaStream_t stream) {
   }
   switch (vec) {
     case 16:
-      return dependent_launch::Launch(IndexCopyKernel<16>, blocks, kThreads, 0, stream, view);
+      IndexCopyKernel<16><<<blocks, kThreads, 0, stream>>>(view);
+      break;
     case 8:
-      return dependent_launch::Launch(IndexCopyKernel<8>, blocks, kThreads, 0, stream, view);
+      IndexCopyKernel<8><<<blocks, kThreads, 0, stream>>>(view);
+      break;
     case 4:
-      return dependent_launch::Launch(IndexCopyKernel<4>, blocks, kThreads, 0, stream, view);
+      IndexCopyKernel<4><<<blocks, kThreads, 0, stream>>>(view);
+      break;
     case 1:
-      return dependent_launch::Launch(IndexCopyKernel<1>, blocks, kThreads, 0, stream, view);
+      IndexCopyKernel<1><<<blocks, kThreads, 0, stream>>>(view);
+      break;
     default:
       return kUnsupported;
   }
+  return cudaGetLastError();
 }
 
 }  // namespace sparsekv

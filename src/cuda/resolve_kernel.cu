@@ -53,7 +53,6 @@
 #include <map>
 #include <mutex>
 
-#include "cuda/dependent_launch.cuh"
 #include "cuda/kernels.h"
 
 namespace sparsekv {
@@ -221,9 +220,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t tid = threadIdx.x;
   const int32_t lane = tid % 32;
   const int32_t warp = tid / 32;
-  // The miss copy after this kernel may become resident now; it waits for the whole grid.
-  dependent_launch::LetDependentsLaunch();
-  dependent_launch::WaitForPrerequisites();
   // Global round trip 1: the batch size and the entry together (batch has max_batch = gridDim.x
   // entries, so batch[b] is in bounds whatever the batch size).
   const int32_t batch_size = *v.batch_size;
@@ -622,8 +618,8 @@ cudaError_t Launch(const ResolveView& view, int32_t max_batch, cudaStream_t stre
   int32_t limit = 0;
   if (cudaError_t err = MaxDynamicSmem<kItems>(&limit); err != cudaSuccess) return err;
   if (layout.total() > limit) return kUnsupported;
-  return dependent_launch::Launch(ResolveKernel<kItems>, max_batch, kThreads, layout.total(),
-                                  stream, view, layout);
+  ResolveKernel<kItems><<<max_batch, kThreads, layout.total(), stream>>>(view, layout);
+  return cudaGetLastError();
 }
 
 }  // namespace

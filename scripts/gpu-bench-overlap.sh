@@ -9,8 +9,11 @@
 #   share4      --layers-per-index 4 (a shared indexer: one top-k per 4 layers), no overlap
 #   share4-copies  + --overlap copies: a group's later layers copied ahead of their turn
 #   share4-gather  + --overlap gather
-#   unsorted    base with --sort-misses false: Resolve leaves each request's misses unsorted
-#   unsorted-share4-copies  share4-copies with --sort-misses false
+# and, composed with '-' from these parts (e.g. unsorted-share4-copies, unsorted-prefetch16):
+#   unsorted    --sort-misses false: Resolve leaves each request's misses unsorted
+#   prefetchN   --prefetch N: N predicted positions per request prefetched after each attention
+#   mtpN        --mtp N: N query tokens per request and step, one resolve of all their top-k
+#   locality    no --miss-rate: the generator's locality parameters decide the misses
 # Each run measures its own full-hbm, so every overhead is a ratio within one run. Writes
 # overlap-<name>.json and overlap.txt to $OUT; scripts/overlap_summary.py turns the JSONs into the
 # table of docs/overlap.md and the summary keys.
@@ -32,12 +35,16 @@ mkdir -p "$OUT"
 
 flags_of() {
   case $1 in
-    base) echo "" ;;
-    unsorted) echo "--sort-misses false" ;;
+    base) echo "--miss-rate 0.2" ;;
+    unsorted) echo "--miss-rate 0.2 --sort-misses false" ;;
     unsorted-*) echo "--sort-misses false $(flags_of "${1#unsorted-}")" ;;
-    gather | merge) echo "--overlap $1" ;;
-    share4) echo "--layers-per-index 4" ;;
-    share4-*) echo "--layers-per-index 4 --overlap ${1#share4-}" ;;
+    locality) echo "" ;;
+    locality-*) flags_of "${1#locality-}" | sed 's/--miss-rate 0.2//' ;;
+    prefetch*) echo "--miss-rate 0.2 --prefetch ${1#prefetch}" ;;
+    mtp*) echo "--miss-rate 0.2 --mtp ${1#mtp}" ;;
+    gather | merge) echo "--miss-rate 0.2 --overlap $1" ;;
+    share4) echo "--miss-rate 0.2 --layers-per-index 4" ;;
+    share4-*) echo "--miss-rate 0.2 --layers-per-index 4 --overlap ${1#share4-}" ;;
   esac
 }
 
@@ -60,7 +67,7 @@ main() {
     echo "=== $run: $(flags_of "$run")"
     # shellcheck disable=SC2046 # the flags are meant to split
     "$tool" bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024 \
-      --contexts 32768 --miss-rate 0.2 --variants full-hbm,sparsekv --max-batch "$MAX_BATCH" \
+      --contexts 32768 --variants full-hbm,sparsekv --max-batch "$MAX_BATCH" \
       --steps "$STEPS" --warmup "$WARMUP" $(flags_of "$run") \
       --json "$OUT/overlap-$run.json" || failed=1
   done

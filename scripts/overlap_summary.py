@@ -15,7 +15,7 @@ import argparse
 import json
 import pathlib
 
-RUNS = [  # name, what it adds over "base"
+RUNS = [  # name, what it adds over "base"; the table keeps this order, other runs follow
     ("base", "every layer its own top-k; copies on the critical path"),
     ("unsorted", "base with --sort-misses false: misses not sorted by host row"),
     ("gather", "--overlap gather: side-stream copies; resident rows gathered meanwhile"),
@@ -23,22 +23,28 @@ RUNS = [  # name, what it adds over "base"
     ("share4", "--layers-per-index 4: one top-k per 4 layers (shared indexer), one resolve"),
     ("share4-copies", "share4 + --overlap copies: later layers of a group copied ahead"),
     ("share4-gather", "share4 + --overlap gather"),
+    ("unsorted-share4", "share4 with --sort-misses false"),
     ("unsorted-share4-copies", "share4-copies with --sort-misses false"),
+    ("unsorted-prefetch16", "unsorted + --prefetch 16: predicted rows prefetched for the next step"),
+    ("locality-unsorted", "unsorted, misses from the generator's locality parameters"),
+    ("locality-unsorted-prefetch16", "locality-unsorted + --prefetch 16"),
+    ("unsorted-mtp2", "unsorted + --mtp 2: two query tokens per request, one resolve (vs full-hbm --mtp 2)"),
 ]
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 # Each feature against the run it adds to.
-FEATURES = [("unsorted", "base"), ("gather", "base"), ("merge", "base"), ("share4", "base"),
+FEATURES = [("unsorted", "base"), ("unsorted-prefetch16", "unsorted"),
+            ("locality-unsorted-prefetch16", "locality-unsorted"),
+            ("unsorted-share4-copies", "unsorted-share4"), ("gather", "base"), ("merge", "base"), ("share4", "base"),
             ("share4-copies", "share4"), ("share4-gather", "share4"),
             ("unsorted-share4-copies", "share4-copies")]
 
 
 def load(folder):
-    runs = {}
-    for name, _ in RUNS:
-        path = folder / f"overlap-{name}.json"
-        if path.exists():
-            runs[name] = json.loads(path.read_text())
-    return runs
+    """{name: run} in RUNS order, then any other overlap-<name>.json of the folder."""
+    found = {p.name[len("overlap-"):-len(".json")]: p for p in folder.glob("overlap-*.json")}
+    order = [name for name, _ in RUNS if name in found]
+    order += sorted(set(found) - set(order))
+    return {name: json.loads(found[name].read_text()) for name in order}
 
 
 def points(run, variant):
@@ -77,10 +83,7 @@ def main():
     print("| run | " + " | ".join(f"B={b}" for b in BATCHES) + " |")
     print("|---|" + "---|" * len(BATCHES))
     overhead = {}
-    for name, _ in RUNS:
-        if name not in runs:
-            continue
-        run = runs[name]
+    for name, run in runs.items():
         fh = full_hbm_tpot(run)
         cells = []
         for b in BATCHES:

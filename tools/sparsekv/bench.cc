@@ -130,6 +130,17 @@ Status ValidateBenchConfig(const BenchConfig& c) {
     if (!ParseVariant(v).ok()) return Bad("--variants: unknown variant '" + v + "'");
   }
   if (c.variants.empty()) return Bad("--variants must name at least one variant");
+  if (c.mtp < 1 || c.mtp > 8) return Bad("--mtp must be in [1, 8]");
+  if (c.mtp > 1) {
+    for (const std::string& v : c.variants) {
+      if (v != "full-hbm" && v != "sparsekv") {
+        return Bad("--mtp > 1 runs full-hbm and sparsekv only, not '" + v + "'");
+      }
+    }
+    if (int64_t{c.top_k} * c.mtp > c.hot_slots) {
+      return Bad("--mtp * --top-k must be <= --hot-slots (one row holds every query's top-k)");
+    }
+  }
   if (c.offload_page_tokens < 1 || c.offload_page_tokens > 4096) {
     return Bad("--offload-page-tokens must be in [1, 4096]");
   }

@@ -66,6 +66,15 @@ struct BenchConfig {
   std::string overlap = "off";
   // sparsekv: Resolve sorts each request's misses by host row (CacheOptions::sort_misses).
   bool sort_misses = true;
+  // sparsekv cross-step prefetch: after each layer group's attention, the device predictor
+  // (sparsekv/prefetch.h) picks this many positions per request and PrefetchLayer fetches them on
+  // a side stream for the next step. 0 = off.
+  int32_t prefetch = 0;
+  // Query tokens per request and step (multi-token prediction / speculative decoding), each with
+  // its own top-k; the T rows of a request follow one another as consecutive steps' rows do.
+  // sparsekv resolves a request's T * top_k entries as one row with share_repeated_positions.
+  // full-hbm and sparsekv only.
+  int32_t mtp = 1;
   bool batch_given = false;   // run `batch` only, instead of sweeping up to each max batch
   double hbm_budget_gb = 49;  // HBM for everything KV-related, per variant (141 - 84 - 8)
   double host_pool_gb = 100;  // pinned host pool; also caps the batch of the offloading variants

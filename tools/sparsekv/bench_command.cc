@@ -149,6 +149,16 @@ BenchCommand::BenchCommand(CLI::App& parent) {
   app_->add_option("--sort-misses", config_.sort_misses,
                    "GPU: sparsekv's Resolve sorts each request's misses by host row")
       ->capture_default_str();
+  app_->add_option("--prefetch", config_.prefetch,
+                   "GPU: sparsekv predicts this many positions per request after each layer's "
+                   "attention and prefetches them on a side stream for the next step (0: off)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  app_->add_option("--mtp", config_.mtp,
+                   "GPU: query tokens per request and step (multi-token prediction), each with "
+                   "its own top-k; sparsekv resolves them as one row (full-hbm and sparsekv only)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
   app_->add_flag("--no-proxy", no_proxy_, "GPU: leave out the weight-streaming proxy");
   app_->add_option("--weights-gb", config_.weights_gb,
                    "GPU: weight bytes the proxy streams per step (per GPU)")

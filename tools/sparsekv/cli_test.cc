@@ -542,6 +542,14 @@ TEST(BenchTest, InvalidConfigsNameTheOption) {
   c = Tiny();
   c.sinks = c.top_k + 1;
   expect(c, "--sinks");
+  c = Tiny();
+  c.mtp = 2;  // the default variants include page-offload and no-cache
+  expect(c, "--mtp");
+  c.variants = {"full-hbm", "sparsekv"};
+  c.hot_slots = 2 * c.top_k - 1;
+  expect(c, "--mtp");
+  c.hot_slots = 2 * c.top_k;
+  EXPECT_TRUE(ValidateBenchConfig(c).ok());
 }
 
 // ---- Command line ----
@@ -610,7 +618,8 @@ TEST(CliTest, GpuFlagsAreAcceptedOnTheCpu) {
   std::vector<std::string> args = SmallCpuArgs();
   args.insert(args.end(), {"--miss-rate", "0.25", "--no-proxy", "--heads", "16", "--hbm-budget-gb",
                            "30", "--host-pool-gb", "50", "--max-batch", "8", "--variants",
-                           "sparsekv,full-hbm", "--weights-gb", "40", "--time-limit", "100"});
+                           "sparsekv,full-hbm", "--weights-gb", "40", "--time-limit", "100",
+                           "--prefetch", "4", "--mtp", "2", "--sort-misses", "false"});
   const CliRun r = Cli(args);
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_NE(r.out.find("(target 25.0 %)"), std::string::npos) << r.out;

@@ -110,6 +110,7 @@ Json PointJson(const E2EPoint& p) {
   j["hit_rate"] = p.hit_rate;
   j["miss_rate"] = p.miss_rate;
   j["misses_per_step"] = p.misses_per_step;
+  j["prefetch_rows_per_step"] = p.prefetch_rows_per_step;
   j["pcie_bytes_per_step"] = p.pcie_bytes_per_step;
   j["pcie_gbps"] = p.pcie_gbps;
   j["pcie_to_ceiling"] = p.pcie_to_ceiling;

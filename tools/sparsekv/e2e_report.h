@@ -35,6 +35,7 @@ struct E2EPoint {
   double hit_rate = 0;
   double miss_rate = 0;
   double misses_per_step = 0;  // rows fetched from the host per step
+  double prefetch_rows_per_step = 0;  // rows prefetched (sparsekv --prefetch), also in pcie_bytes
   double pcie_bytes_per_step = 0;
   double pcie_gbps = 0;        // pcie_bytes_per_step / tpot (a step average)
   double pcie_to_ceiling = 0;  // pcie_gbps / the pinned-memcpy ceiling

@@ -123,20 +123,35 @@ StatusOr<double> TimeGraph(const Graph& graph, cudaStream_t stream, int reps) {
 // uploaded into a fixed device buffer, both outside the captured step.
 class TopKFeed {
  public:
+  // `queries` rows of options.top_k per request (--mtp), stored as one row of queries * top_k.
   static StatusOr<std::unique_ptr<TopKFeed>> Create(const TopKGeneratorOptions& options,
-                                                    int32_t layers, int32_t max_batch) {
-    std::unique_ptr<TopKFeed> f(new TopKFeed(options, layers, max_batch));
+                                                    int32_t layers, int32_t max_batch,
+                                                    int32_t queries = 1) {
+    std::unique_ptr<TopKFeed> f(new TopKFeed(options, layers, max_batch, queries));
     SPARSEKV_ASSIGN_OR_RETURN(f->device_, DeviceBuffer::Create(f->host_.size() * sizeof(int32_t)));
     return f;
   }
 
   // Generates the rows of requests [0, seq_lens.size()) for every layer; layers in parallel
-  // (each generator owns its layer, so the result does not depend on the thread count).
+  // (each generator owns its layer, so the result does not depend on the thread count). With
+  // several queries per request, query q's row is the generator's next row after query q - 1's.
   void Generate(std::span<const int32_t> seq_lens) {
     const int32_t layers = static_cast<int32_t>(generators_.size());
     auto run = [&](int32_t first, int32_t every) {
+      std::vector<int32_t> rows(seq_lens.size() * top_k_);
       for (int32_t l = first; l < layers; l += every) {
-        generators_[l].Next(seq_lens, std::span(host_.data() + l * layer_elems_, layer_elems_));
+        int32_t* layer = host_.data() + l * layer_elems_;
+        if (queries_ == 1) {
+          generators_[l].Next(seq_lens, std::span(layer, layer_elems_));
+          continue;
+        }
+        for (int32_t q = 0; q < queries_; ++q) {
+          generators_[l].Next(seq_lens, rows);
+          for (size_t b = 0; b < seq_lens.size(); ++b) {
+            std::copy_n(rows.begin() + b * top_k_, top_k_,
+                        layer + (b * queries_ + q) * top_k_);
+          }
+        }
       }
     };
     const int32_t threads =
@@ -148,7 +163,7 @@ class TopKFeed {
     for (size_t l = 0; l < generators_.size(); ++l) {
       TOOLS_CUDA_RETURN(cudaMemcpyAsync(
           device_.as<int32_t>() + l * layer_elems_, host_.data() + l * layer_elems_,
-          size_t(batch) * top_k_ * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+          size_t(batch) * queries_ * top_k_ * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
     }
     return Status::Ok();
   }
@@ -162,14 +177,17 @@ class TopKFeed {
   void set_layers_per_index(int32_t n) { layers_per_index_ = n; }
 
  private:
-  TopKFeed(const TopKGeneratorOptions& options, int32_t layers, int32_t max_batch)
+  TopKFeed(const TopKGeneratorOptions& options, int32_t layers, int32_t max_batch,
+           int32_t queries)
       : top_k_(options.top_k),
-        layer_elems_(int64_t{max_batch} * options.top_k),
+        queries_(queries),
+        layer_elems_(int64_t{max_batch} * queries * options.top_k),
         host_(static_cast<size_t>(layers * layer_elems_)) {
     for (int32_t l = 0; l < layers; ++l) generators_.emplace_back(options, l, max_batch);
   }
 
   int32_t top_k_;
+  int32_t queries_;  // rows per request (--mtp)
   int64_t layer_elems_;
   int32_t layers_per_index_ = 1;
   std::vector<LayerTopKGenerator> generators_;
@@ -189,8 +207,11 @@ struct Shared {
   DeviceBuffer new_rows;                     // [layers, max_batch, row]
   std::map<int32_t, double> proxy_us;        // per layer, by batch
   bool split_attention = false;  // attention starts on the resident rows (--overlap gather|merge)
+  int32_t queries = 1;           // query tokens per request (--mtp): attention and proxy rows
 
-  size_t OutBytes(int32_t batch) const { return size_t(batch) * heads * kMLAValueDim * 2; }
+  size_t OutBytes(int32_t batch) const {
+    return size_t(batch) * queries * heads * kMLAValueDim * 2;
+  }
   const std::byte* NewRows(int32_t layer) const {
     return new_rows.get() + int64_t{layer} * max_batch * shape.row_bytes;
   }
@@ -200,27 +221,29 @@ struct Shared {
 // output is also copied to check_out + layer * OutBytes(batch) (eager check runs only).
 Status StepBody(StepVariant& v, const Shared& sh, const TopKFeed& feed, int32_t batch,
                 cudaStream_t s, std::byte* check_out) {
+  const int32_t rows = batch * sh.queries;  // attention and proxy rows
   for (int32_t l = 0; l < sh.shape.layers; ++l) {
     SPARSEKV_RETURN_IF_ERROR(v.RunLayer(l, batch, feed.layer(l), sh.NewRows(l), s));
     if (const uint8_t* fill = v.FillMask(); fill != nullptr && sh.split_attention) {
       // Split attention: the resident rows while the copy is in flight, then the copied ones.
-      SPARSEKV_RETURN_IF_ERROR(sh.attention->RunHits(batch, sh.q.get(), v.Rows(l),
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->RunHits(rows, sh.q.get(), v.Rows(l),
                                                      sh.shape.row_bytes, v.Indices(), fill, s));
       SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
-      SPARSEKV_RETURN_IF_ERROR(sh.attention->RunFillsAndMerge(batch, sh.q.get(), v.Rows(l),
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->RunFillsAndMerge(rows, sh.q.get(), v.Rows(l),
                                                               sh.shape.row_bytes, v.Indices(),
                                                               fill, sh.out.get(), s));
     } else {
       SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
-      SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(batch, sh.q.get(), v.Rows(l),
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(rows, sh.q.get(), v.Rows(l),
                                                  sh.shape.row_bytes, v.Indices(), sh.out.get(),
                                                  s));
     }
+    SPARSEKV_RETURN_IF_ERROR(v.AfterAttention(l, s));
     if (check_out != nullptr) {
       TOOLS_CUDA_RETURN(cudaMemcpyAsync(check_out + l * sh.OutBytes(batch), sh.out.get(),
                                         sh.OutBytes(batch), cudaMemcpyDeviceToDevice, s));
     }
-    if (sh.proxy) SPARSEKV_RETURN_IF_ERROR(sh.proxy->Run(batch, l, s));
+    if (sh.proxy) SPARSEKV_RETURN_IF_ERROR(sh.proxy->Run(rows, l, s));
   }
   return v.FinishStep(s);
 }
@@ -342,8 +365,9 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
   Graph attention;
   SPARSEKV_RETURN_IF_ERROR(attention.Capture(s, [&]() -> Status {
     for (int32_t l = 0; l < layers; ++l) {
-      SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(batch, sh.q.get(), v.Rows(l), sh.shape.row_bytes,
-                                                 v.Indices(), sh.out.get(), s));
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(batch * sh.queries, sh.q.get(), v.Rows(l),
+                                                 sh.shape.row_bytes, v.Indices(), sh.out.get(),
+                                                 s));
     }
     return Status::Ok();
   }));
@@ -353,7 +377,9 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
   if (sh.proxy && !sh.proxy_us.contains(batch)) {
     Graph proxy;
     SPARSEKV_RETURN_IF_ERROR(proxy.Capture(s, [&]() -> Status {
-      for (int32_t l = 0; l < layers; ++l) SPARSEKV_RETURN_IF_ERROR(sh.proxy->Run(batch, l, s));
+      for (int32_t l = 0; l < layers; ++l) {
+        SPARSEKV_RETURN_IF_ERROR(sh.proxy->Run(batch * sh.queries, l, s));
+      }
       return Status::Ok();
     }));
     SPARSEKV_ASSIGN_OR_RETURN(const double proxy_ms, TimeGraph(proxy, s, kAttentionReps));
@@ -451,7 +477,7 @@ Status E2ERun::Plan(const ModelPreset& preset) {
   shape.layers = c_.layers > 0 ? c_.layers : preset.num_layers;
   shape.row_bytes = preset.row_bytes;
   shape.indexer_key_bytes = preset.indexer_key_bytes;
-  shape.top_k = c_.top_k;
+  shape.top_k = c_.top_k * c_.mtp;  // the variants see one row of every query's top-k
   shape.hot_slots = c_.hot_slots;
   shape.window = c_.window;
   shape.page_tokens = c_.page_tokens;
@@ -509,8 +535,10 @@ Status E2ERun::Setup(const ModelPreset& preset) {
       std::to_string(report_.ceilings.hbm_gbps) + " GB/s");
 
   const int32_t max_batch = std::max(shared_.max_batch, 1);
+  const int32_t query_rows = max_batch * c_.mtp;  // attention and proxy rows (--mtp)
+  shared_.queries = c_.mtp;
   SparseMLAOptions ao;
-  ao.max_batch = max_batch;
+  ao.max_batch = query_rows;
   ao.heads = c_.heads;
   ao.top_k = c_.top_k;
   ao.format = shape.row_bytes == 656 ? KVRowFormat::kFp8Row656 : KVRowFormat::kBf16Row1152;
@@ -521,18 +549,18 @@ Status E2ERun::Setup(const ModelPreset& preset) {
   if (c_.proxy) {
     // Per-layer bytes from the preset's full layer count, so that --layers does not change them.
     const int64_t per_layer = static_cast<int64_t>(c_.weights_gb * 1e9 / preset.num_layers);
-    SPARSEKV_ASSIGN_OR_RETURN(shared_.proxy, WeightStreamProxy::Create(max_batch, per_layer));
+    SPARSEKV_ASSIGN_OR_RETURN(shared_.proxy, WeightStreamProxy::Create(query_rows, per_layer));
     report_.proxy_bytes_per_layer = shared_.proxy->bytes_per_layer();
   }
   shared_.heads = c_.heads;
   SPARSEKV_ASSIGN_OR_RETURN(shared_.q,
-                            DeviceBuffer::Create(size_t(max_batch) * c_.heads * kMLAQKDim * 2));
+                            DeviceBuffer::Create(size_t(query_rows) * c_.heads * kMLAQKDim * 2));
   SPARSEKV_ASSIGN_OR_RETURN(shared_.out,
-                            DeviceBuffer::Create(size_t(max_batch) * c_.heads * kMLAValueDim * 2));
+                            DeviceBuffer::Create(size_t(query_rows) * c_.heads * kMLAValueDim * 2));
   SPARSEKV_ASSIGN_OR_RETURN(
       shared_.new_rows, DeviceBuffer::Create(size_t(shape.layers) * max_batch * shape.row_bytes));
   TOOLS_CUDA_RETURN(
-      gpu::FillBf16(shared_.q.get(), int64_t{max_batch} * c_.heads * kMLAQKDim, c_.seed, stream_));
+      gpu::FillBf16(shared_.q.get(), int64_t{query_rows} * c_.heads * kMLAQKDim, c_.seed, stream_));
   // The new tokens' rows (the same at every step): the content of an out-of-prompt position.
   for (int32_t l = 0; l < shape.layers; ++l) {
     for (int32_t b = 0; b < max_batch; ++b) {
@@ -566,6 +594,8 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.seed = c_.seed;
   setup.layers_per_index = c_.layers_per_index;
   setup.sort_misses = c_.sort_misses;
+  setup.prefetch = c_.prefetch;
+  setup.queries = c_.mtp;
   setup.overlap = c_.overlap != "off";
   Log(label + ": filling " + std::to_string(vp.max_batch) + " requests");
   SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<StepVariant> v,
@@ -576,7 +606,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   if (plan.check_batch > 0) {
     SPARSEKV_ASSIGN_OR_RETURN(auto feed,
                               TopKFeed::Create(GeneratorOptions(plan.context, true, kCheckMissRate),
-                                               shared_.shape.layers, plan.check_batch));
+                                               shared_.shape.layers, plan.check_batch, c_.mtp));
     feed->set_layers_per_index(c_.layers_per_index);
     SPARSEKV_ASSIGN_OR_RETURN(std::vector<std::byte> out,
                               RunCheck(*v, shared_, *feed, req, plan.check_batch, stream_));
@@ -609,7 +639,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   const double first_rate = miss_rate_mode ? c_.miss_rates.front() : 0;
   SPARSEKV_ASSIGN_OR_RETURN(
       auto feed, TopKFeed::Create(GeneratorOptions(plan.context, miss_rate_mode, first_rate),
-                                  shared_.shape.layers, vp.max_batch));
+                                  shared_.shape.layers, vp.max_batch, c_.mtp));
   feed->set_layers_per_index(c_.layers_per_index);
   // Only sparsekv and page-offload depend on the miss rate: the others run once, labelled with no
   // target.
@@ -643,7 +673,9 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
       p.miss_rate = 1 - p.hit_rate;
       p.misses_per_step = t.stats.misses / std::max(1, p.timed_steps);
       const StepTraffic traffic = Traffic(kind, setup.shape, batch, p.misses_per_step);
-      p.pcie_bytes_per_step = traffic.pcie_bytes;
+      p.prefetch_rows_per_step = t.stats.prefetched / std::max(1, p.timed_steps);
+      p.pcie_bytes_per_step =
+          traffic.pcie_bytes + p.prefetch_rows_per_step * setup.shape.row_bytes;
       p.pcie_gbps = traffic.pcie_bytes / (p.tpot_ms * 1e6);
       p.pcie_to_ceiling = p.pcie_gbps / report_.ceilings.pcie_h2d_gbps;
       p.attention_us_per_layer = t.attention_us_per_layer;
@@ -707,6 +739,13 @@ StatusOr<E2EReport> E2ERun::Run() {
   report_.hbm_budget_gb = c_.hbm_budget_gb;
   report_.host_pool_gb = c_.host_pool_gb;
   report_.steps = c_.steps;
+  if (c_.mtp > 1) {
+    report_.notes.push_back(std::to_string(c_.mtp) +
+                            " query tokens per request and step (--mtp): tpot_ms is the step's "
+                            "time, attention and the proxy run batch * " + std::to_string(c_.mtp) +
+                            " rows, and top_k is per query (a request's row holds " +
+                            std::to_string(c_.mtp) + " * top_k entries)");
+  }
   if (c_.layers_per_index > 1) {
     report_.notes.push_back("layers share a top-k in groups of " +
                             std::to_string(c_.layers_per_index) +

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "sparsekv/manager.h"
+#include "sparsekv/prefetch.h"
 #include "tools/sparsekv/gpu_kernels.h"
 #include "tools/sparsekv/page_offload_variant.h"
 
@@ -120,7 +121,12 @@ class SparseKVVariant final : public StepVariant {
   ~SparseKVVariant() override {
     for (cudaEvent_t e : resolved_) cudaEventDestroy(e);
     for (cudaEvent_t e : copied_) cudaEventDestroy(e);
-    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+    for (cudaEvent_t e : {attended_, prefetched_}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    for (cudaStream_t s : {copy_stream_, prefetch_stream_}) {
+      if (s != nullptr) cudaStreamDestroy(s);
+    }
   }
 
   Status Init(std::shared_ptr<Backend> host, cudaStream_t stream) {
@@ -137,11 +143,31 @@ class SparseKVVariant final : public StepVariant {
     o.max_context = static_cast<int32_t>(r.tokens);
     o.layers_per_index = s_.layers_per_index;
     o.sort_misses = s_.sort_misses;
+    o.max_prefetch = s_.prefetch;
+    o.share_repeated_positions = s_.queries > 1;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
     SPARSEKV_ASSIGN_OR_RETURN(slots_,
                               DeviceBuffer::Create(Int32s(int64_t{s_.max_batch} * r.top_k)));
+    if (s_.overlap || s_.prefetch > 0) {
+      // With prefetch, one mask per group: the group's prediction reads it on the side stream
+      // while later groups resolve.
+      const size_t masks = s_.prefetch > 0 ? static_cast<size_t>(o.index_groups()) : 1;
+      SPARSEKV_ASSIGN_OR_RETURN(fill_,
+                                DeviceBuffer::Create(masks * s_.max_batch * r.top_k));
+    }
+    if (s_.prefetch > 0) {
+      const size_t groups = static_cast<size_t>(o.index_groups());
+      SPARSEKV_ASSIGN_OR_RETURN(predicted_,
+                                DeviceBuffer::Create(Int32s(groups * s_.max_batch * s_.prefetch)));
+      SPARSEKV_ASSIGN_OR_RETURN(batch_,
+                                DeviceBuffer::Create(sizeof(BatchEntry) * (s_.max_batch + 1)));
+      group_topk_.assign(groups, nullptr);
+      TOOLS_CUDA_RETURN(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
+      for (cudaEvent_t* e : {&attended_, &prefetched_}) {
+        TOOLS_CUDA_RETURN(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      }
+    }
     if (s_.overlap) {
-      SPARSEKV_ASSIGN_OR_RETURN(fill_, DeviceBuffer::Create(size_t(s_.max_batch) * r.top_k));
       TOOLS_CUDA_RETURN(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
       resolved_.resize(o.index_groups());
       copied_.resize(r.layers);
@@ -174,6 +200,18 @@ class SparseKVVariant final : public StepVariant {
 
   KVVariant kind() const override { return KVVariant::kSparseKV; }
   Status Plan(std::span<const int32_t> positions, cudaStream_t stream) override {
+    if (s_.prefetch > 0) {
+      // The predictor's view of the batch: [0] holds the batch size, [1, max_batch] the rows
+      // (seq_len with this step's token; any block >= 0 marks a row in use).
+      std::vector<BatchEntry> entries(static_cast<size_t>(s_.max_batch) + 1, BatchEntry{-1, 0, 0});
+      entries[0].block = static_cast<int32_t>(positions.size());
+      for (size_t b = 0; b < positions.size(); ++b) {
+        entries[b + 1] = BatchEntry{static_cast<int32_t>(b), positions[b] + 1, 0};
+      }
+      TOOLS_CUDA_RETURN(cudaMemcpyAsync(batch_.get(), entries.data(),
+                                        entries.size() * sizeof(BatchEntry),
+                                        cudaMemcpyHostToDevice, stream));
+    }
     return manager_->PlanStep(std::span(ids_.data(), positions.size()), stream);
   }
   Status RunLayer(int32_t layer, int32_t, const int32_t* topk, const std::byte* new_rows,
@@ -181,10 +219,12 @@ class SparseKVVariant final : public StepVariant {
     SPARSEKV_RETURN_IF_ERROR(manager_->AppendToken(layer, new_rows, stream));
     const int32_t n = s_.layers_per_index;
     const bool leader = layer % n == 0;
+    if (leader) group_ = layer / n;
+    if (leader && s_.prefetch > 0) group_topk_[group_] = topk;
     if (!s_.overlap) {
       if (leader) {
-        SPARSEKV_RETURN_IF_ERROR(
-            manager_->ResolveLayer(layer, topk, slots_.as<int32_t>(), nullptr, stream));
+        SPARSEKV_RETURN_IF_ERROR(manager_->ResolveLayer(layer, topk, slots_.as<int32_t>(),
+                                                        FillOf(group_), stream));
       }
       return manager_->CopyMisses(layer, stream);
     }
@@ -193,7 +233,7 @@ class SparseKVVariant final : public StepVariant {
     // each copy recording when its layer's rows are complete.
     const int32_t group = layer / n;
     SPARSEKV_RETURN_IF_ERROR(manager_->ResolveLayer(layer, topk, slots_.as<int32_t>(),
-                                                    fill_.as<uint8_t>(), stream));
+                                                    FillOf(group_), stream));
     TOOLS_CUDA_RETURN(cudaEventRecord(resolved_[group], stream));
     TOOLS_CUDA_RETURN(cudaStreamWaitEvent(copy_stream_, resolved_[group]));
     for (int32_t l = layer; l < std::min(layer + n, s_.shape.layers); ++l) {
@@ -202,12 +242,42 @@ class SparseKVVariant final : public StepVariant {
     }
     return Status::Ok();
   }
-  const uint8_t* FillMask() const override { return s_.overlap ? fill_.as<uint8_t>() : nullptr; }
+  const uint8_t* FillMask() const override { return s_.overlap ? FillOf(group_) : nullptr; }
   Status WaitForRows(int32_t layer, cudaStream_t stream) override {
     if (!s_.overlap) return Status::Ok();
     return CudaStatus(cudaStreamWaitEvent(stream, copied_[layer]), "wait for the miss copy");
   }
-  Status FinishStep(cudaStream_t stream) override { return manager_->FinishStep(stream); }
+  // Once a group's last layer has attended: predict and prefetch on the side stream (joined at
+  // FinishStep), from the group's own top-k and fill mask.
+  Status AfterAttention(int32_t layer, cudaStream_t stream) override {
+    const int32_t n = s_.layers_per_index;
+    if (s_.prefetch == 0 || ((layer + 1) % n != 0 && layer + 1 != s_.shape.layers)) {
+      return Status::Ok();
+    }
+    const int32_t group = layer / n;
+    int32_t* predicted =
+        predicted_.as<int32_t>() + int64_t{group} * s_.max_batch * s_.prefetch;
+    PrefetchView view{};
+    view.batch_size = reinterpret_cast<const int32_t*>(batch_.as<BatchEntry>());  // [0].block
+    view.batch = batch_.as<BatchEntry>() + 1;
+    view.topk = group_topk_[group];
+    view.top_k = view.topk_stride = s_.shape.top_k;
+    view.fill_mask = FillOf(group);
+    view.window = s_.shape.window;
+    view.budget = s_.prefetch;
+    view.predicted = predicted;
+    TOOLS_CUDA_RETURN(cudaEventRecord(attended_, stream));
+    TOOLS_CUDA_RETURN(cudaStreamWaitEvent(prefetch_stream_, attended_));
+    SPARSEKV_RETURN_IF_ERROR(PredictPrefetchCuda(view, s_.max_batch, prefetch_stream_));
+    return manager_->PrefetchLayer(group * n, predicted, s_.prefetch, prefetch_stream_);
+  }
+  Status FinishStep(cudaStream_t stream) override {
+    if (s_.prefetch > 0) {
+      TOOLS_CUDA_RETURN(cudaEventRecord(prefetched_, prefetch_stream_));
+      TOOLS_CUDA_RETURN(cudaStreamWaitEvent(stream, prefetched_));
+    }
+    return manager_->FinishStep(stream);
+  }
   Status AfterReplay() override { return manager_->FinishReplayedStep(); }
   const std::byte* Rows(int32_t layer) const override { return manager_->HotLayer(layer); }
   const int32_t* Indices() const override { return slots_.as<int32_t>(); }
@@ -215,7 +285,9 @@ class SparseKVVariant final : public StepVariant {
   StatusOr<VariantStats> ReadStats(cudaStream_t stream) override {
     SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, manager_->ReadStats(stream));
     const LayerStats& t = stats.total;
-    return VariantStats{double(t.hits + t.window_hits + t.misses), double(t.misses)};
+    // Prefetched rows are counted once per index group and copied into each of its layers.
+    return VariantStats{double(t.hits + t.window_hits + t.misses), double(t.misses),
+                        double(stats.prefetch_rows) * s_.layers_per_index};
   }
 
  private:
@@ -224,10 +296,25 @@ class SparseKVVariant final : public StepVariant {
   std::vector<RequestId> ids_;
   DeviceBuffer slots_;  // [max_batch, top_k] layer-wide hot-cache slots
   // Overlap only.
-  DeviceBuffer fill_;                    // [max_batch, top_k] ResolveLayer's fill mask
+  // ResolveLayer's fill masks, [max_batch, top_k] each: one per index group with prefetch, else
+  // one.
+  DeviceBuffer fill_;
+  int32_t group_ = 0;  // the index group of the last RunLayer
+  uint8_t* FillOf(int32_t group) const {
+    if (fill_.get() == nullptr) return nullptr;
+    const int64_t mask = int64_t{s_.max_batch} * s_.shape.top_k;
+    return fill_.as<uint8_t>() + (s_.prefetch > 0 ? group * mask : 0);
+  }
   cudaStream_t copy_stream_ = nullptr;   // the miss copies
   std::vector<cudaEvent_t> resolved_;    // per index group: its resolve is done
   std::vector<cudaEvent_t> copied_;      // per layer: its miss copy is done
+  // Prefetch only.
+  DeviceBuffer predicted_;                  // [groups, max_batch, prefetch] positions
+  DeviceBuffer batch_;                      // [1 + max_batch] BatchEntry: size, then the rows
+  std::vector<const int32_t*> group_topk_;  // per index group: this step's top-k
+  cudaStream_t prefetch_stream_ = nullptr;
+  cudaEvent_t attended_ = nullptr;   // the group's attention and prediction are enqueued
+  cudaEvent_t prefetched_ = nullptr;  // the step's prefetches are done
 };
 
 // No cache: every top-k row of every layer gathered from the host pool into a staging buffer at

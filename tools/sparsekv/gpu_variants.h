@@ -62,6 +62,12 @@ struct VariantSetup {
   // which rows are still in flight (split attention, if the bench asks for it).
   bool overlap = false;
   bool sort_misses = true;  // sparsekv only: CacheOptions::sort_misses
+  // sparsekv only: positions per request predicted and prefetched after each index group's last
+  // attention (AfterAttention), on a side stream joined at FinishStep. 0 = none.
+  int32_t prefetch = 0;
+  // Query tokens per request (--mtp): shape.top_k holds all of a request's queries' entries;
+  // sparsekv then shares repeated positions (CacheOptions::share_repeated_positions).
+  int32_t queries = 1;
 };
 
 // Lookups of the steps since ResetStats: all top-k entries of all layers, and those fetched from
@@ -69,6 +75,7 @@ struct VariantSetup {
 struct VariantStats {
   double lookups = 0;
   double misses = 0;
+  double prefetched = 0;  // rows fetched by prefetches (not counted in lookups or misses)
 };
 
 class StepVariant {
@@ -91,6 +98,10 @@ class StepVariant {
   virtual const uint8_t* FillMask() const { return nullptr; }
   // Makes `stream` wait for the copies that bring `layer`'s rows (no-op if there are none).
   virtual Status WaitForRows(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
+  // After `layer`'s attention has been enqueued on `stream` (cross-step prefetch).
+  virtual Status AfterAttention(int32_t /*layer*/, cudaStream_t /*stream*/) {
+    return Status::Ok();
+  }
   virtual Status ResetStats(cudaStream_t stream) = 0;
   virtual StatusOr<VariantStats> ReadStats(cudaStream_t stream) = 0;
 };

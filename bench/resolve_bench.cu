@@ -331,6 +331,7 @@ ResolveView Bench::View() const {
   v.miss_capacity = state_.batch * k_;
   v.counters = d_counters_;
   v.sort_misses = o_.sort_misses;
+  v.sort_min_batch = 0;  // --sort_misses decides alone
   return v;
 }
 

@@ -10,7 +10,9 @@
 #   share4-copies  + --overlap copies: a group's later layers copied ahead of their turn
 #   share4-gather  + --overlap gather
 # and, composed with '-' from these parts (e.g. unsorted-share4-copies, unsorted-prefetch16):
-#   unsorted    --sort-misses false: Resolve leaves each request's misses unsorted
+#   unsorted    --sort-misses false: Resolve never sorts each request's misses by host row
+#   sorted      --sort-misses-min-batch 0: Resolve sorts them at every batch (the default sorts
+#               from batch 32 on)
 #   prefetchN   --prefetch N: N predicted positions per request prefetched after each attention
 #   mtpN        --mtp N: N query tokens per request and step, one resolve of all their top-k
 #   locality    no --miss-rate: the generator's locality parameters decide the misses
@@ -38,6 +40,8 @@ flags_of() {
     base) echo "--miss-rate 0.2" ;;
     unsorted) echo "--miss-rate 0.2 --sort-misses false" ;;
     unsorted-*) echo "--sort-misses false $(flags_of "${1#unsorted-}")" ;;
+    sorted) echo "--miss-rate 0.2 --sort-misses-min-batch 0" ;;
+    sorted-*) echo "--sort-misses-min-batch 0 $(flags_of "${1#sorted-}")" ;;
     locality) echo "" ;;
     locality-*) flags_of "${1#locality-}" | sed 's/--miss-rate 0.2//' ;;
     prefetch*) echo "--miss-rate 0.2 --prefetch ${1#prefetch}" ;;

@@ -17,7 +17,8 @@ import pathlib
 
 RUNS = [  # name, what it adds over "base"; the table keeps this order, other runs follow
     ("base", "every layer its own top-k; copies on the critical path"),
-    ("unsorted", "base with --sort-misses false: misses not sorted by host row"),
+    ("sorted", "base with --sort-misses-min-batch 0: misses sorted by host row at every batch"),
+    ("unsorted", "base with --sort-misses false: misses never sorted by host row"),
     ("gather", "--overlap gather: side-stream copies; resident rows gathered meanwhile"),
     ("merge", "--overlap merge: attention over resident rows meanwhile, log-sum-exp merge"),
     ("share4", "--layers-per-index 4: one top-k per 4 layers (shared indexer), one resolve"),
@@ -28,11 +29,12 @@ RUNS = [  # name, what it adds over "base"; the table keeps this order, other ru
     ("unsorted-prefetch16", "unsorted + --prefetch 16: predicted rows prefetched for the next step"),
     ("locality-unsorted", "unsorted, misses from the generator's locality parameters"),
     ("locality-unsorted-prefetch16", "locality-unsorted + --prefetch 16"),
-    ("unsorted-mtp2", "unsorted + --mtp 2: two query tokens per request, one resolve (vs full-hbm --mtp 2)"),
+    ("mtp2", "--mtp 2: two query tokens per request, one resolve (vs full-hbm --mtp 2)"),
+    ("unsorted-mtp2", "unsorted + --mtp 2"),
 ]
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 # Each feature against the run it adds to.
-FEATURES = [("unsorted", "base"), ("unsorted-prefetch16", "unsorted"),
+FEATURES = [("base", "sorted"), ("unsorted", "sorted"), ("unsorted-prefetch16", "unsorted"),
             ("locality-unsorted-prefetch16", "locality-unsorted"),
             ("unsorted-share4-copies", "unsorted-share4"), ("gather", "base"), ("merge", "base"), ("share4", "base"),
             ("share4-copies", "share4"), ("share4-gather", "share4"),

@@ -116,7 +116,8 @@ struct ResolveView {
   int32_t miss_capacity;       // >= max_batch * top_k
   ResolveCounters* counters;   // this layer's counters
   uint8_t* fill_mask;          // [max_batch, top_k] or nullptr; see above
-  bool sort_misses;            // sort each row's misses by host row (performance only)
+  bool sort_misses;            // sort each row's misses by host row (performance only),
+  int32_t sort_min_batch;      // in launches whose *batch_size is at least this
   // Repeats of a position share its slot (several query tokens' top-k in one row: MTP).
   bool share_duplicates;
 };

@@ -98,8 +98,14 @@ struct CacheOptions {
   bool share_repeated_positions = false;
 
   // ---- Performance ----
-  // Sort each request's miss list by host address before copying (translation locality).
+  // Sort each request's miss list by host address before copying (translation locality), in
+  // steps of at least sort_misses_min_batch requests. Sorting costs the resolve about 6 us per
+  // layer at any batch; it pays only once the step's misses are more than the copy keeps in
+  // flight at once. Measured on an H200 (32K context, 20% misses, DeepSeek-V3.2 rows): not
+  // sorting gains 0.1-0.4 ms per step at batch 1-16 and sorting gains 0.2-0.8 ms at 32-64
+  // (bench/results/overlap, docs/overlap.md). 0: every step; sort_misses = false: never.
   bool sort_misses = true;
+  int32_t sort_misses_min_batch = 32;
   // Positions per request and layer that one PrefetchLayer call may take (its device buffers
   // are sized for max_batch * max_prefetch entries). 0: no prefetch.
   int32_t max_prefetch = 0;

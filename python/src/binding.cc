@@ -658,6 +658,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("max_context", &CacheOptions::max_context)
       .def_readwrite("host_page_tokens", &CacheOptions::host_page_tokens)
       .def_readwrite("sort_misses", &CacheOptions::sort_misses)
+      .def_readwrite("sort_misses_min_batch", &CacheOptions::sort_misses_min_batch)
       .def_readwrite("eviction", &CacheOptions::eviction)
       .def_readwrite("protected_percent", &CacheOptions::protected_percent)
       .def_readwrite("layers_per_index", &CacheOptions::layers_per_index)

@@ -395,6 +395,7 @@ class ResolveHarness {
             .counters = counters,
             .fill_mask = fill_mask,
             .sort_misses = flags.sort_misses,
+            .sort_min_batch = 0,
             .share_duplicates = flags.share_duplicates};
   }
 

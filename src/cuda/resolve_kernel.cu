@@ -224,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // entries, so batch[b] is in bounds whatever the batch size).
   const int32_t batch_size = *v.batch_size;
   const BatchEntry e = v.batch[b];
+  const bool sort_misses = v.sort_misses && batch_size >= v.sort_min_batch;
 
   extern __shared__ int4 smem[];
   std::byte* const smem_bytes = reinterpret_cast<std::byte*>(smem);
@@ -510,13 +511,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       out[j] = base + victim;
       out_row[tid * kItems + j] = out[j];
       host_row[j] = page[j] * v.page_tokens + p % v.page_tokens;
-      if (v.sort_misses) {
+      if (sort_misses) {
         host_row_by_rank[miss_rank[j]] = host_row[j];
         row_min = min(row_min, host_row[j]);
         row_max = max(row_max, host_row[j]);
       }
     }
-    if (v.sort_misses) {
+    if (sort_misses) {
       row_min = __reduce_min_sync(0xffffffffu, row_min);
       row_max = __reduce_max_sync(0xffffffffu, row_max);
       if (lane == 0) {
@@ -526,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     const int32_t miss_list_base = miss_base;
-    if (!v.sort_misses) {
+    if (!sort_misses) {
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {
         const int32_t at = miss_list_base + miss_rank[j];

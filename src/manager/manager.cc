@@ -752,6 +752,7 @@ Status SparseKVCacheManager::Resolve(int32_t layer, const int32_t* topk, int32_t
   resolve.counters = counters;
   resolve.fill_mask = fill_mask;
   resolve.sort_misses = options_.sort_misses;
+  resolve.sort_min_batch = options_.sort_misses_min_batch;
   resolve.share_duplicates = options_.share_repeated_positions;
   return backend_->Resolve(resolve, max_batch, stream);
 }

@@ -100,7 +100,10 @@ TEST(ManagerCudaTest, ProductionShapesMatchTheCpuBackend) {
     auto cpu = MustCreate(o, CreateCpuBackend());
     auto dev = MustCreate(o, gpu);
     ASSERT_TRUE(cpu && dev);
-    testing::RandomWorkload w(o, c, {cpu.get(), dev.get()}, {.max_prompt = 8000, .max_new = 40});
+    testing::WorkloadShape shape;
+    shape.max_prompt = 8000;
+    shape.max_new = 40;
+    testing::RandomWorkload w(o, c, {cpu.get(), dev.get()}, shape);
     w.Run(40);
     w.CheckStats();
     w.ReleaseAll();

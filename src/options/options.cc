@@ -55,6 +55,10 @@ Status ValidateOptions(const CacheOptions& o) {
                  ") must be in [1, number of layers = " + std::to_string(o.geometry.num_layers()) +
                  "]");
   }
+  if (o.sort_misses_min_batch < 0) {
+    return Field("sort_misses_min_batch (" + std::to_string(o.sort_misses_min_batch) +
+                 ") must be >= 0");
+  }
   if (o.max_prefetch < 0 || o.max_prefetch > o.hot_slots) {
     return Field("max_prefetch (" + std::to_string(o.max_prefetch) + ") must be in [0, hot_slots]");
   }

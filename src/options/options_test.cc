@@ -32,6 +32,15 @@ TEST(OptionsTest, HotSlotsBelowTopKRejected) {
   EXPECT_TRUE(ValidateOptions(o).ok());
 }
 
+TEST(OptionsTest, SortMissesMinBatchValidated) {
+  CacheOptions o = Valid();
+  EXPECT_EQ(o.sort_misses_min_batch, 32);  // the documented default
+  o.sort_misses_min_batch = -1;
+  ExpectInvalid(o, "sort_misses_min_batch");
+  o.sort_misses_min_batch = 0;  // every step
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
+
 TEST(OptionsTest, EvictionPolicyValidated) {
   CacheOptions o = Valid();
   EXPECT_EQ(o.eviction, EvictionPolicy::kSegmentedLru);  // the documented default

@@ -64,8 +64,10 @@ struct BenchConfig {
   // attention over the resident rows in flight, log-sum-exp merge, Split::kMergeHalves).
   int32_t layers_per_index = 1;
   std::string overlap = "off";
-  // sparsekv: Resolve sorts each request's misses by host row (CacheOptions::sort_misses).
+  // sparsekv: Resolve sorts each request's misses by host row in steps of at least
+  // sort_misses_min_batch requests (CacheOptions::sort_misses, sort_misses_min_batch).
   bool sort_misses = true;
+  int32_t sort_misses_min_batch = CacheOptions{}.sort_misses_min_batch;
   // sparsekv cross-step prefetch: after each layer group's attention, the device predictor
   // (sparsekv/prefetch.h) picks this many positions per request and PrefetchLayer fetches them on
   // a side stream for the next step. 0 = off.

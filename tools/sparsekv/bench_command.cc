@@ -147,7 +147,11 @@ BenchCommand::BenchCommand(CLI::App& parent) {
       ->check(CLI::IsMember({"off", "copies", "gather", "merge"}))
       ->capture_default_str();
   app_->add_option("--sort-misses", config_.sort_misses,
-                   "GPU: sparsekv's Resolve sorts each request's misses by host row")
+                   "GPU: sparsekv's Resolve sorts each request's misses by host row ...")
+      ->capture_default_str();
+  app_->add_option("--sort-misses-min-batch", config_.sort_misses_min_batch,
+                   "GPU: ... in steps of at least this many requests")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app_->add_option("--prefetch", config_.prefetch,
                    "GPU: sparsekv predicts this many positions per request after each layer's "

@@ -594,6 +594,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.seed = c_.seed;
   setup.layers_per_index = c_.layers_per_index;
   setup.sort_misses = c_.sort_misses;
+  setup.sort_misses_min_batch = c_.sort_misses_min_batch;
   setup.prefetch = c_.prefetch;
   setup.queries = c_.mtp;
   setup.overlap = c_.overlap != "off";

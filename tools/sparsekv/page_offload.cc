@@ -223,6 +223,7 @@ ResolveView PageOffloadCache::View(int32_t layer, bool staging) const {
   v.counters = static_cast<ResolveCounters*>(counters_.get()) + (staging ? 1 : 0);
   v.fill_mask = nullptr;
   v.sort_misses = true;
+  v.sort_min_batch = 0;
   v.share_duplicates = true;
   return v;
 }

@@ -141,7 +141,7 @@ TEST(PolicyTest, AgingPrefersFrequentPositionsAndShiftOneIsRecency) {
 // kSegmentedLru), entry for entry, on random rows with reuse, padding, duplicates, out-of-range
 // positions and window hits.
 TEST(PolicyTest, LruAndSlruMatchTheManagerOnTheCpuBackend) {
-  for (const auto [window, eviction] :
+  for (const auto& [window, eviction] :
        {std::pair{1, EvictionPolicy::kLru}, std::pair{3, EvictionPolicy::kLru},
         std::pair{1, EvictionPolicy::kSegmentedLru}, std::pair{3, EvictionPolicy::kSegmentedLru}}) {
     CacheOptions o;

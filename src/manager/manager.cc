@@ -208,6 +208,13 @@ StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::AdmitShared(
                       " tokens, more than max_context (" + std::to_string(options_.max_context) +
                       ")");
   }
+  // Checked here, not only by the pool: a shared pool has owners for every manager, and one
+  // manager must not take another's (its retracted requests hold owners without a block).
+  if (static_cast<int32_t>(requests_.size()) >= options_.effective_max_host_requests()) {
+    return ResourceExhausted("Admit: all " +
+                             std::to_string(options_.effective_max_host_requests()) +
+                             " host request slots of this manager are in use (max_host_requests)");
+  }
   StatusOr<int32_t> owner_or = pool_->AcquireOwner();
   if (!owner_or.ok()) {
     return ResourceExhausted("Admit: all " + std::to_string(pool_->max_owners()) +

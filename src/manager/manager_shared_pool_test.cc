@@ -141,6 +141,27 @@ TEST(SharedPoolTest, AdmissionFailsCleanlyWhenAnotherManagerHoldsThePool) {
   EXPECT_EQ(pool->free_owners(), 3);
 }
 
+// Each manager holds at most max_host_requests owners of a shared pool, retracted requests
+// included, however many the pool has free: the others' share stays theirs.
+TEST(SharedPoolTest, AManagerTakesNoMoreOwnersThanItsMaxHostRequests) {
+  const CacheOptions o = SmallOptions();  // max_requests 2, so 2 host requests per manager
+  std::shared_ptr<HostKVPool> pool = MustCreatePool(o, 6);
+  ASSERT_NE(pool, nullptr);
+  auto a = MustCreate(o, pool);
+  auto b = MustCreate(o, pool);
+  ASSERT_TRUE(a && b);
+  AdmitAndIngest(*a, 1, 8);
+  AdmitAndIngest(*a, 2, 8);
+  ASSERT_TRUE(a->Retract(1).ok());  // frees its hot-cache block, keeps its owner
+  const Status third = a->Admit(3, 8, 0, nullptr);
+  EXPECT_EQ(third.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(third.message().find("this manager"), std::string::npos) << third.ToString();
+  EXPECT_EQ(pool->free_owners(), 4);
+  ASSERT_TRUE(b->Admit(7, 8, 0, nullptr).ok());
+  ASSERT_TRUE(b->Admit(8, 8, 0, nullptr).ok());
+  EXPECT_EQ(pool->free_owners(), 2);
+}
+
 TEST(SharedPoolTest, PoolMustMatchTheOptions) {
   const CacheOptions o = SmallOptions();
   std::shared_ptr<HostKVPool> pool = MustCreatePool(o, 2);

@@ -134,9 +134,15 @@ def main():
     keys = {
         "overlap_tpot_overhead_b8_m20": overhead.get(("gather", 8)),
         "overlap_tpot_overhead_b64_m20": overhead.get(("gather", 64)),
-        "no_overlap_tpot_overhead_b64_m20": overhead.get(("base", 64)),
+        # Without the features: misses sorted at every batch (the default before
+        # sort_misses_min_batch), no overlap.
+        "no_overlap_tpot_overhead_b64_m20": overhead.get(("sorted", 64), overhead.get(("base", 64))),
         "overlap_shared_index_tpot_overhead_b8_m20": overhead.get(("share4-copies", 8)),
         "overlap_shared_index_tpot_overhead_b64_m20": overhead.get(("share4-copies", 64)),
+        "default_tpot_overhead_b1_m20": overhead.get(("base", 1)),
+        "default_tpot_overhead_b8_m20": overhead.get(("base", 8)),
+        "mtp2_tpot_overhead_b1_m20": overhead.get(("mtp2", 1)),
+        "mtp2_tpot_overhead_b8_m20": overhead.get(("mtp2", 8)),
     }
     keys = {k: round(v, 4) for k, v in keys.items() if v is not None}
     print()

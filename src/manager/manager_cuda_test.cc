@@ -164,27 +164,18 @@ TEST(ManagerCudaTest, TwoGpusShareOneHostPool) {
 
 // A whole decode step (append + resolve + copy + assemble for every layer, write-back joined) is
 // captured once and replayed for many steps whose batch composition and top-k change; every
-// replay must equal the CPU backend running the same steps eagerly.
-TEST(ManagerCudaTest, CapturedStepReplaysExactly) {
-  SPARSEKV_REQUIRE_GPU(gpu);
-  CacheOptions o;
-  o.geometry.layers = {{656, 656}, {132, 132}, {24, 32}};
-  o.top_k = 64;
-  o.hot_slots = 96;
-  o.window = 2;
-  o.max_requests = 6;
-  o.max_batch = 4;
-  o.max_context = 512;
-  o.host_page_tokens = 16;
-  o.host_capacity_tokens = 6 * 512;
+// replay must equal the CPU backend running the same steps eagerly. `o` has three layers and
+// room for 6 requests of up to 512 tokens; a step runs 1-4 of them.
+void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions& o,
+                         const testing::RunMode& mode) {
   auto cpu = MustCreate(o, CreateCpuBackend());
   auto dev = MustCreate(o, gpu);
   ASSERT_TRUE(cpu && dev);
 
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  testing::StepDriver cpu_driver(*cpu);
-  testing::StepDriver dev_driver(*dev, stream);
+  testing::StepDriver cpu_driver(*cpu, nullptr, mode);
+  testing::StepDriver dev_driver(*dev, stream, mode);
   testing::DenseModel model(o.geometry);
   std::mt19937_64 rng(2024);
 
@@ -206,6 +197,7 @@ TEST(ManagerCudaTest, CapturedStepReplaysExactly) {
   }
   ASSERT_TRUE(dev->backend().Synchronize(stream).ok());
 
+  const int32_t group = o.layers_per_index;
   cudaGraphExec_t exec = nullptr;
   for (int step = 0; step < 60; ++step) {
     std::shuffle(ids.begin(), ids.end(), rng);
@@ -217,6 +209,12 @@ TEST(ManagerCudaTest, CapturedStepReplaysExactly) {
       new_rows.push_back(testing::RandomRows(rng, static_cast<int64_t>(batch.size()), stride));
       for (size_t b = 0; b < batch.size(); ++b) {
         model.Append(batch[b], l, new_rows[l].data() + b * stride);
+      }
+      if (l % group != 0) {  // the layers of an index group share its first layer's top-k
+        topk[l] = topk[l - l % group];
+        continue;
+      }
+      for (size_t b = 0; b < batch.size(); ++b) {
         const int32_t len = model.Length(batch[b], l);
         for (int32_t k = 0; k < o.top_k; ++k) {
           // Mostly a slowly moving range (hits), some random history (misses), some bad input.
@@ -231,7 +229,9 @@ TEST(ManagerCudaTest, CapturedStepReplaysExactly) {
     auto want = cpu_driver.Step(batch, new_rows, topk);
 
     ASSERT_TRUE(dev->PlanStep(batch, stream).ok());
-    dev_driver.UploadInputs(static_cast<int32_t>(batch.size()), new_rows, topk);
+    std::vector<int32_t> seq_lens;  // as StepDriver::Step passes them (the prefetch draws)
+    for (RequestId id : batch) seq_lens.push_back(*dev->SequenceLength(id) + 1);
+    dev_driver.UploadInputs(static_cast<int32_t>(batch.size()), new_rows, topk, seq_lens);
     if (exec == nullptr) {
       cudaGraph_t graph;
       CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -250,21 +250,65 @@ TEST(ManagerCudaTest, CapturedStepReplaysExactly) {
       SCOPED_TRACE("step " + std::to_string(step) + " layer " + std::to_string(l));
       EXPECT_TRUE(testing::SameRows(got[l], want[l], batch.size() * o.top_k,
                                     o.geometry.layers[l]));
-      EXPECT_EQ(testing::CheckLayer(model, o.geometry, l, batch, topk[l], got[l], o.top_k), 0);
+      EXPECT_EQ(got[l].fill, want[l].fill);
+      EXPECT_EQ(testing::CheckLayer(model, o.geometry, l, batch, topk[l], got[l], o.top_k,
+                                    o.share_repeated_positions),
+                0);
     }
-    if (HasFailure()) break;
+    if (::testing::Test::HasFailure()) break;
   }
   auto a = cpu->ReadStats(nullptr);
   auto b = dev->ReadStats(stream);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->total.misses, b->total.misses);
   EXPECT_EQ(a->total.hits, b->total.hits);
+  EXPECT_EQ(a->prefetch_lookups, b->prefetch_lookups);
+  EXPECT_EQ(a->prefetch_rows, b->prefetch_rows);
   EXPECT_EQ(a->bytes_device_to_host, b->bytes_device_to_host);
   EXPECT_EQ(a->bytes_assembled, b->bytes_assembled);
   EXPECT_GT(b->total.misses, 0u);
   EXPECT_GT(b->total.hits, 0u);
+  if (mode.prefetch > 0) {
+    EXPECT_GT(b->prefetch_rows, 0u);
+  }
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaStreamDestroy(stream));
+}
+
+CacheOptions ReplayOptions() {
+  CacheOptions o;
+  o.geometry.layers = {{656, 656}, {132, 132}, {24, 32}};
+  o.top_k = 64;
+  o.hot_slots = 96;
+  o.window = 2;
+  o.max_requests = 6;
+  o.max_batch = 4;
+  o.max_context = 512;
+  o.host_page_tokens = 16;
+  o.host_capacity_tokens = 6 * 512;
+  return o;
+}
+
+TEST(ManagerCudaTest, CapturedStepReplaysExactly) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  ReplayCapturedSteps(gpu, ReplayOptions(), testing::RunMode());
+}
+
+// The transfer-hiding paths in one captured step: split runs (fill masks), index groups, shared
+// repeats, prefetches, and a sorting threshold inside the batch range (1-4 requests), so that
+// replays of the one graph take both the sorted and the unsorted miss list.
+TEST(ManagerCudaTest, CapturedOverlapStepReplaysExactly) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  CacheOptions o = ReplayOptions();
+  o.layers_per_index = 2;
+  o.share_repeated_positions = true;
+  o.max_prefetch = 4;
+  o.sort_misses_min_batch = 3;
+  testing::RunMode mode;
+  mode.split = true;
+  mode.prefetch = 3;
+  mode.seed = 7;
+  ReplayCapturedSteps(gpu, o, mode);
 }
 
 #endif  // SPARSEKV_WITH_CUDA

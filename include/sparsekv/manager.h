@@ -114,9 +114,10 @@ class SparseKVCacheManager {
                                                                 std::shared_ptr<Backend> backend);
   // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared)
   // instead of a pool of its own. The pool's geometry, page size, capacity and max_context must
-  // match `options` (InvalidArgument otherwise); options.max_host_requests is unused: the pool's
-  // owners bound the live requests of all its managers together. The device page table has a row
-  // per owner of the pool. Admissions evict only this manager's retained conversations and fail
+  // match `options` (InvalidArgument otherwise). options.max_host_requests bounds this manager's
+  // live requests (retracted ones included), and the pool's owners those of all its managers
+  // together, so that no manager takes another's share of owners. The device page table has a
+  // row per owner of the pool. Admissions evict only this manager's retained conversations and fail
   // with ResourceExhausted, changing nothing, if the pool is short of pages that other managers
   // hold (one that loses a race for pages to another manager may have evicted some of its own
   // retained conversations first). Under CUDA, the pool's host memory must be portable (any

@@ -18,6 +18,7 @@
 #include <thread>
 #include <tuple>
 
+#include "sparsekv/host_kv_pool.h"
 #include "sparsekv/manager.h"
 #include "testing/cuda_test_util.h"
 #include "testing/harness.h"
@@ -413,6 +414,65 @@ TEST_P(RemoteTierTest, SplitRunsAndPrefetchesReadRemoteRows) {
   for (int step = 0; step < 20 && !HasFailure(); ++step) d.Step({1, 2});
   EXPECT_GT(manager_->ReadStats(nullptr)->prefetch_rows, 0u);
   EXPECT_GT(tier_->stats().rows_staged, 0u);
+}
+
+// Node-level sharing with the remote tier: two managers (two GPUs of one machine, each with its
+// own transport and tier) over one shared host pool each decode a remote-backed and a local
+// request, exactly; the pool is empty once they are gone.
+TEST_P(RemoteTierTest, ManagersSharingAHostPoolEachReadTheirRemoteRows) {
+  ThreadServer server(Transports(), 1 << 20);
+  const CacheOptions o = SmallOptions();
+  auto pool = HostKVPool::CreateShared(o, 2 * o.effective_max_host_requests(), backend_);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  struct Gpu {
+    std::unique_ptr<Transport> transport;
+    std::unique_ptr<RemoteTier> tier;
+    std::unique_ptr<SparseKVCacheManager> manager;  // destroyed first
+  };
+  std::vector<Gpu> gpus(2);
+  std::vector<std::unique_ptr<Decoder>> decoders;
+  std::mt19937_64 rng(21);
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    Gpu& gpu = gpus[g];
+    auto transport = CreateUcxTransport(Options(Transports(), milliseconds(2000)));
+    ASSERT_TRUE(transport.ok()) << transport.status().ToString();
+    gpu.transport = std::move(*transport);
+    gpu.tier = RemoteTier::Create(gpu.transport.get()).value();
+    auto manager = SparseKVCacheManager::Create(o, backend_, *pool);
+    ASSERT_TRUE(manager.ok()) << manager.status().ToString();
+    gpu.manager = std::move(*manager);
+    ASSERT_TRUE(gpu.manager->AttachRemoteTier(gpu.tier.get()).ok());
+    auto region = gpu.tier->ImportRegion("pool-a", server.descriptor());
+    ASSERT_TRUE(region.ok()) << region.status().ToString();
+    decoders.push_back(std::make_unique<Decoder>(*gpu.manager, 30 + g));
+    Decoder& d = *decoders.back();
+
+    const RequestId local = 1;  // the same ids on both managers: they are separate namespaces
+    const int32_t len = 60 + 10 * static_cast<int32_t>(g);
+    ASSERT_TRUE(gpu.manager->Admit(local, len, 64, nullptr).ok());
+    std::vector<Bytes> prompt;
+    for (int32_t l = 0; l < kLayers; ++l) {
+      prompt.push_back(testing::RandomRows(rng, len, kRowBytes));
+      ASSERT_TRUE(gpu.manager->IngestPrompt(local, l, prompt.back().data(), nullptr).ok());
+    }
+    d.model().Add(local, prompt, len);
+    RemotePromptLayout layout =
+        RemotePromptLayout::Dense(kLayers, 140 + 20 * static_cast<int32_t>(g), kRowBytes);
+    layout.base_offset = g * 100000;  // each GPU's prompt in its own part of the region
+    ASSERT_TRUE(gpu.manager->AdmitRemote(2, *region, layout, 64, nullptr).ok());
+    d.model().Add(2, PromptOf(layout), layout.tokens);
+  }
+  for (int step = 0; step < 20 && !HasFailure(); ++step) {
+    for (auto& d : decoders) d->Step({1, 2});
+  }
+  for (const Gpu& gpu : gpus) {
+    EXPECT_GT(gpu.tier->stats().rows_fetched, 0u);
+    EXPECT_TRUE(gpu.manager->RemoteStatus(2).ok());
+  }
+  decoders.clear();
+  for (Gpu& gpu : gpus) gpu.manager.reset();
+  EXPECT_EQ((*pool)->free_pages(), (*pool)->total_pages());
+  EXPECT_EQ((*pool)->free_owners(), (*pool)->max_owners());
 }
 
 TEST_P(RemoteTierTest, RejectsLayoutsThatDoNotFit) {

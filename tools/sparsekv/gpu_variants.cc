@@ -234,7 +234,7 @@ class SparseKVVariant final : public StepVariant {
     // each copy recording when its layer's rows are complete.
     const int32_t group = layer / n;
     SPARSEKV_RETURN_IF_ERROR(manager_->ResolveLayer(layer, topk, slots_.as<int32_t>(),
-                                                    FillOf(group_), stream));
+                                                    FillOf(group), stream));
     TOOLS_CUDA_RETURN(cudaEventRecord(resolved_[group], stream));
     TOOLS_CUDA_RETURN(cudaStreamWaitEvent(copy_stream_, resolved_[group]));
     for (int32_t l = layer; l < std::min(layer + n, s_.shape.layers); ++l) {
@@ -296,9 +296,8 @@ class SparseKVVariant final : public StepVariant {
   std::unique_ptr<SparseKVCacheManager> manager_;
   std::vector<RequestId> ids_;
   DeviceBuffer slots_;  // [max_batch, top_k] layer-wide hot-cache slots
-  // Overlap only.
-  // ResolveLayer's fill masks, [max_batch, top_k] each: one per index group with prefetch, else
-  // one.
+  // Overlap or prefetch: ResolveLayer's fill masks, [max_batch, top_k] each; one per index group
+  // with prefetch, else one.
   DeviceBuffer fill_;
   int32_t group_ = 0;  // the index group of the last RunLayer
   uint8_t* FillOf(int32_t group) const {
@@ -306,6 +305,7 @@ class SparseKVVariant final : public StepVariant {
     const int64_t mask = int64_t{s_.max_batch} * s_.shape.top_k;
     return fill_.as<uint8_t>() + (s_.prefetch > 0 ? group * mask : 0);
   }
+  // Overlap only.
   cudaStream_t copy_stream_ = nullptr;   // the miss copies
   std::vector<cudaEvent_t> resolved_;    // per index group: its resolve is done
   std::vector<cudaEvent_t> copied_;      // per layer: its miss copy is done
@@ -314,7 +314,7 @@ class SparseKVVariant final : public StepVariant {
   DeviceBuffer batch_;                      // [1 + max_batch] BatchEntry: size, then the rows
   std::vector<const int32_t*> group_topk_;  // per index group: this step's top-k
   cudaStream_t prefetch_stream_ = nullptr;
-  cudaEvent_t attended_ = nullptr;   // the group's attention and prediction are enqueued
+  cudaEvent_t attended_ = nullptr;    // the group's last attention is enqueued
   cudaEvent_t prefetched_ = nullptr;  // the step's prefetches are done
 };
 

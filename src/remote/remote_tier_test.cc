@@ -1,27 +1,21 @@
 // The remote tier on the CPU and the CUDA backend (the latter skips without a GPU): remote-backed
 // requests decode next to local ones, every delivered row checked byte for byte against the dense
-// model; a dead pool server fails exactly
-// the requests whose rows it held; a restarted one serves new requests.
+// model; a dead pool server fails exactly the requests whose rows it held; a restarted one serves
+// new requests; managers sharing one host pool each read their own remote rows.
 #include "sparsekv/remote_tier.h"
 
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstring>
 #include <random>
 #include <set>
-#include <thread>
 #include <tuple>
 
 #include "sparsekv/host_kv_pool.h"
 #include "sparsekv/manager.h"
 #include "testing/cuda_test_util.h"
 #include "testing/harness.h"
+#include "testing/ucx_servers.h"
 
 namespace sparsekv {
 namespace {
@@ -29,27 +23,16 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 using testing::Bytes;
+using testing::ChildServer;
+using testing::HaveUcx;
+using testing::LoopbackOptions;
+using testing::PatternByte;
+using testing::ThreadServer;
 
 constexpr int32_t kLayers = 2;
 constexpr int32_t kRowBytes = 96;
 constexpr int32_t kTopK = 8;
 
-// The byte a serving region holds at `offset` (as transport_test_peer fills it).
-std::byte PatternByte(uint64_t offset) {
-  return static_cast<std::byte>((offset * 2654435761u) >> 13);
-}
-
-UcxTransportOptions Options(const std::string& transports, milliseconds timeout) {
-  UcxTransportOptions options;
-  options.transports = transports;
-  if (transports == "tcp") options.net_devices = "lo";
-  options.operation_timeout = timeout;
-  return options;
-}
-
-bool HaveUcx() {
-  return CreateUcxTransport(UcxTransportOptions{}).status().code() != StatusCode::kUnavailable;
-}
 
 CacheOptions SmallOptions() {
   CacheOptions o;
@@ -63,84 +46,6 @@ CacheOptions SmallOptions() {
   o.host_page_tokens = 16;
   return o;
 }
-
-// A pattern-filled region served by a thread of this process (wakeup mode).
-class ThreadServer {
- public:
-  ThreadServer(const std::string& transports, uint64_t bytes) : memory_(bytes) {
-    for (uint64_t i = 0; i < bytes; ++i) memory_[i] = PatternByte(i);
-    transport_ = CreateUcxTransport(Options(transports, milliseconds(3000))).value();
-    region_ = *transport_->RegisterRegion(memory_.data(), bytes);
-    descriptor_ = *transport_->ExportRegion(region_);
-    thread_ = std::thread([this] {
-      while (!stop_.load()) transport_->WaitForEvents(milliseconds(20)).IgnoreError();
-    });
-  }
-  ~ThreadServer() {
-    stop_.store(true);
-    thread_.join();
-  }
-  const std::string& descriptor() const { return descriptor_; }
-
- private:
-  std::vector<std::byte> memory_;
-  std::unique_ptr<Transport> transport_;
-  RegionHandle region_;
-  std::string descriptor_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
-
-// A pattern-filled region served by a child process (transport_test_peer), killed on demand.
-class ProcessServer {
- public:
-  ProcessServer(const std::string& transports, uint64_t bytes) {
-    int fds[2];
-    EXPECT_EQ(pipe(fds), 0);
-    const std::string size = std::to_string(bytes);
-    const std::string fd = std::to_string(fds[1]);
-    pid_ = fork();
-    if (pid_ == 0) {
-      close(fds[0]);
-      execl(SPARSEKV_TRANSPORT_TEST_PEER, SPARSEKV_TRANSPORT_TEST_PEER, transports.c_str(),
-            size.c_str(), fd.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(fds[1]);
-    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(20);
-    std::string data;
-    uint64_t length = 0;
-    while (Clock::now() < deadline) {
-      pollfd p{fds[0], POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char buffer[4096];
-      const ssize_t n = read(fds[0], buffer, sizeof(buffer));
-      if (n <= 0) break;
-      data.append(buffer, static_cast<size_t>(n));
-      if (data.size() >= sizeof(length)) {
-        std::memcpy(&length, data.data(), sizeof(length));
-        if (data.size() >= sizeof(length) + length) {
-          descriptor_ = data.substr(sizeof(length), length);
-          break;
-        }
-      }
-    }
-    close(fds[0]);
-    EXPECT_FALSE(descriptor_.empty()) << "the server process sent no descriptor";
-  }
-  ~ProcessServer() { Kill(); }
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  const std::string& descriptor() const { return descriptor_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string descriptor_;
-};
 
 // The prompt rows a layout names in a pattern-filled region, as the model's prompt.
 std::vector<Bytes> PromptOf(const RemotePromptLayout& layout) {
@@ -255,7 +160,7 @@ class RemoteTierTest : public ::testing::TestWithParam<RemoteParam> {
     } else {
       backend_ = CreateCpuBackend();
     }
-    auto transport = CreateUcxTransport(Options(Transports(), milliseconds(2000)));
+    auto transport = CreateUcxTransport(LoopbackOptions(Transports(), milliseconds(2000)));
     ASSERT_TRUE(transport.ok()) << transport.status().ToString();
     transport_ = std::move(*transport);
     tier_ = RemoteTier::Create(transport_.get()).value();
@@ -346,7 +251,7 @@ TEST_P(RemoteTierTest, RemoteAndLocalRequestsDecodeByteExactly) {
 // instance then reads exactly those rows.
 TEST_P(RemoteTierTest, PromptWrittenIntoAPoolServerIsReadBack) {
   ThreadServer pool(Transports(), 1 << 20);
-  auto prefill_transport = CreateUcxTransport(Options(Transports(), milliseconds(2000)));
+  auto prefill_transport = CreateUcxTransport(LoopbackOptions(Transports(), milliseconds(2000)));
   ASSERT_TRUE(prefill_transport.ok());
   auto prefill = RemoteTier::Create(prefill_transport->get());
   ASSERT_TRUE(prefill.ok());
@@ -434,7 +339,7 @@ TEST_P(RemoteTierTest, ManagersSharingAHostPoolEachReadTheirRemoteRows) {
   std::mt19937_64 rng(21);
   for (size_t g = 0; g < gpus.size(); ++g) {
     Gpu& gpu = gpus[g];
-    auto transport = CreateUcxTransport(Options(Transports(), milliseconds(2000)));
+    auto transport = CreateUcxTransport(LoopbackOptions(Transports(), milliseconds(2000)));
     ASSERT_TRUE(transport.ok()) << transport.status().ToString();
     gpu.transport = std::move(*transport);
     gpu.tier = RemoteTier::Create(gpu.transport.get()).value();
@@ -499,7 +404,7 @@ TEST_P(RemoteTierTest, RejectsLayoutsThatDoNotFit) {
 // A restarted server is imported again and serves a new request.
 TEST_P(RemoteTierTest, DeadServerFailsOnlyItsRequestsAndARestartedOneServesAgain) {
   ThreadServer alive(Transports(), 1 << 20);
-  auto dying = std::make_unique<ProcessServer>(Transports(), 1 << 20);
+  auto dying = std::make_unique<ChildServer>(Transports(), 1 << 20);
   auto alive_region = tier_->ImportRegion("pool-alive", alive.descriptor());
   auto dying_region = tier_->ImportRegion("pool-dying", dying->descriptor());
   ASSERT_TRUE(alive_region.ok() && dying_region.ok());
@@ -535,7 +440,7 @@ TEST_P(RemoteTierTest, DeadServerFailsOnlyItsRequestsAndARestartedOneServesAgain
   ASSERT_TRUE(manager_->Release(3).ok());
   d.model().Remove(3);
   ASSERT_TRUE(tier_->ReleaseRegion(*dying_region).ok());
-  ProcessServer restarted(Transports(), 1 << 20);
+  ChildServer restarted(Transports(), 1 << 20);
   auto new_region = tier_->ImportRegion("pool-dying", restarted.descriptor());
   ASSERT_TRUE(new_region.ok()) << new_region.status().ToString();
   AdmitRemote(d, 4, *new_region, layout);

@@ -1,16 +1,12 @@
 #include "sparsekv/transport.h"
 
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <vector>
+
+#include "testing/ucx_servers.h"
 
 namespace sparsekv {
 inline void PrintTo(StatusCode code, std::ostream* os) { *os << StatusCodeName(code); }
@@ -20,118 +16,16 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-// The byte every serving region holds at `offset`, so that a reader can check what it got.
-std::byte PatternByte(uint64_t offset) {
-  return static_cast<std::byte>((offset * 2654435761u) >> 13);
-}
+using testing::ChildServer;
+using testing::PatternByte;
 
-UcxTransportOptions Options(const std::string& transports,
-                            milliseconds timeout = milliseconds(3000)) {
-  UcxTransportOptions options;
-  options.transports = transports;
-  if (transports == "tcp") options.net_devices = "lo";
-  options.operation_timeout = timeout;
-  return options;
-}
+using testing::LoopbackOptions;
 
 // Skips the test when the library was built without UCX.
-#define SKIP_WITHOUT_UCX()                                                                       \
-  do {                                                                                           \
-    if (CreateUcxTransport(UcxTransportOptions{}).status().code() == StatusCode::kUnavailable) { \
-      GTEST_SKIP() << "built without UCX";                                                       \
-    }                                                                                            \
+#define SKIP_WITHOUT_UCX()                                        \
+  do {                                                            \
+    if (!testing::HaveUcx()) GTEST_SKIP() << "built without UCX"; \
   } while (0)
-
-// A transport serving one region from a thread of this process, progressed in wakeup mode.
-class InProcessServer {
- public:
-  InProcessServer(const std::string& transports, uint64_t bytes) : memory_(bytes) {
-    for (uint64_t i = 0; i < bytes; ++i) memory_[i] = PatternByte(i);
-    auto transport = CreateUcxTransport(Options(transports));
-    EXPECT_TRUE(transport.ok()) << transport.status().ToString();
-    transport_ = std::move(*transport);
-    auto region = transport_->RegisterRegion(memory_.data(), bytes);
-    EXPECT_TRUE(region.ok()) << region.status().ToString();
-    region_ = *region;
-    auto descriptor = transport_->ExportRegion(region_);
-    EXPECT_TRUE(descriptor.ok()) << descriptor.status().ToString();
-    descriptor_ = *descriptor;
-    thread_ = std::thread([this] {
-      while (!stop_.load()) transport_->WaitForEvents(milliseconds(20)).IgnoreError();
-    });
-  }
-  ~InProcessServer() {
-    stop_.store(true);
-    thread_.join();
-  }
-  const std::string& descriptor() const { return descriptor_; }
-  std::vector<std::byte>& memory() { return memory_; }
-
- private:
-  std::vector<std::byte> memory_;
-  std::unique_ptr<Transport> transport_;
-  RegionHandle region_;
-  std::string descriptor_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
-
-// A child process (transport_test_peer) serving one pattern-filled region until it is killed.
-// It is started by fork + exec (no UCX state crosses the fork), dies with the test process
-// (PR_SET_PDEATHSIG), and is killed and reaped by the destructor.
-class ChildServer {
- public:
-  ChildServer(const std::string& transports, uint64_t bytes) {
-    int fds[2];
-    EXPECT_EQ(pipe(fds), 0);
-    const std::string size = std::to_string(bytes);
-    const std::string fd = std::to_string(fds[1]);
-    pid_ = fork();
-    if (pid_ == 0) {
-      close(fds[0]);
-      execl(SPARSEKV_TRANSPORT_TEST_PEER, SPARSEKV_TRANSPORT_TEST_PEER, transports.c_str(),
-            size.c_str(), fd.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(fds[1]);
-    descriptor_ = ReadDescriptor(fds[0]);
-    close(fds[0]);
-  }
-  ~ChildServer() { Kill(); }
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  void Stop() { kill(pid_, SIGSTOP); }
-  const std::string& descriptor() const { return descriptor_; }
-
- private:
-  // Reads the length-prefixed descriptor, waiting at most 20 s in all.
-  static std::string ReadDescriptor(int fd) {
-    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(20);
-    std::string data;
-    uint64_t size = 0;
-    while (Clock::now() < deadline) {
-      pollfd p{fd, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char buffer[4096];
-      const ssize_t n = read(fd, buffer, sizeof(buffer));
-      if (n <= 0) break;
-      data.append(buffer, static_cast<size_t>(n));
-      if (data.size() >= sizeof(size)) {
-        std::memcpy(&size, data.data(), sizeof(size));
-        if (data.size() >= sizeof(size) + size) return data.substr(sizeof(size), size);
-      }
-    }
-    ADD_FAILURE() << "the child server sent no descriptor";
-    return {};
-  }
-
-  pid_t pid_ = -1;
-  std::string descriptor_;
-};
 
 // `count` random ranges of `row` bytes, at row-aligned remote offsets below `remote_bytes`,
 // packed densely into the local buffer.
@@ -171,8 +65,8 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(UcxTransportTest, ReadsRandomRowsByteExactly) {
   SKIP_WITHOUT_UCX();
-  InProcessServer server(GetParam(), 1 << 22);
-  auto client = CreateUcxTransport(Options(GetParam()));
+  testing::ThreadServer server(GetParam(), 1 << 22);
+  auto client = CreateUcxTransport(LoopbackOptions(GetParam()));
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   std::vector<std::byte> local(2048 * 656);
   auto local_region = (*client)->RegisterRegion(local.data(), local.size());
@@ -193,8 +87,8 @@ TEST_P(UcxTransportTest, ReadsRandomRowsByteExactly) {
 
 TEST_P(UcxTransportTest, WritesAreVisibleInTheRemoteRegion) {
   SKIP_WITHOUT_UCX();
-  InProcessServer server(GetParam(), 1 << 20);
-  auto client = CreateUcxTransport(Options(GetParam()));
+  testing::ThreadServer server(GetParam(), 1 << 20);
+  auto client = CreateUcxTransport(LoopbackOptions(GetParam()));
   ASSERT_TRUE(client.ok());
   std::vector<std::byte> local(64 * 1152);
   for (size_t i = 0; i < local.size(); ++i) local[i] = static_cast<std::byte>(i * 7 + 1);
@@ -217,8 +111,8 @@ TEST_P(UcxTransportTest, WritesAreVisibleInTheRemoteRegion) {
 
 TEST_P(UcxTransportTest, RejectsRangesOutsideEitherRegion) {
   SKIP_WITHOUT_UCX();
-  InProcessServer server(GetParam(), 4096);
-  auto client = CreateUcxTransport(Options(GetParam()));
+  testing::ThreadServer server(GetParam(), 4096);
+  auto client = CreateUcxTransport(LoopbackOptions(GetParam()));
   ASSERT_TRUE(client.ok());
   std::vector<std::byte> local(1024);
   auto local_region = (*client)->RegisterRegion(local.data(), local.size());
@@ -240,11 +134,11 @@ TEST_P(UcxTransportTest, RejectsRangesOutsideEitherRegion) {
 
 TEST_P(UcxTransportTest, RejectsMalformedDescriptorsAndUnknownHandles) {
   SKIP_WITHOUT_UCX();
-  auto client = CreateUcxTransport(Options(GetParam()));
+  auto client = CreateUcxTransport(LoopbackOptions(GetParam()));
   ASSERT_TRUE(client.ok());
   EXPECT_EQ((*client)->ImportRegion("not a descriptor").status().code(),
             StatusCode::kInvalidArgument);
-  InProcessServer server(GetParam(), 4096);
+  testing::ThreadServer server(GetParam(), 4096);
   std::string truncated = server.descriptor();
   truncated.pop_back();
   EXPECT_EQ((*client)->ImportRegion(truncated).status().code(), StatusCode::kInvalidArgument);
@@ -264,7 +158,7 @@ TEST_P(UcxTransportTest, RejectsMalformedDescriptorsAndUnknownHandles) {
 TEST_P(UcxTransportTest, ReadsFromAnotherProcess) {
   SKIP_WITHOUT_UCX();
   ChildServer child(GetParam(), 1 << 22);
-  auto client = CreateUcxTransport(Options(GetParam()));
+  auto client = CreateUcxTransport(LoopbackOptions(GetParam()));
   ASSERT_TRUE(client.ok());
   std::vector<std::byte> local(2048 * 1152);
   auto local_region = (*client)->RegisterRegion(local.data(), local.size());
@@ -282,7 +176,7 @@ TEST_P(UcxTransportTest, ReadsFromAnotherProcess) {
 // reachable again through its new descriptor.
 TEST_P(UcxTransportTest, KilledPeerFailsTransfersAndRestartedPeerServesAgain) {
   SKIP_WITHOUT_UCX();
-  auto client = CreateUcxTransport(Options(GetParam(), milliseconds(2000)));
+  auto client = CreateUcxTransport(LoopbackOptions(GetParam(), milliseconds(2000)));
   ASSERT_TRUE(client.ok());
   std::vector<std::byte> local(256 * 656);
   auto local_region = (*client)->RegisterRegion(local.data(), local.size());
@@ -334,7 +228,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", 
 TEST(UcxTransportTimeoutTest, HungPeerHitsTheDeadline) {
   SKIP_WITHOUT_UCX();
   ChildServer child("tcp", 1 << 20);
-  auto client = CreateUcxTransport(Options("tcp", milliseconds(1000)));
+  auto client = CreateUcxTransport(LoopbackOptions("tcp", milliseconds(1000)));
   ASSERT_TRUE(client.ok());
   std::vector<std::byte> local(64 * 656);
   auto local_region = (*client)->RegisterRegion(local.data(), local.size());

@@ -613,7 +613,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](KVGeometry geometry, int32_t top_k, int32_t hot_slots, int32_t window,
                        int64_t host_capacity_tokens, int32_t max_requests,
                        int32_t max_host_requests, int32_t max_batch, int32_t max_context,
-                       int32_t host_page_tokens, bool sort_misses, EvictionPolicy eviction,
+                       int32_t host_page_tokens, bool sort_misses,
+                       int32_t sort_misses_min_batch, EvictionPolicy eviction,
                        int32_t protected_percent, int32_t layers_per_index,
                        bool share_repeated_positions, int32_t max_prefetch) {
              CacheOptions o;
@@ -628,6 +629,7 @@ PYBIND11_MODULE(_core, m) {
              o.max_context = max_context;
              o.host_page_tokens = host_page_tokens;
              o.sort_misses = sort_misses;
+             o.sort_misses_min_batch = sort_misses_min_batch;
              o.eviction = eviction;
              o.protected_percent = protected_percent;
              o.layers_per_index = layers_per_index;
@@ -642,6 +644,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("max_batch") = defaults.max_batch, py::arg("max_context"),
            py::arg("host_page_tokens") = defaults.host_page_tokens,
            py::arg("sort_misses") = defaults.sort_misses,
+           py::arg("sort_misses_min_batch") = defaults.sort_misses_min_batch,
            py::arg("eviction") = defaults.eviction,
            py::arg("protected_percent") = defaults.protected_percent,
            py::arg("layers_per_index") = defaults.layers_per_index,

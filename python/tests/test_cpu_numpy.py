@@ -25,6 +25,16 @@ def test_sort_misses_off_gives_the_same_slots():
     run_workload(manager, Flavour.numpy(), seed=4, steps=15)
 
 
+def test_sort_threshold_is_an_option_and_is_validated():
+    assert make_options().sort_misses_min_batch == 32  # the documented default
+    manager = sparsekv.SparseKVCacheManager(make_options(sort_misses_min_batch=0),
+                                            sparsekv.cpu_backend())
+    run_workload(manager, Flavour.numpy(), seed=5, steps=10)
+    with pytest.raises(sparsekv.InvalidArgumentError, match="sort_misses_min_batch"):
+        sparsekv.SparseKVCacheManager(make_options(sort_misses_min_batch=-1),
+                                      sparsekv.cpu_backend())
+
+
 def test_lifecycle_and_sequence_length(manager):
     admit_with_prompt(manager, 1, 5)
     assert manager.sequence_length(1) == 5

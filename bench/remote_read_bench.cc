@@ -17,7 +17,6 @@
 // is checked byte by byte against the server's pattern; wrong bytes make the exit status 1.
 // Output: a table on stdout; --json PATH writes the figures, the command line and a "summary"
 // object with remote_rows_per_s_{tcp,shm}_{656,1152} (random rows) for scripts/merge_summary.py.
-#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +36,7 @@
 
 #include "bench_flags.h"
 #include "sparsekv/transport.h"
+#include "testing/served_region.h"
 
 namespace sparsekv {
 namespace {
@@ -52,9 +52,7 @@ T ValueOrDie(StatusOr<T> result, const char* what) {
   return std::move(result).value();
 }
 
-std::byte PatternByte(uint64_t offset) {
-  return static_cast<std::byte>((offset * 2654435761u) >> 13);
-}
+using testing::PatternByte;
 
 // Every flag and its default.
 const std::map<std::string, std::string> kFlags = {{"transports", "tcp,shm"},
@@ -87,11 +85,7 @@ UcxTransportOptions TransportOptions(const std::string& transports) {
   const RegionHandle region =
       ValueOrDie(transport->RegisterRegion(memory.data(), bytes), "register");
   const std::string descriptor = ValueOrDie(transport->ExportRegion(region), "export");
-  const uint64_t size = descriptor.size();
-  if (write(fd, &size, sizeof(size)) != sizeof(size) ||
-      write(fd, descriptor.data(), size) != static_cast<ssize_t>(size)) {
-    Fail("cannot send the descriptor");
-  }
+  if (!testing::WriteDescriptor(fd, descriptor)) Fail("cannot send the descriptor");
   close(fd);
   for (;;) {
     if (busy) {
@@ -121,7 +115,8 @@ class Server {
       _exit(127);
     }
     close(fds[1]);
-    descriptor_ = ReadDescriptor(fds[0]);
+    descriptor_ = ValueOrDie(testing::ReadDescriptor(fds[0], std::chrono::seconds(120)),
+                             "the server's descriptor");
     close(fds[0]);
   }
   ~Server() {
@@ -131,24 +126,6 @@ class Server {
   const std::string& descriptor() const { return descriptor_; }
 
  private:
-  static std::string ReadDescriptor(int fd) {
-    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(120);
-    std::string data;
-    uint64_t size = 0;
-    while (Clock::now() < deadline) {
-      pollfd p{fd, POLLIN, 0};
-      if (poll(&p, 1, 200) <= 0) continue;
-      char buffer[4096];
-      const ssize_t n = read(fd, buffer, sizeof(buffer));
-      if (n <= 0) break;
-      data.append(buffer, static_cast<size_t>(n));
-      if (data.size() >= sizeof(size)) {
-        std::memcpy(&size, data.data(), sizeof(size));
-        if (data.size() >= sizeof(size) + size) return data.substr(sizeof(size), size);
-      }
-    }
-    Fail("the server sent no descriptor");
-  }
   pid_t pid_;
   std::string descriptor_;
 };

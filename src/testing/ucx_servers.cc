@@ -1,45 +1,12 @@
 #include "testing/ucx_servers.h"
 
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstring>
 
 namespace sparsekv::testing {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// Reads the length-prefixed descriptor a child writes to `fd`, waiting at most 20 s in all.
-std::string ReadDescriptor(int fd) {
-  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(20);
-  std::string data;
-  uint64_t size = 0;
-  while (Clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    char buffer[4096];
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n <= 0) break;
-    data.append(buffer, static_cast<size_t>(n));
-    if (data.size() >= sizeof(size)) {
-      std::memcpy(&size, data.data(), sizeof(size));
-      if (data.size() >= sizeof(size) + size) return data.substr(sizeof(size), size);
-    }
-  }
-  ADD_FAILURE() << "the child server sent no descriptor";
-  return {};
-}
-
-}  // namespace
-
-std::byte PatternByte(uint64_t offset) {
-  return static_cast<std::byte>((offset * 2654435761u) >> 13);
-}
-
 UcxTransportOptions LoopbackOptions(const std::string& transports,
                                     std::chrono::milliseconds timeout) {
   UcxTransportOptions options;
@@ -89,8 +56,10 @@ ChildServer::ChildServer(const std::string& transports, uint64_t bytes) {
     _exit(127);
   }
   close(fds[1]);
-  descriptor_ = ReadDescriptor(fds[0]);
+  StatusOr<std::string> descriptor = ReadDescriptor(fds[0], std::chrono::seconds(20));
   close(fds[0]);
+  EXPECT_TRUE(descriptor.ok()) << "child server: " << descriptor.status().ToString();
+  if (descriptor.ok()) descriptor_ = *descriptor;
 }
 
 void ChildServer::Kill() {

@@ -14,11 +14,9 @@
 #include <vector>
 
 #include "sparsekv/transport.h"
+#include "testing/served_region.h"
 
 namespace sparsekv::testing {
-
-// The byte every serving region holds at `offset` (transport_test_peer fills its region so too).
-std::byte PatternByte(uint64_t offset);
 
 // `transports` over loopback (tcp on "lo"), every transfer with `timeout`.
 UcxTransportOptions LoopbackOptions(const std::string& transports,

@@ -1,8 +1,8 @@
 // Test helper process for transport_test: serves one region over UCX until it is killed.
 //
 // Usage: transport_test_peer TRANSPORTS BYTES FD
-// Fills BYTES bytes with the pattern byte(i) = (i * 2654435761) >> 13, registers and exports them,
-// writes the descriptor to FD (a u64 length, then the bytes), closes FD, and then progresses its
+// Fills BYTES bytes with testing::PatternByte, registers and exports them, writes the descriptor
+// to FD (testing::WriteDescriptor), closes FD, and then progresses its
 // transport in wakeup mode until a signal ends it. It dies with its parent (PR_SET_PDEATHSIG).
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "sparsekv/transport.h"
+#include "testing/served_region.h"
 
 int main(int argc, char** argv) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -25,7 +26,7 @@ int main(int argc, char** argv) {
   const uint64_t bytes = std::stoull(argv[2]);
   const int fd = std::stoi(argv[3]);
   std::vector<std::byte> memory(bytes);
-  for (uint64_t i = 0; i < bytes; ++i) memory[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
+  for (uint64_t i = 0; i < bytes; ++i) memory[i] = sparsekv::testing::PatternByte(i);
   sparsekv::UcxTransportOptions options;
   options.transports = transports;
   if (transports == "tcp") options.net_devices = "lo";
@@ -41,11 +42,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", descriptor.status().ToString().c_str());
     return 1;
   }
-  const uint64_t size = descriptor->size();
-  if (write(fd, &size, sizeof(size)) != sizeof(size) ||
-      write(fd, descriptor->data(), size) != static_cast<ssize_t>(size)) {
-    return 1;
-  }
+  if (!sparsekv::testing::WriteDescriptor(fd, *descriptor)) return 1;
   close(fd);
   for (;;) (*transport)->WaitForEvents(std::chrono::milliseconds(1000)).IgnoreError();
 }

@@ -5,8 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-
 namespace sparsekv::testing {
+
 UcxTransportOptions LoopbackOptions(const std::string& transports,
                                     std::chrono::milliseconds timeout) {
   UcxTransportOptions options;

@@ -50,9 +50,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cub/block/block_radix_sort.cuh>
-#include <map>
-#include <mutex>
 
+#include "cuda/cuda_util.h"
 #include "cuda/kernels.h"
 
 namespace sparsekv {
@@ -578,46 +577,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// The dynamic shared memory ResolveKernel<kItems> may use on the current device. The first call
-// per device raises the kernel's limit to the device's opt-in maximum.
-template <int kItems>
-cudaError_t MaxDynamicSmem(int32_t* bytes) {
-  static std::mutex mu;
-  static std::map<int, int32_t> limit_by_device;
-  int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = limit_by_device.find(device); it != limit_by_device.end()) {
-    *bytes = it->second;
-    return cudaSuccess;
-  }
-  int optin = 0;
-  cudaFuncAttributes attributes{};
-  if (cudaError_t err =
-          cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-      err != cudaSuccess) {
-    return err;
-  }
-  if (cudaError_t err = cudaFuncGetAttributes(&attributes, ResolveKernel<kItems>);
-      err != cudaSuccess) {
-    return err;
-  }
-  const int32_t limit = optin - static_cast<int32_t>(attributes.sharedSizeBytes);
-  if (cudaError_t err = cudaFuncSetAttribute(ResolveKernel<kItems>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
-      err != cudaSuccess) {
-    return err;
-  }
-  limit_by_device.emplace(device, limit);
-  *bytes = limit;
-  return cudaSuccess;
-}
-
 template <int kItems>
 cudaError_t Launch(const ResolveView& view, int32_t max_batch, cudaStream_t stream) {
   const SmemLayout layout = MakeLayout<kItems>(view.top_k, view.hot_slots);
   int32_t limit = 0;
-  if (cudaError_t err = MaxDynamicSmem<kItems>(&limit); err != cudaSuccess) return err;
+  if (cudaError_t err = cuda_util::OptInMaxDynamicSmem(
+          reinterpret_cast<const void*>(ResolveKernel<kItems>), &limit);
+      err != cudaSuccess) {
+    return err;
+  }
   if (layout.total() > limit) return kUnsupported;
   ResolveKernel<kItems><<<max_batch, kThreads, layout.total(), stream>>>(view, layout);
   return cudaGetLastError();

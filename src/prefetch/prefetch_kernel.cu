@@ -19,8 +19,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "cuda/cuda_util.h"
@@ -173,38 +171,6 @@ __global__ void __launch_bounds__(kThreads) PrefetchKernel(PrefetchView v, SmemL
   for (int32_t i = n + tid; i < budget; i += kThreads) out[i] = -1;
 }
 
-// The dynamic shared memory the kernel may use on the current device (opted in once per device).
-cudaError_t MaxDynamicSmem(int32_t* bytes) {
-  static std::mutex mu;
-  static std::map<int, int32_t> limit_by_device;
-  int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = limit_by_device.find(device); it != limit_by_device.end()) {
-    *bytes = it->second;
-    return cudaSuccess;
-  }
-  int optin = 0;
-  if (cudaError_t err =
-          cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-      err != cudaSuccess) {
-    return err;
-  }
-  cudaFuncAttributes attributes{};
-  if (cudaError_t err = cudaFuncGetAttributes(&attributes, PrefetchKernel); err != cudaSuccess) {
-    return err;
-  }
-  const int32_t limit = optin - static_cast<int32_t>(attributes.sharedSizeBytes);
-  if (cudaError_t err =
-          cudaFuncSetAttribute(PrefetchKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
-      err != cudaSuccess) {
-    return err;
-  }
-  limit_by_device.emplace(device, limit);
-  *bytes = limit;
-  return cudaSuccess;
-}
-
 }  // namespace
 
 Status PredictPrefetchCuda(const PrefetchView& view, int32_t max_batch, StreamHandle stream) {
@@ -220,7 +186,8 @@ Status PredictPrefetchCuda(const PrefetchView& view, int32_t max_batch, StreamHa
   if (max_batch == 0 || view.budget == 0) return Status::Ok();
   const SmemLayout layout = MakeLayout(view.top_k, view.budget);
   int32_t smem_limit = 0;
-  SPARSEKV_CUDA_RETURN_IF_ERROR(MaxDynamicSmem(&smem_limit));
+  SPARSEKV_CUDA_RETURN_IF_ERROR(cuda_util::OptInMaxDynamicSmem(
+      reinterpret_cast<const void*>(PrefetchKernel), &smem_limit));
   if (layout.total > smem_limit) {
     return InvalidArgument("PredictPrefetchCuda: needs " + std::to_string(layout.total) +
                            " B of shared memory, the device allows " + std::to_string(smem_limit));

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <thread>
+#include <utility>
 
 #include "sparsekv/host_kv_pool.h"
 #include "sparsekv/manager.h"
@@ -27,13 +29,14 @@ std::unique_ptr<SparseKVCacheManager> MustCreate(const CacheOptions& o,
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-// Runs the random workload of `shape` on the CPU and the CUDA backend in lockstep, over the test
-// seeds; returns the decode steps run.
-int RunLockstep(std::shared_ptr<Backend> gpu, const testing::WorkloadShape& shape) {
+// Runs the random workload on the CPU and the CUDA backend in lockstep for each test seed, with
+// the options and shape `setup` gives for the seed; returns the decode steps run.
+using LockstepSetup = std::function<std::pair<CacheOptions, testing::WorkloadShape>(uint64_t)>;
+int RunLockstep(std::shared_ptr<Backend> gpu, const LockstepSetup& setup) {
   int steps = 0;
   for (uint64_t seed : testing::TestSeeds(12)) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    const CacheOptions o = testing::RandomSmallOptions(seed);
+    const auto [o, shape] = setup(seed);
     auto cpu = MustCreate(o, CreateCpuBackend());
     auto dev = MustCreate(o, gpu);
     if (!cpu || !dev) break;
@@ -48,40 +51,43 @@ int RunLockstep(std::shared_ptr<Backend> gpu, const testing::WorkloadShape& shap
 
 TEST(ManagerCudaTest, RandomOperationsMatchTheCpuBackend) {
   SPARSEKV_REQUIRE_GPU(gpu);
-  EXPECT_GT(RunLockstep(gpu, testing::WorkloadShape()), 500);
+  EXPECT_GT(RunLockstep(gpu,
+                        [](uint64_t seed) {
+                          return std::pair(testing::RandomSmallOptions(seed),
+                                           testing::WorkloadShape());
+                        }),
+            500);
 }
 
 // Shared prefixes, forks (copy on write through CopyAsync host -> host on the stream), retained
 // conversations and eviction, in lockstep: identical prefixes found, slots and rows delivered.
 TEST(ManagerCudaTest, RandomSharingOperationsMatchTheCpuBackend) {
   SPARSEKV_REQUIRE_GPU(gpu);
-  testing::WorkloadShape shape;
-  shape.sharing = true;
-  EXPECT_GT(RunLockstep(gpu, shape), 500);
+  EXPECT_GT(RunLockstep(gpu,
+                        [](uint64_t seed) {
+                          testing::WorkloadShape shape;
+                          shape.sharing = true;
+                          return std::pair(testing::RandomSmallOptions(seed), shape);
+                        }),
+            500);
 }
 
 // The transfer-hiding paths (index groups, shared repeats, split runs with the fill mask,
 // prefetch) in lockstep: identical slots, fill masks and rows.
 TEST(ManagerCudaTest, OverlapPathsMatchTheCpuBackend) {
   SPARSEKV_REQUIRE_GPU(gpu);
-  int steps = 0;
-  for (uint64_t seed : testing::TestSeeds(12)) {
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    testing::WorkloadShape shape;
-    shape.run.split = seed % 2 == 0;
-    shape.run.prefetch = seed % 3 == 0 ? 0 : 1 + static_cast<int32_t>(seed % 5);
-    const CacheOptions o = testing::RandomOverlapOptions(seed, shape.run.prefetch);
-    shape.run.prefetch = std::min(shape.run.prefetch, o.max_prefetch);
-    auto cpu = MustCreate(o, CreateCpuBackend());
-    auto dev = MustCreate(o, gpu);
-    if (!cpu || !dev) break;
-    testing::RandomWorkload w(o, seed, {cpu.get(), dev.get()}, shape);
-    steps += w.Run(250);
-    w.CheckStats();
-    w.ReleaseAll();
-    if (::testing::Test::HasFailure()) break;
-  }
-  EXPECT_GT(steps, 500);
+  EXPECT_GT(RunLockstep(gpu,
+                        [](uint64_t seed) {
+                          testing::WorkloadShape shape;
+                          shape.run.split = seed % 2 == 0;
+                          shape.run.prefetch =
+                              seed % 3 == 0 ? 0 : 1 + static_cast<int32_t>(seed % 5);
+                          const CacheOptions o =
+                              testing::RandomOverlapOptions(seed, shape.run.prefetch);
+                          shape.run.prefetch = std::min(shape.run.prefetch, o.max_prefetch);
+                          return std::pair(o, shape);
+                        }),
+            500);
 }
 
 // Production shapes: K = 2048, C in {K, 2K}, 656-B and 1152-B rows, batches up to 8.

@@ -72,6 +72,7 @@ class Decoder {
         rng_(seed) {}
 
   testing::DenseModel& model() { return model_; }
+  SparseKVCacheManager& manager() { return m_; }
 
   // One step: every request of `batch` appends a random row and reads kTopK positions, half in
   // runs of adjacent positions (merged reads), half anywhere.
@@ -177,18 +178,19 @@ class RemoteTierTest : public ::testing::TestWithParam<RemoteParam> {
     tier_.reset();
   }
 
-  // Admits a local request with a random prompt of `len` tokens into the model too.
-  void AdmitLocal(Decoder& d, RequestId id, int32_t len, std::mt19937_64& rng) {
-    ASSERT_TRUE(manager_->Admit(id, len, 64, nullptr).ok());
+  // Admits a local request with a random prompt of `len` tokens into d's manager and model.
+  static void AdmitLocal(Decoder& d, RequestId id, int32_t len, std::mt19937_64& rng) {
+    ASSERT_TRUE(d.manager().Admit(id, len, 64, nullptr).ok());
     std::vector<Bytes> prompt;
     for (int32_t l = 0; l < kLayers; ++l) {
       prompt.push_back(testing::RandomRows(rng, len, kRowBytes));
-      ASSERT_TRUE(manager_->IngestPrompt(id, l, prompt.back().data(), nullptr).ok());
+      ASSERT_TRUE(d.manager().IngestPrompt(id, l, prompt.back().data(), nullptr).ok());
     }
     d.model().Add(id, prompt, len);
   }
-  void AdmitRemote(Decoder& d, RequestId id, uint32_t region, const RemotePromptLayout& layout) {
-    const Status s = manager_->AdmitRemote(id, region, layout, 64, nullptr);
+  static void AdmitRemote(Decoder& d, RequestId id, uint32_t region,
+                          const RemotePromptLayout& layout) {
+    const Status s = d.manager().AdmitRemote(id, region, layout, 64, nullptr);
     ASSERT_TRUE(s.ok()) << s.ToString();
     d.model().Add(id, PromptOf(layout), layout.tokens);
   }
@@ -352,20 +354,12 @@ TEST_P(RemoteTierTest, ManagersSharingAHostPoolEachReadTheirRemoteRows) {
     decoders.push_back(std::make_unique<Decoder>(*gpu.manager, 30 + g));
     Decoder& d = *decoders.back();
 
-    const RequestId local = 1;  // the same ids on both managers: they are separate namespaces
-    const int32_t len = 60 + 10 * static_cast<int32_t>(g);
-    ASSERT_TRUE(gpu.manager->Admit(local, len, 64, nullptr).ok());
-    std::vector<Bytes> prompt;
-    for (int32_t l = 0; l < kLayers; ++l) {
-      prompt.push_back(testing::RandomRows(rng, len, kRowBytes));
-      ASSERT_TRUE(gpu.manager->IngestPrompt(local, l, prompt.back().data(), nullptr).ok());
-    }
-    d.model().Add(local, prompt, len);
+    // The same ids on both managers: they are separate namespaces.
+    AdmitLocal(d, 1, 60 + 10 * static_cast<int32_t>(g), rng);
     RemotePromptLayout layout =
         RemotePromptLayout::Dense(kLayers, 140 + 20 * static_cast<int32_t>(g), kRowBytes);
     layout.base_offset = g * 100000;  // each GPU's prompt in its own part of the region
-    ASSERT_TRUE(gpu.manager->AdmitRemote(2, *region, layout, 64, nullptr).ok());
-    d.model().Add(2, PromptOf(layout), layout.tokens);
+    AdmitRemote(d, 2, *region, layout);
   }
   for (int step = 0; step < 20 && !HasFailure(); ++step) {
     for (auto& d : decoders) d->Step({1, 2});

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -193,6 +194,31 @@ int Run(const Flags& flags, const char* self, const std::string& command) {
   const int64_t max_row = *std::max_element(row_sizes.begin(), row_sizes.end());
   std::vector<std::byte> staging(static_cast<size_t>(rows * max_row));
 
+  // warmup + reps batches of `pattern` rows of `row_bytes`, each gathered by gather(ranges, rep),
+  // which returns its time in microseconds; the median as a Result labelled `label`.
+  using Gather = std::function<double(const std::vector<CopyRange>&, int rep)>;
+  auto measure = [&](const std::string& label, const std::string& pattern, int64_t row_bytes,
+                     const Gather& gather) {
+    std::vector<double> us;
+    double ranges_total = 0;
+    for (int rep = 0; rep < warmup + reps; ++rep) {
+      const auto picked = PickRows(rng, pattern, rows, region_bytes / row_bytes);
+      const auto ranges = StageRanges(picked, row_bytes);
+      const double t = gather(ranges, rep);
+      if (rep >= warmup) {
+        us.push_back(t);
+        ranges_total += static_cast<double>(ranges.size());
+      }
+    }
+    Result r{label, pattern, row_bytes, rows, ranges_total / reps, Median(us)};
+    r.rows_per_s = static_cast<double>(rows) / (r.median_us * 1e-6);
+    r.gbps = r.rows_per_s * static_cast<double>(row_bytes) * 1e-9;
+    return r;
+  };
+  auto microseconds_since = [](Clock::time_point start) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  };
+
   // The ceiling: the same gathers by memcpy from a local region.
   std::map<std::pair<std::string, int64_t>, double> memcpy_gbps;
   {
@@ -200,24 +226,15 @@ int Run(const Flags& flags, const char* self, const std::string& command) {
     for (uint64_t i = 0; i < region_bytes; ++i) local[i] = PatternByte(i);
     for (const std::string& pattern : patterns) {
       for (int64_t row_bytes : row_sizes) {
-        std::vector<double> us;
-        double ranges_total = 0;
-        for (int rep = 0; rep < warmup + reps; ++rep) {
-          const auto picked = PickRows(rng, pattern, rows, region_bytes / row_bytes);
-          const auto ranges = StageRanges(picked, row_bytes);
-          const Clock::time_point start = Clock::now();
-          for (const CopyRange& r : ranges) {
-            std::memcpy(staging.data() + r.local_offset, local.data() + r.remote_offset, r.length);
-          }
-          const double t = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-          if (rep >= warmup) {
-            us.push_back(t);
-            ranges_total += static_cast<double>(ranges.size());
-          }
-        }
-        Result r{"memcpy", pattern, row_bytes, rows, ranges_total / reps, Median(us)};
-        r.rows_per_s = static_cast<double>(rows) / (r.median_us * 1e-6);
-        r.gbps = r.rows_per_s * static_cast<double>(row_bytes) * 1e-9;
+        Result r = measure("memcpy", pattern, row_bytes,
+                           [&](const std::vector<CopyRange>& ranges, int) {
+                             const Clock::time_point start = Clock::now();
+                             for (const CopyRange& c : ranges) {
+                               std::memcpy(staging.data() + c.local_offset,
+                                           local.data() + c.remote_offset, c.length);
+                             }
+                             return microseconds_since(start);
+                           });
         r.ratio_to_memcpy = 1.0;
         memcpy_gbps[{pattern, row_bytes}] = r.gbps;
         results.push_back(r);
@@ -233,32 +250,26 @@ int Run(const Flags& flags, const char* self, const std::string& command) {
     const RemoteRegion remote = ValueOrDie(client->ImportRegion(server.descriptor()), "import");
     for (const std::string& pattern : patterns) {
       for (int64_t row_bytes : row_sizes) {
-        std::vector<double> us;
-        double ranges_total = 0;
-        for (int rep = 0; rep < warmup + reps; ++rep) {
-          const auto picked = PickRows(rng, pattern, rows, region_bytes / row_bytes);
-          const auto ranges = StageRanges(picked, row_bytes);
-          if (rep == 0) std::memset(staging.data(), 0, staging.size());
-          const Clock::time_point start = Clock::now();
-          auto transfer = ValueOrDie(client->Read(remote, local, ranges), "read");
-          const Status status = transfer.Wait();
-          const double t = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-          if (!status.ok()) Fail("read: " + status.ToString());
-          if (rep == 0) {
-            for (const CopyRange& r : ranges) {
-              for (uint64_t i = 0; i < r.length; ++i) {
-                if (staging[r.local_offset + i] != PatternByte(r.remote_offset + i)) ++wrong_bytes;
-              }
-            }
-          }
-          if (rep >= warmup) {
-            us.push_back(t);
-            ranges_total += static_cast<double>(ranges.size());
-          }
-        }
-        Result r{transports, pattern, row_bytes, rows, ranges_total / reps, Median(us)};
-        r.rows_per_s = static_cast<double>(rows) / (r.median_us * 1e-6);
-        r.gbps = r.rows_per_s * static_cast<double>(row_bytes) * 1e-9;
+        // The first batch of each configuration is checked byte by byte.
+        Result r = measure(transports, pattern, row_bytes,
+                           [&](const std::vector<CopyRange>& ranges, int rep) {
+                             if (rep == 0) std::memset(staging.data(), 0, staging.size());
+                             const Clock::time_point start = Clock::now();
+                             auto transfer =
+                                 ValueOrDie(client->Read(remote, local, ranges), "read");
+                             const Status status = transfer.Wait();
+                             const double t = microseconds_since(start);
+                             if (!status.ok()) Fail("read: " + status.ToString());
+                             if (rep == 0) {
+                               for (const CopyRange& c : ranges) {
+                                 for (uint64_t i = 0; i < c.length; ++i) {
+                                   wrong_bytes += staging[c.local_offset + i] !=
+                                                  PatternByte(c.remote_offset + i);
+                                 }
+                               }
+                             }
+                             return t;
+                           });
         r.ratio_to_memcpy = r.gbps / memcpy_gbps[{pattern, row_bytes}];
         results.push_back(r);
       }

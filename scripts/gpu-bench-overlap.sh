@@ -16,6 +16,7 @@
 #   prefetchN   --prefetch N: N predicted positions per request prefetched after each attention
 #   mtpN        --mtp N: N query tokens per request and step, one resolve of all their top-k
 #   locality    no --miss-rate: the generator's locality parameters decide the misses
+#   blocksN     --copy-blocks N: the miss and prefetch copies on a grid of at most N blocks
 # Each run measures its own full-hbm, so every overhead is a ratio within one run. Writes
 # overlap-<name>.json and overlap.txt to $OUT; scripts/overlap_summary.py turns the JSONs into the
 # table of docs/overlap.md and the summary keys.
@@ -44,6 +45,8 @@ flags_of() {
     sorted-*) echo "--sort-misses-min-batch 0 $(flags_of "${1#sorted-}")" ;;
     locality) echo "" ;;
     locality-*) flags_of "${1#locality-}" | sed 's/--miss-rate 0.2//' ;;
+    blocks*-*) local rest=${1#blocks}; echo "--copy-blocks ${rest%%-*} $(flags_of "${rest#*-}")" ;;
+    blocks*) echo "--miss-rate 0.2 --copy-blocks ${1#blocks}" ;;
     prefetch*) echo "--miss-rate 0.2 --prefetch ${1#prefetch}" ;;
     mtp*) echo "--miss-rate 0.2 --mtp ${1#mtp}" ;;
     gather | merge) echo "--miss-rate 0.2 --overlap $1" ;;

@@ -58,6 +58,8 @@ struct IndexCopyView {
   int64_t src_rows;
   int64_t dst_rows;
   unsigned long long* invalid;  // device scalar or nullptr; += skipped entries
+  int32_t max_blocks;           // CUDA: largest grid, in blocks of 256 threads; 0 = as many as
+                                // the device holds resident. Other backends ignore it.
 };
 
 // Resolve one layer's top-k for the whole batch against the hot cache.

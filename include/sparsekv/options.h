@@ -109,6 +109,12 @@ struct CacheOptions {
   // Positions per request and layer that one PrefetchLayer call may take (its device buffers
   // are sized for max_batch * max_prefetch entries). 0: no prefetch.
   int32_t max_prefetch = 0;
+  // Largest grid of the miss and prefetch copies (CopyMisses, PrefetchLayer), in blocks of 256
+  // threads; 0: as many as the GPU holds resident. A copy from host memory is bound by PCIe
+  // latency and bandwidth, not by SMs: a small grid still moves the rows at nearly the same speed
+  // and leaves the other SMs to the kernels it runs beside (copies issued ahead on a side stream,
+  // prefetch, split attention). docs/overlap.md has the measurements. CUDA backend only.
+  int32_t copy_blocks = 0;
 
   int32_t effective_max_batch() const { return max_batch > 0 ? max_batch : max_requests; }
   int32_t effective_max_host_requests() const {

@@ -616,7 +616,8 @@ PYBIND11_MODULE(_core, m) {
                        int32_t host_page_tokens, bool sort_misses,
                        int32_t sort_misses_min_batch, EvictionPolicy eviction,
                        int32_t protected_percent, int32_t layers_per_index,
-                       bool share_repeated_positions, int32_t max_prefetch) {
+                       bool share_repeated_positions, int32_t max_prefetch,
+                       int32_t copy_blocks) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -635,6 +636,7 @@ PYBIND11_MODULE(_core, m) {
              o.layers_per_index = layers_per_index;
              o.share_repeated_positions = share_repeated_positions;
              o.max_prefetch = max_prefetch;
+             o.copy_blocks = copy_blocks;
              return o;
            }),
            py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
@@ -649,7 +651,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("protected_percent") = defaults.protected_percent,
            py::arg("layers_per_index") = defaults.layers_per_index,
            py::arg("share_repeated_positions") = defaults.share_repeated_positions,
-           py::arg("max_prefetch") = defaults.max_prefetch)
+           py::arg("max_prefetch") = defaults.max_prefetch,
+           py::arg("copy_blocks") = defaults.copy_blocks)
       .def_readwrite("geometry", &CacheOptions::geometry)
       .def_readwrite("top_k", &CacheOptions::top_k)
       .def_readwrite("hot_slots", &CacheOptions::hot_slots)
@@ -667,6 +670,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("layers_per_index", &CacheOptions::layers_per_index)
       .def_readwrite("share_repeated_positions", &CacheOptions::share_repeated_positions)
       .def_readwrite("max_prefetch", &CacheOptions::max_prefetch)
+      .def_readwrite("copy_blocks", &CacheOptions::copy_blocks)
       .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity)
       .def_property_readonly("effective_max_batch", &CacheOptions::effective_max_batch)
       .def_property_readonly("slots_per_request", &CacheOptions::slots_per_request)

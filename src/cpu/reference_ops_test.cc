@@ -19,7 +19,7 @@ TEST(ReferenceIndexCopyTest, CopiesValidEntriesAndCountsInvalidOnes) {
   const int32_t count = 5;
   unsigned long long invalid = 0;
   IndexCopyView v{src.data(), dst.data(), src_index.data(), dst_index.data(), &count, 5, kRow,
-                  4, 5, 5, 4, &invalid};
+                  4, 5, 5, 4, &invalid, /*max_blocks=*/0};
   reference::IndexCopy(v);
   EXPECT_EQ(invalid, 3u);  // src -1, dst 9, src 7
   EXPECT_EQ(std::memcmp(dst.data(), src.data() + 16, kRow), 0);       // row 0 <- row 4
@@ -33,7 +33,7 @@ TEST(ReferenceIndexCopyTest, CountIsClampedToCapacity) {
   const std::vector<int32_t> index = {0, 1};
   const int32_t count = 100;
   IndexCopyView v{src.data(), dst.data(), index.data(), index.data(), &count, 2, 4, 4, 4, 2, 2,
-                  nullptr};
+                  nullptr, /*max_blocks=*/0};
   reference::IndexCopy(v);
   EXPECT_EQ(dst, src);
 }

@@ -53,7 +53,7 @@ cudaError_t LaunchAssemble(const AssembleView& view, int32_t max_batch, cudaStre
   const int vec =
       row_gather::VectorBytes(view.hot, view.out, view.row_bytes, view.stride, view.stride);
   int blocks = 0;
-  if (cudaError_t err = row_gather::GridBlocks(capacity, view.row_bytes / vec, &blocks);
+  if (cudaError_t err = row_gather::GridBlocks(capacity, view.row_bytes / vec, 0, &blocks);
       err != cudaSuccess) {
     return err;
   }

@@ -78,13 +78,14 @@ struct IndexCopyCase {
   int32_t row_bytes;
   int32_t stride_pad;  // stride = row_bytes + pad (8: forces 8-byte or narrower accesses)
   int32_t count;       // > capacity: clamped; < 0: nothing
+  int32_t max_blocks = 0;  // IndexCopyView::max_blocks
 };
 
 std::string CaseName(const IndexCopyCase& c) {
   const auto where = [](Where w) { return w == Where::kHost ? "host" : "device"; };
   return std::string(where(c.src_where)) + "->" + where(c.dst_where) +
          " row_bytes=" + std::to_string(c.row_bytes) + " pad=" + std::to_string(c.stride_pad) +
-         " count=" + std::to_string(c.count);
+         " count=" + std::to_string(c.count) + " max_blocks=" + std::to_string(c.max_blocks);
 }
 
 void RunIndexCopyCase(Backend& gpu, const IndexCopyCase& c, uint64_t seed) {
@@ -130,7 +131,8 @@ void RunIndexCopyCase(Backend& gpu, const IndexCopyCase& c, uint64_t seed) {
   unsigned long long want_invalid = 3;  // counters accumulate: start from a nonzero value
   const int32_t count = c.count;
   reference::IndexCopy({src.data(), want_dst.data(), src_index.data(), dst_index.data(), &count,
-                        kCapacity, c.row_bytes, stride, stride, kSrcRows, kDstRows, &want_invalid});
+                        kCapacity, c.row_bytes, stride, stride, kSrcRows, kDstRows, &want_invalid,
+                        c.max_blocks});
 
   Buffer gpu_src(gpu, src.size(), c.src_where);
   Buffer gpu_dst(gpu, want_dst.size(), c.dst_where);
@@ -147,7 +149,8 @@ void RunIndexCopyCase(Backend& gpu, const IndexCopyCase& c, uint64_t seed) {
   ExpectOk(
       gpu.IndexCopy({gpu_src.get(), gpu_dst.get(), gpu_src_index.get<int32_t>(),
                      gpu_dst_index.get<int32_t>(), gpu_count.get<int32_t>(), kCapacity, c.row_bytes,
-                     stride, stride, kSrcRows, kDstRows, gpu_invalid.get<unsigned long long>()},
+                     stride, stride, kSrcRows, kDstRows, gpu_invalid.get<unsigned long long>(),
+                     c.max_blocks},
                     nullptr));
   ExpectOk(gpu.Synchronize(nullptr));
 
@@ -175,6 +178,29 @@ TEST(CudaIndexCopyTest, MatchesReferenceInEveryDirection) {
   }
 }
 
+// A capped grid (max_blocks) walks many rows per thread; 1 block leaves a single lattice.
+TEST(CudaIndexCopyTest, SmallGridMatchesReference) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  uint64_t seed = 300;
+  for (int32_t max_blocks : {1, 3, 16}) {
+    for (int32_t row_bytes : {3, 656, 1152}) {
+      RunIndexCopyCase(*gpu, {Where::kHost, Where::kDevice, row_bytes, 0, 3001, max_blocks},
+                       seed++);
+    }
+  }
+  RunIndexCopyCase(*gpu, {Where::kDevice, Where::kHost, 656, 8, 4096, 2}, seed++);
+}
+
+TEST(CudaIndexCopyTest, NegativeMaxBlocksIsInvalidArgument) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  Buffer rows(*gpu, 4 * 16);
+  Buffer index(*gpu, sizeof(int32_t));
+  Buffer count(*gpu, sizeof(int32_t));
+  IndexCopyView v{rows.get(), rows.get(), index.get<int32_t>(), index.get<int32_t>(),
+                  count.get<int32_t>(), 1, 16, 16, 16, 4, 4, nullptr, /*max_blocks=*/-1};
+  EXPECT_EQ(gpu->IndexCopy(v, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CudaIndexCopyTest, CountIsClampedToCapacity) {
   SPARSEKV_REQUIRE_GPU(gpu);
   RunIndexCopyCase(*gpu, {Where::kHost, Where::kDevice, 656, 0, 1 << 30}, 100);
@@ -198,7 +224,7 @@ TEST(CudaIndexCopyTest, NullInvalidCounterIsAllowed) {
   index.Upload(std::vector<int32_t>{0, 9, 2, -1});
   count.Upload(std::vector<int32_t>{4});
   ExpectOk(gpu->IndexCopy({src.get(), dst.get(), index.get<int32_t>(), index.get<int32_t>(),
-                           count.get<int32_t>(), 4, 16, 16, 16, 4, 4, nullptr},
+                           count.get<int32_t>(), 4, 16, 16, 16, 4, 4, nullptr, 0},
                           nullptr));
   ExpectOk(gpu->Synchronize(nullptr));
   std::vector<uint8_t> want(4 * 16, 0);

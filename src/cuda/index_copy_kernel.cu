@@ -61,14 +61,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 
 cudaError_t LaunchIndexCopy(const IndexCopyView& view, cudaStream_t stream) {
   if (view.capacity < 0 || view.row_bytes < 1 || view.src_stride < 0 || view.dst_stride < 0 ||
-      view.src_rows < 0 || view.dst_rows < 0) {
+      view.src_rows < 0 || view.dst_rows < 0 || view.max_blocks < 0) {
     return kUnsupported;
   }
   if (view.capacity == 0) return cudaSuccess;
   const int vec =
       row_gather::VectorBytes(view.src, view.dst, view.row_bytes, view.src_stride, view.dst_stride);
   int blocks = 0;
-  if (cudaError_t err = row_gather::GridBlocks(view.capacity, view.row_bytes / vec, &blocks);
+  if (cudaError_t err = row_gather::GridBlocks(view.capacity, view.row_bytes / vec,
+                                                      view.max_blocks, &blocks);
       err != cudaSuccess) {
     return err;
   }

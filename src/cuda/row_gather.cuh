@@ -62,8 +62,9 @@ inline int VectorBytes(const void* a, const void* b, int64_t row_bytes, int64_t 
 }
 
 // Blocks for `rows` rows of `chunks` chunks: one thread per (row, chunk) pair, capped at what the
-// current device holds resident at once.
-inline cudaError_t GridBlocks(int64_t rows, int64_t chunks, int* blocks) {
+// current device holds resident at once and, when max_blocks > 0, at max_blocks (a copy that runs
+// beside other kernels and leaves them the rest of the SMs).
+inline cudaError_t GridBlocks(int64_t rows, int64_t chunks, int max_blocks, int* blocks) {
   int device = 0;
   int sms = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
@@ -71,7 +72,8 @@ inline cudaError_t GridBlocks(int64_t rows, int64_t chunks, int* blocks) {
       err != cudaSuccess) {
     return err;
   }
-  const int64_t resident = static_cast<int64_t>(sms) * kMinBlocksPerSm;
+  int64_t resident = static_cast<int64_t>(sms) * kMinBlocksPerSm;
+  if (max_blocks > 0 && max_blocks < resident) resident = max_blocks;
   const int64_t wanted = (rows * chunks + kThreads - 1) / kThreads;
   *blocks = static_cast<int>(wanted < resident ? (wanted > 0 ? wanted : 1) : resident);
   return cudaSuccess;

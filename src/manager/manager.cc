@@ -791,6 +791,7 @@ Status SparseKVCacheManager::Copy(int32_t layer, const MissList& list, int32_t c
   copy.src_rows = pool_->rows();
   copy.dst_rows = hot_->layer_rows();
   copy.invalid = invalid_copies_;
+  copy.max_blocks = options_.copy_blocks;
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
   return CopyStagedRemoteRows(layer, stream);
 }

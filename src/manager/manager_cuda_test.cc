@@ -301,8 +301,8 @@ TEST(ManagerCudaTest, CapturedStepReplaysExactly) {
 }
 
 // The transfer-hiding paths in one captured step: split runs (fill masks), index groups, shared
-// repeats, prefetches, and a sorting threshold inside the batch range (1-4 requests), so that
-// replays of the one graph take both the sorted and the unsorted miss list.
+// repeats, prefetches, a sorting threshold inside the batch range (1-4 requests), so that replays
+// of the one graph take both the sorted and the unsorted miss list, and copies on a 2-block grid.
 TEST(ManagerCudaTest, CapturedOverlapStepReplaysExactly) {
   SPARSEKV_REQUIRE_GPU(gpu);
   CacheOptions o = ReplayOptions();
@@ -310,6 +310,7 @@ TEST(ManagerCudaTest, CapturedOverlapStepReplaysExactly) {
   o.share_repeated_positions = true;
   o.max_prefetch = 4;
   o.sort_misses_min_batch = 3;
+  o.copy_blocks = 2;
   testing::RunMode mode;
   mode.split = true;
   mode.prefetch = 3;

@@ -59,6 +59,9 @@ Status ValidateOptions(const CacheOptions& o) {
     return Field("sort_misses_min_batch (" + std::to_string(o.sort_misses_min_batch) +
                  ") must be >= 0");
   }
+  if (o.copy_blocks < 0) {
+    return Field("copy_blocks (" + std::to_string(o.copy_blocks) + ") must be >= 0");
+  }
   if (o.max_prefetch < 0 || o.max_prefetch > o.hot_slots) {
     return Field("max_prefetch (" + std::to_string(o.max_prefetch) + ") must be in [0, hot_slots]");
   }

@@ -41,6 +41,15 @@ TEST(OptionsTest, SortMissesMinBatchValidated) {
   EXPECT_TRUE(ValidateOptions(o).ok());
 }
 
+TEST(OptionsTest, CopyBlocksValidated) {
+  CacheOptions o = Valid();
+  EXPECT_EQ(o.copy_blocks, 0);  // the documented default: as many blocks as the GPU holds
+  o.copy_blocks = -1;
+  ExpectInvalid(o, "copy_blocks");
+  o.copy_blocks = 1;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
+
 TEST(OptionsTest, EvictionPolicyValidated) {
   CacheOptions o = Valid();
   EXPECT_EQ(o.eviction, EvictionPolicy::kSegmentedLru);  // the documented default

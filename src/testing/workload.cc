@@ -58,6 +58,8 @@ CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch) {
   o.layers_per_index = 1 + static_cast<int32_t>(rng() % std::min(3, o.geometry.num_layers()));
   o.share_repeated_positions = rng() % 2 == 0;
   o.max_prefetch = std::min(o.hot_slots, prefetch + static_cast<int32_t>(rng() % 3));
+  // Half the seeds copy with a grid of 1-4 blocks, so that a thread walks many rows.
+  o.copy_blocks = rng() % 2 == 0 ? 0 : 1 + static_cast<int32_t>(rng() % 4);
   return o;
 }
 

@@ -68,6 +68,9 @@ struct BenchConfig {
   // sort_misses_min_batch requests (CacheOptions::sort_misses, sort_misses_min_batch).
   bool sort_misses = true;
   int32_t sort_misses_min_batch = CacheOptions{}.sort_misses_min_batch;
+  // sparsekv: largest grid of the miss and prefetch copies (CacheOptions::copy_blocks; 0: fill the
+  // GPU).
+  int32_t copy_blocks = CacheOptions{}.copy_blocks;
   // sparsekv cross-step prefetch: after each layer group's attention, the device predictor
   // (sparsekv/prefetch.h) picks this many positions per request and PrefetchLayer fetches them on
   // a side stream for the next step. 0 = off.

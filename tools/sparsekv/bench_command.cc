@@ -153,6 +153,11 @@ BenchCommand::BenchCommand(CLI::App& parent) {
                    "GPU: ... in steps of at least this many requests")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app_->add_option("--copy-blocks", config_.copy_blocks,
+                   "GPU: sparsekv's miss and prefetch copies use at most this many blocks of 256 "
+                   "threads (0: as many as the GPU holds)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app_->add_option("--prefetch", config_.prefetch,
                    "GPU: sparsekv predicts this many positions per request after each layer's "
                    "attention and prefetches them on a side stream for the next step (0: off)")

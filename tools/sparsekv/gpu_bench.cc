@@ -595,6 +595,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.layers_per_index = c_.layers_per_index;
   setup.sort_misses = c_.sort_misses;
   setup.sort_misses_min_batch = c_.sort_misses_min_batch;
+  setup.copy_blocks = c_.copy_blocks;
   setup.prefetch = c_.prefetch;
   setup.queries = c_.mtp;
   setup.overlap = c_.overlap != "off";

@@ -144,6 +144,7 @@ class SparseKVVariant final : public StepVariant {
     o.layers_per_index = s_.layers_per_index;
     o.sort_misses = s_.sort_misses;
     o.sort_misses_min_batch = s_.sort_misses_min_batch;
+    o.copy_blocks = s_.copy_blocks;
     o.max_prefetch = s_.prefetch;
     o.share_repeated_positions = s_.queries > 1;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));

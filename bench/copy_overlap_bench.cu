@@ -1,0 +1,391 @@
+// copy_overlap_bench: how one layer's miss copy uses and shares the GPU (issue 5, docs/overlap.md).
+//
+// The copy is IndexCopy of 656-B rows (--row_bytes) from a pinned region of --span_gib GiB (one
+// layer's share of the pool in the standard scenario: 100 GB over 61 layers) into HBM, with
+// --misses rows per request (20% of k = 2048), unsorted unless a table says otherwise. Two tables,
+// each with its ceiling from the same run:
+//   small    the copy of batch B's misses (B x --misses rows) with the default grid, sorted and
+//            unsorted, against one cudaMemcpyAsync of the same bytes from contiguous pinned memory:
+//            what PCIe latency and bandwidth allow a copy of that size at best;
+//   beside   the same copy (unsorted) with its grid capped at each of --blocks blocks (0: the
+//            default, as many as the GPU holds), alone, and on a second stream beside the
+//            weight-streaming GEMM of one layer (WeightStreamProxy, --layer_gb GB of weights,
+//            --gemm_batch rows), issued right after the copy:
+//              hidden = (copy alone + gemm alone - both) / copy alone,
+//            the share of the copy's time that disappears behind the GEMM (1: all of it).
+// Every copy's output is checked row by row against the pool's pattern (alone and beside the GEMM)
+// before it is timed. Times are medians of --reps runs (CUDA events, after --warmup runs).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "bench_util.h"
+#include "sparsekv/backend.h"
+#include "sparsekv/model_proxy.h"
+
+namespace sparsekv::bench {
+namespace {
+
+constexpr size_t kGiB = size_t{1} << 30;
+constexpr size_t kCeilingBytes = 2 * kGiB;  // the memcpy ceiling's size, or the span if smaller
+
+struct Options {
+  double span_gib;
+  int32_t row_bytes;
+  int32_t misses;
+  std::vector<int64_t> batches;
+  std::vector<int64_t> beside_batches;
+  std::vector<int64_t> blocks;
+  double layer_gb;
+  int32_t gemm_batch;
+  int index_sets;
+  int warmup;
+  int reps;
+  uint64_t seed;
+  int device;
+  std::string json;
+};
+
+// `count` sets of n (host row -> destination row) pairs: distinct host rows below span_rows,
+// destinations a permutation of [0, n); `sorted` holds each set ordered by host row. Device copies
+// hold the sets one after another.
+struct IndexSets {
+  int32_t n = 0;
+  int count = 0;
+  std::vector<int32_t> src, dst, sorted_src, sorted_dst;
+  std::vector<int32_t*> device;  // d_src, d_dst, d_sorted_src, d_sorted_dst
+};
+
+class Bench {
+ public:
+  Bench(const Options& o, Backend* backend, cudaStream_t stream, cudaStream_t side)
+      : o_(o), backend_(backend), stream_(stream), side_(side), rng_(o.seed) {}
+
+  // Returns the number of wrong results found.
+  int Run();
+
+ private:
+  IndexSets MakeIndexSets(int32_t n);
+  void FreeIndexSets(IndexSets& sets);
+  // Enqueues set `set` of `sets` (sorted or not) on `stream` with a grid of at most max_blocks.
+  void Copy(const IndexSets& sets, bool sorted, int set, int max_blocks, cudaStream_t stream);
+  // Poisons the destination, runs `launch` and checks set 0's rows; false if anything is wrong.
+  bool Verify(const std::string& what, const IndexSets& sets, bool sorted,
+              const std::function<void()>& launch);
+  Json MeasureSmall(int32_t batch);
+  Json MeasureBeside(int32_t batch, const Timing& gemm);
+
+  const Options o_;
+  Backend* backend_;
+  cudaStream_t stream_;
+  cudaStream_t side_;
+  std::mt19937_64 rng_;
+  std::byte* pool_ = nullptr;  // [span rows, row_bytes] pinned host, pattern-filled
+  int64_t span_rows_ = 0;
+  std::byte* dst_ = nullptr;  // [max rows, row_bytes] device
+  int32_t* d_count_ = nullptr;
+  unsigned long long* d_invalid_ = nullptr;
+  std::vector<std::byte> host_dst_;
+  std::unique_ptr<WeightStreamProxy> gemm_;
+  double h2d_gbps_ = 0;
+  Errors errors_;
+};
+
+IndexSets Bench::MakeIndexSets(int32_t n) {
+  IndexSets s;
+  s.n = n;
+  s.count = o_.index_sets;
+  const size_t total = size_t(s.count) * n;
+  for (auto* v : {&s.src, &s.dst, &s.sorted_src, &s.sorted_dst}) v->resize(total);
+  std::uniform_int_distribution<int64_t> pick(0, span_rows_ - 1);
+  std::vector<int32_t> order(n);
+  for (int set = 0; set < s.count; ++set) {
+    int32_t* src = s.src.data() + size_t(set) * n;
+    int32_t* dst = s.dst.data() + size_t(set) * n;
+    std::unordered_set<int64_t> used;
+    for (int32_t i = 0; i < n; ++i) {
+      int64_t r;
+      do r = pick(rng_);
+      while (!used.insert(r).second);
+      src[i] = static_cast<int32_t>(r);
+    }
+    std::iota(dst, dst + n, 0);
+    std::shuffle(dst, dst + n, rng_);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return src[a] < src[b]; });
+    for (int32_t i = 0; i < n; ++i) {
+      s.sorted_src[size_t(set) * n + i] = src[order[i]];
+      s.sorted_dst[size_t(set) * n + i] = dst[order[i]];
+    }
+  }
+  for (const auto* h : {&s.src, &s.dst, &s.sorted_src, &s.sorted_dst}) {
+    auto* d = static_cast<int32_t*>(
+        ValueOrDie(backend_->AllocateDevice(total * sizeof(int32_t)), "index set"));
+    CopySync(d, h->data(), total * sizeof(int32_t), stream_);
+    s.device.push_back(d);
+  }
+  return s;
+}
+
+void Bench::FreeIndexSets(IndexSets& s) {
+  for (int32_t* d : s.device) backend_->FreeDevice(d);
+  s = IndexSets{};
+}
+
+void Bench::Copy(const IndexSets& sets, bool sorted, int set, int max_blocks,
+                 cudaStream_t stream) {
+  const size_t offset = size_t(set) * sets.n;
+  IndexCopyView v{};
+  v.src = pool_;
+  v.dst = dst_;
+  v.src_index = sets.device[sorted ? 2 : 0] + offset;
+  v.dst_index = sets.device[sorted ? 3 : 1] + offset;
+  v.count = d_count_;
+  v.capacity = sets.n;
+  v.row_bytes = o_.row_bytes;
+  v.src_stride = v.dst_stride = o_.row_bytes;
+  v.src_rows = span_rows_;
+  v.dst_rows = sets.n;
+  v.invalid = d_invalid_;
+  v.max_blocks = max_blocks;
+  CheckOk(backend_->IndexCopy(v, stream), "IndexCopy");
+}
+
+bool Bench::Verify(const std::string& what, const IndexSets& sets, bool sorted,
+                   const std::function<void()>& launch) {
+  const size_t bytes = size_t(sets.n) * o_.row_bytes;
+  BENCH_CUDA(cudaMemsetAsync(dst_, 0xFF, bytes, stream_));
+  launch();
+  BENCH_CUDA(cudaMemcpyAsync(host_dst_.data(), dst_, bytes, cudaMemcpyDeviceToHost, stream_));
+  unsigned long long invalid = 0;
+  BENCH_CUDA(
+      cudaMemcpyAsync(&invalid, d_invalid_, sizeof(invalid), cudaMemcpyDeviceToHost, stream_));
+  BENCH_CUDA(cudaStreamSynchronize(stream_));
+  if (invalid != 0) {
+    errors_.Add(what + ": IndexCopy counted " + std::to_string(invalid) + " invalid entries");
+    BENCH_CUDA(cudaMemsetAsync(d_invalid_, 0, sizeof(invalid), stream_));
+    return false;
+  }
+  const int32_t* src = (sorted ? sets.sorted_src : sets.src).data();
+  const int32_t* dst = (sorted ? sets.sorted_dst : sets.dst).data();
+  for (int32_t i = 0; i < sets.n; ++i) {
+    const std::byte* row = host_dst_.data() + size_t(dst[i]) * o_.row_bytes;
+    if (!RowMatchesPattern(row, uint64_t(src[i]) * o_.row_bytes, o_.row_bytes)) {
+      errors_.Add(what + ": entry " + std::to_string(i) + " was not copied correctly");
+      return false;
+    }
+  }
+  return true;
+}
+
+Json Bench::MeasureSmall(int32_t batch) {
+  IndexSets sets = MakeIndexSets(batch * o_.misses);
+  CopySync(d_count_, &sets.n, sizeof(sets.n), stream_);
+  const std::string name = "small B=" + std::to_string(batch);
+  const double bytes = double(sets.n) * o_.row_bytes;
+  Json row = Json::Object()
+                 .Add("batch", batch)
+                 .Add("rows", sets.n)
+                 .Add("bytes", bytes)
+                 .Add("floor_us", bytes / (h2d_gbps_ * 1e3));
+  const Timing memcpy_t = TimeOnStream(stream_, o_.warmup, o_.reps, [&](int) {
+    BENCH_CUDA(cudaMemcpyAsync(dst_, pool_, size_t(bytes), cudaMemcpyHostToDevice, stream_));
+  });
+  row.Add("memcpy", TimingJson(memcpy_t));
+  std::printf("%-6d %7d %10.1f %10.1f", batch, sets.n, bytes / (h2d_gbps_ * 1e3),
+              memcpy_t.median_ms * 1e3);
+  for (const bool sorted : {false, true}) {
+    const char* kind = sorted ? "sorted" : "unsorted";
+    const bool ok = Verify(name + " " + kind, sets, sorted, [&] { Copy(sets, sorted, 0, 0, stream_); });
+    const Timing t = TimeOnStream(stream_, o_.warmup, o_.reps, [&](int rep) {
+      Copy(sets, sorted, rep % sets.count, 0, stream_);
+    });
+    row.Add(kind, TimingJson(t)).Add(std::string(kind) + "_verified", ok);
+    std::printf(" %10.1f %7.1f %6.2f", t.median_ms * 1e3, bytes / (t.median_ms * 1e6),
+                t.median_ms / memcpy_t.median_ms);
+  }
+  std::printf("\n");
+  FreeIndexSets(sets);
+  return row;
+}
+
+Json Bench::MeasureBeside(int32_t batch, const Timing& gemm) {
+  IndexSets sets = MakeIndexSets(batch * o_.misses);
+  CopySync(d_count_, &sets.n, sizeof(sets.n), stream_);
+  cudaEvent_t fork, join;
+  BENCH_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  BENCH_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  Json rows = Json::Array();
+  for (const int64_t blocks : o_.blocks) {
+    const int max_blocks = static_cast<int>(blocks);
+    // The copy on the side stream, then the GEMM on the main stream, both after the fork.
+    auto both = [&](int rep) {
+      BENCH_CUDA(cudaEventRecord(fork, stream_));
+      BENCH_CUDA(cudaStreamWaitEvent(side_, fork));
+      Copy(sets, false, rep % sets.count, max_blocks, side_);
+      CheckOk(gemm_->Run(o_.gemm_batch, rep, stream_), "WeightStreamProxy::Run");
+      BENCH_CUDA(cudaEventRecord(join, side_));
+      BENCH_CUDA(cudaStreamWaitEvent(stream_, join));
+    };
+    const std::string name = "beside B=" + std::to_string(batch) + " blocks=" + std::to_string(blocks);
+    const bool ok = Verify(name + " alone", sets, false, [&] { Copy(sets, false, 0, max_blocks, stream_); }) &&
+                    Verify(name + " with the GEMM", sets, false, [&] { both(0); });
+    const Timing alone = TimeOnStream(stream_, o_.warmup, o_.reps, [&](int rep) {
+      Copy(sets, false, rep % sets.count, max_blocks, stream_);
+    });
+    const Timing with_gemm = TimeOnStream(stream_, o_.warmup, o_.reps, both);
+    const double hidden =
+        (alone.median_ms + gemm.median_ms - with_gemm.median_ms) / alone.median_ms;
+    const double bytes = double(sets.n) * o_.row_bytes;
+    rows.Push(Json::Object()
+                  .Add("batch", batch)
+                  .Add("rows", sets.n)
+                  .Add("max_blocks", max_blocks)
+                  .Add("alone", TimingJson(alone))
+                  .Add("alone_gbps", bytes / (alone.median_ms * 1e6))
+                  .Add("beside_gemm", TimingJson(with_gemm))
+                  .Add("hidden", hidden)
+                  .Add("verified", ok));
+    std::printf("%-6d %7d %7d %10.1f %7.1f %10.1f %10.1f %7.2f\n", batch, sets.n, max_blocks,
+                alone.median_ms * 1e3, bytes / (alone.median_ms * 1e6), gemm.median_ms * 1e3,
+                with_gemm.median_ms * 1e3, hidden);
+  }
+  BENCH_CUDA(cudaEventDestroy(fork));
+  BENCH_CUDA(cudaEventDestroy(join));
+  FreeIndexSets(sets);
+  return rows;
+}
+
+int Bench::Run() {
+  const size_t span_bytes = size_t(o_.span_gib * kGiB) & ~size_t{4095};
+  span_rows_ = int64_t(span_bytes / o_.row_bytes);
+  pool_ = static_cast<std::byte*>(ValueOrDie(backend_->AllocateHost(span_bytes), "pool"));
+  FillPattern(pool_, span_bytes);
+  int64_t max_batch = 0;
+  for (const auto* list : {&o_.batches, &o_.beside_batches}) {
+    for (int64_t b : *list) max_batch = std::max(max_batch, b);
+  }
+  const size_t dst_bytes = size_t(max_batch) * o_.misses * o_.row_bytes;
+  dst_ = static_cast<std::byte*>(ValueOrDie(backend_->AllocateDevice(dst_bytes), "dst"));
+  host_dst_.resize(dst_bytes);
+  d_count_ = static_cast<int32_t*>(ValueOrDie(backend_->AllocateDevice(4), "count"));
+  d_invalid_ = static_cast<unsigned long long*>(
+      ValueOrDie(backend_->AllocateDevice(sizeof(unsigned long long)), "invalid"));
+  BENCH_CUDA(cudaMemsetAsync(d_invalid_, 0, sizeof(unsigned long long), stream_));
+
+  const size_t ceiling_bytes = std::min(kCeilingBytes, span_bytes);
+  void* ceiling = ValueOrDie(backend_->AllocateDevice(ceiling_bytes), "ceiling buffer");
+  h2d_gbps_ = MemcpyGBps(ceiling, pool_, ceiling_bytes, stream_, o_.warmup, o_.reps);
+  backend_->FreeDevice(ceiling);
+  std::printf("device %s; pinned host->device memcpy of %.2f GiB: %.1f GB/s; span %.2f GiB, "
+              "%d-B rows\n",
+              DeviceName(o_.device).c_str(), double(ceiling_bytes) / kGiB, h2d_gbps_,
+              double(span_bytes) / kGiB, o_.row_bytes);
+
+  std::printf("\nsmall copies: one layer's misses at batch B, default grid\n");
+  std::printf("%-6s %7s %10s %10s %10s %7s %6s %10s %7s %6s\n", "B", "rows", "floor us",
+              "memcpy us", "unsort us", "GB/s", "/memcpy", "sorted us", "GB/s", "/memcpy");
+  Json small = Json::Array();
+  for (int64_t b : o_.batches) small.Push(MeasureSmall(static_cast<int32_t>(b)));
+
+  gemm_ = ValueOrDie(WeightStreamProxy::Create(o_.gemm_batch, int64_t(o_.layer_gb * 1e9), 2,
+                                               o_.device),
+                     "WeightStreamProxy::Create");
+  const Timing gemm = TimeOnStream(stream_, o_.warmup, o_.reps, [&](int rep) {
+    CheckOk(gemm_->Run(o_.gemm_batch, rep, stream_), "WeightStreamProxy::Run");
+  });
+  const double gemm_gbps = double(gemm_->bytes_per_layer()) / (gemm.median_ms * 1e6);
+  std::printf("\ncopies beside one layer's weight GEMM (%.2f GB, batch %d: %.1f us, %.0f GB/s)\n",
+              gemm_->bytes_per_layer() / 1e9, o_.gemm_batch, gemm.median_ms * 1e3, gemm_gbps);
+  std::printf("%-6s %7s %7s %10s %7s %10s %10s %7s\n", "B", "rows", "blocks", "copy us", "GB/s",
+              "gemm us", "both us", "hidden");
+  Json beside = Json::Array();
+  for (int64_t b : o_.beside_batches) beside.Push(MeasureBeside(static_cast<int32_t>(b), gemm));
+
+  Json root = Json::Object()
+                  .Add("benchmark", "copy_overlap_bench")
+                  .Add("device", DeviceName(o_.device))
+                  .Add("row_bytes", o_.row_bytes)
+                  .Add("span_bytes", double(span_bytes))
+                  .Add("misses_per_request", o_.misses)
+                  .Add("h2d_gbps", h2d_gbps_)
+                  .Add("small", small)
+                  .Add("gemm", Json::Object()
+                                   .Add("bytes", double(gemm_->bytes_per_layer()))
+                                   .Add("batch", o_.gemm_batch)
+                                   .Add("timing", TimingJson(gemm))
+                                   .Add("gbps", gemm_gbps))
+                  .Add("beside", beside)
+                  .Add("errors", ErrorsJson(errors_));
+  if (!o_.json.empty()) WriteFile(o_.json, root.str() + "\n");
+  gemm_.reset();
+  backend_->FreeDevice(dst_);
+  backend_->FreeDevice(d_count_);
+  backend_->FreeDevice(d_invalid_);
+  backend_->FreeHost(pool_);
+  if (errors_.count() > 0) {
+    for (const std::string& m : errors_.messages()) std::printf("WRONG: %s\n", m.c_str());
+  }
+  return errors_.count();
+}
+
+}  // namespace
+}  // namespace sparsekv::bench
+
+int main(int argc, char** argv) {
+  using namespace sparsekv::bench;
+  const Flags flags(argc, argv,
+                    {{"span_gib", "1.6"},
+                     {"row_bytes", "656"},
+                     {"misses", "410"},
+                     {"batches", "1,2,4,8,16,32,64"},
+                     {"beside_batches", "1,8,64"},
+                     {"blocks", "4,8,16,32,66,132,0"},
+                     {"layer_gb", "1.38"},
+                     {"gemm_batch", "64"},
+                     {"index_sets", "4"},
+                     {"warmup", "3"},
+                     {"reps", "30"},
+                     {"seed", "1"},
+                     {"device", "0"},
+                     {"json", ""}});
+  Options o;
+  o.span_gib = flags.Double("span_gib");
+  o.row_bytes = static_cast<int32_t>(flags.Int("row_bytes"));
+  o.misses = static_cast<int32_t>(flags.Int("misses"));
+  o.batches = flags.IntList("batches");
+  o.beside_batches = flags.IntList("beside_batches");
+  o.blocks = flags.IntList("blocks");
+  o.layer_gb = flags.Double("layer_gb");
+  o.gemm_batch = static_cast<int32_t>(flags.Int("gemm_batch"));
+  o.index_sets = static_cast<int>(flags.Int("index_sets"));
+  o.warmup = static_cast<int>(flags.Int("warmup"));
+  o.reps = static_cast<int>(flags.Int("reps"));
+  o.seed = static_cast<uint64_t>(flags.Int("seed"));
+  o.device = static_cast<int>(flags.Int("device"));
+  o.json = flags.Str("json");
+  if (o.row_bytes <= 0 || o.row_bytes % 16 != 0 || o.misses <= 0 || o.reps <= 0 ||
+      o.warmup < 0 || o.index_sets <= 0 || o.gemm_batch <= 0 || o.layer_gb <= 0) {
+    Fail("--row_bytes (a multiple of 16), --misses, --reps, --index_sets, --gemm_batch and "
+         "--layer_gb must be positive, --warmup >= 0");
+  }
+  for (int64_t b : o.blocks) {
+    if (b < 0) Fail("--blocks: each entry must be >= 0 (0: the default grid)");
+  }
+  auto backend = ValueOrDie(sparsekv::CreateCudaBackend(o.device), "CreateCudaBackend");
+  cudaStream_t stream, side;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  BENCH_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  const int wrong = Bench(o, backend.get(), stream, side).Run();
+  BENCH_CUDA(cudaStreamDestroy(side));
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return wrong == 0 ? 0 : 1;
+}

@@ -10,9 +10,11 @@
 //   beside   the same copy (unsorted) with its grid capped at each of --blocks blocks (0: the
 //            default, as many as the GPU holds), alone, and on a second stream beside the
 //            weight-streaming GEMM of one layer (WeightStreamProxy, --layer_gb GB of weights,
-//            --gemm_batch rows), issued right after the copy:
+//            --gemm_batch rows), issued right before the GEMM and right after it:
 //              hidden = (copy alone + gemm alone - both) / copy alone,
-//            the share of the copy's time that disappears behind the GEMM (1: all of it).
+//            the share of the copy's time that disappears behind the GEMM (1: all of it). Which
+//            kernel takes the SMs first decides much of it: the GEMM's blocks do not fit beside
+//            a copy block on one SM.
 // Every copy's output is checked row by row against the pool's pattern (alone and beside the GEMM)
 // before it is timed. Times are medians of --reps runs (CUDA events, after --warmup runs).
 #include <cuda_runtime.h>
@@ -226,37 +228,53 @@ Json Bench::MeasureBeside(int32_t batch, const Timing& gemm) {
   Json rows = Json::Array();
   for (const int64_t blocks : o_.blocks) {
     const int max_blocks = static_cast<int>(blocks);
-    // The copy on the side stream, then the GEMM on the main stream, both after the fork.
-    auto both = [&](int rep) {
+    // The copy on the side stream and the GEMM on the main stream, both after the fork, in the
+    // order asked for.
+    auto both = [&](int rep, bool copy_first) {
+      const auto copy = [&] { Copy(sets, false, rep % sets.count, max_blocks, side_); };
       BENCH_CUDA(cudaEventRecord(fork, stream_));
-      BENCH_CUDA(cudaStreamWaitEvent(side_, fork));
-      Copy(sets, false, rep % sets.count, max_blocks, side_);
+      if (copy_first) {
+        BENCH_CUDA(cudaStreamWaitEvent(side_, fork));
+        copy();
+      }
       CheckOk(gemm_->Run(o_.gemm_batch, rep, stream_), "WeightStreamProxy::Run");
+      if (!copy_first) {
+        BENCH_CUDA(cudaStreamWaitEvent(side_, fork));
+        copy();
+      }
       BENCH_CUDA(cudaEventRecord(join, side_));
       BENCH_CUDA(cudaStreamWaitEvent(stream_, join));
     };
-    const std::string name = "beside B=" + std::to_string(batch) + " blocks=" + std::to_string(blocks);
-    const bool ok = Verify(name + " alone", sets, false, [&] { Copy(sets, false, 0, max_blocks, stream_); }) &&
-                    Verify(name + " with the GEMM", sets, false, [&] { both(0); });
+    const std::string name =
+        "beside B=" + std::to_string(batch) + " blocks=" + std::to_string(blocks);
+    const bool ok =
+        Verify(name + " alone", sets, false,
+               [&] { Copy(sets, false, 0, max_blocks, stream_); }) &&
+        Verify(name + ", copy first", sets, false, [&] { both(0, true); }) &&
+        Verify(name + ", GEMM first", sets, false, [&] { both(0, false); });
     const Timing alone = TimeOnStream(stream_, o_.warmup, o_.reps, [&](int rep) {
       Copy(sets, false, rep % sets.count, max_blocks, stream_);
     });
-    const Timing with_gemm = TimeOnStream(stream_, o_.warmup, o_.reps, both);
-    const double hidden =
-        (alone.median_ms + gemm.median_ms - with_gemm.median_ms) / alone.median_ms;
     const double bytes = double(sets.n) * o_.row_bytes;
-    rows.Push(Json::Object()
-                  .Add("batch", batch)
-                  .Add("rows", sets.n)
-                  .Add("max_blocks", max_blocks)
-                  .Add("alone", TimingJson(alone))
-                  .Add("alone_gbps", bytes / (alone.median_ms * 1e6))
-                  .Add("beside_gemm", TimingJson(with_gemm))
-                  .Add("hidden", hidden)
-                  .Add("verified", ok));
-    std::printf("%-6d %7d %7d %10.1f %7.1f %10.1f %10.1f %7.2f\n", batch, sets.n, max_blocks,
-                alone.median_ms * 1e3, bytes / (alone.median_ms * 1e6), gemm.median_ms * 1e3,
-                with_gemm.median_ms * 1e3, hidden);
+    Json row = Json::Object()
+                   .Add("batch", batch)
+                   .Add("rows", sets.n)
+                   .Add("max_blocks", max_blocks)
+                   .Add("alone", TimingJson(alone))
+                   .Add("alone_gbps", bytes / (alone.median_ms * 1e6))
+                   .Add("verified", ok);
+    std::printf("%-6d %7d %7d %10.1f %7.1f %10.1f", batch, sets.n, max_blocks,
+                alone.median_ms * 1e3, bytes / (alone.median_ms * 1e6), gemm.median_ms * 1e3);
+    for (const bool copy_first : {true, false}) {
+      const Timing t =
+          TimeOnStream(stream_, o_.warmup, o_.reps, [&](int rep) { both(rep, copy_first); });
+      const double hidden = (alone.median_ms + gemm.median_ms - t.median_ms) / alone.median_ms;
+      const std::string key = copy_first ? "copy_first" : "gemm_first";
+      row.Add(key, TimingJson(t)).Add("hidden_" + key, hidden);
+      std::printf(" %10.1f %7.2f", t.median_ms * 1e3, hidden);
+    }
+    std::printf("\n");
+    rows.Push(row);
   }
   BENCH_CUDA(cudaEventDestroy(fork));
   BENCH_CUDA(cudaEventDestroy(join));
@@ -305,8 +323,8 @@ int Bench::Run() {
   const double gemm_gbps = double(gemm_->bytes_per_layer()) / (gemm.median_ms * 1e6);
   std::printf("\ncopies beside one layer's weight GEMM (%.2f GB, batch %d: %.1f us, %.0f GB/s)\n",
               gemm_->bytes_per_layer() / 1e9, o_.gemm_batch, gemm.median_ms * 1e3, gemm_gbps);
-  std::printf("%-6s %7s %7s %10s %7s %10s %10s %7s\n", "B", "rows", "blocks", "copy us", "GB/s",
-              "gemm us", "both us", "hidden");
+  std::printf("%-6s %7s %7s %10s %7s %10s %10s %7s %10s %7s\n", "B", "rows", "blocks", "copy us",
+              "GB/s", "gemm us", "copy 1st", "hidden", "gemm 1st", "hidden");
   Json beside = Json::Array();
   for (int64_t b : o_.beside_batches) beside.Push(MeasureBeside(static_cast<int32_t>(b), gemm));
 

@@ -15,6 +15,9 @@
 //            the share of the copy's time that disappears behind the GEMM (1: all of it). Which
 //            kernel takes the SMs first decides much of it: the GEMM's blocks do not fit beside
 //            a copy block on one SM.
+// The JSON's "summary" holds small_copy_to_memcpy_b<B> (the unsorted copy's time over the memcpy's,
+// B = 1 and 8) and copy_hidden_beside_gemm_b<B>_blocks16 (copy issued first, B = 8 and 64), for
+// the batches and grids that were measured.
 // Every copy's output is checked row by row against the pool's pattern (alone and beside the GEMM)
 // before it is timed. Times are medians of --reps runs (CUDA events, after --warmup runs).
 #include <cuda_runtime.h>
@@ -98,6 +101,7 @@ class Bench {
   std::vector<std::byte> host_dst_;
   std::unique_ptr<WeightStreamProxy> gemm_;
   double h2d_gbps_ = 0;
+  Json summary_ = Json::Object();
   Errors errors_;
 };
 
@@ -211,6 +215,10 @@ Json Bench::MeasureSmall(int32_t batch) {
       Copy(sets, sorted, rep % sets.count, 0, stream_);
     });
     row.Add(kind, TimingJson(t)).Add(std::string(kind) + "_verified", ok);
+    if (!sorted && (batch == 1 || batch == 8)) {
+      summary_.Add("small_copy_to_memcpy_b" + std::to_string(batch),
+                   t.median_ms / memcpy_t.median_ms);
+    }
     std::printf(" %10.1f %7.1f %6.2f", t.median_ms * 1e3, bytes / (t.median_ms * 1e6),
                 t.median_ms / memcpy_t.median_ms);
   }
@@ -271,6 +279,9 @@ Json Bench::MeasureBeside(int32_t batch, const Timing& gemm) {
       const double hidden = (alone.median_ms + gemm.median_ms - t.median_ms) / alone.median_ms;
       const std::string key = copy_first ? "copy_first" : "gemm_first";
       row.Add(key, TimingJson(t)).Add("hidden_" + key, hidden);
+      if (copy_first && max_blocks == 16 && (batch == 8 || batch == 64)) {
+        summary_.Add("copy_hidden_beside_gemm_b" + std::to_string(batch) + "_blocks16", hidden);
+      }
       std::printf(" %10.1f %7.2f", t.median_ms * 1e3, hidden);
     }
     std::printf("\n");
@@ -342,6 +353,7 @@ int Bench::Run() {
                                    .Add("timing", TimingJson(gemm))
                                    .Add("gbps", gemm_gbps))
                   .Add("beside", beside)
+                  .Add("summary", summary_)
                   .Add("errors", ErrorsJson(errors_));
   if (!o_.json.empty()) WriteFile(o_.json, root.str() + "\n");
   gemm_.reset();

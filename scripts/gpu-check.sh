@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The one command to run on a GPU machine, from the repository root:
 #   OUT=/some/dir bash scripts/gpu-check.sh
-# Builds everything (Release, sm_90, CUDA on), runs all tests, the two operator benchmarks and
+# Builds everything (Release, sm_90, CUDA on), runs all tests, the three operator benchmarks and
 # compute-sanitizer (memcheck, racecheck) on the CUDA backend tests, and collects the results in
-# $OUT (default ./gpu-check-out), at most 7 files:
+# $OUT (default ./gpu-check-out), in up to 10 files (more than the device tool brings back one by
+# one: pack $OUT into one archive there):
 #   gpu-check.txt     everything printed here: device, toolchain, bench tables, step table
 #   build.log         cmake configure + build
 #   ctest.log         ctest --output-on-failure
 #   sanitizer.log     compute-sanitizer memcheck + racecheck
 #   index_copy.json   index_copy_bench results       resolve.json   resolve_bench results
-#   summary.json      the summary keys of both (scripts/merge_summary.py)
+#   index_copy_modes.json  index_copy_bench on each kind of host memory
+#   copy_overlap.json copy_overlap_bench results (small copies; a copy beside the weight GEMM)
+#   summary.json      the summary keys of the benchmarks (scripts/merge_summary.py)
 #   python.log        pip install of the Python package (CUDA), its pytest suite, the torch example
 # Every step runs even if an earlier one failed (except those that need a build that failed);
 # the exit status is non-zero if any step failed. The benchmarks run before the sanitizers so that
@@ -27,6 +30,7 @@
 #   GPU_CHECK_DEADLINE            seconds for the whole script (540)
 #   GPU_CHECK_INDEX_COPY_ARGS     extra flags for index_copy_bench (e.g. "--pool_gib 8")
 #   GPU_CHECK_RESOLVE_ARGS        extra flags for resolve_bench (e.g. "--contexts 32768")
+#   GPU_CHECK_COPY_OVERLAP_ARGS   extra flags for copy_overlap_bench (e.g. "--blocks 8,16,0")
 #   GPU_CHECK_MEMCHECK_FILTER     gtest filter for memcheck (default: all but the three longest)
 #   GPU_CHECK_RACECHECK_FILTER    gtest filter for racecheck (default: the kernel tests)
 #   GPU_CHECK_SANITIZER_TIMEOUT   seconds per sanitizer tool (120)
@@ -175,11 +179,14 @@ main() {
   if [[ $SKIP_BENCH == 1 ]]; then
     record "index_copy" "skipped" 0
     record "resolve" "skipped" 0
+    record "copy_overlap" "skipped" 0
   elif ((!built)); then
     record "index_copy" "NO-BUILD" 0
     record "resolve" "NO-BUILD" 0
+    record "copy_overlap" "NO-BUILD" 0
   else
-    rm -f "$OUT/index_copy.json" "$OUT/index_copy_modes.json" "$OUT/resolve.json"
+    rm -f "$OUT/index_copy.json" "$OUT/index_copy_modes.json" "$OUT/resolve.json" \
+      "$OUT/copy_overlap.json"
     # The pool's backing decides the gather speed at large spans (translation reach): reserve
     # 2 MB pages so that the library's default (HostMemoryKind::kAuto) can use them, and compare
     # the three kinds of host memory once, for 656-B rows.
@@ -205,6 +212,9 @@ PY
     # shellcheck disable=SC2086
     step "resolve" - 200 "$BUILD/bench/resolve_bench" --json "$OUT/resolve.json" \
       ${GPU_CHECK_RESOLVE_ARGS:-}
+    # shellcheck disable=SC2086
+    step "copy_overlap" - 120 "$BUILD/bench/copy_overlap_bench" --json "$OUT/copy_overlap.json" \
+      ${GPU_CHECK_COPY_OVERLAP_ARGS:-}
     if [[ ${GPU_CHECK_PROFILE:-0} == 1 ]]; then
       # Hardware counters of one hits-only Resolve at B = 64 (clocks left alone).
       local ncu_bin
@@ -254,7 +264,9 @@ PY
   echo
   echo "=== summary keys ($OUT/summary.json)"
   local inputs=()
-  for f in "$OUT/index_copy.json" "$OUT/resolve.json"; do [[ -f $f ]] && inputs+=("$f"); done
+  for f in "$OUT/index_copy.json" "$OUT/resolve.json" "$OUT/copy_overlap.json"; do
+    [[ -f $f ]] && inputs+=("$f")
+  done
   if ((${#inputs[@]})); then
     python3 "$ROOT/scripts/merge_summary.py" "$OUT/summary.json" "${inputs[@]}" || FAILED=1
   else

@@ -35,6 +35,14 @@ def test_sort_threshold_is_an_option_and_is_validated():
                                       sparsekv.cpu_backend())
 
 
+def test_copy_blocks_is_an_option_and_is_validated():
+    assert make_options().copy_blocks == 0  # the documented default: as many as the GPU holds
+    manager = sparsekv.SparseKVCacheManager(make_options(copy_blocks=3), sparsekv.cpu_backend())
+    run_workload(manager, Flavour.numpy(), seed=6, steps=5)
+    with pytest.raises(sparsekv.InvalidArgumentError, match="copy_blocks"):
+        sparsekv.SparseKVCacheManager(make_options(copy_blocks=-1), sparsekv.cpu_backend())
+
+
 def test_lifecycle_and_sequence_length(manager):
     admit_with_prompt(manager, 1, 5)
     assert manager.sequence_length(1) == 5

@@ -41,6 +41,11 @@ def test_resolve_matches_reference(seed):
     run_workload(cuda_manager(), torch_cuda(), seed)
 
 
+def test_copies_on_a_two_block_grid_match_reference():
+    manager = sparsekv.SparseKVCacheManager(make_options(copy_blocks=2), sparsekv.cuda_backend(0))
+    run_workload(manager, torch_cuda(), seed=15, steps=10)
+
+
 def test_cuda_array_interface_path():
     flavour = Flavour(lambda a: CudaArrayInterfaceOnly(torch.from_numpy(a).cuda()),
                       lambda t: t.tensor.cpu().numpy(), hot_to_numpy)

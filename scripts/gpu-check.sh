@@ -171,8 +171,15 @@ main() {
     record "ctest" "NO-BUILD" 0
   else
     : >"$OUT/ctest.log"
+    # The control-plane and scale-out tests start a redis-server; a GPU machine without one
+    # leaves them to CI (where scripts/install-deps.sh installs it) rather than failing them.
+    local exclude=()
+    if ! command -v redis-server >/dev/null; then
+      echo "no redis-server here: ControlPlane* and ScaleOut* tests left out (they run in CI)"
+      exclude=(-E "ControlPlane|ScaleOut")
+    fi
     step "ctest" "$OUT/ctest.log" 300 \
-      ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 240
+      ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 240 "${exclude[@]}"
     grep -E "tests passed|tests failed|Total Test time" "$OUT/ctest.log" | tail -n 3
   fi
 

@@ -110,10 +110,13 @@ struct CacheOptions {
   // are sized for max_batch * max_prefetch entries). 0: no prefetch.
   int32_t max_prefetch = 0;
   // Largest grid of the miss and prefetch copies (CopyMisses, PrefetchLayer), in blocks of 256
-  // threads; 0: as many as the GPU holds resident. A copy from host memory is bound by PCIe
-  // latency and bandwidth, not by SMs: a small grid still moves the rows at nearly the same speed
-  // and leaves the other SMs to the kernels it runs beside (copies issued ahead on a side stream,
-  // prefetch, split attention). docs/overlap.md has the measurements. CUDA backend only.
+  // threads; 0: as many as the GPU holds resident (4 per SM). A copy from host memory is bound by
+  // PCIe latency and bandwidth, not by SMs: on an H200, 16 blocks copy at 89-99% of the whole
+  // GPU's rate and leave the other SMs to the kernels the copy runs beside. Set 16 when copies
+  // run ahead on a side stream (a shared indexer's later layers, prefetch): with one top-k per 4
+  // layers that hid 60-77% of the transfer time at batch 4-64, against 4-10% on the default grid.
+  // Copies on the critical path gain nothing from it below batch 64 (0.1-0.35 ms per step
+  // slower), hence the default (bench/results/overlap-copy-blocks, docs/overlap.md). CUDA only.
   int32_t copy_blocks = 0;
 
   int32_t effective_max_batch() const { return max_batch > 0 ? max_batch : max_requests; }

@@ -146,8 +146,7 @@ void Bench::FreeIndexSets(IndexSets& s) {
   s = IndexSets{};
 }
 
-void Bench::Copy(const IndexSets& sets, bool sorted, int set, int max_blocks,
-                 cudaStream_t stream) {
+void Bench::Copy(const IndexSets& sets, bool sorted, int set, int max_blocks, cudaStream_t stream) {
   const size_t offset = size_t(set) * sets.n;
   IndexCopyView v{};
   v.src = pool_;
@@ -210,7 +209,8 @@ Json Bench::MeasureSmall(int32_t batch) {
               memcpy_t.median_ms * 1e3);
   for (const bool sorted : {false, true}) {
     const char* kind = sorted ? "sorted" : "unsorted";
-    const bool ok = Verify(name + " " + kind, sets, sorted, [&] { Copy(sets, sorted, 0, 0, stream_); });
+    const bool ok =
+        Verify(name + " " + kind, sets, sorted, [&] { Copy(sets, sorted, 0, 0, stream_); });
     const Timing t = TimeOnStream(stream_, o_.warmup, o_.reps, [&](int rep) {
       Copy(sets, sorted, rep % sets.count, 0, stream_);
     });
@@ -256,8 +256,7 @@ Json Bench::MeasureBeside(int32_t batch, const Timing& gemm) {
     const std::string name =
         "beside B=" + std::to_string(batch) + " blocks=" + std::to_string(blocks);
     const bool ok =
-        Verify(name + " alone", sets, false,
-               [&] { Copy(sets, false, 0, max_blocks, stream_); }) &&
+        Verify(name + " alone", sets, false, [&] { Copy(sets, false, 0, max_blocks, stream_); }) &&
         Verify(name + ", copy first", sets, false, [&] { both(0, true); }) &&
         Verify(name + ", GEMM first", sets, false, [&] { both(0, false); });
     const Timing alone = TimeOnStream(stream_, o_.warmup, o_.reps, [&](int rep) {
@@ -314,10 +313,11 @@ int Bench::Run() {
   void* ceiling = ValueOrDie(backend_->AllocateDevice(ceiling_bytes), "ceiling buffer");
   h2d_gbps_ = MemcpyGBps(ceiling, pool_, ceiling_bytes, stream_, o_.warmup, o_.reps);
   backend_->FreeDevice(ceiling);
-  std::printf("device %s; pinned host->device memcpy of %.2f GiB: %.1f GB/s; span %.2f GiB, "
-              "%d-B rows\n",
-              DeviceName(o_.device).c_str(), double(ceiling_bytes) / kGiB, h2d_gbps_,
-              double(span_bytes) / kGiB, o_.row_bytes);
+  std::printf(
+      "device %s; pinned host->device memcpy of %.2f GiB: %.1f GB/s; span %.2f GiB, "
+      "%d-B rows\n",
+      DeviceName(o_.device).c_str(), double(ceiling_bytes) / kGiB, h2d_gbps_,
+      double(span_bytes) / kGiB, o_.row_bytes);
 
   std::printf("\nsmall copies: one layer's misses at batch B, default grid\n");
   std::printf("%-6s %7s %10s %10s %10s %7s %6s %10s %7s %6s\n", "B", "rows", "floor us",
@@ -325,9 +325,9 @@ int Bench::Run() {
   Json small = Json::Array();
   for (int64_t b : o_.batches) small.Push(MeasureSmall(static_cast<int32_t>(b)));
 
-  gemm_ = ValueOrDie(WeightStreamProxy::Create(o_.gemm_batch, int64_t(o_.layer_gb * 1e9), 2,
-                                               o_.device),
-                     "WeightStreamProxy::Create");
+  gemm_ =
+      ValueOrDie(WeightStreamProxy::Create(o_.gemm_batch, int64_t(o_.layer_gb * 1e9), 2, o_.device),
+                 "WeightStreamProxy::Create");
   const Timing gemm = TimeOnStream(stream_, o_.warmup, o_.reps, [&](int rep) {
     CheckOk(gemm_->Run(o_.gemm_batch, rep, stream_), "WeightStreamProxy::Run");
   });
@@ -402,10 +402,11 @@ int main(int argc, char** argv) {
   o.seed = static_cast<uint64_t>(flags.Int("seed"));
   o.device = static_cast<int>(flags.Int("device"));
   o.json = flags.Str("json");
-  if (o.row_bytes <= 0 || o.row_bytes % 16 != 0 || o.misses <= 0 || o.reps <= 0 ||
-      o.warmup < 0 || o.index_sets <= 0 || o.gemm_batch <= 0 || o.layer_gb <= 0) {
-    Fail("--row_bytes (a multiple of 16), --misses, --reps, --index_sets, --gemm_batch and "
-         "--layer_gb must be positive, --warmup >= 0");
+  if (o.row_bytes <= 0 || o.row_bytes % 16 != 0 || o.misses <= 0 || o.reps <= 0 || o.warmup < 0 ||
+      o.index_sets <= 0 || o.gemm_batch <= 0 || o.layer_gb <= 0) {
+    Fail(
+        "--row_bytes (a multiple of 16), --misses, --reps, --index_sets, --gemm_batch and "
+        "--layer_gb must be positive, --warmup >= 0");
   }
   for (int64_t b : o.blocks) {
     if (b < 0) Fail("--blocks: each entry must be >= 0 (0: the default grid)");

@@ -76,8 +76,8 @@ struct IndexCopyCase {
   Where src_where;
   Where dst_where;
   int32_t row_bytes;
-  int32_t stride_pad;  // stride = row_bytes + pad (8: forces 8-byte or narrower accesses)
-  int32_t count;       // > capacity: clamped; < 0: nothing
+  int32_t stride_pad;      // stride = row_bytes + pad (8: forces 8-byte or narrower accesses)
+  int32_t count;           // > capacity: clamped; < 0: nothing
   int32_t max_blocks = 0;  // IndexCopyView::max_blocks
 };
 
@@ -146,12 +146,11 @@ void RunIndexCopyCase(Backend& gpu, const IndexCopyCase& c, uint64_t seed) {
   gpu_dst_index.Upload(dst_index);
   gpu_count.Upload(std::vector<int32_t>{count});
   gpu_invalid.Upload(std::vector<unsigned long long>{3});
-  ExpectOk(
-      gpu.IndexCopy({gpu_src.get(), gpu_dst.get(), gpu_src_index.get<int32_t>(),
-                     gpu_dst_index.get<int32_t>(), gpu_count.get<int32_t>(), kCapacity, c.row_bytes,
-                     stride, stride, kSrcRows, kDstRows, gpu_invalid.get<unsigned long long>(),
-                     c.max_blocks},
-                    nullptr));
+  ExpectOk(gpu.IndexCopy(
+      {gpu_src.get(), gpu_dst.get(), gpu_src_index.get<int32_t>(), gpu_dst_index.get<int32_t>(),
+       gpu_count.get<int32_t>(), kCapacity, c.row_bytes, stride, stride, kSrcRows, kDstRows,
+       gpu_invalid.get<unsigned long long>(), c.max_blocks},
+      nullptr));
   ExpectOk(gpu.Synchronize(nullptr));
 
   const std::vector<std::byte> got_dst = gpu_dst.Download<std::byte>();
@@ -196,8 +195,19 @@ TEST(CudaIndexCopyTest, NegativeMaxBlocksIsInvalidArgument) {
   Buffer rows(*gpu, 4 * 16);
   Buffer index(*gpu, sizeof(int32_t));
   Buffer count(*gpu, sizeof(int32_t));
-  IndexCopyView v{rows.get(), rows.get(), index.get<int32_t>(), index.get<int32_t>(),
-                  count.get<int32_t>(), 1, 16, 16, 16, 4, 4, nullptr, /*max_blocks=*/-1};
+  IndexCopyView v{rows.get(),
+                  rows.get(),
+                  index.get<int32_t>(),
+                  index.get<int32_t>(),
+                  count.get<int32_t>(),
+                  1,
+                  16,
+                  16,
+                  16,
+                  4,
+                  4,
+                  nullptr,
+                  /*max_blocks=*/-1};
   EXPECT_EQ(gpu->IndexCopy(v, nullptr).code(), StatusCode::kInvalidArgument);
 }
 

@@ -68,8 +68,8 @@ cudaError_t LaunchIndexCopy(const IndexCopyView& view, cudaStream_t stream) {
   const int vec =
       row_gather::VectorBytes(view.src, view.dst, view.row_bytes, view.src_stride, view.dst_stride);
   int blocks = 0;
-  if (cudaError_t err = row_gather::GridBlocks(view.capacity, view.row_bytes / vec,
-                                                      view.max_blocks, &blocks);
+  if (cudaError_t err =
+          row_gather::GridBlocks(view.capacity, view.row_bytes / vec, view.max_blocks, &blocks);
       err != cudaSuccess) {
     return err;
   }

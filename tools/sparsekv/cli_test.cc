@@ -593,6 +593,7 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
       {"bench", "--offload-max-batch", "-1"},                    // negative
       {"bench", "--overlap", "always"},                          // not an overlap mode
       {"bench", "--layers-per-index", "0"},                      // out of range
+      {"bench", "--copy-blocks", "-1"},                          // negative
       {"bench", "--variants", "sparsekv,nope"},                  // not a variant
       {"bench", "--hbm-budget-gb", "0"},                         // not positive
       {"bench", "--host-pool-gb", "-5"},                         // not positive
@@ -619,7 +620,8 @@ TEST(CliTest, GpuFlagsAreAcceptedOnTheCpu) {
   args.insert(args.end(), {"--miss-rate", "0.25", "--no-proxy", "--heads", "16", "--hbm-budget-gb",
                            "30", "--host-pool-gb", "50", "--max-batch", "8", "--variants",
                            "sparsekv,full-hbm", "--weights-gb", "40", "--time-limit", "100",
-                           "--prefetch", "4", "--mtp", "2", "--sort-misses", "false"});
+                           "--prefetch", "4", "--mtp", "2", "--sort-misses", "false",
+                           "--copy-blocks", "16"});
   const CliRun r = Cli(args);
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_NE(r.out.find("(target 25.0 %)"), std::string::npos) << r.out;

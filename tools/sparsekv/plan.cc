@@ -57,8 +57,8 @@ StepTime PredictStep(const Calibration& cal, const ModelShape& model, const GpuS
   t.overhead_ms = layers * overhead_us / 1e3;
   t.transfer_ms = layers * transfer_us / 1e3;
   const double compute_ms = t.attention_ms + t.rest_ms;
-  t.total_ms = t.overhead_ms +
-               (in.overlap ? std::max(compute_ms, t.transfer_ms) : compute_ms + t.transfer_ms);
+  t.total_ms = t.overhead_ms + std::max(compute_ms + (1 - in.hidden_fraction) * t.transfer_ms,
+                                        t.transfer_ms);
   const std::array<std::pair<double, const char*>, 4> parts = {{{t.rest_ms, "weights"},
                                                                 {t.attention_ms, "attention"},
                                                                 {t.overhead_ms, "overhead"},

@@ -8,10 +8,13 @@
 //                  + rest_per_request * B                       (the rest of the model)
 //   overhead(B)  = variant.fixed + variant.per_request * B       (launches, resolve, bookkeeping)
 //   transfer     = rows fetched per layer * row_bytes / gather_gbps  (the variant's link traffic)
-// serial (what the benchmark measured: copies are not overlapped with compute):
-//   TPOT = L * (attention + rest + overhead + transfer)
-// overlapped (a what-if: copies hidden behind attention and the rest of the model):
-//   TPOT = L * (overhead + max(attention + rest, transfer))
+// with a share h of the transfer hidden behind attention and the rest of the model (never more
+// than that compute takes):
+//   TPOT = L * (overhead + max(attention + rest + (1 - h) * transfer, transfer))
+// h = 0 is serial: TPOT = L * (attention + rest + overhead + transfer), what the benchmark
+// measured with an indexer in every layer; h = 1 is the ideal, max(compute, transfer). With one
+// top-k per 4 layers and copies ahead on 16 blocks the benchmark measured h = 0.6-0.77 at batch
+// 4-64 (docs/overlap.md).
 // Rows fetched per layer: sparsekv B * miss_rate * top_k; no-cache B * top_k; full-hbm 0.
 #pragma once
 
@@ -80,7 +83,7 @@ struct StepInputs {
   int32_t batch = 1;
   double miss_rate = 0.2;  // sparsekv only
   double link_gbps = 0;    // the tier's bandwidth; 0 = the calibration's link
-  bool overlap = false;
+  double hidden_fraction = 0;  // h above, in [0, 1]
 };
 
 // The step's parts, in milliseconds over all layers; total is the TPOT.

@@ -37,7 +37,7 @@ class PlanCommand {
   std::vector<double> miss_rates_ = {0.2};
   int32_t hot_slots_ = 4096;
   double tpot_slo_ms_ = 50;
-  bool overlap_ = false;
+  double hidden_fraction_ = 0;  // StepInputs::hidden_fraction
   std::vector<std::string> calibration_paths_;
   std::string json_path_;
 };

@@ -41,7 +41,7 @@ TEST(PlanModelTest, SerialStepAddsEveryPart) {
   HandCase h;
   // Per layer at B = 4, miss 0.5: attention 18, rest 1000, overhead 9, transfer 200 rows * 1000 B
   // / 10 GB/s = 20 µs; two layers.
-  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, false});
+  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0});
   EXPECT_DOUBLE_EQ(t.attention_ms, 0.036);
   EXPECT_DOUBLE_EQ(t.rest_ms, 2.0);
   EXPECT_DOUBLE_EQ(t.overhead_ms, 0.018);
@@ -50,33 +50,44 @@ TEST(PlanModelTest, SerialStepAddsEveryPart) {
   EXPECT_EQ(t.binding, "weights");
 }
 
-TEST(PlanModelTest, OverlapHidesTransferBehindCompute) {
+TEST(PlanModelTest, AllHiddenIsTheLongerOfComputeAndTransfer) {
   HandCase h;
-  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, true});
+  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 1});
   EXPECT_DOUBLE_EQ(t.total_ms, 0.018 + 2.036);
   // A slow link makes the transfer the binding part even when overlapped.
   h.cal.sparsekv.gather_gbps = 0.1;
-  const StepTime slow = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, true});
+  const StepTime slow = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 1});
   EXPECT_DOUBLE_EQ(slow.transfer_ms, 4.0);
   EXPECT_DOUBLE_EQ(slow.total_ms, 0.018 + 4.0);
   EXPECT_EQ(slow.binding, "transfer");
 }
 
+TEST(PlanModelTest, HiddenFractionHidesThatShareOfTheTransfer) {
+  HandCase h;
+  // Half of the 0.040 ms transfer hidden behind 2.036 ms of compute.
+  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0.5});
+  EXPECT_DOUBLE_EQ(t.total_ms, 0.018 + 2.036 + 0.020);
+  // Never more than the compute: a 4 ms transfer hides at most 2.036 ms.
+  h.cal.sparsekv.gather_gbps = 0.1;
+  const StepTime slow = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0.75});
+  EXPECT_DOUBLE_EQ(slow.total_ms, 0.018 + 4.0);
+}
+
 TEST(PlanModelTest, TierBandwidthScalesByGatherEfficiency) {
   HandCase h;
   // A 40 GB/s tier at efficiency 0.5 gathers at 20 GB/s: half the calibrated transfer.
-  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 40, false});
+  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 40, 0});
   EXPECT_DOUBLE_EQ(t.transfer_ms, 0.020);
 }
 
 TEST(PlanModelTest, FullHbmMovesNoRowsAndRooflineBoundsLargeBatches) {
   HandCase h;
-  EXPECT_EQ(PredictStep(h.cal, h.model, h.gpu, {KVVariant::kFullHbm, 4, 0.5, 0, false}).transfer_ms,
+  EXPECT_EQ(PredictStep(h.cal, h.model, h.gpu, {KVVariant::kFullHbm, 4, 0.5, 0, 0}).transfer_ms,
             0);
   // 1 TFLOP/s, bf16: 5e8 params per layer, 2 * 5e8 * 4 flops = 4000 µs > 1000 µs of streaming.
   h.gpu.flops_tflops = 1;
   EXPECT_DOUBLE_EQ(
-      PredictStep(h.cal, h.model, h.gpu, {KVVariant::kFullHbm, 4, 0.5, 0, false}).rest_ms, 8.0);
+      PredictStep(h.cal, h.model, h.gpu, {KVVariant::kFullHbm, 4, 0.5, 0, 0}).rest_ms, 8.0);
 }
 
 TEST(PlanModelTest, LimitsByHbmCapacityAndLatency) {
@@ -92,14 +103,14 @@ TEST(PlanModelTest, LimitsByHbmCapacityAndLatency) {
   h.gpu.reserved_gb = 0;
   // Per layer TPOT(B) = 1015 + 8B µs (attention 10+2B, rest 1000, overhead 5+B, transfer 5B);
   // two layers: B <= 5 keeps it within 2.11 ms.
-  const BatchLimits l = Limits(h.cal, h.model, h.gpu, r, {KVVariant::kSparseKV, 1, 0.5, 0, false},
+  const BatchLimits l = Limits(h.cal, h.model, h.gpu, r, {KVVariant::kSparseKV, 1, 0.5, 0, 0},
                                /*tier_capacity_gb=*/1, /*tpot_slo_ms=*/2.11);
   EXPECT_EQ(l.by_hbm, static_cast<int32_t>(1e9 / f.hbm_bytes));
   EXPECT_EQ(l.by_capacity, static_cast<int32_t>(1e9 / f.host_bytes));
   EXPECT_EQ(l.by_latency, 5);
   EXPECT_EQ(l.max_batch(), std::min({l.by_hbm, l.by_capacity, 5}));
   const BatchLimits none =
-      Limits(h.cal, h.model, h.gpu, r, {KVVariant::kFullHbm, 1, 0, 0, false}, 1, 0);
+      Limits(h.cal, h.model, h.gpu, r, {KVVariant::kFullHbm, 1, 0, 0, 0}, 1, 0);
   EXPECT_EQ(none.by_capacity, kUnlimited);
   EXPECT_EQ(none.by_latency, kUnlimited);
   EXPECT_EQ(none.binding(), "hbm");
@@ -141,7 +152,7 @@ TEST(PlanCalibrationTest, FitRecoversTheModelsParameters) {
         p.misses_per_step = v == KVVariant::kSparseKV  ? b * m * model.top_k * model.layers
                             : v == KVVariant::kNoCache ? b * model.top_k * model.layers
                                                        : 0;
-        p.tpot_ms = PredictStep(truth, model, gpu, {v, b, m, 0, false}).total_ms;
+        p.tpot_ms = PredictStep(truth, model, gpu, {v, b, m, 0, 0}).total_ms;
         run.points.push_back(p);
       }
     }
@@ -203,6 +214,23 @@ TEST(PlanCommandTest, PrintsTableAndWritesJson) {
   ASSERT_EQ(j["cases"].size(), 10u);
   EXPECT_EQ(j["cases"][0]["variant"], "full-hbm");
   EXPECT_GT(j["cases"][1]["max_batch"].get<int>(), j["cases"][0]["max_batch"].get<int>());
+}
+
+TEST(PlanCommandTest, HiddenFractionRaisesTheLatencyLimitedBatch) {
+  const auto best_pcie_batch = [](const std::string& hidden) {
+    const std::string json_path = ::testing::TempDir() + "/plan_hidden.json";
+    EXPECT_EQ(Cli({"plan", "--contexts", "32768", "--miss-rates", "0.2", "--hidden-fraction",
+                   hidden, "--json", json_path}),
+              kExitOk);
+    std::ifstream file(json_path);
+    const nlohmann::json j = nlohmann::json::parse(file);
+    EXPECT_EQ(j["hidden_fraction"].get<double>(), std::stod(hidden));
+    EXPECT_EQ(j["cases"][1]["tier"], "pcie-dram");
+    return j["cases"][1]["best"]["batch"].get<int>();
+  };
+  // Hiding transfer time shortens every step, so more requests fit under the 50 ms SLO.
+  EXPECT_GT(best_pcie_batch("0.7"), best_pcie_batch("0"));
+  EXPECT_EQ(Cli({"plan", "--hidden-fraction", "1.5"}), kExitUsage);
 }
 
 TEST(PlanCommandTest, CalibrationReportsEveryPoint) {

@@ -195,19 +195,16 @@ TEST(CudaIndexCopyTest, NegativeMaxBlocksIsInvalidArgument) {
   Buffer rows(*gpu, 4 * 16);
   Buffer index(*gpu, sizeof(int32_t));
   Buffer count(*gpu, sizeof(int32_t));
-  IndexCopyView v{rows.get(),
-                  rows.get(),
-                  index.get<int32_t>(),
-                  index.get<int32_t>(),
-                  count.get<int32_t>(),
-                  1,
-                  16,
-                  16,
-                  16,
-                  4,
-                  4,
-                  nullptr,
-                  /*max_blocks=*/-1};
+  IndexCopyView v{};
+  v.src = rows.get();
+  v.dst = rows.get();
+  v.src_index = v.dst_index = index.get<int32_t>();
+  v.count = count.get<int32_t>();
+  v.capacity = 1;
+  v.row_bytes = 16;
+  v.src_stride = v.dst_stride = 16;
+  v.src_rows = v.dst_rows = 4;
+  v.max_blocks = -1;
   EXPECT_EQ(gpu->IndexCopy(v, nullptr).code(), StatusCode::kInvalidArgument);
 }
 

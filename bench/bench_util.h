@@ -16,13 +16,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "bench_flags.h"
+#include "sparsekv/backend.h"
 #include "sparsekv/status.h"
 
 namespace sparsekv::bench {
@@ -150,6 +154,67 @@ __global__ void SpinKernel(uint64_t ns) {
 inline void CopySync(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   BENCH_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
   BENCH_CUDA(cudaStreamSynchronize(stream));
+}
+
+// ---- Index sets -----------------------------------------------------------------------------
+
+// `count` random sets of n (host row -> destination row) pairs, set after set, on the host and on
+// the device: distinct host rows below span_rows, destinations a permutation of [0, n); sorted_*
+// hold each set ordered by host row (the order of Resolve's sorted miss lists).
+struct IndexSets {
+  int count = 0;
+  int32_t n = 0;
+  std::vector<int32_t> src, dst, sorted_src, sorted_dst;  // [count, n] each, on the host
+  int32_t* d_src = nullptr;                               // device copies, same shapes
+  int32_t* d_dst = nullptr;
+  int32_t* d_sorted_src = nullptr;
+  int32_t* d_sorted_dst = nullptr;
+};
+
+inline IndexSets MakeIndexSets(Backend& backend, cudaStream_t stream, std::mt19937_64& rng,
+                               int count, int32_t n, int64_t span_rows) {
+  IndexSets s;
+  s.count = count;
+  s.n = n;
+  const size_t total = size_t(count) * n;
+  for (auto* v : {&s.src, &s.dst, &s.sorted_src, &s.sorted_dst}) v->resize(total);
+  std::uniform_int_distribution<int64_t> pick(0, span_rows - 1);
+  std::vector<int32_t> order(n);
+  for (int set = 0; set < count; ++set) {
+    int32_t* src = s.src.data() + size_t(set) * n;
+    int32_t* dst = s.dst.data() + size_t(set) * n;
+    std::unordered_set<int64_t> used;
+    used.reserve(2 * size_t(n));
+    for (int32_t i = 0; i < n; ++i) {
+      int64_t r;
+      do r = pick(rng);
+      while (!used.insert(r).second);
+      src[i] = static_cast<int32_t>(r);
+    }
+    std::iota(dst, dst + n, 0);
+    std::shuffle(dst, dst + n, rng);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return src[a] < src[b]; });
+    for (int32_t i = 0; i < n; ++i) {
+      s.sorted_src[size_t(set) * n + i] = src[order[i]];
+      s.sorted_dst[size_t(set) * n + i] = dst[order[i]];
+    }
+  }
+  const size_t bytes = total * sizeof(int32_t);
+  auto upload = [&](const std::vector<int32_t>& h, int32_t** d) {
+    *d = static_cast<int32_t*>(ValueOrDie(backend.AllocateDevice(bytes), "index set"));
+    CopySync(*d, h.data(), bytes, stream);
+  };
+  upload(s.src, &s.d_src);
+  upload(s.dst, &s.d_dst);
+  upload(s.sorted_src, &s.d_sorted_src);
+  upload(s.sorted_dst, &s.d_sorted_dst);
+  return s;
+}
+
+inline void FreeIndexSets(Backend& backend, IndexSets& s) {
+  for (int32_t* p : {s.d_src, s.d_dst, s.d_sorted_src, s.d_sorted_dst}) backend.FreeDevice(p);
+  s = IndexSets{};
 }
 
 // ---- Timing ----------------------------------------------------------------------------------

@@ -26,10 +26,8 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "bench_util.h"
@@ -59,16 +57,6 @@ struct Options {
   std::string json;
 };
 
-// `count` sets of n (host row -> destination row) pairs: distinct host rows below span_rows,
-// destinations a permutation of [0, n); `sorted` holds each set ordered by host row. Device copies
-// hold the sets one after another.
-struct IndexSets {
-  int32_t n = 0;
-  int count = 0;
-  std::vector<int32_t> src, dst, sorted_src, sorted_dst;
-  std::vector<int32_t*> device;  // d_src, d_dst, d_sorted_src, d_sorted_dst
-};
-
 class Bench {
  public:
   Bench(const Options& o, Backend* backend, cudaStream_t stream, cudaStream_t side)
@@ -78,8 +66,10 @@ class Bench {
   int Run();
 
  private:
-  IndexSets MakeIndexSets(int32_t n);
-  void FreeIndexSets(IndexSets& sets);
+  IndexSets MakeIndexSets(int32_t n) {
+    return bench::MakeIndexSets(*backend_, stream_, rng_, o_.index_sets, n, span_rows_);
+  }
+  void FreeIndexSets(IndexSets& sets) { bench::FreeIndexSets(*backend_, sets); }
   // Enqueues set `set` of `sets` (sorted or not) on `stream` with a grid of at most max_blocks.
   void Copy(const IndexSets& sets, bool sorted, int set, int max_blocks, cudaStream_t stream);
   // Poisons the destination, runs `launch` and checks set 0's rows; false if anything is wrong.
@@ -105,54 +95,13 @@ class Bench {
   Errors errors_;
 };
 
-IndexSets Bench::MakeIndexSets(int32_t n) {
-  IndexSets s;
-  s.n = n;
-  s.count = o_.index_sets;
-  const size_t total = size_t(s.count) * n;
-  for (auto* v : {&s.src, &s.dst, &s.sorted_src, &s.sorted_dst}) v->resize(total);
-  std::uniform_int_distribution<int64_t> pick(0, span_rows_ - 1);
-  std::vector<int32_t> order(n);
-  for (int set = 0; set < s.count; ++set) {
-    int32_t* src = s.src.data() + size_t(set) * n;
-    int32_t* dst = s.dst.data() + size_t(set) * n;
-    std::unordered_set<int64_t> used;
-    for (int32_t i = 0; i < n; ++i) {
-      int64_t r;
-      do r = pick(rng_);
-      while (!used.insert(r).second);
-      src[i] = static_cast<int32_t>(r);
-    }
-    std::iota(dst, dst + n, 0);
-    std::shuffle(dst, dst + n, rng_);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return src[a] < src[b]; });
-    for (int32_t i = 0; i < n; ++i) {
-      s.sorted_src[size_t(set) * n + i] = src[order[i]];
-      s.sorted_dst[size_t(set) * n + i] = dst[order[i]];
-    }
-  }
-  for (const auto* h : {&s.src, &s.dst, &s.sorted_src, &s.sorted_dst}) {
-    auto* d = static_cast<int32_t*>(
-        ValueOrDie(backend_->AllocateDevice(total * sizeof(int32_t)), "index set"));
-    CopySync(d, h->data(), total * sizeof(int32_t), stream_);
-    s.device.push_back(d);
-  }
-  return s;
-}
-
-void Bench::FreeIndexSets(IndexSets& s) {
-  for (int32_t* d : s.device) backend_->FreeDevice(d);
-  s = IndexSets{};
-}
-
 void Bench::Copy(const IndexSets& sets, bool sorted, int set, int max_blocks, cudaStream_t stream) {
   const size_t offset = size_t(set) * sets.n;
   IndexCopyView v{};
   v.src = pool_;
   v.dst = dst_;
-  v.src_index = sets.device[sorted ? 2 : 0] + offset;
-  v.dst_index = sets.device[sorted ? 3 : 1] + offset;
+  v.src_index = (sorted ? sets.d_sorted_src : sets.d_src) + offset;
+  v.dst_index = (sorted ? sets.d_sorted_dst : sets.d_dst) + offset;
   v.count = d_count_;
   v.capacity = sets.n;
   v.row_bytes = o_.row_bytes;

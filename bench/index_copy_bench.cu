@@ -26,10 +26,8 @@
 #include <cstdio>
 #include <functional>
 #include <map>
-#include <numeric>
 #include <random>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "bench_util.h"
@@ -56,19 +54,6 @@ struct Options {
   std::string json;
 };
 
-// One index set: `rows` (host row -> destination row) pairs with distinct host rows below
-// span_rows and destinations a permutation of [0, rows). `sorted` holds the same pairs ordered by
-// host row. All sets of a shape live in one device array, set after set.
-struct IndexSets {
-  int count = 0;
-  int32_t rows = 0;
-  std::vector<int32_t> src, dst, sorted_src, sorted_dst;  // [count, rows] each, on the host
-  int32_t* d_src = nullptr;  // device copies, same shapes
-  int32_t* d_dst = nullptr;
-  int32_t* d_sorted_src = nullptr;
-  int32_t* d_sorted_dst = nullptr;
-};
-
 class Bench {
  public:
   Bench(const Options& o, Backend* backend, cudaStream_t stream)
@@ -90,8 +75,10 @@ class Bench {
 
   void Setup();
   void MeasureCeilings();
-  IndexSets MakeIndexSets(int64_t span_rows, int count);
-  void FreeIndexSets(IndexSets& sets);
+  IndexSets MakeIndexSets(int64_t span_rows, int count) {
+    return bench::MakeIndexSets(*backend_, stream_, rng_, count, o_.rows, span_rows);
+  }
+  void FreeIndexSets(IndexSets& sets) { bench::FreeIndexSets(*backend_, sets); }
   // Times sorted / unsorted / naive gathers of row_bytes-byte rows over the first span_bytes of
   // the pool and appends them to `out`.
   void MeasureGathers(int32_t row_bytes, int64_t span_bytes, std::vector<Variant>& out);
@@ -175,56 +162,6 @@ void Bench::MeasureCeilings() {
   backend_->FreeDevice(b);
   std::printf("ceilings: H2D %.1f GB/s, D2H %.1f GB/s, D2D %.0f GB/s (read + write)\n", h2d_gbps_,
               d2h_gbps_, d2d_gbps_);
-}
-
-IndexSets Bench::MakeIndexSets(int64_t span_rows, int count) {
-  IndexSets s;
-  s.count = count;
-  s.rows = o_.rows;
-  const size_t total = size_t(s.count) * s.rows;
-  s.src.resize(total);
-  s.dst.resize(total);
-  s.sorted_src.resize(total);
-  s.sorted_dst.resize(total);
-  std::uniform_int_distribution<int64_t> pick(0, span_rows - 1);
-  std::vector<int32_t> perm(s.rows);
-  std::vector<int32_t> order(s.rows);
-  for (int set = 0; set < s.count; ++set) {
-    int32_t* src = s.src.data() + size_t(set) * s.rows;
-    int32_t* dst = s.dst.data() + size_t(set) * s.rows;
-    std::unordered_set<int64_t> used;
-    used.reserve(2 * s.rows);
-    for (int32_t i = 0; i < s.rows; ++i) {
-      int64_t r;
-      do r = pick(rng_);
-      while (!used.insert(r).second);
-      src[i] = static_cast<int32_t>(r);
-    }
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng_);
-    std::copy(perm.begin(), perm.end(), dst);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return src[a] < src[b]; });
-    for (int32_t i = 0; i < s.rows; ++i) {
-      s.sorted_src[size_t(set) * s.rows + i] = src[order[i]];
-      s.sorted_dst[size_t(set) * s.rows + i] = dst[order[i]];
-    }
-  }
-  const size_t bytes = total * sizeof(int32_t);
-  auto upload = [&](const std::vector<int32_t>& h, int32_t** d) {
-    *d = static_cast<int32_t*>(ValueOrDie(backend_->AllocateDevice(bytes), "index set"));
-    CopySync(*d, h.data(), bytes, stream_);
-  };
-  upload(s.src, &s.d_src);
-  upload(s.dst, &s.d_dst);
-  upload(s.sorted_src, &s.d_sorted_src);
-  upload(s.sorted_dst, &s.d_sorted_dst);
-  return s;
-}
-
-void Bench::FreeIndexSets(IndexSets& s) {
-  for (int32_t* p : {s.d_src, s.d_dst, s.d_sorted_src, s.d_sorted_dst}) backend_->FreeDevice(p);
-  s = IndexSets{};
 }
 
 template <typename Launch>

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
@@ -215,6 +216,43 @@ inline IndexSets MakeIndexSets(Backend& backend, cudaStream_t stream, std::mt199
 inline void FreeIndexSets(Backend& backend, IndexSets& s) {
   for (int32_t* p : {s.d_src, s.d_dst, s.d_sorted_src, s.d_sorted_dst}) backend.FreeDevice(p);
   s = IndexSets{};
+}
+
+// ---- Checking a gather ------------------------------------------------------------------------
+
+// Where a gather under check writes, on the device, and what the check needs beside it.
+struct GatherOutput {
+  std::byte* dst;                 // device rows, packed at row_bytes
+  size_t bytes;                   // of dst that the check poisons and reads back
+  unsigned long long* d_invalid;  // IndexCopy's invalid counter: must stay 0 (reset if not)
+  std::vector<std::byte>* host;   // at least `bytes`, to read dst back into
+};
+
+// Poisons out.dst, runs `launch` (which enqueues the gather on `stream`), reads the result back
+// and checks that destination row dst_index[i] holds the pattern of source row src_index[i] for
+// i < n. Returns "" when everything is right, else what is wrong.
+inline std::string CheckGather(cudaStream_t stream, const GatherOutput& out,
+                               const int32_t* src_index, const int32_t* dst_index, int32_t n,
+                               int32_t row_bytes, const std::function<void()>& launch) {
+  BENCH_CUDA(cudaMemsetAsync(out.dst, 0xFF, out.bytes, stream));
+  launch();
+  BENCH_CUDA(cudaMemcpyAsync(out.host->data(), out.dst, out.bytes, cudaMemcpyDeviceToHost, stream));
+  unsigned long long invalid = 0;
+  BENCH_CUDA(
+      cudaMemcpyAsync(&invalid, out.d_invalid, sizeof(invalid), cudaMemcpyDeviceToHost, stream));
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  if (invalid != 0) {
+    BENCH_CUDA(cudaMemsetAsync(out.d_invalid, 0, sizeof(invalid), stream));
+    return "IndexCopy counted " + std::to_string(invalid) + " invalid entries";
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    const std::byte* row = out.host->data() + size_t(dst_index[i]) * row_bytes;
+    if (!RowMatchesPattern(row, uint64_t(src_index[i]) * row_bytes, row_bytes)) {
+      return "entry " + std::to_string(i) + " (host row " + std::to_string(src_index[i]) +
+             " -> row " + std::to_string(dst_index[i]) + ") was not copied correctly";
+    }
+  }
+  return "";
 }
 
 // ---- Timing ----------------------------------------------------------------------------------

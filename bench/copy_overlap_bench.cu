@@ -115,29 +115,13 @@ void Bench::Copy(const IndexSets& sets, bool sorted, int set, int max_blocks, cu
 
 bool Bench::Verify(const std::string& what, const IndexSets& sets, bool sorted,
                    const std::function<void()>& launch) {
-  const size_t bytes = size_t(sets.n) * o_.row_bytes;
-  BENCH_CUDA(cudaMemsetAsync(dst_, 0xFF, bytes, stream_));
-  launch();
-  BENCH_CUDA(cudaMemcpyAsync(host_dst_.data(), dst_, bytes, cudaMemcpyDeviceToHost, stream_));
-  unsigned long long invalid = 0;
-  BENCH_CUDA(
-      cudaMemcpyAsync(&invalid, d_invalid_, sizeof(invalid), cudaMemcpyDeviceToHost, stream_));
-  BENCH_CUDA(cudaStreamSynchronize(stream_));
-  if (invalid != 0) {
-    errors_.Add(what + ": IndexCopy counted " + std::to_string(invalid) + " invalid entries");
-    BENCH_CUDA(cudaMemsetAsync(d_invalid_, 0, sizeof(invalid), stream_));
-    return false;
-  }
-  const int32_t* src = (sorted ? sets.sorted_src : sets.src).data();
-  const int32_t* dst = (sorted ? sets.sorted_dst : sets.dst).data();
-  for (int32_t i = 0; i < sets.n; ++i) {
-    const std::byte* row = host_dst_.data() + size_t(dst[i]) * o_.row_bytes;
-    if (!RowMatchesPattern(row, uint64_t(src[i]) * o_.row_bytes, o_.row_bytes)) {
-      errors_.Add(what + ": entry " + std::to_string(i) + " was not copied correctly");
-      return false;
-    }
-  }
-  return true;
+  const GatherOutput out{dst_, size_t(sets.n) * o_.row_bytes, d_invalid_, &host_dst_};
+  const std::string wrong =
+      CheckGather(stream_, out, (sorted ? sets.sorted_src : sets.src).data(),
+                  (sorted ? sets.sorted_dst : sets.dst).data(), sets.n, o_.row_bytes, launch);
+  if (wrong.empty()) return true;
+  errors_.Add(what + ": " + wrong);
+  return false;
 }
 
 Json Bench::MeasureSmall(int32_t batch) {

@@ -86,9 +86,8 @@ class Bench {
   void MeasureCopyEngine(int32_t row_bytes, std::vector<Variant>& out);
   // Poisons the destination, runs `launch` once and checks the first n entries of set 0; false
   // (and an entry in errors_) if anything is wrong.
-  template <typename Launch>
   bool Verify(const std::string& what, int32_t row_bytes, const int32_t* src, const int32_t* dst,
-              int32_t n, Launch&& launch);
+              int32_t n, const std::function<void()>& launch);
   void Report();
 
   const Options o_;
@@ -164,32 +163,13 @@ void Bench::MeasureCeilings() {
               d2h_gbps_, d2d_gbps_);
 }
 
-template <typename Launch>
 bool Bench::Verify(const std::string& what, int32_t row_bytes, const int32_t* src,
-                   const int32_t* dst, int32_t n, Launch&& launch) {
-  const size_t bytes = size_t(o_.rows) * row_bytes;
-  BENCH_CUDA(cudaMemsetAsync(dst_, 0xFF, bytes, stream_));
-  launch();
-  BENCH_CUDA(cudaMemcpyAsync(host_dst_.data(), dst_, bytes, cudaMemcpyDeviceToHost, stream_));
-  unsigned long long invalid = 0;
-  BENCH_CUDA(cudaMemcpyAsync(&invalid, d_invalid_, sizeof(invalid), cudaMemcpyDeviceToHost,
-                             stream_));
-  BENCH_CUDA(cudaStreamSynchronize(stream_));
-  const std::string where = what + " " + std::to_string(row_bytes) + " B: ";
-  if (invalid != 0) {
-    errors_.Add(where + "IndexCopy counted " + std::to_string(invalid) + " invalid entries");
-    BENCH_CUDA(cudaMemsetAsync(d_invalid_, 0, sizeof(invalid), stream_));
-    return false;
-  }
-  for (int32_t i = 0; i < n; ++i) {
-    const std::byte* row = host_dst_.data() + size_t(dst[i]) * row_bytes;
-    if (!RowMatchesPattern(row, uint64_t(src[i]) * row_bytes, row_bytes)) {
-      errors_.Add(where + "entry " + std::to_string(i) + " (host row " + std::to_string(src[i]) +
-                  " -> row " + std::to_string(dst[i]) + ") was not copied correctly");
-      return false;
-    }
-  }
-  return true;
+                   const int32_t* dst, int32_t n, const std::function<void()>& launch) {
+  const GatherOutput out{dst_, size_t(o_.rows) * row_bytes, d_invalid_, &host_dst_};
+  const std::string wrong = CheckGather(stream_, out, src, dst, n, row_bytes, launch);
+  if (wrong.empty()) return true;
+  errors_.Add(what + " " + std::to_string(row_bytes) + " B: " + wrong);
+  return false;
 }
 
 void Bench::MeasureGathers(int32_t row_bytes, int64_t span_bytes, std::vector<Variant>& out) {

@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace sparsekv::row_gather {
@@ -72,10 +73,10 @@ inline cudaError_t GridBlocks(int64_t rows, int64_t chunks, int max_blocks, int*
       err != cudaSuccess) {
     return err;
   }
-  int64_t resident = static_cast<int64_t>(sms) * kMinBlocksPerSm;
-  if (max_blocks > 0 && max_blocks < resident) resident = max_blocks;
+  const int64_t resident = static_cast<int64_t>(sms) * kMinBlocksPerSm;
+  const int64_t limit = max_blocks > 0 ? std::min<int64_t>(max_blocks, resident) : resident;
   const int64_t wanted = (rows * chunks + kThreads - 1) / kThreads;
-  *blocks = static_cast<int>(wanted < resident ? (wanted > 0 ? wanted : 1) : resident);
+  *blocks = static_cast<int>(std::clamp<int64_t>(wanted, 1, limit));
   return cudaSuccess;
 }
 

@@ -45,6 +45,9 @@
 //      copies the output (and fill flag) of its first entry, whose k step 1 left in a register.
 // Shared memory: the hash, the LRU copy and the sort's storage are live at disjoint times and share
 // one region; the hit bitmask and the victims have their own.
+// Each step is a force-inlined function below, named after it; the kernel calls them in order.
+// They take the kernel's registers and shared arrays one by one, by value or reference: bundled
+// into structs they measured to raise the register spills.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,9 +56,17 @@
 
 #include "cuda/cuda_util.h"
 #include "cuda/kernels.h"
+#include "cuda/resolve_primitives.cuh"
 
 namespace sparsekv {
 namespace {
+
+using resolve::HashFind;
+using resolve::HashInsert;
+using resolve::kEmptyCell;
+using resolve::Load4;
+using resolve::WarpOffset;
+using resolve::WarpRank;
 
 // 1024 threads: one CTA per row leaves most of the SM's warp slots empty at small batches, and
 // the steps are latency-bound; twice the warps of 512 measured to hide more of it.
@@ -67,7 +78,6 @@ constexpr int kSlotItems = 4;
 constexpr int kLruItems = 4;
 constexpr int32_t kSlotChunk = kThreads * kSlotItems;
 constexpr int32_t kLruChunk = kThreads * kLruItems;
-constexpr int32_t kEmptyCell = -1;    // hash cell without a key (valid positions are >= 0)
 constexpr int32_t kNone = INT32_MAX;  // no entry / no slot yet, in a hash cell; unranked entry
 
 // What a top-k entry turned out to be. kValid is provisional (until step 3); kUnused marks the
@@ -116,100 +126,344 @@ SmemLayout MakeLayout(int32_t top_k, int32_t hot_slots) {
   return layout;
 }
 
-__device__ __forceinline__ int32_t HashCell(int32_t position, int32_t bits) {
-  return static_cast<int32_t>((static_cast<uint32_t>(position) * 0x9E3779B1u) >> (32 - bits));
+// Initialises the hash (empty cells: `cells` entries each of keys, first_k and hit_slot) and the
+// hit bitmask with 16-byte stores, while round trip 1 is in flight.
+__device__ __forceinline__ void InitShared(int32_t* keys, int32_t* first_k, int32_t* hit_slot,
+                                           int32_t cells, uint32_t* hit_mask,
+                                           int32_t hit_mask_bytes) {
+  const int32_t tid = threadIdx.x;
+  int4* const keys4 = reinterpret_cast<int4*>(keys);
+  int4* const first_k4 = reinterpret_cast<int4*>(first_k);
+  int4* const hit_slot4 = reinterpret_cast<int4*>(hit_slot);
+  for (int32_t i = tid; i < cells / 4; i += kThreads) {
+    keys4[i] = make_int4(kEmptyCell, kEmptyCell, kEmptyCell, kEmptyCell);
+    first_k4[i] = make_int4(kNone, kNone, kNone, kNone);
+    hit_slot4[i] = make_int4(kNone, kNone, kNone, kNone);
+  }
+  int4* const hit_mask4 = reinterpret_cast<int4*>(hit_mask);
+  for (int32_t i = tid; i < hit_mask_bytes / 16; i += kThreads) {
+    hit_mask4[i] = make_int4(0, 0, 0, 0);
+  }
 }
 
-// Inserts `position` for entry k; returns its cell. The table never fills (cells >= 2 * entries).
-__device__ __forceinline__ int32_t HashInsert(int32_t* keys, int32_t* min_k, int32_t bits,
-                                              int32_t position, int32_t k) {
-  const int32_t mask = (1 << bits) - 1;
-  for (int32_t cell = HashCell(position, bits);; cell = (cell + 1) & mask) {
-    const int32_t prev = atomicCAS(keys + cell, kEmptyCell, position);
-    if (prev == kEmptyCell || prev == position) {
-      atomicMin(min_k + cell, k);
-      return cell;
+// Step 1: hash the row's valid positions (pos, k = tid * kItems + j); kind[j] becomes kUnused,
+// kPadding, kOutOfRange, kDuplicate or (still provisional) kValid, cell[j] a valid entry's cell
+// and first_of[j] the first entry holding its position (kNone if not valid).
+template <int kItems>
+__device__ __forceinline__ void HashEntries(const int32_t (&pos)[kItems], int32_t top_k,
+                                            int32_t seq_len, int32_t* keys, int32_t* first_k,
+                                            int32_t hash_bits, Kind (&kind)[kItems],
+                                            int32_t (&cell)[kItems], int32_t (&first_of)[kItems]) {
+  const int32_t tid = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int32_t k = tid * kItems + j;
+    kind[j] = k >= top_k                        ? Kind::kUnused
+              : pos[j] == kPaddingPosition      ? Kind::kPadding
+              : pos[j] < 0 || pos[j] >= seq_len ? Kind::kOutOfRange
+                                                : Kind::kValid;
+    if (kind[j] == Kind::kValid) cell[j] = HashInsert(keys, first_k, hash_bits, pos[j], k);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    first_of[j] = kind[j] == Kind::kValid ? first_k[cell[j]] : kNone;
+    if (kind[j] == Kind::kValid && first_of[j] != tid * kItems + j) kind[j] = Kind::kDuplicate;
+  }
+}
+
+// Step 2: hits, found from the slots' side: hit_slot[cell] = the smallest slot holding the cell's
+// position. `token` holds the first chunk of slot_token; the next chunk's four loads are issued
+// together.
+__device__ __forceinline__ void FindHits(const int32_t* slot_token, int32_t c, int32_t window_begin,
+                                         const int32_t* keys, int32_t* hit_slot, int32_t hash_bits,
+                                         int32_t (&token)[kSlotItems]) {
+  const int32_t tid = threadIdx.x;
+  for (int32_t chunk = 0;;) {
+    bool look[kSlotItems];
+#pragma unroll
+    for (int j = 0; j < kSlotItems; ++j) look[j] = token[j] >= 0 && token[j] < window_begin;
+    int32_t found[kSlotItems];
+    HashFind(keys, hash_bits, token, look, found);
+#pragma unroll
+    for (int j = 0; j < kSlotItems; ++j) {
+      if (found[j] >= 0) atomicMin(hit_slot + found[j], chunk + tid * kSlotItems + j);
+    }
+    chunk += kSlotChunk;
+    if (chunk >= c) break;
+    Load4(slot_token, chunk + tid * kSlotItems, c, -1, token);
+  }
+  __syncthreads();
+}
+
+// Step 3, per thread: classify the valid entries (window hit, hit, miss), set out[j] for all but
+// the misses, mark the hit slots in hit_mask, and count into local[].
+template <int kItems>
+__device__ __forceinline__ void ClassifyEntries(const int32_t (&pos)[kItems],
+                                                const int32_t (&cell)[kItems],
+                                                const int32_t* hit_slot, int32_t window_begin,
+                                                int32_t base, int32_t c, int32_t w,
+                                                uint32_t* hit_mask, Kind (&kind)[kItems],
+                                                int32_t (&out)[kItems], int32_t (&is_miss)[kItems],
+                                                int32_t (&local)[kNumCounts]) {
+  // The cells' hit slots first, so that the loads issue together.
+  int32_t slot_of[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    slot_of[j] = kind[j] == Kind::kValid && pos[j] < window_begin ? hit_slot[cell[j]] : kNone;
+  }
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    out[j] = kNullSlot;
+    is_miss[j] = 0;
+    local[kPadding] += kind[j] == Kind::kPadding;
+    local[kOutOfRange] += kind[j] == Kind::kOutOfRange;
+    local[kDuplicates] += kind[j] == Kind::kDuplicate;
+    if (kind[j] != Kind::kValid) continue;
+    if (pos[j] >= window_begin) {
+      kind[j] = Kind::kWindow;
+      out[j] = base + c + pos[j] % w;
+      ++local[kWindowHits];
+    } else if (slot_of[j] != kNone) {
+      kind[j] = Kind::kHit;
+      out[j] = base + slot_of[j];
+      atomicOr(hit_mask + slot_of[j] / 32, 1u << (slot_of[j] % 32));
+      ++local[kHits];
+    } else {
+      kind[j] = Kind::kMiss;
+      is_miss[j] = 1;
     }
   }
 }
 
-// found[j] = the cell holding position[j], or -1 (also where look[j] is false). The kN probe
-// sequences advance together, so that their shared-memory loads overlap: a round costs one load
-// latency, and the lookups take as many rounds as the longest sequence, not the sum.
-template <int kN>
-__device__ __forceinline__ void HashFind(const int32_t* keys, int32_t bits,
-                                         const int32_t (&position)[kN], const bool (&look)[kN],
-                                         int32_t (&found)[kN]) {
-  const int32_t mask = (1 << bits) - 1;
-  int32_t cell[kN];
-  bool pending[kN];
-  bool any = false;
+// Writes every output but a filled miss's (and with share_duplicates a repeat's), final after
+// step 3, and every fill flag.
+template <int kItems>
+__device__ __forceinline__ void EmitSettled(const Kind (&kind)[kItems],
+                                            const int32_t (&miss_rank)[kItems],
+                                            const int32_t (&out)[kItems], int32_t n_filled,
+                                            int32_t* out_row, uint8_t* fill_row) {
+  const int32_t tid = threadIdx.x;
 #pragma unroll
-  for (int j = 0; j < kN; ++j) {
-    found[j] = -1;
-    cell[j] = HashCell(position[j], bits);
-    pending[j] = look[j];
-    any |= look[j];
+  for (int j = 0; j < kItems; ++j) {
+    if (kind[j] == Kind::kUnused) continue;
+    if (miss_rank[j] >= n_filled) out_row[tid * kItems + j] = out[j];
+    if (fill_row != nullptr) fill_row[tid * kItems + j] = miss_rank[j] < n_filled;
   }
-  while (any) {
-    int32_t key[kN];
+}
+
+// Step 6 (warp_counts being final): one global atomic per nonzero counter.
+__device__ __forceinline__ void AddCounters(ResolveCounters* n,
+                                            const int32_t (*warp_counts)[kWarps]) {
+  const int32_t tid = threadIdx.x;
+  const int32_t lane = tid % 32;
+  const int32_t warp = tid / 32;
+  if (warp == 0) {
+    int32_t total[kNumCounts];
 #pragma unroll
-    for (int j = 0; j < kN; ++j) key[j] = pending[j] ? keys[cell[j]] : kEmptyCell;
-    any = false;
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      if (pending[j] && key[j] == position[j]) found[j] = cell[j];
-      pending[j] = pending[j] && key[j] != position[j] && key[j] != kEmptyCell;
-      cell[j] = (cell[j] + 1) & mask;
-      any |= pending[j];
+    for (int i = 0; i < kNumCounts; ++i) {
+      total[i] = __reduce_add_sync(0xffffffffu, warp_counts[i][lane]);
+    }
+    if (lane == 0) {
+      const auto add = [](unsigned long long* counter, int32_t value) {
+        if (value != 0) atomicAdd(counter, static_cast<unsigned long long>(value));
+      };
+      add(&n->hits, total[kHits]);
+      add(&n->window_hits, total[kWindowHits]);
+      add(&n->misses, total[kMisses]);
+      add(&n->padding, total[kPadding]);
+      add(&n->duplicates, total[kDuplicates]);
+      add(&n->out_of_range, total[kOutOfRange]);
     }
   }
 }
 
-// out[j] = p[i + j] for j < 4, `fill` at or past n; one 16-byte load when all four are in range
-// and aligned (the usual case: the row starts are multiples of 16 bytes when C is a multiple of 4).
-__device__ __forceinline__ void Load4(const int32_t* p, int32_t i, int32_t n, int32_t fill,
-                                      int32_t (&out)[4]) {
-  if (i + 3 < n && reinterpret_cast<uintptr_t>(p + i) % 16 == 0) {
-    const int4 q = *reinterpret_cast<const int4*>(p + i);
-    out[0] = q.x;
-    out[1] = q.y;
-    out[2] = q.z;
-    out[3] = q.w;
-  } else {
+// Step 5's global reads (the filled misses' host pages) and the miss list's atomicAdd, issued
+// before step 4 so that its barriers hide them. Returns thread 0's place in the list.
+template <int kItems>
+__device__ __forceinline__ int32_t IssueMissReads(const ResolveView& v, int32_t page_table_row,
+                                                  const int32_t (&pos)[kItems],
+                                                  const int32_t (&miss_rank)[kItems],
+                                                  int32_t n_filled, int32_t (&page)[kItems]) {
+  int32_t list_base = 0;  // thread 0's
+  if (threadIdx.x == 0) list_base = atomicAdd(v.miss_count, n_filled);
+  const int32_t* page_row =
+      v.page_table + static_cast<int64_t>(page_table_row) * v.pages_per_request;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = i + j < n ? p[i + j] : fill;
+  for (int j = 0; j < kItems; ++j) {
+    if (miss_rank[j] < n_filled) page[j] = page_row[pos[j] / v.page_tokens];
+  }
+  return list_base;
+}
+
+// Step 4: victims (victims[u] = the u-th free slot of the old order, u < n_filled) and the new
+// LRU order in place; segmented, also victims_at and the new protected count (*protected_count).
+// `lru_slot` holds the first chunk of the old order. Called only when a slot is hit or filled.
+__device__ __forceinline__ void UpdateRecency(int32_t* lru, int32_t c, int32_t n_filled,
+                                              int32_t n_kept, bool segmented,
+                                              int32_t first_protected, int32_t protected_capacity,
+                                              int32_t* protected_count, const uint32_t* hit_mask,
+                                              uint16_t* lru_copy, int32_t* warp_free,
+                                              int32_t* victims, int32_t& victims_at,
+                                              int32_t (&lru_slot)[kLruItems]) {
+  const int32_t tid = threadIdx.x;
+  const int32_t lane = tid % 32;
+  const int32_t warp = tid / 32;
+  for (int32_t i = kLruChunk + tid; i < c; i += kThreads) {
+    lru_copy[i - kLruChunk] = static_cast<uint16_t>(lru[i]);
+  }
+  int32_t free_before = 0;  // free slots in the rounds already ranked
+  for (int32_t round = 0;;) {
+    int32_t is_free[kLruItems];
+#pragma unroll
+    for (int j = 0; j < kLruItems; ++j) {
+      const int32_t i = round + tid * kLruItems + j;
+      // A corrupt entry (outside [0, C)) is never free, hence never a victim. No branch: the
+      // four mask loads issue together (the index is clamped into the mask).
+      const uint32_t slot = static_cast<uint32_t>(lru_slot[j]);
+      const bool in_range = (i < c) & (slot < static_cast<uint32_t>(c));
+      const uint32_t probe = in_range ? slot : 0;
+      const uint32_t hit = hit_mask[probe / 32] >> (probe % 32) & 1u;
+      is_free[j] = in_range & (hit == 0);
+    }
+    int32_t free_rank[kLruItems];
+    const int32_t warp_free_total = WarpRank(is_free, free_rank);
+    if (lane == 0) warp_free[warp] = warp_free_total;
+    __syncthreads();  // warp_free is complete (and, in round 0, lru_copy)
+    int32_t round_free = 0;
+    const int32_t free_offset = free_before + WarpOffset(warp_free, &round_free);
+#pragma unroll
+    for (int j = 0; j < kLruItems; ++j) {
+      const int32_t i = round + tid * kLruItems + j;
+      if (i >= c) continue;
+      const int32_t u = free_offset + free_rank[j];
+      // With lru_order a permutation every target is in [0, C); the bound only keeps a corrupt
+      // order from writing outside the block.
+      int32_t target;
+      if (is_free[j] && u >= n_filled) {
+        target = segmented && i >= first_protected ? u : u - n_filled;
+      } else if (is_free[j]) {
+        victims[u] = lru_slot[j];
+        // Segmented: the victim's place needs the free count at first_protected (step 5).
+        target = segmented ? c : n_kept + i - max(0, u - n_filled);
+      } else {
+        target = segmented ? n_kept + n_filled + i - u : n_kept + i - max(0, u - n_filled);
+      }
+      if (target < c) lru[target] = lru_slot[j];
+      if (segmented && i == first_protected) {
+        // u free slots are probationary: max(0, u - n_filled) of them are kept, and the
+        // c - n_hit - u protected ones lose max(0, n_filled - u) victims.
+        victims_at = max(0, u - n_filled);
+        *protected_count = min(protected_capacity, c - u - max(0, n_filled - u));
+      }
+    }
+    free_before += round_free;
+    round += kLruChunk;
+    if (round >= c) break;
+    __syncthreads();  // every warp has read warp_free before the next round rewrites it
+#pragma unroll
+    for (int j = 0; j < kLruItems; ++j) {
+      const int32_t i = round + tid * kLruItems + j;
+      lru_slot[j] = i < c ? lru_copy[i - kLruChunk] : 0;
+    }
   }
 }
 
-// Ranks the set flags (0 or 1) of a blocked arrangement within the calling warp: rank[j] = set
-// flags before item j of this thread in the warp's order. Returns the warp's total.
-template <int kN>
-__device__ __forceinline__ int32_t WarpRank(const int32_t (&flag)[kN], int32_t (&rank)[kN]) {
-  const uint32_t lanes_before = (1u << (threadIdx.x % 32)) - 1;
-  int32_t before = 0;
-  int32_t total = 0;
+// Step 5, unsorted: each filled miss goes to the list at its rank.
+template <int kItems>
+__device__ __forceinline__ void AppendMisses(const ResolveView& v, int32_t miss_list_base,
+                                             int32_t n_filled, const int32_t (&miss_rank)[kItems],
+                                             const int32_t (&host_row)[kItems],
+                                             const int32_t (&out)[kItems]) {
 #pragma unroll
-  for (int j = 0; j < kN; ++j) {
-    const uint32_t set = __ballot_sync(0xffffffffu, flag[j] != 0);
-    before += __popc(set & lanes_before);
-    total += __popc(set);
+  for (int j = 0; j < kItems; ++j) {
+    const int32_t at = miss_list_base + miss_rank[j];
+    if (miss_rank[j] >= n_filled || at >= v.miss_capacity) continue;
+    v.miss_host_row[at] = host_row[j];
+    v.miss_slot[at] = out[j];
   }
-#pragma unroll
-  for (int j = 0; j < kN; ++j) {
-    rank[j] = before;
-    before += flag[j];
-  }
-  return total;
 }
 
-// After a barrier that follows the per-warp totals `warp_total[kWarps]`: the totals of the warps
-// before the calling one, and (in *all) of every warp.
-__device__ __forceinline__ int32_t WarpOffset(const int32_t* warp_total, int32_t* all) {
-  const int32_t lane = threadIdx.x % 32;
-  const int32_t mine = warp_total[lane];
-  *all = __reduce_add_sync(0xffffffffu, mine);
-  return __reduce_add_sync(0xffffffffu, lane < static_cast<int32_t>(threadIdx.x / 32) ? mine : 0);
+// Step 5, sorted: the row's filled misses go to the list in host-row order. Keys are relative to
+// the row's smallest host row, over just the bits its range needs; the ranks past n_filled get
+// the largest such key and, the sort being stable and their ranks the highest, stay behind every
+// real miss.
+template <int kItems>
+__device__ __forceinline__ void AppendMissesSorted(const ResolveView& v, int32_t miss_list_base,
+                                                   int32_t n_filled, int32_t base, int32_t lowest,
+                                                   int32_t highest, const int32_t* host_row_by_rank,
+                                                   const int32_t* victims,
+                                                   typename Sort<kItems>::TempStorage& storage) {
+  const int32_t tid = threadIdx.x;
+  const uint32_t span = static_cast<uint32_t>(highest) - static_cast<uint32_t>(lowest);
+  const int32_t bits = max(1, 32 - __clz(span));
+  const uint32_t filler = bits == 32 ? UINT32_MAX : (1u << bits) - 1;
+  uint32_t key[kItems];
+  int32_t slot[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int32_t r = tid * kItems + j;
+    const bool real = r < n_filled;
+    key[j] =
+        real ? static_cast<uint32_t>(host_row_by_rank[r]) - static_cast<uint32_t>(lowest) : filler;
+    slot[j] = real ? base + victims[r] : kNullSlot;
+  }
+  __syncthreads();  // host_row_by_rank is read; the sort may take the region
+  Sort<kItems>(storage).SortBlockedToStriped(key, slot, 0, bits);
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int32_t r = j * kThreads + tid;
+    const int32_t at = miss_list_base + r;
+    if (r >= n_filled || at >= v.miss_capacity) continue;
+    v.miss_host_row[at] = static_cast<int32_t>(key[j] + static_cast<uint32_t>(lowest));
+    v.miss_slot[at] = slot[j];
+  }
+}
+
+// Step 7, after a barrier that makes every first entry's output and fill flag visible: repeats
+// copy them.
+template <int kItems>
+__device__ __forceinline__ void ShareDuplicates(const Kind (&kind)[kItems],
+                                                const int32_t (&first_of)[kItems], int32_t* out_row,
+                                                uint8_t* fill_row) {
+  const int32_t tid = threadIdx.x;
+  __syncthreads();  // every first entry's output and fill flag is written
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (kind[j] != Kind::kDuplicate) continue;
+    out_row[tid * kItems + j] = out_row[first_of[j]];
+    if (fill_row != nullptr) fill_row[tid * kItems + j] = fill_row[first_of[j]];
+  }
+}
+
+// Step 5, first part: filled miss j takes victim miss_rank[j]: slot_token, (segmented) its place
+// in lru_order, the output; host_row[j] = its host row, also by rank with `sort_misses`, and the
+// thread's host-row range folded into row_min / row_max.
+template <int kItems>
+__device__ __forceinline__ void TakeVictims(
+    const ResolveView& v, const int32_t (&pos)[kItems], const int32_t (&miss_rank)[kItems],
+    const int32_t (&page)[kItems], int32_t n_filled, const int32_t* victims,
+    const int32_t& victims_at, int32_t c, int32_t base, bool segmented, bool sort_misses,
+    int32_t* slot_token, int32_t* lru, int32_t* out_row, int32_t* host_row_by_rank,
+    int32_t (&out)[kItems], int32_t (&host_row)[kItems], int32_t& row_min, int32_t& row_max) {
+  const int32_t tid = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (miss_rank[j] >= n_filled) continue;
+    const int32_t p = pos[j];
+    const int32_t victim = victims[miss_rank[j]];
+    // Always in [0, C) unless lru_order was corrupt (fewer free slots than counted).
+    if (static_cast<uint32_t>(victim) < static_cast<uint32_t>(c)) slot_token[victim] = p;
+    if (segmented && victims_at + miss_rank[j] < c) lru[victims_at + miss_rank[j]] = victim;
+    out[j] = base + victim;
+    out_row[tid * kItems + j] = out[j];
+    host_row[j] = page[j] * v.page_tokens + p % v.page_tokens;
+    if (sort_misses) {
+      host_row_by_rank[miss_rank[j]] = host_row[j];
+      row_min = min(row_min, host_row[j]);
+      row_max = max(row_max, host_row[j]);
+    }
+  }
 }
 
 template <int kItems>
@@ -246,21 +500,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int32_t min_host_row;
   __shared__ int32_t max_host_row;
 
-  // Initialise the shared memory while round trip 1 is in flight, with 16-byte stores.
-  {
-    int4* const keys4 = reinterpret_cast<int4*>(keys);
-    int4* const first_k4 = reinterpret_cast<int4*>(first_k);
-    int4* const hit_slot4 = reinterpret_cast<int4*>(hit_slot);
-    for (int32_t i = tid; i < cells / 4; i += kThreads) {
-      keys4[i] = make_int4(kEmptyCell, kEmptyCell, kEmptyCell, kEmptyCell);
-      first_k4[i] = make_int4(kNone, kNone, kNone, kNone);
-      hit_slot4[i] = make_int4(kNone, kNone, kNone, kNone);
-    }
-    int4* const hit_mask4 = reinterpret_cast<int4*>(hit_mask);
-    for (int32_t i = tid; i < layout.hit_mask_bytes / 16; i += kThreads) {
-      hit_mask4[i] = make_int4(0, 0, 0, 0);
-    }
-  }
+  InitShared(keys, first_k, hit_slot, cells, hit_mask, layout.hit_mask_bytes);
   if (tid == 0) {
     min_host_row = INT32_MAX;
     max_host_row = INT32_MIN;
@@ -294,75 +534,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t first_protected = segmented ? c - min(max(v.lru_protected[e.block], 0), c) : c;
   __syncthreads();  // the shared memory is initialised
 
-  // Step 1: hash; duplicates.
   Kind kind[kItems];
   int32_t cell[kItems];
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    const int32_t k = tid * kItems + j;
-    kind[j] = k >= top_k                          ? Kind::kUnused
-              : pos[j] == kPaddingPosition        ? Kind::kPadding
-              : pos[j] < 0 || pos[j] >= e.seq_len ? Kind::kOutOfRange
-                                                  : Kind::kValid;
-    if (kind[j] == Kind::kValid) cell[j] = HashInsert(keys, first_k, layout.hash_bits, pos[j], k);
-  }
-  __syncthreads();
   int32_t first_of[kItems];  // a repeat's first entry
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    first_of[j] = kind[j] == Kind::kValid ? first_k[cell[j]] : kNone;
-    if (kind[j] == Kind::kValid && first_of[j] != tid * kItems + j) kind[j] = Kind::kDuplicate;
-  }
-
-  // Step 2: hits, found from the slots' side; the next chunk's four loads are issued together.
-  for (int32_t chunk = 0;;) {
-    bool look[kSlotItems];
-#pragma unroll
-    for (int j = 0; j < kSlotItems; ++j) look[j] = token[j] >= 0 && token[j] < window_begin;
-    int32_t found[kSlotItems];
-    HashFind(keys, layout.hash_bits, token, look, found);
-#pragma unroll
-    for (int j = 0; j < kSlotItems; ++j) {
-      if (found[j] >= 0) atomicMin(hit_slot + found[j], chunk + tid * kSlotItems + j);
-    }
-    chunk += kSlotChunk;
-    if (chunk >= c) break;
-    Load4(slot_token, chunk + tid * kSlotItems, c, -1, token);
-  }
-  __syncthreads();
+  HashEntries(pos, top_k, e.seq_len, keys, first_k, layout.hash_bits, kind, cell, first_of);
+  FindHits(slot_token, c, window_begin, keys, hit_slot, layout.hash_bits, token);
 
   // Step 3: classify and rank the misses.
   int32_t out[kItems];
   int32_t is_miss[kItems];
   int32_t local[kNumCounts] = {};
-  // The cells' hit slots first, so that the loads issue together.
-  int32_t slot_of[kItems];
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    slot_of[j] = kind[j] == Kind::kValid && pos[j] < window_begin ? hit_slot[cell[j]] : kNone;
-  }
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    out[j] = kNullSlot;
-    is_miss[j] = 0;
-    local[kPadding] += kind[j] == Kind::kPadding;
-    local[kOutOfRange] += kind[j] == Kind::kOutOfRange;
-    local[kDuplicates] += kind[j] == Kind::kDuplicate;
-    if (kind[j] != Kind::kValid) continue;
-    if (pos[j] >= window_begin) {
-      kind[j] = Kind::kWindow;
-      out[j] = base + c + pos[j] % w;
-      ++local[kWindowHits];
-    } else if (slot_of[j] != kNone) {
-      kind[j] = Kind::kHit;
-      out[j] = base + slot_of[j];
-      atomicOr(hit_mask + slot_of[j] / 32, 1u << (slot_of[j] % 32));
-      ++local[kHits];
-    } else {
-      kind[j] = Kind::kMiss;
-      is_miss[j] = 1;
-    }
-  }
+  ClassifyEntries(pos, cell, hit_slot, window_begin, base, c, w, hit_mask, kind, out, is_miss,
+                  local);
   int32_t miss_rank[kItems];
   local[kMisses] = WarpRank(is_miss, miss_rank);
 #pragma unroll
@@ -381,108 +564,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int j = 0; j < kItems; ++j) miss_rank[j] = is_miss[j] ? miss_offset + miss_rank[j] : kNone;
 
-  // Step 6, early: counters (warp_counts is final).
-  if (warp == 0) {
-    int32_t total[kNumCounts];
-#pragma unroll
-    for (int i = 0; i < kNumCounts; ++i) {
-      total[i] = __reduce_add_sync(0xffffffffu, warp_counts[i][lane]);
-    }
-    if (lane == 0) {
-      ResolveCounters* n = v.counters;
-      const auto add = [](unsigned long long* counter, int32_t value) {
-        if (value != 0) atomicAdd(counter, static_cast<unsigned long long>(value));
-      };
-      add(&n->hits, total[kHits]);
-      add(&n->window_hits, total[kWindowHits]);
-      add(&n->misses, total[kMisses]);
-      add(&n->padding, total[kPadding]);
-      add(&n->duplicates, total[kDuplicates]);
-      add(&n->out_of_range, total[kOutOfRange]);
-    }
-  }
-  // Every output but a filled miss's (and with share_duplicates a repeat's) is final.
+  AddCounters(v.counters, warp_counts);  // step 6, early
   uint8_t* const fill_row =
       v.fill_mask == nullptr ? nullptr : v.fill_mask + static_cast<int64_t>(b) * top_k;
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    if (kind[j] == Kind::kUnused) continue;
-    if (miss_rank[j] >= n_filled) out_row[tid * kItems + j] = out[j];
-    if (fill_row != nullptr) fill_row[tid * kItems + j] = miss_rank[j] < n_filled;
-  }
+  EmitSettled(kind, miss_rank, out, n_filled, out_row, fill_row);
   // Step 5's global reads and the miss list's atomicAdd, issued now and consumed after step 4.
   int32_t page[kItems];
-  int32_t list_base = 0;  // thread 0's
-  if (n_filled > 0) {
-    if (tid == 0) list_base = atomicAdd(v.miss_count, n_filled);
-    const int32_t* page_row =
-        v.page_table + static_cast<int64_t>(e.page_table_row) * v.pages_per_request;
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      if (miss_rank[j] < n_filled) page[j] = page_row[pos[j] / v.page_tokens];
-    }
-  }
+  const int32_t list_base =
+      n_filled > 0 ? IssueMissReads(v, e.page_table_row, pos, miss_rank, n_filled, page) : 0;
 
-  // Step 4: victims and the new LRU order. Nothing changes when no slot is hit or filled.
+  // Step 4. Nothing changes when no slot is hit or filled.
   if (n_hit + n_filled > 0) {
-    for (int32_t i = kLruChunk + tid; i < c; i += kThreads) {
-      lru_copy[i - kLruChunk] = static_cast<uint16_t>(lru[i]);
-    }
-    int32_t free_before = 0;  // free slots in the rounds already ranked
-    for (int32_t round = 0;;) {
-      int32_t is_free[kLruItems];
-#pragma unroll
-      for (int j = 0; j < kLruItems; ++j) {
-        const int32_t i = round + tid * kLruItems + j;
-        // A corrupt entry (outside [0, C)) is never free, hence never a victim. No branch: the
-        // four mask loads issue together (the index is clamped into the mask).
-        const uint32_t slot = static_cast<uint32_t>(lru_slot[j]);
-        const bool in_range = (i < c) & (slot < static_cast<uint32_t>(c));
-        const uint32_t probe = in_range ? slot : 0;
-        const uint32_t hit = hit_mask[probe / 32] >> (probe % 32) & 1u;
-        is_free[j] = in_range & (hit == 0);
-      }
-      int32_t free_rank[kLruItems];
-      const int32_t warp_free_total = WarpRank(is_free, free_rank);
-      if (lane == 0) warp_free[warp] = warp_free_total;
-      __syncthreads();  // warp_free is complete (and, in round 0, lru_copy)
-      int32_t round_free = 0;
-      const int32_t free_offset = free_before + WarpOffset(warp_free, &round_free);
-#pragma unroll
-      for (int j = 0; j < kLruItems; ++j) {
-        const int32_t i = round + tid * kLruItems + j;
-        if (i >= c) continue;
-        const int32_t u = free_offset + free_rank[j];
-        // With lru_order a permutation every target is in [0, C); the bound only keeps a corrupt
-        // order from writing outside the block.
-        int32_t target;
-        if (is_free[j] && u >= n_filled) {
-          target = segmented && i >= first_protected ? u : u - n_filled;
-        } else if (is_free[j]) {
-          victims[u] = lru_slot[j];
-          // Segmented: the victim's place needs the free count at first_protected (step 5).
-          target = segmented ? c : n_kept + i - max(0, u - n_filled);
-        } else {
-          target = segmented ? n_kept + n_filled + i - u : n_kept + i - max(0, u - n_filled);
-        }
-        if (target < c) lru[target] = lru_slot[j];
-        if (segmented && i == first_protected) {
-          // u free slots are probationary: max(0, u - n_filled) of them are kept, and the
-          // c - n_hit - u protected ones lose max(0, n_filled - u) victims.
-          victims_at = max(0, u - n_filled);
-          v.lru_protected[e.block] = min(v.protected_capacity, c - u - max(0, n_filled - u));
-        }
-      }
-      free_before += round_free;
-      round += kLruChunk;
-      if (round >= c) break;
-      __syncthreads();  // every warp has read warp_free before the next round rewrites it
-#pragma unroll
-      for (int j = 0; j < kLruItems; ++j) {
-        const int32_t i = round + tid * kLruItems + j;
-        lru_slot[j] = i < c ? lru_copy[i - kLruChunk] : 0;
-      }
-    }
+    UpdateRecency(lru, c, n_filled, n_kept, segmented, first_protected, v.protected_capacity,
+                  v.lru_protected + e.block, hit_mask, lru_copy, warp_free, victims, victims_at,
+                  lru_slot);
   }
   // Segmented, no protected part (no entry at first_protected): every free slot was probationary.
   // With nothing hit or filled the order stays, and so does the protected part (up to capacity).
@@ -499,23 +594,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     int32_t host_row[kItems];
     int32_t row_min = INT32_MAX;
     int32_t row_max = INT32_MIN;
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      if (miss_rank[j] >= n_filled) continue;
-      const int32_t p = pos[j];
-      const int32_t victim = victims[miss_rank[j]];
-      // Always in [0, C) unless lru_order was corrupt (fewer free slots than counted).
-      if (static_cast<uint32_t>(victim) < static_cast<uint32_t>(c)) slot_token[victim] = p;
-      if (segmented && victims_at + miss_rank[j] < c) lru[victims_at + miss_rank[j]] = victim;
-      out[j] = base + victim;
-      out_row[tid * kItems + j] = out[j];
-      host_row[j] = page[j] * v.page_tokens + p % v.page_tokens;
-      if (sort_misses) {
-        host_row_by_rank[miss_rank[j]] = host_row[j];
-        row_min = min(row_min, host_row[j]);
-        row_max = max(row_max, host_row[j]);
-      }
-    }
+    TakeVictims(v, pos, miss_rank, page, n_filled, victims, victims_at, c, base, segmented,
+                sort_misses, slot_token, lru, out_row, host_row_by_rank, out, host_row, row_min,
+                row_max);
     if (sort_misses) {
       row_min = __reduce_min_sync(0xffffffffu, row_min);
       row_max = __reduce_max_sync(0xffffffffu, row_max);
@@ -527,54 +608,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     const int32_t miss_list_base = miss_base;
     if (!sort_misses) {
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) {
-        const int32_t at = miss_list_base + miss_rank[j];
-        if (miss_rank[j] >= n_filled || at >= v.miss_capacity) continue;
-        v.miss_host_row[at] = host_row[j];
-        v.miss_slot[at] = out[j];
-      }
+      AppendMisses(v, miss_list_base, n_filled, miss_rank, host_row, out);
     } else {
-      // Keys relative to the row's smallest host row, over just the bits its range needs; the
-      // ranks past n_filled get the largest such key and, the sort being stable and their ranks
-      // the highest, stay behind every real miss.
-      const int32_t lowest = min_host_row;
-      const uint32_t span = static_cast<uint32_t>(max_host_row) - static_cast<uint32_t>(lowest);
-      const int32_t bits = max(1, 32 - __clz(span));
-      const uint32_t filler = bits == 32 ? UINT32_MAX : (1u << bits) - 1;
-      uint32_t key[kItems];
-      int32_t slot[kItems];
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) {
-        const int32_t r = tid * kItems + j;
-        const bool real = r < n_filled;
-        key[j] = real ? static_cast<uint32_t>(host_row_by_rank[r]) - static_cast<uint32_t>(lowest)
-                      : filler;
-        slot[j] = real ? base + victims[r] : kNullSlot;
-      }
-      __syncthreads();  // host_row_by_rank is read; the sort may take the region
-      Sort<kItems>(sort_storage).SortBlockedToStriped(key, slot, 0, bits);
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) {
-        const int32_t r = j * kThreads + tid;
-        const int32_t at = miss_list_base + r;
-        if (r >= n_filled || at >= v.miss_capacity) continue;
-        v.miss_host_row[at] = static_cast<int32_t>(key[j] + static_cast<uint32_t>(lowest));
-        v.miss_slot[at] = slot[j];
-      }
+      AppendMissesSorted<kItems>(v, miss_list_base, n_filled, base, min_host_row, max_host_row,
+                                 host_row_by_rank, victims, sort_storage);
     }
   }
 
-  // Step 7: repeats share their first entry's slot.
-  if (v.share_duplicates) {
-    __syncthreads();  // every first entry's output and fill flag is written
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      if (kind[j] != Kind::kDuplicate) continue;
-      out_row[tid * kItems + j] = out_row[first_of[j]];
-      if (fill_row != nullptr) fill_row[tid * kItems + j] = fill_row[first_of[j]];
-    }
-  }
+  if (v.share_duplicates) ShareDuplicates(kind, first_of, out_row, fill_row);  // step 7
 }
 
 template <int kItems>

@@ -1,5 +1,5 @@
 // cuBLAS return codes as Status for the attention component; the CUDA ones come from
-// cuda/cuda_util.h.
+// cuda_common/cuda_check.h.
 #pragma once
 
 #include <cublas_v2.h>
@@ -7,13 +7,15 @@
 
 #include <string>
 
-#include "cuda/cuda_util.h"
+#include "cuda_common/cuda_check.h"
+#include "cuda_common/device_buffer.h"
 #include "sparsekv/status.h"
 
 namespace sparsekv::mla_cuda {
 
-using cuda_util::CheckDevice;
-using cuda_util::DeviceGuard;
+using cuda_common::CheckDevice;
+using cuda_common::DeviceBuffer;
+using cuda_common::DeviceGuard;
 
 inline Status CublasStatus(cublasStatus_t status, const char* call) {
   return Internal(std::string(call) + ": " + cublasGetStatusString(status));

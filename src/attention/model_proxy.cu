@@ -20,6 +20,7 @@
 namespace sparsekv {
 namespace {
 
+using mla_cuda::DeviceBuffer;
 using mla_cuda::DeviceGuard;
 
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
@@ -47,11 +48,7 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
   ~CudaWeightStreamProxy() override {
     DeviceGuard guard(device_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    for (void* buffer : weights_) cudaFree(buffer);
-    for (void* buffer :
-         {cublas_workspace_, static_cast<void*>(input_), static_cast<void*>(output_)}) {
-      if (buffer != nullptr) cudaFree(buffer);
-    }
+    if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
   }
 
   // Allocates and fills everything; synchronises once so that the fills are done when Create
@@ -108,14 +105,15 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
   const void* output() const override { return output_; }
 
  private:
+  // *ptr = `elements` bf16 in a new buffer of buffers_.
   Status Allocate(__nv_bfloat16** ptr, int64_t elements) {
-    const size_t bytes = static_cast<size_t>(elements) * sizeof(__nv_bfloat16);
-    if (cudaError_t err = cudaMalloc(ptr, bytes); err != cudaSuccess) {
-      cudaGetLastError();
-      return ResourceExhausted("WeightStreamProxy: cudaMalloc of " + std::to_string(bytes) +
-                               " bytes: " + cudaGetErrorString(err));
-    }
-    device_bytes_ += static_cast<int64_t>(bytes);
+    SPARSEKV_ASSIGN_OR_RETURN(
+        DeviceBuffer buffer,
+        DeviceBuffer::Allocate(static_cast<size_t>(elements) * sizeof(__nv_bfloat16),
+                               "WeightStreamProxy"));
+    *ptr = buffer.get<__nv_bfloat16>();
+    device_bytes_ += static_cast<int64_t>(buffer.bytes());
+    buffers_.push_back(std::move(buffer));
     return Status::Ok();
   }
 
@@ -136,6 +134,7 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
   __nv_bfloat16* input_ = nullptr;       // [max_batch, 7168]
   __nv_bfloat16* output_ = nullptr;      // [max_batch, out_features]
   int64_t device_bytes_ = 0;
+  std::vector<DeviceBuffer> buffers_;  // own the arrays above but cublas_workspace_
 };
 
 }  // namespace

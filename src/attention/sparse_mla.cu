@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "attention/cuda_status.h"
 #include "attention/mla_kernels.h"
@@ -30,6 +31,7 @@
 namespace sparsekv {
 namespace {
 
+using mla_cuda::DeviceBuffer;
 using mla_cuda::DeviceGuard;
 
 // cuBLAS workspace: the size NVIDIA recommends for Hopper. Set explicitly so that cuBLAS never
@@ -46,12 +48,7 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
   ~CudaSparseMLAAttention() override {
     DeviceGuard guard(device_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    for (void* buffer : {cublas_workspace_, static_cast<void*>(keys_), static_cast<void*>(scores_),
-                         static_cast<void*>(probs_), static_cast<void*>(partial_out_[0]),
-                         static_cast<void*>(partial_out_[1]), static_cast<void*>(partial_lse_[0]),
-                         static_cast<void*>(partial_lse_[1])}) {
-      if (buffer != nullptr) cudaFree(buffer);
-    }
+    if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
   }
 
   Status Init() {
@@ -75,16 +72,16 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
 
   Status Run(int32_t batch, const void* q, const std::byte* kv_rows, int64_t row_stride,
              const int32_t* indices, void* out, StreamHandle stream) override {
-    return RunPart(mla_cuda::FillPart::kAll, batch, q, kv_rows, row_stride, indices, nullptr,
-                   out, stream);
+    return RunPart(mla_cuda::FillPart::kAll, batch, q, kv_rows, row_stride, indices, nullptr, out,
+                   stream);
   }
 
   Status RunHits(int32_t batch, const void* q, const std::byte* kv_rows, int64_t row_stride,
                  const int32_t* indices, const uint8_t* fill, StreamHandle stream) override {
     if (fill == nullptr) return InvalidArgument("SparseMLAAttention::RunHits: fill is null");
     const bool gather_only = options_.split == SparseMLAOptions::Split::kGatherFirst;
-    return RunPart(mla_cuda::FillPart::kHits, batch, q, kv_rows, row_stride, indices, fill,
-                   nullptr, stream, gather_only);
+    return RunPart(mla_cuda::FillPart::kHits, batch, q, kv_rows, row_stride, indices, fill, nullptr,
+                   stream, gather_only);
   }
 
   Status RunFillsAndMerge(int32_t batch, const void* q, const std::byte* kv_rows,
@@ -97,18 +94,21 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
       // The resident rows are in place: gather the others, then one pass over all entries.
       SPARSEKV_RETURN_IF_ERROR(RunPart(mla_cuda::FillPart::kFills, batch, q, kv_rows, row_stride,
                                        indices, fill, out, stream, /*gather_only=*/true));
-      return RunPart(mla_cuda::FillPart::kAll, batch, q, kv_rows, row_stride, indices, nullptr,
-                     out, stream, /*gather_only=*/false, /*gather=*/false);
+      return RunPart(mla_cuda::FillPart::kAll, batch, q, kv_rows, row_stride, indices, nullptr, out,
+                     stream, /*gather_only=*/false, /*gather=*/false);
     }
     SPARSEKV_RETURN_IF_ERROR(RunPart(mla_cuda::FillPart::kFills, batch, q, kv_rows, row_stride,
                                      indices, fill, out, stream));
     if (batch == 0) return Status::Ok();
     DeviceGuard guard(device_);
-    const mla_cuda::MergeView merge{partial_out_[0], partial_lse_[0], partial_out_[1],
-                                    partial_lse_[1], static_cast<__nv_bfloat16*>(out), batch,
+    const mla_cuda::MergeView merge{partial_out_[0],
+                                    partial_lse_[0],
+                                    partial_out_[1],
+                                    partial_lse_[1],
+                                    static_cast<__nv_bfloat16*>(out),
+                                    batch,
                                     options_.heads};
-    SPARSEKV_CUDA_RETURN_IF_ERROR(
-        mla_cuda::LaunchMerge(merge, static_cast<cudaStream_t>(stream)));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(mla_cuda::LaunchMerge(merge, static_cast<cudaStream_t>(stream)));
     return Status::Ok();
   }
 
@@ -181,21 +181,21 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
         cublas_, CUBLAS_OP_N, CUBLAS_OP_N, /*m=*/kMLAValueDim, /*n=*/heads, /*k=*/top_k, &one,
         keys_, CUDA_R_16BF, /*lda=*/kMLAQKDim, /*strideA=*/int64_t{top_k} * kMLAQKDim, probs_,
-        CUDA_R_16BF, /*ldb=*/top_k, /*strideB=*/int64_t{heads} * top_k, &zero, gemm_out,
-        out_type, /*ldc=*/kMLAValueDim, /*strideC=*/int64_t{heads} * kMLAValueDim, batch,
-        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CUDA_R_16BF, /*ldb=*/top_k, /*strideB=*/int64_t{heads} * top_k, &zero, gemm_out, out_type,
+        /*ldc=*/kMLAValueDim, /*strideC=*/int64_t{heads} * kMLAValueDim, batch, CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
     return Status::Ok();
   }
 
+  // *ptr = `elements` T in a new buffer of buffers_.
   template <typename T>
   Status Allocate(T** ptr, int64_t elements) {
-    const size_t bytes = static_cast<size_t>(elements) * sizeof(T);
-    if (cudaError_t err = cudaMalloc(ptr, bytes); err != cudaSuccess) {
-      cudaGetLastError();
-      return ResourceExhausted("SparseMLAAttention: cudaMalloc of " + std::to_string(bytes) +
-                               " bytes: " + cudaGetErrorString(err));
-    }
-    workspace_bytes_ += static_cast<int64_t>(bytes);
+    SPARSEKV_ASSIGN_OR_RETURN(
+        DeviceBuffer buffer,
+        DeviceBuffer::Allocate(static_cast<size_t>(elements) * sizeof(T), "SparseMLAAttention"));
+    *ptr = buffer.get<T>();
+    workspace_bytes_ += static_cast<int64_t>(buffer.bytes());
+    buffers_.push_back(std::move(buffer));
     return Status::Ok();
   }
 
@@ -211,6 +211,7 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
   float* partial_out_[2] = {nullptr, nullptr};
   float* partial_lse_[2] = {nullptr, nullptr};
   int64_t workspace_bytes_ = 0;
+  std::vector<DeviceBuffer> buffers_;  // own the arrays above but cublas_workspace_
 };
 
 }  // namespace

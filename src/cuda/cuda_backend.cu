@@ -15,8 +15,8 @@
 #include <unordered_map>
 #include <utility>
 
-#include "cuda/cuda_util.h"
 #include "cuda/kernels.h"
+#include "cuda_common/cuda_check.h"
 #include "sparsekv/backend.h"
 
 namespace sparsekv {
@@ -29,8 +29,8 @@ constexpr size_t kHugePage = size_t{2} << 20;
 
 cudaStream_t ToCuda(StreamHandle stream) { return static_cast<cudaStream_t>(stream); }
 
-using cuda_util::CudaError;
-using cuda_util::DeviceGuard;
+using cuda_common::CudaError;
+using cuda_common::DeviceGuard;
 
 class CudaBackend final : public Backend {
  public:
@@ -101,9 +101,8 @@ class CudaBackend final : public Backend {
     // The kernels address host memory by its host pointer (UVA); make sure that holds. (A VMM
     // mapping is one address for both by construction.)
     void* device_ptr = ptr;
-    const cudaError_t err = block.kind == HostBlock::kVmm
-                                ? cudaSuccess
-                                : cudaHostGetDevicePointer(&device_ptr, ptr, 0);
+    const cudaError_t err =
+        block.kind == HostBlock::kVmm ? cudaSuccess : cudaHostGetDevicePointer(&device_ptr, ptr, 0);
     if (err != cudaSuccess || device_ptr != ptr) {
       Release(ptr, block);
       return err != cudaSuccess
@@ -220,7 +219,7 @@ class CudaBackend final : public Backend {
  private:
   struct HostBlock {
     enum Kind { kHostAlloc, kRegistered, kVmm } kind;
-    size_t mapped_bytes;  // kRegistered, kVmm: the length of the mapping
+    size_t mapped_bytes;                      // kRegistered, kVmm: the length of the mapping
     CUmemGenericAllocationHandle handle = 0;  // kVmm
   };
 
@@ -255,15 +254,14 @@ class CudaBackend final : public Backend {
   static const Vmm* LoadVmm() {
     static const Vmm* vmm = [] {
       static Vmm v;
-      const bool ok = LoadDriverCall("cuMemGetAllocationGranularity", &v.granularity) &&
-                      LoadDriverCall("cuMemAddressReserve", &v.reserve) &&
-                      LoadDriverCall("cuMemAddressFree", &v.free) &&
-                      LoadDriverCall("cuMemCreate", &v.create) &&
-                      LoadDriverCall("cuMemRelease", &v.release) &&
-                      LoadDriverCall("cuMemMap", &v.map) &&
-                      LoadDriverCall("cuMemUnmap", &v.unmap) &&
-                      LoadDriverCall("cuMemSetAccess", &v.set_access) &&
-                      LoadDriverCall("cuGetErrorString", &v.error_string);
+      const bool ok =
+          LoadDriverCall("cuMemGetAllocationGranularity", &v.granularity) &&
+          LoadDriverCall("cuMemAddressReserve", &v.reserve) &&
+          LoadDriverCall("cuMemAddressFree", &v.free) && LoadDriverCall("cuMemCreate", &v.create) &&
+          LoadDriverCall("cuMemRelease", &v.release) && LoadDriverCall("cuMemMap", &v.map) &&
+          LoadDriverCall("cuMemUnmap", &v.unmap) &&
+          LoadDriverCall("cuMemSetAccess", &v.set_access) &&
+          LoadDriverCall("cuGetErrorString", &v.error_string);
       return ok ? &v : nullptr;
     }();
     return vmm;
@@ -284,8 +282,7 @@ class CudaBackend final : public Backend {
       d->error_string(r, &text);
       return Internal(std::string(call) + ": " + (text != nullptr ? text : "unknown error"));
     };
-    if (CUresult r = d->granularity(&granularity, &prop,
-                                                   CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (CUresult r = d->granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
         r != CUDA_SUCCESS) {
       return fail(r, "cuMemGetAllocationGranularity");
     }
@@ -328,13 +325,12 @@ class CudaBackend final : public Backend {
     void* ptr = nullptr;
     if (hugetlb) {
       // hugetlb mappings are 2 MB-aligned by construction.
-      ptr = mmap(nullptr, length, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+      ptr = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB,
+                 -1, 0);
       if (ptr == MAP_FAILED) return nullptr;
     } else {
       const size_t padded = length + kHugePage;
-      void* raw =
-          mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (raw == MAP_FAILED) return nullptr;
       const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
       const uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;
@@ -395,7 +391,7 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device, HostMemoryKind host_memory) {
-  SPARSEKV_RETURN_IF_ERROR(cuda_util::CheckDevice(device));
+  SPARSEKV_RETURN_IF_ERROR(cuda_common::CheckDevice(device));
   return CudaBackend::Create(device, host_memory);
 }
 

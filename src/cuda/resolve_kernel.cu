@@ -54,9 +54,9 @@
 #include <cstdint>
 #include <cub/block/block_radix_sort.cuh>
 
-#include "cuda/cuda_util.h"
 #include "cuda/kernels.h"
 #include "cuda/resolve_primitives.cuh"
+#include "cuda_common/smem_limit.h"
 
 namespace sparsekv {
 namespace {
@@ -622,7 +622,7 @@ template <int kItems>
 cudaError_t Launch(const ResolveView& view, int32_t max_batch, cudaStream_t stream) {
   const SmemLayout layout = MakeLayout<kItems>(view.top_k, view.hot_slots);
   int32_t limit = 0;
-  if (cudaError_t err = cuda_util::OptInMaxDynamicSmem(
+  if (cudaError_t err = cuda_common::OptInMaxDynamicSmem(
           reinterpret_cast<const void*>(ResolveKernel<kItems>), &limit);
       err != cudaSuccess) {
     return err;

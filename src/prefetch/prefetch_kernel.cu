@@ -21,7 +21,8 @@
 #include <cub/block/block_scan.cuh>
 #include <string>
 
-#include "cuda/cuda_util.h"
+#include "cuda_common/cuda_check.h"
+#include "cuda_common/smem_limit.h"
 #include "sparsekv/prefetch.h"
 
 namespace sparsekv {
@@ -186,8 +187,8 @@ Status PredictPrefetchCuda(const PrefetchView& view, int32_t max_batch, StreamHa
   if (max_batch == 0 || view.budget == 0) return Status::Ok();
   const SmemLayout layout = MakeLayout(view.top_k, view.budget);
   int32_t smem_limit = 0;
-  SPARSEKV_CUDA_RETURN_IF_ERROR(cuda_util::OptInMaxDynamicSmem(
-      reinterpret_cast<const void*>(PrefetchKernel), &smem_limit));
+  SPARSEKV_CUDA_RETURN_IF_ERROR(
+      cuda_common::OptInMaxDynamicSmem(reinterpret_cast<const void*>(PrefetchKernel), &smem_limit));
   if (layout.total > smem_limit) {
     return InvalidArgument("PredictPrefetchCuda: needs " + std::to_string(layout.total) +
                            " B of shared memory, the device allows " + std::to_string(smem_limit));

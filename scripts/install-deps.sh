@@ -4,8 +4,10 @@
 # Runs as root, or through sudo when available.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-          nlohmann-json3-dev python3 python3-venv python3-pip
+# libucx-dev and libhiredis-dev are optional to the library (docs/install.md); the tests use them.
+# python3-matplotlib: the plot scripts (scripts/plot_*.py) and their test.
+packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+          nlohmann-json3-dev python3 python3-venv python3-pip python3-matplotlib
           libucx-dev ucx-utils redis-server libhiredis-dev)
 
 missing=()

@@ -14,6 +14,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def copies(plan):
+    """How the plan treats the copies: `hidden_fraction` (older outputs: a boolean `overlap`)."""
+    if "hidden_fraction" in plan:
+        h = plan["hidden_fraction"]
+        return "serial copies" if h == 0 else f"{h:.0%} of the transfer hidden"
+    return "overlapped copies" if plan.get("overlap") else "serial copies"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("plan")
@@ -43,8 +51,7 @@ def main():
     axes[0][0].set_ylabel("TPOT (ms)")
     axes[1][0].set_ylabel("tokens/s per GPU")
     axes[0][-1].legend(fontsize=7)
-    fig.suptitle(f"sparsekv plan, {plan['preset']}: model, not measurement "
-                 f"({'overlapped' if plan['overlap'] else 'serial'} copies)")
+    fig.suptitle(f"sparsekv plan, {plan['preset']}: model, not measurement ({copies(plan)})")
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "plan_tpot_throughput.png"), dpi=110)
 

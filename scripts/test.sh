@@ -2,6 +2,8 @@
 # The README's test command: installs dependencies, then
 #   1. build/      Release, CUDA AUTO (the CUDA backend compiles when nvcc exists; its tests skip
 #                  without a GPU), ctest;
+#      then `cmake --install build` into build/install and examples/cpp built and run against
+#      that installed tree (CMake package and pkg-config);
 #   2. build-asan/ Debug, AddressSanitizer + UBSan, CPU only, ctest;
 #   3. the Python package: `pip install .` into build/python-venv and pytest
 #      (scripts/python-test.sh).
@@ -47,6 +49,30 @@ run_suite() {
 }
 
 run_suite "release" build -DCMAKE_BUILD_TYPE=Release -DSPARSEKV_CUDA=AUTO
+
+# The installed C++ package, used as another project would (docs/install.md).
+echo "== install: cmake --install build, then examples/cpp against build/install"
+install_log=build/install-test.log
+if ! {
+  rm -rf build/install build/example &&
+    cmake --install build --prefix build/install &&
+    cmake -S examples/cpp -B build/example -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$PWD/build/install" &&
+    cmake --build build/example &&
+    build/example/decode_example &&
+    PKG_CONFIG_PATH="$(dirname "$(find build/install -name sparsekv.pc)")" &&
+    export PKG_CONFIG_PATH &&
+    # shellcheck disable=SC2046  # pkg-config's flags are words
+    g++ -std=c++20 -O1 examples/cpp/decode_example.cc -o build/example/decode_example_pc \
+      $(pkg-config --cflags --libs sparsekv) &&
+    build/example/decode_example_pc
+} >"$install_log" 2>&1; then
+  tail -n 40 "$install_log"
+  echo "== install: FAILED (full log: $install_log)" >&2
+  exit 1
+fi
+grep '^decode_example:' "$install_log" | tail -n 1
+summaries+=("install: examples/cpp against build/install OK (CMake package and pkg-config)")
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   run_suite "asan" build-asan -DCMAKE_BUILD_TYPE=Debug -DSPARSEKV_SANITIZE=ON -DSPARSEKV_CUDA=OFF
 

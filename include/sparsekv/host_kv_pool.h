@@ -129,6 +129,7 @@ class HostKVPool {
   int32_t AllocatePageLocked();
   void AddRefLocked(int32_t page);
   bool UnrefLocked(int32_t page);
+  int32_t FreePagesLocked() const;
 
   KVGeometry geometry_;
   int32_t rows_;
@@ -137,16 +138,20 @@ class HostKVPool {
   Backend* backend_;
   std::shared_ptr<Backend> backend_owner_;  // CreateShared: keeps backend_ alive
   std::vector<std::byte*> layer_base_;
-  // Guards page_table_, owner_pages_, refs_, shared_pages_, extra_references_, free_pages_ and
-  // free_owners_.
+  // Guards page_table_, owner_pages_, refs_, shared_pages_, extra_references_, returned_pages_,
+  // next_fresh_page_ and free_owners_.
   mutable std::mutex mutex_;
   std::vector<int32_t> page_table_;
   std::vector<int32_t> owner_pages_;  // pages held by each owner
   std::vector<int32_t> refs_;         // references per page; 0 = free
   int32_t shared_pages_ = 0;          // pages with refs_ > 1
   int64_t extra_references_ = 0;      // sum of max(refs_ - 1, 0)
-  // Lowest pages first, so that an owner's rows are as contiguous as the pool allows.
-  std::set<int32_t> free_pages_;
+  // The free pages are returned_pages_ and every page from next_fresh_page_ on; every returned
+  // page is below next_fresh_page_. Pages are handed out lowest first, so that an owner's rows are
+  // as contiguous as the pool allows. Pages never used cost no bookkeeping, so that creating a
+  // pool is O(layers + owners), not O(pages).
+  std::set<int32_t> returned_pages_;
+  int32_t next_fresh_page_ = 0;
   std::vector<int32_t> free_owners_;  // highest first: AcquireOwner takes from the back
 };
 

@@ -56,8 +56,8 @@ from sparsekv._core import (
     cuda_backend,
     cuda_compiled,
 )
+from sparsekv._version import __version__  # the CMake project version, written by the build
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AlreadyExistsError",

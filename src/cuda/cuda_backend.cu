@@ -391,6 +391,20 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device, HostMemoryKind host_memory) {
+  // Without a GPU the runtime reports either no device or, when no NVIDIA driver is installed
+  // at all (driver version 0), an "insufficient" driver: both mean that there is no device.
+  int count = 0;
+  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    cudaGetLastError();
+    int driver = 0;
+    if (err == cudaErrorNoDevice || (err == cudaErrorInsufficientDriver &&
+                                     cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0)) {
+      return Unavailable(
+          std::string("no CUDA device is present (") +
+          (err == cudaErrorNoDevice ? "the driver sees no GPU" : "no NVIDIA driver is installed") +
+          "; use the CPU backend)");
+    }
+  }
   SPARSEKV_RETURN_IF_ERROR(cuda_common::CheckDevice(device));
   return CudaBackend::Create(device, host_memory);
 }

@@ -1,15 +1,16 @@
 #include "sparsekv/host_kv_pool.h"
 
 #include <cassert>
+#include <iterator>
 #include <string>
 
 namespace sparsekv {
 
 StatusOr<std::unique_ptr<HostKVPool>> HostKVPool::Create(const KVGeometry& geometry,
-                                                          int64_t capacity_tokens,
-                                                          int32_t page_tokens, int32_t max_owners,
-                                                          int32_t max_tokens_per_owner,
-                                                          Backend* backend) {
+                                                         int64_t capacity_tokens,
+                                                         int32_t page_tokens, int32_t max_owners,
+                                                         int32_t max_tokens_per_owner,
+                                                         Backend* backend) {
   if (page_tokens <= 0 || capacity_tokens < page_tokens || max_owners <= 0 ||
       max_tokens_per_owner <= 0 || geometry.layers.empty()) {
     return InvalidArgument("HostKVPool: invalid shape");
@@ -18,13 +19,24 @@ StatusOr<std::unique_ptr<HostKVPool>> HostKVPool::Create(const KVGeometry& geome
   const int64_t rows = pages * page_tokens;
   if (rows > INT32_MAX) return InvalidArgument("HostKVPool: capacity overflows 32-bit rows");
   const int32_t pages_per_owner = (max_tokens_per_owner + page_tokens - 1) / page_tokens;
-  std::unique_ptr<HostKVPool> pool(new HostKVPool(geometry, static_cast<int32_t>(rows),
-                                                  page_tokens, max_owners, pages_per_owner,
-                                                  backend));
-  for (const LayerShape& layer : geometry.layers) {
-    SPARSEKV_ASSIGN_OR_RETURN(void* p, backend->AllocateHost(rows * layer.row_stride));
-    pool->layer_base_.push_back(static_cast<std::byte*>(p));
+  // The memory first: a pool that cannot be allocated fails before any bookkeeping is built.
+  std::vector<std::byte*> layer_base;
+  for (size_t l = 0; l < geometry.layers.size(); ++l) {
+    const int64_t bytes = rows * geometry.layers[l].row_stride;
+    StatusOr<void*> p = backend->AllocateHost(static_cast<size_t>(bytes));
+    if (!p.ok()) {
+      for (std::byte* q : layer_base) backend->FreeHost(q);
+      return ResourceExhausted("HostKVPool: cannot allocate " + std::to_string(bytes) +
+                               " bytes of host memory for layer " + std::to_string(l) + " (" +
+                               std::to_string(rows) + " rows, " +
+                               std::to_string(rows * geometry.token_stride_bytes()) +
+                               " bytes for all layers): " + p.status().ToString());
+    }
+    layer_base.push_back(static_cast<std::byte*>(*p));
   }
+  std::unique_ptr<HostKVPool> pool(new HostKVPool(geometry, static_cast<int32_t>(rows), page_tokens,
+                                                  max_owners, pages_per_owner, backend));
+  pool->layer_base_ = std::move(layer_base);
   return pool;
 }
 
@@ -51,7 +63,6 @@ HostKVPool::HostKVPool(const KVGeometry& geometry, int32_t rows, int32_t page_to
       page_table_(static_cast<size_t>(max_owners) * pages_per_owner, -1),
       owner_pages_(max_owners, 0),
       refs_(rows / page_tokens, 0) {
-  for (int32_t p = 0; p < rows / page_tokens; ++p) free_pages_.insert(free_pages_.end(), p);
   for (int32_t o = max_owners - 1; o >= 0; --o) free_owners_.push_back(o);
 }
 
@@ -105,11 +116,11 @@ Status HostKVPool::Reserve(int32_t owner, int32_t tokens, std::span<const int32_
     return InvalidArgument("HostKVPool: invalid spare pages");
   }
   const int64_t fresh = pages - shared + spare_pages;
-  if (fresh > static_cast<int64_t>(free_pages_.size())) {
+  const int64_t free = FreePagesLocked();
+  if (fresh > free) {
     return ResourceExhausted("HostKVPool: need " + std::to_string(fresh) + " pages of " +
-                             std::to_string(page_tokens_) + " tokens, " +
-                             std::to_string(free_pages_.size()) + " free of " +
-                             std::to_string(total_pages()));
+                             std::to_string(page_tokens_) + " tokens, " + std::to_string(free) +
+                             " free of " + std::to_string(total_pages()));
   }
   int32_t* table = page_table_.data() + static_cast<size_t>(owner) * pages_per_owner_;
   for (int64_t i = 0; i < pages; ++i) {
@@ -137,7 +148,7 @@ void HostKVPool::Release(int32_t owner, std::vector<int32_t>* freed) {
 
 StatusOr<int32_t> HostKVPool::AllocatePage() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (free_pages_.empty()) {
+  if (FreePagesLocked() == 0) {
     return ResourceExhausted("HostKVPool: all " + std::to_string(total_pages()) +
                              " pages are in use");
   }
@@ -145,9 +156,14 @@ StatusOr<int32_t> HostKVPool::AllocatePage() {
 }
 
 int32_t HostKVPool::AllocatePageLocked() {
-  assert(!free_pages_.empty());
-  const int32_t page = *free_pages_.begin();
-  free_pages_.erase(free_pages_.begin());
+  assert(FreePagesLocked() > 0);
+  int32_t page;
+  if (returned_pages_.empty()) {
+    page = next_fresh_page_++;
+  } else {
+    page = *returned_pages_.begin();
+    returned_pages_.erase(returned_pages_.begin());
+  }
   refs_[page] = 1;
   return page;
 }
@@ -171,7 +187,12 @@ bool HostKVPool::Unref(int32_t page) {
 bool HostKVPool::UnrefLocked(int32_t page) {
   assert(refs_[page] > 0);
   if (--refs_[page] == 0) {
-    free_pages_.insert(page);
+    returned_pages_.insert(page);
+    // Keep returned pages below next_fresh_page_ only: the set holds no free tail.
+    while (!returned_pages_.empty() && *returned_pages_.rbegin() == next_fresh_page_ - 1) {
+      returned_pages_.erase(std::prev(returned_pages_.end()));
+      --next_fresh_page_;
+    }
     return true;
   }
   if (refs_[page] == 1) --shared_pages_;
@@ -207,7 +228,11 @@ int32_t HostKVPool::ReservedTokens(int32_t owner) const {
 
 int32_t HostKVPool::free_pages() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int32_t>(free_pages_.size());
+  return FreePagesLocked();
+}
+
+int32_t HostKVPool::FreePagesLocked() const {
+  return static_cast<int32_t>(returned_pages_.size()) + (total_pages() - next_fresh_page_);
 }
 
 int32_t HostKVPool::shared_pages() const {

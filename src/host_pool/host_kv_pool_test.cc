@@ -1,9 +1,14 @@
 #include "sparsekv/host_kv_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <set>
+#include <string>
 
 namespace sparsekv {
 namespace {
@@ -122,6 +127,78 @@ TEST_F(HostKVPoolTest, SwapPageMovesReferences) {
   pool_->Release(0);
   pool_->Release(1);
   EXPECT_EQ(pool_->free_pages(), 7);
+}
+
+TEST_F(HostKVPoolTest, FreedPagesAreReusedLowestFirst) {
+  ASSERT_TRUE(pool_->Reserve(0, 48).ok());  // pages 0, 1, 2
+  ASSERT_TRUE(pool_->Reserve(1, 16).ok());  // page 3
+  pool_->Release(0);
+  EXPECT_EQ(pool_->free_pages(), 6);
+  ASSERT_TRUE(pool_->Reserve(2, 32).ok());
+  EXPECT_EQ(pool_->page_table_row(2)[0], 0);
+  EXPECT_EQ(pool_->page_table_row(2)[1], 1);
+  pool_->Release(1);  // page 3 is the highest used: the tail is fresh again
+  StatusOr<int32_t> page = pool_->AllocatePage();
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(*page, 2);
+  EXPECT_EQ(pool_->free_pages(), 4);
+  EXPECT_TRUE(pool_->Unref(*page));
+  pool_->Release(2);
+  EXPECT_EQ(pool_->free_pages(), 7);
+  ASSERT_TRUE(pool_->Reserve(3, 64).ok());
+  for (int32_t i = 0; i < 4; ++i) EXPECT_EQ(pool_->page_table_row(3)[i], i);
+}
+
+// A pool far larger than the machine (2^31 - 16 rows of 8 KiB, 16 TiB) must fail at once with
+// ResourceExhausted, before any per-page bookkeeping is built. Run in a child process under an
+// 8 GiB address-space limit, so that bookkeeping for every page could not be built either.
+TEST(HostKVPoolLimitsTest, UnallocatablePoolFailsFast) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer aborts on a 16 TiB allocation instead of returning null";
+#endif
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(fds[0]);
+    const rlimit limit{8ull << 30, 8ull << 30};
+    std::string report;
+    if (setrlimit(RLIMIT_AS, &limit) != 0) {
+      report = "setrlimit failed";
+    } else {
+      std::shared_ptr<Backend> backend = CreateCpuBackend();
+      const auto start = std::chrono::steady_clock::now();
+      auto pool = HostKVPool::Create(KVGeometry::Uniform(1, 8192), (int64_t{1} << 31) - 16,
+                                     /*page_tokens=*/16, /*max_owners=*/8,
+                                     /*max_tokens_per_owner=*/1 << 20, backend.get());
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      report = std::to_string(ms) + " " + pool.status().ToString();
+    }
+    [[maybe_unused]] ssize_t n = write(fds[1], report.data(), report.size());
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string report;
+  char buffer[512];
+  for (ssize_t n; (n = read(fds[0], buffer, sizeof(buffer))) > 0;) report.append(buffer, n);
+  close(fds[0]);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child died: " << report;
+  const size_t space = report.find(' ');
+  ASSERT_NE(space, std::string::npos) << report;
+  const double ms = std::stod(report.substr(0, space));
+  const std::string status = report.substr(space + 1);
+  EXPECT_LT(ms, 1000.0) << status;
+  EXPECT_TRUE(status.starts_with("ResourceExhausted")) << status;
+  EXPECT_NE(status.find(std::to_string((int64_t{1} << 31) - 16) + " rows"), std::string::npos)
+      << status;
+  EXPECT_NE(status.find(std::to_string(((int64_t{1} << 31) - 16) * 8192) + " bytes"),
+            std::string::npos)
+      << status;
 }
 
 }  // namespace

@@ -6,6 +6,9 @@
 // of the arena, and once every piece has been freed the next allocation starts at its beginning
 // again. Everything else is forwarded to the wrapped backend.
 //
+// It lives with `sparsekv bench`, not in the library: the end-to-end benchmark is its only user
+// (the operator benchmarks under bench/ allocate their pinned buffers directly).
+//
 // Thread safety: AllocateHost and FreeHost must not be called concurrently.
 #pragma once
 

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <limits>
+
+#include "sparsekv/backend.h"
+#include "sparsekv/kernel_views.h"
 
 namespace sparsekv::tools {
 
@@ -31,11 +35,39 @@ StatusOr<PolicyKind> ParsePolicy(const std::string& name) {
                          "' (known: lru, clock, lfu-decay, slru, aging)");
 }
 
-PolicySimulator::PolicySimulator(const PolicyConfig& config)
-    : config_(config), slot_token_(config.slots, -1), touched_(config.slots, 0) {}
+namespace {
 
-RowOutcome PolicySimulator::Step(std::span<const int32_t> row, int32_t seq_len,
-                                 std::span<int32_t> slots_out) {
+// The simulators of this file: Step classifies the row and places the misses on the victims
+// the policy names; the policies differ only in PickVictims, Use and EndStep.
+class VictimOrderSimulator : public PolicySimulator {
+ public:
+  RowOutcome Step(std::span<const int32_t> row, int32_t seq_len,
+                  std::span<int32_t> slots_out) override;
+
+ protected:
+  explicit VictimOrderSimulator(const PolicyConfig& config)
+      : config_(config), slot_token_(config.slots, -1), touched_(config.slots, 0) {}
+  // Appends `n` victims, distinct and not touched in this step, to `victims`.
+  virtual void PickVictims(int32_t n, std::vector<int32_t>& victims) = 0;
+  // Slot `s` was hit (filled = false) or filled with a new position (filled = true) this step.
+  virtual void Use(int32_t s, bool filled) = 0;
+  // Called after the step's hits and fills, with touched_ marking them.
+  virtual void EndStep() {}
+
+  const PolicyConfig config_;
+  int64_t step_ = 0;
+  std::vector<int32_t> slot_token_;  // slot -> position, -1 = empty
+  std::vector<char> touched_;        // slot -> hit or filled in this step
+
+ private:
+  std::vector<int32_t> slot_of_;  // position -> slot, -1 = not resident
+  std::vector<int64_t> seen_;     // position -> last step (+1) it appeared in a row
+  std::vector<int32_t> misses_;   // row indices of this step's misses
+  std::vector<int32_t> victims_;
+};
+
+RowOutcome VictimOrderSimulator::Step(std::span<const int32_t> row, int32_t seq_len,
+                                      std::span<int32_t> slots_out) {
   ++step_;
   const int32_t window_begin = std::max(0, seq_len - config_.window);
   if (slot_of_.size() < static_cast<size_t>(seq_len)) {
@@ -81,8 +113,6 @@ RowOutcome PolicySimulator::Step(std::span<const int32_t> row, int32_t seq_len,
   return o;
 }
 
-namespace {
-
 // Victims as lru takes them: the first untouched slots of an explicit order.
 void FirstUntouched(const std::vector<int32_t>& order, const std::vector<char>& touched, int32_t n,
                     std::vector<int32_t>& victims) {
@@ -91,29 +121,77 @@ void FirstUntouched(const std::vector<int32_t>& order, const std::vector<char>& 
   }
 }
 
-// The manager's policy (reference_ops.cc): an explicit order, least recently used first; after a
-// step the untouched slots keep their relative order at the front and the touched ones follow,
-// also in their previous relative order.
-class Lru final : public PolicySimulator {
+// lru and slru: the library's own resolve (the CPU reference backend) over a one-request view
+// of one block, so that replay measures exactly the policy the manager runs.
+class ReferenceResolve final : public PolicySimulator {
  public:
-  explicit Lru(const PolicyConfig& c) : PolicySimulator(c), order_(c.slots) {
-    for (int32_t s = 0; s < c.slots; ++s) order_[s] = s;
+  ReferenceResolve(const PolicyConfig& c, bool segmented)
+      : backend_(CreateCpuBackend()), slot_token_(c.slots, -1), lru_order_(c.slots) {
+    for (int32_t s = 0; s < c.slots; ++s) lru_order_[s] = s;
+    view_.batch_size = &batch_size_;
+    view_.batch = &entry_;
+    view_.lru_protected = segmented ? &protected_count_ : nullptr;
+    view_.protected_capacity = static_cast<int32_t>(int64_t{c.slots} * c.protected_percent / 100);
+    view_.hot_slots = c.slots;
+    view_.window = c.window;
+    // One page spanning every position: a miss's host row is its position (unused here).
+    view_.page_table = &page_;
+    view_.pages_per_request = 1;
+    view_.page_tokens = std::numeric_limits<int32_t>::max();
+    view_.miss_count = &miss_count_;
+    view_.counters = &counters_;
+  }
+
+  RowOutcome Step(std::span<const int32_t> row, int32_t seq_len,
+                  std::span<int32_t> slots_out) override {
+    const int32_t k = static_cast<int32_t>(row.size());
+    slots_.resize(row.size());
+    miss_host_row_.resize(row.size());
+    miss_slot_.resize(row.size());
+    entry_ = {.block = 0, .seq_len = seq_len, .page_table_row = 0};
+    miss_count_ = 0;
+    counters_ = {};
+    view_.topk = row.data();
+    view_.top_k = k;
+    view_.topk_stride = k;
+    view_.slots_out = slots_.data();
+    view_.slot_token = slot_token_.data();
+    view_.lru_order = lru_order_.data();
+    view_.miss_host_row = miss_host_row_.data();
+    view_.miss_slot = miss_slot_.data();
+    view_.miss_capacity = k;
+    // The CPU backend's Resolve runs synchronously and returns OK for every view.
+    [[maybe_unused]] const Status status = backend_->Resolve(view_, 1, nullptr);
+    assert(status.ok());
+    if (!slots_out.empty()) std::copy(slots_.begin(), slots_.end(), slots_out.begin());
+    RowOutcome o;
+    o.hits = static_cast<int32_t>(counters_.hits);
+    o.window_hits = static_cast<int32_t>(counters_.window_hits);
+    o.misses = static_cast<int32_t>(counters_.misses);
+    o.skipped =
+        static_cast<int32_t>(counters_.padding + counters_.duplicates + counters_.out_of_range);
+    return o;
   }
 
  private:
-  void PickVictims(int32_t n, std::vector<int32_t>& victims) override {
-    FirstUntouched(order_, touched_, n, victims);
-  }
-  void Use(int32_t, bool) override {}
-  void EndStep() override {
-    std::stable_partition(order_.begin(), order_.end(), [&](int32_t s) { return !touched_[s]; });
-  }
-  std::vector<int32_t> order_;
+  std::shared_ptr<Backend> backend_;
+  std::vector<int32_t> slot_token_;  // [slots] slot -> position, -1 = empty
+  std::vector<int32_t> lru_order_;   // [slots] least recently used first
+  int32_t protected_count_ = 0;      // slru: entries at lru_order_'s end that are protected
+  ResolveView view_{};
+  BatchEntry entry_{};
+  int32_t batch_size_ = 1;
+  int32_t page_ = 0;
+  int32_t miss_count_ = 0;
+  ResolveCounters counters_{};
+  std::vector<int32_t> slots_;  // [top_k] the resolve's output, copied to slots_out
+  std::vector<int32_t> miss_host_row_;
+  std::vector<int32_t> miss_slot_;
 };
 
-class Clock final : public PolicySimulator {
+class Clock final : public VictimOrderSimulator {
  public:
-  explicit Clock(const PolicyConfig& c) : PolicySimulator(c), referenced_(c.slots, 0) {}
+  explicit Clock(const PolicyConfig& c) : VictimOrderSimulator(c), referenced_(c.slots, 0) {}
 
  private:
   // Terminates within two sweeps: the first clears every untouched slot's bit.
@@ -135,10 +213,13 @@ class Clock final : public PolicySimulator {
   int32_t hand_ = 0;
 };
 
-class LfuDecay final : public PolicySimulator {
+class LfuDecay final : public VictimOrderSimulator {
  public:
   explicit LfuDecay(const PolicyConfig& c)
-      : PolicySimulator(c), score_(c.slots, 0), last_(c.slots, 0), log_decay_(std::log(c.decay)) {}
+      : VictimOrderSimulator(c),
+        score_(c.slots, 0),
+        last_(c.slots, 0),
+        log_decay_(std::log(c.decay)) {}
 
  private:
   double Score(int32_t s) const {
@@ -172,46 +253,10 @@ class LfuDecay final : public PolicySimulator {
   double log_decay_;
 };
 
-class Slru final : public PolicySimulator {
- public:
-  explicit Slru(const PolicyConfig& c)
-      : PolicySimulator(c),
-        order_(c.slots),
-        hit_(c.slots, 0),
-        capacity_(static_cast<int32_t>(int64_t{c.slots} * c.protected_percent / 100)) {
-    for (int32_t s = 0; s < c.slots; ++s) order_[s] = s;
-  }
-
- private:
-  void PickVictims(int32_t n, std::vector<int32_t>& victims) override {
-    FirstUntouched(order_, touched_, n, victims);
-  }
-  void Use(int32_t s, bool filled) override { hit_[s] = filled ? 0 : 1; }
-  // Classes of the new order: 0 untouched probationary, 1 filled, 2 untouched protected, 3 hit.
-  void EndStep() override {
-    const int32_t first_protected = config_.slots - protected_;
-    class_.resize(config_.slots);
-    int32_t promoted = 0;
-    for (int32_t i = 0; i < config_.slots; ++i) {
-      const int32_t s = order_[i];
-      class_[s] = touched_[s] ? (hit_[s] ? 3 : 1) : (i >= first_protected ? 2 : 0);
-      promoted += class_[s] >= 2;
-    }
-    std::stable_sort(order_.begin(), order_.end(),
-                     [&](int32_t a, int32_t b) { return class_[a] < class_[b]; });
-    protected_ = std::min(capacity_, promoted);
-  }
-  std::vector<int32_t> order_;
-  std::vector<char> hit_;    // slot -> touched by a hit (not a fill) in this step
-  std::vector<char> class_;  // slot -> its class in EndStep
-  const int32_t capacity_;   // P
-  int32_t protected_ = 0;    // entries at the end of order_ that are protected
-};
-
-class Aging final : public PolicySimulator {
+class Aging final : public VictimOrderSimulator {
  public:
   explicit Aging(const PolicyConfig& c)
-      : PolicySimulator(c), order_(c.slots), score_(c.slots, 0), class_(c.slots, 0) {
+      : VictimOrderSimulator(c), order_(c.slots), score_(c.slots, 0), class_(c.slots, 0) {
     for (int32_t s = 0; s < c.slots; ++s) order_[s] = s;
   }
 
@@ -250,13 +295,13 @@ std::unique_ptr<PolicySimulator> MakePolicy(const PolicyConfig& config) {
     case PolicyKind::kLfuDecay:
       return std::make_unique<LfuDecay>(config);
     case PolicyKind::kSlru:
-      return std::make_unique<Slru>(config);
+      return std::make_unique<ReferenceResolve>(config, /*segmented=*/true);
     case PolicyKind::kAging:
       return std::make_unique<Aging>(config);
     case PolicyKind::kLru:
       break;
   }
-  return std::make_unique<Lru>(config);
+  return std::make_unique<ReferenceResolve>(config, /*segmented=*/false);
 }
 
 }  // namespace sparsekv::tools

@@ -6,21 +6,14 @@
 // [seq_len - window, seq_len) are window hits, resident positions are hits, and every other
 // position is a miss that takes a victim slot not hit in this step; the i-th miss of the row (in
 // row order) gets the i-th victim the policy names. The policies differ only in that order:
-//   lru:       least recently used first; the manager's policy, reproduced slot for slot (its
-//              test checks this against SparseKVCacheManager on the CPU backend);
+//   lru:       least recently used first: the manager's policy (EvictionPolicy::kLru), run by the
+//              library's own resolve, the CPU reference backend's, over a one-request view;
 //   clock:     second chance: a hand sweeps the slots, clearing set reference bits, and takes the
 //              first slot whose bit is clear (hits and fills set the bit);
 //   lfu-decay: lowest score first, score = sum over past uses of decay^(steps since the use)
 //              (empty slots first, ties to the least recently used).
-//   slru:      segmented lru, the manager's EvictionPolicy::kSegmentedLru reproduced slot for
-//              slot (ResolveView): one explicit order [probationary | protected], each part least
-//              recently used first. Victims are the first untouched slots of the order
-//              (probationary ones first), as in lru. After a step the order is the stable
-//              partition [untouched probationary][filled][untouched protected][hit], and the
-//              protected part is its last min(P, untouched protected + hit) entries, P = slots *
-//              protected_percent / 100 (rounded down): hits are promoted, fills enter the
-//              probationary part, and protected overflow (its least recently used entries) is
-//              demoted to the probationary part, after this step's fills.
+//   slru:      segmented lru: the manager's EvictionPolicy::kSegmentedLru (its order is defined
+//              with ResolveView, kernel_views.h), run like lru by the library's own resolve;
 //   aging:     integer lfu with decay 1 - 2^-aging_shift: each step every resident slot's score
 //              becomes s - (s >> aging_shift), then a hit adds kAgingIncrement and a fill sets
 //              it to kAgingIncrement (empty slots: 0). The order is kept sorted by score (ties:
@@ -30,9 +23,11 @@
 //              and hits: a use outweighs all older ones.
 // A "window + LRU split" is lru with a wider window at the same memory (replay.h builds it).
 //
-// Cost: O(top_k + slots) per step for lru and clock, plus O(slots log slots) for lfu-decay's
-// victim order and the stable sorts of slru and aging; memory O(slots + the largest position
-// seen).
+// clock, lfu-decay and aging are simulated here (the library does not implement them).
+//
+// Cost: O(top_k + slots) per step for lru and clock (lru and slru through hash maps that the
+// reference resolve builds per step), plus O(slots log slots) for lfu-decay's victim order and
+// the stable sorts of slru and aging; memory O(slots + the largest position seen).
 #pragma once
 
 #include <cstdint>
@@ -76,27 +71,8 @@ class PolicySimulator {
   // within the request's block that ResolveView would return: [0, slots) for hits and misses,
   // slots + p % window for window hits, -1 for skipped entries.
   // REQUIRES: the row has at most `slots` entries that are not skipped or window hits.
-  RowOutcome Step(std::span<const int32_t> row, int32_t seq_len, std::span<int32_t> slots_out = {});
-
- protected:
-  explicit PolicySimulator(const PolicyConfig& config);
-  // Appends `n` victims, distinct and not touched in this step, to `victims`.
-  virtual void PickVictims(int32_t n, std::vector<int32_t>& victims) = 0;
-  // Slot `s` was hit (filled = false) or filled with a new position (filled = true) this step.
-  virtual void Use(int32_t s, bool filled) = 0;
-  // Called after the step's hits and fills, with touched_ marking them.
-  virtual void EndStep() {}
-
-  const PolicyConfig config_;
-  int64_t step_ = 0;
-  std::vector<int32_t> slot_token_;  // slot -> position, -1 = empty
-  std::vector<char> touched_;        // slot -> hit or filled in this step
-
- private:
-  std::vector<int32_t> slot_of_;  // position -> slot, -1 = not resident
-  std::vector<int64_t> seen_;     // position -> last step (+1) it appeared in a row
-  std::vector<int32_t> misses_;   // row indices of this step's misses
-  std::vector<int32_t> victims_;
+  virtual RowOutcome Step(std::span<const int32_t> row, int32_t seq_len,
+                          std::span<int32_t> slots_out = {}) = 0;
 };
 
 std::unique_ptr<PolicySimulator> MakePolicy(const PolicyConfig& config);

@@ -1,5 +1,6 @@
-// Tests of `sparsekv replay`: the policy simulators (lru slot for slot against the manager on
-// the CPU backend), the replay's statistics, and the command line.
+// Tests of `sparsekv replay`: the policies (lru and slru, run by the library's reference resolve,
+// slot for slot against the manager on the CPU backend), the replay's statistics, and the
+// command line.
 #include "tools/sparsekv/replay/replay.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,8 @@
-"""A pure-Python model of the manager: the oracle the binding's results are checked against.
+"""A pure-Python model of the manager: the independent test oracle the binding is checked against.
+
+Written apart from the library's own policy code (the CPU reference backend, src/cpu/
+reference_ops.cc, which the manager and `sparsekv replay` run) on purpose: a misreading of the
+semantics would have to be made twice, in two languages, to pass unnoticed. Tests only.
 
 It follows the semantics in include/sparsekv/kernel_views.h (ResolveView, exact) and
 include/sparsekv/hot_cache.h (blocks taken lowest first; a taken block starts empty with LRU

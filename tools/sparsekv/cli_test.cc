@@ -253,7 +253,7 @@ TEST(BenchTest, MissRateTargetIsMet) {
 
 TEST(BenchTest, Bf16RowsAndAssemble) {
   BenchConfig c = Tiny();
-  c.precision = KVPrecision::kBf16;
+  c.row_format = KVRowFormat::kBf16Row1152;
   c.assemble = true;
   StatusOr<BenchResult> r = RunBench(c, CreateCpuBackend());
   ASSERT_TRUE(r.ok()) << r.status().ToString();

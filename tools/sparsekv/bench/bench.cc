@@ -86,8 +86,8 @@ std::string HumanBytes(double bytes) {
 
 }  // namespace
 
-std::string_view PrecisionName(KVPrecision precision) {
-  return precision == KVPrecision::kFp8 ? "fp8" : "bf16";
+std::string_view PrecisionName(KVRowFormat format) {
+  return format == KVRowFormat::kFp8Row656 ? "fp8" : "bf16";
 }
 
 Status ValidateBenchConfig(const BenchConfig& c) {
@@ -172,7 +172,7 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   using Clock = std::chrono::steady_clock;
   SPARSEKV_RETURN_IF_ERROR(ValidateBenchConfig(config));
   if (backend == nullptr) return InvalidArgument("RunBench: backend is null");
-  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.precision));
+  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.row_format));
   auto report = [&](std::string_view phase, int64_t done, int64_t total) {
     if (progress) progress(phase, done, total);
   };
@@ -318,7 +318,7 @@ std::string FormatBenchTable(const BenchResult& r) {
   const BenchConfig& c = r.config;
   std::vector<std::pair<std::string, std::string>> rows = {
       {"backend", r.backend_name},
-      {"preset", c.preset + ", " + std::string(PrecisionName(c.precision)) + " (" +
+      {"preset", c.preset + ", " + std::string(PrecisionName(c.row_format)) + " (" +
                      std::to_string(r.row_bytes) + " B rows), " + std::to_string(c.layers) +
                      " of " + std::to_string(r.preset_layers) + " layers"},
       {"batch", std::to_string(c.batch) + " requests"},
@@ -368,7 +368,7 @@ std::string FormatBenchJson(const BenchResult& r, const std::string& command) {
   j["backend_name"] = r.backend_name;
   j["scaled_down"] = c.scaled_down;
   j["preset"] = c.preset;
-  j["precision"] = PrecisionName(c.precision);
+  j["precision"] = PrecisionName(c.row_format);
   j["row_bytes"] = r.row_bytes;
   j["layers"] = c.layers;
   j["preset_layers"] = r.preset_layers;

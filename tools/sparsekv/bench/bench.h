@@ -29,11 +29,11 @@
 namespace sparsekv::tools {
 
 struct BenchConfig {
-  std::string preset = "deepseek-v3.2";       // a FindPreset name
-  KVPrecision precision = KVPrecision::kFp8;  // fp8: 656-B rows; bf16: 1152-B rows
-  int32_t layers = 0;                         // 0 = the preset's layer count
-  int32_t batch = 32;                         // requests, all decoding in every step
-  int32_t context = 32768;                    // prompt tokens per request
+  std::string preset = "deepseek-v3.2";              // a FindPreset name
+  KVRowFormat row_format = KVRowFormat::kFp8Row656;  // fp8: 656-B rows; bf16: 1152-B rows
+  int32_t layers = 0;                                // 0 = the preset's layer count
+  int32_t batch = 32;                                // requests, all decoding in every step
+  int32_t context = 32768;                           // prompt tokens per request
   int32_t steps = 16;        // decode steps (per point on the GPU), warm-up included
   int32_t warmup_steps = 4;  // first steps, neither timed nor counted
   int32_t top_k = 2048;
@@ -151,6 +151,6 @@ std::string FormatBenchJson(const BenchResult& result, const std::string& comman
 // "CPU reference backend (scaled down)", "CPU reference backend" or "CUDA backend (<name>)".
 std::string BackendLabel(const BenchResult& result);
 
-std::string_view PrecisionName(KVPrecision precision);
+std::string_view PrecisionName(KVRowFormat format);
 
 }  // namespace sparsekv::tools

@@ -96,8 +96,11 @@ BenchCommand::BenchCommand(CLI::App& parent) {
                  "also gather the selected rows into a dense [batch, top-k, row] buffer");
   app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
       ->option_text("PATH");
+  AddGpuOptions();
+}
 
-  // End to end (GPU; docs/benchmark.md).
+// End to end (GPU; docs/benchmark.md).
+void BenchCommand::AddGpuOptions() {
   app_->add_option("--miss-rate", config_.miss_rates,
                    "target miss rates, comma-separated: the generator keeps each request's "
                    "previous top-k and replaces round(rate * top-k) of it with positions outside "
@@ -186,7 +189,7 @@ bool BenchCommand::selected() const { return app_->parsed(); }
 
 BenchConfig BenchCommand::Resolve(BackendKind kind) const {
   BenchConfig c = sweep_ ? WithStandardSweep(config_) : config_;
-  c.precision = precision_ == "bf16" ? KVPrecision::kBf16 : KVPrecision::kFp8;
+  c.row_format = precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656;
   c.proxy = !no_proxy_;
   c.batch_given = batch_->count() > 0;
   if (kind != BackendKind::kCpu) return c;

@@ -40,6 +40,8 @@ class BenchCommand {
   int Run(const std::string& command, std::ostream& out, std::ostream& err, bool progress_bar);
 
  private:
+  // The options only the end-to-end GPU benchmark reads (after the common ones, in --help too).
+  void AddGpuOptions();
   // The configuration for `kind`: user values, else defaults (scaled down on the CPU).
   BenchConfig Resolve(BackendKind kind) const;
   int RunOnCpu(const BenchConfig& config, std::shared_ptr<Backend> backend,

@@ -18,6 +18,7 @@
 #include "sparsekv/topk_generator.h"
 #include "tools/sparsekv/bench/arena_backend.h"
 #include "tools/sparsekv/bench/gpu_kernels.h"
+#include "tools/sparsekv/bench/gpu_timing.h"
 #include "tools/sparsekv/bench/gpu_variants.h"
 
 namespace sparsekv::tools {
@@ -34,89 +35,8 @@ constexpr double kCheckMissRate = 0.2;
 constexpr int kAttentionReps = 5;  // replays of the attention-only and proxy-only graphs
 constexpr size_t kCeilingBytes = size_t{1} << 30;
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-class EventPair {
- public:
-  EventPair() {
-    cudaEventCreate(&start_);
-    cudaEventCreate(&stop_);
-  }
-  ~EventPair() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  EventPair(const EventPair&) = delete;
-  EventPair& operator=(const EventPair&) = delete;
-  Status Start(cudaStream_t s) { return CudaStatus(cudaEventRecord(start_, s), "event record"); }
-  Status Stop(cudaStream_t s) { return CudaStatus(cudaEventRecord(stop_, s), "event record"); }
-  // REQUIRES: the stop event has completed.
-  StatusOr<double> Ms() const {
-    float ms = 0;
-    TOOLS_CUDA_RETURN(cudaEventElapsedTime(&ms, start_, stop_));
-    return double{ms};
-  }
-
- private:
-  cudaEvent_t start_ = nullptr;
-  cudaEvent_t stop_ = nullptr;
-};
-
-// An instantiated CUDA graph of what `body` enqueues on a stream.
-class Graph {
- public:
-  Graph() = default;
-  ~Graph() {
-    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
-  }
-  Graph(const Graph&) = delete;
-  Graph& operator=(const Graph&) = delete;
-
-  template <typename Body>
-  Status Capture(cudaStream_t stream, Body&& body) {
-    TOOLS_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const Status s = body();
-    cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    if (!s.ok() || end != cudaSuccess) {
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      cudaGetLastError();
-      return s.ok() ? CudaStatus(end, "cudaStreamEndCapture") : s;
-    }
-    const cudaError_t inst = cudaGraphInstantiate(&exec_, graph, 0);
-    cudaGraphDestroy(graph);
-    return CudaStatus(inst, "cudaGraphInstantiate");
-  }
-  Status Launch(cudaStream_t stream) const {
-    return CudaStatus(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch");
-  }
-
- private:
-  cudaGraphExec_t exec_ = nullptr;
-};
-
-// Median ms of `reps` replays of `graph` (after one untimed), timed with events.
-StatusOr<double> TimeGraph(const Graph& graph, cudaStream_t stream, int reps) {
-  EventPair ev;
-  std::vector<double> ms;
-  for (int rep = 0; rep <= reps; ++rep) {
-    SPARSEKV_RETURN_IF_ERROR(ev.Start(stream));
-    SPARSEKV_RETURN_IF_ERROR(graph.Launch(stream));
-    SPARSEKV_RETURN_IF_ERROR(ev.Stop(stream));
-    TOOLS_CUDA_RETURN(cudaStreamSynchronize(stream));
-    SPARSEKV_ASSIGN_OR_RETURN(const double t, ev.Ms());
-    if (rep > 0) ms.push_back(t);
-  }
-  return Median(ms);
 }
 
 // The step's top-k: generated on the host for every layer ([layers][max_batch][top_k]) and
@@ -384,28 +304,6 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
   return t;
 }
 
-// Pinned memcpy both ways and a device copy, `bytes` each, median of 5 after 1 warm-up.
-StatusOr<Ceilings> MeasureCeilings(std::byte* pinned, size_t bytes, cudaStream_t s) {
-  SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer a, DeviceBuffer::Create(bytes));
-  SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(bytes));
-  TOOLS_CUDA_RETURN(cudaMemsetAsync(b.get(), 0x5A, bytes, s));
-  auto time = [&](void* dst, const void* src) -> StatusOr<double> {
-    Graph g;
-    SPARSEKV_RETURN_IF_ERROR(g.Capture(s, [&] {
-      return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "memcpy");
-    }));
-    return TimeGraph(g, s, 5);
-  };
-  Ceilings c;
-  SPARSEKV_ASSIGN_OR_RETURN(const double h2d, time(a.get(), pinned));
-  SPARSEKV_ASSIGN_OR_RETURN(const double d2h, time(pinned, b.get()));
-  SPARSEKV_ASSIGN_OR_RETURN(const double d2d, time(a.get(), b.get()));
-  c.pcie_h2d_gbps = bytes / (h2d * 1e6);
-  c.pcie_d2h_gbps = bytes / (d2h * 1e6);
-  c.hbm_gbps = 2.0 * bytes / (d2d * 1e6);
-  return c;
-}
-
 std::string Pct(double rate) {
   char buf[16];
   std::snprintf(buf, sizeof(buf), "%.0f%%", 100 * rate);
@@ -536,7 +434,7 @@ Status E2ERun::Setup(const ModelPreset& preset) {
   ao.max_batch = query_rows;
   ao.heads = c_.heads;
   ao.top_k = c_.top_k;
-  ao.format = shape.row_bytes == 656 ? KVRowFormat::kFp8Row656 : KVRowFormat::kBf16Row1152;
+  ao.format = c_.row_format;
   ao.split = c_.overlap == "merge" ? SparseMLAOptions::Split::kMergeHalves
                                    : SparseMLAOptions::Split::kGatherFirst;
   shared_.split_attention = c_.overlap == "gather" || c_.overlap == "merge";
@@ -716,11 +614,11 @@ Status E2ERun::RunContext(const ContextPlan& plan) {
 }
 
 StatusOr<E2EReport> E2ERun::Run() {
-  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c_.preset, c_.precision));
+  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c_.preset, c_.row_format));
   SPARSEKV_RETURN_IF_ERROR(Plan(preset));
   report_.device = cuda_->name();
   report_.preset = c_.preset;
-  report_.precision = c_.precision == KVPrecision::kFp8 ? "fp8" : "bf16";
+  report_.precision = PrecisionName(c_.row_format);
   report_.layers = shared_.shape.layers;
   report_.row_bytes = shared_.shape.row_bytes;
   report_.top_k = c_.top_k;

@@ -238,7 +238,7 @@ StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config) {
         "multi-turn: every count must be positive and the branch "
         "probability in [0, 1]");
   }
-  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.precision));
+  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.row_format));
   MultiTurnReport report;
   report.config = config;
   report.token_bytes = preset.geometry().token_stride_bytes();
@@ -272,7 +272,7 @@ std::string FormatMultiTurnJson(const MultiTurnReport& report, const std::string
   j["command"] = command;
   j["backend"] = "cpu (host-pool accounting; bytes from the preset)";
   j["config"] = {{"preset", c.preset},
-                 {"precision", c.precision == KVPrecision::kFp8 ? "fp8" : "bf16"},
+                 {"precision", c.row_format == KVRowFormat::kFp8Row656 ? "fp8" : "bf16"},
                  {"conversations", c.conversations},
                  {"turns", c.turns},
                  {"system_tokens", c.system_tokens},
@@ -329,7 +329,7 @@ MultiTurnCommand::MultiTurnCommand(CLI::App& parent) {
 bool MultiTurnCommand::selected() const { return app_->parsed(); }
 
 int MultiTurnCommand::Run(const std::string& command, std::ostream& out, std::ostream& err) {
-  config_.precision = precision_ == "bf16" ? KVPrecision::kBf16 : KVPrecision::kFp8;
+  config_.row_format = precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656;
   StatusOr<MultiTurnReport> report = RunMultiTurn(config_);
   if (!report.ok()) {
     err << "sparsekv multi-turn: " << report.status().ToString() << "\n";

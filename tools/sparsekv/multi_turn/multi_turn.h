@@ -28,7 +28,7 @@ namespace sparsekv::tools {
 
 struct MultiTurnConfig {
   std::string preset = "deepseek-v3.2";  // KV bytes per token come from the preset
-  KVPrecision precision = KVPrecision::kFp8;
+  KVRowFormat row_format = KVRowFormat::kFp8Row656;
   int32_t conversations = 64;
   int32_t turns = 6;                 // turns per conversation
   int32_t system_tokens = 2048;      // one system prompt, the same for every conversation

@@ -294,8 +294,8 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
     tiers.push_back(*tier);
   }
   if (tiers.empty()) tiers = DefaultTiers();
-  StatusOr<ModelPreset> preset =
-      FindPreset(preset_, precision_ == "bf16" ? KVPrecision::kBf16 : KVPrecision::kFp8);
+  StatusOr<ModelPreset> preset = FindPreset(
+      preset_, precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656);
   if (!preset.ok()) return fail(preset.status(), kExitUsage);
   ModelShape model = model_;
   model.layers = preset->num_layers;

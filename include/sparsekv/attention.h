@@ -19,6 +19,7 @@
 #include <memory>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/options.h"
 #include "sparsekv/status.h"
 
 namespace sparsekv {
@@ -26,16 +27,7 @@ namespace sparsekv {
 inline constexpr int32_t kMLAQKDim = 576;     // query and key dims per head: 512 latent + 64 rope
 inline constexpr int32_t kMLAValueDim = 512;  // value dims: the first 512 of a key
 
-// How a KV row is stored.
-enum class KVRowFormat {
-  // 1152 B: the 576 key dims as bf16.
-  kBf16Row1152,
-  // 656 B: 512 float8 e4m3 values, then 4 fp32 scales (one per group of 128 of those dims), then
-  // the 64 rope dims as bf16. Dim d < 512 is e4m3[d] * scale[d / 128]; dim 512 + r is rope[r].
-  kFp8Row656,
-};
-
-// Meaningful bytes of a row: 1152 or 656.
+// Meaningful bytes of a row (KVRowFormat, options.h): 1152 or 656.
 int32_t KVRowBytes(KVRowFormat format);
 
 struct SparseMLAOptions {
@@ -113,12 +105,11 @@ class SparseMLAAttention {
   // merges both exactly (log-sum-exp weights): equal to Run's up to rounding (partials in fp32).
   // REQUIRES: RunFillsAndMerge follows RunHits with the same batch, q, kv_rows, indices and fill,
   // on a stream ordered after it, with no other run of this object in between.
-  virtual Status RunHits(int32_t batch, const void* q, const std::byte* kv_rows,
-                         int64_t row_stride, const int32_t* indices, const uint8_t* fill,
-                         StreamHandle stream) = 0;
+  virtual Status RunHits(int32_t batch, const void* q, const std::byte* kv_rows, int64_t row_stride,
+                         const int32_t* indices, const uint8_t* fill, StreamHandle stream) = 0;
   virtual Status RunFillsAndMerge(int32_t batch, const void* q, const std::byte* kv_rows,
-                                  int64_t row_stride, const int32_t* indices,
-                                  const uint8_t* fill, void* out, StreamHandle stream) = 0;
+                                  int64_t row_stride, const int32_t* indices, const uint8_t* fill,
+                                  void* out, StreamHandle stream) = 0;
 
   // Device bytes held for the work buffers (compact keys, scores, probabilities, cuBLAS).
   virtual int64_t workspace_bytes() const = 0;

@@ -33,17 +33,25 @@ struct KVGeometry {
 };
 
 // Model presets from DESIGN.md section 2.
-enum class KVPrecision { kFp8, kBf16 };  // fp8: 656-B rows; bf16: 1152-B rows
+// How a KV row is stored: the one row-format enum (the presets, the attention kernels and the
+// tools' --precision flag all name it).
+enum class KVRowFormat {
+  // 1152 B: the 576 key dims as bf16.
+  kBf16Row1152,
+  // 656 B: 512 float8 e4m3 values, then 4 fp32 scales (one per group of 128 of those dims), then
+  // the 64 rope dims as bf16. Dim d < 512 is e4m3[d] * scale[d / 128]; dim 512 + r is rope[r].
+  kFp8Row656,
+};
 struct ModelPreset {
-  std::string name;            // "deepseek-v3.2" or "glm-5"
-  int32_t num_layers;          // 61 or 78
-  int32_t row_bytes;           // 656 (fp8) or 1152 (bf16)
-  int32_t indexer_key_bytes;   // 132 B per token per layer (128 fp8 + fp32 scale), kept in HBM
-  int32_t top_k;               // 2048
+  std::string name;           // "deepseek-v3.2" or "glm-5"
+  int32_t num_layers;         // 61 or 78
+  int32_t row_bytes;          // 656 (fp8) or 1152 (bf16)
+  int32_t indexer_key_bytes;  // 132 B per token per layer (128 fp8 + fp32 scale), kept in HBM
+  int32_t top_k;              // 2048
   KVGeometry geometry() const { return KVGeometry::Uniform(num_layers, row_bytes); }
 };
 // Known names: "deepseek-v3.2", "glm-5". Returns NotFound for any other name.
-StatusOr<ModelPreset> FindPreset(const std::string& name, KVPrecision precision);
+StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format);
 
 // How a request's hot slots are replaced (ResolveView in kernel_views.h defines both exactly;
 // docs/planning.md has the replayed hit rates that chose the default).

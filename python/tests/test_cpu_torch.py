@@ -5,7 +5,7 @@ import pytest
 
 import sparsekv
 from conftest import LAYERS, TOP_K, make_options
-from resolve_reference import ReferenceManager, protected_capacity_of
+from resolve_oracle import ReferenceManager, protected_capacity_of
 from workload import Flavour, run_workload
 
 torch = pytest.importorskip("torch")

@@ -13,7 +13,7 @@ from typing import Callable, List
 import numpy as np
 
 import sparsekv
-from resolve_reference import ReferenceManager, protected_capacity_of
+from resolve_oracle import ReferenceManager, protected_capacity_of
 
 UNTOUCHED = -7  # sentinel in slot rows past the batch
 

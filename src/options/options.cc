@@ -24,8 +24,8 @@ KVGeometry KVGeometry::Uniform(int32_t num_layers, int32_t row_bytes, int32_t ro
   return g;
 }
 
-StatusOr<ModelPreset> FindPreset(const std::string& name, KVPrecision precision) {
-  const int32_t row = precision == KVPrecision::kFp8 ? 656 : 1152;
+StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format) {
+  const int32_t row = format == KVRowFormat::kFp8Row656 ? 656 : 1152;
   if (name == "deepseek-v3.2") return ModelPreset{name, 61, row, 132, 2048};
   if (name == "glm-5") return ModelPreset{name, 78, row, 132, 2048};
   return NotFound("unknown model preset '" + name + "' (known: deepseek-v3.2, glm-5)");

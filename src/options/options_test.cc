@@ -114,15 +114,15 @@ TEST(OptionsTest, ThirtyTwoBitOverflowRejected) {
 }
 
 TEST(OptionsTest, PresetsMatchTheDesign) {
-  StatusOr<ModelPreset> ds = FindPreset("deepseek-v3.2", KVPrecision::kFp8);
+  StatusOr<ModelPreset> ds = FindPreset("deepseek-v3.2", KVRowFormat::kFp8Row656);
   ASSERT_TRUE(ds.ok());
   EXPECT_EQ(ds->num_layers, 61);
   EXPECT_EQ(ds->geometry().token_bytes(), 61 * 656);
-  StatusOr<ModelPreset> glm = FindPreset("glm-5", KVPrecision::kBf16);
+  StatusOr<ModelPreset> glm = FindPreset("glm-5", KVRowFormat::kBf16Row1152);
   ASSERT_TRUE(glm.ok());
   EXPECT_EQ(glm->num_layers, 78);
   EXPECT_EQ(glm->row_bytes, 1152);
-  EXPECT_EQ(FindPreset("llama", KVPrecision::kFp8).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(FindPreset("llama", KVRowFormat::kFp8Row656).status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace

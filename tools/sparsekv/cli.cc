@@ -3,11 +3,11 @@
 #include <CLI/CLI.hpp>
 #include <vector>
 
-#include "tools/sparsekv/bench_command.h"
-#include "tools/sparsekv/multi_turn.h"
-#include "tools/sparsekv/plan_command.h"
-#include "tools/sparsekv/pool_command.h"
-#include "tools/sparsekv/replay_command.h"
+#include "tools/sparsekv/bench/bench_command.h"
+#include "tools/sparsekv/multi_turn/multi_turn.h"
+#include "tools/sparsekv/plan/plan_command.h"
+#include "tools/sparsekv/pool/pool_command.h"
+#include "tools/sparsekv/replay/replay_command.h"
 
 namespace sparsekv::tools {
 namespace {

@@ -9,11 +9,9 @@
 #include <span>
 #include <string>
 
-namespace sparsekv::tools {
+#include "tools/sparsekv/exit_codes.h"
 
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailure = 1;  // the run failed: a Status from the library
-inline constexpr int kExitUsage = 2;    // bad arguments
+namespace sparsekv::tools {
 
 // `args` are the arguments after the program name. `progress_bar`: draw a progress bar on `err`
 // during long runs (pass true only when `err` is a terminal).

@@ -1,5 +1,5 @@
-// Tests of the sparsekv tool: the top-k generator, the benchmark on the CPU backend, and the
-// command line's handling of good and bad arguments.
+// Tests of the sparsekv tool: the benchmark on the CPU backend, its report and page cache, and
+// the command line's handling of good and bad arguments.
 #include "tools/sparsekv/cli.h"
 
 #include <gtest/gtest.h>
@@ -13,230 +13,17 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
-#include "tools/sparsekv/arena_backend.h"
-#include "tools/sparsekv/bench.h"
-#include "tools/sparsekv/e2e_plan.h"
-#include "tools/sparsekv/e2e_report.h"
-#include "tools/sparsekv/page_offload.h"
-#include "tools/sparsekv/topk_generator.h"
+#include "sparsekv/kv_footprint.h"
+#include "sparsekv/topk_generator.h"
+#include "tools/sparsekv/bench/arena_backend.h"
+#include "tools/sparsekv/bench/bench.h"
+#include "tools/sparsekv/bench/e2e_report.h"
+#include "tools/sparsekv/bench/page_offload.h"
 
 namespace sparsekv::tools {
 namespace {
 
-// ---- Top-k generator ----
-
-// Runs `steps` steps of one layer for one request whose history grows from `seq_len`.
-std::vector<std::vector<int32_t>> Rows(const TopKGeneratorOptions& o, int32_t layer,
-                                       int32_t seq_len, int32_t steps) {
-  LayerTopKGenerator g(o, layer, 1);
-  std::vector<std::vector<int32_t>> rows;
-  for (int32_t s = 0; s < steps; ++s) {
-    const int32_t len = seq_len + s;
-    std::vector<int32_t> row(o.top_k);
-    g.Next(std::span(&len, 1), row);
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
-
-double Overlap(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  const std::set<int32_t> sa(a.begin(), a.end());
-  const auto shared = std::count_if(b.begin(), b.end(), [&](int32_t p) { return sa.contains(p); });
-  return static_cast<double>(shared) / static_cast<double>(b.size());
-}
-
-TEST(TopKGeneratorTest, RowsAreDistinctPositionsInRange) {
-  struct Case {
-    int32_t top_k, seq_len, sinks;
-    double reuse, recency;
-  };
-  // Includes K == seq_len (every position), sinks == K, and shares that cannot be met.
-  for (const Case& c :
-       {Case{64, 64, 4, 0.5, 0.3}, Case{64, 65, 0, 1.0, 0.0}, Case{100, 1000, 100, 0.4, 0.1},
-        Case{256, 300, 8, 0.0, 1.0}, Case{512, 20000, 16, 0.45, 0.1}}) {
-    TopKGeneratorOptions o;
-    o.top_k = c.top_k;
-    o.sinks = c.sinks;
-    o.reuse = c.reuse;
-    o.recency = c.recency;
-    LayerTopKGenerator g(o, /*layer=*/3, /*batch=*/3);
-    for (int32_t step = 0; step < 8; ++step) {
-      // Requests of different lengths in one batch.
-      const std::vector<int32_t> lens = {c.seq_len + step, c.seq_len + 2 * step, c.seq_len + 7};
-      std::vector<int32_t> out(3 * c.top_k, -7);
-      g.Next(lens, out);
-      for (int32_t b = 0; b < 3; ++b) {
-        const auto first = out.begin() + b * c.top_k;
-        const std::set<int32_t> unique(first, first + c.top_k);
-        ASSERT_EQ(unique.size(), static_cast<size_t>(c.top_k)) << "K " << c.top_k << " b " << b;
-        EXPECT_GE(*unique.begin(), 0);
-        EXPECT_LT(*unique.rbegin(), lens[b]);
-        for (int32_t p = 0; p < std::min(c.sinks, c.top_k); ++p) EXPECT_TRUE(unique.contains(p));
-      }
-    }
-  }
-}
-
-TEST(TopKGeneratorTest, ReuseFractionIsHonoured) {
-  TopKGeneratorOptions o;
-  o.top_k = 512;
-  o.reuse = 0.4;
-  o.recency = 0;
-  o.sinks = 0;
-  // Over 65536 positions a uniform draw repeats a previous position with probability < 1%.
-  const auto rows = Rows(o, /*layer=*/10, 65536, 20);
-  for (size_t s = 1; s < rows.size(); ++s) {
-    EXPECT_NEAR(Overlap(rows[s - 1], rows[s]), 0.4, 0.02) << "step " << s;
-  }
-}
-
-TEST(TopKGeneratorTest, FirstTwoLayersReuseAlmostNothing) {
-  TopKGeneratorOptions o;
-  o.top_k = 512;
-  o.reuse = 0.5;
-  o.sinks = 0;
-  o.recency = 0;
-  for (int32_t layer : {0, 1}) {
-    const auto rows = Rows(o, layer, 65536, 5);
-    for (size_t s = 1; s < rows.size(); ++s) EXPECT_LT(Overlap(rows[s - 1], rows[s]), 0.05);
-  }
-  EXPECT_NEAR(Overlap(Rows(o, 2, 65536, 2)[0], Rows(o, 2, 65536, 2)[1]), 0.5, 0.02);
-}
-
-TEST(TopKGeneratorTest, RecencyDrawsFromNewestTenthOfHistory) {
-  TopKGeneratorOptions o;
-  o.top_k = 1000;
-  o.reuse = 0;
-  o.recency = 0.5;
-  o.sinks = 0;
-  const int32_t len = 100000;
-  const auto row = Rows(o, 5, len, 1)[0];
-  const auto recent =
-      std::count_if(row.begin(), row.end(), [&](int32_t p) { return p >= len - len / 10; });
-  // 500 recent draws, plus ~10% of the 500 uniform ones.
-  EXPECT_NEAR(static_cast<double>(recent) / o.top_k, 0.55, 0.04);
-}
-
-TEST(TopKGeneratorTest, SameSeedSameRows) {
-  TopKGeneratorOptions o;
-  o.top_k = 128;
-  EXPECT_EQ(Rows(o, 4, 5000, 4), Rows(o, 4, 5000, 4));
-  TopKGeneratorOptions other = o;
-  other.seed = 2;
-  EXPECT_NE(Rows(o, 4, 5000, 4), Rows(other, 4, 5000, 4));
-  EXPECT_NE(Rows(o, 4, 5000, 1), Rows(o, 5, 5000, 1));  // layers draw independent streams
-}
-
-TEST(TopKGeneratorTest, MissRateModeReplacesExactlyTheTargetShare) {
-  TopKGeneratorOptions o;
-  o.top_k = 256;
-  o.miss_rate = 0.2;
-  o.fresh_range = 20000;
-  const int32_t fresh = 51;  // round(0.2 * 256)
-  const auto rows = Rows(o, /*layer=*/0, 20001, 30);
-  for (size_t s = 0; s < rows.size(); ++s) {
-    const std::set<int32_t> unique(rows[s].begin(), rows[s].end());
-    ASSERT_EQ(unique.size(), 256u);
-    EXPECT_EQ(rows[s][0], 20000 + static_cast<int32_t>(s));  // the newest position first
-    EXPECT_LT(*std::next(unique.rbegin()), 20000);           // the rest from the fresh range
-    if (s == 0) continue;
-    // Everything but the newest position and the fresh ones is kept from the previous row.
-    const std::set<int32_t> previous(rows[s - 1].begin() + 1, rows[s - 1].end());
-    const auto kept = std::count_if(rows[s].begin() + 1, rows[s].end(),
-                                    [&](int32_t p) { return previous.contains(p); });
-    EXPECT_EQ(kept, 256 - 1 - fresh) << "step " << s;
-  }
-}
-
-TEST(TopKGeneratorTest, MissRateModeRunsPartOfTheBatch) {
-  TopKGeneratorOptions o;
-  o.top_k = 64;
-  o.miss_rate = 0.5;
-  o.fresh_range = 1000;
-  LayerTopKGenerator g(o, 0, /*batch=*/4);
-  std::vector<int32_t> out(4 * 64, -7);
-  const std::vector<int32_t> two = {1001, 1001};
-  g.Next(two, out);  // requests 0 and 1 only
-  EXPECT_EQ(out[2 * 64], -7);
-  g.set_miss_rate(0.0);
-  const std::vector<int32_t> next = {1002, 1002};
-  std::vector<int32_t> again(2 * 64);
-  g.Next(next, again);
-  // Rate 0: everything but the newest position is kept.
-  EXPECT_EQ(std::set<int32_t>(out.begin() + 1, out.begin() + 64),
-            std::set<int32_t>(again.begin() + 1, again.begin() + 64));
-}
-
-// ---- End-to-end arithmetic (e2e_plan.h) ----
-
-RequestShape Standard(int64_t tokens) {
-  RequestShape s;  // DeepSeek-V3.2, fp8 rows, K 2048, C 4096, W 1, 64-token pages
-  s.tokens = tokens;
-  return s;
-}
-
-TEST(E2EPlanTest, FootprintsFollowTheirFormulas) {
-  const RequestShape s = Standard(32768);
-  const RequestFootprint full = Footprint(KVVariant::kFullHbm, s);
-  EXPECT_EQ(full.hbm_bytes, int64_t{32768} * 61 * (656 + 132) + 2048 * 4);
-  EXPECT_EQ(full.host_bytes, 0);
-  const RequestFootprint sparse = Footprint(KVVariant::kSparseKV, s);
-  const int64_t block = int64_t{61} * 4097 * 656 + int64_t{61} * (4096 * 8 + 4);
-  EXPECT_EQ(sparse.hbm_bytes, block + int64_t{32768} * 61 * 132 + 512 * 4 + 2048 * (4 * 5 + 1));
-  EXPECT_EQ(sparse.host_bytes, int64_t{32768} * 61 * 656);
-  const RequestFootprint none = Footprint(KVVariant::kNoCache, s);
-  EXPECT_EQ(none.hbm_bytes, int64_t{32768} * 61 * 132 + 2048 * (656 + 8));
-  EXPECT_EQ(none.host_bytes, int64_t{32768} * 61 * 656);
-  // Host pages are whole: one more token costs a page.
-  EXPECT_EQ(Footprint(KVVariant::kSparseKV, Standard(32769)).host_bytes,
-            int64_t{32768 + 64} * 61 * 656);
-}
-
-TEST(E2EPlanTest, MaxBatchOfTheStandardScenario) {
-  const int64_t hbm = 49'000'000'000, host = 100'000'000'000;
-  EXPECT_EQ(MaxBatch(KVVariant::kFullHbm, Standard(32768), hbm, host, 0), 31);
-  EXPECT_EQ(MaxBatch(KVVariant::kFullHbm, Standard(16384), hbm, host, 0), 62);
-  // sparsekv: HBM admits 113 at 32K (166 MB hot cache + 264 MB indexer keys), the host pool 76.
-  EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, Standard(32768), hbm, 1'000'000'000'000, 0), 113);
-  EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, Standard(32768), hbm, host, 0), 76);
-  EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, Standard(32768), hbm, host, 40), 40);  // --max-batch
-  EXPECT_EQ(MaxBatch(KVVariant::kFullHbm, Standard(32768), 1'000'000'000, host, 0), 0);
-}
-
-TEST(E2EPlanTest, PageOffloadCachesTheHotCacheBytesInPagesAndStagesTheRest) {
-  const RequestShape s = Standard(32768);
-  const PageOffloadPages p = OffloadPages(s);
-  EXPECT_EQ(p.pages, 512);
-  EXPECT_EQ(p.cached, 64);    // 4096 hot slots / 64 tokens
-  EXPECT_EQ(p.staging, 512);  // min(top-k, pages)
-  EXPECT_EQ(OffloadPages(Standard(131072)).staging, 2048);
-  const int64_t page = 64 * 656;
-  const RequestFootprint f = Footprint(KVVariant::kPageOffload, s);
-  EXPECT_EQ(f.hbm_bytes, int64_t{61} * (65 * page + 64 * 8) + 512 * (page + 8) +
-                             int64_t{32768} * 61 * 132 + 512 * 4 + 2048 * 4 * 9);
-  EXPECT_EQ(f.host_bytes, int64_t{32768} * 61 * 656);
-  // The page is its own option, independent of the host pool's page.
-  RequestShape big = s;
-  big.page_tokens = 1024;
-  EXPECT_EQ(Footprint(KVVariant::kPageOffload, big).hbm_bytes, f.hbm_bytes);
-  big.offload_page_tokens = 128;
-  EXPECT_EQ(OffloadPages(big).cached, 32);
-  // Its cache has sparsekv's bytes (plus one newest page and the staging pages): a batch close
-  // to sparsekv's 114 by HBM, the same 76 by the host pool.
-  const int64_t hbm = 49'000'000'000, host = 100'000'000'000;
-  const int32_t by_hbm = MaxBatch(KVVariant::kPageOffload, s, hbm, 1'000'000'000'000, 0);
-  EXPECT_GT(by_hbm, 90);
-  EXPECT_LT(by_hbm, 114);
-  EXPECT_EQ(MaxBatch(KVVariant::kPageOffload, s, hbm, host, 0), 76);
-  // Every page copied crosses PCIe whole.
-  const StepTraffic t = Traffic(KVVariant::kPageOffload, s, 2, 100);
-  EXPECT_DOUBLE_EQ(t.pcie_bytes, 100.0 * page + 2.0 * 61 * 656);
-  EXPECT_TRUE(DependsOnMissRate(KVVariant::kPageOffload));
-  EXPECT_FALSE(DependsOnMissRate(KVVariant::kNoCache));
-  EXPECT_EQ(PlanVariant(KVVariant::kPageOffload, s, hbm, host, 0, 3, 16, 2, 8).headroom,
-            2 + 3 * 16);  // one point per miss rate
-  EXPECT_EQ(ParseVariant("page-offload").value(), KVVariant::kPageOffload);
-}
+// ---- The benchmark's batch cap (bench.h) ----
 
 TEST(E2EPlanTest, OffloadMaxBatchCapsOnlyPageOffload) {
   BenchConfig c;
@@ -249,52 +36,7 @@ TEST(E2EPlanTest, OffloadMaxBatchCapsOnlyPageOffload) {
   EXPECT_EQ(BatchCap(c, KVVariant::kFullHbm), 8);
 }
 
-TEST(E2EPlanTest, SweepBatchesArePowersOfTwoThenTheMax) {
-  EXPECT_EQ(SweepBatches(0), std::vector<int32_t>{});
-  EXPECT_EQ(SweepBatches(1), std::vector<int32_t>{1});
-  EXPECT_EQ(SweepBatches(31), (std::vector<int32_t>{1, 2, 4, 8, 16, 31}));
-  EXPECT_EQ(SweepBatches(32), (std::vector<int32_t>{1, 2, 4, 8, 16, 32}));
-}
-
-TEST(E2EPlanTest, PlanChargesTheDecodeHeadroom) {
-  const int64_t hbm = 49'000'000'000, host = 100'000'000'000;
-  const VariantPlan full =
-      PlanVariant(KVVariant::kFullHbm, Standard(32768), hbm, host, 0, 3, 16, 2, 0);
-  EXPECT_EQ(full.headroom, 2 + 6 * 16);  // 6 batch sizes, one point each
-  EXPECT_EQ(full.max_batch, 31);
-  EXPECT_EQ(full.batches.back(), 31);
-  // 2400 tokens of headroom (6 points x 400 steps) cost three requests.
-  EXPECT_EQ(PlanVariant(KVVariant::kFullHbm, Standard(32768), hbm, host, 0, 1, 400, 0, 0).max_batch,
-            28);
-  EXPECT_EQ(full.footprint.hbm_bytes,
-            Footprint(KVVariant::kFullHbm, Standard(32768 + 98)).hbm_bytes);
-  const VariantPlan sparse =
-      PlanVariant(KVVariant::kSparseKV, Standard(32768), hbm, host, 0, 3, 16, 2, 0);
-  EXPECT_EQ(sparse.headroom, 2 + 3 * 8 * 16);  // 3 rates x 8 batch sizes (1 .. 64, 76)
-  EXPECT_EQ(sparse.batches.back(), sparse.max_batch);
-  // One batch asked for: one point per rate; a batch above the max runs nothing.
-  EXPECT_EQ(PlanVariant(KVVariant::kSparseKV, Standard(32768), hbm, host, 0, 3, 16, 2, 8).batches,
-            std::vector<int32_t>{8});
-  EXPECT_TRUE(PlanVariant(KVVariant::kFullHbm, Standard(32768), hbm, host, 0, 1, 16, 2, 64)
-                  .batches.empty());
-}
-
-TEST(E2EPlanTest, FloorAddsTransfersAtTheirCeilingsToAttentionAndProxy) {
-  const RequestShape s = Standard(32768);
-  const Ceilings c{.pcie_h2d_gbps = 50, .pcie_d2h_gbps = 50, .hbm_gbps = 4000};
-  // sparsekv, batch 2, 1000 misses per step.
-  const StepTraffic t = Traffic(KVVariant::kSparseKV, s, 2, 1000);
-  EXPECT_DOUBLE_EQ(t.pcie_bytes, 1000.0 * 656 + 2.0 * 61 * 656);
-  EXPECT_DOUBLE_EQ(t.hbm_bytes, 1000.0 * 656 + 2.0 * 61 * (656 + 3 * 2048 * 4 + 4 * 4096 * 4));
-  EXPECT_DOUBLE_EQ(StepFloorMs(t, c, 3.0, 20.0), 23.0 + t.pcie_bytes / 50e6 + t.hbm_bytes / 4000e6);
-  EXPECT_DOUBLE_EQ(Traffic(KVVariant::kFullHbm, s, 4, 0).pcie_bytes, 0);
-  EXPECT_DOUBLE_EQ(Traffic(KVVariant::kNoCache, s, 1, 0).pcie_bytes, 61.0 * 2049 * 656);
-  EXPECT_DOUBLE_EQ(StepFloorMs({}, c, 1.5, 2.5), 4.0);
-  // Perfect overlap: the longer of PCIe and everything else.
-  EXPECT_DOUBLE_EQ(StepIdealMs(t, c, 3.0, 20.0), 23.0 + t.hbm_bytes / 4000e6);
-  const StepTraffic heavy{.pcie_bytes = 5e9, .hbm_bytes = 0};
-  EXPECT_DOUBLE_EQ(StepIdealMs(heavy, c, 3.0, 20.0), 5e9 / 50e6);
-}
+// ---- End-to-end report (e2e_report.h) ----
 
 TEST(E2EReportTest, SummaryKeysComeFromThe32KPoints) {
   E2EReport r;
@@ -511,7 +253,7 @@ TEST(BenchTest, MissRateTargetIsMet) {
 
 TEST(BenchTest, Bf16RowsAndAssemble) {
   BenchConfig c = Tiny();
-  c.precision = KVPrecision::kBf16;
+  c.row_format = KVRowFormat::kBf16Row1152;
   c.assemble = true;
   StatusOr<BenchResult> r = RunBench(c, CreateCpuBackend());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -617,11 +359,31 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
 
 TEST(CliTest, GpuFlagsAreAcceptedOnTheCpu) {
   std::vector<std::string> args = SmallCpuArgs();
-  args.insert(args.end(), {"--miss-rate", "0.25", "--no-proxy", "--heads", "16", "--hbm-budget-gb",
-                           "30", "--host-pool-gb", "50", "--max-batch", "8", "--variants",
-                           "sparsekv,full-hbm", "--weights-gb", "40", "--time-limit", "100",
-                           "--prefetch", "4", "--mtp", "2", "--sort-misses", "false",
-                           "--copy-blocks", "16"});
+  args.insert(args.end(), {"--miss-rate",
+                           "0.25",
+                           "--no-proxy",
+                           "--heads",
+                           "16",
+                           "--hbm-budget-gb",
+                           "30",
+                           "--host-pool-gb",
+                           "50",
+                           "--max-batch",
+                           "8",
+                           "--variants",
+                           "sparsekv,full-hbm",
+                           "--weights-gb",
+                           "40",
+                           "--time-limit",
+                           "100",
+                           "--prefetch",
+                           "4",
+                           "--mtp",
+                           "2",
+                           "--sort-misses",
+                           "false",
+                           "--copy-blocks",
+                           "16"});
   const CliRun r = Cli(args);
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_NE(r.out.find("(target 25.0 %)"), std::string::npos) << r.out;

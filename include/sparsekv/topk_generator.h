@@ -1,0 +1,99 @@
+// Synthetic top-k selections with controllable temporal locality, for benchmarks.
+//
+// Real top-k sets come from a model's indexer; this generator stands in for it with the three
+// properties that decide a hot cache's miss rate. One step's row for one request and layer holds
+// K distinct positions in [0, seq_len), drawn from four sources in this order:
+//   1. sinks:   positions 0 .. sinks-1 (attention sinks, selected at every step);
+//   2. reuse:   round(reuse * K) positions of the same request's row at the previous step, drawn
+//               without replacement (temporal locality; nothing at a request's first step);
+//   3. recency: round(recency * K) positions from the newest 10% of the history;
+//   4. uniform: the rest, uniformly over [0, seq_len).
+// A source that cannot supply its share (too few positions left in its range) leaves the
+// remainder to the next one; the uniform source always completes the row.
+//
+// Per-layer behaviour follows the published DeepSeek-V3.2 measurement (DESIGN.md section 3):
+// consecutive top-k sets overlap ~35-50% in the middle layers and almost not at all in the first
+// two, so layers below `early_layers` use `early_layer_reuse` instead of `reuse`.
+//
+// Miss-rate mode (miss_rate >= 0) replaces the four sources, to make a hot cache's miss rate a
+// parameter rather than an outcome. A row is:
+//   1. the newest position, seq_len - 1 (always resident in a cache's window);
+//   2. the previous row's other entries, all but F = round(miss_rate * K) of them, drawn at random
+//      (at a request's first step: none, and F = K - 1);
+//   3. F fresh positions from [0, fresh_range), taken in the order of a random permutation of that
+//      range with one cursor per request, skipping positions already in the row.
+// A fresh position was last taken fresh_range / F steps earlier, and a kept position was used at
+// the previous step, so an LRU cache of C >= K slots per request misses exactly the F fresh
+// positions once fresh_range >= C + F (unless a position survives as "kept" for a whole cycle of
+// the permutation, which has probability (1 - miss_rate)^(fresh_range / F)): the miss rate is
+// F / K. Every layer behaves the same in this mode.
+//
+// Deterministic: the same options, layer and sequence of calls give the same rows.
+// Thread safety: one generator per layer; distinct generators may run on different threads.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace sparsekv {
+
+struct TopKGeneratorOptions {
+  int32_t top_k = 2048;             // K: positions per row
+  double reuse = 0.45;              // fraction of K taken from the previous step's row
+  double early_layer_reuse = 0.02;  // the same for layers < early_layers (capped by reuse)
+  int32_t early_layers = 2;
+  double recency = 0.10;  // fraction of K drawn from the newest 10% of positions
+  int32_t sinks = 4;      // positions 0 .. sinks-1 are always selected
+  uint64_t seed = 1;
+  double miss_rate = -1;    // >= 0: miss-rate mode (above); the four sources are then unused
+  int32_t fresh_range = 0;  // miss-rate mode: fresh positions come from [0, fresh_range)
+};
+
+// Generates the rows of one layer for a fixed batch of requests, step after step.
+class LayerTopKGenerator {
+ public:
+  // REQUIRES: options.top_k >= 1, batch >= 1, fractions in [0, 1]; in miss-rate mode also
+  // top_k <= fresh_range + 1.
+  LayerTopKGenerator(const TopKGeneratorOptions& options, int32_t layer, int32_t batch);
+
+  // Writes one step's rows for requests [0, seq_lens.size()): out[b * top_k, (b + 1) * top_k)
+  // for request b, whose history holds seq_lens[b] tokens. Each request's previous row (from the
+  // last call that included it) is its reuse source; requests not included keep theirs.
+  // REQUIRES: seq_lens.size() <= batch, top_k <= seq_lens[b] (miss-rate mode: fresh_range <
+  // seq_lens[b]), out.size() >= seq_lens.size() * top_k.
+  void Next(std::span<const int32_t> seq_lens, std::span<int32_t> out);
+
+  // Switches to miss-rate mode with this rate (see the top of this file) from the next call on.
+  // REQUIRES: miss-rate mode (options.miss_rate >= 0) and 0 <= miss_rate <= 1.
+  void set_miss_rate(double miss_rate);
+
+  // The reuse fraction this layer applies.
+  double reuse() const { return reuse_; }
+
+ private:
+  // Appends positions to row_; each Take* returns how many it added (at most n).
+  int32_t TakeSinks(int32_t n, int32_t seq_len);
+  int32_t TakeFromPrevious(int32_t n, const std::vector<int32_t>& previous, int32_t seq_len);
+  // n distinct positions of [lo, hi) not yet in the row, uniformly.
+  int32_t TakeFromRange(int32_t lo, int32_t hi, int32_t n);
+  // Miss-rate mode: builds row_ for request b (the newest position is already in it).
+  void MissRateRow(size_t b);
+  void Add(int32_t position);
+  bool Selected(int32_t position) const { return mark_[position] == row_stamp_; }
+
+  TopKGeneratorOptions options_;
+  double reuse_;
+  std::mt19937_64 rng_;
+  std::vector<std::vector<int32_t>> previous_;  // [batch][top_k]; empty before the first step
+  std::vector<int32_t> row_;                    // the row being built
+  std::vector<uint32_t> mark_;                  // position -> stamp of the row that selected it
+  uint32_t row_stamp_ = 0;
+  std::vector<int32_t> scratch_;
+  // Miss-rate mode: a random permutation of [0, fresh_range) and each request's cursor in it.
+  std::vector<int32_t> order_;
+  std::vector<size_t> cursor_;
+};
+
+}  // namespace sparsekv

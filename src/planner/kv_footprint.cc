@@ -1,0 +1,169 @@
+#include "sparsekv/kv_footprint.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "sparsekv/hot_cache.h"
+#include "sparsekv/options.h"
+
+namespace sparsekv {
+
+std::string_view VariantName(KVVariant variant) {
+  switch (variant) {
+    case KVVariant::kFullHbm:
+      return "full-hbm";
+    case KVVariant::kSparseKV:
+      return "sparsekv";
+    case KVVariant::kNoCache:
+      return "no-cache";
+    case KVVariant::kPageOffload:
+      return "page-offload";
+  }
+  return "unknown";
+}
+
+StatusOr<KVVariant> ParseVariant(std::string_view name) {
+  for (KVVariant v :
+       {KVVariant::kFullHbm, KVVariant::kSparseKV, KVVariant::kNoCache, KVVariant::kPageOffload}) {
+    if (name == VariantName(v)) return v;
+  }
+  return InvalidArgument("unknown variant '" + std::string(name) +
+                         "' (known: full-hbm, sparsekv, no-cache, page-offload)");
+}
+
+PageOffloadPages OffloadPages(const RequestShape& s) {
+  const int64_t q = std::max(1, s.offload_page_tokens);
+  PageOffloadPages p;
+  p.pages = static_cast<int32_t>((s.tokens + q - 1) / q);
+  p.cached = static_cast<int32_t>(std::max<int64_t>(1, s.hot_slots / q));
+  p.staging = std::min(s.top_k, p.pages);
+  return p;
+}
+
+RequestFootprint Footprint(KVVariant variant, const RequestShape& s) {
+  const int64_t layers = s.layers;
+  const int64_t index = sizeof(int32_t);
+  const int64_t indexer = s.tokens * layers * s.indexer_key_bytes;
+  RequestFootprint f;
+  switch (variant) {
+    case KVVariant::kFullHbm:
+      f.hbm_bytes = s.tokens * layers * (s.row_bytes + s.indexer_key_bytes) + s.top_k * index;
+      break;
+    case KVVariant::kSparseKV: {
+      const int64_t pages = (s.tokens + s.page_tokens - 1) / s.page_tokens;
+      f.hbm_bytes =
+          HotCache::BlockBytes(KVGeometry::Uniform(s.layers, s.row_bytes), s.hot_slots, s.window) +
+          indexer + pages * index + int64_t{s.top_k} * (index * 5 + 1);
+      f.host_bytes = pages * s.page_tokens * layers * s.row_bytes;
+      break;
+    }
+    case KVVariant::kNoCache:
+      f.hbm_bytes = indexer + int64_t{s.top_k} * (s.row_bytes + 2 * index);
+      f.host_bytes = s.tokens * layers * s.row_bytes;
+      break;
+    case KVVariant::kPageOffload: {
+      const PageOffloadPages p = OffloadPages(s);
+      const int64_t page_bytes = int64_t{s.offload_page_tokens} * s.row_bytes;
+      f.hbm_bytes = layers * ((p.cached + 1) * page_bytes + p.cached * index * 2) +
+                    p.staging * (page_bytes + index * 2) + indexer + p.pages * index +
+                    int64_t{s.top_k} * index * 9;
+      f.host_bytes = p.pages * page_bytes * layers;
+      break;
+    }
+  }
+  return f;
+}
+
+int32_t MaxBatch(KVVariant variant, const RequestShape& shape, int64_t hbm_budget_bytes,
+                 int64_t host_budget_bytes, int32_t cap) {
+  const RequestFootprint f = Footprint(variant, shape);
+  int64_t batch = f.hbm_bytes > 0 ? hbm_budget_bytes / f.hbm_bytes : 0;
+  if (f.host_bytes > 0) batch = std::min(batch, host_budget_bytes / f.host_bytes);
+  if (cap > 0) batch = std::min<int64_t>(batch, cap);
+  return static_cast<int32_t>(std::clamp<int64_t>(batch, 0, std::numeric_limits<int32_t>::max()));
+}
+
+bool DependsOnMissRate(KVVariant variant) {
+  return variant == KVVariant::kSparseKV || variant == KVVariant::kPageOffload;
+}
+
+std::vector<int32_t> SweepBatches(int32_t max_batch) {
+  std::vector<int32_t> out;
+  for (int64_t b = 1; b < max_batch; b *= 2) out.push_back(static_cast<int32_t>(b));
+  if (max_batch >= 1) out.push_back(max_batch);
+  return out;
+}
+
+VariantPlan PlanVariant(KVVariant variant, RequestShape shape, int64_t hbm_budget_bytes,
+                        int64_t host_budget_bytes, int32_t cap, int32_t rates, int32_t steps,
+                        int32_t check_steps, int32_t batch) {
+  const int64_t context = shape.tokens;
+  const int32_t points_per_batch = DependsOnMissRate(variant) ? std::max(rates, 1) : 1;
+  // The headroom depends on the number of points, which depends on the batch the budget admits:
+  // bound the points with the batch admitted without headroom (more headroom only lowers it).
+  const int32_t upper = MaxBatch(variant, shape, hbm_budget_bytes, host_budget_bytes, cap);
+  const int64_t points =
+      batch > 0 ? points_per_batch : int64_t{points_per_batch} * SweepBatches(upper).size();
+  VariantPlan plan;
+  plan.headroom = check_steps + points * steps;
+  shape.tokens = context + plan.headroom;
+  plan.max_batch = MaxBatch(variant, shape, hbm_budget_bytes, host_budget_bytes, cap);
+  plan.footprint = Footprint(variant, shape);
+  if (batch > 0) {
+    if (batch <= plan.max_batch) plan.batches = {batch};
+  } else {
+    plan.batches = SweepBatches(plan.max_batch);
+  }
+  return plan;
+}
+
+StepTraffic Traffic(KVVariant variant, const RequestShape& s, int32_t batch,
+                    double misses_per_step) {
+  const double rows = double{1} * batch * s.layers;  // request-layers of a step
+  const double row = s.row_bytes;
+  const double index = sizeof(int32_t);
+  const double k = s.top_k;
+  StepTraffic t;
+  switch (variant) {
+    case KVVariant::kFullHbm:
+      t.hbm_bytes = rows * (row + 2 * k * index);
+      break;
+    case KVVariant::kSparseKV:
+      t.pcie_bytes = misses_per_step * row + rows * row;
+      t.hbm_bytes =
+          misses_per_step * row + rows * (row + 3 * k * index + 4.0 * s.hot_slots * index);
+      break;
+    case KVVariant::kNoCache:
+      t.pcie_bytes = rows * (k + 1) * row;
+      t.hbm_bytes = rows * (k * row + 3 * k * index);
+      break;
+    case KVVariant::kPageOffload: {
+      const PageOffloadPages p = OffloadPages(s);
+      const double page = row * s.offload_page_tokens;
+      t.pcie_bytes = misses_per_step * page + rows * row;
+      t.hbm_bytes = misses_per_step * page +
+                    rows * (row + 9 * k * index + 4.0 * p.cached * index + 2.0 * p.staging * index);
+      break;
+    }
+  }
+  return t;
+}
+
+double StepFloorMs(const StepTraffic& traffic, const Ceilings& ceilings, double attention_ms,
+                   double proxy_ms) {
+  double ms = attention_ms + proxy_ms;
+  if (ceilings.pcie_h2d_gbps > 0) ms += traffic.pcie_bytes / (ceilings.pcie_h2d_gbps * 1e6);
+  if (ceilings.hbm_gbps > 0) ms += traffic.hbm_bytes / (ceilings.hbm_gbps * 1e6);
+  return ms;
+}
+
+double StepIdealMs(const StepTraffic& traffic, const Ceilings& ceilings, double attention_ms,
+                   double proxy_ms) {
+  const double pcie_ms =
+      ceilings.pcie_h2d_gbps > 0 ? traffic.pcie_bytes / (ceilings.pcie_h2d_gbps * 1e6) : 0;
+  StepTraffic rest = traffic;
+  rest.pcie_bytes = 0;
+  return std::max(StepFloorMs(rest, ceilings, attention_ms, proxy_ms), pcie_ms);
+}
+
+}  // namespace sparsekv

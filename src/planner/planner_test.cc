@@ -1,0 +1,182 @@
+// Tests of the planner's model on hand-computed cases and of its calibration (a round trip and
+// the committed H200 results).
+#include "sparsekv/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "sparsekv/planner_calibration.h"
+
+namespace sparsekv {
+namespace {
+
+// Two layers of 1e9 weight bytes at 1000 GB/s (1000 µs per layer), attention 10 + 2B µs,
+// sparsekv overhead 5 + B µs, gather 10 GB/s on a 20 GB/s link (efficiency 0.5); rows of 1000 B,
+// top-k 100.
+struct HandCase {
+  Calibration cal;
+  ModelShape model;
+  GpuSpec gpu;
+  HandCase() {
+    cal.attention_fixed_us = 10;
+    cal.attention_per_request_us = 2;
+    cal.weight_gbps = 1000;
+    cal.rest_per_request_us = 0;
+    cal.sparsekv = {5, 1, 10};
+    cal.link_gbps = 20;
+    model.layers = 2;
+    model.row_bytes = 1000;
+    model.top_k = 100;
+    model.weights_gb = 2;
+    gpu.flops_tflops = 0;  // no roofline term
+  }
+};
+
+TEST(PlanModelTest, SerialStepAddsEveryPart) {
+  HandCase h;
+  // Per layer at B = 4, miss 0.5: attention 18, rest 1000, overhead 9, transfer 200 rows * 1000 B
+  // / 10 GB/s = 20 µs; two layers.
+  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0});
+  EXPECT_DOUBLE_EQ(t.attention_ms, 0.036);
+  EXPECT_DOUBLE_EQ(t.rest_ms, 2.0);
+  EXPECT_DOUBLE_EQ(t.overhead_ms, 0.018);
+  EXPECT_DOUBLE_EQ(t.transfer_ms, 0.040);
+  EXPECT_DOUBLE_EQ(t.total_ms, 2.094);
+  EXPECT_EQ(t.binding, "weights");
+}
+
+TEST(PlanModelTest, AllHiddenIsTheLongerOfComputeAndTransfer) {
+  HandCase h;
+  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 1});
+  EXPECT_DOUBLE_EQ(t.total_ms, 0.018 + 2.036);
+  // A slow link makes the transfer the binding part even when overlapped.
+  h.cal.sparsekv.gather_gbps = 0.1;
+  const StepTime slow = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 1});
+  EXPECT_DOUBLE_EQ(slow.transfer_ms, 4.0);
+  EXPECT_DOUBLE_EQ(slow.total_ms, 0.018 + 4.0);
+  EXPECT_EQ(slow.binding, "transfer");
+}
+
+TEST(PlanModelTest, HiddenFractionHidesThatShareOfTheTransfer) {
+  HandCase h;
+  // Half of the 0.040 ms transfer hidden behind 2.036 ms of compute.
+  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0.5});
+  EXPECT_DOUBLE_EQ(t.total_ms, 0.018 + 2.036 + 0.020);
+  // Never more than the compute: a 4 ms transfer hides at most 2.036 ms.
+  h.cal.sparsekv.gather_gbps = 0.1;
+  const StepTime slow = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0.75});
+  EXPECT_DOUBLE_EQ(slow.total_ms, 0.018 + 4.0);
+}
+
+TEST(PlanModelTest, TierBandwidthScalesByGatherEfficiency) {
+  HandCase h;
+  // A 40 GB/s tier at efficiency 0.5 gathers at 20 GB/s: half the calibrated transfer.
+  const StepTime t = PredictStep(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 40, 0});
+  EXPECT_DOUBLE_EQ(t.transfer_ms, 0.020);
+}
+
+TEST(PlanModelTest, FullHbmMovesNoRowsAndRooflineBoundsLargeBatches) {
+  HandCase h;
+  EXPECT_EQ(PredictStep(h.cal, h.model, h.gpu, {KVVariant::kFullHbm, 4, 0.5, 0, 0}).transfer_ms, 0);
+  // 1 TFLOP/s, bf16: 5e8 params per layer, 2 * 5e8 * 4 flops = 4000 µs > 1000 µs of streaming.
+  h.gpu.flops_tflops = 1;
+  EXPECT_DOUBLE_EQ(PredictStep(h.cal, h.model, h.gpu, {KVVariant::kFullHbm, 4, 0.5, 0, 0}).rest_ms,
+                   8.0);
+}
+
+TEST(PlanModelTest, LimitsByHbmCapacityAndLatency) {
+  HandCase h;
+  RequestShape r;
+  r.layers = 2;
+  r.row_bytes = 1000;
+  r.top_k = 100;
+  r.hot_slots = 200;
+  r.tokens = 100000;
+  const RequestFootprint f = Footprint(KVVariant::kSparseKV, r);
+  h.gpu.hbm_gb = 2 + 0 + 1;  // weights 2, reserved 0: a 1 GB budget
+  h.gpu.reserved_gb = 0;
+  // Per layer TPOT(B) = 1015 + 8B µs (attention 10+2B, rest 1000, overhead 5+B, transfer 5B);
+  // two layers: B <= 5 keeps it within 2.11 ms.
+  const BatchLimits l = Limits(h.cal, h.model, h.gpu, r, {KVVariant::kSparseKV, 1, 0.5, 0, 0},
+                               /*tier_capacity_gb=*/1, /*tpot_slo_ms=*/2.11);
+  EXPECT_EQ(l.by_hbm, static_cast<int32_t>(1e9 / f.hbm_bytes));
+  EXPECT_EQ(l.by_capacity, static_cast<int32_t>(1e9 / f.host_bytes));
+  EXPECT_EQ(l.by_latency, 5);
+  EXPECT_EQ(l.max_batch(), std::min({l.by_hbm, l.by_capacity, 5}));
+  const BatchLimits none =
+      Limits(h.cal, h.model, h.gpu, r, {KVVariant::kFullHbm, 1, 0, 0, 0}, 1, 0);
+  EXPECT_EQ(none.by_capacity, kUnlimited);
+  EXPECT_EQ(none.by_latency, kUnlimited);
+  EXPECT_EQ(none.binding(), "hbm");
+}
+
+// Points made by the model itself must be fitted back exactly.
+TEST(PlanCalibrationTest, FitRecoversTheModelsParameters) {
+  Calibration truth;
+  truth.sparsekv = {30, 1.5, 40};
+  truth.no_cache = {12, 0, 45};  // no per-request term: see FitCalibration
+  truth.full_hbm = {4, 0.5, 0};
+  MeasuredRun run;
+  run.pcie_h2d_gbps = truth.link_gbps;
+  ModelShape model;
+  GpuSpec gpu;
+  gpu.flops_tflops = 0;
+  for (KVVariant v : {KVVariant::kFullHbm, KVVariant::kSparseKV, KVVariant::kNoCache}) {
+    for (int32_t b : {1, 4, 16, 64}) {
+      for (double m : {0.05, 0.4}) {
+        MeasuredPoint p;
+        p.preset = "x";
+        p.variant = v;
+        p.batch = b;
+        p.model = model;
+        p.attention_us_per_layer = truth.attention_fixed_us + truth.attention_per_request_us * b;
+        p.proxy_us_per_layer = model.weights_gb * 1e9 / model.layers / (truth.weight_gbps * 1e3) +
+                               truth.rest_per_request_us * b;
+        p.misses_per_step = v == KVVariant::kSparseKV  ? b * m * model.top_k * model.layers
+                            : v == KVVariant::kNoCache ? b * model.top_k * model.layers
+                                                       : 0;
+        p.tpot_ms = PredictStep(truth, model, gpu, {v, b, m, 0, 0}).total_ms;
+        run.points.push_back(p);
+      }
+    }
+  }
+  StatusOr<Calibration> fit = FitCalibration(run);
+  ASSERT_TRUE(fit.ok()) << fit.status().message();
+  EXPECT_NEAR(fit->weight_gbps, truth.weight_gbps, 1e-6 * truth.weight_gbps);
+  EXPECT_NEAR(fit->sparsekv.fixed_us, 30, 1e-6);
+  EXPECT_NEAR(fit->sparsekv.per_request_us, 1.5, 1e-6);
+  EXPECT_NEAR(fit->sparsekv.gather_gbps, 40, 1e-6);
+  EXPECT_NEAR(fit->no_cache.gather_gbps, 45, 1e-6);
+  EXPECT_LT(CheckCalibration(*fit, run).max_abs_error_pct, 1e-6);
+}
+
+// The acceptance criterion on the committed H200 results: every point within 15%.
+TEST(PlanCalibrationTest, CommittedResultsWithinFifteenPercent) {
+  const std::string dir = std::string(SPARSEKV_SOURCE_DIR) + "/bench/results/e2e/";
+  StatusOr<MeasuredRun> run =
+      ReadMeasured({dir + "e2e-deepseek-v3.2.json", dir + "e2e-glm-5.json"});
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  StatusOr<Calibration> fit = FitCalibration(*run);
+  ASSERT_TRUE(fit.ok());
+  EXPECT_LT(CheckCalibration(*fit, *run).max_abs_error_pct, 15);
+  // Out of sample: GLM-5 predicted from DeepSeek-V3.2 alone.
+  const auto preset = [](const MeasuredPoint& p) { return p.preset; };
+  StatusOr<CalibrationCheck> held = HoldOutCalibration(*run, preset, {"glm-5"});
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->points.size(), 126u);
+  EXPECT_LT(held->max_abs_error_pct, 15);
+  // The built-in defaults are this fit, rounded.
+  EXPECT_LT(CheckCalibration(Calibration{}, *run).max_abs_error_pct, 15);
+}
+
+TEST(PlanCalibrationTest, RejectsFilesWithoutPoints) {
+  const std::string path = ::testing::TempDir() + "/not_bench.json";
+  std::ofstream(path) << R"({"summary": {}})";
+  EXPECT_EQ(ReadMeasured({path}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadMeasured({path + ".missing"}).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sparsekv

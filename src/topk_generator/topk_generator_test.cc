@@ -1,0 +1,157 @@
+// Tests of the synthetic top-k generator: its four sources, per-layer reuse and miss-rate mode.
+#include "sparsekv/topk_generator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <span>
+#include <vector>
+
+namespace sparsekv {
+namespace {
+
+// Runs `steps` steps of one layer for one request whose history grows from `seq_len`.
+std::vector<std::vector<int32_t>> Rows(const TopKGeneratorOptions& o, int32_t layer,
+                                       int32_t seq_len, int32_t steps) {
+  LayerTopKGenerator g(o, layer, 1);
+  std::vector<std::vector<int32_t>> rows;
+  for (int32_t s = 0; s < steps; ++s) {
+    const int32_t len = seq_len + s;
+    std::vector<int32_t> row(o.top_k);
+    g.Next(std::span(&len, 1), row);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+double Overlap(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  const std::set<int32_t> sa(a.begin(), a.end());
+  const auto shared = std::count_if(b.begin(), b.end(), [&](int32_t p) { return sa.contains(p); });
+  return static_cast<double>(shared) / static_cast<double>(b.size());
+}
+
+TEST(TopKGeneratorTest, RowsAreDistinctPositionsInRange) {
+  struct Case {
+    int32_t top_k, seq_len, sinks;
+    double reuse, recency;
+  };
+  // Includes K == seq_len (every position), sinks == K, and shares that cannot be met.
+  for (const Case& c :
+       {Case{64, 64, 4, 0.5, 0.3}, Case{64, 65, 0, 1.0, 0.0}, Case{100, 1000, 100, 0.4, 0.1},
+        Case{256, 300, 8, 0.0, 1.0}, Case{512, 20000, 16, 0.45, 0.1}}) {
+    TopKGeneratorOptions o;
+    o.top_k = c.top_k;
+    o.sinks = c.sinks;
+    o.reuse = c.reuse;
+    o.recency = c.recency;
+    LayerTopKGenerator g(o, /*layer=*/3, /*batch=*/3);
+    for (int32_t step = 0; step < 8; ++step) {
+      // Requests of different lengths in one batch.
+      const std::vector<int32_t> lens = {c.seq_len + step, c.seq_len + 2 * step, c.seq_len + 7};
+      std::vector<int32_t> out(3 * c.top_k, -7);
+      g.Next(lens, out);
+      for (int32_t b = 0; b < 3; ++b) {
+        const auto first = out.begin() + b * c.top_k;
+        const std::set<int32_t> unique(first, first + c.top_k);
+        ASSERT_EQ(unique.size(), static_cast<size_t>(c.top_k)) << "K " << c.top_k << " b " << b;
+        EXPECT_GE(*unique.begin(), 0);
+        EXPECT_LT(*unique.rbegin(), lens[b]);
+        for (int32_t p = 0; p < std::min(c.sinks, c.top_k); ++p) EXPECT_TRUE(unique.contains(p));
+      }
+    }
+  }
+}
+
+TEST(TopKGeneratorTest, ReuseFractionIsHonoured) {
+  TopKGeneratorOptions o;
+  o.top_k = 512;
+  o.reuse = 0.4;
+  o.recency = 0;
+  o.sinks = 0;
+  // Over 65536 positions a uniform draw repeats a previous position with probability < 1%.
+  const auto rows = Rows(o, /*layer=*/10, 65536, 20);
+  for (size_t s = 1; s < rows.size(); ++s) {
+    EXPECT_NEAR(Overlap(rows[s - 1], rows[s]), 0.4, 0.02) << "step " << s;
+  }
+}
+
+TEST(TopKGeneratorTest, FirstTwoLayersReuseAlmostNothing) {
+  TopKGeneratorOptions o;
+  o.top_k = 512;
+  o.reuse = 0.5;
+  o.sinks = 0;
+  o.recency = 0;
+  for (int32_t layer : {0, 1}) {
+    const auto rows = Rows(o, layer, 65536, 5);
+    for (size_t s = 1; s < rows.size(); ++s) EXPECT_LT(Overlap(rows[s - 1], rows[s]), 0.05);
+  }
+  EXPECT_NEAR(Overlap(Rows(o, 2, 65536, 2)[0], Rows(o, 2, 65536, 2)[1]), 0.5, 0.02);
+}
+
+TEST(TopKGeneratorTest, RecencyDrawsFromNewestTenthOfHistory) {
+  TopKGeneratorOptions o;
+  o.top_k = 1000;
+  o.reuse = 0;
+  o.recency = 0.5;
+  o.sinks = 0;
+  const int32_t len = 100000;
+  const auto row = Rows(o, 5, len, 1)[0];
+  const auto recent =
+      std::count_if(row.begin(), row.end(), [&](int32_t p) { return p >= len - len / 10; });
+  // 500 recent draws, plus ~10% of the 500 uniform ones.
+  EXPECT_NEAR(static_cast<double>(recent) / o.top_k, 0.55, 0.04);
+}
+
+TEST(TopKGeneratorTest, SameSeedSameRows) {
+  TopKGeneratorOptions o;
+  o.top_k = 128;
+  EXPECT_EQ(Rows(o, 4, 5000, 4), Rows(o, 4, 5000, 4));
+  TopKGeneratorOptions other = o;
+  other.seed = 2;
+  EXPECT_NE(Rows(o, 4, 5000, 4), Rows(other, 4, 5000, 4));
+  EXPECT_NE(Rows(o, 4, 5000, 1), Rows(o, 5, 5000, 1));  // layers draw independent streams
+}
+
+TEST(TopKGeneratorTest, MissRateModeReplacesExactlyTheTargetShare) {
+  TopKGeneratorOptions o;
+  o.top_k = 256;
+  o.miss_rate = 0.2;
+  o.fresh_range = 20000;
+  const int32_t fresh = 51;  // round(0.2 * 256)
+  const auto rows = Rows(o, /*layer=*/0, 20001, 30);
+  for (size_t s = 0; s < rows.size(); ++s) {
+    const std::set<int32_t> unique(rows[s].begin(), rows[s].end());
+    ASSERT_EQ(unique.size(), 256u);
+    EXPECT_EQ(rows[s][0], 20000 + static_cast<int32_t>(s));  // the newest position first
+    EXPECT_LT(*std::next(unique.rbegin()), 20000);           // the rest from the fresh range
+    if (s == 0) continue;
+    // Everything but the newest position and the fresh ones is kept from the previous row.
+    const std::set<int32_t> previous(rows[s - 1].begin() + 1, rows[s - 1].end());
+    const auto kept = std::count_if(rows[s].begin() + 1, rows[s].end(),
+                                    [&](int32_t p) { return previous.contains(p); });
+    EXPECT_EQ(kept, 256 - 1 - fresh) << "step " << s;
+  }
+}
+
+TEST(TopKGeneratorTest, MissRateModeRunsPartOfTheBatch) {
+  TopKGeneratorOptions o;
+  o.top_k = 64;
+  o.miss_rate = 0.5;
+  o.fresh_range = 1000;
+  LayerTopKGenerator g(o, 0, /*batch=*/4);
+  std::vector<int32_t> out(4 * 64, -7);
+  const std::vector<int32_t> two = {1001, 1001};
+  g.Next(two, out);  // requests 0 and 1 only
+  EXPECT_EQ(out[2 * 64], -7);
+  g.set_miss_rate(0.0);
+  const std::vector<int32_t> next = {1002, 1002};
+  std::vector<int32_t> again(2 * 64);
+  g.Next(next, again);
+  // Rate 0: everything but the newest position is kept.
+  EXPECT_EQ(std::set<int32_t>(out.begin() + 1, out.begin() + 64),
+            std::set<int32_t>(again.begin() + 1, again.begin() + 64));
+}
+
+}  // namespace
+}  // namespace sparsekv

@@ -1,0 +1,72 @@
+// ArenaBackend: a Backend whose host allocations come from one block allocated up front.
+//
+// Pinning host memory costs seconds per ten gigabytes, and the end-to-end benchmark creates a
+// host pool for every (variant, context) it runs. Wrapping the CUDA backend in an ArenaBackend
+// pins the largest pool once per process: AllocateHost hands out consecutive, 2 MB-aligned pieces
+// of the arena, and once every piece has been freed the next allocation starts at its beginning
+// again. Everything else is forwarded to the wrapped backend.
+//
+// It lives with `sparsekv bench`, not in the library: the end-to-end benchmark is its only user
+// (the operator benchmarks under bench/ allocate their pinned buffers directly).
+//
+// Thread safety: AllocateHost and FreeHost must not be called concurrently.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "sparsekv/backend.h"
+
+namespace sparsekv::tools {
+
+class ArenaBackend final : public Backend {
+ public:
+  // Allocates the arena (`bytes`, rounded up to 2 MB) with base->AllocateHost.
+  static StatusOr<std::shared_ptr<ArenaBackend>> Create(std::shared_ptr<Backend> base,
+                                                        size_t bytes);
+  ~ArenaBackend() override;
+
+  std::byte* arena() const { return arena_; }
+  size_t arena_bytes() const { return bytes_; }
+
+  BackendKind kind() const override { return base_->kind(); }
+  std::string name() const override { return base_->name(); }
+  // ResourceExhausted if the rest of the arena is too small.
+  StatusOr<void*> AllocateHost(size_t bytes) override;
+  void FreeHost(void* ptr) override;
+  StatusOr<void*> AllocateDevice(size_t bytes) override { return base_->AllocateDevice(bytes); }
+  void FreeDevice(void* ptr) override { base_->FreeDevice(ptr); }
+  Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) override {
+    return base_->CopyAsync(dst, src, bytes, stream);
+  }
+  Status MemsetAsync(void* dst, int value, size_t bytes, StreamHandle stream) override {
+    return base_->MemsetAsync(dst, value, bytes, stream);
+  }
+  Status Synchronize(StreamHandle stream) override { return base_->Synchronize(stream); }
+  StreamHandle SideStream() override { return base_->SideStream(); }
+  Status Fork(StreamHandle main) override { return base_->Fork(main); }
+  Status Join(StreamHandle main) override { return base_->Join(main); }
+  Status IndexCopy(const IndexCopyView& view, StreamHandle stream) override {
+    return base_->IndexCopy(view, stream);
+  }
+  Status Resolve(const ResolveView& view, int32_t max_batch, StreamHandle stream) override {
+    return base_->Resolve(view, max_batch, stream);
+  }
+  Status Assemble(const AssembleView& view, int32_t max_batch, StreamHandle stream) override {
+    return base_->Assemble(view, max_batch, stream);
+  }
+
+ private:
+  ArenaBackend(std::shared_ptr<Backend> base, std::byte* arena, size_t bytes)
+      : base_(std::move(base)), arena_(arena), bytes_(bytes) {}
+
+  std::shared_ptr<Backend> base_;
+  std::byte* arena_;
+  size_t bytes_;
+  size_t used_ = 0;          // bytes handed out since the arena was last empty
+  int64_t outstanding_ = 0;  // pieces not yet freed
+};
+
+}  // namespace sparsekv::tools

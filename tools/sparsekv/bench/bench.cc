@@ -1,0 +1,410 @@
+#include "tools/sparsekv/bench/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <span>
+#include <thread>
+
+#include "sparsekv/hot_cache.h"
+#include "sparsekv/kv_footprint.h"
+#include "sparsekv/manager.h"
+#include "sparsekv/topk_generator.h"
+
+namespace sparsekv::tools {
+namespace {
+
+Status Bad(const std::string& message) { return InvalidArgument(message); }
+
+// A block of the backend's device memory, freed on destruction.
+class DeviceMemory {
+ public:
+  static StatusOr<std::unique_ptr<DeviceMemory>> Create(Backend& backend, size_t bytes) {
+    SPARSEKV_ASSIGN_OR_RETURN(void* p, backend.AllocateDevice(std::max<size_t>(bytes, 1)));
+    return std::unique_ptr<DeviceMemory>(new DeviceMemory(backend, p));
+  }
+  ~DeviceMemory() { backend_.FreeDevice(ptr_); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  std::byte* get() const { return static_cast<std::byte*>(ptr_); }
+
+ private:
+  DeviceMemory(Backend& backend, void* ptr) : backend_(backend), ptr_(ptr) {}
+  Backend& backend_;
+  void* ptr_;
+};
+
+void FillRandom(std::mt19937_64& rng, std::span<std::byte> out) {
+  size_t i = 0;
+  for (; i + 8 <= out.size(); i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(out.data() + i, &r, 8);
+  }
+  const uint64_t r = rng();
+  std::memcpy(out.data() + i, &r, out.size() - i);
+}
+
+// One step's rows of every layer into topk ([layers][batch * top_k]); layers run in parallel
+// (each generator owns its layer, so the result does not depend on the thread count).
+void GenerateStep(std::vector<LayerTopKGenerator>& generators, std::span<const int32_t> seq_lens,
+                  int64_t layer_elems, std::vector<int32_t>& topk) {
+  const int32_t layers = static_cast<int32_t>(generators.size());
+  auto run = [&](int32_t first, int32_t every) {
+    for (int32_t l = first; l < layers; l += every) {
+      generators[l].Next(seq_lens, std::span(topk.data() + l * layer_elems, layer_elems));
+    }
+  };
+  const int32_t threads =
+      std::clamp<int32_t>(static_cast<int32_t>(std::thread::hardware_concurrency()), 1, layers);
+  if (threads == 1) return run(0, 1);
+  std::vector<std::jthread> pool;
+  for (int32_t t = 0; t < threads; ++t) pool.emplace_back(run, t, threads);
+}
+
+std::string Fixed(double value, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, value);
+  return buf;
+}
+
+// Decimal units, as GB/s is (1 GB = 1e9 bytes).
+std::string HumanBytes(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  double v = bytes;
+  while (std::abs(v) >= 1000 && u < 4) {
+    v /= 1000;
+    ++u;
+  }
+  return Fixed(v, u == 0 ? 0 : (std::abs(v) < 10 ? 2 : 1)) + " " + units[u];
+}
+
+}  // namespace
+
+std::string_view PrecisionName(KVRowFormat format) {
+  return format == KVRowFormat::kFp8Row656 ? "fp8" : "bf16";
+}
+
+Status ValidateBenchConfig(const BenchConfig& c) {
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  if (c.layers < 0) return Bad("--layers must be >= 1");
+  if (c.batch < 1) return Bad("--batch must be >= 1");
+  if (c.context < 1) return Bad("--context must be >= 1");
+  if (c.steps < 1) return Bad("--steps must be >= 1");
+  if (c.warmup_steps < 0 || c.warmup_steps >= c.steps) {
+    return Bad("--warmup (" + std::to_string(c.warmup_steps) + ") must be in [0, --steps (" +
+               std::to_string(c.steps) + ")): at least one step must be timed");
+  }
+  if (c.top_k < 1) return Bad("--top-k must be >= 1");
+  if (c.top_k > c.context) {
+    return Bad("--top-k (" + std::to_string(c.top_k) + ") must be <= --context (" +
+               std::to_string(c.context) + "): a row holds distinct positions of the history");
+  }
+  if (c.hot_slots < c.top_k) {
+    return Bad("--hot-slots (" + std::to_string(c.hot_slots) + ") must be >= --top-k (" +
+               std::to_string(c.top_k) + ")");
+  }
+  if (c.window < 1) return Bad("--window must be >= 1");
+  if (c.page_tokens < 1) return Bad("--page-tokens must be >= 1");
+  if (!(c.reuse >= 0 && c.reuse <= 1)) return Bad("--reuse must be in [0, 1]");
+  if (!(c.recency >= 0 && c.recency <= 1)) return Bad("--recency must be in [0, 1]");
+  if (c.reuse + c.recency > 1) return Bad("--reuse + --recency must be <= 1");
+  if (c.sinks < 0 || c.sinks > c.top_k) return Bad("--sinks must be in [0, --top-k]");
+  if (int64_t{c.context} + c.steps + c.page_tokens > kInt32Max) {
+    return Bad("--context + --steps + --page-tokens overflows 32-bit positions");
+  }
+  for (double m : c.miss_rates) {
+    if (!(m >= 0 && m <= 1)) return Bad("--miss-rate values must be in [0, 1]");
+  }
+  for (int32_t context : c.contexts) {
+    if (context < c.top_k || int64_t{context} + 16 * int64_t{c.steps} > kInt32Max / 2) {
+      return Bad("--contexts values must be in [--top-k, 2^30)");
+    }
+  }
+  for (const std::string& v : c.variants) {
+    if (!ParseVariant(v).ok()) return Bad("--variants: unknown variant '" + v + "'");
+  }
+  if (c.variants.empty()) return Bad("--variants must name at least one variant");
+  if (c.mtp < 1 || c.mtp > 8) return Bad("--mtp must be in [1, 8]");
+  if (c.mtp > 1) {
+    for (const std::string& v : c.variants) {
+      if (v != "full-hbm" && v != "sparsekv") {
+        return Bad("--mtp > 1 runs full-hbm and sparsekv only, not '" + v + "'");
+      }
+    }
+    if (int64_t{c.top_k} * c.mtp > c.hot_slots) {
+      return Bad("--mtp * --top-k must be <= --hot-slots (one row holds every query's top-k)");
+    }
+  }
+  if (c.offload_page_tokens < 1 || c.offload_page_tokens > 4096) {
+    return Bad("--offload-page-tokens must be in [1, 4096]");
+  }
+  if (!(c.hbm_budget_gb > 0)) return Bad("--hbm-budget-gb must be > 0");
+  if (!(c.host_pool_gb > 0)) return Bad("--host-pool-gb must be > 0");
+  if (c.max_batch < 0) return Bad("--max-batch must be >= 0");
+  if (c.offload_max_batch < 0) return Bad("--offload-max-batch must be >= 0");
+  if (c.heads < 1 || c.heads > 1024) return Bad("--heads must be in [1, 1024]");
+  if (!(c.weights_gb > 0)) return Bad("--weights-gb must be > 0");
+  if (!(c.time_limit_s >= 0)) return Bad("--time-limit must be >= 0");
+  return Status::Ok();
+}
+
+int32_t BatchCap(const BenchConfig& c, KVVariant variant) {
+  if (variant != KVVariant::kPageOffload || c.offload_max_batch == 0) return c.max_batch;
+  return c.max_batch == 0 ? c.offload_max_batch : std::min(c.max_batch, c.offload_max_batch);
+}
+
+BenchConfig WithStandardSweep(BenchConfig config) {
+  config.contexts = {32768, 16384, 65536, 131072};
+  config.miss_rates = {0.2, 0.05, 0.4};
+  config.variants = {"full-hbm", "sparsekv", "no-cache", "page-offload"};
+  config.batch_given = false;
+  return config;
+}
+
+StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backend> backend,
+                               const ProgressFn& progress) {
+  using Clock = std::chrono::steady_clock;
+  SPARSEKV_RETURN_IF_ERROR(ValidateBenchConfig(config));
+  if (backend == nullptr) return InvalidArgument("RunBench: backend is null");
+  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.row_format));
+  auto report = [&](std::string_view phase, int64_t done, int64_t total) {
+    if (progress) progress(phase, done, total);
+  };
+
+  BenchResult r;
+  r.config = config;
+  if (r.config.layers == 0) r.config.layers = preset.num_layers;
+  const BenchConfig& c = r.config;
+  r.backend_name = backend->name();
+  r.backend_kind = backend->kind();
+  r.preset_layers = preset.num_layers;
+  r.row_bytes = preset.row_bytes;
+  r.timed_steps = c.steps - c.warmup_steps;
+
+  CacheOptions o;
+  o.geometry = KVGeometry::Uniform(c.layers, preset.row_bytes);
+  o.top_k = c.top_k;
+  o.hot_slots = c.hot_slots;
+  o.window = c.window;
+  o.host_page_tokens = c.page_tokens;
+  const int64_t tokens_per_request =
+      (int64_t{c.context} + c.steps + c.page_tokens - 1) / c.page_tokens * c.page_tokens;
+  o.host_capacity_tokens = tokens_per_request * c.batch;
+  o.max_requests = c.batch;
+  o.max_context = c.context + c.steps + c.page_tokens;
+  SPARSEKV_ASSIGN_OR_RETURN(auto manager, SparseKVCacheManager::Create(o, backend));
+  Backend& be = *backend;
+  const StreamHandle stream = nullptr;
+  const int32_t layers = c.layers;
+  const int64_t stride = o.geometry.layers[0].row_stride;  // uniform geometry
+  const int64_t topk_elems = int64_t{c.batch} * c.top_k;   // one layer's top-k rows
+
+  // Admission and prompt ingestion. Every request reads the same random rows at its own offset:
+  // the content does not change the timing, and one buffer keeps set-up fast at any batch.
+  std::mt19937_64 rng(c.seed);
+  std::vector<std::byte> prompt(static_cast<size_t>(int64_t{c.context} + c.batch) * stride);
+  FillRandom(rng, prompt);
+  std::vector<RequestId> ids(c.batch);
+  std::iota(ids.begin(), ids.end(), RequestId{1});
+  for (int32_t b = 0; b < c.batch; ++b) {
+    SPARSEKV_RETURN_IF_ERROR(manager->Admit(ids[b], c.context, c.steps, stream));
+    for (int32_t l = 0; l < layers; ++l) {
+      SPARSEKV_RETURN_IF_ERROR(
+          manager->IngestPrompt(ids[b], l, prompt.data() + int64_t{b} * stride, stream));
+    }
+    report("ingest", b + 1, c.batch);
+  }
+  SPARSEKV_RETURN_IF_ERROR(be.Synchronize(stream));
+  prompt = {};
+
+  // The run phase's fixed buffers in device memory.
+  SPARSEKV_ASSIGN_OR_RETURN(auto topk_device,
+                            DeviceMemory::Create(be, layers * topk_elems * sizeof(int32_t)));
+  SPARSEKV_ASSIGN_OR_RETURN(auto rows_device,
+                            DeviceMemory::Create(be, int64_t{layers} * c.batch * stride));
+  SPARSEKV_ASSIGN_OR_RETURN(auto slots_device,
+                            DeviceMemory::Create(be, topk_elems * sizeof(int32_t)));
+  std::unique_ptr<DeviceMemory> assembled_device;
+  if (c.assemble) {
+    SPARSEKV_ASSIGN_OR_RETURN(assembled_device, DeviceMemory::Create(be, topk_elems * stride));
+  }
+
+  TopKGeneratorOptions g;
+  g.top_k = c.top_k;
+  g.reuse = c.reuse;
+  g.recency = c.recency;
+  g.sinks = c.sinks;
+  g.seed = c.seed;
+  if (!c.miss_rates.empty()) {
+    g.miss_rate = c.miss_rates.front();
+    g.fresh_range = c.context;
+  }
+  std::vector<LayerTopKGenerator> generators;
+  for (int32_t l = 0; l < layers; ++l) generators.emplace_back(g, l, c.batch);
+  std::vector<int32_t> topk(layers * topk_elems);
+  std::vector<std::byte> new_rows(static_cast<size_t>(layers) * c.batch * stride);
+  std::vector<int32_t> seq_lens(c.batch);
+
+  for (int32_t step = 0; step < c.steps; ++step) {
+    if (step == c.warmup_steps) SPARSEKV_RETURN_IF_ERROR(manager->ResetStats(stream));
+    // Inputs (untimed): in an engine the indexer writes top-k on the device.
+    std::fill(seq_lens.begin(), seq_lens.end(), c.context + step + 1);  // the new token included
+    GenerateStep(generators, seq_lens, topk_elems, topk);
+    FillRandom(rng, new_rows);
+    SPARSEKV_RETURN_IF_ERROR(
+        be.CopyAsync(topk_device->get(), topk.data(), topk.size() * sizeof(int32_t), stream));
+    SPARSEKV_RETURN_IF_ERROR(
+        be.CopyAsync(rows_device->get(), new_rows.data(), new_rows.size(), stream));
+    SPARSEKV_RETURN_IF_ERROR(be.Synchronize(stream));
+
+    const Clock::time_point start = Clock::now();
+    SPARSEKV_RETURN_IF_ERROR(manager->PlanStep(ids, stream));
+    for (int32_t l = 0; l < layers; ++l) {
+      SPARSEKV_RETURN_IF_ERROR(
+          manager->AppendToken(l, rows_device->get() + int64_t{l} * c.batch * stride, stream));
+      SPARSEKV_RETURN_IF_ERROR(manager->RunLayer(
+          l, reinterpret_cast<const int32_t*>(topk_device->get()) + l * topk_elems,
+          reinterpret_cast<int32_t*>(slots_device->get()),
+          assembled_device ? assembled_device->get() : nullptr, stream));
+    }
+    SPARSEKV_RETURN_IF_ERROR(manager->FinishStep(stream));
+    SPARSEKV_RETURN_IF_ERROR(be.Synchronize(stream));
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (step >= c.warmup_steps) r.step_ms.push_back(ms);
+    report("decode", step + 1, c.steps);
+  }
+
+  SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, manager->ReadStats(stream));
+  std::vector<double> sorted = r.step_ms;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  r.ms_per_step_median = n % 2 == 1 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  const double total_ms = std::accumulate(sorted.begin(), sorted.end(), 0.0);
+  r.ms_per_step_mean = total_ms / static_cast<double>(n);
+
+  r.miss_rate_target = c.miss_rates.empty() ? -1 : c.miss_rates.front();
+  r.hit_rate = stats.total.hit_rate();
+  r.miss_rate =
+      stats.total.hits + stats.total.window_hits + stats.total.misses == 0 ? 0.0 : 1.0 - r.hit_rate;
+  for (const LayerStats& l : stats.layers) r.layer_hit_rate.push_back(l.hit_rate());
+  r.skipped_entries = stats.total.padding + stats.total.duplicates + stats.total.out_of_range;
+  r.bytes_h2d_per_step =
+      static_cast<double>(stats.bytes_host_to_device) / static_cast<double>(r.timed_steps);
+  r.h2d_gb_per_s = total_ms > 0
+                       ? static_cast<double>(stats.bytes_host_to_device) / (total_ms * 1e-3) / 1e9
+                       : 0.0;
+
+  r.hot_cache_bytes_per_request = HotCache::BlockBytes(o.geometry, c.hot_slots, c.window);
+  r.full_kv_bytes_per_request = int64_t{c.context} * o.geometry.token_bytes();
+  r.hbm_saved_bytes_per_request = r.full_kv_bytes_per_request - r.hot_cache_bytes_per_request;
+  r.hbm_saved_ratio = static_cast<double>(r.full_kv_bytes_per_request) /
+                      static_cast<double>(r.hot_cache_bytes_per_request);
+  r.host_pool_bytes = manager->host_pool().bytes();
+  return r;
+}
+
+std::string BackendLabel(const BenchResult& r) {
+  if (r.backend_kind == BackendKind::kCuda) return "CUDA backend (" + r.backend_name + ")";
+  return r.config.scaled_down ? "CPU reference backend (scaled down)" : "CPU reference backend";
+}
+
+std::string FormatBenchTable(const BenchResult& r) {
+  const BenchConfig& c = r.config;
+  std::vector<std::pair<std::string, std::string>> rows = {
+      {"backend", r.backend_name},
+      {"preset", c.preset + ", " + std::string(PrecisionName(c.row_format)) + " (" +
+                     std::to_string(r.row_bytes) + " B rows), " + std::to_string(c.layers) +
+                     " of " + std::to_string(r.preset_layers) + " layers"},
+      {"batch", std::to_string(c.batch) + " requests"},
+      {"context", std::to_string(c.context) + " tokens"},
+      {"steps", std::to_string(c.steps) + " (" + std::to_string(c.warmup_steps) + " warm-up, " +
+                    std::to_string(r.timed_steps) + " timed)"},
+      {"top-k", std::to_string(c.top_k) + " of " + std::to_string(c.hot_slots) + " hot slots + " +
+                    std::to_string(c.window) + " window"},
+      {"locality", "reuse " + Fixed(c.reuse, 2) + ", recency " + Fixed(c.recency, 2) + ", sinks " +
+                       std::to_string(c.sinks)},
+      {"ms per step", Fixed(r.ms_per_step_median, 3) + " median, " + Fixed(r.ms_per_step_mean, 3) +
+                          " mean" + (c.assemble ? " (with assemble)" : "")},
+      {"hit rate", Fixed(100 * r.hit_rate, 1) + " %"},
+      {"miss rate",
+       Fixed(100 * r.miss_rate, 1) + " %" +
+           (r.miss_rate_target >= 0 ? " (target " + Fixed(100 * r.miss_rate_target, 1) + " %)"
+                                    : "")},
+      {"host->device",
+       HumanBytes(r.bytes_h2d_per_step) + " per step, " + Fixed(r.h2d_gb_per_s, 2) + " GB/s"},
+      {"HBM per request", "hot cache " + HumanBytes(r.hot_cache_bytes_per_request) +
+                              " vs full KV " + HumanBytes(r.full_kv_bytes_per_request)},
+      {"HBM saved", HumanBytes(r.hbm_saved_bytes_per_request) + " per request (" +
+                        Fixed(r.hbm_saved_ratio, 1) + "x)"},
+      {"host pool", Fixed(static_cast<double>(r.host_pool_bytes) / 1e9, 2) + " GB"},
+  };
+  std::string out = "sparsekv bench: " + BackendLabel(r) + "\n";
+  for (const auto& [name, value] : rows) {
+    out += "  " + name + std::string(18 - name.size(), ' ') + value + "\n";
+  }
+  out +=
+      "  (a step = plan + append + resolve + miss copy over all layers; no attention, no "
+      "weights)\n";
+  if (r.backend_kind == BackendKind::kCpu) {
+    out +=
+        "  (attention, weight proxy and the full-hbm / no-cache variants run on a GPU only: "
+        "skipped on the CPU backend)\n";
+  }
+  return out;
+}
+
+std::string FormatBenchJson(const BenchResult& r, const std::string& command) {
+  const BenchConfig& c = r.config;
+  nlohmann::ordered_json j;
+  j["command"] = command;
+  j["label"] = BackendLabel(r);
+  j["backend"] = r.backend_kind == BackendKind::kCuda ? "cuda" : "cpu";
+  j["backend_name"] = r.backend_name;
+  j["scaled_down"] = c.scaled_down;
+  j["preset"] = c.preset;
+  j["precision"] = PrecisionName(c.row_format);
+  j["row_bytes"] = r.row_bytes;
+  j["layers"] = c.layers;
+  j["preset_layers"] = r.preset_layers;
+  j["batch"] = c.batch;
+  j["context"] = c.context;
+  j["steps"] = c.steps;
+  j["warmup_steps"] = c.warmup_steps;
+  j["timed_steps"] = r.timed_steps;
+  j["top_k"] = c.top_k;
+  j["hot_slots"] = c.hot_slots;
+  j["window"] = c.window;
+  j["page_tokens"] = c.page_tokens;
+  j["reuse"] = c.reuse;
+  j["recency"] = c.recency;
+  j["sinks"] = c.sinks;
+  j["seed"] = c.seed;
+  j["assemble"] = c.assemble;
+  j["ms_per_step_median"] = r.ms_per_step_median;
+  j["ms_per_step_mean"] = r.ms_per_step_mean;
+  j["step_ms"] = r.step_ms;
+  j["hit_rate"] = r.hit_rate;
+  j["miss_rate"] = r.miss_rate;
+  j["miss_rate_target"] =
+      r.miss_rate_target >= 0 ? nlohmann::ordered_json(r.miss_rate_target) : nullptr;
+  j["attention"] = "skipped (GPU only)";
+  j["proxy"] = "skipped (GPU only)";
+  j["layer_hit_rate"] = r.layer_hit_rate;
+  j["skipped_entries"] = r.skipped_entries;
+  j["bytes_h2d_per_step"] = r.bytes_h2d_per_step;
+  j["h2d_gb_per_s"] = r.h2d_gb_per_s;
+  j["hot_cache_bytes_per_request"] = r.hot_cache_bytes_per_request;
+  j["full_kv_bytes_per_request"] = r.full_kv_bytes_per_request;
+  j["hbm_saved_bytes_per_request"] = r.hbm_saved_bytes_per_request;
+  j["hbm_saved_ratio"] = r.hbm_saved_ratio;
+  j["host_pool_gb"] = static_cast<double>(r.host_pool_bytes) / 1e9;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace sparsekv::tools

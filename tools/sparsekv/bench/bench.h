@@ -1,0 +1,156 @@
+// The end-to-end decode benchmark behind `sparsekv bench`: a decode loop on the real
+// SparseKVCacheManager, fed by synthetic top-k selections (sparsekv/topk_generator.h).
+//
+// Flow: create a manager sized for the run; admit every request and ingest random prompt KV for
+// every layer; then per step: generate the step's top-k rows and new-token rows and upload them
+// (untimed), then PlanStep, AppendToken + RunLayer for every layer, FinishStep and a backend
+// Synchronize (timed, wall clock). Warm-up steps are run but neither timed nor counted in the
+// cache statistics.
+//
+// What a step's time covers: plan upload, newest-token append and write-back, resolve, miss copy
+// (and assemble when enabled) for all layers. No attention and no model weights: it is the cost
+// that offloading adds to a decode step, not a decode step. This is the CPU path of `sparsekv
+// bench`; on a GPU the command runs the end-to-end comparison of gpu_bench.h instead, which the
+// fields under "end to end" configure.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sparsekv/backend.h"
+#include "sparsekv/kv_footprint.h"
+#include "sparsekv/options.h"
+#include "sparsekv/status.h"
+
+namespace sparsekv::tools {
+
+struct BenchConfig {
+  std::string preset = "deepseek-v3.2";              // a FindPreset name
+  KVRowFormat row_format = KVRowFormat::kFp8Row656;  // fp8: 656-B rows; bf16: 1152-B rows
+  int32_t layers = 0;                                // 0 = the preset's layer count
+  int32_t batch = 32;                                // requests, all decoding in every step
+  int32_t context = 32768;                           // prompt tokens per request
+  int32_t steps = 16;        // decode steps (per point on the GPU), warm-up included
+  int32_t warmup_steps = 4;  // first steps, neither timed nor counted
+  int32_t top_k = 2048;
+  int32_t hot_slots = 4096;
+  int32_t window = 1;
+  int32_t page_tokens = 64;
+  double reuse = 0.45;    // fraction of each row reused from the previous step (layers >= 2)
+  double recency = 0.10;  // fraction drawn from the newest 10% of positions
+  int32_t sinks = 4;      // positions 0 .. sinks-1 always selected
+  uint64_t seed = 1;
+  bool assemble = false;     // also gather the selected rows into a dense buffer
+  bool scaled_down = false;  // defaults were reduced for the CPU backend (a label only)
+
+  // ---- End to end (GPU). Of these, the CPU path uses only miss_rates (one value). ----
+  // Miss-rate targets: the generator's miss-rate mode (sparsekv/topk_generator.h) at each rate;
+  // empty = the locality parameters above decide, and the miss rate is only measured.
+  std::vector<double> miss_rates;
+  std::vector<int32_t> contexts;  // contexts to run; empty = {context}
+  std::vector<std::string> variants = {"full-hbm", "sparsekv", "no-cache", "page-offload"};
+  int32_t offload_page_tokens = 64;  // page-offload: tokens per page it fetches and caches
+  // page-offload: cap on its batch (0: none). Its page copies run at the PCIe limit from small
+  // batches on, so its tokens/s stops growing early while each step grows with the batch.
+  int32_t offload_max_batch = 0;
+  // sparsekv transfer hiding (VariantSetup): layers per shared top-k (also applied to the top-k
+  // every variant reads), and the overlap mode: "off"; "copies" (miss copies on a side stream, a
+  // group's later layers ahead of their turn); "gather" (also: the resident rows gathered for
+  // attention while the copy is in flight, SparseMLAOptions::Split::kGatherFirst); "merge" (also:
+  // attention over the resident rows in flight, log-sum-exp merge, Split::kMergeHalves).
+  int32_t layers_per_index = 1;
+  std::string overlap = "off";
+  // sparsekv: Resolve sorts each request's misses by host row in steps of at least
+  // sort_misses_min_batch requests (CacheOptions::sort_misses, sort_misses_min_batch).
+  bool sort_misses = true;
+  int32_t sort_misses_min_batch = CacheOptions{}.sort_misses_min_batch;
+  // sparsekv: largest grid of the miss and prefetch copies (CacheOptions::copy_blocks; 0: fill the
+  // GPU).
+  int32_t copy_blocks = CacheOptions{}.copy_blocks;
+  // sparsekv cross-step prefetch: after each layer group's attention, the device predictor
+  // (sparsekv/prefetch.h) picks this many positions per request and PrefetchLayer fetches them on
+  // a side stream for the next step. 0 = off.
+  int32_t prefetch = 0;
+  // Query tokens per request and step (multi-token prediction / speculative decoding), each with
+  // its own top-k; the T rows of a request follow one another as consecutive steps' rows do.
+  // sparsekv resolves a request's T * top_k entries as one row with share_repeated_positions.
+  // full-hbm and sparsekv only.
+  int32_t mtp = 1;
+  bool batch_given = false;   // run `batch` only, instead of sweeping up to each max batch
+  double hbm_budget_gb = 49;  // HBM for everything KV-related, per variant (141 - 84 - 8)
+  double host_pool_gb = 100;  // pinned host pool; also caps the batch of the offloading variants
+  int32_t max_batch = 0;      // caps every variant's batch; 0 = no cap
+  int32_t heads = 128;        // attention query heads per request (128: DP attention)
+  bool proxy = true;          // run the weight-streaming proxy for the rest of the model
+  double weights_gb = 84;     // proxy weights streamed per step (per-GPU weight bytes)
+  double time_limit_s = 0;    // stop starting new points after this long; 0 = no limit
+};
+
+// The cap on `variant`'s batch: max_batch, and for page-offload also offload_max_batch (0 = no
+// cap).
+int32_t BatchCap(const BenchConfig& config, KVVariant variant);
+
+// The standard sweep (--sweep): contexts 32K, 16K, 64K, 128K (32K first: the summary keys use
+// it), miss rates 20%, 5%, 40%, every variant, every batch size up to each max batch.
+BenchConfig WithStandardSweep(BenchConfig config);
+
+// InvalidArgument naming the offending option (as spelled on the command line) if the
+// configuration cannot run, e.g. top_k > context.
+Status ValidateBenchConfig(const BenchConfig& config);
+
+struct BenchResult {
+  BenchConfig config;        // as run: layers is the resolved count
+  std::string backend_name;  // Backend::name()
+  BackendKind backend_kind = BackendKind::kCpu;
+  int32_t preset_layers = 0;  // the preset's full layer count
+  int32_t row_bytes = 0;      // KV bytes per token and layer
+  int32_t timed_steps = 0;    // steps - warmup_steps
+
+  std::vector<double> step_ms;  // wall time of each timed step
+  double ms_per_step_median = 0;
+  double ms_per_step_mean = 0;
+
+  // hit_rate = (hits + window_hits) / (hits + window_hits + misses) over timed steps and all
+  // layers; miss_rate = 1 - hit_rate. miss_rate_target: the generator's, or < 0 (locality mode).
+  double miss_rate_target = -1;
+  double hit_rate = 0;
+  double miss_rate = 0;
+  std::vector<double> layer_hit_rate;  // the same per layer
+  uint64_t skipped_entries = 0;        // padding + duplicates + out of range (0 by construction)
+
+  // Misses' rows copied host -> device per timed step (bytes_host_to_device / timed_steps), and
+  // that volume over the mean step time.
+  double bytes_h2d_per_step = 0;
+  double h2d_gb_per_s = 0;
+
+  // HBM one request holds in the hot cache (HotCache::BlockBytes: slots + window rows over all
+  // layers, plus replacement state) vs what its full KV would take (context * token bytes).
+  int64_t hot_cache_bytes_per_request = 0;
+  int64_t full_kv_bytes_per_request = 0;
+  int64_t hbm_saved_bytes_per_request = 0;  // full - hot
+  double hbm_saved_ratio = 0;               // full / hot
+  int64_t host_pool_bytes = 0;              // the whole pinned pool
+};
+
+// Called with the phase ("ingest" or "decode"), units done and units in all.
+using ProgressFn = std::function<void(std::string_view phase, int64_t done, int64_t total)>;
+
+// Runs the benchmark on `backend`. Errors: InvalidArgument for a bad configuration, anything the
+// manager or backend returns (e.g. ResourceExhausted when the pool cannot be allocated).
+StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backend> backend,
+                               const ProgressFn& progress = nullptr);
+
+// The human-readable report: one "name  value" line per figure, headed by the backend label.
+std::string FormatBenchTable(const BenchResult& result);
+// The same figures as a JSON object (pretty-printed); `command` is recorded as given.
+std::string FormatBenchJson(const BenchResult& result, const std::string& command);
+// "CPU reference backend (scaled down)", "CPU reference backend" or "CUDA backend (<name>)".
+std::string BackendLabel(const BenchResult& result);
+
+std::string_view PrecisionName(KVRowFormat format);
+
+}  // namespace sparsekv::tools

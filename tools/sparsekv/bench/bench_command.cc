@@ -1,0 +1,288 @@
+#include "tools/sparsekv/bench/bench_command.h"
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <fstream>
+
+#include "tools/sparsekv/bench/gpu_bench.h"
+#include "tools/sparsekv/exit_codes.h"
+#include "tools/sparsekv/progress.h"
+
+namespace sparsekv::tools {
+namespace {
+
+// `what` names the content in the error message ("JSON", "CSV").
+bool WriteText(const std::string& path, const std::string& text, const char* what,
+               std::ostream& err) {
+  std::ofstream file(path);
+  file << text;
+  file.close();
+  if (!file) err << "sparsekv bench: cannot write " << what << " to '" << path << "'\n";
+  return static_cast<bool>(file);
+}
+
+int UsageError(std::ostream& err, const std::string& message) {
+  err << "sparsekv bench: " << message << "\nRun with --help for more information.\n";
+  return kExitUsage;
+}
+
+}  // namespace
+
+BenchCommand::BenchCommand(CLI::App& parent) {
+  const BenchConfig d;
+  const CpuScaleDown cpu;
+  app_ = parent.add_subcommand(
+      "bench",
+      "End-to-end decode benchmark on the real cache manager with synthetic top-k selections. "
+      "On the CPU reference backend, defaults not given are scaled down so that it finishes in "
+      "seconds.");
+  auto both = [](int64_t gpu, int64_t cpu) {
+    return " [default: " + std::to_string(gpu) +
+           (gpu == cpu ? "" : "; CPU: " + std::to_string(cpu)) + "]";
+  };
+  app_->add_option("--preset", config_.preset, "model shape")
+      ->check(CLI::IsMember({"deepseek-v3.2", "glm-5"}))
+      ->capture_default_str();
+  app_->add_option("--precision", precision_, "KV row format: fp8 (656 B) or bf16 (1152 B)")
+      ->check(CLI::IsMember({"fp8", "bf16"}))
+      ->capture_default_str();
+  layers_ =
+      app_->add_option(
+              "--layers", config_.layers,
+              "attention layers [default: the preset's; CPU: " + std::to_string(cpu.layers) + "]")
+          ->check(CLI::Range(1, 1000));
+  app_->add_option("--backend", backend_, "auto: cuda if a GPU is usable, else cpu")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  batch_ = app_->add_option("--batch", config_.batch,
+                            "requests decoding together" + both(d.batch, cpu.batch))
+               ->check(CLI::PositiveNumber);
+  context_ = app_->add_option("--context", config_.context,
+                              "prompt tokens per request" + both(d.context, cpu.context))
+                 ->check(CLI::PositiveNumber);
+  steps_ = app_->add_option("--steps", config_.steps,
+                            "decode steps, warm-up included" + both(d.steps, cpu.steps))
+               ->check(CLI::PositiveNumber);
+  app_->add_option("--warmup", config_.warmup_steps, "first steps excluded from timing and stats")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  top_k_ = app_->add_option("--top-k", config_.top_k,
+                            "positions selected per request and layer" + both(d.top_k, cpu.top_k))
+               ->check(CLI::PositiveNumber);
+  hot_slots_ =
+      app_->add_option("--hot-slots", config_.hot_slots,
+                       "LRU slots per request and layer in HBM" + both(d.hot_slots, cpu.hot_slots))
+          ->check(CLI::PositiveNumber);
+  app_->add_option("--window", config_.window, "newest tokens always resident")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--page-tokens", config_.page_tokens, "host pool page size in tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--reuse", config_.reuse,
+                   "fraction of each layer's top-k reused from the previous step (the first two "
+                   "layers reuse almost nothing)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app_->add_option("--recency", config_.recency,
+                   "fraction of the top-k drawn from the newest 10% of positions")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app_->add_option("--sinks", config_.sinks, "the first N positions are always selected")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app_->add_option("--seed", config_.seed, "random seed")->capture_default_str();
+  app_->add_flag("--assemble", config_.assemble,
+                 "also gather the selected rows into a dense [batch, top-k, row] buffer");
+  app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
+      ->option_text("PATH");
+  AddGpuOptions();
+}
+
+// End to end (GPU; docs/benchmark.md).
+void BenchCommand::AddGpuOptions() {
+  app_->add_option("--miss-rate", config_.miss_rates,
+                   "target miss rates, comma-separated: the generator keeps each request's "
+                   "previous top-k and replaces round(rate * top-k) of it with positions outside "
+                   "the hot cache (one value on the CPU) [default: locality parameters decide]")
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 1.0));
+  app_->add_option("--contexts", config_.contexts,
+                   "GPU: contexts to run, comma-separated [default: --context]")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app_->add_option("--variants", config_.variants, "GPU: KV variants to compare, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"full-hbm", "sparsekv", "no-cache", "page-offload"}))
+      ->capture_default_str();
+  app_->add_option("--offload-page-tokens", config_.offload_page_tokens,
+                   "GPU: page-offload's page in tokens (what it fetches and caches; independent "
+                   "of --page-tokens)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app_->add_option("--offload-max-batch", config_.offload_max_batch,
+                   "GPU: cap on page-offload's batch (0: no cap); its page copies saturate PCIe "
+                   "at small batches")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app_->add_option("--hbm-budget-gb", config_.hbm_budget_gb,
+                   "GPU: HBM for everything KV-related, per variant; sets each max batch")
+      ->capture_default_str();
+  app_->add_option("--host-pool-gb", config_.host_pool_gb,
+                   "GPU: pinned host pool; also caps the offloading variants' batch")
+      ->capture_default_str();
+  app_->add_option("--max-batch", config_.max_batch, "GPU: cap on every batch (0: no cap)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app_->add_option("--heads", config_.heads, "GPU: attention query heads per request")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app_->add_option("--layers-per-index", config_.layers_per_index,
+                   "GPU: consecutive layers sharing one top-k (a shared indexer); sparsekv "
+                   "resolves once per group")
+      ->check(CLI::Range(1, 128))
+      ->capture_default_str();
+  app_->add_option("--overlap", config_.overlap,
+                   "GPU: how sparsekv hides its miss copies: off; copies (on a side stream, a "
+                   "group's later layers ahead of their turn); gather (also gather the resident "
+                   "rows for attention meanwhile); merge (also attend over them meanwhile, "
+                   "log-sum-exp merge)")
+      ->check(CLI::IsMember({"off", "copies", "gather", "merge"}))
+      ->capture_default_str();
+  app_->add_option("--sort-misses", config_.sort_misses,
+                   "GPU: sparsekv's Resolve sorts each request's misses by host row ...")
+      ->capture_default_str();
+  app_->add_option("--sort-misses-min-batch", config_.sort_misses_min_batch,
+                   "GPU: ... in steps of at least this many requests")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app_->add_option("--copy-blocks", config_.copy_blocks,
+                   "GPU: sparsekv's miss and prefetch copies use at most this many blocks of 256 "
+                   "threads (0: as many as the GPU holds)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app_->add_option("--prefetch", config_.prefetch,
+                   "GPU: sparsekv predicts this many positions per request after each layer's "
+                   "attention and prefetches them on a side stream for the next step (0: off)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  app_->add_option("--mtp", config_.mtp,
+                   "GPU: query tokens per request and step (multi-token prediction), each with "
+                   "its own top-k; sparsekv resolves them as one row (full-hbm and sparsekv only)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  app_->add_flag("--no-proxy", no_proxy_, "GPU: leave out the weight-streaming proxy");
+  app_->add_option("--weights-gb", config_.weights_gb,
+                   "GPU: weight bytes the proxy streams per step (per GPU)")
+      ->capture_default_str();
+  app_->add_flag("--sweep", sweep_,
+                 "GPU: the standard sweep: contexts 32K,16K,64K,128K, miss rates 20,5,40 %, "
+                 "all variants and batch sizes");
+  app_->add_option("--time-limit", config_.time_limit_s,
+                   "GPU: seconds after which no new point starts (0: none)")
+      ->capture_default_str();
+  app_->add_option("--csv", csv_path_, "GPU: also write one CSV line per point to PATH")
+      ->option_text("PATH");
+}
+
+bool BenchCommand::selected() const { return app_->parsed(); }
+
+BenchConfig BenchCommand::Resolve(BackendKind kind) const {
+  BenchConfig c = sweep_ ? WithStandardSweep(config_) : config_;
+  c.row_format = precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656;
+  c.proxy = !no_proxy_;
+  c.batch_given = batch_->count() > 0;
+  if (kind != BackendKind::kCpu) return c;
+  const CpuScaleDown cpu;
+  auto scale = [&](const CLI::Option* given, int32_t& field, int32_t value) {
+    if (given->count() == 0 && field != value) {
+      field = value;
+      c.scaled_down = true;
+    }
+  };
+  scale(layers_, c.layers, cpu.layers);
+  scale(batch_, c.batch, cpu.batch);
+  scale(context_, c.context, cpu.context);
+  scale(steps_, c.steps, cpu.steps);
+  scale(hot_slots_, c.hot_slots, cpu.hot_slots);
+  scale(top_k_, c.top_k, cpu.top_k);
+  return c;
+}
+
+int BenchCommand::Run(const std::string& command, std::ostream& out, std::ostream& err,
+                      bool progress_bar) {
+  // Usage errors first, so that they do not wait for a GPU to come up. The CPU shape is the
+  // smaller one; the backend's own shape is validated again below.
+  if (Status s = ValidateBenchConfig(Resolve(BackendKind::kCuda)); !s.ok()) {
+    return UsageError(err, s.message());
+  }
+  std::shared_ptr<Backend> backend;
+  if (backend_ != "cpu") {
+    StatusOr<std::shared_ptr<Backend>> cuda = CreateCudaBackend(0);
+    if (cuda.ok()) {
+      backend = *cuda;
+    } else if (backend_ == "cuda") {
+      err << "sparsekv bench: " << cuda.status().ToString() << "\n";
+      return kExitFailure;
+    }
+  }
+  if (backend == nullptr) backend = CreateCpuBackend();
+  const BenchConfig config = Resolve(backend->kind());
+  if (Status s = ValidateBenchConfig(config); !s.ok()) {
+    return UsageError(
+        err, s.message() + (config.scaled_down ? " (after the CPU scale-down of defaults not "
+                                                 "given; set them explicitly)"
+                                               : ""));
+  }
+
+  if (backend->kind() == BackendKind::kCuda) return RunOnGpu(config, backend, command, out, err);
+  // The CPU runs one point: the first of --sweep's miss rates, or the one given.
+  if (config.miss_rates.size() > 1 && !sweep_) {
+    return UsageError(err, "--miss-rate takes one value on the CPU backend");
+  }
+  return RunOnCpu(config, backend, command, out, err, progress_bar);
+}
+
+int BenchCommand::RunOnCpu(const BenchConfig& config, std::shared_ptr<Backend> backend,
+                           const std::string& command, std::ostream& out, std::ostream& err,
+                           bool progress_bar) {
+  StatusOr<BenchResult> result = [&] {
+    ProgressBar bar(err, progress_bar);
+    return RunBench(config, backend, [&](std::string_view phase, int64_t done, int64_t total) {
+      bar.Update(phase, done, total);
+    });
+  }();
+  if (!result.ok()) {
+    err << "sparsekv bench: " << result.status().ToString() << "\n";
+    return kExitFailure;
+  }
+  out << FormatBenchTable(*result) << std::flush;
+  if (!json_path_.empty() &&
+      !WriteText(json_path_, FormatBenchJson(*result, command), "JSON", err)) {
+    return kExitFailure;
+  }
+  return kExitOk;
+}
+
+int BenchCommand::RunOnGpu(const BenchConfig& config, std::shared_ptr<Backend> backend,
+                           const std::string& command, std::ostream& out, std::ostream& err) {
+  StatusOr<E2EReport> report = RunE2EBench(config, std::move(backend), err);
+  if (!report.ok()) {
+    err << "sparsekv bench: " << report.status().ToString() << "\n";
+    return kExitFailure;
+  }
+  report->command = command;
+  if (!json_path_.empty() && !WriteText(json_path_, FormatE2EJson(*report), "JSON", err)) {
+    return kExitFailure;
+  }
+  if (!csv_path_.empty() && !WriteText(csv_path_, FormatE2ECsv(*report), "CSV", err)) {
+    return kExitFailure;
+  }
+  out << FormatE2ETable(*report) << std::flush;
+  for (const E2ECheck& c : report->checks) {
+    if (!c.passed()) return kExitFailure;  // a wrong result is a failed run, after the report
+  }
+  return kExitOk;
+}
+
+}  // namespace sparsekv::tools

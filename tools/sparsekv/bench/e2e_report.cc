@@ -1,0 +1,269 @@
+#include "tools/sparsekv/bench/e2e_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+namespace sparsekv::tools {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr int32_t kSummaryContext = 32768;
+
+std::string Fixed(double value, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, value);
+  return buf;
+}
+
+bool RateIs(const E2EPoint& p, double rate) {
+  return p.miss_rate_target && std::abs(*p.miss_rate_target - rate) < 1e-9;
+}
+
+// The points of `variant` at the summary context passing `keep`.
+std::vector<const E2EPoint*> Select(const E2EReport& r, KVVariant variant,
+                                    const std::function<bool(const E2EPoint&)>& keep) {
+  std::vector<const E2EPoint*> out;
+  for (const E2EPoint& p : r.points) {
+    if (p.variant == variant && p.context == kSummaryContext && keep(p)) out.push_back(&p);
+  }
+  return out;
+}
+
+const E2EPoint* Peak(const std::vector<const E2EPoint*>& points) {
+  const E2EPoint* best = nullptr;
+  for (const E2EPoint* p : points) {
+    if (best == nullptr || p->tokens_per_s > best->tokens_per_s) best = p;
+  }
+  return best;
+}
+
+const E2EPoint* AtBatch(const std::vector<const E2EPoint*>& points, int32_t batch) {
+  for (const E2EPoint* p : points) {
+    if (p->batch == batch) return p;
+  }
+  return nullptr;
+}
+
+Json NullOr(bool present, double value) { return present ? Json(value) : Json(nullptr); }
+
+Json Summary(const E2EReport& r) {
+  auto any = [](const E2EPoint&) { return true; };
+  const auto full = Select(r, KVVariant::kFullHbm, any);
+  auto sparse_at = [&](double rate) {
+    return Select(r, KVVariant::kSparseKV, [&](const E2EPoint& p) { return RateIs(p, rate); });
+  };
+  const auto m20 = sparse_at(0.2);
+  const E2EPoint* page_peak =
+      Peak(Select(r, KVVariant::kPageOffload, [&](const E2EPoint& p) { return RateIs(p, 0.2); }));
+  const E2EPoint* full_peak = Peak(full);
+  const E2EPoint* m20_peak = Peak(m20);
+
+  double ideal = 0;
+  for (const E2EPoint* p : m20) {
+    if (p->ideal_ms > 0) ideal = std::max(ideal, p->batch * 1e3 / p->ideal_ms);
+  }
+  const E2EPoint* m20_largest = nullptr;
+  for (const E2EPoint* p : m20) {
+    if (m20_largest == nullptr || p->batch > m20_largest->batch) m20_largest = p;
+  }
+  auto overhead_b1 = [&](double rate) {
+    const E2EPoint* s = AtBatch(sparse_at(rate), 1);
+    const E2EPoint* f = AtBatch(full, 1);
+    return NullOr(s && f && f->tpot_ms > 0, s && f ? s->tpot_ms / f->tpot_ms - 1 : 0);
+  };
+
+  Json j;
+  j["e2e_throughput_ratio_vs_full_hbm_32k_m20"] =
+      NullOr(full_peak && m20_peak && full_peak->tokens_per_s > 0,
+             full_peak && m20_peak ? m20_peak->tokens_per_s / full_peak->tokens_per_s : 0);
+  j["e2e_throughput_to_ideal_32k_m20"] =
+      NullOr(m20_peak && ideal > 0, m20_peak ? m20_peak->tokens_per_s / ideal : 0);
+  j["e2e_throughput_ratio_vs_page_offload_32k_m20"] =
+      NullOr(page_peak && m20_peak && page_peak->tokens_per_s > 0,
+             page_peak && m20_peak ? m20_peak->tokens_per_s / page_peak->tokens_per_s : 0);
+  j["e2e_tpot_overhead_b1_m5"] = overhead_b1(0.05);
+  j["e2e_tpot_overhead_b1_m20"] = overhead_b1(0.2);
+  j["e2e_step_to_floor_ratio"] =
+      NullOr(m20_largest != nullptr, m20_largest ? m20_largest->step_to_floor : 0);
+  return j;
+}
+
+Json PointJson(const E2EPoint& p) {
+  Json j;
+  j["preset"] = p.preset;
+  j["variant"] = VariantName(p.variant);
+  j["context"] = p.context;
+  j["miss_rate_target"] = p.miss_rate_target ? Json(*p.miss_rate_target) : Json(nullptr);
+  j["batch"] = p.batch;
+  j["max_batch"] = p.max_batch;
+  j["timed_steps"] = p.timed_steps;
+  j["tpot_ms"] = p.tpot_ms;
+  j["tpot_min_ms"] = p.tpot_min_ms;
+  j["tpot_max_ms"] = p.tpot_max_ms;
+  j["tokens_per_s"] = p.tokens_per_s;
+  j["hbm_bytes_per_request"] = p.hbm_bytes_per_request;
+  j["host_bytes_per_request"] = p.host_bytes_per_request;
+  j["hit_rate"] = p.hit_rate;
+  j["miss_rate"] = p.miss_rate;
+  j["misses_per_step"] = p.misses_per_step;
+  j["prefetch_rows_per_step"] = p.prefetch_rows_per_step;
+  j["pcie_bytes_per_step"] = p.pcie_bytes_per_step;
+  j["pcie_gbps"] = p.pcie_gbps;
+  j["pcie_to_ceiling"] = p.pcie_to_ceiling;
+  j["attention_us_per_layer"] = p.attention_us_per_layer;
+  j["proxy_us_per_layer"] = p.proxy_us_per_layer;
+  j["topk_host_ms"] = p.topk_host_ms;
+  j["topk_upload_ms"] = p.topk_upload_ms;
+  j["floor_ms"] = p.floor_ms;
+  j["ideal_ms"] = p.ideal_ms;
+  j["step_to_floor"] = p.step_to_floor;
+  return j;
+}
+
+std::string Target(const E2EPoint& p) {
+  return p.miss_rate_target ? Fixed(100 * *p.miss_rate_target, 0) + "%" : "-";
+}
+
+}  // namespace
+
+std::string FormatE2ESummaryJson(const E2EReport& r) { return Summary(r).dump(2) + "\n"; }
+
+std::string FormatE2EJson(const E2EReport& r) {
+  Json j;
+  j["command"] = r.command;
+  j["device"] = r.device;
+  j["preset"] = r.preset;
+  j["precision"] = r.precision;
+  j["layers"] = r.layers;
+  j["row_bytes"] = r.row_bytes;
+  j["top_k"] = r.top_k;
+  j["hot_slots"] = r.hot_slots;
+  j["window"] = r.window;
+  j["page_tokens"] = r.page_tokens;
+  j["offload_page_tokens"] = r.offload_page_tokens;
+  j["heads"] = r.heads;
+  j["proxy"] = {{"enabled", r.proxy},
+                {"label", "proxy: one bf16 weight-streaming GEMM per layer, not the model"},
+                {"weights_gb_per_step", r.proxy_weights_gb},
+                {"bytes_per_layer", r.proxy_bytes_per_layer}};
+  j["hbm_budget_gb"] = r.hbm_budget_gb;
+  j["host_pool_gb"] = r.host_pool_gb;
+  j["host_pool_pinned_gb"] = r.host_pool_pinned_gb;
+  j["indexer_keys"] = "charged to every variant's HBM budget, not allocated (the engine owns them)";
+  j["steps"] = r.steps;
+  j["warmup_steps"] = r.warmup_steps;
+  j["ceilings"] = {{"pcie_h2d_gbps", r.ceilings.pcie_h2d_gbps},
+                   {"pcie_d2h_gbps", r.ceilings.pcie_d2h_gbps},
+                   {"hbm_copy_gbps_read_plus_write", r.ceilings.hbm_gbps}};
+  j["floor_definition"] =
+      "floor_ms = attention_ms + proxy_ms + pcie_bytes / pcie_h2d_gbps + hbm_bytes / "
+      "hbm_copy_gbps; attention and proxy as measured at the same batch, bytes per "
+      "tools/sparsekv/e2e_plan.h Traffic()";
+  j["ideal_definition"] =
+      "ideal_ms = max(attention_ms + proxy_ms + hbm_bytes / hbm_copy_gbps, pcie_bytes / "
+      "pcie_h2d_gbps): PCIe transfers perfectly overlapped; ideal throughput = max over batches "
+      "of batch / ideal_ms";
+  Json checks = Json::array();
+  for (const E2ECheck& c : r.checks) {
+    checks.push_back({{"preset", c.preset},
+                      {"variant", VariantName(c.variant)},
+                      {"context", c.context},
+                      {"batch", c.batch},
+                      {"steps", c.steps},
+                      {"bytes_compared", c.bytes_compared},
+                      {"bytes_different", c.bytes_different},
+                      {"output_nonzero", c.output_nonzero},
+                      {"split_attention", c.split_attention},
+                      {"max_relative_error", c.max_relative_error},
+                      {"passed", c.passed()}});
+  }
+  j["checks"] = checks;
+  Json points = Json::array();
+  for (const E2EPoint& p : r.points) points.push_back(PointJson(p));
+  j["points"] = points;
+  j["notes"] = r.notes;
+  j["summary"] = Summary(r);
+  return j.dump(1) + "\n";
+}
+
+std::string FormatE2ECsv(const E2EReport& r) {
+  const Json first = PointJson(E2EPoint{});
+  std::string out;
+  for (auto it = first.begin(); it != first.end(); ++it) {
+    out += (it == first.begin() ? "" : ",") + it.key();
+  }
+  out += "\n";
+  for (const E2EPoint& p : r.points) {
+    const Json j = PointJson(p);
+    bool head = true;
+    for (const auto& [key, value] : j.items()) {
+      out += head ? "" : ",";
+      head = false;
+      if (value.is_string()) {
+        out += value.get<std::string>();
+      } else if (!value.is_null()) {
+        out += value.dump();
+      }
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::string FormatE2ETable(const E2EReport& r) {
+  std::string out = "sparsekv bench (end to end): " + r.device + "\n";
+  out += "  " + r.preset + ", " + r.precision + " (" + std::to_string(r.row_bytes) + " B rows), " +
+         std::to_string(r.layers) + " layers, top-k " + std::to_string(r.top_k) + ", " +
+         std::to_string(r.heads) + " heads; HBM budget " + Fixed(r.hbm_budget_gb, 0) +
+         " GB for KV, host pool " + Fixed(r.host_pool_gb, 0) + " GB\n";
+  out += "  proxy: " +
+         (r.proxy ? Fixed(r.proxy_weights_gb, 0) +
+                        " GB of weights streamed per step (a proxy for "
+                        "the rest of the model, not the model)"
+                  : std::string("off")) +
+         "\n";
+  out += "  ceilings: pinned H2D " + Fixed(r.ceilings.pcie_h2d_gbps, 1) + " GB/s, D2H " +
+         Fixed(r.ceilings.pcie_d2h_gbps, 1) + " GB/s, device copy " +
+         Fixed(r.ceilings.hbm_gbps, 0) + " GB/s (read + write)\n";
+  for (const E2ECheck& c : r.checks) {
+    out += "  check " + std::string(VariantName(c.variant)) + " vs full-hbm @" +
+           std::to_string(c.context / 1024) + "K, batch " + std::to_string(c.batch) + ", " +
+           std::to_string(c.steps) + " steps, all layers: " +
+           (c.passed() && c.split_attention ? "PASS (split attention: largest relative error " +
+                                                  Fixed(c.max_relative_error, 5) + ")"
+            : c.passed() ? "PASS (bit-identical attention output)"
+                         : "FAIL (" + std::to_string(c.bytes_different) + " of " +
+                               std::to_string(c.bytes_compared) + " bytes differ" +
+                               (c.output_nonzero ? "" : ", output all zero") + ")") +
+           "\n";
+  }
+  char line[512];
+  std::snprintf(line, sizeof(line), "  %-12s %5s %5s %5s %9s %9s %8s %7s %7s %9s %6s %8s %8s %6s\n",
+                "variant", "ctx", "miss", "batch", "TPOT ms", "tok/s", "HBM/req", "hit %", "miss %",
+                "PCIe GB/s", "/ceil", "attn us", "proxy us", "/floor");
+  out += line;
+  for (const E2EPoint& p : r.points) {
+    std::snprintf(
+        line, sizeof(line),
+        "  %-12s %4dK %5s %5d %9.2f %9.0f %7.2fG %7.1f %7.1f %9.1f %6.2f %8.1f %8.1f %6.2f\n",
+        std::string(VariantName(p.variant)).c_str(), p.context / 1024, Target(p).c_str(), p.batch,
+        p.tpot_ms, p.tokens_per_s, p.hbm_bytes_per_request / 1e9, 100 * p.hit_rate,
+        100 * p.miss_rate, p.pcie_gbps, p.pcie_to_ceiling, p.attention_us_per_layer,
+        p.proxy_us_per_layer, p.step_to_floor);
+    out += line;
+  }
+  if (std::any_of(r.points.begin(), r.points.end(),
+                  [](const E2EPoint& p) { return p.variant == KVVariant::kPageOffload; })) {
+    out += "  (page-offload: hit % and miss % count pages of " +
+           std::to_string(r.offload_page_tokens) + " tokens, a miss being a page copied)\n";
+  }
+  for (const std::string& n : r.notes) out += "  note: " + n + "\n";
+  out += "  summary: " + Summary(r).dump() + "\n";
+  return out;
+}
+
+}  // namespace sparsekv::tools

@@ -1,0 +1,677 @@
+// The driver of the end-to-end benchmark: ceilings, plans, variants, correctness checks, the
+// captured step and its timing. See gpu_bench.h and docs/benchmark.md.
+#include "tools/sparsekv/bench/gpu_bench.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "sparsekv/attention.h"
+#include "sparsekv/model_proxy.h"
+#include "sparsekv/options.h"
+#include "sparsekv/topk_generator.h"
+#include "tools/sparsekv/bench/arena_backend.h"
+#include "tools/sparsekv/bench/gpu_kernels.h"
+#include "tools/sparsekv/bench/gpu_timing.h"
+#include "tools/sparsekv/bench/gpu_variants.h"
+
+namespace sparsekv::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The correctness check: these many eager steps at this batch (or every variant's max batch if
+// smaller), with miss-rate-mode top-k at this rate, so that sparsekv serves hits, misses and the
+// window in them.
+constexpr int32_t kCheckSteps = 2;
+constexpr int32_t kCheckBatch = 4;
+constexpr double kCheckMissRate = 0.2;
+constexpr int kAttentionReps = 5;  // replays of the attention-only and proxy-only graphs
+constexpr size_t kCeilingBytes = size_t{1} << 30;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// The step's top-k: generated on the host for every layer ([layers][max_batch][top_k]) and
+// uploaded into a fixed device buffer, both outside the captured step.
+class TopKFeed {
+ public:
+  // `queries` rows of options.top_k per request (--mtp), stored as one row of queries * top_k.
+  static StatusOr<std::unique_ptr<TopKFeed>> Create(const TopKGeneratorOptions& options,
+                                                    int32_t layers, int32_t max_batch,
+                                                    int32_t queries = 1) {
+    std::unique_ptr<TopKFeed> f(new TopKFeed(options, layers, max_batch, queries));
+    SPARSEKV_ASSIGN_OR_RETURN(f->device_, DeviceBuffer::Create(f->host_.size() * sizeof(int32_t)));
+    return f;
+  }
+
+  // Generates the rows of requests [0, seq_lens.size()) for every layer; layers in parallel
+  // (each generator owns its layer, so the result does not depend on the thread count). With
+  // several queries per request, query q's row is the generator's next row after query q - 1's.
+  void Generate(std::span<const int32_t> seq_lens) {
+    const int32_t layers = static_cast<int32_t>(generators_.size());
+    auto run = [&](int32_t first, int32_t every) {
+      std::vector<int32_t> rows(seq_lens.size() * top_k_);
+      for (int32_t l = first; l < layers; l += every) {
+        int32_t* layer = host_.data() + l * layer_elems_;
+        if (queries_ == 1) {
+          generators_[l].Next(seq_lens, std::span(layer, layer_elems_));
+          continue;
+        }
+        for (int32_t q = 0; q < queries_; ++q) {
+          generators_[l].Next(seq_lens, rows);
+          for (size_t b = 0; b < seq_lens.size(); ++b) {
+            std::copy_n(rows.begin() + b * top_k_, top_k_, layer + (b * queries_ + q) * top_k_);
+          }
+        }
+      }
+    };
+    const int32_t threads =
+        std::clamp<int32_t>(static_cast<int32_t>(std::thread::hardware_concurrency()), 1, layers);
+    std::vector<std::jthread> pool;
+    for (int32_t t = 0; t < threads; ++t) pool.emplace_back(run, t, threads);
+  }
+  Status Upload(int32_t batch, cudaStream_t stream) {
+    for (size_t l = 0; l < generators_.size(); ++l) {
+      TOOLS_CUDA_RETURN(cudaMemcpyAsync(
+          device_.as<int32_t>() + l * layer_elems_, host_.data() + l * layer_elems_,
+          size_t(batch) * queries_ * top_k_ * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    }
+    return Status::Ok();
+  }
+  void SetMissRate(double rate) {
+    for (LayerTopKGenerator& g : generators_) g.set_miss_rate(rate);
+  }
+  // Layers of an index group share their first layer's rows.
+  const int32_t* layer(int32_t l) const {
+    return device_.as<int32_t>() + (l - l % layers_per_index_) * layer_elems_;
+  }
+  void set_layers_per_index(int32_t n) { layers_per_index_ = n; }
+
+ private:
+  TopKFeed(const TopKGeneratorOptions& options, int32_t layers, int32_t max_batch, int32_t queries)
+      : top_k_(options.top_k),
+        queries_(queries),
+        layer_elems_(int64_t{max_batch} * queries * options.top_k),
+        host_(static_cast<size_t>(layers * layer_elems_)) {
+    for (int32_t l = 0; l < layers; ++l) generators_.emplace_back(options, l, max_batch);
+  }
+
+  int32_t top_k_;
+  int32_t queries_;  // rows per request (--mtp)
+  int64_t layer_elems_;
+  int32_t layers_per_index_ = 1;
+  std::vector<LayerTopKGenerator> generators_;
+  std::vector<int32_t> host_;
+  DeviceBuffer device_;
+};
+
+// What every variant of one preset shares: attention, proxy, queries, output, new-token rows.
+struct Shared {
+  RequestShape shape;  // tokens unset
+  int32_t max_batch = 0;
+  int32_t heads = 0;
+  std::unique_ptr<SparseMLAAttention> attention;
+  std::unique_ptr<WeightStreamProxy> proxy;  // null with --no-proxy
+  DeviceBuffer q;                            // [max_batch, heads, 576] bf16
+  DeviceBuffer out;                          // [max_batch, heads, 512] bf16
+  DeviceBuffer new_rows;                     // [layers, max_batch, row]
+  std::map<int32_t, double> proxy_us;        // per layer, by batch
+  bool split_attention = false;  // attention starts on the resident rows (--overlap gather|merge)
+  int32_t queries = 1;           // query tokens per request (--mtp): attention and proxy rows
+
+  size_t OutBytes(int32_t batch) const {
+    return size_t(batch) * queries * heads * kMLAValueDim * 2;
+  }
+  const std::byte* NewRows(int32_t layer) const {
+    return new_rows.get() + int64_t{layer} * max_batch * shape.row_bytes;
+  }
+};
+
+// One decode step of `batch` requests over every layer. With check_out, each layer's attention
+// output is also copied to check_out + layer * OutBytes(batch) (eager check runs only).
+Status StepBody(StepVariant& v, const Shared& sh, const TopKFeed& feed, int32_t batch,
+                cudaStream_t s, std::byte* check_out) {
+  const int32_t rows = batch * sh.queries;  // attention and proxy rows
+  for (int32_t l = 0; l < sh.shape.layers; ++l) {
+    SPARSEKV_RETURN_IF_ERROR(v.RunLayer(l, batch, feed.layer(l), sh.NewRows(l), s));
+    if (const uint8_t* fill = v.FillMask(); fill != nullptr && sh.split_attention) {
+      // Split attention: the resident rows while the copy is in flight, then the copied ones.
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->RunHits(rows, sh.q.get(), v.Rows(l),
+                                                     sh.shape.row_bytes, v.Indices(), fill, s));
+      SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->RunFillsAndMerge(
+          rows, sh.q.get(), v.Rows(l), sh.shape.row_bytes, v.Indices(), fill, sh.out.get(), s));
+    } else {
+      SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(rows, sh.q.get(), v.Rows(l), sh.shape.row_bytes,
+                                                 v.Indices(), sh.out.get(), s));
+    }
+    SPARSEKV_RETURN_IF_ERROR(v.AfterAttention(l, s));
+    if (check_out != nullptr) {
+      TOOLS_CUDA_RETURN(cudaMemcpyAsync(check_out + l * sh.OutBytes(batch), sh.out.get(),
+                                        sh.OutBytes(batch), cudaMemcpyDeviceToDevice, s));
+    }
+    if (sh.proxy) SPARSEKV_RETURN_IF_ERROR(sh.proxy->Run(rows, l, s));
+  }
+  return v.FinishStep(s);
+}
+
+// Per-request token counts of a variant's run; a step appends one token to requests [0, batch).
+struct Requests {
+  std::vector<int32_t> lens;  // tokens with KV
+  std::vector<int32_t> seq_lens, positions;
+
+  // The next step's inputs for requests [0, batch): positions = lens, seq_lens = lens + 1.
+  void Prepare(int32_t batch) {
+    positions.assign(lens.begin(), lens.begin() + batch);
+    seq_lens = positions;
+    for (int32_t& s : seq_lens) ++s;
+  }
+  void Advance(int32_t batch) {
+    for (int32_t b = 0; b < batch; ++b) ++lens[b];
+  }
+};
+
+// The largest relative L2 error of a bf16 vector of `n` values of `got` against `want` (the
+// outputs of one request in one layer), over all of them; 1 if the sizes differ.
+double MaxRelativeError(const std::vector<std::byte>& got, const std::vector<std::byte>& want,
+                        int64_t n) {
+  if (got.size() != want.size()) return 1;
+  const auto value = [](const std::vector<std::byte>& v, int64_t i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, v.data() + 2 * i, 2);
+    bits <<= 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return double{f};
+  };
+  double worst = 0;
+  const int64_t values = static_cast<int64_t>(got.size() / 2);
+  for (int64_t first = 0; first + n <= values; first += n) {
+    double diff = 0, norm = 0;
+    for (int64_t i = first; i < first + n; ++i) {
+      const double g = value(got, i), w = value(want, i);
+      diff += (g - w) * (g - w);
+      norm += w * w;
+    }
+    const double error = norm > 0 ? std::sqrt(diff / norm) : (diff > 0 ? 1.0 : 0.0);
+    worst = std::isfinite(error) ? std::max(worst, error) : 1e30;  // NaN or inf: a failure
+  }
+  return worst;
+}
+
+// The eager check steps; returns every layer's attention output of every step.
+StatusOr<std::vector<std::byte>> RunCheck(StepVariant& v, const Shared& sh, TopKFeed& feed,
+                                          Requests& req, int32_t batch, cudaStream_t s) {
+  const size_t step_bytes = sh.OutBytes(batch) * sh.shape.layers;
+  SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(step_bytes * kCheckSteps));
+  TOOLS_CUDA_RETURN(cudaMemsetAsync(out.get(), 0xFF, out.bytes(), s));  // poison
+  for (int32_t step = 0; step < kCheckSteps; ++step) {
+    req.Prepare(batch);
+    feed.Generate(req.seq_lens);
+    SPARSEKV_RETURN_IF_ERROR(feed.Upload(batch, s));
+    SPARSEKV_RETURN_IF_ERROR(v.Plan(req.positions, s));
+    SPARSEKV_RETURN_IF_ERROR(StepBody(v, sh, feed, batch, s, out.get() + step * step_bytes));
+    TOOLS_CUDA_RETURN(cudaStreamSynchronize(s));
+    req.Advance(batch);
+  }
+  std::vector<std::byte> host(out.bytes());
+  TOOLS_CUDA_RETURN(cudaMemcpy(host.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+struct PointTiming {
+  std::vector<double> tpot_ms, topk_host_ms, topk_upload_ms;
+  VariantStats stats;
+  double attention_us_per_layer = 0;
+  double proxy_us_per_layer = 0;
+};
+
+// `steps` steps of `batch` requests: the first is captured as a graph (and replayed); steps
+// before `warmup` are untimed. Then the attention and the proxy alone, as graphs of all layers.
+StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Requests& req,
+                               int32_t batch, int32_t steps, int32_t warmup, cudaStream_t s) {
+  PointTiming t;
+  Graph step_graph;
+  EventPair step_ev, upload_ev;
+  for (int32_t step = 0; step < steps; ++step) {
+    if (step == warmup) SPARSEKV_RETURN_IF_ERROR(v.ResetStats(s));
+    req.Prepare(batch);
+    const Clock::time_point generate_start = Clock::now();
+    feed.Generate(req.seq_lens);
+    const double host_ms = 1e3 * Seconds(generate_start);
+    SPARSEKV_RETURN_IF_ERROR(upload_ev.Start(s));
+    SPARSEKV_RETURN_IF_ERROR(feed.Upload(batch, s));
+    SPARSEKV_RETURN_IF_ERROR(upload_ev.Stop(s));
+    SPARSEKV_RETURN_IF_ERROR(v.Plan(req.positions, s));
+    if (step == 0) {
+      // Capturing enqueues nothing: the launch runs the step, and the captured calls have
+      // already closed it on the host.
+      SPARSEKV_RETURN_IF_ERROR(step_graph.Capture(
+          s, [&] { return StepBody(v, sh, feed, batch, s, /*check_out=*/nullptr); }));
+      SPARSEKV_RETURN_IF_ERROR(step_ev.Start(s));
+      SPARSEKV_RETURN_IF_ERROR(step_graph.Launch(s));
+      SPARSEKV_RETURN_IF_ERROR(step_ev.Stop(s));
+    } else {
+      SPARSEKV_RETURN_IF_ERROR(step_ev.Start(s));
+      SPARSEKV_RETURN_IF_ERROR(step_graph.Launch(s));
+      SPARSEKV_RETURN_IF_ERROR(step_ev.Stop(s));
+      SPARSEKV_RETURN_IF_ERROR(v.AfterReplay());
+    }
+    TOOLS_CUDA_RETURN(cudaStreamSynchronize(s));
+    req.Advance(batch);
+    if (step < warmup) continue;
+    SPARSEKV_ASSIGN_OR_RETURN(const double step_ms, step_ev.Ms());
+    SPARSEKV_ASSIGN_OR_RETURN(const double upload_ms, upload_ev.Ms());
+    t.tpot_ms.push_back(step_ms);
+    t.topk_host_ms.push_back(host_ms);
+    t.topk_upload_ms.push_back(upload_ms);
+  }
+  SPARSEKV_ASSIGN_OR_RETURN(t.stats, v.ReadStats(s));
+
+  const int32_t layers = sh.shape.layers;
+  Graph attention;
+  SPARSEKV_RETURN_IF_ERROR(attention.Capture(s, [&]() -> Status {
+    for (int32_t l = 0; l < layers; ++l) {
+      SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(batch * sh.queries, sh.q.get(), v.Rows(l),
+                                                 sh.shape.row_bytes, v.Indices(), sh.out.get(), s));
+    }
+    return Status::Ok();
+  }));
+  SPARSEKV_ASSIGN_OR_RETURN(const double attention_ms, TimeGraph(attention, s, kAttentionReps));
+  t.attention_us_per_layer = 1e3 * attention_ms / layers;
+
+  if (sh.proxy && !sh.proxy_us.contains(batch)) {
+    Graph proxy;
+    SPARSEKV_RETURN_IF_ERROR(proxy.Capture(s, [&]() -> Status {
+      for (int32_t l = 0; l < layers; ++l) {
+        SPARSEKV_RETURN_IF_ERROR(sh.proxy->Run(batch * sh.queries, l, s));
+      }
+      return Status::Ok();
+    }));
+    SPARSEKV_ASSIGN_OR_RETURN(const double proxy_ms, TimeGraph(proxy, s, kAttentionReps));
+    sh.proxy_us[batch] = 1e3 * proxy_ms / layers;
+  }
+  t.proxy_us_per_layer = sh.proxy ? sh.proxy_us[batch] : 0;
+  return t;
+}
+
+std::string Pct(double rate) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%.0f%%", 100 * rate);
+  return buf;
+}
+
+// Everything about one context before anything runs: each variant's plan.
+struct ContextPlan {
+  int32_t context = 0;
+  std::vector<std::pair<KVVariant, VariantPlan>> variants;
+  int32_t check_batch = 0;  // 0: no check (full-hbm not run, or a variant admits no batch)
+};
+
+class E2ERun {
+ public:
+  E2ERun(const BenchConfig& c, std::shared_ptr<Backend> cuda, std::ostream& log)
+      : c_(c), cuda_(std::move(cuda)), log_(log), start_(Clock::now()) {}
+
+  StatusOr<E2EReport> Run();
+
+ private:
+  Status Plan(const ModelPreset& preset);
+  Status Setup(const ModelPreset& preset);
+  Status RunContext(const ContextPlan& plan);
+  Status RunVariant(const ContextPlan& plan, KVVariant kind, const VariantPlan& vp);
+  void Log(const std::string& line) {
+    char stamp[32];
+    std::snprintf(stamp, sizeof(stamp), "[%6.1fs] ", Seconds(start_));
+    log_ << stamp << line << "\n" << std::flush;
+  }
+  TopKGeneratorOptions GeneratorOptions(int32_t context, bool miss_rate_mode, double rate) const;
+  bool TimeIsUp() const { return c_.time_limit_s > 0 && Seconds(start_) > c_.time_limit_s; }
+
+  const BenchConfig& c_;
+  std::shared_ptr<Backend> cuda_;
+  std::ostream& log_;
+  Clock::time_point start_;
+  cudaStream_t stream_ = nullptr;
+  E2EReport report_;
+  Shared shared_;
+  std::vector<ContextPlan> plans_;
+  std::shared_ptr<ArenaBackend> arena_;
+  int64_t skipped_points_ = 0;
+  std::vector<std::byte> reference_;  // full-hbm's check output at the current context
+};
+
+TopKGeneratorOptions E2ERun::GeneratorOptions(int32_t context, bool miss_rate_mode,
+                                              double rate) const {
+  TopKGeneratorOptions g;
+  g.top_k = c_.top_k;
+  g.reuse = c_.reuse;
+  g.recency = c_.recency;
+  g.sinks = c_.sinks;
+  g.seed = c_.seed;
+  if (miss_rate_mode) {
+    g.miss_rate = rate;
+    g.fresh_range = context;
+  }
+  return g;
+}
+
+Status E2ERun::Plan(const ModelPreset& preset) {
+  RequestShape shape;
+  shape.layers = c_.layers > 0 ? c_.layers : preset.num_layers;
+  shape.row_bytes = preset.row_bytes;
+  shape.indexer_key_bytes = preset.indexer_key_bytes;
+  shape.top_k = c_.top_k * c_.mtp;  // the variants see one row of every query's top-k
+  shape.hot_slots = c_.hot_slots;
+  shape.window = c_.window;
+  shape.page_tokens = c_.page_tokens;
+  shape.offload_page_tokens = c_.offload_page_tokens;
+  shared_.shape = shape;
+  const int64_t hbm = static_cast<int64_t>(c_.hbm_budget_gb * 1e9);
+  const int64_t host = static_cast<int64_t>(c_.host_pool_gb * 1e9);
+  const int32_t rates = std::max<int32_t>(1, static_cast<int32_t>(c_.miss_rates.size()));
+  const int32_t batch = c_.batch_given ? c_.batch : 0;
+  std::vector<int32_t> contexts = c_.contexts.empty() ? std::vector{c_.context} : c_.contexts;
+  for (int32_t context : contexts) {
+    ContextPlan cp;
+    cp.context = context;
+    shape.tokens = context;
+    bool full = false;
+    cp.check_batch = kCheckBatch;
+    for (const std::string& name : c_.variants) {
+      SPARSEKV_ASSIGN_OR_RETURN(const KVVariant kind, ParseVariant(name));
+      const VariantPlan vp = PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates,
+                                         c_.steps, kCheckSteps, batch);
+      full = full || kind == KVVariant::kFullHbm;
+      cp.check_batch = std::min(cp.check_batch, vp.max_batch);
+      shared_.max_batch = std::max(shared_.max_batch, vp.max_batch);
+      if (kind == KVVariant::kFullHbm) {
+        cp.variants.insert(cp.variants.begin(),
+                           std::make_pair(kind, vp));  // first: the check's reference
+      } else {
+        cp.variants.push_back(std::make_pair(kind, vp));
+      }
+    }
+    if (!full) cp.check_batch = 0;
+    plans_.push_back(cp);
+  }
+  return Status::Ok();
+}
+
+Status E2ERun::Setup(const ModelPreset& preset) {
+  const RequestShape& shape = shared_.shape;
+  // One pinned arena for the largest host pool of the run (plus the pools' per-layer rounding).
+  int64_t host_bytes = 0;
+  for (const ContextPlan& cp : plans_) {
+    for (const auto& [kind, vp] : cp.variants) {
+      host_bytes = std::max(host_bytes, vp.footprint.host_bytes * vp.max_batch);
+    }
+  }
+  host_bytes += int64_t{shape.layers} * (2 << 20);
+  host_bytes = std::max<int64_t>(host_bytes, kCeilingBytes);
+  Log("pinning a " + std::to_string(host_bytes / 1000000000.0).substr(0, 5) + " GB host arena");
+  SPARSEKV_ASSIGN_OR_RETURN(arena_, ArenaBackend::Create(cuda_, static_cast<size_t>(host_bytes)));
+  report_.host_pool_pinned_gb = arena_->arena_bytes() / 1e9;
+  SPARSEKV_ASSIGN_OR_RETURN(report_.ceilings,
+                            MeasureCeilings(arena_->arena(), kCeilingBytes, stream_));
+  Log("ceilings: H2D " + std::to_string(report_.ceilings.pcie_h2d_gbps) + " GB/s, D2H " +
+      std::to_string(report_.ceilings.pcie_d2h_gbps) + " GB/s, device copy " +
+      std::to_string(report_.ceilings.hbm_gbps) + " GB/s");
+
+  const int32_t max_batch = std::max(shared_.max_batch, 1);
+  const int32_t query_rows = max_batch * c_.mtp;  // attention and proxy rows (--mtp)
+  shared_.queries = c_.mtp;
+  SparseMLAOptions ao;
+  ao.max_batch = query_rows;
+  ao.heads = c_.heads;
+  ao.top_k = c_.top_k;
+  ao.format = c_.row_format;
+  ao.split = c_.overlap == "merge" ? SparseMLAOptions::Split::kMergeHalves
+                                   : SparseMLAOptions::Split::kGatherFirst;
+  shared_.split_attention = c_.overlap == "gather" || c_.overlap == "merge";
+  SPARSEKV_ASSIGN_OR_RETURN(shared_.attention, SparseMLAAttention::Create(ao));
+  if (c_.proxy) {
+    // Per-layer bytes from the preset's full layer count, so that --layers does not change them.
+    const int64_t per_layer = static_cast<int64_t>(c_.weights_gb * 1e9 / preset.num_layers);
+    SPARSEKV_ASSIGN_OR_RETURN(shared_.proxy, WeightStreamProxy::Create(query_rows, per_layer));
+    report_.proxy_bytes_per_layer = shared_.proxy->bytes_per_layer();
+  }
+  shared_.heads = c_.heads;
+  SPARSEKV_ASSIGN_OR_RETURN(shared_.q,
+                            DeviceBuffer::Create(size_t(query_rows) * c_.heads * kMLAQKDim * 2));
+  SPARSEKV_ASSIGN_OR_RETURN(shared_.out,
+                            DeviceBuffer::Create(size_t(query_rows) * c_.heads * kMLAValueDim * 2));
+  SPARSEKV_ASSIGN_OR_RETURN(
+      shared_.new_rows, DeviceBuffer::Create(size_t(shape.layers) * max_batch * shape.row_bytes));
+  TOOLS_CUDA_RETURN(
+      gpu::FillBf16(shared_.q.get(), int64_t{query_rows} * c_.heads * kMLAQKDim, c_.seed, stream_));
+  // The new tokens' rows (the same at every step): the content of an out-of-prompt position.
+  for (int32_t l = 0; l < shape.layers; ++l) {
+    for (int32_t b = 0; b < max_batch; ++b) {
+      TOOLS_CUDA_RETURN(gpu::FillKVRows(shared_.new_rows.get(), shape.row_bytes,
+                                        int64_t{l} * max_batch + b, 1, shape.row_bytes, b, l, -1,
+                                        c_.seed + 1, stream_));
+    }
+  }
+  return CudaStatus(cudaStreamSynchronize(stream_), "set-up");
+}
+
+Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const VariantPlan& vp) {
+  const std::string label =
+      std::string(VariantName(kind)) + " @" + std::to_string(plan.context / 1024) + "K";
+  if (vp.max_batch < 1 || vp.batches.empty()) {
+    report_.notes.push_back(label + ": no batch fits the budgets (or --batch exceeds the max " +
+                            std::to_string(vp.max_batch) + ")");
+    return Status::Ok();
+  }
+  if (TimeIsUp()) {  // filling a variant takes seconds: not for points that would be skipped
+    skipped_points_ += static_cast<int64_t>(vp.batches.size()) *
+                       (DependsOnMissRate(kind) ? std::max<size_t>(1, c_.miss_rates.size()) : 1);
+    return Status::Ok();
+  }
+  VariantSetup setup;
+  setup.shape = shared_.shape;
+  setup.shape.tokens = plan.context + vp.headroom;
+  setup.context = plan.context;
+  setup.max_batch = vp.max_batch;
+  setup.seed = c_.seed;
+  setup.layers_per_index = c_.layers_per_index;
+  setup.sort_misses = c_.sort_misses;
+  setup.sort_misses_min_batch = c_.sort_misses_min_batch;
+  setup.copy_blocks = c_.copy_blocks;
+  setup.prefetch = c_.prefetch;
+  setup.queries = c_.mtp;
+  setup.overlap = c_.overlap != "off";
+  Log(label + ": filling " + std::to_string(vp.max_batch) + " requests");
+  SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<StepVariant> v,
+                            CreateVariant(kind, setup, arena_, stream_));
+  Requests req;
+  req.lens.assign(vp.max_batch, plan.context);
+
+  if (plan.check_batch > 0) {
+    SPARSEKV_ASSIGN_OR_RETURN(auto feed,
+                              TopKFeed::Create(GeneratorOptions(plan.context, true, kCheckMissRate),
+                                               shared_.shape.layers, plan.check_batch, c_.mtp));
+    feed->set_layers_per_index(c_.layers_per_index);
+    SPARSEKV_ASSIGN_OR_RETURN(std::vector<std::byte> out,
+                              RunCheck(*v, shared_, *feed, req, plan.check_batch, stream_));
+    if (kind == KVVariant::kFullHbm) {
+      reference_ = std::move(out);
+    } else {
+      E2ECheck check;
+      check.preset = report_.preset;
+      check.variant = kind;
+      check.context = plan.context;
+      check.batch = plan.check_batch;
+      check.steps = kCheckSteps;
+      check.bytes_compared = static_cast<int64_t>(std::min(out.size(), reference_.size()));
+      for (int64_t i = 0; i < check.bytes_compared; ++i) {
+        check.bytes_different += out[i] != reference_[i];
+      }
+      if (out.size() != reference_.size()) check.bytes_different += 1;
+      check.output_nonzero = std::any_of(reference_.begin(), reference_.end(),
+                                         [](std::byte b) { return b != std::byte{0}; });
+      if (kind == KVVariant::kSparseKV && c_.overlap == "merge") {
+        check.split_attention = true;
+        check.max_relative_error = MaxRelativeError(out, reference_, kMLAValueDim * c_.heads);
+      }
+      Log(label + ": check vs full-hbm " + (check.passed() ? "PASS" : "FAIL"));
+      report_.checks.push_back(check);
+    }
+  }
+
+  const bool miss_rate_mode = !c_.miss_rates.empty();
+  const double first_rate = miss_rate_mode ? c_.miss_rates.front() : 0;
+  SPARSEKV_ASSIGN_OR_RETURN(
+      auto feed, TopKFeed::Create(GeneratorOptions(plan.context, miss_rate_mode, first_rate),
+                                  shared_.shape.layers, vp.max_batch, c_.mtp));
+  feed->set_layers_per_index(c_.layers_per_index);
+  // Only sparsekv and page-offload depend on the miss rate: the others run once, labelled with no
+  // target.
+  std::vector<double> rates = {first_rate};
+  if (DependsOnMissRate(kind) && miss_rate_mode) rates = c_.miss_rates;
+  const int32_t warmup = std::max(1, c_.warmup_steps);  // the capture step is never timed
+  for (double rate : rates) {
+    if (miss_rate_mode) feed->SetMissRate(rate);
+    for (int32_t batch : vp.batches) {
+      if (TimeIsUp()) {
+        ++skipped_points_;
+        continue;
+      }
+      SPARSEKV_ASSIGN_OR_RETURN(
+          const PointTiming t, RunPoint(*v, shared_, *feed, req, batch, c_.steps, warmup, stream_));
+      E2EPoint p;
+      p.preset = report_.preset;
+      p.variant = kind;
+      p.context = plan.context;
+      if (DependsOnMissRate(kind) && miss_rate_mode) p.miss_rate_target = rate;
+      p.batch = batch;
+      p.max_batch = vp.max_batch;
+      p.timed_steps = static_cast<int32_t>(t.tpot_ms.size());
+      p.tpot_ms = Median(t.tpot_ms);
+      p.tpot_min_ms = *std::min_element(t.tpot_ms.begin(), t.tpot_ms.end());
+      p.tpot_max_ms = *std::max_element(t.tpot_ms.begin(), t.tpot_ms.end());
+      p.tokens_per_s = batch * 1e3 / p.tpot_ms;
+      p.hbm_bytes_per_request = vp.footprint.hbm_bytes;
+      p.host_bytes_per_request = vp.footprint.host_bytes;
+      p.hit_rate = t.stats.lookups > 0 ? 1 - t.stats.misses / t.stats.lookups : 0;
+      p.miss_rate = 1 - p.hit_rate;
+      p.misses_per_step = t.stats.misses / std::max(1, p.timed_steps);
+      const StepTraffic traffic = Traffic(kind, setup.shape, batch, p.misses_per_step);
+      p.prefetch_rows_per_step = t.stats.prefetched / std::max(1, p.timed_steps);
+      p.pcie_bytes_per_step = traffic.pcie_bytes + p.prefetch_rows_per_step * setup.shape.row_bytes;
+      p.pcie_gbps = traffic.pcie_bytes / (p.tpot_ms * 1e6);
+      p.pcie_to_ceiling = p.pcie_gbps / report_.ceilings.pcie_h2d_gbps;
+      p.attention_us_per_layer = t.attention_us_per_layer;
+      p.proxy_us_per_layer = t.proxy_us_per_layer;
+      p.topk_host_ms = Median(t.topk_host_ms);
+      p.topk_upload_ms = Median(t.topk_upload_ms);
+      const int32_t layers = shared_.shape.layers;
+      p.floor_ms = StepFloorMs(traffic, report_.ceilings, p.attention_us_per_layer * layers / 1e3,
+                               p.proxy_us_per_layer * layers / 1e3);
+      p.ideal_ms = StepIdealMs(traffic, report_.ceilings, p.attention_us_per_layer * layers / 1e3,
+                               p.proxy_us_per_layer * layers / 1e3);
+      p.step_to_floor = p.tpot_ms / p.floor_ms;
+      char line[256];
+      std::snprintf(line, sizeof(line),
+                    "%s miss %s batch %d: TPOT %.2f ms, %.0f tok/s, hit %.1f%%, floor x%.2f",
+                    label.c_str(), p.miss_rate_target ? Pct(rate).c_str() : "-", batch, p.tpot_ms,
+                    p.tokens_per_s, 100 * p.hit_rate, p.step_to_floor);
+      Log(line);
+      report_.points.push_back(p);
+    }
+  }
+  return Status::Ok();
+}
+
+Status E2ERun::RunContext(const ContextPlan& plan) {
+  reference_.clear();
+  if (plan.check_batch == 0) {
+    report_.notes.push_back("no correctness check at " + std::to_string(plan.context) +
+                            " (needs full-hbm and a batch for every variant)");
+  }
+  // The miss-rate mode is exact once the fresh range exceeds hot slots + fresh positions.
+  double max_rate = 0;
+  for (double m : c_.miss_rates) max_rate = std::max(max_rate, m);
+  if (!c_.miss_rates.empty() && plan.context < c_.hot_slots + max_rate * c_.top_k) {
+    report_.notes.push_back("context " + std::to_string(plan.context) +
+                            " < hot slots + fresh positions: the measured miss rate may fall "
+                            "below its target");
+  }
+  for (const auto& [kind, vp] : plan.variants) {
+    SPARSEKV_RETURN_IF_ERROR(RunVariant(plan, kind, vp));
+  }
+  return Status::Ok();
+}
+
+StatusOr<E2EReport> E2ERun::Run() {
+  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c_.preset, c_.row_format));
+  SPARSEKV_RETURN_IF_ERROR(Plan(preset));
+  report_.device = cuda_->name();
+  report_.preset = c_.preset;
+  report_.precision = PrecisionName(c_.row_format);
+  report_.layers = shared_.shape.layers;
+  report_.row_bytes = shared_.shape.row_bytes;
+  report_.top_k = c_.top_k;
+  report_.hot_slots = c_.hot_slots;
+  report_.window = c_.window;
+  report_.page_tokens = c_.page_tokens;
+  report_.offload_page_tokens = c_.offload_page_tokens;
+  report_.heads = c_.heads;
+  report_.proxy = c_.proxy;
+  report_.proxy_weights_gb = c_.proxy ? c_.weights_gb : 0;
+  report_.hbm_budget_gb = c_.hbm_budget_gb;
+  report_.host_pool_gb = c_.host_pool_gb;
+  report_.steps = c_.steps;
+  if (c_.mtp > 1) {
+    report_.notes.push_back(std::to_string(c_.mtp) +
+                            " query tokens per request and step (--mtp): tpot_ms is the step's "
+                            "time, attention and the proxy run batch * " +
+                            std::to_string(c_.mtp) +
+                            " rows, and top_k is per query (a request's row holds " +
+                            std::to_string(c_.mtp) + " * top_k entries)");
+  }
+  if (c_.layers_per_index > 1) {
+    report_.notes.push_back("layers share a top-k in groups of " +
+                            std::to_string(c_.layers_per_index) +
+                            " (--layers-per-index); every variant reads the same top-k");
+  }
+  if (c_.overlap != "off") {
+    report_.notes.push_back("sparsekv runs with --overlap " + c_.overlap +
+                            " (tools/sparsekv/bench.h BenchConfig::overlap)");
+  }
+  report_.warmup_steps = std::max(1, c_.warmup_steps);
+
+  TOOLS_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  Status s = Setup(preset);
+  for (size_t i = 0; s.ok() && i < plans_.size(); ++i) s = RunContext(plans_[i]);
+  cudaStreamDestroy(stream_);
+  SPARSEKV_RETURN_IF_ERROR(s);
+  if (skipped_points_ > 0) {
+    report_.notes.push_back(std::to_string(skipped_points_) + " points not run: --time-limit of " +
+                            std::to_string(c_.time_limit_s) + " s reached");
+  }
+  return std::move(report_);
+}
+
+}  // namespace
+
+StatusOr<E2EReport> RunE2EBench(const BenchConfig& config, std::shared_ptr<Backend> cuda,
+                                std::ostream& log) {
+  if (cuda == nullptr || cuda->kind() != BackendKind::kCuda) {
+    return InvalidArgument("RunE2EBench: needs a CUDA backend");
+  }
+  E2ERun run(config, std::move(cuda), log);
+  return run.Run();
+}
+
+}  // namespace sparsekv::tools

@@ -1,0 +1,443 @@
+#include "tools/sparsekv/bench/gpu_variants.h"
+
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sparsekv/manager.h"
+#include "sparsekv/prefetch.h"
+#include "tools/sparsekv/bench/gpu_kernels.h"
+#include "tools/sparsekv/bench/page_offload_variant.h"
+
+namespace sparsekv::tools {
+
+Status CudaStatus(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::Ok();
+  return Internal(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
+                  cudaGetErrorString(err) + ")");
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != nullptr) cudaFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = other.bytes_;
+  }
+  return *this;
+}
+
+StatusOr<DeviceBuffer> DeviceBuffer::Create(size_t bytes) {
+  DeviceBuffer b;
+  void* p = nullptr;
+  if (cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1)); err != cudaSuccess) {
+    cudaGetLastError();
+    return ResourceExhausted("cudaMalloc of " + std::to_string(bytes) +
+                             " bytes: " + cudaGetErrorString(err));
+  }
+  b.ptr_ = static_cast<std::byte*>(p);
+  b.bytes_ = bytes;
+  return b;
+}
+
+namespace {
+
+constexpr const char* kFill = "FillKVRows";
+
+size_t Int32s(int64_t n) { return static_cast<size_t>(n) * sizeof(int32_t); }
+
+Status UploadPositions(const DeviceBuffer& device, std::span<const int32_t> positions,
+                       cudaStream_t stream) {
+  return CudaStatus(cudaMemcpyAsync(device.get(), positions.data(), positions.size_bytes(),
+                                    cudaMemcpyHostToDevice, stream),
+                    "upload of the new tokens' positions");
+}
+
+// Every request's KV in HBM: layer l is one buffer of [max_batch * tokens] rows, request b's
+// position p at row b * tokens + p.
+class FullHbmVariant final : public StepVariant {
+ public:
+  explicit FullHbmVariant(const VariantSetup& s) : s_(s) {}
+
+  Status Init(cudaStream_t stream) {
+    const RequestShape& r = s_.shape;
+    for (int32_t l = 0; l < r.layers; ++l) {
+      SPARSEKV_ASSIGN_OR_RETURN(
+          DeviceBuffer kv, DeviceBuffer::Create(size_t(s_.max_batch) * r.tokens * r.row_bytes));
+      for (int32_t b = 0; b < s_.max_batch; ++b) {
+        SPARSEKV_RETURN_IF_ERROR(
+            CudaStatus(gpu::FillKVRows(kv.get(), r.row_bytes, int64_t{b} * r.tokens, s_.context,
+                                       r.row_bytes, b, l, 0, s_.seed, stream),
+                       kFill));
+      }
+      kv_.push_back(std::move(kv));
+    }
+    SPARSEKV_ASSIGN_OR_RETURN(rows_, DeviceBuffer::Create(Int32s(int64_t{s_.max_batch} * r.top_k)));
+    SPARSEKV_ASSIGN_OR_RETURN(positions_, DeviceBuffer::Create(Int32s(s_.max_batch)));
+    return Status::Ok();
+  }
+
+  KVVariant kind() const override { return KVVariant::kFullHbm; }
+  Status Plan(std::span<const int32_t> positions, cudaStream_t stream) override {
+    stats_.lookups += double(positions.size()) * s_.shape.layers * s_.shape.top_k;
+    return UploadPositions(positions_, positions, stream);
+  }
+  Status RunLayer(int32_t layer, int32_t batch, const int32_t* topk, const std::byte* new_rows,
+                  cudaStream_t stream) override {
+    const RequestShape& r = s_.shape;
+    TOOLS_CUDA_RETURN(gpu::AppendRows(new_rows, batch, r.row_bytes, r.row_bytes,
+                                      positions_.as<int32_t>(), r.tokens, kv_[layer].get(),
+                                      stream));
+    TOOLS_CUDA_RETURN(
+        gpu::PositionsToRows(topk, batch, r.top_k, r.tokens, rows_.as<int32_t>(), nullptr, stream));
+    return Status::Ok();
+  }
+  Status FinishStep(cudaStream_t) override { return Status::Ok(); }
+  Status AfterReplay() override { return Status::Ok(); }
+  const std::byte* Rows(int32_t layer) const override { return kv_[layer].get(); }
+  const int32_t* Indices() const override { return rows_.as<int32_t>(); }
+  Status ResetStats(cudaStream_t) override {
+    stats_ = {};
+    return Status::Ok();
+  }
+  StatusOr<VariantStats> ReadStats(cudaStream_t) override { return stats_; }
+
+ private:
+  VariantSetup s_;
+  std::vector<DeviceBuffer> kv_;
+  DeviceBuffer rows_;       // [max_batch, top_k] rows of kv_[layer]
+  DeviceBuffer positions_;  // [max_batch] the new tokens' positions
+  VariantStats stats_;
+};
+
+// The manager: host pool (in the arena) + hot cache in HBM.
+class SparseKVVariant final : public StepVariant {
+ public:
+  explicit SparseKVVariant(const VariantSetup& s) : s_(s) {}
+  ~SparseKVVariant() override {
+    for (cudaEvent_t e : resolved_) cudaEventDestroy(e);
+    for (cudaEvent_t e : copied_) cudaEventDestroy(e);
+    for (cudaEvent_t e : {attended_, prefetched_}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    for (cudaStream_t s : {copy_stream_, prefetch_stream_}) {
+      if (s != nullptr) cudaStreamDestroy(s);
+    }
+  }
+
+  Status Init(std::shared_ptr<Backend> host, cudaStream_t stream) {
+    const RequestShape& r = s_.shape;
+    CacheOptions o;
+    o.geometry = KVGeometry::Uniform(r.layers, r.row_bytes);
+    o.top_k = r.top_k;
+    o.hot_slots = r.hot_slots;
+    o.window = r.window;
+    o.host_page_tokens = r.page_tokens;
+    const int64_t pages = (r.tokens + r.page_tokens - 1) / r.page_tokens;
+    o.host_capacity_tokens = pages * r.page_tokens * s_.max_batch;
+    o.max_requests = s_.max_batch;
+    o.max_context = static_cast<int32_t>(r.tokens);
+    o.layers_per_index = s_.layers_per_index;
+    o.sort_misses = s_.sort_misses;
+    o.sort_misses_min_batch = s_.sort_misses_min_batch;
+    o.copy_blocks = s_.copy_blocks;
+    o.max_prefetch = s_.prefetch;
+    o.share_repeated_positions = s_.queries > 1;
+    SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
+    SPARSEKV_ASSIGN_OR_RETURN(slots_,
+                              DeviceBuffer::Create(Int32s(int64_t{s_.max_batch} * r.top_k)));
+    if (s_.overlap || s_.prefetch > 0) {
+      // With prefetch, one mask per group: the group's prediction reads it on the side stream
+      // while later groups resolve.
+      const size_t masks = s_.prefetch > 0 ? static_cast<size_t>(o.index_groups()) : 1;
+      SPARSEKV_ASSIGN_OR_RETURN(fill_, DeviceBuffer::Create(masks * s_.max_batch * r.top_k));
+    }
+    if (s_.prefetch > 0) {
+      const size_t groups = static_cast<size_t>(o.index_groups());
+      SPARSEKV_ASSIGN_OR_RETURN(predicted_,
+                                DeviceBuffer::Create(Int32s(groups * s_.max_batch * s_.prefetch)));
+      SPARSEKV_ASSIGN_OR_RETURN(batch_,
+                                DeviceBuffer::Create(sizeof(BatchEntry) * (s_.max_batch + 1)));
+      group_topk_.assign(groups, nullptr);
+      TOOLS_CUDA_RETURN(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
+      for (cudaEvent_t* e : {&attended_, &prefetched_}) {
+        TOOLS_CUDA_RETURN(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      }
+    }
+    if (s_.overlap) {
+      TOOLS_CUDA_RETURN(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+      resolved_.resize(o.index_groups());
+      copied_.resize(r.layers);
+      for (auto* events : {&resolved_, &copied_}) {
+        for (cudaEvent_t& e : *events) {
+          TOOLS_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
+      }
+    }
+    // The prompt goes through the manager's own ingestion, one (request, layer) at a time from
+    // a device buffer holding its FillKVRows content.
+    SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer prompt,
+                              DeviceBuffer::Create(size_t(s_.context) * r.row_bytes));
+    const int32_t max_new = static_cast<int32_t>(r.tokens - s_.context);
+    for (int32_t b = 0; b < s_.max_batch; ++b) {
+      ids_.push_back(RequestId(b + 1));
+      SPARSEKV_RETURN_IF_ERROR(manager_->Admit(ids_[b], s_.context, max_new, stream));
+    }
+    for (int32_t l = 0; l < r.layers; ++l) {
+      for (int32_t b = 0; b < s_.max_batch; ++b) {
+        SPARSEKV_RETURN_IF_ERROR(
+            CudaStatus(gpu::FillKVRows(prompt.get(), r.row_bytes, 0, s_.context, r.row_bytes, b, l,
+                                       0, s_.seed, stream),
+                       kFill));
+        SPARSEKV_RETURN_IF_ERROR(manager_->IngestPrompt(ids_[b], l, prompt.get(), stream));
+      }
+    }
+    return CudaStatus(cudaStreamSynchronize(stream), "ingest");
+  }
+
+  KVVariant kind() const override { return KVVariant::kSparseKV; }
+  Status Plan(std::span<const int32_t> positions, cudaStream_t stream) override {
+    if (s_.prefetch > 0) {
+      // The predictor's view of the batch: [0] holds the batch size, [1, max_batch] the rows
+      // (seq_len with this step's token; any block >= 0 marks a row in use).
+      std::vector<BatchEntry> entries(static_cast<size_t>(s_.max_batch) + 1, BatchEntry{-1, 0, 0});
+      entries[0].block = static_cast<int32_t>(positions.size());
+      for (size_t b = 0; b < positions.size(); ++b) {
+        entries[b + 1] = BatchEntry{static_cast<int32_t>(b), positions[b] + 1, 0};
+      }
+      TOOLS_CUDA_RETURN(cudaMemcpyAsync(batch_.get(), entries.data(),
+                                        entries.size() * sizeof(BatchEntry), cudaMemcpyHostToDevice,
+                                        stream));
+    }
+    return manager_->PlanStep(std::span(ids_.data(), positions.size()), stream);
+  }
+  Status RunLayer(int32_t layer, int32_t, const int32_t* topk, const std::byte* new_rows,
+                  cudaStream_t stream) override {
+    SPARSEKV_RETURN_IF_ERROR(manager_->AppendToken(layer, new_rows, stream));
+    const int32_t n = s_.layers_per_index;
+    const bool leader = layer % n == 0;
+    if (leader) group_ = layer / n;
+    if (leader && s_.prefetch > 0) group_topk_[group_] = topk;
+    if (!s_.overlap) {
+      if (leader) {
+        SPARSEKV_RETURN_IF_ERROR(
+            manager_->ResolveLayer(layer, topk, slots_.as<int32_t>(), FillOf(group_), stream));
+      }
+      return manager_->CopyMisses(layer, stream);
+    }
+    if (!leader) return Status::Ok();  // its copy was issued with the group's resolve
+    // Resolve on the main stream; every layer of the group copies on the side stream at once,
+    // each copy recording when its layer's rows are complete.
+    const int32_t group = layer / n;
+    SPARSEKV_RETURN_IF_ERROR(
+        manager_->ResolveLayer(layer, topk, slots_.as<int32_t>(), FillOf(group), stream));
+    TOOLS_CUDA_RETURN(cudaEventRecord(resolved_[group], stream));
+    TOOLS_CUDA_RETURN(cudaStreamWaitEvent(copy_stream_, resolved_[group]));
+    for (int32_t l = layer; l < std::min(layer + n, s_.shape.layers); ++l) {
+      SPARSEKV_RETURN_IF_ERROR(manager_->CopyMisses(l, copy_stream_));
+      TOOLS_CUDA_RETURN(cudaEventRecord(copied_[l], copy_stream_));
+    }
+    return Status::Ok();
+  }
+  const uint8_t* FillMask() const override { return s_.overlap ? FillOf(group_) : nullptr; }
+  Status WaitForRows(int32_t layer, cudaStream_t stream) override {
+    if (!s_.overlap) return Status::Ok();
+    return CudaStatus(cudaStreamWaitEvent(stream, copied_[layer]), "wait for the miss copy");
+  }
+  // Once a group's last layer has attended: predict and prefetch on the side stream (joined at
+  // FinishStep), from the group's own top-k and fill mask.
+  Status AfterAttention(int32_t layer, cudaStream_t stream) override {
+    const int32_t n = s_.layers_per_index;
+    if (s_.prefetch == 0 || ((layer + 1) % n != 0 && layer + 1 != s_.shape.layers)) {
+      return Status::Ok();
+    }
+    const int32_t group = layer / n;
+    int32_t* predicted = predicted_.as<int32_t>() + int64_t{group} * s_.max_batch * s_.prefetch;
+    PrefetchView view{};
+    view.batch_size = reinterpret_cast<const int32_t*>(batch_.as<BatchEntry>());  // [0].block
+    view.batch = batch_.as<BatchEntry>() + 1;
+    view.topk = group_topk_[group];
+    view.top_k = view.topk_stride = s_.shape.top_k;
+    view.fill_mask = FillOf(group);
+    view.window = s_.shape.window;
+    view.budget = s_.prefetch;
+    view.predicted = predicted;
+    TOOLS_CUDA_RETURN(cudaEventRecord(attended_, stream));
+    TOOLS_CUDA_RETURN(cudaStreamWaitEvent(prefetch_stream_, attended_));
+    SPARSEKV_RETURN_IF_ERROR(PredictPrefetchCuda(view, s_.max_batch, prefetch_stream_));
+    return manager_->PrefetchLayer(group * n, predicted, s_.prefetch, prefetch_stream_);
+  }
+  Status FinishStep(cudaStream_t stream) override {
+    if (s_.prefetch > 0) {
+      TOOLS_CUDA_RETURN(cudaEventRecord(prefetched_, prefetch_stream_));
+      TOOLS_CUDA_RETURN(cudaStreamWaitEvent(stream, prefetched_));
+    }
+    return manager_->FinishStep(stream);
+  }
+  Status AfterReplay() override { return manager_->FinishReplayedStep(); }
+  const std::byte* Rows(int32_t layer) const override { return manager_->HotLayer(layer); }
+  const int32_t* Indices() const override { return slots_.as<int32_t>(); }
+  Status ResetStats(cudaStream_t stream) override { return manager_->ResetStats(stream); }
+  StatusOr<VariantStats> ReadStats(cudaStream_t stream) override {
+    SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, manager_->ReadStats(stream));
+    const LayerStats& t = stats.total;
+    // Prefetched rows are counted once per index group and copied into each of its layers.
+    return VariantStats{double(t.hits + t.window_hits + t.misses), double(t.misses),
+                        double(stats.prefetch_rows) * s_.layers_per_index};
+  }
+
+ private:
+  VariantSetup s_;
+  std::unique_ptr<SparseKVCacheManager> manager_;
+  std::vector<RequestId> ids_;
+  DeviceBuffer slots_;  // [max_batch, top_k] layer-wide hot-cache slots
+  // Overlap or prefetch: ResolveLayer's fill masks, [max_batch, top_k] each; one per index group
+  // with prefetch, else one.
+  DeviceBuffer fill_;
+  int32_t group_ = 0;  // the index group of the last RunLayer
+  uint8_t* FillOf(int32_t group) const {
+    if (fill_.get() == nullptr) return nullptr;
+    const int64_t mask = int64_t{s_.max_batch} * s_.shape.top_k;
+    return fill_.as<uint8_t>() + (s_.prefetch > 0 ? group * mask : 0);
+  }
+  // Overlap only.
+  cudaStream_t copy_stream_ = nullptr;  // the miss copies
+  std::vector<cudaEvent_t> resolved_;   // per index group: its resolve is done
+  std::vector<cudaEvent_t> copied_;     // per layer: its miss copy is done
+  // Prefetch only.
+  DeviceBuffer predicted_;                  // [groups, max_batch, prefetch] positions
+  DeviceBuffer batch_;                      // [1 + max_batch] BatchEntry: size, then the rows
+  std::vector<const int32_t*> group_topk_;  // per index group: this step's top-k
+  cudaStream_t prefetch_stream_ = nullptr;
+  cudaEvent_t attended_ = nullptr;    // the group's last attention is enqueued
+  cudaEvent_t prefetched_ = nullptr;  // the step's prefetches are done
+};
+
+// No cache: every top-k row of every layer gathered from the host pool into a staging buffer at
+// every step. The pool is layer-major, request b's rows contiguous at b * tokens (the layout a
+// device copy of a page table would give with whole-request pages).
+class NoCacheVariant final : public StepVariant {
+ public:
+  NoCacheVariant(const VariantSetup& s, std::shared_ptr<Backend> host)
+      : s_(s), host_(std::move(host)) {}
+  ~NoCacheVariant() override {
+    for (std::byte* p : pool_) host_->FreeHost(p);
+  }
+
+  Status Init(cudaStream_t stream) {
+    const RequestShape& r = s_.shape;
+    const int64_t entries = int64_t{s_.max_batch} * r.top_k;
+    for (int32_t l = 0; l < r.layers; ++l) {
+      SPARSEKV_ASSIGN_OR_RETURN(void* p,
+                                host_->AllocateHost(size_t(s_.max_batch) * r.tokens * r.row_bytes));
+      pool_.push_back(static_cast<std::byte*>(p));
+      for (int32_t b = 0; b < s_.max_batch; ++b) {
+        SPARSEKV_RETURN_IF_ERROR(
+            CudaStatus(gpu::FillKVRows(pool_[l], r.row_bytes, int64_t{b} * r.tokens, s_.context,
+                                       r.row_bytes, b, l, 0, s_.seed, stream),
+                       kFill));
+      }
+    }
+    SPARSEKV_ASSIGN_OR_RETURN(staging_, DeviceBuffer::Create(size_t(entries) * r.row_bytes));
+    SPARSEKV_ASSIGN_OR_RETURN(host_rows_, DeviceBuffer::Create(Int32s(entries)));
+    SPARSEKV_ASSIGN_OR_RETURN(staging_index_, DeviceBuffer::Create(Int32s(entries)));
+    SPARSEKV_ASSIGN_OR_RETURN(identity_, DeviceBuffer::Create(Int32s(entries)));
+    SPARSEKV_ASSIGN_OR_RETURN(count_, DeviceBuffer::Create(sizeof(int32_t)));
+    SPARSEKV_ASSIGN_OR_RETURN(positions_, DeviceBuffer::Create(Int32s(s_.max_batch)));
+    std::vector<int32_t> identity(entries);
+    std::iota(identity.begin(), identity.end(), 0);
+    TOOLS_CUDA_RETURN(cudaMemcpyAsync(identity_.get(), identity.data(), Int32s(entries),
+                                      cudaMemcpyHostToDevice, stream));
+    return CudaStatus(cudaStreamSynchronize(stream), "no-cache set-up");
+  }
+
+  KVVariant kind() const override { return KVVariant::kNoCache; }
+  Status Plan(std::span<const int32_t> positions, cudaStream_t stream) override {
+    const double lookups = double(positions.size()) * s_.shape.layers * s_.shape.top_k;
+    stats_.lookups += lookups;
+    stats_.misses += lookups;
+    count_host_ = static_cast<int32_t>(positions.size()) * s_.shape.top_k;
+    TOOLS_CUDA_RETURN(cudaMemcpyAsync(count_.get(), &count_host_, sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream));
+    return UploadPositions(positions_, positions, stream);
+  }
+  Status RunLayer(int32_t layer, int32_t batch, const int32_t* topk, const std::byte* new_rows,
+                  cudaStream_t stream) override {
+    const RequestShape& r = s_.shape;
+    // The new token is written back first, so that a top-k entry naming it reads it back.
+    TOOLS_CUDA_RETURN(gpu::AppendRows(new_rows, batch, r.row_bytes, r.row_bytes,
+                                      positions_.as<int32_t>(), r.tokens, pool_[layer], stream));
+    TOOLS_CUDA_RETURN(gpu::PositionsToRows(topk, batch, r.top_k, r.tokens, host_rows_.as<int32_t>(),
+                                           staging_index_.as<int32_t>(), stream));
+    IndexCopyView v{};
+    v.src = pool_[layer];
+    v.dst = staging_.get();
+    v.src_index = host_rows_.as<int32_t>();
+    v.dst_index = identity_.as<int32_t>();
+    v.count = count_.as<int32_t>();
+    v.capacity = s_.max_batch * r.top_k;
+    v.row_bytes = r.row_bytes;
+    v.src_stride = r.row_bytes;
+    v.dst_stride = r.row_bytes;
+    v.src_rows = int64_t{s_.max_batch} * r.tokens;
+    v.dst_rows = int64_t{s_.max_batch} * r.top_k;
+    v.invalid = nullptr;
+    return host_->IndexCopy(v, stream);
+  }
+  Status FinishStep(cudaStream_t) override { return Status::Ok(); }
+  Status AfterReplay() override { return Status::Ok(); }
+  const std::byte* Rows(int32_t) const override { return staging_.get(); }
+  const int32_t* Indices() const override { return staging_index_.as<int32_t>(); }
+  Status ResetStats(cudaStream_t) override {
+    stats_ = {};
+    return Status::Ok();
+  }
+  StatusOr<VariantStats> ReadStats(cudaStream_t) override { return stats_; }
+
+ private:
+  VariantSetup s_;
+  std::shared_ptr<Backend> host_;
+  std::vector<std::byte*> pool_;  // [layers] of [max_batch * tokens, row] in mapped host memory
+  DeviceBuffer staging_;          // [max_batch * top_k, row] one layer's gathered rows
+  DeviceBuffer host_rows_;        // [max_batch * top_k] source rows, -1 = padding
+  DeviceBuffer staging_index_;    // [max_batch * top_k] attention's indices into staging_
+  DeviceBuffer identity_;         // [max_batch * top_k] 0, 1, 2, ...: the copy's destinations
+  DeviceBuffer count_;            // device scalar: batch * top_k, entries to copy
+  DeviceBuffer positions_;        // [max_batch]
+  int32_t count_host_ = 0;        // source of the count upload; outlives the async copy
+  VariantStats stats_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<StepVariant>> CreateVariant(KVVariant kind, const VariantSetup& setup,
+                                                     std::shared_ptr<Backend> host,
+                                                     cudaStream_t stream) {
+  switch (kind) {
+    case KVVariant::kFullHbm: {
+      auto v = std::make_unique<FullHbmVariant>(setup);
+      SPARSEKV_RETURN_IF_ERROR(v->Init(stream));
+      TOOLS_CUDA_RETURN(cudaStreamSynchronize(stream));
+      return std::unique_ptr<StepVariant>(std::move(v));
+    }
+    case KVVariant::kSparseKV: {
+      auto v = std::make_unique<SparseKVVariant>(setup);
+      SPARSEKV_RETURN_IF_ERROR(v->Init(std::move(host), stream));
+      return std::unique_ptr<StepVariant>(std::move(v));
+    }
+    case KVVariant::kNoCache: {
+      auto v = std::make_unique<NoCacheVariant>(setup, std::move(host));
+      SPARSEKV_RETURN_IF_ERROR(v->Init(stream));
+      return std::unique_ptr<StepVariant>(std::move(v));
+    }
+    case KVVariant::kPageOffload:
+      return CreatePageOffloadVariant(setup, std::move(host), stream);
+  }
+  return InvalidArgument("CreateVariant: unknown variant");
+}
+
+}  // namespace sparsekv::tools

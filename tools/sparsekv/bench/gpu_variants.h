@@ -1,0 +1,115 @@
+// The KV variants the end-to-end benchmark compares (sparsekv/kv_footprint.h), behind one interface
+// that the step loop of gpu_bench.cc drives. Each holds the KV of up to max_batch requests of one
+// context, with the same synthetic content (gpu_kernels.h FillKVRows), so that attention over any
+// of them reads the same bytes for the same token.
+//
+// A step: Plan (host side, outside the graph), then per layer RunLayer (graph-capturable: fixed
+// shapes, no allocation, no synchronisation), then FinishStep. After a replay of a captured step,
+// AfterReplay closes it on the host. Attention then reads rows Indices() of Rows(layer).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "sparsekv/backend.h"
+#include "sparsekv/kv_footprint.h"
+#include "sparsekv/status.h"
+
+namespace sparsekv::tools {
+
+// cudaError_t -> Status (Internal, naming the call).
+Status CudaStatus(cudaError_t err, const char* what);
+#define TOOLS_CUDA_RETURN(expr) \
+  SPARSEKV_RETURN_IF_ERROR(::sparsekv::tools::CudaStatus((expr), #expr))
+
+// Device memory freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) {
+    other.ptr_ = nullptr;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  static StatusOr<DeviceBuffer> Create(size_t bytes);
+  std::byte* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::byte* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct VariantSetup {
+  RequestShape shape;   // tokens = context + headroom: the positions each request may hold
+  int32_t context = 0;  // prompt positions [0, context) hold FillKVRows content
+  int32_t max_batch = 0;
+  uint64_t seed = 1;
+  // sparsekv only. Layers per shared top-k (CacheOptions::layers_per_index): the group's first
+  // layer resolves, the others only copy.
+  int32_t layers_per_index = 1;
+  // sparsekv only, transfer hiding: the miss copies run on a side stream, a group's later layers
+  // copied ahead of their turn, right after the group's resolve; and FillMask() tells attention
+  // which rows are still in flight (split attention, if the bench asks for it).
+  bool overlap = false;
+  bool sort_misses = true;            // sparsekv only: CacheOptions::sort_misses
+  int32_t sort_misses_min_batch = 0;  // sparsekv only: CacheOptions::sort_misses_min_batch
+  int32_t copy_blocks = 0;            // sparsekv only: CacheOptions::copy_blocks
+  // sparsekv only: positions per request predicted and prefetched after each index group's last
+  // attention (AfterAttention), on a side stream joined at FinishStep. 0 = none.
+  int32_t prefetch = 0;
+  // Query tokens per request (--mtp): shape.top_k holds all of a request's queries' entries;
+  // sparsekv then shares repeated positions (CacheOptions::share_repeated_positions).
+  int32_t queries = 1;
+};
+
+// Lookups of the steps since ResetStats: all top-k entries of all layers, and those fetched from
+// host memory.
+struct VariantStats {
+  double lookups = 0;
+  double misses = 0;
+  double prefetched = 0;  // rows fetched by prefetches (not counted in lookups or misses)
+};
+
+class StepVariant {
+ public:
+  virtual ~StepVariant() = default;
+  virtual KVVariant kind() const = 0;
+  // Host side: the next step runs requests [0, batch), whose new tokens take `positions[b]`.
+  virtual Status Plan(std::span<const int32_t> positions, cudaStream_t stream) = 0;
+  // Run phase of `layer` for `batch` requests (the batch of the last Plan): stores the new rows
+  // (new_rows [max_batch, row]) and makes Rows(layer) / Indices() name the top-k rows
+  // (topk [max_batch, top_k] positions).
+  virtual Status RunLayer(int32_t layer, int32_t batch, const int32_t* topk,
+                          const std::byte* new_rows, cudaStream_t stream) = 0;
+  virtual Status FinishStep(cudaStream_t stream) = 0;
+  virtual Status AfterReplay() = 0;
+  virtual const std::byte* Rows(int32_t layer) const = 0;
+  virtual const int32_t* Indices() const = 0;  // [max_batch, top_k]
+  // With overlap: after RunLayer(layer), the entries of Indices() whose rows are still being
+  // copied ([max_batch, top_k], 1 = in flight); null for a variant whose rows are ready at once.
+  virtual const uint8_t* FillMask() const { return nullptr; }
+  // Makes `stream` wait for the copies that bring `layer`'s rows (no-op if there are none).
+  virtual Status WaitForRows(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
+  // After `layer`'s attention has been enqueued on `stream` (cross-step prefetch).
+  virtual Status AfterAttention(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
+  virtual Status ResetStats(cudaStream_t stream) = 0;
+  virtual StatusOr<VariantStats> ReadStats(cudaStream_t stream) = 0;
+};
+
+// Creates `kind` and fills every request's prompt (synchronising `stream` before returning).
+// `host` serves the host memory of the offloading variants (the pinned arena).
+StatusOr<std::unique_ptr<StepVariant>> CreateVariant(KVVariant kind, const VariantSetup& setup,
+                                                     std::shared_ptr<Backend> host,
+                                                     cudaStream_t stream);
+
+}  // namespace sparsekv::tools

@@ -1,0 +1,366 @@
+#include "tools/sparsekv/multi_turn/multi_turn.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "sparsekv/manager.h"
+#include "tools/sparsekv/exit_codes.h"
+
+namespace sparsekv::tools {
+namespace {
+
+// What happens in one turn of one conversation; drawn once, replayed by both modes.
+struct Turn {
+  std::vector<int32_t> user;   // new prompt tokens
+  std::vector<int32_t> reply;  // decoded tokens
+  int32_t think_steps;         // before the next turn
+  bool branch;                 // forks config.branches agent branches
+};
+
+struct Schedule {
+  std::vector<int32_t> system;
+  std::vector<std::vector<Turn>> conversations;
+  std::vector<int32_t> start_step;  // staggered arrivals
+  int32_t max_context = 0;
+};
+
+Schedule Draw(const MultiTurnConfig& c) {
+  std::mt19937_64 rng(c.seed);
+  auto ids = [&](int32_t n) {
+    std::vector<int32_t> v(n);
+    for (int32_t& id : v) id = static_cast<int32_t>(rng() % 100000);
+    return v;
+  };
+  auto around = [&](int32_t mean) {
+    return std::max<int32_t>(1, mean / 2 + static_cast<int32_t>(rng() % (mean + 1)));
+  };
+  std::exponential_distribution<double> think(1.0 / std::max(1, c.think_steps));
+  std::bernoulli_distribution branch(c.branch_probability);
+  Schedule s;
+  s.system = ids(c.system_tokens);
+  for (int32_t i = 0; i < c.conversations; ++i) {
+    std::vector<Turn> turns;
+    int32_t length = c.system_tokens;
+    for (int32_t t = 0; t < c.turns; ++t) {
+      Turn turn{ids(around(c.user_tokens)), ids(around(c.reply_tokens)),
+                static_cast<int32_t>(think(rng)), branch(rng)};
+      length += static_cast<int32_t>(turn.user.size() + turn.reply.size());
+      s.max_context = std::max(s.max_context, length + c.branch_tokens);
+      turns.push_back(std::move(turn));
+    }
+    s.conversations.push_back(std::move(turns));
+    s.start_step.push_back(static_cast<int32_t>(think(rng)));
+  }
+  return s;
+}
+
+// Replays the schedule through one manager, with or without sharing.
+class Replay {
+ public:
+  Replay(const MultiTurnConfig& c, const Schedule& s, bool sharing)
+      : c_(c), s_(s), sharing_(sharing), convs_(c.conversations) {}
+
+  StatusOr<MultiTurnModeResult> Run() {
+    const int32_t max_requests = c_.conversations * (1 + c_.branches);
+    CacheOptions o;
+    o.geometry = KVGeometry::Uniform(1, 16);  // contents do not matter here, pages do
+    o.top_k = 1;
+    o.hot_slots = 1;
+    o.window = 1;
+    o.max_requests = o.max_host_requests = o.max_batch = max_requests;
+    o.host_page_tokens = c_.page_tokens;
+    o.max_context = s_.max_context + c_.page_tokens;
+    o.host_capacity_tokens = int64_t{max_requests} * o.max_context;
+    SPARSEKV_ASSIGN_OR_RETURN(m_, SparseKVCacheManager::Create(o, CreateCpuBackend()));
+    zero_rows_.assign(static_cast<size_t>(o.max_context) * 16, std::byte{0});
+    topk_.assign(max_requests, -1);  // padding only: nothing is read, the pool is what counts
+    slots_.assign(max_requests, 0);
+
+    for (int32_t i = 0; i < c_.conversations; ++i) convs_[i].wake = s_.start_step[i];
+    double page_sum = 0;
+    int64_t step = 0;
+    while (true) {
+      for (int32_t i = 0; i < c_.conversations; ++i) {
+        Conv& cv = convs_[i];
+        if (cv.main == 0 && cv.turn < c_.turns && cv.wake <= step) {
+          SPARSEKV_RETURN_IF_ERROR(StartTurn(i));
+        }
+      }
+      if (active_.empty()) {
+        int64_t next = -1;
+        for (const Conv& cv : convs_) {
+          if (cv.turn < c_.turns) next = next < 0 ? cv.wake : std::min(next, cv.wake);
+        }
+        if (next < 0) break;
+        step = std::max(step + 1, next);  // idle time: every conversation is thinking
+        continue;
+      }
+      SPARSEKV_RETURN_IF_ERROR(Step());
+      ++step;
+      ++result_.steps;
+      const HostKVPool& pool = m_->host_pool();
+      const int32_t used = pool.total_pages() - pool.free_pages();
+      result_.peak_pages = std::max(result_.peak_pages, used);
+      result_.peak_shared_pages = std::max(result_.peak_shared_pages, pool.shared_pages());
+      page_sum += used;
+    }
+    SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, m_->ReadStats(nullptr));
+    result_.mean_pages = result_.steps > 0 ? page_sum / static_cast<double>(result_.steps) : 0;
+    result_.prefix_hit_tokens = stats.prefix_hit_tokens;
+    result_.copy_on_write_pages = stats.copy_on_write_pages;
+    return result_;
+  }
+
+ private:
+  struct Conv {
+    std::vector<int32_t> history;
+    int32_t turn = 0;
+    int64_t wake = 0;
+    RequestId main = 0;  // the request decoding this turn; 0 while thinking
+    RequestId held = 0;  // the retained (sharing) or retracted (private) previous turn
+  };
+  struct Active {
+    int32_t conv;
+    bool branch;
+    int32_t decoded = 0;
+  };
+
+  Status Ingest(RequestId id, int32_t prompt_len, int32_t cached) {
+    result_.ingested_tokens += prompt_len - cached;
+    return m_->IngestPromptSuffix(id, 0, zero_rows_.data(), nullptr);
+  }
+
+  Status StartTurn(int32_t i) {
+    Conv& cv = convs_[i];
+    const Turn& turn = s_.conversations[i][cv.turn];
+    std::vector<int32_t> prompt = cv.turn == 0 ? s_.system : cv.history;
+    prompt.insert(prompt.end(), turn.user.begin(), turn.user.end());
+    const int32_t len = static_cast<int32_t>(prompt.size());
+    const int32_t reply = static_cast<int32_t>(turn.reply.size());
+    const RequestId id = next_id_++;
+    if (sharing_) {
+      SPARSEKV_ASSIGN_OR_RETURN(const int32_t cached,
+                                m_->AdmitWithPrefix(id, prompt, reply, nullptr));
+      SPARSEKV_RETURN_IF_ERROR(Ingest(id, len, cached));
+      // The new turn holds the retained pages it shares; the old conversation entry can go.
+      if (cv.held != 0 && m_->IsRetained(cv.held)) SPARSEKV_RETURN_IF_ERROR(m_->Release(cv.held));
+    } else {
+      if (cv.held != 0) SPARSEKV_RETURN_IF_ERROR(m_->Release(cv.held));
+      SPARSEKV_RETURN_IF_ERROR(m_->Admit(id, len, reply, nullptr));
+      SPARSEKV_RETURN_IF_ERROR(Ingest(id, len, 0));
+    }
+    cv.held = 0;
+    cv.main = id;
+    cv.history = std::move(prompt);
+    active_.emplace(id, Active{i, false});
+    if (!turn.branch) return Status::Ok();
+    for (int32_t b = 0; b < c_.branches; ++b) {
+      const RequestId child = next_id_++;
+      if (sharing_) {
+        SPARSEKV_RETURN_IF_ERROR(m_->Fork(id, child, c_.branch_tokens, nullptr));
+      } else {
+        SPARSEKV_RETURN_IF_ERROR(m_->Admit(child, len, c_.branch_tokens, nullptr));
+        SPARSEKV_RETURN_IF_ERROR(Ingest(child, len, 0));
+      }
+      active_.emplace(child, Active{i, true});
+    }
+    return Status::Ok();
+  }
+
+  Status Step() {
+    std::vector<RequestId> batch;
+    std::vector<int32_t> ids;
+    for (const auto& [id, a] : active_) {
+      batch.push_back(id);
+      // A branch decodes other tokens than the main line: its own ids.
+      ids.push_back(a.branch ? static_cast<int32_t>((id * 7919 + a.decoded) % 100000)
+                             : s_.conversations[a.conv][convs_[a.conv].turn].reply[a.decoded]);
+    }
+    SPARSEKV_RETURN_IF_ERROR(m_->PlanStep(batch, ids, nullptr));
+    SPARSEKV_RETURN_IF_ERROR(m_->AppendToken(0, zero_rows_.data(), nullptr));
+    SPARSEKV_RETURN_IF_ERROR(m_->RunLayer(0, topk_.data(), slots_.data(), nullptr, nullptr));
+    SPARSEKV_RETURN_IF_ERROR(m_->FinishStep(nullptr));
+    for (size_t b = 0; b < batch.size(); ++b) {
+      Active& a = active_.at(batch[b]);
+      ++a.decoded;
+      if (a.branch) {
+        if (a.decoded == c_.branch_tokens) {
+          SPARSEKV_RETURN_IF_ERROR(m_->Release(batch[b]));
+          active_.erase(batch[b]);
+        }
+        continue;
+      }
+      Conv& cv = convs_[a.conv];
+      const Turn& turn = s_.conversations[a.conv][cv.turn];
+      cv.history.push_back(ids[b]);
+      if (a.decoded < static_cast<int32_t>(turn.reply.size())) continue;
+      // End of the turn: hold the history without device state while the user thinks.
+      if (sharing_) {
+        SPARSEKV_RETURN_IF_ERROR(m_->Retain(batch[b]).status());
+      } else {
+        SPARSEKV_RETURN_IF_ERROR(m_->Retract(batch[b]));
+      }
+      cv.held = batch[b];
+      cv.main = 0;
+      cv.wake = result_.steps + 1 + turn.think_steps;
+      ++cv.turn;
+      active_.erase(batch[b]);
+    }
+    return Status::Ok();
+  }
+
+  const MultiTurnConfig& c_;
+  const Schedule& s_;
+  const bool sharing_;
+  std::unique_ptr<SparseKVCacheManager> m_;
+  std::vector<Conv> convs_;
+  std::map<RequestId, Active> active_;
+  RequestId next_id_ = 1;
+  std::vector<std::byte> zero_rows_;
+  std::vector<int32_t> topk_, slots_;
+  MultiTurnModeResult result_;
+};
+
+}  // namespace
+
+StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config) {
+  if (config.conversations < 1 || config.turns < 1 || config.system_tokens < 0 ||
+      config.user_tokens < 1 || config.reply_tokens < 1 || config.think_steps < 0 ||
+      config.branches < 0 || config.branch_tokens < 1 || config.page_tokens < 1 ||
+      config.branch_probability < 0 || config.branch_probability > 1) {
+    return InvalidArgument(
+        "multi-turn: every count must be positive and the branch "
+        "probability in [0, 1]");
+  }
+  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.row_format));
+  MultiTurnReport report;
+  report.config = config;
+  report.token_bytes = preset.geometry().token_stride_bytes();
+  report.page_bytes = report.token_bytes * config.page_tokens;
+  const Schedule schedule = Draw(config);
+  for (bool sharing : {true, false}) {
+    Replay replay(config, schedule, sharing);
+    SPARSEKV_ASSIGN_OR_RETURN(MultiTurnModeResult r, replay.Run());
+    r.peak_host_gb = static_cast<double>(r.peak_pages) * report.page_bytes / 1e9;
+    r.conversations_per_host_gb = r.peak_host_gb > 0 ? config.conversations / r.peak_host_gb : 0;
+    (sharing ? report.sharing : report.private_history) = r;
+  }
+  return report;
+}
+
+std::string FormatMultiTurnJson(const MultiTurnReport& report, const std::string& command) {
+  const MultiTurnConfig& c = report.config;
+  auto mode = [&](const MultiTurnModeResult& r) {
+    return nlohmann::json{{"steps", r.steps},
+                          {"peak_pages", r.peak_pages},
+                          {"mean_pages", r.mean_pages},
+                          {"peak_host_gb", r.peak_host_gb},
+                          {"mean_host_gb", r.mean_pages * report.page_bytes / 1e9},
+                          {"ingested_tokens", r.ingested_tokens},
+                          {"prefix_hit_tokens", r.prefix_hit_tokens},
+                          {"copy_on_write_pages", r.copy_on_write_pages},
+                          {"peak_shared_pages", r.peak_shared_pages},
+                          {"conversations_per_host_gb", r.conversations_per_host_gb}};
+  };
+  nlohmann::json j;
+  j["command"] = command;
+  j["backend"] = "cpu (host-pool accounting; bytes from the preset)";
+  j["config"] = {{"preset", c.preset},
+                 {"precision", c.row_format == KVRowFormat::kFp8Row656 ? "fp8" : "bf16"},
+                 {"conversations", c.conversations},
+                 {"turns", c.turns},
+                 {"system_tokens", c.system_tokens},
+                 {"user_tokens", c.user_tokens},
+                 {"reply_tokens", c.reply_tokens},
+                 {"think_steps", c.think_steps},
+                 {"branch_probability", c.branch_probability},
+                 {"branches", c.branches},
+                 {"branch_tokens", c.branch_tokens},
+                 {"page_tokens", c.page_tokens},
+                 {"seed", c.seed}};
+  j["token_bytes"] = report.token_bytes;
+  j["page_bytes"] = report.page_bytes;
+  j["sharing"] = mode(report.sharing);
+  j["private"] = mode(report.private_history);
+  j["summary"] = {
+      {"conversations_per_host_gb_multi_turn", report.sharing.conversations_per_host_gb},
+      {"conversations_per_host_gb_private", report.private_history.conversations_per_host_gb}};
+  return j.dump(2) + "\n";
+}
+
+MultiTurnCommand::MultiTurnCommand(CLI::App& parent) {
+  app_ = parent.add_subcommand(
+      "multi-turn",
+      "Host-pool capacity on multi-turn traffic: conversations held per GB with prefix sharing "
+      "and retained conversations vs a private history per request (CPU, preset bytes).");
+  MultiTurnConfig& c = config_;
+  app_->add_option("--preset", c.preset, "model preset (KV bytes per token)")
+      ->capture_default_str();
+  app_->add_option("--precision", precision_, "fp8 or bf16")
+      ->check(CLI::IsMember({"fp8", "bf16"}))
+      ->capture_default_str();
+  app_->add_option("--conversations", c.conversations)->capture_default_str();
+  app_->add_option("--turns", c.turns, "turns per conversation")->capture_default_str();
+  app_->add_option("--system-tokens", c.system_tokens, "system prompt shared by all")
+      ->capture_default_str();
+  app_->add_option("--user-tokens", c.user_tokens, "mean new prompt tokens per turn")
+      ->capture_default_str();
+  app_->add_option("--reply-tokens", c.reply_tokens, "mean decoded tokens per turn")
+      ->capture_default_str();
+  app_->add_option("--think-steps", c.think_steps, "mean decode steps between turns")
+      ->capture_default_str();
+  app_->add_option("--branch-probability", c.branch_probability,
+                   "chance that a turn forks agent branches")
+      ->capture_default_str();
+  app_->add_option("--branches", c.branches, "branches per forking turn")->capture_default_str();
+  app_->add_option("--branch-tokens", c.branch_tokens, "tokens each branch decodes")
+      ->capture_default_str();
+  app_->add_option("--page-tokens", c.page_tokens, "host page size")->capture_default_str();
+  app_->add_option("--seed", c.seed)->capture_default_str();
+  app_->add_option("--json", json_path_, "also write the results as JSON to PATH");
+}
+
+bool MultiTurnCommand::selected() const { return app_->parsed(); }
+
+int MultiTurnCommand::Run(const std::string& command, std::ostream& out, std::ostream& err) {
+  config_.row_format = precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656;
+  StatusOr<MultiTurnReport> report = RunMultiTurn(config_);
+  if (!report.ok()) {
+    err << "sparsekv multi-turn: " << report.status().ToString() << "\n";
+    return kExitFailure;
+  }
+  auto line = [&](const char* name, const MultiTurnModeResult& r) {
+    out << std::left << std::setw(9) << name << std::right << std::fixed << std::setprecision(2)
+        << std::setw(12) << r.peak_host_gb << std::setw(12)
+        << r.mean_pages * report->page_bytes / 1e9 << std::setw(14) << r.ingested_tokens
+        << std::setw(14) << r.prefix_hit_tokens << std::setw(12) << r.conversations_per_host_gb
+        << "\n";
+  };
+  out << report->config.conversations << " conversations x " << report->config.turns << " turns, "
+      << report->config.preset << " (" << report->token_bytes
+      << " B/token); host pool in GB (1e9 B)\n";
+  out << std::left << std::setw(9) << "mode" << std::right << std::setw(12) << "peak GB"
+      << std::setw(12) << "mean GB" << std::setw(14) << "ingested" << std::setw(14) << "prefix hits"
+      << std::setw(12) << "conv/GB"
+      << "\n";
+  line("sharing", report->sharing);
+  line("private", report->private_history);
+  if (!json_path_.empty()) {
+    std::ofstream file(json_path_);
+    file << FormatMultiTurnJson(*report, command);
+    file.close();
+    if (!file) {
+      err << "sparsekv multi-turn: cannot write JSON to '" << json_path_ << "'\n";
+      return kExitFailure;
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace sparsekv::tools

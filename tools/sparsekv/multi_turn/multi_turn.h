@@ -1,0 +1,90 @@
+// The multi-turn workload: how many conversations one host pool holds with prefix sharing and
+// retained conversations, against the same traffic with a private history per request.
+//
+// Conversations share one system prompt; each turn adds a user message to the history and
+// decodes a reply, then the conversation thinks (holds its history, no device state) before the
+// next turn. Some turns also fork agent branches that decode for a while and are dropped. The
+// same schedule is replayed twice through a SparseKVCacheManager on the CPU backend:
+//   sharing: AdmitWithPrefix (the next turn shares the retained history), Fork for branches,
+//            Retain between turns;
+//   private: Admit + a full ingest per turn and per branch, Retract between turns (each request
+//            holds its own copy of its history, as without sharing).
+// Host-pool occupancy is counted in pages and converted to bytes with the preset's KV bytes per
+// token, so the figures hold for the model although the simulation stores tiny rows.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "sparsekv/options.h"
+#include "sparsekv/status.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace sparsekv::tools {
+
+struct MultiTurnConfig {
+  std::string preset = "deepseek-v3.2";  // KV bytes per token come from the preset
+  KVRowFormat row_format = KVRowFormat::kFp8Row656;
+  int32_t conversations = 64;
+  int32_t turns = 6;                 // turns per conversation
+  int32_t system_tokens = 2048;      // one system prompt, the same for every conversation
+  int32_t user_tokens = 256;         // new prompt tokens per turn: uniform in [1/2, 3/2] of this
+  int32_t reply_tokens = 192;        // decoded tokens per turn: uniform in [1/2, 3/2] of this
+  int32_t think_steps = 128;         // mean decode steps between a reply and the next turn
+  double branch_probability = 0.25;  // chance that a turn forks agent branches
+  int32_t branches = 2;              // branches per forking turn
+  int32_t branch_tokens = 128;       // tokens a branch decodes before it is dropped
+  int32_t page_tokens = 64;          // host_page_tokens
+  uint64_t seed = 1;
+};
+
+// One replay of the schedule. Pages are host-pool pages in use (live requests, retained
+// conversations, copy-on-write spares), sampled after every decode step.
+struct MultiTurnModeResult {
+  int64_t steps = 0;
+  int32_t peak_pages = 0;
+  double mean_pages = 0;
+  int64_t ingested_tokens = 0;  // prompt tokens written into the pool (prefill not shared)
+  uint64_t prefix_hit_tokens = 0;
+  uint64_t copy_on_write_pages = 0;
+  int32_t peak_shared_pages = 0;
+  // conversations / (peak_pages * page_bytes / 1e9): conversations one GB of pool holds.
+  double conversations_per_host_gb = 0;
+  double peak_host_gb = 0;  // peak_pages * page_bytes / 1e9
+};
+
+struct MultiTurnReport {
+  MultiTurnConfig config;
+  int64_t token_bytes = 0;  // KV bytes per token over all layers (preset)
+  int64_t page_bytes = 0;   // token_bytes * page_tokens
+  MultiTurnModeResult sharing;
+  MultiTurnModeResult private_history;
+};
+
+// Runs both replays. InvalidArgument for a configuration that cannot run.
+StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config);
+// The report as JSON; `summary` holds conversations_per_host_gb_multi_turn and
+// conversations_per_host_gb_private (for scripts/merge_summary.py).
+std::string FormatMultiTurnJson(const MultiTurnReport& report, const std::string& command);
+
+// The `multi-turn` subcommand.
+class MultiTurnCommand {
+ public:
+  // Adds the subcommand and its options to `parent`, which must outlive this object.
+  explicit MultiTurnCommand(CLI::App& parent);
+  bool selected() const;
+  // Runs, prints a table on `out`, writes --json. Returns an exit code (cli.h).
+  int Run(const std::string& command, std::ostream& out, std::ostream& err);
+
+ private:
+  CLI::App* app_;
+  MultiTurnConfig config_;
+  std::string precision_ = "fp8";
+  std::string json_path_;
+};
+
+}  // namespace sparsekv::tools

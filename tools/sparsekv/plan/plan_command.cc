@@ -1,0 +1,382 @@
+#include "tools/sparsekv/plan/plan_command.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "sparsekv/options.h"
+#include "sparsekv/planner_calibration.h"
+#include "tools/sparsekv/exit_codes.h"
+
+namespace sparsekv::tools {
+namespace {
+
+using Json = nlohmann::json;
+
+// One modelled configuration: a variant on a tier at a context and miss rate, swept over batches
+// 1, 2, 4, ... up to what HBM and the tier's capacity admit (points past the SLO included, marked).
+struct PlanPoint {
+  int32_t batch = 0;
+  StepTime step;
+  double tokens_per_s = 0;
+  bool within_slo = true;
+};
+struct PlanCase {
+  std::string tier;  // "hbm" for the full-HBM baseline
+  KVVariant variant = KVVariant::kSparseKV;
+  int32_t context = 0;
+  double miss_rate = 0;
+  BatchLimits limits;
+  std::vector<PlanPoint> points;
+  PlanPoint best;  // the highest throughput within every limit; batch 0 if none
+};
+
+std::string Format(const char* fmt, auto... args) {
+  std::string text(std::snprintf(nullptr, 0, fmt, args...), '\0');
+  std::snprintf(text.data(), text.size() + 1, fmt, args...);
+  return text;
+}
+
+std::string Limit(int32_t v) { return v >= kMaxSearchBatch ? "-" : std::to_string(v); }
+
+PlanCase Model(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
+               const MemoryTier& tier, KVVariant variant, int32_t context, double miss_rate,
+               int32_t hot_slots, double slo_ms, double hidden_fraction) {
+  PlanCase c;
+  c.tier = tier.name;
+  c.variant = variant;
+  c.context = context;
+  c.miss_rate = miss_rate;
+  RequestShape request;
+  request.layers = model.layers;
+  request.row_bytes = model.row_bytes;
+  request.indexer_key_bytes = model.indexer_key_bytes;
+  request.top_k = model.top_k;
+  request.hot_slots = hot_slots;
+  request.tokens = context;
+  StepInputs in{variant, 1, miss_rate, tier.gbps, hidden_fraction};
+  c.limits = Limits(cal, model, gpu, request, in, tier.capacity_gb, slo_ms);
+  const int32_t top = std::min({c.limits.by_hbm, c.limits.by_capacity, kMaxSearchBatch});
+  std::vector<int32_t> batches = SweepBatches(top);
+  // The latency limit may fall between two swept batches; it is then the best point.
+  const int32_t limit = c.limits.max_batch();
+  if (limit > 0 && limit < top && !std::binary_search(batches.begin(), batches.end(), limit)) {
+    batches.insert(std::upper_bound(batches.begin(), batches.end(), limit), limit);
+  }
+  for (int32_t b : batches) {
+    in.batch = b;
+    PlanPoint p;
+    p.batch = b;
+    p.step = PredictStep(cal, model, gpu, in);
+    p.tokens_per_s = b / p.step.total_ms * 1e3;
+    p.within_slo = b <= c.limits.by_latency;
+    if (p.within_slo && p.tokens_per_s > c.best.tokens_per_s) c.best = p;
+    c.points.push_back(p);
+  }
+  return c;
+}
+
+Json ToJson(const Calibration& c) {
+  const auto cost = [](const VariantCost& v) {
+    return Json{{"fixed_us_per_layer", v.fixed_us},
+                {"per_request_us_per_layer", v.per_request_us},
+                {"gather_gbps", v.gather_gbps}};
+  };
+  return {{"attention_fixed_us_per_layer", c.attention_fixed_us},
+          {"attention_per_request_us_per_layer", c.attention_per_request_us},
+          {"weight_stream_gbps", c.weight_gbps},
+          {"rest_per_request_us_per_layer", c.rest_per_request_us},
+          {"link_gbps", c.link_gbps},
+          {"gather_efficiency", c.gather_efficiency()},
+          {"full-hbm", cost(c.full_hbm)},
+          {"sparsekv", cost(c.sparsekv)},
+          {"no-cache", cost(c.no_cache)}};
+}
+
+Json ToJson(const CalibrationCheck& check) {
+  Json points = Json::array();
+  for (const CheckedPoint& p : check.points) {
+    const MeasuredPoint& m = p.measured;
+    points.push_back({{"preset", m.preset},
+                      {"variant", VariantName(m.variant)},
+                      {"context", m.context},
+                      {"miss_rate_target", m.miss_rate_target ? Json(*m.miss_rate_target) : Json()},
+                      {"batch", m.batch},
+                      {"measured_tpot_ms", m.tpot_ms},
+                      {"predicted_tpot_ms", p.predicted_ms},
+                      {"error_pct", p.error_pct}});
+  }
+  return {{"max_abs_error_pct", check.max_abs_error_pct},
+          {"median_abs_error_pct", check.median_abs_error_pct},
+          {"points", points}};
+}
+
+Json ToJson(const PlanCase& c) {
+  const auto point = [](const PlanPoint& p) {
+    return Json{{"batch", p.batch},
+                {"tpot_ms", p.step.total_ms},
+                {"tokens_per_s", p.tokens_per_s},
+                {"attention_ms", p.step.attention_ms},
+                {"rest_ms", p.step.rest_ms},
+                {"overhead_ms", p.step.overhead_ms},
+                {"transfer_ms", p.step.transfer_ms},
+                {"binding", p.step.binding},
+                {"within_slo", p.within_slo}};
+  };
+  Json points = Json::array();
+  for (const PlanPoint& p : c.points) points.push_back(point(p));
+  const auto limit = [](int32_t v) { return v >= kMaxSearchBatch ? Json() : Json(v); };
+  return {{"tier", c.tier},
+          {"variant", VariantName(c.variant)},
+          {"context", c.context},
+          {"miss_rate", c.variant == KVVariant::kSparseKV ? Json(c.miss_rate) : Json()},
+          {"max_batch_by_hbm", limit(c.limits.by_hbm)},
+          {"max_batch_by_capacity", limit(c.limits.by_capacity)},
+          {"max_batch_by_latency", limit(c.limits.by_latency)},
+          {"max_batch", limit(c.limits.max_batch())},
+          {"binding_limit", c.limits.binding()},
+          {"best", c.best.batch > 0 ? point(c.best) : Json()},
+          {"points", points}};
+}
+
+std::string CheckTable(const CalibrationCheck& check, const char* title) {
+  std::string out = std::string(title) + "\n" +
+                    Format("  %-14s %-9s %8s %6s %6s %10s %10s %8s\n", "preset", "variant",
+                           "context", "miss", "batch", "measured", "predicted", "error");
+  for (const CheckedPoint& p : check.points) {
+    const MeasuredPoint& m = p.measured;
+    out += Format("  %-14s %-9s %8d %6s %6d %8.2fms %8.2fms %+7.1f%%\n", m.preset.c_str(),
+                  std::string(VariantName(m.variant)).c_str(), m.context,
+                  m.miss_rate_target ? Format("%.2f", *m.miss_rate_target).c_str() : "-", m.batch,
+                  m.tpot_ms, p.predicted_ms, p.error_pct);
+  }
+  return out + Format("  max |error| %.1f%%, median |error| %.1f%% over %zu points\n",
+                      check.max_abs_error_pct, check.median_abs_error_pct, check.points.size());
+}
+
+std::string CalibrationText(const Calibration& c) {
+  return Format(
+      "Calibration (per layer): attention %.2f + %.3f*B us; rest of model: weights at %.0f GB/s "
+      "+ %.3f*B us\n  overhead full-hbm %.1f + %.2f*B us; sparsekv %.1f + %.2f*B us, gather "
+      "%.1f GB/s; no-cache %.1f + %.2f*B us, gather %.1f GB/s\n  gather efficiency %.2f of the "
+      "%.1f GB/s link (applied to every tier)\n",
+      c.attention_fixed_us, c.attention_per_request_us, c.weight_gbps, c.rest_per_request_us,
+      c.full_hbm.fixed_us, c.full_hbm.per_request_us, c.sparsekv.fixed_us,
+      c.sparsekv.per_request_us, c.sparsekv.gather_gbps, c.no_cache.fixed_us,
+      c.no_cache.per_request_us, c.no_cache.gather_gbps, c.gather_efficiency(), c.link_gbps);
+}
+
+std::string PlanTable(const std::vector<PlanCase>& cases, double slo_ms) {
+  std::string out = Format(
+      "\nMax batch per GPU and best throughput (TPOT SLO %s)\n  %8s %-13s %5s %6s %6s %6s "
+      "%-8s %9s %9s %-9s %7s\n",
+      slo_ms > 0 ? Format("%.0f ms", slo_ms).c_str() : "none", "context", "tier", "miss", "hbm",
+      "cap", "slo", "limit", "tpot", "tok/s", "bound by", "vs hbm");
+  double baseline = 0;
+  for (const PlanCase& c : cases) {
+    if (c.variant == KVVariant::kFullHbm) baseline = c.best.tokens_per_s;
+    const std::string gain = baseline > 0 && c.variant != KVVariant::kFullHbm
+                                 ? Format("%.2fx", c.best.tokens_per_s / baseline)
+                                 : "";
+    out += Format(
+        "  %8d %-13s %5s %6s %6s %6s %-8s %7.1fms %9.0f %-9s %7s\n", c.context, c.tier.c_str(),
+        c.variant == KVVariant::kSparseKV ? Format("%.2f", c.miss_rate).c_str() : "-",
+        Limit(c.limits.by_hbm).c_str(), Limit(c.limits.by_capacity).c_str(),
+        Limit(c.limits.by_latency).c_str(), c.limits.binding().c_str(), c.best.step.total_ms,
+        c.best.tokens_per_s, c.best.batch > 0 ? c.best.step.binding.c_str() : "-", gain.c_str());
+  }
+  return out;
+}
+
+bool WriteJson(const std::string& path, const Json& j, std::ostream& err) {
+  std::ofstream file(path);
+  file << j.dump(2) << "\n";
+  file.close();
+  if (!file) err << "sparsekv plan: cannot write JSON to '" << path << "'\n";
+  return static_cast<bool>(file);
+}
+
+}  // namespace
+
+StatusOr<MemoryTier> ParseTier(const std::string& text) {
+  std::istringstream in(text);
+  MemoryTier t;
+  std::string capacity, gbps;
+  if (std::getline(in, t.name, ':') && std::getline(in, capacity, ':') && std::getline(in, gbps) &&
+      !t.name.empty()) {
+    try {
+      size_t used_c = 0, used_g = 0;
+      t.capacity_gb = std::stod(capacity, &used_c);
+      t.gbps = std::stod(gbps, &used_g);
+      if (used_c == capacity.size() && used_g == gbps.size() && t.capacity_gb > 0 && t.gbps > 0) {
+        return t;
+      }
+    } catch (const std::exception&) {
+    }
+  }
+  return InvalidArgument("--tier '" + text +
+                         "': expected NAME:CAPACITY_GB:GBPS with positive numbers, e.g. "
+                         "cxl:500:50");
+}
+
+PlanCommand::PlanCommand(CLI::App& parent) {
+  app_ = parent.add_subcommand(
+      "plan",
+      "Capacity and bandwidth model of decode with sparse KV offloading: max batch per GPU by "
+      "HBM, tier capacity and TPOT SLO; TPOT and throughput vs batch; across tiers and contexts.");
+  app_->add_option("--preset", preset_, "model shape")
+      ->check(CLI::IsMember({"deepseek-v3.2", "glm-5"}))
+      ->capture_default_str();
+  app_->add_option("--precision", precision_, "KV row format: fp8 (656 B) or bf16 (1152 B)")
+      ->check(CLI::IsMember({"fp8", "bf16"}))
+      ->capture_default_str();
+  app_->add_option("--weights-gb", model_.weights_gb,
+                   "per-GPU weight bytes streamed every step (rest-of-model cost)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--hbm-gb", gpu_.hbm_gb, "GPU HBM capacity")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--reserved-gb", gpu_.reserved_gb, "HBM for activations and workspace")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app_->add_option("--tflops", gpu_.flops_tflops,
+                   "GPU dense bf16 TFLOP/s (bounds the rest of the model at large batches)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--tier", tiers_,
+                   "memory tier NAME:CAPACITY_GB_PER_GPU:GBPS, repeatable [default: "
+                   "pcie-dram:250:55 cxl:500:50 nvlink-c2c:480:450 scaleup-pool:4000:450]");
+  app_->add_option("--contexts", contexts_, "context lengths, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--miss-rates", miss_rates_,
+                   "hot-cache miss rates, comma-separated (measure yours with `sparsekv replay`)")
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app_->add_option("--hot-slots", hot_slots_, "hot-cache slots per request and layer")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--tpot-slo-ms", tpot_slo_ms_, "TPOT limit per step (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app_->add_option("--hidden-fraction", hidden_fraction_,
+                   "share of the miss transfer hidden behind attention and the rest of the "
+                   "model: 0 = serial (an indexer in every layer, as measured); 0.6-0.77 measured "
+                   "with one top-k per 4 layers and copies ahead on 16 blocks; 1 = the ideal")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app_->add_option("--calibration", calibration_paths_,
+                   "refit the model to `sparsekv bench --json` files and check it against them")
+      ->check(CLI::ExistingFile);
+  app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
+      ->option_text("PATH");
+}
+
+bool PlanCommand::selected() const { return app_->parsed(); }
+
+int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream& err) {
+  const auto fail = [&](const Status& s, int code) {
+    err << "sparsekv plan: " << s.message() << "\n";
+    return code;
+  };
+  std::vector<MemoryTier> tiers;
+  for (const std::string& t : tiers_) {
+    StatusOr<MemoryTier> tier = ParseTier(t);
+    if (!tier.ok()) return fail(tier.status(), kExitUsage);
+    tiers.push_back(*tier);
+  }
+  if (tiers.empty()) tiers = DefaultTiers();
+  StatusOr<ModelPreset> preset = FindPreset(
+      preset_, precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656);
+  if (!preset.ok()) return fail(preset.status(), kExitUsage);
+  ModelShape model = model_;
+  model.layers = preset->num_layers;
+  model.row_bytes = preset->row_bytes;
+  model.indexer_key_bytes = preset->indexer_key_bytes;
+  model.top_k = preset->top_k;
+
+  Json json = {{"command", command}, {"preset", preset_}, {"precision", precision_}};
+  Calibration cal;
+  if (!calibration_paths_.empty()) {
+    StatusOr<MeasuredRun> run = ReadMeasured(calibration_paths_);
+    if (!run.ok()) return fail(run.status(), kExitFailure);
+    StatusOr<Calibration> fitted = FitCalibration(*run);
+    if (!fitted.ok()) return fail(fitted.status(), kExitFailure);
+    cal = *fitted;
+    const CalibrationCheck check = CheckCalibration(cal, *run);
+    out << CheckTable(check, "Check: predicted vs measured TPOT (serial copies, as measured)");
+    json["check"] = ToJson(check);
+    json["summary"] = {{"plan_max_error_pct", check.max_abs_error_pct},
+                       {"plan_median_error_pct", check.median_abs_error_pct}};
+    // Out of sample: each context predicted from a fit to the others, and each preset from a
+    // fit to the others (a preset whose own points span one miss rate cannot fit the gather).
+    std::set<std::string> contexts, presets;
+    for (const MeasuredPoint& p : run->points) {
+      contexts.insert(std::to_string(p.context));
+      presets.insert(p.preset);
+    }
+    const auto context_of = [](const MeasuredPoint& p) { return std::to_string(p.context); };
+    const auto preset_of = [](const MeasuredPoint& p) { return p.preset; };
+    for (const auto& [name, groups, group] :
+         {std::tuple{"leave_context_out", contexts, std::function(context_of)},
+          std::tuple{"leave_preset_out", presets, std::function(preset_of)}}) {
+      if (groups.size() < 2) continue;
+      StatusOr<CalibrationCheck> held = HoldOutCalibration(*run, group, groups);
+      if (!held.ok()) return fail(held.status(), kExitFailure);
+      out << Format("Out of sample (%s): max |error| %.1f%%, median %.1f%% over %zu points\n", name,
+                    held->max_abs_error_pct, held->median_abs_error_pct, held->points.size());
+      json[name] = ToJson(*held);
+    }
+  }
+  out << CalibrationText(cal);
+  json["calibration"] = ToJson(cal);
+
+  std::vector<PlanCase> cases;
+  const MemoryTier hbm{"hbm", 0, 0};
+  for (int32_t context : contexts_) {
+    cases.push_back(Model(cal, model, gpu_, hbm, KVVariant::kFullHbm, context, 0, hot_slots_,
+                          tpot_slo_ms_, hidden_fraction_));
+    for (const MemoryTier& tier : tiers) {
+      for (double rate : miss_rates_) {
+        cases.push_back(Model(cal, model, gpu_, tier, KVVariant::kSparseKV, context, rate,
+                              hot_slots_, tpot_slo_ms_, hidden_fraction_));
+      }
+    }
+  }
+  out << PlanTable(cases, tpot_slo_ms_)
+      << "  hbm/cap/slo: max batch by the KV budget in HBM, by the tier's capacity, by the TPOT "
+         "SLO;\n  bound by: the largest part of the best point's step; vs hbm: its tokens/s over "
+         "the full-HBM baseline's.\n"
+      << (hidden_fraction_ > 0
+              ? Format("  --hidden-fraction %.2f: that share of the transfer hidden behind "
+                       "compute.\n",
+                       hidden_fraction_)
+              : std::string("  Copies serial with compute, as measured with an indexer per layer "
+                            "(--hidden-fraction for shared indexers).\n"));
+
+  json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
+                 {"reserved_gb", gpu_.reserved_gb},
+                 {"tflops", gpu_.flops_tflops},
+                 {"weights_gb", model.weights_gb}};
+  json["tiers"] = Json::array();
+  for (const MemoryTier& t : tiers) {
+    json["tiers"].push_back({{"name", t.name}, {"capacity_gb", t.capacity_gb}, {"gbps", t.gbps}});
+  }
+  json["hot_slots"] = hot_slots_;
+  json["tpot_slo_ms"] = tpot_slo_ms_;
+  json["hidden_fraction"] = hidden_fraction_;
+  json["cases"] = Json::array();
+  for (const PlanCase& c : cases) json["cases"].push_back(ToJson(c));
+  if (!json_path_.empty() && !WriteJson(json_path_, json, err)) return kExitFailure;
+  return kExitOk;
+}
+
+}  // namespace sparsekv::tools

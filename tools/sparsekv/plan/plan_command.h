@@ -1,0 +1,45 @@
+// The `plan` subcommand: the planner's flags, the sweep over tiers, contexts and miss rates, the
+// optional calibration check, and the table and JSON it prints (docs/planning.md).
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "sparsekv/planner.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace sparsekv::tools {
+
+// "name:capacity_gb:gbps" -> MemoryTier; InvalidArgument for anything else.
+StatusOr<MemoryTier> ParseTier(const std::string& text);
+
+class PlanCommand {
+ public:
+  // Adds the `plan` subcommand and its options to `parent`, which must outlive this object.
+  explicit PlanCommand(CLI::App& parent);
+  bool selected() const;
+  // Runs the model, prints the tables on `out`, writes --json. Returns an exit code (cli.h).
+  // REQUIRES: the command line was parsed successfully and selected() is true.
+  int Run(const std::string& command, std::ostream& out, std::ostream& err);
+
+ private:
+  CLI::App* app_;
+  std::string preset_ = "deepseek-v3.2";
+  std::string precision_ = "fp8";
+  ModelShape model_;
+  GpuSpec gpu_;
+  std::vector<std::string> tiers_;
+  std::vector<int32_t> contexts_ = {16384, 32768, 65536, 131072, 262144, 524288, 1048576};
+  std::vector<double> miss_rates_ = {0.2};
+  int32_t hot_slots_ = 4096;
+  double tpot_slo_ms_ = 50;
+  double hidden_fraction_ = 0;  // StepInputs::hidden_fraction
+  std::vector<std::string> calibration_paths_;
+  std::string json_path_;
+};
+
+}  // namespace sparsekv::tools

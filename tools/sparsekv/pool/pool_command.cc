@@ -1,0 +1,194 @@
+#include "tools/sparsekv/pool/pool_command.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <csignal>
+#include <memory>
+
+#include "sparsekv/control_plane.h"
+#include "sparsekv/transport.h"
+#include "tools/sparsekv/exit_codes.h"
+
+namespace sparsekv::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+volatile std::sig_atomic_t stop_requested = 0;
+extern "C" void OnStopSignal(int) { stop_requested = 1; }
+
+// The region a pool server contributes: anonymous, page-aligned memory (zero until written).
+class Mapping {
+ public:
+  explicit Mapping(size_t bytes) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    base_ = p == MAP_FAILED ? nullptr : p;
+  }
+  ~Mapping() {
+    if (base_ != nullptr) munmap(base_, bytes_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  void* base() const { return base_; }
+
+ private:
+  size_t bytes_;
+  void* base_;
+};
+
+// "host:port" -> (host, port); false if malformed.
+bool ParseHostPort(const std::string& text, std::string* host, int* port) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = text.substr(0, colon);
+  try {
+    size_t used = 0;
+    *port = std::stoi(text.substr(colon + 1), &used);
+    return used == text.size() - colon - 1 && *port > 0 && *port < 65536;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// SIGTERM and SIGINT set stop_requested. They are blocked in every thread started while the
+// returned guard lives (the transport's), so that they interrupt the main thread's wait.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action {};
+    action.sa_handler = OnStopSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = 0;  // no SA_RESTART: the wait for events returns early
+    sigaction(SIGTERM, &action, nullptr);
+    sigaction(SIGINT, &action, nullptr);
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+  }
+  // Unblocks them in this thread (call once the helper threads exist).
+  void Unblock() { pthread_sigmask(SIG_UNBLOCK, &set_, nullptr); }
+
+ private:
+  sigset_t set_;
+};
+
+}  // namespace
+
+PoolCommand::PoolCommand(CLI::App& parent) {
+  app_ = parent.add_subcommand(
+      "pool",
+      "Pool server: contribute registered host memory to the shared KV pool (UCX), announced in "
+      "the control plane (Redis); runs until SIGTERM/SIGINT.");
+  app_->add_option("--node-id", node_id_, "Name of this pool server in the control plane")
+      ->required();
+  app_->add_option("--control-plane", control_plane_, "Redis server, HOST:PORT")
+      ->capture_default_str();
+  app_->add_option("--key-prefix", key_prefix_, "Prefix of every control-plane key")
+      ->capture_default_str();
+  app_->add_option("--region-mib", region_mib_, "Size of the contributed region, MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app_->add_option("--transports", transports_,
+                   "UCX transports (UCX_TLS), e.g. tcp or shm; empty = UCX's choice");
+  app_->add_option("--net-devices", net_devices_, "UCX network devices, e.g. lo; empty = all");
+  app_->add_option("--lease-ms", lease_ms_, "Membership lease; heartbeats every third of it")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{30}, int64_t{600000}));
+  app_->add_option("--timeout-ms", timeout_ms_, "Deadline of every control-plane call and transfer")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{600000}));
+}
+
+bool PoolCommand::selected() const { return app_->parsed(); }
+
+int PoolCommand::Run(std::ostream& out, std::ostream& err) {
+  ControlPlaneOptions plane_options;
+  if (!ParseHostPort(control_plane_, &plane_options.host, &plane_options.port)) {
+    err << "sparsekv pool: --control-plane must be HOST:PORT, got '" << control_plane_ << "'\n";
+    return kExitUsage;
+  }
+  plane_options.key_prefix = key_prefix_;
+  plane_options.connect_timeout = milliseconds(timeout_ms_);
+  plane_options.command_timeout = milliseconds(timeout_ms_);
+  const milliseconds lease(lease_ms_);
+  const milliseconds heartbeat_period = lease / 3;
+  auto fail = [&](const std::string& what, const Status& status) {
+    err << "sparsekv pool: " << what << ": " << status.ToString() << "\n";
+    return kExitFailure;
+  };
+
+  stop_requested = 0;
+  StopSignals signals;
+  const uint64_t bytes = static_cast<uint64_t>(region_mib_) << 20;
+  Mapping memory(bytes);
+  if (memory.base() == nullptr) {
+    return fail("allocating the region", ResourceExhausted(std::to_string(bytes) + " bytes"));
+  }
+  UcxTransportOptions transport_options;
+  transport_options.transports = transports_;
+  transport_options.net_devices = net_devices_;
+  transport_options.operation_timeout = milliseconds(timeout_ms_);
+  auto transport = CreateUcxTransport(transport_options);
+  if (!transport.ok()) return fail("creating the UCX transport", transport.status());
+  signals.Unblock();
+  auto region = (*transport)->RegisterRegion(memory.base(), bytes);
+  if (!region.ok()) return fail("registering the region", region.status());
+  auto descriptor = (*transport)->ExportRegion(*region);
+  if (!descriptor.ok()) return fail("exporting the region", descriptor.status());
+  auto plane = ControlPlane::Connect(plane_options);
+  if (!plane.ok()) return fail("connecting to the control plane", plane.status());
+
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string address = std::string(host) + " pid " + std::to_string(getpid());
+  uint64_t incarnation = 0;
+  // Registers as a new incarnation and publishes region 0 under it.
+  auto join = [&]() -> Status {
+    SPARSEKV_ASSIGN_OR_RETURN(incarnation, (*plane)->RegisterNode(node_id_, address, lease));
+    return (*plane)->PublishRegion(node_id_, incarnation, 0, *descriptor);
+  };
+  if (Status s = join(); !s.ok()) return fail("joining the pool", s);
+  out << "pool: node " << node_id_ << " incarnation " << incarnation << " serves region 0 ("
+      << bytes << " bytes, transports '" << transports_ << "') via " << control_plane_ << std::endl;
+
+  Clock::time_point next_heartbeat = Clock::now() + heartbeat_period;
+  while (stop_requested == 0) {
+    const auto wait =
+        std::clamp(std::chrono::duration_cast<milliseconds>(next_heartbeat - Clock::now()),
+                   milliseconds(0), heartbeat_period);
+    if (Status s = (*transport)->WaitForEvents(wait); !s.ok()) {
+      return fail("progressing the transport", s);
+    }
+    if (Clock::now() < next_heartbeat) continue;
+    next_heartbeat = Clock::now() + heartbeat_period;
+    const Status beat = (*plane)->Heartbeat(node_id_, incarnation, lease);
+    if (beat.code() == StatusCode::kNotFound || beat.code() == StatusCode::kFailedPrecondition) {
+      // The lease lapsed (e.g. the control plane was unreachable for longer than it): records
+      // of the old incarnation are refused from now on, so the memory can serve a new one.
+      err << "sparsekv pool: lost membership (" << beat.ToString() << "); joining again\n";
+      if (Status s = join(); !s.ok()) {
+        err << "sparsekv pool: joining again failed: " << s.ToString() << "\n";
+      } else {
+        out << "pool: node " << node_id_ << " rejoined as incarnation " << incarnation << std::endl;
+      }
+    } else if (!beat.ok()) {
+      err << "sparsekv pool: heartbeat failed: " << beat.ToString() << "\n";
+    }
+  }
+  if (Status s = (*plane)->Deregister(node_id_, incarnation); !s.ok()) {
+    err << "sparsekv pool: deregistering: " << s.ToString() << "\n";
+  }
+  if (Status s = (*transport)->UnregisterRegion(*region); !s.ok()) {
+    return fail("unregistering the region", s);
+  }
+  out << "pool: node " << node_id_ << " incarnation " << incarnation << " stopped" << std::endl;
+  return kExitOk;
+}
+
+}  // namespace sparsekv::tools

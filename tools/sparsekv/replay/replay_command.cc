@@ -1,0 +1,358 @@
+#include "tools/sparsekv/replay/replay_command.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tools/sparsekv/exit_codes.h"
+#include "tools/sparsekv/progress.h"
+#include "tools/sparsekv/replay/prefetch_predictors.h"
+
+namespace sparsekv::tools {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string Format(const char* fmt, auto... args) {
+  std::string text(std::snprintf(nullptr, 0, fmt, args...), '\0');
+  std::snprintf(text.data(), text.size() + 1, fmt, args...);
+  return text;
+}
+
+Json ToJson(const TopKGeneratorOptions& g) {
+  return {{"top_k", g.top_k},
+          {"reuse", g.reuse},
+          {"recency", g.recency},
+          {"sinks", g.sinks},
+          {"early_layers", g.early_layers},
+          {"early_layer_reuse", g.early_layer_reuse},
+          {"seed", g.seed}};
+}
+
+// The best policy's hit rate minus lru's, at hot-cache size `slots`; 0 if lru was not replayed.
+struct Gain {
+  std::string policy;
+  double gain = 0;
+};
+Gain BestGain(const std::vector<PolicyResult>& results, int32_t slots) {
+  const auto lru = std::find_if(results.begin(), results.end(), [&](const PolicyResult& r) {
+    return r.hot_slots == slots && r.policy == "lru";
+  });
+  Gain best{"lru", 0};
+  if (lru == results.end()) return best;
+  for (const PolicyResult& r : results) {
+    if (r.hot_slots == slots && r.hit_rate - lru->hit_rate > best.gain) {
+      best = {r.policy, r.hit_rate - lru->hit_rate};
+    }
+  }
+  return best;
+}
+
+Json ToJson(const ReplayResult& r, const Trace& trace) {
+  const TraceStats& s = r.stats;
+  Json hist = Json::object();
+  for (size_t i = 0; i < kReuseDistanceBounds.size(); ++i) {
+    hist["<=" + std::to_string(kReuseDistanceBounds[i])] = s.reuse_distance[i];
+  }
+  hist[">" + std::to_string(kReuseDistanceBounds.back())] = s.reuse_distance.back();
+  hist["first_use"] = s.first_uses;
+  Json results = Json::array();
+  for (const PolicyResult& p : r.results) {
+    results.push_back({{"policy", p.policy},
+                       {"hot_slots", p.hot_slots},
+                       {"hit_rate", p.hit_rate},
+                       {"misses", p.misses},
+                       {"bytes_moved", p.bytes_moved},
+                       {"bytes_per_step", p.bytes_per_step},
+                       {"layer_hit_rate", p.layer_hit_rate},
+                       {"step_hit_rate", p.step_hit_rate}});
+  }
+  return {{"layers", trace.layers},
+          {"steps", trace.steps},
+          {"top_k", trace.top_k},
+          {"mean_seq_len", s.mean_seq_len},
+          {"layer_reuse", s.layer_reuse},
+          {"layer_recency", s.layer_recency},
+          {"layer_working_set", s.layer_working_set},
+          {"reuse_distance_steps", hist},
+          {"fitted_generator", ToJson(s.fitted)},
+          {"results", results}};
+}
+
+std::string Table(const ReplayResult& r, const Trace& trace, const std::string& title) {
+  const TraceStats& s = r.stats;
+  const auto [lo, hi] = std::minmax_element(s.layer_reuse.begin(), s.layer_reuse.end());
+  double ws = 0;
+  for (double w : s.layer_working_set) ws += w / s.layer_working_set.size();
+  std::string out = Format("\n%s: %d layers x %d steps, top-k %d, mean seq_len %.0f\n",
+                           title.c_str(), trace.layers, trace.steps, trace.top_k, s.mean_seq_len);
+  out += Format(
+      "  reuse of the previous step's row: %.3f (layers: %.3f .. %.3f); working set "
+      "over %s: %.0f positions\n",
+      s.fitted.reuse, *lo, *hi, "16 steps", ws);
+  uint64_t total = s.first_uses;
+  for (uint64_t n : s.reuse_distance) total += n;
+  out += "  reuse distance (steps):";
+  for (size_t i = 0; i < s.reuse_distance.size(); ++i) {
+    const std::string label = i < kReuseDistanceBounds.size()
+                                  ? "<=" + std::to_string(kReuseDistanceBounds[i])
+                                  : ">" + std::to_string(kReuseDistanceBounds.back());
+    out += Format(" %s %.1f%%", label.c_str(),
+                  100.0 * s.reuse_distance[i] / std::max<uint64_t>(1, total));
+  }
+  out += Format(" first %.1f%%\n", 100.0 * s.first_uses / std::max<uint64_t>(1, total));
+  const TopKGeneratorOptions& f = s.fitted;
+  out += Format(
+      "  fitted generator: --reuse %.3f --recency %.3f --sinks %d (early layers reuse "
+      "%.3f)\n",
+      f.reuse, f.recency, f.sinks, f.early_layer_reuse);
+  out += Format("  %9s %-14s %9s %8s %10s %9s %9s\n", "hot slots", "policy", "hit rate", "vs lru",
+                "MB/step", "min layer", "max layer");
+  for (const PolicyResult& p : r.results) {
+    const auto lru = std::find_if(r.results.begin(), r.results.end(), [&](const PolicyResult& q) {
+      return q.hot_slots == p.hot_slots && q.policy == "lru";
+    });
+    const auto [lmin, lmax] = std::minmax_element(p.layer_hit_rate.begin(), p.layer_hit_rate.end());
+    out += Format("  %9d %-14s %9.4f %+8.4f %10.3f %9.4f %9.4f\n", p.hot_slots, p.policy.c_str(),
+                  p.hit_rate, lru != r.results.end() ? p.hit_rate - lru->hit_rate : 0.0,
+                  p.bytes_per_step / 1e6, *lmin, *lmax);
+  }
+  return out;
+}
+
+Json PrefetchJson(const std::vector<PrefetchResult>& runs) {
+  Json out = Json::array();
+  for (const PrefetchResult& r : runs) {
+    out.push_back({{"predictor", r.predictor},
+                   {"budget", r.budget},
+                   {"hot_slots", r.hot_slots},
+                   {"lookups", r.lookups},
+                   {"baseline_misses", r.baseline_misses},
+                   {"misses", r.misses},
+                   {"fetched", r.fetched},
+                   {"useful", r.useful},
+                   {"precision", r.precision},
+                   {"recall", r.recall},
+                   {"baseline_miss_rate", r.baseline_miss_rate},
+                   {"net_miss_rate", r.net_miss_rate},
+                   {"extra_bytes", r.extra_bytes},
+                   {"net_bytes", r.net_bytes}});
+  }
+  return out;
+}
+
+}  // namespace
+
+ReplayCommand::ReplayCommand(CLI::App& parent) {
+  app_ = parent.add_subcommand(
+      "replay",
+      "Replays top-k traces (a file, or the synthetic generator) through hot-cache policies on "
+      "the CPU: hit rates per layer and step, bytes moved, working set, reuse distance.");
+  app_->add_option("--trace", trace_path_,
+                   "trace file (format: docs/planning.md) [default: "
+                   "the synthetic generator]")
+      ->check(CLI::ExistingFile);
+  app_->add_option("--layers", layers_, "synthetic: layers")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app_->add_option("--steps", steps_, "synthetic: decode steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--context", context_, "synthetic: history at the first step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--top-k", generator_.top_k, "synthetic: positions per row")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--reuse", generator_.reuse, "synthetic: share of the previous step's row")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app_->add_option("--early-layer-reuse", generator_.early_layer_reuse,
+                   "synthetic: the same for the first two layers")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app_->add_option("--recency", generator_.recency, "synthetic: share from the newest 10%")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app_->add_option("--sinks", generator_.sinks, "synthetic: first positions always selected")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app_->add_option("--seed", generator_.seed, "synthetic: random seed")->capture_default_str();
+  app_->add_option("--miss-rate", generator_.miss_rate,
+                   "synthetic: miss-rate mode with this rate (topk_generator.h; its fresh "
+                   "positions are a random permutation, unpredictable by design) [default: off]")
+      ->check(CLI::Range(0.0, 1.0));
+  app_->add_option("--fresh-range", generator_.fresh_range,
+                   "synthetic, miss-rate mode: fresh positions from [0, N) [default: context - 1]")
+      ->check(CLI::PositiveNumber);
+  app_->add_option("--hot-slots", hot_slots_,
+                   "hot-cache sizes (slots per request and layer), comma-separated [default: "
+                   "1, 2, 3 and 4 times top-k]")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app_->add_option("--policies", policies_, "policies, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"lru", "clock", "lfu-decay", "slru", "aging"}))
+      ->capture_default_str();
+  app_->add_option("--window-split", window_split_,
+                   "also replay lru with this many newest tokens resident, at the same memory "
+                   "(0 or 1: off) [default: top-k / 8]")
+      ->check(CLI::NonNegativeNumber);
+  app_->add_option("--decay", options_.decay, "lfu-decay: weight of a use per step of age")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app_->add_option("--protected-percent", options_.protected_percent,
+                   "slru: the protected part's capacity, % of the hot slots")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  app_->add_option("--aging-shift", options_.aging_shift,
+                   "aging: scores decay by 1 - 2^-N per step")
+      ->check(CLI::Range(1, 15))
+      ->capture_default_str();
+  app_->add_option("--warmup", options_.warmup_steps, "first steps not counted")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app_->add_option("--row-bytes", options_.row_bytes, "bytes per missed row")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app_->add_option("--prefetch", prefetch_,
+                   "also replay cross-step prefetch with these predictors, comma-separated "
+                   "(docs/prefetch.md), on lru")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"window-exit", "neighbours", "evicted", "dropped", "combined"}));
+  app_->add_option("--prefetch-budget", prefetch_budgets_,
+                   "prefetch: positions proposed per step, request and layer, comma-separated "
+                   "[default: 1, 2, top-k / 16, / 8, / 4, / 2]")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app_->add_flag("--synthetic-like", synthetic_like_,
+                 "also replay the generator with the parameters fitted to the trace");
+  app_->add_option("--write-trace", write_trace_path_, "write the replayed trace to PATH")
+      ->option_text("PATH");
+  app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
+      ->option_text("PATH");
+}
+
+bool ReplayCommand::selected() const { return app_->parsed(); }
+
+int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostream& err,
+                       bool progress_bar) {
+  const auto fail = [&](const Status& s, int code) {
+    err << "sparsekv replay: " << s.message() << "\n";
+    return code;
+  };
+  Trace trace;
+  std::string source = trace_path_;
+  if (!trace_path_.empty()) {
+    StatusOr<Trace> read = ReadTrace(trace_path_);
+    if (!read.ok()) return fail(read.status(), kExitFailure);
+    trace = std::move(*read);
+  } else {
+    if (generator_.top_k > context_) {
+      return fail(InvalidArgument("--top-k must be <= --context"), kExitUsage);
+    }
+    Json generator = ToJson(generator_);
+    if (generator_.miss_rate >= 0) {
+      if (generator_.fresh_range == 0) generator_.fresh_range = context_ - 1;
+      if (generator_.fresh_range >= context_ || generator_.top_k > generator_.fresh_range + 1) {
+        return fail(InvalidArgument("--fresh-range must be in [top-k - 1, context)"), kExitUsage);
+      }
+      generator["miss_rate"] = generator_.miss_rate;
+      generator["fresh_range"] = generator_.fresh_range;
+    }
+    trace = SyntheticTrace(generator_, layers_, steps_, context_);
+    trace.metadata =
+        Json{{"source", "synthetic"}, {"generator", generator}, {"context", context_}}.dump();
+    source = "synthetic generator";
+  }
+  if (!write_trace_path_.empty()) {
+    if (Status s = WriteTrace(write_trace_path_, trace); !s.ok()) return fail(s, kExitFailure);
+  }
+  ReplayOptions options = options_;
+  options.hot_slots = hot_slots_;
+  if (options.hot_slots.empty()) {
+    for (int32_t m = 1; m <= 4; ++m) options.hot_slots.push_back(m * trace.top_k);
+  }
+  options.window_split = window_split_ >= 0 ? window_split_ : trace.top_k / 8;
+  options.policies.clear();
+  for (const std::string& name : policies_) options.policies.push_back(*ParsePolicy(name));
+
+  ProgressBar bar(err, progress_bar);
+  const ReplayProgressFn progress = [&](std::string_view phase, int64_t done, int64_t total) {
+    bar.Update(phase, done, total);
+  };
+  StatusOr<ReplayResult> result = Replay(trace, options, progress);
+  if (!result.ok()) return fail(result.status(), kExitUsage);
+  out << Table(*result, trace, "Trace: " + source);
+
+  const int32_t reference_slots = std::find(options.hot_slots.begin(), options.hot_slots.end(),
+                                            2 * trace.top_k) != options.hot_slots.end()
+                                      ? 2 * trace.top_k
+                                      : options.hot_slots.front();
+  const Gain gain = BestGain(result->results, reference_slots);
+  out << Format("  best policy at %d slots: %s, hit rate %+.4f vs lru\n", reference_slots,
+                gain.policy.c_str(), gain.gain);
+  Json json = {{"command", command},
+               {"source", source},
+               {"metadata", trace.metadata},
+               {"row_bytes", options.row_bytes},
+               {"warmup_steps", options.warmup_steps},
+               {"decay", options.decay},
+               {"protected_percent", options.protected_percent},
+               {"aging_shift", options.aging_shift},
+               {"window_split", options.window_split},
+               {"trace", ToJson(*result, trace)},
+               {"summary",
+                {{"replay_best_policy_hit_rate_gain", gain.gain},
+                 {"replay_best_policy", gain.policy},
+                 {"replay_reference_hot_slots", reference_slots}}}};
+
+  if (!prefetch_.empty()) {
+    PrefetchOptions prefetch{
+        options.hot_slots, {}, prefetch_budgets_, options.warmup_steps, options.row_bytes};
+    for (const std::string& name : prefetch_) prefetch.predictors.push_back(*ParsePredictor(name));
+    if (prefetch.budgets.empty()) {
+      prefetch.budgets = {1, 2};
+      for (int32_t d : {16, 8, 4, 2}) {
+        if (trace.top_k / d > 2) prefetch.budgets.push_back(trace.top_k / d);
+      }
+    }
+    StatusOr<std::vector<PrefetchResult>> runs = ReplayPrefetch(trace, prefetch, progress);
+    if (!runs.ok()) return fail(runs.status(), kExitUsage);
+    out << PrefetchTable(*runs, options.row_bytes);
+    json["prefetch"] = PrefetchJson(*runs);
+    if (const PrefetchResult* best = BestPrefetch(*runs, reference_slots); best != nullptr) {
+      out << Format("  best prefetch at %d slots: %s, budget %d: miss rate %.4f -> %.4f\n",
+                    reference_slots, best->predictor.c_str(), best->budget,
+                    best->baseline_miss_rate, best->net_miss_rate);
+      json["summary"]["prefetch_precision"] = best->precision;
+      json["summary"]["prefetch_recall"] = best->recall;
+      json["summary"]["prefetch_best_predictor"] = best->predictor;
+      json["summary"]["prefetch_best_budget"] = best->budget;
+      json["summary"]["prefetch_baseline_miss_rate"] = best->baseline_miss_rate;
+      json["summary"]["prefetch_net_miss_rate"] = best->net_miss_rate;
+    }
+  }
+  if (synthetic_like_) {
+    TopKGeneratorOptions fitted = result->stats.fitted;
+    fitted.seed = generator_.seed;
+    const int32_t first = trace.seq_len_at(0, 0);
+    const Trace synthetic =
+        SyntheticTrace(fitted, trace.layers, trace.steps, std::max(first, fitted.top_k));
+    StatusOr<ReplayResult> like = Replay(synthetic, options, progress);
+    if (!like.ok()) return fail(like.status(), kExitUsage);
+    out << Table(*like, synthetic, "Synthetic generator with the fitted parameters");
+    json["synthetic_like"] = ToJson(*like, synthetic);
+  }
+  if (!json_path_.empty()) {
+    std::ofstream file(json_path_);
+    file << json.dump(2) << "\n";
+    file.close();
+    if (!file) return fail(Unavailable("cannot write JSON to '" + json_path_ + "'"), kExitFailure);
+  }
+  return kExitOk;
+}
+
+}  // namespace sparsekv::tools

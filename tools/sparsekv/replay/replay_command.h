@@ -1,0 +1,45 @@
+// The `replay` subcommand: a trace file or the synthetic generator through the hot-cache policies
+// (replay.h); prints the locality statistics, the generator parameters fitted to the trace and
+// the policy comparison, and writes them as JSON (docs/planning.md).
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tools/sparsekv/replay/replay.h"
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace sparsekv::tools {
+
+class ReplayCommand {
+ public:
+  // Adds the `replay` subcommand and its options to `parent`, which must outlive this object.
+  explicit ReplayCommand(CLI::App& parent);
+  bool selected() const;
+  // REQUIRES: the command line was parsed successfully and selected() is true.
+  int Run(const std::string& command, std::ostream& out, std::ostream& err, bool progress_bar);
+
+ private:
+  CLI::App* app_;
+  std::string trace_path_;
+  TopKGeneratorOptions generator_;
+  int32_t layers_ = 8;
+  int32_t steps_ = 256;
+  int32_t context_ = 32768;
+  std::vector<int32_t> hot_slots_;
+  std::vector<std::string> policies_ = {"lru", "clock", "lfu-decay", "slru", "aging"};
+  int32_t window_split_ = -1;  // -1: top_k / 8
+  ReplayOptions options_;
+  bool synthetic_like_ = false;
+  std::vector<std::string> prefetch_;      // predictors; empty: no prefetch replay
+  std::vector<int32_t> prefetch_budgets_;  // empty: 1, 2, top_k / 16, / 8, / 4, / 2
+  std::string write_trace_path_;
+  std::string json_path_;
+};
+
+}  // namespace sparsekv::tools

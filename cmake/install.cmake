@@ -5,7 +5,14 @@ include(CMakePackageConfigHelpers)
 
 set_target_properties(sparsekv_control_plane PROPERTIES EXPORT_NAME control_plane)
 set_target_properties(sparsekv_attention PROPERTIES EXPORT_NAME attention)
-install(TARGETS sparsekv sparsekv_control_plane sparsekv_attention
+set(sparsekv_install_targets sparsekv sparsekv_control_plane sparsekv_attention)
+if(TARGET sparsekv_cuda_common)
+  # Header-only and private to the build; exported only because the static libraries name it
+  # among their link dependencies (it brings CUDA::cudart).
+  set_target_properties(sparsekv_cuda_common PROPERTIES EXPORT_NAME cuda_common)
+  list(APPEND sparsekv_install_targets sparsekv_cuda_common)
+endif()
+install(TARGETS ${sparsekv_install_targets}
   EXPORT sparsekvTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

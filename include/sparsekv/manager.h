@@ -45,10 +45,10 @@
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
+#include "sparsekv/types.h"
 
 namespace sparsekv {
 
-using RequestId = uint64_t;
 class PrefixIndex;
 class RemoteTier;
 struct RemotePromptLayout;

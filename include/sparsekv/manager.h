@@ -49,7 +49,7 @@
 
 namespace sparsekv {
 
-class PrefixIndex;
+class PageLedger;
 class RemoteTier;
 struct RemotePromptLayout;
 struct RemoteStaging;
@@ -189,7 +189,7 @@ class SparseKVCacheManager {
   StatusOr<int32_t> Retain(RequestId id);
   // Evicts every retained conversation; returns how many there were.
   int32_t EvictRetained();
-  bool IsRetained(RequestId id) const { return retained_.contains(id); }
+  bool IsRetained(RequestId id) const;
 
   // ---- Plan (host side, between steps) ----
 
@@ -252,8 +252,7 @@ class SparseKVCacheManager {
   // REQUIRES: `layer` is the first of its group; count in [1, max_prefetch]; `stream` is
   // ordered after every read of this group's rows in the step (a victim may be a row the step
   // used), and the group's next resolve is ordered after this call's copies.
-  Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count,
-                       StreamHandle stream);
+  Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count, StreamHandle stream);
   // Ends the step: joins the write-back side stream into `stream`.
   Status FinishStep(StreamHandle stream);
   // Host side, after replaying a captured run phase for a step planned with PlanStep: closes the
@@ -313,10 +312,10 @@ class SparseKVCacheManager {
 
  private:
   struct Request {
-    int32_t owner;         // row in the host pool's page table
-    int32_t block;         // hot-cache block, -1 while retracted
-    int32_t seq_len;       // tokens with KV
-    int32_t reserved;      // tokens reserved in the host pool
+    int32_t owner;               // row in the host pool's page table
+    int32_t block;               // hot-cache block, -1 while retracted
+    int32_t seq_len;             // tokens with KV
+    int32_t reserved;            // tokens reserved in the host pool
     std::vector<bool> ingested;  // per layer
     int32_t ingested_layers;
     int32_t cached = 0;  // prompt positions [0, cached) shared at admission, never ingested
@@ -326,10 +325,6 @@ class SparseKVCacheManager {
     // A private page reserved for the copy on write of the shared, partially filled page that
     // the request's next append goes into; -1 if none. Used or freed by that append.
     int32_t cow_page = -1;
-  };
-  struct Retained {
-    std::vector<int32_t> pages;          // one reference each, full and indexed
-    std::list<RequestId>::iterator lru;  // position in retained_lru_
   };
   // The fixed device buffers of the run phase. Everything the plan phase writes is in one
   // contiguous region (`plan`), uploaded with one copy.
@@ -349,13 +344,6 @@ class SparseKVCacheManager {
   StatusOr<Request*> AdmitShared(RequestId id, int32_t seq_len, int64_t tokens,
                                  std::span<const int32_t> shared, int32_t spare_pages,
                                  std::vector<int32_t>& spares, StreamHandle stream);
-  // Evicts retained conversations, least recently used first, until `pages` pages are free;
-  // ResourceExhausted, evicting nothing, if evicting all of them would not be enough.
-  Status MakeRoom(int64_t pages, const char* op);
-  // Returns the pages this freed (a page another holder still references is not).
-  int32_t DropRetained(std::unordered_map<RequestId, Retained>::iterator it);
-  // Drops one reference; unindexes the page if it was the last.
-  void Unref(int32_t page);
   // Frees what a live request holds (hot block, page references, spare) and forgets it.
   void Forget(RequestId id, Request& r);
   Status Ingest(RequestId id, int32_t layer, const void* rows, int32_t rows_first, const char* op,
@@ -400,23 +388,20 @@ class SparseKVCacheManager {
   std::shared_ptr<HostKVPool> pool_;
   std::unique_ptr<HotCache> hot_;
   std::unordered_map<RequestId, Request> requests_;
-  std::unique_ptr<PrefixIndex> index_;
-  std::unordered_map<RequestId, Retained> retained_;
-  std::list<RequestId> retained_lru_;   // least recently used first
-  std::vector<int32_t> retained_refs_;  // per page: references held by retained conversations
+  std::unique_ptr<PageLedger> ledger_;  // prefix index, retained conversations
 
   // Device buffers.
-  std::byte* plan_device_ = nullptr;  // see PlanLayout
-  int32_t* page_table_device_ = nullptr;  // [max_requests, pages_per_request]
-  MissList miss_lists_[2];                // [max_batch * top_k] each
-  MissList prefetch_list_;                // [max_batch * max_prefetch]
-  int32_t* prefetch_slots_ = nullptr;     // [max_batch * max_prefetch] (discarded)
-  ResolveCounters* counters_ = nullptr;   // [layers] resolves, then [layers] prefetches
+  std::byte* plan_device_ = nullptr;              // see PlanLayout
+  int32_t* page_table_device_ = nullptr;          // [max_requests, pages_per_request]
+  MissList miss_lists_[2];                        // [max_batch * top_k] each
+  MissList prefetch_list_;                        // [max_batch * max_prefetch]
+  int32_t* prefetch_slots_ = nullptr;             // [max_batch * max_prefetch] (discarded)
+  ResolveCounters* counters_ = nullptr;           // [layers] resolves, then [layers] prefetches
   unsigned long long* invalid_copies_ = nullptr;  // scalar
   int64_t device_bytes_ = 0;
-  RemoteTier* remote_ = nullptr;   // not owned; null without a remote tier
+  RemoteTier* remote_ = nullptr;                   // not owned; null without a remote tier
   std::unique_ptr<RemoteStaging> remote_staging_;  // null without a remote tier
-  int32_t* remote_slots_[2] = {};  // slots of the last ResolveLayer per miss list
+  int32_t* remote_slots_[2] = {};                  // slots of the last ResolveLayer per miss list
 
   // Host mirror of the plan and step state.
   std::vector<std::byte> plan_host_;

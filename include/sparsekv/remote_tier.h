@@ -40,11 +40,10 @@
 #include <vector>
 
 #include "sparsekv/status.h"
-#include "sparsekv/types.h"
 #include "sparsekv/transport.h"
+#include "sparsekv/types.h"
 
 namespace sparsekv {
-
 
 // Where a request's prompt rows are inside a remote region: the row of (layer, position) is
 // row_bytes long at byte offset base_offset + layer * layer_stride + position * row_stride,

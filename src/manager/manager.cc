@@ -6,7 +6,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "host_pool/prefix_index.h"
+#include "host_pool/page_ledger.h"
 #include "remote/remote_staging.h"
 #include "sparsekv/remote_tier.h"
 
@@ -94,9 +94,7 @@ SparseKVCacheManager::SparseKVCacheManager(const CacheOptions& options,
       backend_(std::move(backend)),
       pool_(std::move(pool)),
       appended_(options.geometry.num_layers()),
-      resolved_(options.index_groups()) {
-  index_ = std::make_unique<PrefixIndex>(options_.host_page_tokens);
-}
+      resolved_(options.index_groups()) {}
 
 Status SparseKVCacheManager::Allocate() {
   const CacheOptions& o = options_;
@@ -106,10 +104,10 @@ Status SparseKVCacheManager::Allocate() {
         pool_, HostKVPool::Create(o.geometry, o.host_capacity_tokens, o.host_page_tokens,
                                   o.effective_max_host_requests(), o.max_context, backend_.get()));
   }
-  retained_refs_.assign(pool_->total_pages(), 0);
-  SPARSEKV_ASSIGN_OR_RETURN(hot_, HotCache::Create(o.geometry, o.hot_slots, o.window,
-                                                   o.max_requests, backend_.get(),
-                                                   o.layers_per_index));
+  ledger_ = std::make_unique<PageLedger>(pool_.get());
+  SPARSEKV_ASSIGN_OR_RETURN(
+      hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, o.max_requests, backend_.get(),
+                             o.layers_per_index));
   device_bytes_ = hot_->device_bytes();
 
   auto device = [&](size_t bytes) -> StatusOr<void*> {
@@ -166,9 +164,7 @@ SparseKVCacheManager::~SparseKVCacheManager() {
     if (r.cow_page >= 0) pool_->Unref(r.cow_page);
     pool_->ReleaseOwner(r.owner);
   }
-  for (const auto& [id, conversation] : retained_) {
-    for (int32_t page : conversation.pages) pool_->Unref(page);
-  }
+  ledger_.reset();  // drops the retained conversations' references
   if (remote_staging_ != nullptr) pool_->Unref(remote_staging_->placeholder_page);
   std::vector<void*> buffers = {plan_device_, page_table_device_, counters_, invalid_copies_,
                                 prefetch_slots_};
@@ -182,8 +178,7 @@ SparseKVCacheManager::~SparseKVCacheManager() {
   }
 }
 
-StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::Find(RequestId id,
-                                                                    const char* op) {
+StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::Find(RequestId id, const char* op) {
   auto it = requests_.find(id);
   if (it == requests_.end()) {
     return NotFound(std::string(op) + ": " + Describe(id) + " is unknown or released");
@@ -200,7 +195,7 @@ Status SparseKVCacheManager::UploadPageTable(const Request& r, StreamHandle stre
 StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::AdmitShared(
     RequestId id, int32_t seq_len, int64_t tokens, std::span<const int32_t> shared,
     int32_t spare_pages, std::vector<int32_t>& spares, StreamHandle stream) {
-  if (requests_.contains(id) || retained_.contains(id)) {
+  if (requests_.contains(id) || ledger_->IsRetained(id)) {
     return AlreadyExists("Admit: " + Describe(id) + " already exists");
   }
   if (tokens > options_.max_context) {
@@ -231,7 +226,10 @@ StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::AdmitShared(
   const int64_t fresh = (tokens + pt - 1) / pt - static_cast<int64_t>(shared.size()) + spare_pages;
   // With a shared pool, another manager may take the pages MakeRoom found before Reserve runs;
   // Reserve then fails, all or nothing.
-  Status reserved = MakeRoom(fresh, "Admit");
+  PageLedger::Evictions evicted;
+  Status reserved = ledger_->MakeRoom(fresh, "Admit", evicted);
+  evictions_ += evicted.conversations;
+  evicted_pages_ += evicted.pages;
   if (reserved.ok()) {
     reserved = pool_->Reserve(owner, static_cast<int32_t>(tokens), shared, spare_pages, &spares);
   }
@@ -242,11 +240,9 @@ StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::AdmitShared(
   // A free block was checked above; only the backend's reset copy can still fail.
   StatusOr<int32_t> acquired = hot_->Acquire(stream);
   if (!acquired.ok()) {
-    for (int32_t page : spares) Unref(page);
+    for (int32_t page : spares) ledger_->Unref(page);
     spares.clear();
-    std::vector<int32_t> freed;
-    pool_->Release(owner, &freed);
-    for (int32_t page : freed) index_->Erase(page);
+    ledger_->ReleaseOwnerPages(owner);
     pool_->ReleaseOwner(owner);
     return acquired.status();
   }
@@ -260,45 +256,6 @@ StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::AdmitShared(
             .ingested_layers = 0};
   SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
   return &requests_.emplace(id, std::move(r)).first->second;
-}
-
-Status SparseKVCacheManager::MakeRoom(int64_t pages, const char* op) {
-  if (pool_->free_pages() >= pages) return Status::Ok();
-  // Evicting every retained conversation frees exactly the pages that only they reference.
-  int64_t freeable = 0;
-  for (int32_t p = 0; p < pool_->total_pages(); ++p) {
-    freeable += retained_refs_[p] > 0 && retained_refs_[p] == pool_->RefCount(p);
-  }
-  if (pool_->free_pages() + freeable < pages) {
-    return ResourceExhausted(
-        std::string(op) + ": need " + std::to_string(pages) + " host pages, " +
-        std::to_string(pool_->free_pages()) + " free and " + std::to_string(freeable) +
-        " held only by retained conversations, of " + std::to_string(pool_->total_pages()));
-  }
-  // (Another manager of a shared pool may take freed pages meanwhile; Reserve then fails.)
-  while (pool_->free_pages() < pages && !retained_lru_.empty()) {
-    evicted_pages_ += DropRetained(retained_.find(retained_lru_.front()));
-    ++evictions_;
-  }
-  return Status::Ok();
-}
-
-int32_t SparseKVCacheManager::DropRetained(std::unordered_map<RequestId, Retained>::iterator it) {
-  int32_t freed = 0;
-  for (int32_t page : it->second.pages) {
-    --retained_refs_[page];
-    if (pool_->Unref(page)) {
-      index_->Erase(page);
-      ++freed;
-    }
-  }
-  retained_lru_.erase(it->second.lru);
-  retained_.erase(it);
-  return freed;
-}
-
-void SparseKVCacheManager::Unref(int32_t page) {
-  if (pool_->Unref(page)) index_->Erase(page);
 }
 
 Status SparseKVCacheManager::Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
@@ -325,32 +282,19 @@ StatusOr<int32_t> SparseKVCacheManager::AdmitWithPrefix(RequestId id,
   const int32_t prompt_len = static_cast<int32_t>(token_ids.size());
   const int32_t pt = options_.host_page_tokens;
   // At least the last prompt token is ingested: the engine computes its KV with its logits.
-  const std::vector<int32_t> matched = index_->Match(token_ids, (prompt_len - 1) / pt);
+  const std::vector<int32_t> matched = ledger_->Match(token_ids, (prompt_len - 1) / pt);
   // Pinned while admission may evict, so that the prefix it found is not freed under it.
   for (int32_t page : matched) pool_->AddRef(page);
   std::vector<int32_t> no_spares;
   StatusOr<Request*> r = AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, matched,
                                      0, no_spares, stream);
-  for (int32_t page : matched) Unref(page);
+  for (int32_t page : matched) ledger_->Unref(page);
   if (!r.ok()) return r.status();
   const int32_t cached = static_cast<int32_t>(matched.size()) * pt;
   (*r)->cached = cached;
   (*r)->token_ids.assign(token_ids.begin(), token_ids.end());
   (*r)->indexed_pages = static_cast<int32_t>(matched.size());
-  if (!matched.empty()) {
-    // The conversations holding the matched prefix are in use again: to the back of the LRU
-    // order, keeping their relative order (each of the original entries is visited once).
-    const size_t last = matched.size() - 1;
-    auto it = retained_lru_.begin();
-    for (size_t n = retained_lru_.size(); n > 0; --n) {
-      const std::vector<int32_t>& pages = retained_.at(*it).pages;
-      auto next = std::next(it);
-      if (pages.size() > last && pages[last] == matched[last]) {
-        retained_lru_.splice(retained_lru_.end(), retained_lru_, it);
-      }
-      it = next;
-    }
-  }
+  ledger_->Touch(matched);  // the conversations holding the prefix are in use again
   prefix_lookup_tokens_ += prompt_len;
   prefix_hit_tokens_ += cached;
   return cached;
@@ -406,8 +350,8 @@ Status SparseKVCacheManager::LoadWindow(const Request& r, int32_t layer, const v
         rows != nullptr && p >= first
             ? static_cast<const std::byte*>(rows) + static_cast<int64_t>(p - first) * stride
             : pool_->row(layer, pool_->HostRow(r.owner, p));
-    std::byte* dst = hot_->layer_data(layer) +
-                     static_cast<int64_t>(hot_->WindowSlot(r.block, p)) * stride;
+    std::byte* dst =
+        hot_->layer_data(layer) + static_cast<int64_t>(hot_->WindowSlot(r.block, p)) * stride;
     SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(dst, src, stride, stream));
     bytes_host_to_device_ += options_.geometry.layers[layer].row_bytes;
   }
@@ -470,26 +414,21 @@ void SparseKVCacheManager::IndexFullPages(Request& r) {
     // Fails only if an identical copy of the page is indexed already (two requests computed the
     // same prefix independently): lookups find that copy, and the pages after this one could not
     // be reached through it, so indexing stops here.
-    if (!index_->Insert(i == 0 ? -1 : table[i - 1], table[i], ids.subspan(i * pt, pt))) return;
+    if (!ledger_->Index(i == 0 ? -1 : table[i - 1], table[i], ids.subspan(i * pt, pt))) return;
   }
 }
 
 void SparseKVCacheManager::Forget(RequestId id, Request& r) {
   if (remote_ != nullptr) remote_->Unbind(id);
   if (r.block >= 0) hot_->Release(r.block);
-  std::vector<int32_t> freed;
-  pool_->Release(r.owner, &freed);
-  for (int32_t page : freed) index_->Erase(page);
-  if (r.cow_page >= 0) Unref(r.cow_page);
+  ledger_->ReleaseOwnerPages(r.owner);
+  if (r.cow_page >= 0) ledger_->Unref(r.cow_page);
   pool_->ReleaseOwner(r.owner);
   requests_.erase(id);
 }
 
 Status SparseKVCacheManager::Release(RequestId id) {
-  if (auto it = retained_.find(id); it != retained_.end()) {
-    DropRetained(it);
-    return Status::Ok();
-  }
+  if (ledger_->Drop(id) >= 0) return Status::Ok();
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Release"));
   if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
     return FailedPrecondition("Release: " + Describe(id) + " is in the open step");
@@ -507,23 +446,17 @@ StatusOr<int32_t> SparseKVCacheManager::Retain(RequestId id) {
   // last page, unused reservation, pages without known ids) could never be shared again.
   const std::span<const int32_t> table = pool_->page_table_row(r->owner);
   std::vector<int32_t> pages(table.begin(), table.begin() + r->indexed_pages);
-  for (int32_t page : pages) {
-    pool_->AddRef(page);
-    ++retained_refs_[page];
+  if (pages.empty()) {
+    Forget(id, *r);
+    return 0;
   }
-  Forget(id, *r);
-  if (pages.empty()) return 0;
   const int32_t tokens = static_cast<int32_t>(pages.size()) * options_.host_page_tokens;
-  retained_lru_.push_back(id);
-  retained_.emplace(id, Retained{std::move(pages), std::prev(retained_lru_.end())});
+  ledger_->Retain(id, std::move(pages));  // before Forget drops the request's references
+  Forget(id, *r);
   return tokens;
 }
 
-int32_t SparseKVCacheManager::EvictRetained() {
-  const int32_t n = static_cast<int32_t>(retained_.size());
-  while (!retained_.empty()) DropRetained(retained_.begin());
-  return n;
-}
+int32_t SparseKVCacheManager::EvictRetained() { return ledger_->DropAll(); }
 
 Status SparseKVCacheManager::Retract(RequestId id) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retract"));
@@ -552,10 +485,8 @@ Status SparseKVCacheManager::PrepareAppend(Request& r, int32_t position, StreamH
   const int32_t index = position / pt;
   if (r.cow_page >= 0) {
     // The page holding `position` was shared, partially filled, when the request was forked.
-    const int32_t page = pool_->page_table_row(r.owner)[index];
-    if (pool_->RefCount(page) == 1) {
-      Unref(r.cow_page);  // every other holder has copied it or let go: it is ours to write
-    } else {
+    const int32_t page = ledger_->SharedPageToCopy(r.owner, index, r.cow_page);
+    if (page >= 0) {
       // Copy rows [index * pt, position) of every layer into the spare, on `stream` before the
       // plan upload, hence before AppendToken forks the write-back of this step's token from it.
       const int32_t rows = position - index * pt;
@@ -564,7 +495,7 @@ Status SparseKVCacheManager::PrepareAppend(Request& r, int32_t position, StreamH
         SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(
             pool_->row(l, r.cow_page * pt), pool_->row(l, page * pt), rows * stride, stream));
       }
-      Unref(pool_->SwapPage(r.owner, index, r.cow_page));  // others still hold it: not freed
+      ledger_->ReplaceWithCopy(r.owner, index, r.cow_page);
       SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
       ++copy_on_write_pages_;
     }
@@ -636,8 +567,7 @@ Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch,
   return backend_->CopyAsync(plan_device_, plan, layout.bytes, stream);
 }
 
-Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows,
-                                         StreamHandle stream) {
+Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows, StreamHandle stream) {
   if (!step_open_) return FailedPrecondition("AppendToken: no step is planned");
   if (layer < 0 || layer >= options_.geometry.num_layers()) {
     return InvalidArgument("AppendToken: layer " + std::to_string(layer) + " out of range");
@@ -684,8 +614,7 @@ Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows,
 }
 
 Status SparseKVCacheManager::RunLayer(int32_t layer, const int32_t* topk, int32_t* slots,
-                                      void* assembled, StreamHandle stream,
-                                      int32_t topk_stride) {
+                                      void* assembled, StreamHandle stream, int32_t topk_stride) {
   SPARSEKV_RETURN_IF_ERROR(ResolveLayer(layer, topk, slots, nullptr, stream, topk_stride));
   SPARSEKV_RETURN_IF_ERROR(CopyMisses(layer, stream));
   if (assembled == nullptr) return Status::Ok();
@@ -720,8 +649,8 @@ Status SparseKVCacheManager::ResolveLayer(int32_t layer, const int32_t* topk, in
   if (topk_stride == 0) topk_stride = options_.top_k;
   if (topk_stride < options_.top_k) return InvalidArgument("ResolveLayer: topk_stride < top_k");
   const MissList& list = miss_lists_[MissListOf(layer)];
-  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask,
-                                   list, counters_ + layer, stream));
+  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask, list,
+                                   counters_ + layer, stream));
   resolved_[layer / options_.layers_per_index] = true;
   remote_slots_[MissListOf(layer)] = slots;
   return BlankFailedRemoteSlots(layer, stream);
@@ -820,8 +749,8 @@ Status SparseKVCacheManager::AssembleLayer(int32_t layer, const int32_t* slots, 
   return Status::Ok();
 }
 
-Status SparseKVCacheManager::PrefetchLayer(int32_t layer, const int32_t* positions,
-                                           int32_t count, StreamHandle stream) {
+Status SparseKVCacheManager::PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count,
+                                           StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "PrefetchLayer"));
   if (layer % options_.layers_per_index != 0) {
     return FailedPrecondition("PrefetchLayer: layer " + std::to_string(layer) +
@@ -833,7 +762,8 @@ Status SparseKVCacheManager::PrefetchLayer(int32_t layer, const int32_t* positio
                            std::to_string(options_.max_prefetch) + "] (max_prefetch)");
   }
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, prefetch_slots_, nullptr,
-                                   prefetch_list_, counters_ + options_.geometry.num_layers() + layer, stream));
+                                   prefetch_list_,
+                                   counters_ + options_.geometry.num_layers() + layer, stream));
   const int32_t capacity = options_.effective_max_batch() * count;
   const int32_t last = std::min(layer + options_.layers_per_index, options_.geometry.num_layers());
   for (int32_t l = layer; l < last; ++l) {
@@ -923,7 +853,7 @@ StatusOr<CacheStats> SparseKVCacheManager::ReadStats(StreamHandle stream) {
   s.evicted_pages = evicted_pages_;
   s.pages_shared = pool_->shared_pages();
   s.bytes_saved = pool_->extra_references() * pool_->page_bytes();
-  s.retained_conversations = static_cast<int32_t>(retained_.size());
+  s.retained_conversations = ledger_->retained_conversations();
   return s;
 }
 
@@ -945,13 +875,15 @@ StatusOr<int32_t> SparseKVCacheManager::SequenceLength(RequestId id) const {
 }
 
 StatusOr<std::vector<int32_t>> SparseKVCacheManager::HostPages(RequestId id) const {
-  if (auto it = retained_.find(id); it != retained_.end()) return it->second.pages;
+  if (const std::vector<int32_t>* pages = ledger_->RetainedPages(id)) return *pages;
   auto it = requests_.find(id);
   if (it == requests_.end()) return NotFound("HostPages: " + Describe(id) + " is unknown");
   const int32_t pages = pool_->ReservedTokens(it->second.owner) / options_.host_page_tokens;
   const std::span<const int32_t> row = pool_->page_table_row(it->second.owner);
   return std::vector<int32_t>(row.begin(), row.begin() + pages);
 }
+
+bool SparseKVCacheManager::IsRetained(RequestId id) const { return ledger_->IsRetained(id); }
 
 const std::byte* SparseKVCacheManager::HotLayer(int32_t layer) const {
   return hot_->layer_data(layer);

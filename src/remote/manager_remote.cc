@@ -53,7 +53,7 @@ Status SparseKVCacheManager::AttachRemoteTier(RemoteTier* tier) {
       tier->AttachPool(bases, strides, row_bytes, pool_->rows(), options_.host_page_tokens,
                        staging->rows, staging->capacity, staging->stride);
   if (!attached.ok()) {
-    Unref(staging->placeholder_page);
+    pool_->Unref(staging->placeholder_page);
     return attached;
   }
   staging->tier = tier;

@@ -66,11 +66,12 @@ struct LayerStats {
   double hit_rate() const;
 };
 
-struct CacheStats {
-  std::vector<LayerStats> layers;  // one per layer
-  LayerStats total;                // sum over layers
-  // bytes_host_to_device = sum over layers of misses * row_bytes, plus window rows loaded at
-  // ingest and resume.
+// The counters the manager accumulates on the host. CacheStats holds them as they are (ReadStats
+// copies the struct, ResetStats sets it to {}): a new counter is a field here and the line that
+// adds to it.
+struct HostCounters {
+  // Window rows loaded at ingest and resume, * row_bytes. CacheStats::bytes_host_to_device adds
+  // the miss and prefetch copies (device counters) to it.
   uint64_t bytes_host_to_device = 0;
   // bytes_device_to_host = appended tokens * row_bytes (write-back of the newest token).
   uint64_t bytes_device_to_host = 0;
@@ -78,12 +79,6 @@ struct CacheStats {
   uint64_t bytes_assembled = 0;
   // bytes_ingested = prompt rows * row_bytes written into the host pool.
   uint64_t bytes_ingested = 0;
-  uint64_t invalid_copy_entries = 0;  // IndexCopy entries skipped as out of bounds
-  int32_t host_pages_used = 0;        // of the whole pool, also when it is shared
-  int32_t host_pages_total = 0;
-  int32_t hot_blocks_used = 0;
-  // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
-  int64_t device_bytes = 0;
 
   // Prefix sharing. A page's holders are the page tables of live requests and the retained
   // conversations that reference it (copy-on-write spares are private pages).
@@ -94,6 +89,22 @@ struct CacheStats {
   // and the pages those evictions freed (a page that another holder still references is not).
   uint64_t evictions = 0;
   uint64_t evicted_pages = 0;
+};
+
+// Statistics since creation or the last ResetStats(): the host counters, the device counters
+// (read at ReadStats) and gauges marked "now".
+struct CacheStats : HostCounters {
+  std::vector<LayerStats> layers;  // one per layer
+  LayerStats total;                // sum over layers
+  // bytes_host_to_device (above) = sum over layers of misses * row_bytes, plus prefetched rows *
+  // row_bytes, plus window rows loaded at ingest and resume.
+  uint64_t invalid_copy_entries = 0;  // IndexCopy entries skipped as out of bounds
+  int32_t host_pages_used = 0;        // now: of the whole pool, also when it is shared
+  int32_t host_pages_total = 0;
+  int32_t hot_blocks_used = 0;  // now
+  // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
+  int64_t device_bytes = 0;
+
   int32_t pages_shared = 0;  // now: pages with more than one holder (whole pool)
   // now: bytes_saved = sum over pages of (holders - 1) * page_tokens * token_stride_bytes, the
   // page copies that private histories would store in addition.
@@ -414,15 +425,7 @@ class SparseKVCacheManager {
   uint64_t step_bytes_assembled_per_request_ = 0;
   uint64_t open_bytes_to_host_per_request_ = 0;
   uint64_t open_bytes_assembled_per_request_ = 0;
-  uint64_t bytes_host_to_device_ = 0;
-  uint64_t bytes_device_to_host_ = 0;
-  uint64_t bytes_assembled_ = 0;
-  uint64_t bytes_ingested_ = 0;
-  uint64_t prefix_lookup_tokens_ = 0;
-  uint64_t prefix_hit_tokens_ = 0;
-  uint64_t copy_on_write_pages_ = 0;
-  uint64_t evictions_ = 0;
-  uint64_t evicted_pages_ = 0;
+  HostCounters host_counters_;
 };
 
 }  // namespace sparsekv

@@ -228,8 +228,8 @@ StatusOr<SparseKVCacheManager::Request*> SparseKVCacheManager::AdmitShared(
   // Reserve then fails, all or nothing.
   PageLedger::Evictions evicted;
   Status reserved = ledger_->MakeRoom(fresh, "Admit", evicted);
-  evictions_ += evicted.conversations;
-  evicted_pages_ += evicted.pages;
+  host_counters_.evictions += evicted.conversations;
+  host_counters_.evicted_pages += evicted.pages;
   if (reserved.ok()) {
     reserved = pool_->Reserve(owner, static_cast<int32_t>(tokens), shared, spare_pages, &spares);
   }
@@ -295,8 +295,8 @@ StatusOr<int32_t> SparseKVCacheManager::AdmitWithPrefix(RequestId id,
   (*r)->token_ids.assign(token_ids.begin(), token_ids.end());
   (*r)->indexed_pages = static_cast<int32_t>(matched.size());
   ledger_->Touch(matched);  // the conversations holding the prefix are in use again
-  prefix_lookup_tokens_ += prompt_len;
-  prefix_hit_tokens_ += cached;
+  host_counters_.prefix_lookup_tokens += prompt_len;
+  host_counters_.prefix_hit_tokens += cached;
   return cached;
 }
 
@@ -353,7 +353,7 @@ Status SparseKVCacheManager::LoadWindow(const Request& r, int32_t layer, const v
     std::byte* dst =
         hot_->layer_data(layer) + static_cast<int64_t>(hot_->WindowSlot(r.block, p)) * stride;
     SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(dst, src, stride, stream));
-    bytes_host_to_device_ += options_.geometry.layers[layer].row_bytes;
+    host_counters_.bytes_host_to_device += options_.geometry.layers[layer].row_bytes;
   }
   return Status::Ok();
 }
@@ -399,7 +399,7 @@ Status SparseKVCacheManager::Ingest(RequestId id, int32_t layer, const void* row
   SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, layer, rows, rows_first, stream));
   r->ingested[layer] = true;
   ++r->ingested_layers;
-  bytes_ingested_ += static_cast<uint64_t>(r->seq_len - r->cached) * shape.row_bytes;
+  host_counters_.bytes_ingested += static_cast<uint64_t>(r->seq_len - r->cached) * shape.row_bytes;
   if (r->ingested_layers == options_.geometry.num_layers()) IndexFullPages(*r);
   return Status::Ok();
 }
@@ -497,7 +497,7 @@ Status SparseKVCacheManager::PrepareAppend(Request& r, int32_t position, StreamH
       }
       ledger_->ReplaceWithCopy(r.owner, index, r.cow_page);
       SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
-      ++copy_on_write_pages_;
+      ++host_counters_.copy_on_write_pages;
     }
     r.cow_page = -1;
   }
@@ -609,7 +609,7 @@ Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows, St
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_host, backend_->SideStream()));
   appended_[layer] = true;
   open_bytes_to_host_per_request_ += shape.row_bytes;
-  bytes_device_to_host_ += batch_.size() * static_cast<uint64_t>(shape.row_bytes);
+  host_counters_.bytes_device_to_host += batch_.size() * static_cast<uint64_t>(shape.row_bytes);
   return Status::Ok();
 }
 
@@ -745,7 +745,8 @@ Status SparseKVCacheManager::AssembleLayer(int32_t layer, const int32_t* slots, 
   a.stride = shape.row_stride;
   SPARSEKV_RETURN_IF_ERROR(backend_->Assemble(a, max_batch, stream));
   open_bytes_assembled_per_request_ += static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
-  bytes_assembled_ += batch_.size() * static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
+  host_counters_.bytes_assembled +=
+      batch_.size() * static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
   return Status::Ok();
 }
 
@@ -799,8 +800,8 @@ Status SparseKVCacheManager::FinishReplayedStep() {
   if (step_bytes_to_host_per_request_ == 0) {
     return FailedPrecondition("FinishReplayedStep: no complete run phase was ever recorded");
   }
-  bytes_device_to_host_ += batch_.size() * step_bytes_to_host_per_request_;
-  bytes_assembled_ += batch_.size() * step_bytes_assembled_per_request_;
+  host_counters_.bytes_device_to_host += batch_.size() * step_bytes_to_host_per_request_;
+  host_counters_.bytes_assembled += batch_.size() * step_bytes_assembled_per_request_;
   CloseStep();
   return Status::Ok();
 }
@@ -816,7 +817,7 @@ StatusOr<CacheStats> SparseKVCacheManager::ReadStats(StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(backend_->Synchronize(stream));
 
   CacheStats s;
-  s.bytes_host_to_device = bytes_host_to_device_;
+  static_cast<HostCounters&>(s) = host_counters_;  // bytes_host_to_device gains the copies
   for (int32_t l = 0; l < layers; ++l) {
     // A layer that shares its group's top-k copies what the group's first layer resolved.
     const ResolveCounters& c = counters[l - l % options_.layers_per_index];
@@ -838,19 +839,11 @@ StatusOr<CacheStats> SparseKVCacheManager::ReadStats(StreamHandle stream) {
     }
     s.bytes_host_to_device += p.misses * options_.geometry.layers[l].row_bytes;
   }
-  s.bytes_device_to_host = bytes_device_to_host_;
-  s.bytes_assembled = bytes_assembled_;
-  s.bytes_ingested = bytes_ingested_;
   s.invalid_copy_entries = invalid;
   s.host_pages_total = pool_->total_pages();
   s.host_pages_used = pool_->total_pages() - pool_->free_pages();
   s.hot_blocks_used = hot_->used_blocks();
   s.device_bytes = device_bytes_;
-  s.prefix_lookup_tokens = prefix_lookup_tokens_;
-  s.prefix_hit_tokens = prefix_hit_tokens_;
-  s.copy_on_write_pages = copy_on_write_pages_;
-  s.evictions = evictions_;
-  s.evicted_pages = evicted_pages_;
   s.pages_shared = pool_->shared_pages();
   s.bytes_saved = pool_->extra_references() * pool_->page_bytes();
   s.retained_conversations = ledger_->retained_conversations();
@@ -862,9 +855,7 @@ Status SparseKVCacheManager::ResetStats(StreamHandle stream) {
       counters_, 0, sizeof(ResolveCounters) * 2 * options_.geometry.num_layers(), stream));
   SPARSEKV_RETURN_IF_ERROR(
       backend_->MemsetAsync(invalid_copies_, 0, sizeof(unsigned long long), stream));
-  bytes_host_to_device_ = bytes_device_to_host_ = bytes_assembled_ = bytes_ingested_ = 0;
-  prefix_lookup_tokens_ = prefix_hit_tokens_ = copy_on_write_pages_ = 0;
-  evictions_ = evicted_pages_ = 0;
+  host_counters_ = {};
   return backend_->Synchronize(stream);
 }
 

@@ -10,8 +10,9 @@
 //   extension_ an optional ManagerExtension (the remote tier's); its per-layer hooks run only in
 //   steps it declared itself active for at PlanStep (extension_active_).
 //
-// The code is in three files by phase: manager_impl.cc (creation, request lifecycle, prefix
-// sharing, the extension host), manager_step.cc (plan and run phase, statistics).
+// manager.cc creates it and forwards the public API; the code is in two files by phase:
+// manager_impl.cc (creation, request lifecycle, prefix sharing, the extension host) and
+// manager_step.cc (plan and run phase, statistics).
 #pragma once
 
 #include <cstddef>

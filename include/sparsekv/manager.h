@@ -34,25 +34,19 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "sparsekv/backend.h"
 #include "sparsekv/host_kv_pool.h"
 #include "sparsekv/hot_cache.h"
+#include "sparsekv/manager_extension.h"
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
+#include "sparsekv/types.h"
 
 namespace sparsekv {
-
-using RequestId = uint64_t;
-class PrefixIndex;
-class RemoteTier;
-struct RemotePromptLayout;
-struct RemoteStaging;
 
 // Statistics since creation or the last ResetStats(). Formulas are in the comments.
 struct LayerStats {
@@ -66,11 +60,12 @@ struct LayerStats {
   double hit_rate() const;
 };
 
-struct CacheStats {
-  std::vector<LayerStats> layers;  // one per layer
-  LayerStats total;                // sum over layers
-  // bytes_host_to_device = sum over layers of misses * row_bytes, plus window rows loaded at
-  // ingest and resume.
+// The counters the manager accumulates on the host. CacheStats holds them as they are (ReadStats
+// copies the struct, ResetStats sets it to {}): a new counter is a field here and the line that
+// adds to it.
+struct HostCounters {
+  // Window rows loaded at ingest and resume, * row_bytes. CacheStats::bytes_host_to_device adds
+  // the miss and prefetch copies (device counters) to it.
   uint64_t bytes_host_to_device = 0;
   // bytes_device_to_host = appended tokens * row_bytes (write-back of the newest token).
   uint64_t bytes_device_to_host = 0;
@@ -78,12 +73,6 @@ struct CacheStats {
   uint64_t bytes_assembled = 0;
   // bytes_ingested = prompt rows * row_bytes written into the host pool.
   uint64_t bytes_ingested = 0;
-  uint64_t invalid_copy_entries = 0;  // IndexCopy entries skipped as out of bounds
-  int32_t host_pages_used = 0;        // of the whole pool, also when it is shared
-  int32_t host_pages_total = 0;
-  int32_t hot_blocks_used = 0;
-  // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
-  int64_t device_bytes = 0;
 
   // Prefix sharing. A page's holders are the page tables of live requests and the retained
   // conversations that reference it (copy-on-write spares are private pages).
@@ -94,6 +83,22 @@ struct CacheStats {
   // and the pages those evictions freed (a page that another holder still references is not).
   uint64_t evictions = 0;
   uint64_t evicted_pages = 0;
+};
+
+// Statistics since creation or the last ResetStats(): the host counters, the device counters
+// (read at ReadStats) and gauges marked "now".
+struct CacheStats : HostCounters {
+  std::vector<LayerStats> layers;  // one per layer
+  LayerStats total;                // sum over layers
+  // bytes_host_to_device (above) = sum over layers of misses * row_bytes, plus prefetched rows *
+  // row_bytes, plus window rows loaded at ingest and resume.
+  uint64_t invalid_copy_entries = 0;  // IndexCopy entries skipped as out of bounds
+  int32_t host_pages_used = 0;        // now: of the whole pool, also when it is shared
+  int32_t host_pages_total = 0;
+  int32_t hot_blocks_used = 0;  // now
+  // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
+  int64_t device_bytes = 0;
+
   int32_t pages_shared = 0;  // now: pages with more than one holder (whole pool)
   // now: bytes_saved = sum over pages of (holders - 1) * page_tokens * token_stride_bytes, the
   // page copies that private histories would store in addition.
@@ -189,7 +194,7 @@ class SparseKVCacheManager {
   StatusOr<int32_t> Retain(RequestId id);
   // Evicts every retained conversation; returns how many there were.
   int32_t EvictRetained();
-  bool IsRetained(RequestId id) const { return retained_.contains(id); }
+  bool IsRetained(RequestId id) const;
 
   // ---- Plan (host side, between steps) ----
 
@@ -252,8 +257,7 @@ class SparseKVCacheManager {
   // REQUIRES: `layer` is the first of its group; count in [1, max_prefetch]; `stream` is
   // ordered after every read of this group's rows in the step (a victim may be a row the step
   // used), and the group's next resolve is ordered after this call's copies.
-  Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count,
-                       StreamHandle stream);
+  Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count, StreamHandle stream);
   // Ends the step: joins the write-back side stream into `stream`.
   Status FinishStep(StreamHandle stream);
   // Host side, after replaying a captured run phase for a step planned with PlanStep: closes the
@@ -262,35 +266,17 @@ class SparseKVCacheManager {
   // complete run phase of this manager (every layer appended, FinishStep) and has been launched.
   Status FinishReplayedStep();
 
-  // ---- Remote tier (remote_tier.h, docs/scale-out.md) ----
+  // ---- Extension (manager_extension.h) ----
   //
-  // A remote-backed request's prompt rows stay in a remote region; the prompt pages wholly before
-  // its window take no host memory here (their page-table entries point at one placeholder page).
-  // Rows are read, row by row, when a resolve misses on them: CopyMisses (and RunLayer,
-  // PrefetchLayer) then waits for the host (synchronises `stream`, reads the miss list, reads the
-  // remote rows into a staging area or their host rows) before its copies. A step whose batch
-  // holds no remote-backed request is unchanged (and graph-capturable); one that does must run
-  // eagerly. A failed request's slots are -1 from the failure on (its ResolveLayer slots after
-  // the CopyMisses that failed it, for the split API). Fork refuses a remote-backed parent.
+  // An extension stands in for some miss rows (the remote tier's, remote_tier.h: AttachRemoteTier
+  // installs it). Its per-layer hooks run only in steps whose batch it declares active at
+  // PlanStep; other steps are unchanged and graph-capturable.
 
-  // Attaches `tier` (which must outlive the manager), takes the placeholder page from the host
-  // pool, allocates the staging area ([max_batch * max(top_k, max_prefetch)] rows of the largest
-  // stride, host memory) and registers both with the tier's transport. FailedPrecondition if a
-  // tier is attached already.
-  Status AttachRemoteTier(RemoteTier* tier);
-  // Admits request `id` for layout.tokens prompt positions plus max_new_tokens, with its prompt
-  // KV in region `region` of the attached tier (RemoteTier::ImportRegion), laid out as `layout`
-  // (layout.layers == the geometry's layers, layout.row_bytes == every layer's row_bytes). No
-  // ingestion follows: the newest `window` prompt rows of every layer are read now (the call
-  // waits for them), the others on demand. Errors as Admit, plus FailedPrecondition (no tier),
-  // InvalidArgument / OutOfRange for a layout that does not match the geometry or the region,
-  // and the transfer's error (nothing is admitted then).
-  Status AdmitRemote(RequestId id, uint32_t region, const RemotePromptLayout& layout,
-                     int32_t max_new_tokens, StreamHandle stream);
-  // OK while a remote-backed request's reads succeed; once one fails, that error, for good
-  // (Release the request; its prompt may be recomputed). NotFound if `id` is not a live
-  // remote-backed request.
-  Status RemoteStatus(RequestId id) const;
+  // Installs the extension `make` returns (given this manager's ExtensionHost); `make`'s error
+  // otherwise. FailedPrecondition if one is installed already. The manager owns it.
+  Status InstallExtension(const ExtensionFactory& make);
+  // The installed extension, or null.
+  ManagerExtension* extension() const;
 
   // ---- Introspection ----
 
@@ -306,138 +292,16 @@ class SparseKVCacheManager {
   // Layer `layer` of the hot cache, [max_requests * (hot_slots + window), row_stride(layer)]:
   // what the slots returned by RunLayer index.
   const std::byte* HotLayer(int32_t layer) const;
-  int32_t batch_size() const { return static_cast<int32_t>(batch_.size()); }
-  const CacheOptions& options() const { return options_; }
-  const HostKVPool& host_pool() const { return *pool_; }
-  Backend& backend() const { return *backend_; }
+  int32_t batch_size() const;
+  const CacheOptions& options() const;
+  const HostKVPool& host_pool() const;
+  Backend& backend() const;
 
  private:
-  struct Request {
-    int32_t owner;         // row in the host pool's page table
-    int32_t block;         // hot-cache block, -1 while retracted
-    int32_t seq_len;       // tokens with KV
-    int32_t reserved;      // tokens reserved in the host pool
-    std::vector<bool> ingested;  // per layer
-    int32_t ingested_layers;
-    int32_t cached = 0;  // prompt positions [0, cached) shared at admission, never ingested
-    // Ids of positions [0, token_ids.size()); only extended while complete (size == seq_len).
-    std::vector<int32_t> token_ids{};
-    int32_t indexed_pages = 0;  // pages [0, indexed_pages) of the table are in the prefix index
-    // A private page reserved for the copy on write of the shared, partially filled page that
-    // the request's next append goes into; -1 if none. Used or freed by that append.
-    int32_t cow_page = -1;
-  };
-  struct Retained {
-    std::vector<int32_t> pages;          // one reference each, full and indexed
-    std::list<RequestId>::iterator lru;  // position in retained_lru_
-  };
-  // The fixed device buffers of the run phase. Everything the plan phase writes is in one
-  // contiguous region (`plan`), uploaded with one copy.
-  struct PlanLayout;
+  class Impl;
+  explicit SparseKVCacheManager(std::unique_ptr<Impl> impl);
 
-  SparseKVCacheManager(const CacheOptions& options, std::shared_ptr<Backend> backend,
-                       std::shared_ptr<HostKVPool> pool);
-  // Creates the host pool unless one was given, and the device state.
-  Status Allocate();
-  StatusOr<Request*> Find(RequestId id, const char* op);
-  Status UploadPageTable(const Request& r, StreamHandle stream);
-  Status LoadWindow(const Request& r, int32_t layer, const void* rows, int32_t first,
-                    StreamHandle stream);
-  // Admission shared by Admit, AdmitWithPrefix and Fork: checks, makes room, reserves `tokens`
-  // with `shared` as the first pages plus `spare_pages` private pages (returned in `spares`), and
-  // takes a hot-cache block. REQUIRES: the caller holds a reference to every page of `shared`.
-  StatusOr<Request*> AdmitShared(RequestId id, int32_t seq_len, int64_t tokens,
-                                 std::span<const int32_t> shared, int32_t spare_pages,
-                                 std::vector<int32_t>& spares, StreamHandle stream);
-  // Evicts retained conversations, least recently used first, until `pages` pages are free;
-  // ResourceExhausted, evicting nothing, if evicting all of them would not be enough.
-  Status MakeRoom(int64_t pages, const char* op);
-  // Returns the pages this freed (a page another holder still references is not).
-  int32_t DropRetained(std::unordered_map<RequestId, Retained>::iterator it);
-  // Drops one reference; unindexes the page if it was the last.
-  void Unref(int32_t page);
-  // Frees what a live request holds (hot block, page references, spare) and forgets it.
-  void Forget(RequestId id, Request& r);
-  Status Ingest(RequestId id, int32_t layer, const void* rows, int32_t rows_first, const char* op,
-                StreamHandle stream);
-  // Indexes the request's full pages whose token ids are known and KV is complete.
-  void IndexFullPages(Request& r);
-  // Before the request appends at `position`: copies the page on write if it is shared.
-  Status PrepareAppend(Request& r, int32_t position, StreamHandle stream);
-  // Ends the open step (after its write-back is joined): indexes the pages it filled.
-  void CloseStep();
-
-  // A miss list in device memory: (host row, layer-wide slot) pairs and their count.
-  struct MissList {
-    int32_t* host_row = nullptr;  // [capacity]
-    int32_t* slot = nullptr;      // [capacity]
-    int32_t* count = nullptr;     // scalar
-  };
-  Status CheckLayer(int32_t layer, const char* op) const;
-  // Resolves [max_batch, top_k] positions against `layer`'s replacement state into `list`.
-  Status Resolve(int32_t layer, const int32_t* topk, int32_t top_k, int32_t topk_stride,
-                 int32_t* slots, uint8_t* fill_mask, const MissList& list,
-                 ResolveCounters* counters, StreamHandle stream);
-  // Copies `list` (of `capacity` entries) from the host pool into `layer`'s rows.
-  Status Copy(int32_t layer, const MissList& list, int32_t capacity, StreamHandle stream);
-  // Remote tier hooks (src/remote/manager_remote.cc). Before a copy of `list` into `layer`:
-  // reads the remote rows it needs (into their host rows, or into the staging area for the
-  // staged copy) and drops the entries of failed requests. No-op unless a request of the batch is
-  // remote-backed.
-  Status FetchRemoteRows(int32_t layer, const MissList& list, int32_t capacity,
-                         StreamHandle stream);
-  // After that copy: the staged copy (staging area -> hot cache) of what FetchRemoteRows staged.
-  Status CopyStagedRemoteRows(int32_t layer, StreamHandle stream);
-  // Sets the slots rows (of the last ResolveLayer of `layer`'s group) of failed requests to -1.
-  Status BlankFailedRemoteSlots(int32_t layer, StreamHandle stream);
-  bool BatchHasRemote() const;
-
-  // Index groups alternate between two miss lists.
-  int32_t MissListOf(int32_t layer) const { return layer / options_.layers_per_index % 2; }
-
-  CacheOptions options_;
-  std::shared_ptr<Backend> backend_;
-  std::shared_ptr<HostKVPool> pool_;
-  std::unique_ptr<HotCache> hot_;
-  std::unordered_map<RequestId, Request> requests_;
-  std::unique_ptr<PrefixIndex> index_;
-  std::unordered_map<RequestId, Retained> retained_;
-  std::list<RequestId> retained_lru_;   // least recently used first
-  std::vector<int32_t> retained_refs_;  // per page: references held by retained conversations
-
-  // Device buffers.
-  std::byte* plan_device_ = nullptr;  // see PlanLayout
-  int32_t* page_table_device_ = nullptr;  // [max_requests, pages_per_request]
-  MissList miss_lists_[2];                // [max_batch * top_k] each
-  MissList prefetch_list_;                // [max_batch * max_prefetch]
-  int32_t* prefetch_slots_ = nullptr;     // [max_batch * max_prefetch] (discarded)
-  ResolveCounters* counters_ = nullptr;   // [layers] resolves, then [layers] prefetches
-  unsigned long long* invalid_copies_ = nullptr;  // scalar
-  int64_t device_bytes_ = 0;
-  RemoteTier* remote_ = nullptr;   // not owned; null without a remote tier
-  std::unique_ptr<RemoteStaging> remote_staging_;  // null without a remote tier
-  int32_t* remote_slots_[2] = {};  // slots of the last ResolveLayer per miss list
-
-  // Host mirror of the plan and step state.
-  std::vector<std::byte> plan_host_;
-  std::vector<RequestId> batch_;
-  bool step_open_ = false;
-  std::vector<bool> appended_;  // per layer, in the open step
-  std::vector<bool> resolved_;  // per index group, in the open step
-  // Bytes one request of a step moves, as recorded by the last complete run phase (replays).
-  uint64_t step_bytes_to_host_per_request_ = 0;
-  uint64_t step_bytes_assembled_per_request_ = 0;
-  uint64_t open_bytes_to_host_per_request_ = 0;
-  uint64_t open_bytes_assembled_per_request_ = 0;
-  uint64_t bytes_host_to_device_ = 0;
-  uint64_t bytes_device_to_host_ = 0;
-  uint64_t bytes_assembled_ = 0;
-  uint64_t bytes_ingested_ = 0;
-  uint64_t prefix_lookup_tokens_ = 0;
-  uint64_t prefix_hit_tokens_ = 0;
-  uint64_t copy_on_write_pages_ = 0;
-  uint64_t evictions_ = 0;
-  uint64_t evicted_pages_ = 0;
+  std::unique_ptr<Impl> impl_;  // the state and the code: src/manager/manager_impl.h
 };
 
 }  // namespace sparsekv

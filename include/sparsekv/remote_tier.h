@@ -5,7 +5,7 @@
 // process's host pool (region = layer, offset = host row * row stride); node n > 0 is the n-th
 // remote node the tier knows, region a region imported from it, offset a byte offset in it.
 //
-// A remote-backed request (SparseKVCacheManager::AdmitRemote) has its prompt in a remote region,
+// A remote-backed request (AdmitRemote, below) has its prompt in a remote region,
 // laid out as RemotePromptLayout says. Its prompt is not copied at admission and takes no local
 // host memory: the page-table entries of its prompt pages that lie wholly before the window point
 // at one shared placeholder page (its "remote pages"); its other pages (the window's, and those of
@@ -22,7 +22,7 @@
 // step are in flight together.
 //
 // Failure. A read that fails (peer dead or unreachable, deadline passed) fails the request: its
-// status (SparseKVCacheManager::RemoteStatus) becomes the error, its slots in this and every
+// status (RemoteStatus, below) becomes the error, its slots in this and every
 // later step are -1 (skipped), and none of its misses is copied again, so no stale or partial row
 // is ever delivered for it; the engine releases it (and may recompute it). Other requests of the
 // batch, local or remote on other nodes, go on.
@@ -39,12 +39,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include "sparsekv/backend.h"
 #include "sparsekv/status.h"
 #include "sparsekv/transport.h"
+#include "sparsekv/types.h"
 
 namespace sparsekv {
 
-using RequestId = uint64_t;
+class SparseKVCacheManager;
 
 // Where a request's prompt rows are inside a remote region: the row of (layer, position) is
 // row_bytes long at byte offset base_offset + layer * layer_stride + position * row_stride,
@@ -119,7 +121,7 @@ class RemoteTier {
   RemoteTierStats stats() const { return stats_; }
   Transport& transport() { return *transport_; }
 
-  // ---- Used by SparseKVCacheManager ----
+  // ---- Used by the manager extension (AttachRemoteTier) ----
 
   // Registers the host pool's layers ([rows, row_stride] at layer_bases[l]) and the staging area
   // ([staging_rows, staging_stride] at `staging`) for remote reads. Once per tier, until
@@ -203,5 +205,35 @@ class RemoteTier {
   int32_t page_tokens_ = 0;
   RemoteTierStats stats_;
 };
+
+// ---- A manager's remote tier (the manager extension of src/remote/remote_row_source.h) ----
+//
+// A remote-backed request's prompt rows stay in a remote region; the prompt pages wholly before
+// its window take no host memory here (their page-table entries point at one placeholder page).
+// Rows are read, row by row, when a resolve misses on them: CopyMisses (and RunLayer,
+// PrefetchLayer) then waits for the host (synchronises `stream`, reads the miss list, reads the
+// remote rows into a staging area or their host rows) before its copies. A step whose batch
+// holds no remote-backed request is unchanged (and graph-capturable); one that does must run
+// eagerly. A failed request's slots are -1 from the failure on (its ResolveLayer slots after
+// the CopyMisses that failed it, for the split API). Fork refuses a remote-backed parent.
+
+// Attaches `tier` (which must outlive the manager) to `manager` as its extension: takes the
+// placeholder page from the host pool, allocates the staging area ([max_batch * max(top_k,
+// max_prefetch)] rows of the largest stride, host memory) and registers both with the tier's
+// transport. FailedPrecondition if the manager has a tier (or another extension) already.
+Status AttachRemoteTier(SparseKVCacheManager& manager, RemoteTier* tier);
+// Admits request `id` for layout.tokens prompt positions plus max_new_tokens, with its prompt
+// KV in region `region` of the attached tier (RemoteTier::ImportRegion), laid out as `layout`
+// (layout.layers == the geometry's layers, layout.row_bytes == every layer's row_bytes). No
+// ingestion follows: the newest `window` prompt rows of every layer are read now (the call
+// waits for them), the others on demand. Errors as SparseKVCacheManager::Admit, plus
+// FailedPrecondition (no tier), InvalidArgument / OutOfRange for a layout that does not match
+// the geometry or the region, and the transfer's error (nothing is admitted then).
+Status AdmitRemote(SparseKVCacheManager& manager, RequestId id, uint32_t region,
+                   const RemotePromptLayout& layout, int32_t max_new_tokens, StreamHandle stream);
+// OK while a remote-backed request's reads succeed; once one fails, that error, for good
+// (Release the request; its prompt may be recomputed). NotFound if `id` is not a live
+// remote-backed request.
+Status RemoteStatus(const SparseKVCacheManager& manager, RequestId id);
 
 }  // namespace sparsekv

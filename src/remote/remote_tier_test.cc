@@ -33,7 +33,6 @@ constexpr int32_t kLayers = 2;
 constexpr int32_t kRowBytes = 96;
 constexpr int32_t kTopK = 8;
 
-
 CacheOptions SmallOptions() {
   CacheOptions o;
   o.geometry = KVGeometry::Uniform(kLayers, kRowBytes);
@@ -120,7 +119,7 @@ class Decoder {
 
  private:
   bool Failed(RequestId id) const {
-    const Status s = m_.RemoteStatus(id);
+    const Status s = RemoteStatus(m_, id);
     return !s.ok() && s.code() != StatusCode::kNotFound;
   }
 
@@ -171,7 +170,7 @@ class RemoteTierTest : public ::testing::TestWithParam<RemoteParam> {
   void Recreate(const CacheOptions& options) {
     manager_.reset();
     manager_ = SparseKVCacheManager::Create(options, backend_).value();
-    ASSERT_TRUE(manager_->AttachRemoteTier(tier_.get()).ok());
+    ASSERT_TRUE(AttachRemoteTier(*manager_, tier_.get()).ok());
   }
   void TearDown() override {
     manager_.reset();
@@ -190,7 +189,7 @@ class RemoteTierTest : public ::testing::TestWithParam<RemoteParam> {
   }
   static void AdmitRemote(Decoder& d, RequestId id, uint32_t region,
                           const RemotePromptLayout& layout) {
-    const Status s = d.manager().AdmitRemote(id, region, layout, 64, nullptr);
+    const Status s = sparsekv::AdmitRemote(d.manager(), id, region, layout, 64, nullptr);
     ASSERT_TRUE(s.ok()) << s.ToString();
     d.model().Add(id, PromptOf(layout), layout.tokens);
   }
@@ -228,8 +227,8 @@ TEST_P(RemoteTierTest, RemoteAndLocalRequestsDecodeByteExactly) {
   EXPECT_GT(stats.rows_staged, 0u);
   EXPECT_GT(stats.rows_fetched, stats.rows_staged) << "no prompt row of a private page was read";
   EXPECT_LT(stats.reads, stats.rows_fetched) << "adjacent rows were not merged";
-  EXPECT_TRUE(manager_->RemoteStatus(2).ok());
-  EXPECT_EQ(manager_->RemoteStatus(1).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(RemoteStatus(*manager_, 2).ok());
+  EXPECT_EQ(RemoteStatus(*manager_, 1).code(), StatusCode::kNotFound);
 
   // Prompt rows are remote; rows the decode wrote are local.
   auto remote_row = tier_->Locate(3, 1, 5, 0);
@@ -277,7 +276,7 @@ TEST_P(RemoteTierTest, PromptWrittenIntoAPoolServerIsReadBack) {
   auto region = tier_->ImportRegion("pool", pool.descriptor());
   ASSERT_TRUE(region.ok());
   Decoder d(*manager_, 9);
-  ASSERT_TRUE(manager_->AdmitRemote(5, *region, layout, 32, nullptr).ok());
+  ASSERT_TRUE(sparsekv::AdmitRemote(*manager_, 5, *region, layout, 32, nullptr).ok());
   d.model().Add(5, prompt, layout.tokens);
   for (int step = 0; step < 20 && !HasFailure(); ++step) d.Step({5});
   EXPECT_GT(tier_->stats().rows_fetched, 0u);
@@ -348,7 +347,7 @@ TEST_P(RemoteTierTest, ManagersSharingAHostPoolEachReadTheirRemoteRows) {
     auto manager = SparseKVCacheManager::Create(o, backend_, *pool);
     ASSERT_TRUE(manager.ok()) << manager.status().ToString();
     gpu.manager = std::move(*manager);
-    ASSERT_TRUE(gpu.manager->AttachRemoteTier(gpu.tier.get()).ok());
+    ASSERT_TRUE(AttachRemoteTier(*gpu.manager, gpu.tier.get()).ok());
     auto region = gpu.tier->ImportRegion("pool-a", server.descriptor());
     ASSERT_TRUE(region.ok()) << region.status().ToString();
     decoders.push_back(std::make_unique<Decoder>(*gpu.manager, 30 + g));
@@ -366,7 +365,7 @@ TEST_P(RemoteTierTest, ManagersSharingAHostPoolEachReadTheirRemoteRows) {
   }
   for (const Gpu& gpu : gpus) {
     EXPECT_GT(gpu.tier->stats().rows_fetched, 0u);
-    EXPECT_TRUE(gpu.manager->RemoteStatus(2).ok());
+    EXPECT_TRUE(RemoteStatus(*gpu.manager, 2).ok());
   }
   decoders.clear();
   for (Gpu& gpu : gpus) gpu.manager.reset();
@@ -379,15 +378,15 @@ TEST_P(RemoteTierTest, RejectsLayoutsThatDoNotFit) {
   auto region = tier_->ImportRegion("pool-a", server.descriptor());
   ASSERT_TRUE(region.ok());
   RemotePromptLayout too_long = RemotePromptLayout::Dense(kLayers, 1000, kRowBytes);
-  EXPECT_EQ(manager_->AdmitRemote(7, *region, too_long, 8, nullptr).code(),
+  EXPECT_EQ(sparsekv::AdmitRemote(*manager_, 7, *region, too_long, 8, nullptr).code(),
             StatusCode::kOutOfRange);
   RemotePromptLayout wrong_rows = RemotePromptLayout::Dense(kLayers, 10, 64);
-  EXPECT_EQ(manager_->AdmitRemote(7, *region, wrong_rows, 8, nullptr).code(),
+  EXPECT_EQ(sparsekv::AdmitRemote(*manager_, 7, *region, wrong_rows, 8, nullptr).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      manager_->AdmitRemote(7, 999, RemotePromptLayout::Dense(kLayers, 10, kRowBytes), 8, nullptr)
-          .code(),
-      StatusCode::kNotFound);
+  EXPECT_EQ(sparsekv::AdmitRemote(*manager_, 7, 999,
+                                  RemotePromptLayout::Dense(kLayers, 10, kRowBytes), 8, nullptr)
+                .code(),
+            StatusCode::kNotFound);
   // Nothing stayed admitted (the one page in use is the tier's placeholder).
   EXPECT_EQ(manager_->SequenceLength(7).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(manager_->ReadStats(nullptr)->host_pages_used, 1);
@@ -416,18 +415,18 @@ TEST_P(RemoteTierTest, DeadServerFailsOnlyItsRequestsAndARestartedOneServesAgain
   // hot cache); until then it is exact, from then on it gets -1 slots.
   const Clock::time_point start = Clock::now();
   int steps = 0;
-  while (manager_->RemoteStatus(3).ok() && steps < 20) {
+  while (RemoteStatus(*manager_, 3).ok() && steps < 20) {
     d.Step({1, 2, 3});
     ++steps;
   }
-  const Status failure = manager_->RemoteStatus(3);
+  const Status failure = RemoteStatus(*manager_, 3);
   ASSERT_FALSE(failure.ok()) << "request 3 never needed its dead server";
   EXPECT_TRUE(failure.code() == StatusCode::kUnavailable ||
               failure.code() == StatusCode::kDeadlineExceeded)
       << failure.ToString();
   EXPECT_NE(failure.message().find("pool-dying"), std::string::npos) << failure.ToString();
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
-  EXPECT_TRUE(manager_->RemoteStatus(2).ok());
+  EXPECT_TRUE(RemoteStatus(*manager_, 2).ok());
   for (int step = 0; step < 5; ++step) d.Step({1, 2, 3});
   EXPECT_EQ(tier_->stats().failed_requests, 1u);
 
@@ -439,7 +438,7 @@ TEST_P(RemoteTierTest, DeadServerFailsOnlyItsRequestsAndARestartedOneServesAgain
   ASSERT_TRUE(new_region.ok()) << new_region.status().ToString();
   AdmitRemote(d, 4, *new_region, layout);
   for (int step = 0; step < 5; ++step) d.Step({1, 2, 4});
-  EXPECT_TRUE(manager_->RemoteStatus(4).ok());
+  EXPECT_TRUE(RemoteStatus(*manager_, 4).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, RemoteTierTest,

@@ -323,7 +323,7 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
   auto created = SparseKVCacheManager::Create(o, backend);
   Check(created.status(), "manager");
   const std::unique_ptr<SparseKVCacheManager> manager = std::move(created).value();
-  Check(manager->AttachRemoteTier(tier.get()), "attach remote tier");
+  Check(AttachRemoteTier(*manager, tier.get()), "attach remote tier");
   testing::DenseModel oracle(o.geometry);
 
   std::vector<Decoding> decoding;
@@ -367,7 +367,7 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
     layout.row_bytes = l.row_bytes;
     layout.layers = l.layers;
     layout.tokens = l.tokens;
-    const Status admitted = manager->AdmitRemote(d.id, *region, layout, max_new_tokens, nullptr);
+    const Status admitted = AdmitRemote(*manager, d.id, *region, layout, max_new_tokens, nullptr);
     if (!admitted.ok()) {
       fail(d, admitted);
       continue;
@@ -429,7 +429,7 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
 
       for (size_t b = 0; b < batch.size(); ++b) {
         Decoding& d = *batch[b];
-        const Status remote = manager->RemoteStatus(d.id);
+        const Status remote = RemoteStatus(*manager, d.id);
         // Exact rows until the layer a failure happened in, skipped entries from it on.
         bool skipping = failed_before[b];
         for (int32_t l = 0; l < c.layers; ++l) {

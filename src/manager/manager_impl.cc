@@ -1,0 +1,434 @@
+// SparseKVCacheManager::Impl, part one: creation, the request lifecycle, prefix sharing and
+// retained conversations, and the host the manager offers its extension.
+#include "manager/manager_impl.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+namespace sparsekv {
+
+using manager_internal::At;
+using manager_internal::Describe;
+
+SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Backend> backend,
+                                 std::shared_ptr<HostKVPool> pool)
+    : options_(options),
+      backend_(std::move(backend)),
+      pool_(std::move(pool)),
+      appended_(options.geometry.num_layers()),
+      resolved_(options.index_groups()) {}
+
+Status SparseKVCacheManager::Impl::Allocate() {
+  const CacheOptions& o = options_;
+  const int32_t max_batch = o.effective_max_batch();
+  if (pool_ == nullptr) {
+    SPARSEKV_ASSIGN_OR_RETURN(
+        pool_, HostKVPool::Create(o.geometry, o.host_capacity_tokens, o.host_page_tokens,
+                                  o.effective_max_host_requests(), o.max_context, backend_.get()));
+  }
+  ledger_ = std::make_unique<PageLedger>(pool_.get());
+  SPARSEKV_ASSIGN_OR_RETURN(
+      hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, o.max_requests, backend_.get(),
+                             o.layers_per_index));
+  device_bytes_ = hot_->device_bytes();
+
+  auto device = [&](size_t bytes) -> StatusOr<void*> {
+    SPARSEKV_ASSIGN_OR_RETURN(void* p, backend_->AllocateDevice(bytes));
+    SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(p, 0, bytes, nullptr));
+    device_bytes_ += static_cast<int64_t>(bytes);
+    return p;
+  };
+  const PlanLayout layout(max_batch);
+  plan_host_.assign(layout.bytes, std::byte{0});
+  std::iota(At<int32_t>(plan_host_.data(), layout.append_src),
+            At<int32_t>(plan_host_.data(), layout.append_src) + max_batch, 0);
+  SPARSEKV_ASSIGN_OR_RETURN(void* plan, device(layout.bytes));
+  plan_device_ = static_cast<std::byte*>(plan);
+
+  const size_t page_table_bytes = pool_->page_table().size() * sizeof(int32_t);
+  SPARSEKV_ASSIGN_OR_RETURN(void* table, device(page_table_bytes));
+  page_table_device_ = static_cast<int32_t*>(table);
+  SPARSEKV_RETURN_IF_ERROR(
+      backend_->MemsetAsync(page_table_device_, 0xff, page_table_bytes, nullptr));
+
+  auto miss_list = [&](size_t entries) -> StatusOr<MissList> {
+    MissList list;
+    SPARSEKV_ASSIGN_OR_RETURN(void* rows, device(entries * sizeof(int32_t)));
+    list.host_row = static_cast<int32_t*>(rows);
+    SPARSEKV_ASSIGN_OR_RETURN(void* slots, device(entries * sizeof(int32_t)));
+    list.slot = static_cast<int32_t*>(slots);
+    SPARSEKV_ASSIGN_OR_RETURN(void* count, device(sizeof(int32_t)));
+    list.count = static_cast<int32_t*>(count);
+    return list;
+  };
+  for (MissList& list : miss_lists_) {
+    SPARSEKV_ASSIGN_OR_RETURN(list, miss_list(static_cast<size_t>(max_batch) * o.top_k));
+  }
+  SPARSEKV_ASSIGN_OR_RETURN(void* counters,
+                            device(sizeof(ResolveCounters) * 2 * o.geometry.num_layers()));
+  counters_ = static_cast<ResolveCounters*>(counters);
+  if (o.max_prefetch > 0) {
+    const size_t entries = static_cast<size_t>(max_batch) * o.max_prefetch;
+    SPARSEKV_ASSIGN_OR_RETURN(prefetch_list_, miss_list(entries));
+    SPARSEKV_ASSIGN_OR_RETURN(void* slots, device(entries * sizeof(int32_t)));
+    prefetch_slots_ = static_cast<int32_t*>(slots);
+  }
+  SPARSEKV_ASSIGN_OR_RETURN(void* invalid, device(sizeof(unsigned long long)));
+  invalid_copies_ = static_cast<unsigned long long*>(invalid);
+  return backend_->Synchronize(nullptr);
+}
+
+SparseKVCacheManager::Impl::~Impl() {
+  backend_->Synchronize(nullptr).IgnoreError();
+  // Gives back what this manager holds, for other managers of a shared pool.
+  for (const auto& [id, r] : requests_) {
+    pool_->Release(r.owner);
+    if (r.cow_page >= 0) pool_->Unref(r.cow_page);
+    pool_->ReleaseOwner(r.owner);
+  }
+  ledger_.reset();     // drops the retained conversations' references
+  extension_.reset();  // while the pool, the hot cache and the backend still exist
+  std::vector<void*> buffers = {plan_device_, page_table_device_, counters_, invalid_copies_,
+                                prefetch_slots_};
+  for (const MissList& list : miss_lists_) {
+    buffers.insert(buffers.end(), {list.host_row, list.slot, list.count});
+  }
+  buffers.insert(buffers.end(),
+                 {prefetch_list_.host_row, prefetch_list_.slot, prefetch_list_.count});
+  for (void* p : buffers) {
+    if (p != nullptr) backend_->FreeDevice(p);
+  }
+}
+
+StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Find(RequestId id,
+                                                                                const char* op) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) {
+    return NotFound(std::string(op) + ": " + Describe(id) + " is unknown or released");
+  }
+  return &it->second;
+}
+
+Status SparseKVCacheManager::Impl::UploadPageTable(const Request& r, StreamHandle stream) {
+  const std::span<const int32_t> row = pool_->page_table_row(r.owner);
+  return backend_->CopyAsync(page_table_device_ + static_cast<size_t>(r.owner) * row.size(),
+                             row.data(), row.size_bytes(), stream);
+}
+
+StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::AdmitShared(
+    RequestId id, int32_t seq_len, int64_t tokens, std::span<const int32_t> shared,
+    int32_t spare_pages, std::vector<int32_t>& spares, StreamHandle stream) {
+  if (requests_.contains(id) || ledger_->IsRetained(id)) {
+    return AlreadyExists("Admit: " + Describe(id) + " already exists");
+  }
+  if (tokens > options_.max_context) {
+    return OutOfRange("Admit: " + Describe(id) + " needs " + std::to_string(tokens) +
+                      " tokens, more than max_context (" + std::to_string(options_.max_context) +
+                      ")");
+  }
+  // Checked here, not only by the pool: a shared pool has owners for every manager, and one
+  // manager must not take another's (its retracted requests hold owners without a block).
+  if (static_cast<int32_t>(requests_.size()) >= options_.effective_max_host_requests()) {
+    return ResourceExhausted("Admit: all " +
+                             std::to_string(options_.effective_max_host_requests()) +
+                             " host request slots of this manager are in use (max_host_requests)");
+  }
+  StatusOr<int32_t> owner_or = pool_->AcquireOwner();
+  if (!owner_or.ok()) {
+    return ResourceExhausted("Admit: all " + std::to_string(pool_->max_owners()) +
+                             " host request slots of the host pool are in use "
+                             "(max_host_requests)");
+  }
+  const int32_t owner = *owner_or;
+  if (hot_->used_blocks() == hot_->max_blocks()) {
+    pool_->ReleaseOwner(owner);
+    return ResourceExhausted("Admit: all " + std::to_string(hot_->max_blocks()) +
+                             " hot-cache blocks are in use (max_requests)");
+  }
+  const int32_t pt = options_.host_page_tokens;
+  const int64_t fresh = (tokens + pt - 1) / pt - static_cast<int64_t>(shared.size()) + spare_pages;
+  // With a shared pool, another manager may take the pages MakeRoom found before Reserve runs;
+  // Reserve then fails, all or nothing.
+  PageLedger::Evictions evicted;
+  Status reserved = ledger_->MakeRoom(fresh, "Admit", evicted);
+  host_counters_.evictions += evicted.conversations;
+  host_counters_.evicted_pages += evicted.pages;
+  if (reserved.ok()) {
+    reserved = pool_->Reserve(owner, static_cast<int32_t>(tokens), shared, spare_pages, &spares);
+  }
+  if (!reserved.ok()) {
+    pool_->ReleaseOwner(owner);
+    return reserved;
+  }
+  // A free block was checked above; only the backend's reset copy can still fail.
+  StatusOr<int32_t> acquired = hot_->Acquire(stream);
+  if (!acquired.ok()) {
+    for (int32_t page : spares) ledger_->Unref(page);
+    spares.clear();
+    ledger_->ReleaseOwnerPages(owner);
+    pool_->ReleaseOwner(owner);
+    return acquired.status();
+  }
+  const int32_t block = *acquired;
+  // The pool rounds the reservation up to pages; the request may use no more than it asked for.
+  Request r{.owner = owner,
+            .block = block,
+            .seq_len = seq_len,
+            .reserved = static_cast<int32_t>(tokens),
+            .ingested = std::vector<bool>(options_.geometry.num_layers(), false),
+            .ingested_layers = 0};
+  SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
+  return &requests_.emplace(id, std::move(r)).first->second;
+}
+
+Status SparseKVCacheManager::Impl::Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
+                                         StreamHandle stream) {
+  if (prompt_len < 1 || max_new_tokens < 0) {
+    return InvalidArgument("Admit: prompt_len must be >= 1 and max_new_tokens >= 0");
+  }
+  std::vector<int32_t> no_spares;
+  return AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, {}, 0, no_spares, stream)
+      .status();
+}
+
+StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
+                                                              std::span<const int32_t> token_ids,
+                                                              int32_t max_new_tokens,
+                                                              StreamHandle stream) {
+  if (token_ids.empty() || max_new_tokens < 0) {
+    return InvalidArgument("AdmitWithPrefix: token_ids must not be empty and max_new_tokens >= 0");
+  }
+  if (token_ids.size() > static_cast<size_t>(options_.max_context)) {
+    return OutOfRange("AdmitWithPrefix: " + Describe(id) + " has " +
+                      std::to_string(token_ids.size()) + " prompt tokens, more than max_context");
+  }
+  const int32_t prompt_len = static_cast<int32_t>(token_ids.size());
+  const int32_t pt = options_.host_page_tokens;
+  // At least the last prompt token is ingested: the engine computes its KV with its logits.
+  const std::vector<int32_t> matched = ledger_->Match(token_ids, (prompt_len - 1) / pt);
+  // Pinned while admission may evict, so that the prefix it found is not freed under it.
+  for (int32_t page : matched) pool_->AddRef(page);
+  std::vector<int32_t> no_spares;
+  StatusOr<Request*> r = AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, matched,
+                                     0, no_spares, stream);
+  for (int32_t page : matched) ledger_->Unref(page);
+  if (!r.ok()) return r.status();
+  const int32_t cached = static_cast<int32_t>(matched.size()) * pt;
+  (*r)->cached = cached;
+  (*r)->token_ids.assign(token_ids.begin(), token_ids.end());
+  (*r)->indexed_pages = static_cast<int32_t>(matched.size());
+  ledger_->Touch(matched);  // the conversations holding the prefix are in use again
+  host_counters_.prefix_lookup_tokens += prompt_len;
+  host_counters_.prefix_hit_tokens += cached;
+  return cached;
+}
+
+Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32_t max_new_tokens,
+                                        StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * p, Find(parent, "Fork"));
+  if (max_new_tokens < 0) return InvalidArgument("Fork: max_new_tokens must be >= 0");
+  if (extension_ != nullptr) SPARSEKV_RETURN_IF_ERROR(extension_->CheckFork(parent));
+  if (p->ingested_layers != options_.geometry.num_layers()) {
+    return FailedPrecondition("Fork: " + Describe(parent) + " has layers not yet ingested");
+  }
+  if (step_open_ && std::find(batch_.begin(), batch_.end(), parent) != batch_.end()) {
+    return FailedPrecondition("Fork: " + Describe(parent) + " is in the open step");
+  }
+  const int32_t pt = options_.host_page_tokens;
+  const int32_t seq_len = p->seq_len;
+  const std::span<const int32_t> table = pool_->page_table_row(p->owner);
+  const std::span<const int32_t> shared = table.first((seq_len + pt - 1) / pt);
+  // A shared, partially filled last page must be copied by each holder that appends into it
+  // while another still holds it: one spare for the child, and one for the parent unless it has
+  // one already (from an earlier fork) or cannot append any more.
+  const bool partial = seq_len % pt != 0;
+  const bool child_spare = partial && max_new_tokens > 0;
+  const bool parent_spare = partial && p->seq_len < p->reserved && p->cow_page < 0;
+  std::vector<int32_t> spares;
+  SPARSEKV_ASSIGN_OR_RETURN(
+      Request * c, AdmitShared(child, seq_len, int64_t{seq_len} + max_new_tokens, shared,
+                               int32_t{child_spare} + int32_t{parent_spare}, spares, stream));
+  if (child_spare) c->cow_page = spares[0];
+  if (parent_spare) p->cow_page = spares.back();
+  c->cached = seq_len;
+  c->ingested.assign(options_.geometry.num_layers(), true);
+  c->ingested_layers = options_.geometry.num_layers();
+  c->token_ids = p->token_ids;
+  c->indexed_pages = p->indexed_pages;
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    SPARSEKV_RETURN_IF_ERROR(LoadWindow(*c, l, nullptr, 0, stream));
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::LoadWindow(const Request& r, int32_t layer, const void* rows,
+                                              int32_t first, StreamHandle stream) {
+  // Window positions [max(0, seq_len - W), seq_len). `rows` holds positions from `first` on
+  // (or is null); earlier positions are read from the host pool.
+  const int32_t stride = options_.geometry.layers[layer].row_stride;
+  for (int32_t p = std::max(0, r.seq_len - options_.window); p < r.seq_len; ++p) {
+    const std::byte* src =
+        rows != nullptr && p >= first
+            ? static_cast<const std::byte*>(rows) + static_cast<int64_t>(p - first) * stride
+            : pool_->row(layer, pool_->HostRow(r.owner, p));
+    std::byte* dst =
+        hot_->layer_data(layer) + static_cast<int64_t>(hot_->WindowSlot(r.block, p)) * stride;
+    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(dst, src, stride, stream));
+    host_counters_.bytes_host_to_device += options_.geometry.layers[layer].row_bytes;
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::IngestPrompt(RequestId id, int32_t layer, const void* rows,
+                                                StreamHandle stream) {
+  return Ingest(id, layer, rows, 0, "IngestPrompt", stream);
+}
+
+Status SparseKVCacheManager::Impl::IngestPromptSuffix(RequestId id, int32_t layer, const void* rows,
+                                                      StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "IngestPromptSuffix"));
+  return Ingest(id, layer, rows, r->cached, "IngestPromptSuffix", stream);
+}
+
+Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const void* rows,
+                                          int32_t rows_first, const char* op, StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, op));
+  if (layer < 0 || layer >= options_.geometry.num_layers()) {
+    return InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) + " out of range");
+  }
+  if (rows == nullptr) return InvalidArgument(std::string(op) + ": rows is null");
+  if (r->ingested[layer]) {
+    return AlreadyExists(std::string(op) + ": layer " + std::to_string(layer) + " of " +
+                         Describe(id) + " was already ingested (stored KV is never overwritten)");
+  }
+  if (r->block < 0) {
+    return FailedPrecondition(std::string(op) + ": " + Describe(id) + " is retracted");
+  }
+  const LayerShape shape = options_.geometry.layers[layer];
+  const int32_t pt = options_.host_page_tokens;
+  const auto* src = static_cast<const std::byte*>(rows);
+  // Positions [cached, seq_len) lie in the request's private pages (cached is a page multiple);
+  // the shared ones are never written. One copy per run of positions that share a host page.
+  for (int32_t p = r->cached; p < r->seq_len;) {
+    const int32_t n = std::min(r->seq_len - p, pt - p % pt);
+    SPARSEKV_RETURN_IF_ERROR(
+        backend_->CopyAsync(pool_->row(layer, pool_->HostRow(r->owner, p)),
+                            src + static_cast<int64_t>(p - rows_first) * shape.row_stride,
+                            static_cast<size_t>(n) * shape.row_stride, stream));
+    p += n;
+  }
+  SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, layer, rows, rows_first, stream));
+  r->ingested[layer] = true;
+  ++r->ingested_layers;
+  host_counters_.bytes_ingested += static_cast<uint64_t>(r->seq_len - r->cached) * shape.row_bytes;
+  if (r->ingested_layers == options_.geometry.num_layers()) IndexFullPages(*r);
+  return Status::Ok();
+}
+
+void SparseKVCacheManager::Impl::IndexFullPages(Request& r) {
+  const int32_t pt = options_.host_page_tokens;
+  const std::span<const int32_t> table = pool_->page_table_row(r.owner);
+  const std::span<const int32_t> ids = r.token_ids;
+  const int32_t full = static_cast<int32_t>(std::min<size_t>(r.seq_len, ids.size()) / pt);
+  for (; r.indexed_pages < full; ++r.indexed_pages) {
+    const int32_t i = r.indexed_pages;
+    // Fails only if an identical copy of the page is indexed already (two requests computed the
+    // same prefix independently): lookups find that copy, and the pages after this one could not
+    // be reached through it, so indexing stops here.
+    if (!ledger_->Index(i == 0 ? -1 : table[i - 1], table[i], ids.subspan(i * pt, pt))) return;
+  }
+}
+
+void SparseKVCacheManager::Impl::Forget(RequestId id, Request& r) {
+  if (extension_ != nullptr) extension_->OnDrop(id);
+  if (r.block >= 0) hot_->Release(r.block);
+  ledger_->ReleaseOwnerPages(r.owner);
+  if (r.cow_page >= 0) ledger_->Unref(r.cow_page);
+  pool_->ReleaseOwner(r.owner);
+  requests_.erase(id);
+}
+
+Status SparseKVCacheManager::Impl::Release(RequestId id) {
+  if (ledger_->Drop(id) >= 0) return Status::Ok();
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Release"));
+  if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
+    return FailedPrecondition("Release: " + Describe(id) + " is in the open step");
+  }
+  Forget(id, *r);
+  return Status::Ok();
+}
+
+StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retain"));
+  if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
+    return FailedPrecondition("Retain: " + Describe(id) + " is in the open step");
+  }
+  // The indexed pages: full, complete in every layer, reachable by lookups. The rest (a partial
+  // last page, unused reservation, pages without known ids) could never be shared again.
+  const std::span<const int32_t> table = pool_->page_table_row(r->owner);
+  std::vector<int32_t> pages(table.begin(), table.begin() + r->indexed_pages);
+  if (pages.empty()) {
+    Forget(id, *r);
+    return 0;
+  }
+  const int32_t tokens = static_cast<int32_t>(pages.size()) * options_.host_page_tokens;
+  ledger_->Retain(id, std::move(pages));  // before Forget drops the request's references
+  Forget(id, *r);
+  return tokens;
+}
+
+Status SparseKVCacheManager::Impl::Retract(RequestId id) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retract"));
+  if (r->block < 0) return FailedPrecondition("Retract: " + Describe(id) + " is retracted");
+  if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
+    return FailedPrecondition("Retract: " + Describe(id) + " is in the open step");
+  }
+  hot_->Release(r->block);
+  r->block = -1;
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::Resume(RequestId id, StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Resume"));
+  if (r->block >= 0) return FailedPrecondition("Resume: " + Describe(id) + " is not retracted");
+  SPARSEKV_ASSIGN_OR_RETURN(r->block, hot_->Acquire(stream));
+  // Layers not yet ingested get their window at ingestion.
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    if (r->ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, l, nullptr, 0, stream));
+  }
+  return Status::Ok();
+}
+
+// ---- Extension ----
+
+Status SparseKVCacheManager::Impl::InstallExtension(const ExtensionFactory& make) {
+  if (extension_ != nullptr) {
+    return FailedPrecondition("InstallExtension: an extension is installed already");
+  }
+  SPARSEKV_ASSIGN_OR_RETURN(extension_, make(*this));
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::AdmitWithPages(RequestId id, int32_t prompt_len,
+                                                  int32_t max_new_tokens,
+                                                  std::span<const int32_t> shared,
+                                                  StreamHandle stream) {
+  std::vector<int32_t> no_spares;
+  SPARSEKV_ASSIGN_OR_RETURN(
+      Request * r, AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, shared, 0,
+                               no_spares, stream));
+  // Never ingested, never written.
+  r->cached = static_cast<int32_t>(shared.size()) * options_.host_page_tokens;
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::CompleteLayer(RequestId id, int32_t layer, StreamHandle stream) {
+  Request& r = requests_.at(id);
+  SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, layer, nullptr, 0, stream));
+  r.ingested[layer] = true;
+  ++r.ingested_layers;
+  return Status::Ok();
+}
+
+}  // namespace sparsekv

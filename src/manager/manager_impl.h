@@ -1,0 +1,211 @@
+// SparseKVCacheManager::Impl: the manager's state and the code behind its public API.
+//
+// Parts and who owns what:
+//   pool_     HostKVPool: every request's KV history (possibly shared with other managers).
+//   ledger_   PageLedger: the prefix index, retained conversations, copy-on-write bookkeeping.
+//   hot_      HotCache: a block of hot slots plus the window per request, in device memory.
+//   requests_ the live requests: owner (page-table row), block, lengths, ingest state.
+//   the run-phase device buffers: the plan region, the device page table, two miss lists (index
+//   groups alternate between them), the prefetch list and the resolve counters.
+//   extension_ an optional ManagerExtension (the remote tier's); its per-layer hooks run only in
+//   steps it declared itself active for at PlanStep (extension_active_).
+//
+// manager.cc creates it and forwards the public API; the code is in two files by phase:
+// manager_impl.cc (creation, request lifecycle, prefix sharing, the extension host) and
+// manager_step.cc (plan and run phase, statistics).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "host_pool/page_ledger.h"
+#include "sparsekv/manager.h"
+#include "sparsekv/manager_extension.h"
+
+namespace sparsekv {
+
+class SparseKVCacheManager::Impl final : public ExtensionHost {
+ public:
+  Impl(const CacheOptions& options, std::shared_ptr<Backend> backend,
+       std::shared_ptr<HostKVPool> pool);
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  // Creates the host pool unless one was given, and the device state.
+  Status Allocate();
+
+  // The public API (manager.h documents it).
+  Status Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens, StreamHandle stream);
+  Status IngestPrompt(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
+  Status Release(RequestId id);
+  Status Retract(RequestId id);
+  Status Resume(RequestId id, StreamHandle stream);
+  StatusOr<int32_t> AdmitWithPrefix(RequestId id, std::span<const int32_t> token_ids,
+                                    int32_t max_new_tokens, StreamHandle stream);
+  Status IngestPromptSuffix(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
+  Status Fork(RequestId parent, RequestId child, int32_t max_new_tokens, StreamHandle stream);
+  StatusOr<int32_t> Retain(RequestId id);
+  int32_t EvictRetained() { return ledger_->DropAll(); }
+  bool IsRetained(RequestId id) const { return ledger_->IsRetained(id); }
+
+  Status PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
+                  StreamHandle stream);
+  Status AppendToken(int32_t layer, const void* new_rows, StreamHandle stream);
+  Status ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots, uint8_t* fill_mask,
+                      StreamHandle stream, int32_t topk_stride);
+  Status CopyMisses(int32_t layer, StreamHandle stream);
+  Status AssembleLayer(int32_t layer, const int32_t* slots, void* assembled, StreamHandle stream);
+  Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count, StreamHandle stream);
+  Status FinishStep(StreamHandle stream);
+  Status FinishReplayedStep();
+
+  Status InstallExtension(const ExtensionFactory& make);
+  ManagerExtension* extension() const { return extension_.get(); }
+
+  StatusOr<CacheStats> ReadStats(StreamHandle stream);
+  Status ResetStats(StreamHandle stream);
+  StatusOr<int32_t> SequenceLength(RequestId id) const;
+  StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
+  const std::byte* HotLayer(int32_t layer) const { return hot_->layer_data(layer); }
+  int32_t batch_size() const { return static_cast<int32_t>(batch_.size()); }
+
+  // ExtensionHost (manager_extension.h).
+  const CacheOptions& options() const override { return options_; }
+  Backend& backend() const override { return *backend_; }
+  HostKVPool& pool() const override { return *pool_; }
+  const HotCache& hot_cache() const override { return *hot_; }
+  std::span<const RequestId> batch() const override { return batch_; }
+  int32_t BlockOf(RequestId id) const override { return requests_.at(id).block; }
+  int32_t OwnerOf(RequestId id) const override { return requests_.at(id).owner; }
+  bool IsLive(RequestId id) const override { return requests_.contains(id); }
+  unsigned long long* invalid_copy_counter() const override { return invalid_copies_; }
+  Status AdmitWithPages(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
+                        std::span<const int32_t> shared, StreamHandle stream) override;
+  Status CompleteLayer(RequestId id, int32_t layer, StreamHandle stream) override;
+  void Drop(RequestId id) override { Forget(id, requests_.at(id)); }
+
+ private:
+  struct Request {
+    int32_t owner;               // row in the host pool's page table
+    int32_t block;               // hot-cache block, -1 while retracted
+    int32_t seq_len;             // tokens with KV
+    int32_t reserved;            // tokens reserved in the host pool
+    std::vector<bool> ingested;  // per layer
+    int32_t ingested_layers;
+    int32_t cached = 0;  // prompt positions [0, cached) shared at admission, never ingested
+    // Ids of positions [0, token_ids.size()); only extended while complete (size == seq_len).
+    std::vector<int32_t> token_ids{};
+    int32_t indexed_pages = 0;  // pages [0, indexed_pages) of the table are in the prefix index
+    // A private page reserved for the copy on write of the shared, partially filled page that
+    // the request's next append goes into; -1 if none. Used or freed by that append.
+    int32_t cow_page = -1;
+  };
+  // The fixed device buffers of the run phase. Everything the plan phase writes is in one
+  // contiguous region (`plan`), uploaded with one copy.
+  struct PlanLayout;
+
+  // ---- Lifecycle (manager_impl.cc) ----
+  StatusOr<Request*> Find(RequestId id, const char* op);
+  Status UploadPageTable(const Request& r, StreamHandle stream);
+  Status LoadWindow(const Request& r, int32_t layer, const void* rows, int32_t first,
+                    StreamHandle stream);
+  // Admission shared by Admit, AdmitWithPrefix, Fork and AdmitWithPages: checks, makes room,
+  // reserves `tokens` with `shared` as the first pages plus `spare_pages` private pages (returned
+  // in `spares`), and takes a hot-cache block. REQUIRES: the caller holds a reference to every
+  // page of `shared`.
+  StatusOr<Request*> AdmitShared(RequestId id, int32_t seq_len, int64_t tokens,
+                                 std::span<const int32_t> shared, int32_t spare_pages,
+                                 std::vector<int32_t>& spares, StreamHandle stream);
+  // Frees what a live request holds (hot block, page references, spare) and forgets it.
+  void Forget(RequestId id, Request& r);
+  Status Ingest(RequestId id, int32_t layer, const void* rows, int32_t rows_first, const char* op,
+                StreamHandle stream);
+  // Indexes the request's full pages whose token ids are known and KV is complete.
+  void IndexFullPages(Request& r);
+
+  // ---- Step (manager_step.cc) ----
+  // Before the request appends at `position`: copies the page on write if it is shared.
+  Status PrepareAppend(Request& r, int32_t position, StreamHandle stream);
+  // Ends the open step (after its write-back is joined): indexes the pages it filled.
+  void CloseStep();
+  Status CheckLayer(int32_t layer, const char* op) const;
+  // Resolves [max_batch, top_k] positions against `layer`'s replacement state into `list`.
+  Status Resolve(int32_t layer, const int32_t* topk, int32_t top_k, int32_t topk_stride,
+                 int32_t* slots, uint8_t* fill_mask, const MissList& list,
+                 ResolveCounters* counters, StreamHandle stream);
+  // Copies `list` (of `capacity` entries) from the host pool into `layer`'s rows, between the
+  // extension's BeforeCopy and AfterCopy in an active step.
+  Status Copy(int32_t layer, const MissList& list, int32_t capacity, StreamHandle stream);
+  // Index groups alternate between two miss lists.
+  int32_t MissListOf(int32_t layer) const { return layer / options_.layers_per_index % 2; }
+
+  CacheOptions options_;
+  std::shared_ptr<Backend> backend_;
+  std::shared_ptr<HostKVPool> pool_;
+  std::unique_ptr<HotCache> hot_;
+  std::unordered_map<RequestId, Request> requests_;
+  std::unique_ptr<PageLedger> ledger_;
+  std::unique_ptr<ManagerExtension> extension_;  // null without one
+  bool extension_active_ = false;                // its per-layer hooks run in the open step
+
+  // Device buffers.
+  std::byte* plan_device_ = nullptr;              // see PlanLayout
+  int32_t* page_table_device_ = nullptr;          // [max_owners, pages_per_owner]
+  MissList miss_lists_[2];                        // [max_batch * top_k] each
+  MissList prefetch_list_;                        // [max_batch * max_prefetch]
+  int32_t* prefetch_slots_ = nullptr;             // [max_batch * max_prefetch] (discarded)
+  ResolveCounters* counters_ = nullptr;           // [layers] resolves, then [layers] prefetches
+  unsigned long long* invalid_copies_ = nullptr;  // scalar
+  int64_t device_bytes_ = 0;
+
+  // Host mirror of the plan and step state.
+  std::vector<std::byte> plan_host_;
+  std::vector<RequestId> batch_;
+  bool step_open_ = false;
+  std::vector<bool> appended_;  // per layer, in the open step
+  std::vector<bool> resolved_;  // per index group, in the open step
+  // Bytes one request of a step moves, as recorded by the last complete run phase (replays).
+  uint64_t step_bytes_to_host_per_request_ = 0;
+  uint64_t step_bytes_assembled_per_request_ = 0;
+  uint64_t open_bytes_to_host_per_request_ = 0;
+  uint64_t open_bytes_assembled_per_request_ = 0;
+  HostCounters host_counters_;
+};
+
+// The plan region, uploaded with one copy per step:
+//   [batch_size: int32, padded to 16 B][batch: BatchEntry x max_batch]
+//   [append_src: int32 x max_batch]   b -> b (row of the caller's new_rows)
+//   [append_slot: int32 x max_batch]  window slot of the newest token
+//   [append_row: int32 x max_batch]   host row of the newest token
+struct SparseKVCacheManager::Impl::PlanLayout {
+  explicit PlanLayout(int32_t max_batch)
+      : batch(16),
+        append_src(batch + sizeof(BatchEntry) * max_batch),
+        append_slot(append_src + sizeof(int32_t) * max_batch),
+        append_row(append_slot + sizeof(int32_t) * max_batch),
+        bytes(append_row + sizeof(int32_t) * max_batch) {}
+  size_t batch_size = 0;
+  size_t batch;
+  size_t append_src;
+  size_t append_slot;
+  size_t append_row;
+  size_t bytes;
+};
+
+namespace manager_internal {
+
+template <typename T>
+T* At(std::byte* base, size_t offset) {
+  return reinterpret_cast<T*>(base + offset);
+}
+
+inline std::string Describe(RequestId id) { return "request " + std::to_string(id); }
+
+}  // namespace manager_internal
+
+}  // namespace sparsekv

@@ -1,0 +1,405 @@
+// SparseKVCacheManager::Impl, part two: the plan and run phases of a decode step, and the
+// statistics they count.
+#include <algorithm>
+#include <cassert>
+#include <string>
+#include <unordered_set>
+
+#include "manager/manager_impl.h"
+
+namespace sparsekv {
+
+using manager_internal::At;
+using manager_internal::Describe;
+
+Status SparseKVCacheManager::Impl::PrepareAppend(Request& r, int32_t position,
+                                                 StreamHandle stream) {
+  const int32_t pt = options_.host_page_tokens;
+  const int32_t index = position / pt;
+  if (r.cow_page >= 0) {
+    // The page holding `position` was shared, partially filled, when the request was forked.
+    const int32_t page = ledger_->SharedPageToCopy(r.owner, index, r.cow_page);
+    if (page >= 0) {
+      // Copy rows [index * pt, position) of every layer into the spare, on `stream` before the
+      // plan upload, hence before AppendToken forks the write-back of this step's token from it.
+      const int32_t rows = position - index * pt;
+      for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+        const int64_t stride = options_.geometry.layers[l].row_stride;
+        SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(
+            pool_->row(l, r.cow_page * pt), pool_->row(l, page * pt), rows * stride, stream));
+      }
+      ledger_->ReplaceWithCopy(r.owner, index, r.cow_page);
+      SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
+      ++host_counters_.copy_on_write_pages;
+    }
+    r.cow_page = -1;
+  }
+  // The invariant copy on write keeps: a request writes only pages no one else references.
+  assert(pool_->RefCount(pool_->page_table_row(r.owner)[index]) == 1);
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
+                                            std::span<const int32_t> token_ids,
+                                            StreamHandle stream) {
+  if (step_open_) return FailedPrecondition("PlanStep: the previous step was not finished");
+  if (!token_ids.empty() && token_ids.size() != batch.size()) {
+    return InvalidArgument("PlanStep: " + std::to_string(token_ids.size()) +
+                           " token ids for a batch of " + std::to_string(batch.size()));
+  }
+  const int32_t max_batch = options_.effective_max_batch();
+  if (batch.empty() || batch.size() > static_cast<size_t>(max_batch)) {
+    return InvalidArgument("PlanStep: batch size " + std::to_string(batch.size()) +
+                           " not in [1, max_batch = " + std::to_string(max_batch) + "]");
+  }
+  std::unordered_set<RequestId> seen;
+  for (RequestId id : batch) {
+    SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "PlanStep"));
+    if (!seen.insert(id).second) {
+      return InvalidArgument("PlanStep: " + Describe(id) + " appears twice in the batch");
+    }
+    if (r->block < 0) return FailedPrecondition("PlanStep: " + Describe(id) + " is retracted");
+    if (r->ingested_layers != options_.geometry.num_layers()) {
+      return FailedPrecondition("PlanStep: " + Describe(id) + " has layers not yet ingested");
+    }
+    if (r->seq_len >= r->reserved) {
+      return OutOfRange("PlanStep: " + Describe(id) + " reached its reserved length (" +
+                        std::to_string(r->reserved) + " tokens)");
+    }
+  }
+  const PlanLayout layout(max_batch);
+  std::byte* plan = plan_host_.data();
+  *At<int32_t>(plan, layout.batch_size) = static_cast<int32_t>(batch.size());
+  auto* entries = At<BatchEntry>(plan, layout.batch);
+  auto* append_slot = At<int32_t>(plan, layout.append_slot);
+  auto* append_row = At<int32_t>(plan, layout.append_row);
+  for (int32_t b = 0; b < max_batch; ++b) {
+    if (b >= static_cast<int32_t>(batch.size())) {
+      entries[b] = BatchEntry{-1, 0, 0};
+      append_slot[b] = append_row[b] = -1;
+      continue;
+    }
+    Request& r = requests_.at(batch[b]);
+    const int32_t position = r.seq_len++;
+    SPARSEKV_RETURN_IF_ERROR(PrepareAppend(r, position, stream));
+    if (r.token_ids.size() == static_cast<size_t>(position) && !token_ids.empty()) {
+      r.token_ids.push_back(token_ids[b]);
+    }
+    entries[b] = BatchEntry{r.block, r.seq_len, r.owner};
+    append_slot[b] = hot_->WindowSlot(r.block, position);
+    append_row[b] = pool_->HostRow(r.owner, position);
+  }
+  batch_.assign(batch.begin(), batch.end());
+  extension_active_ = extension_ != nullptr && extension_->BeginStep(batch_);
+  step_open_ = true;
+  std::fill(appended_.begin(), appended_.end(), false);
+  std::fill(resolved_.begin(), resolved_.end(), false);
+  open_bytes_to_host_per_request_ = open_bytes_assembled_per_request_ = 0;
+  return backend_->CopyAsync(plan_device_, plan, layout.bytes, stream);
+}
+
+Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_rows,
+                                               StreamHandle stream) {
+  if (!step_open_) return FailedPrecondition("AppendToken: no step is planned");
+  if (layer < 0 || layer >= options_.geometry.num_layers()) {
+    return InvalidArgument("AppendToken: layer " + std::to_string(layer) + " out of range");
+  }
+  if (new_rows == nullptr) return InvalidArgument("AppendToken: new_rows is null");
+  if (appended_[layer]) {
+    return FailedPrecondition("AppendToken: layer " + std::to_string(layer) +
+                              " was already appended in this step");
+  }
+  const LayerShape shape = options_.geometry.layers[layer];
+  const PlanLayout layout(options_.effective_max_batch());
+  const int32_t max_batch = options_.effective_max_batch();
+  IndexCopyView to_window{};
+  to_window.src = static_cast<const std::byte*>(new_rows);
+  to_window.dst = hot_->layer_data(layer);
+  to_window.src_index = At<int32_t>(plan_device_, layout.append_src);
+  to_window.dst_index = At<int32_t>(plan_device_, layout.append_slot);
+  to_window.count = At<int32_t>(plan_device_, layout.batch_size);
+  to_window.capacity = max_batch;
+  to_window.row_bytes = shape.row_stride;
+  to_window.src_stride = to_window.dst_stride = shape.row_stride;
+  to_window.src_rows = max_batch;
+  to_window.dst_rows = hot_->layer_rows();
+  to_window.invalid = invalid_copies_;
+  SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_window, stream));
+
+  // Write-back from the window slot (not from new_rows, which the caller may reuse at once) on
+  // the side stream. The slot is next overwritten by the append W steps later, after FinishStep
+  // has joined this copy; a resolve can only miss on this token once it has left the window,
+  // also after that join.
+  IndexCopyView to_host = to_window;
+  to_host.src = hot_->layer_data(layer);
+  to_host.src_index = to_window.dst_index;
+  to_host.src_rows = hot_->layer_rows();
+  to_host.dst = pool_->layer_base(layer);
+  to_host.dst_index = At<int32_t>(plan_device_, layout.append_row);
+  to_host.dst_rows = pool_->rows();
+  SPARSEKV_RETURN_IF_ERROR(backend_->Fork(stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_host, backend_->SideStream()));
+  appended_[layer] = true;
+  open_bytes_to_host_per_request_ += shape.row_bytes;
+  host_counters_.bytes_device_to_host += batch_.size() * static_cast<uint64_t>(shape.row_bytes);
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::CheckLayer(int32_t layer, const char* op) const {
+  if (!step_open_) return FailedPrecondition(std::string(op) + ": no step is planned");
+  if (layer < 0 || layer >= options_.geometry.num_layers()) {
+    return InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) + " out of range");
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots,
+                                                uint8_t* fill_mask, StreamHandle stream,
+                                                int32_t topk_stride) {
+  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "ResolveLayer"));
+  if (layer % options_.layers_per_index != 0) {
+    return FailedPrecondition("ResolveLayer: layer " + std::to_string(layer) +
+                              " shares the top-k of layer " +
+                              std::to_string(layer - layer % options_.layers_per_index) +
+                              " (layers_per_index); that layer resolves for it");
+  }
+  if (!appended_[layer]) {
+    return FailedPrecondition("ResolveLayer: AppendToken(" + std::to_string(layer) +
+                              ") must come first in the step");
+  }
+  if (topk == nullptr || slots == nullptr) {
+    return InvalidArgument("ResolveLayer: topk and slots must not be null");
+  }
+  if (topk_stride == 0) topk_stride = options_.top_k;
+  if (topk_stride < options_.top_k) return InvalidArgument("ResolveLayer: topk_stride < top_k");
+  const MissList& list = miss_lists_[MissListOf(layer)];
+  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask, list,
+                                   counters_ + layer, stream));
+  resolved_[layer / options_.layers_per_index] = true;
+  if (!extension_active_) return Status::Ok();
+  return extension_->AfterResolve(layer, slots, stream);
+}
+
+Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, int32_t top_k,
+                                           int32_t topk_stride, int32_t* slots, uint8_t* fill_mask,
+                                           const MissList& list, ResolveCounters* counters,
+                                           StreamHandle stream) {
+  const int32_t max_batch = options_.effective_max_batch();
+  const PlanLayout layout(max_batch);
+  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(list.count, 0, sizeof(int32_t), stream));
+  ResolveView resolve{};
+  resolve.batch_size = At<int32_t>(plan_device_, layout.batch_size);
+  resolve.batch = At<BatchEntry>(plan_device_, layout.batch);
+  resolve.topk = topk;
+  resolve.top_k = top_k;
+  resolve.topk_stride = topk_stride;
+  resolve.slots_out = slots;
+  resolve.slot_token = hot_->slot_token(layer);
+  resolve.lru_order = hot_->lru_order(layer);
+  if (options_.eviction == EvictionPolicy::kSegmentedLru) {
+    resolve.lru_protected = hot_->lru_protected(layer);
+    resolve.protected_capacity = options_.protected_capacity();
+  }
+  resolve.hot_slots = options_.hot_slots;
+  resolve.window = options_.window;
+  resolve.page_table = page_table_device_;
+  resolve.pages_per_request = pool_->pages_per_owner();
+  resolve.page_tokens = options_.host_page_tokens;
+  resolve.miss_host_row = list.host_row;
+  resolve.miss_slot = list.slot;
+  resolve.miss_count = list.count;
+  resolve.miss_capacity = max_batch * top_k;
+  resolve.counters = counters;
+  resolve.fill_mask = fill_mask;
+  resolve.sort_misses = options_.sort_misses;
+  resolve.sort_min_batch = options_.sort_misses_min_batch;
+  resolve.share_duplicates = options_.share_repeated_positions;
+  return backend_->Resolve(resolve, max_batch, stream);
+}
+
+Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "CopyMisses"));
+  if (!resolved_[layer / options_.layers_per_index]) {
+    return FailedPrecondition("CopyMisses: the top-k of layer " + std::to_string(layer) +
+                              "'s index group was not resolved in this step");
+  }
+  SPARSEKV_RETURN_IF_ERROR(Copy(layer, miss_lists_[MissListOf(layer)],
+                                options_.effective_max_batch() * options_.top_k, stream));
+  if (!extension_active_) return Status::Ok();
+  return extension_->AfterMissCopy(layer, stream);
+}
+
+Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int32_t capacity,
+                                        StreamHandle stream) {
+  if (extension_active_) {
+    SPARSEKV_RETURN_IF_ERROR(extension_->BeforeCopy(layer, list, capacity, stream));
+  }
+  const LayerShape shape = options_.geometry.layers[layer];
+  IndexCopyView copy{};
+  copy.src = pool_->layer_base(layer);
+  copy.dst = hot_->layer_data(layer);
+  copy.src_index = list.host_row;
+  copy.dst_index = list.slot;
+  copy.count = list.count;
+  copy.capacity = capacity;
+  copy.row_bytes = shape.row_bytes;
+  copy.src_stride = copy.dst_stride = shape.row_stride;
+  copy.src_rows = pool_->rows();
+  copy.dst_rows = hot_->layer_rows();
+  copy.invalid = invalid_copies_;
+  copy.max_blocks = options_.copy_blocks;
+  SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
+  if (!extension_active_) return Status::Ok();
+  return extension_->AfterCopy(layer, stream);
+}
+
+Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* slots,
+                                                 void* assembled, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "AssembleLayer"));
+  if (slots == nullptr || assembled == nullptr) {
+    return InvalidArgument("AssembleLayer: slots and assembled must not be null");
+  }
+  const LayerShape shape = options_.geometry.layers[layer];
+  const int32_t max_batch = options_.effective_max_batch();
+  const PlanLayout layout(max_batch);
+  AssembleView a{};
+  a.batch_size = At<int32_t>(plan_device_, layout.batch_size);
+  a.hot = hot_->layer_data(layer);
+  a.hot_rows = hot_->layer_rows();
+  a.slots = slots;
+  a.out = static_cast<std::byte*>(assembled);
+  a.top_k = options_.top_k;
+  a.row_bytes = shape.row_bytes;
+  a.stride = shape.row_stride;
+  SPARSEKV_RETURN_IF_ERROR(backend_->Assemble(a, max_batch, stream));
+  open_bytes_assembled_per_request_ += static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
+  host_counters_.bytes_assembled +=
+      batch_.size() * static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::PrefetchLayer(int32_t layer, const int32_t* positions,
+                                                 int32_t count, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "PrefetchLayer"));
+  if (layer % options_.layers_per_index != 0) {
+    return FailedPrecondition("PrefetchLayer: layer " + std::to_string(layer) +
+                              " is not the first of its index group");
+  }
+  if (positions == nullptr) return InvalidArgument("PrefetchLayer: positions is null");
+  if (count < 1 || count > options_.max_prefetch) {
+    return InvalidArgument("PrefetchLayer: count " + std::to_string(count) + " outside [1, " +
+                           std::to_string(options_.max_prefetch) + "] (max_prefetch)");
+  }
+  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, prefetch_slots_, nullptr,
+                                   prefetch_list_,
+                                   counters_ + options_.geometry.num_layers() + layer, stream));
+  const int32_t capacity = options_.effective_max_batch() * count;
+  const int32_t last = std::min(layer + options_.layers_per_index, options_.geometry.num_layers());
+  for (int32_t l = layer; l < last; ++l) {
+    SPARSEKV_RETURN_IF_ERROR(Copy(l, prefetch_list_, capacity, stream));
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::FinishStep(StreamHandle stream) {
+  if (!step_open_) return FailedPrecondition("FinishStep: no step is planned");
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    if (!appended_[l]) {
+      return FailedPrecondition("FinishStep: layer " + std::to_string(l) +
+                                " has no AppendToken in this step");
+    }
+  }
+  SPARSEKV_RETURN_IF_ERROR(backend_->Join(stream));
+  step_bytes_to_host_per_request_ = open_bytes_to_host_per_request_;
+  step_bytes_assembled_per_request_ = open_bytes_assembled_per_request_;
+  CloseStep();
+  return Status::Ok();
+}
+
+void SparseKVCacheManager::Impl::CloseStep() {
+  // Pages this step filled are complete once its write-back is joined into the main stream,
+  // which every later reader of the pool is ordered after.
+  for (RequestId id : batch_) IndexFullPages(requests_.at(id));
+  step_open_ = false;
+}
+
+Status SparseKVCacheManager::Impl::FinishReplayedStep() {
+  if (!step_open_) return FailedPrecondition("FinishReplayedStep: no step is planned");
+  if (step_bytes_to_host_per_request_ == 0) {
+    return FailedPrecondition("FinishReplayedStep: no complete run phase was ever recorded");
+  }
+  host_counters_.bytes_device_to_host += batch_.size() * step_bytes_to_host_per_request_;
+  host_counters_.bytes_assembled += batch_.size() * step_bytes_assembled_per_request_;
+  CloseStep();
+  return Status::Ok();
+}
+
+StatusOr<CacheStats> SparseKVCacheManager::Impl::ReadStats(StreamHandle stream) {
+  const int32_t layers = options_.geometry.num_layers();
+  std::vector<ResolveCounters> counters(2 * layers);
+  unsigned long long invalid = 0;
+  SPARSEKV_RETURN_IF_ERROR(backend_->Synchronize(stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(counters.data(), counters_,
+                                               sizeof(ResolveCounters) * 2 * layers, stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(&invalid, invalid_copies_, sizeof(invalid), stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->Synchronize(stream));
+
+  CacheStats s;
+  static_cast<HostCounters&>(s) = host_counters_;  // bytes_host_to_device gains the copies
+  for (int32_t l = 0; l < layers; ++l) {
+    // A layer that shares its group's top-k copies what the group's first layer resolved.
+    const ResolveCounters& c = counters[l - l % options_.layers_per_index];
+    LayerStats ls{c.hits, c.window_hits, c.misses, c.padding, c.duplicates, c.out_of_range};
+    s.layers.push_back(ls);
+    s.total.hits += ls.hits;
+    s.total.window_hits += ls.window_hits;
+    s.total.misses += ls.misses;
+    s.total.padding += ls.padding;
+    s.total.duplicates += ls.duplicates;
+    s.total.out_of_range += ls.out_of_range;
+    s.bytes_host_to_device += ls.misses * options_.geometry.layers[l].row_bytes;
+  }
+  for (int32_t l = 0; l < layers; ++l) {
+    const ResolveCounters& p = counters[layers + l - l % options_.layers_per_index];
+    if (l % options_.layers_per_index == 0) {
+      s.prefetch_lookups += p.hits + p.window_hits + p.misses;
+      s.prefetch_rows += p.misses;
+    }
+    s.bytes_host_to_device += p.misses * options_.geometry.layers[l].row_bytes;
+  }
+  s.invalid_copy_entries = invalid;
+  s.host_pages_total = pool_->total_pages();
+  s.host_pages_used = pool_->total_pages() - pool_->free_pages();
+  s.hot_blocks_used = hot_->used_blocks();
+  s.device_bytes = device_bytes_;
+  s.pages_shared = pool_->shared_pages();
+  s.bytes_saved = pool_->extra_references() * pool_->page_bytes();
+  s.retained_conversations = ledger_->retained_conversations();
+  return s;
+}
+
+Status SparseKVCacheManager::Impl::ResetStats(StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(
+      counters_, 0, sizeof(ResolveCounters) * 2 * options_.geometry.num_layers(), stream));
+  SPARSEKV_RETURN_IF_ERROR(
+      backend_->MemsetAsync(invalid_copies_, 0, sizeof(unsigned long long), stream));
+  host_counters_ = {};
+  return backend_->Synchronize(stream);
+}
+
+StatusOr<int32_t> SparseKVCacheManager::Impl::SequenceLength(RequestId id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return NotFound("SequenceLength: " + Describe(id) + " is unknown");
+  return it->second.seq_len;
+}
+
+StatusOr<std::vector<int32_t>> SparseKVCacheManager::Impl::HostPages(RequestId id) const {
+  if (const std::vector<int32_t>* pages = ledger_->RetainedPages(id)) return *pages;
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return NotFound("HostPages: " + Describe(id) + " is unknown");
+  const int32_t pages = pool_->ReservedTokens(it->second.owner) / options_.host_page_tokens;
+  const std::span<const int32_t> row = pool_->page_table_row(it->second.owner);
+  return std::vector<int32_t>(row.begin(), row.begin() + pages);
+}
+
+}  // namespace sparsekv

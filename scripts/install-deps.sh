@@ -4,7 +4,8 @@
 # Runs as root, or through sudo when available.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+# clang: the fuzz build (libFuzzer; its FuzzedDataProvider.h is also used by the g++ builds).
+packages=(cmake ninja-build g++ clang libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
           nlohmann-json3-dev python3 python3-venv python3-pip
           libucx-dev ucx-utils redis-server libhiredis-dev)
 

@@ -6,7 +6,8 @@ set -euo pipefail
 
 # libucx-dev and libhiredis-dev are optional to the library (docs/install.md); the tests use them.
 # python3-matplotlib: the plot scripts (scripts/plot_*.py) and their test.
-packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+# clang: the fuzz build (libFuzzer; its FuzzedDataProvider.h is also used by the g++ builds).
+packages=(cmake ninja-build g++ clang pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
           nlohmann-json3-dev python3 python3-venv python3-pip python3-matplotlib
           libucx-dev ucx-utils redis-server libhiredis-dev)
 

@@ -5,7 +5,9 @@
 #      then `cmake --install build` into build/install and examples/cpp built and run against
 #      that installed tree (CMake package and pkg-config);
 #   2. build-asan/ Debug, AddressSanitizer + UBSan, CPU only, ctest;
-#   3. the Python package: `pip install .` into build/python-venv and pytest
+#   3. build-fuzz/ the manager's libFuzzer target (clang, ASan + UBSan, CPU only), run for
+#      SPARSEKV_FUZZ_SECONDS (default 60) on a copy of fuzz/corpus/manager (docs/fuzzing.md);
+#   4. the Python package: `pip install .` into build/python-venv and pytest
 #      (scripts/python-test.sh).
 # Prints each ctest summary; exits non-zero on any failure.
 set -euo pipefail
@@ -75,6 +77,44 @@ grep '^decode_example:' "$install_log" | tail -n 1
 summaries+=("install: examples/cpp against build/install OK (CMake package and pkg-config)")
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   run_suite "asan" build-asan -DCMAKE_BUILD_TYPE=Debug -DSPARSEKV_SANITIZE=ON -DSPARSEKV_CUDA=OFF
+
+# run_fuzz: a small clang build of the library and the fuzz target only, then a bounded run on a
+# copy of the committed corpus (the repository is not modified). A crash fails the script; its
+# input is left in build-fuzz/artifacts/.
+run_fuzz() {
+  local dir=build-fuzz seconds=${SPARSEKV_FUZZ_SECONDS:-60}
+  local log="$dir/test-build.log"
+  mkdir -p "$dir"
+  echo "== fuzz: configure + build in $dir/"
+  if ! { cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+           -DCMAKE_CXX_COMPILER=clang++ -DSPARSEKV_FUZZ=ON -DSPARSEKV_CUDA=OFF \
+           -DSPARSEKV_BUILD_TESTS=OFF -DSPARSEKV_BUILD_TOOLS=OFF -DSPARSEKV_BUILD_PYTHON=OFF &&
+         cmake --build "$dir" -j"$jobs" --target manager_fuzz; } >"$log" 2>&1; then
+    tail -n 80 "$log"
+    echo "== fuzz: build FAILED (full log: $log)" >&2
+    exit 1
+  fi
+  local work
+  work=$(mktemp -d)
+  cp fuzz/corpus/manager/* "$work/"
+  rm -rf "$dir/artifacts"
+  mkdir -p "$dir/artifacts"
+  echo "== fuzz: manager_fuzz for ${seconds} s"
+  local out="$dir/fuzz.log" rc=0
+  "$dir/fuzz/manager_fuzz" -max_total_time="$seconds" -max_len=8192 -timeout=30 \
+    -artifact_prefix="$dir/artifacts/" "$work" >"$out" 2>&1 || rc=$?
+  rm -rf "$work"
+  local done_line
+  done_line=$(grep -a 'DONE' "$out" | tail -n 1 || true)
+  if [[ $rc -ne 0 ]]; then
+    tail -n 60 "$out"
+    echo "== fuzz: manager_fuzz FAILED (input in $dir/artifacts/, log: $out)" >&2
+    exit 1
+  fi
+  echo "$done_line"
+  summaries+=("fuzz: no crash in ${seconds} s ($(grep -ao 'Done [0-9]* runs' "$out" | tail -n 1))")
+}
+run_fuzz
 
 echo "== python: pip install . + pytest"
 py_log=build/python-test.log

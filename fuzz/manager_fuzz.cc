@@ -1,0 +1,1205 @@
+// Coverage-guided fuzz target over SparseKVCacheManager's public operations on the CPU backend.
+// (A folder of its own at the top: it drives the whole public API, no single component, and
+// carries its corpus.) See docs/fuzzing.md.
+//
+// The input decodes into a small manager's options and a bounded sequence of operations with
+// arbitrary arguments: lifecycle (admit, ingest, release, retract, resume), prefixes (admission
+// with token ids, suffix ingestion, fork, retain, eviction), steps whose run phase is driven call
+// by call (append, prefetch, run or resolve / copy / assemble per layer, finish) with top-k rows
+// holding padding, repeats, out-of-range and arbitrary positions, and calls that the API
+// documents as errors in between. A model of every request's history (each row is a
+// deterministic pattern of the token that wrote it) checks after every operation:
+//   * every status is the one the API documents, or one of the documented alternatives;
+//   * an operation that fails changes nothing (lengths, pages, blocks, retained conversations);
+//   * every slot is -1 or names a row of the request's own hot-cache block whose bytes are the
+//     model's row for the position asked for, and assembled rows match;
+//   * every live request's history and every retained conversation is intact in the host pool;
+//   * the statistics count every top-k entry once, with padding, out-of-range, repeated and
+//     window entries exactly as the top-k rows hold them.
+// A violation prints what differs and aborts.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "sparsekv/backend.h"
+#include "sparsekv/manager.h"
+
+namespace sparsekv {
+namespace {
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "manager_fuzz: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+#define FUZZ_CHECK(cond, what)                                                                     \
+  do {                                                                                             \
+    if (!(cond)) Fail(std::string(#cond) + " (line " + std::to_string(__LINE__) + "): " + (what)); \
+  } while (0)
+
+uint64_t Mix(uint64_t a, uint64_t b) {
+  uint64_t z = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// The row a token with row seed `seed` has in `layer`: `bytes` pattern bytes.
+void FillRow(std::byte* dst, uint64_t seed, int32_t layer, int32_t bytes) {
+  uint64_t s = Mix(seed, static_cast<uint64_t>(layer) + 1);
+  for (int32_t i = 0; i < bytes; i += 8) {
+    s = Mix(s, 0x5bd1e995);
+    std::memcpy(dst + i, &s, std::min(8, bytes - i));
+  }
+}
+
+bool RowIs(const std::byte* row, uint64_t seed, int32_t layer, int32_t bytes) {
+  std::byte want[256];
+  FillRow(want, seed, layer, bytes);
+  return std::memcmp(row, want, bytes) == 0;
+}
+
+std::string Code(const Status& s) { return s.ToString(); }
+
+// What the inputs run so far reached (printed by the corpus replay, to see that a corpus still
+// exercises the paths it is meant to).
+struct Reached {
+  uint64_t inputs = 0, steps = 0, prefix_hits = 0, forks = 0, retained = 0, evictions = 0,
+           copy_on_write = 0, prefetches = 0, split_resolves = 0, errors = 0;
+} reached;
+
+constexpr uint64_t kRoot = 0x243f6a8885a308d3ull;  // row seed chain of token ids starts here
+
+// The model of one live request.
+struct Req {
+  std::vector<uint64_t> seeds;  // per position: the row seed
+  int32_t prompt_len = 0;
+  int32_t reserved = 0;
+  int32_t cached = 0;   // AdmitWithPrefix: prompt positions shared, not ingested
+  int32_t ids_len = 0;  // positions [0, ids_len) have known token ids
+  std::vector<bool> ingested;
+  int32_t ingested_count = 0;
+  bool retracted = false;
+  int32_t len() const { return static_cast<int32_t>(seeds.size()); }
+};
+
+// What must not change when an operation fails.
+struct Snapshot {
+  std::map<RequestId, std::vector<int32_t>> pages;  // live and retained
+  std::map<RequestId, int32_t> lengths;
+  int32_t host_pages_used = 0;
+  int32_t hot_blocks_used = 0;
+  int32_t retained = 0;
+  bool operator==(const Snapshot&) const = default;
+};
+
+class Fuzzer {
+ public:
+  Fuzzer(FuzzedDataProvider& in, const CacheOptions& o, std::unique_ptr<SparseKVCacheManager> m)
+      : in_(in),
+        o_(o),
+        m_(std::move(m)),
+        layers_(o.geometry.num_layers()),
+        lpi_(o.layers_per_index),
+        groups_(o.index_groups()),
+        max_batch_(o.effective_max_batch()),
+        entries_(layers_, 0),
+        padding_(layers_, 0),
+        out_of_range_(layers_, 0),
+        duplicates_(layers_, 0),
+        window_hits_(layers_, 0) {}
+
+  void Run() {
+    for (int op = 0; op < 256 && in_.remaining_bytes() > 0; ++op) {
+      const Snapshot before = Take();
+      bool changed = true;  // false: the operation failed and must have changed nothing
+      bool admission = false;
+      // Weighted so that most inputs reach steps; about half of the calls are steps.
+      const int kind = in_.ConsumeIntegralInRange<int>(0, 31);
+      switch (kind) {
+        case 0:
+        case 1:
+        case 2:
+          changed = Admit();
+          admission = true;
+          break;
+        case 3:
+        case 4:
+          changed = AdmitWithPrefix();
+          admission = true;
+          break;
+        case 5:
+        case 6:
+        case 7:
+        case 8:
+          changed = Ingest();
+          break;
+        case 9:
+          changed = Release();
+          break;
+        case 10:
+          changed = Retract();
+          break;
+        case 11:
+          changed = Resume();
+          break;
+        case 12:
+          changed = Fork();
+          admission = true;
+          break;
+        case 13:
+          changed = Retain();
+          break;
+        case 14:
+          changed = EvictRetained();
+          break;
+        case 15:
+          changed = BadRunCall();
+          break;
+        case 16:
+          changed = ResetStats();
+          break;
+        default:
+          changed = step_open_ ? RunNext() : Plan();
+          break;
+      }
+      SyncRetained(admission);
+      reached.errors += !changed;
+      if (!changed) {
+        FUZZ_CHECK(Take() == before, "a failed operation changed the manager's state");
+      }
+      CheckAll();
+    }
+    // Finish an open step, then release everything: nothing may leak.
+    while (step_open_) {
+      if (!Advance(/*choose=*/false)) Fail("could not complete the open step");
+    }
+    CheckAll();
+    for (auto it = live_.begin(); it != live_.end(); it = live_.erase(it)) {
+      const Status s = m_->Release(it->first);
+      FUZZ_CHECK(s.ok(), Code(s));
+    }
+    const int32_t n = m_->EvictRetained();
+    FUZZ_CHECK(n == static_cast<int32_t>(retained_.size()), std::to_string(n));
+    retained_.clear();
+    StatusOr<CacheStats> s = m_->ReadStats(nullptr);
+    FUZZ_CHECK(s.ok(), Code(s.status()));
+    FUZZ_CHECK(s->host_pages_used == 0, "host pages leaked: " + std::to_string(s->host_pages_used));
+    FUZZ_CHECK(s->hot_blocks_used == 0, "hot-cache blocks leaked");
+    FUZZ_CHECK(s->pages_shared == 0 && s->bytes_saved == 0, "shared pages left");
+    CheckStats(*s);
+    reached.evictions += s->evictions;
+    reached.copy_on_write += s->copy_on_write_pages;
+  }
+
+ private:
+  // ---- Arguments ----
+
+  // Mostly a live request (one not yet fully ingested for ingestion), else a retained
+  // conversation, a small id that may be free, or any id.
+  RequestId PickId(bool ingesting = false) {
+    const int r = in_.ConsumeIntegralInRange<int>(0, 15);
+    if (r < 8 && !live_.empty()) {
+      std::vector<RequestId> ids;
+      for (const auto& [id, q] : live_) {
+        if (!ingesting || q.ingested_count < layers_) ids.push_back(id);
+      }
+      if (ids.empty()) ids.push_back(live_.begin()->first);
+      return ids[SmallInt(0, static_cast<int32_t>(ids.size()) - 1)];
+    }
+    if (r < 10 && !retained_.empty()) {
+      return std::next(retained_.begin(), SmallInt(0, static_cast<int32_t>(retained_.size()) - 1))
+          ->first;
+    }
+    if (r < 15) return static_cast<RequestId>(1 + in_.ConsumeIntegralInRange<int>(0, 7));
+    return in_.ConsumeIntegral<RequestId>();
+  }
+  int32_t PickLayer() {
+    const int r = in_.ConsumeIntegralInRange<int>(0, 7);
+    if (r == 0) return -1;
+    if (r == 1) return layers_;
+    return r % layers_;
+  }
+  int32_t SmallInt(int32_t lo, int32_t hi) { return in_.ConsumeIntegralInRange<int32_t>(lo, hi); }
+  int32_t TokenId() {
+    return in_.ConsumeIntegralInRange<int>(0, 7) == 0 ? in_.ConsumeIntegral<int32_t>()
+                                                      : SmallInt(0, 2);
+  }
+  bool InStep(RequestId id) const {
+    return step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end();
+  }
+  int32_t LiveBlocks() const {
+    int32_t n = 0;
+    for (const auto& [id, r] : live_) n += !r.retracted;
+    return n;
+  }
+  // Pages an admission may get without failing: free, and held only by retained conversations.
+  int64_t Obtainable() const {
+    const HostKVPool& pool = m_->host_pool();
+    std::map<int32_t, int32_t> retained_refs;
+    for (const auto& [id, seeds] : retained_) {
+      StatusOr<std::vector<int32_t>> pages = m_->HostPages(id);
+      FUZZ_CHECK(pages.ok(), Code(pages.status()));
+      for (int32_t p : *pages) ++retained_refs[p];
+    }
+    int64_t n = pool.free_pages();
+    for (const auto& [p, refs] : retained_refs) n += refs == pool.RefCount(p);
+    return n;
+  }
+  int64_t Pages(int64_t tokens) const {
+    return (tokens + o_.host_page_tokens - 1) / o_.host_page_tokens;
+  }
+  // The codes admission checks give before the pool is consulted; kOk if none applies.
+  StatusCode AdmissionCode(RequestId id, int64_t tokens) const {
+    if (live_.contains(id) || retained_.contains(id)) return StatusCode::kAlreadyExists;
+    if (tokens > o_.max_context) return StatusCode::kOutOfRange;
+    if (static_cast<int32_t>(live_.size()) >= o_.effective_max_host_requests() ||
+        LiveBlocks() >= o_.max_requests) {
+      return StatusCode::kResourceExhausted;
+    }
+    return StatusCode::kOk;
+  }
+  void ExpectCode(const Status& s, StatusCode want, const char* op) {
+    FUZZ_CHECK(s.code() == want, std::string(op) + " returned " + Code(s) + ", the API says " +
+                                     std::string(StatusCodeName(want)));
+  }
+
+  // ---- Lifecycle ----
+
+  Req NewRequest(int32_t prompt_len, int32_t max_new) {
+    Req r;
+    r.prompt_len = prompt_len;
+    r.reserved = prompt_len + max_new;
+    r.ingested.assign(layers_, false);
+    return r;
+  }
+
+  bool Admit() {
+    const RequestId id = PickId();
+    const int32_t prompt = in_.ConsumeIntegralInRange<int>(0, 7) == 0
+                               ? SmallInt(-1, o_.max_context + 1)
+                               : SmallInt(1, o_.max_context / 2);
+    const int32_t max_new = SmallInt(-1, o_.max_context / 2);
+    StatusCode want = prompt < 1 || max_new < 0 ? StatusCode::kInvalidArgument
+                                                : AdmissionCode(id, int64_t{prompt} + max_new);
+    if (want == StatusCode::kOk && Obtainable() < Pages(int64_t{prompt} + max_new)) {
+      want = StatusCode::kResourceExhausted;
+    }
+    const Status s = m_->Admit(id, prompt, max_new, nullptr);
+    ExpectCode(s, want, "Admit");
+    if (!s.ok()) return false;
+    Req r = NewRequest(prompt, max_new);
+    const uint64_t salt = Mix(0x1234, ++salt_);
+    for (int32_t p = 0; p < prompt; ++p) r.seeds.push_back(Mix(salt, p));
+    live_[id] = std::move(r);
+    return true;
+  }
+
+  bool AdmitWithPrefix() {
+    const RequestId id = PickId();
+    std::vector<int32_t> ids;
+    const int r = in_.ConsumeIntegralInRange<int>(0, 7);
+    if (r < 4 && !history_ids_.empty()) {
+      // A continuation: the ids of a tracked history (live or retained), cut at a random point,
+      // plus a new turn.
+      const std::vector<int32_t>& source =
+          std::next(history_ids_.begin(),
+                    SmallInt(0, static_cast<int32_t>(history_ids_.size()) - 1))
+              ->second;
+      ids.assign(source.begin(), source.begin() + SmallInt(0, static_cast<int32_t>(source.size())));
+    }
+    const int32_t extra = SmallInt(r == 7 ? 0 : 1, 12);
+    for (int32_t i = 0; i < extra; ++i) ids.push_back(TokenId());
+    if (in_.ConsumeIntegralInRange<int>(0, 15) == 0) {
+      ids.resize(o_.max_context + in_.ConsumeIntegralInRange<int>(0, 2), 1);
+    }
+    const int32_t max_new = SmallInt(-1, o_.max_context / 2);
+    const int64_t obtainable = Obtainable();
+    StatusOr<int32_t> cached = m_->AdmitWithPrefix(id, ids, max_new, nullptr);
+    const int64_t tokens = static_cast<int64_t>(ids.size()) + max_new;
+    StatusCode want = StatusCode::kOk;
+    if (ids.empty() || max_new < 0) {
+      want = StatusCode::kInvalidArgument;
+    } else if (ids.size() > static_cast<size_t>(o_.max_context)) {
+      want = StatusCode::kOutOfRange;
+    } else {
+      want = AdmissionCode(id, tokens);
+    }
+    const bool may_lack_pages = want == StatusCode::kOk && obtainable < Pages(tokens);
+    if (!(may_lack_pages && cached.status().code() == StatusCode::kResourceExhausted)) {
+      ExpectCode(cached.status(), want, "AdmitWithPrefix");
+    }
+    if (!cached.ok()) return false;
+    const int32_t prompt = static_cast<int32_t>(ids.size());
+    FUZZ_CHECK(*cached >= 0 && *cached % o_.host_page_tokens == 0 && *cached < prompt,
+               "AdmitWithPrefix returned cached = " + std::to_string(*cached));
+    reached.prefix_hits += *cached > 0;
+    Req q = NewRequest(prompt, max_new);
+    q.cached = *cached;
+    q.ids_len = prompt;
+    uint64_t h = kRoot;
+    for (int32_t t : ids) q.seeds.push_back(h = Mix(h, static_cast<uint32_t>(t)));
+    live_[id] = std::move(q);
+    history_ids_[id] = ids;
+    return true;
+  }
+
+  bool Ingest() {
+    const RequestId id = PickId(/*ingesting=*/true);
+    int32_t layer = PickLayer();
+    if (auto it = live_.find(id); it != live_.end() && in_.ConsumeBool()) {
+      for (int32_t l = 0; l < layers_; ++l) {
+        if (!it->second.ingested[l]) layer = l;  // the next layer to ingest
+      }
+    }
+    const bool suffix = in_.ConsumeBool();
+    auto it = live_.find(id);
+    std::vector<std::byte> rows;
+    if (it != live_.end() && layer >= 0 && layer < layers_) {
+      const Req& r = it->second;
+      const LayerShape shape = o_.geometry.layers[layer];
+      const int32_t first = suffix ? r.cached : 0;
+      rows.assign(static_cast<size_t>(std::max(1, r.prompt_len - first)) * shape.row_stride,
+                  std::byte{0xEE});  // cached rows stay garbage: they must be skipped
+      for (int32_t p = r.cached; p < r.prompt_len; ++p) {
+        FillRow(rows.data() + static_cast<size_t>(p - first) * shape.row_stride, r.seeds[p], layer,
+                shape.row_bytes);
+      }
+    } else {
+      rows.assign(16, std::byte{0xEE});
+    }
+    const Status s = suffix ? m_->IngestPromptSuffix(id, layer, rows.data(), nullptr)
+                            : m_->IngestPrompt(id, layer, rows.data(), nullptr);
+    StatusCode want = StatusCode::kOk;
+    if (it == live_.end()) {
+      want = StatusCode::kNotFound;
+    } else if (layer < 0 || layer >= layers_) {
+      want = StatusCode::kInvalidArgument;
+    } else if (it->second.ingested[layer]) {
+      want = StatusCode::kAlreadyExists;
+    } else if (it->second.retracted) {
+      want = StatusCode::kFailedPrecondition;
+    }
+    ExpectCode(s, want, suffix ? "IngestPromptSuffix" : "IngestPrompt");
+    if (!s.ok()) return false;
+    it->second.ingested[layer] = true;
+    ++it->second.ingested_count;
+    return true;
+  }
+
+  bool Release() {
+    const RequestId id = PickId();
+    const Status s = m_->Release(id);
+    StatusCode want = StatusCode::kOk;
+    if (retained_.contains(id)) {
+      want = StatusCode::kOk;
+    } else if (!live_.contains(id)) {
+      want = StatusCode::kNotFound;
+    } else if (InStep(id)) {
+      want = StatusCode::kFailedPrecondition;
+    }
+    ExpectCode(s, want, "Release");
+    if (!s.ok()) return false;
+    if (!retained_.erase(id)) live_.erase(id);
+    history_ids_.erase(id);
+    return true;
+  }
+
+  bool Retract() {
+    const RequestId id = PickId();
+    const Status s = m_->Retract(id);
+    auto it = live_.find(id);
+    StatusCode want = StatusCode::kOk;
+    if (it == live_.end()) {
+      want = StatusCode::kNotFound;
+    } else if (it->second.retracted || InStep(id)) {
+      want = StatusCode::kFailedPrecondition;
+    }
+    ExpectCode(s, want, "Retract");
+    if (!s.ok()) return false;
+    it->second.retracted = true;
+    return true;
+  }
+
+  bool Resume() {
+    const RequestId id = PickId();
+    const Status s = m_->Resume(id, nullptr);
+    auto it = live_.find(id);
+    StatusCode want = StatusCode::kOk;
+    if (it == live_.end()) {
+      want = StatusCode::kNotFound;
+    } else if (!it->second.retracted) {
+      want = StatusCode::kFailedPrecondition;
+    } else if (LiveBlocks() >= o_.max_requests) {
+      want = StatusCode::kResourceExhausted;
+    }
+    ExpectCode(s, want, "Resume");
+    if (!s.ok()) return false;
+    it->second.retracted = false;
+    return true;
+  }
+
+  bool Fork() {
+    const RequestId parent = PickId();
+    const RequestId child = PickId();
+    const int32_t max_new = SmallInt(-1, o_.max_context / 2);
+    const int64_t obtainable = Obtainable();
+    const Status s = m_->Fork(parent, child, max_new, nullptr);
+    auto it = live_.find(parent);
+    StatusCode want = StatusCode::kOk;
+    bool may_lack_pages = false;
+    if (it == live_.end()) {
+      want = StatusCode::kNotFound;
+    } else if (max_new < 0) {
+      want = StatusCode::kInvalidArgument;
+    } else if (it->second.ingested_count != layers_ || InStep(parent)) {
+      want = StatusCode::kFailedPrecondition;
+    } else {
+      const int32_t len = it->second.len();
+      want = AdmissionCode(child, int64_t{len} + max_new);
+      // The child's own pages plus up to two copy-on-write spares.
+      may_lack_pages = obtainable < Pages(int64_t{len} + max_new) - Pages(len) + 2;
+    }
+    if (!(want == StatusCode::kOk && may_lack_pages &&
+          s.code() == StatusCode::kResourceExhausted)) {
+      ExpectCode(s, want, "Fork");
+    }
+    if (!s.ok()) return false;
+    Req c = it->second;
+    c.reserved = c.len() + max_new;
+    c.cached = c.len();
+    c.prompt_len = c.len();
+    c.retracted = false;
+    live_[child] = std::move(c);
+    ++reached.forks;
+    if (history_ids_.contains(parent)) history_ids_[child] = history_ids_[parent];
+    return true;
+  }
+
+  bool Retain() {
+    const RequestId id = PickId();
+    StatusOr<int32_t> tokens = m_->Retain(id);
+    auto it = live_.find(id);
+    StatusCode want = StatusCode::kOk;
+    if (it == live_.end()) {
+      want = StatusCode::kNotFound;
+    } else if (InStep(id)) {
+      want = StatusCode::kFailedPrecondition;
+    }
+    ExpectCode(tokens.status(), want, "Retain");
+    if (!tokens.ok()) return false;
+    const Req& r = it->second;
+    FUZZ_CHECK(*tokens >= 0 && *tokens % o_.host_page_tokens == 0 && *tokens <= r.ids_len &&
+                   *tokens <= r.len(),
+               "Retain returned " + std::to_string(*tokens) + " tokens of " +
+                   std::to_string(r.len()) + " (" + std::to_string(r.ids_len) + " with ids)");
+    FUZZ_CHECK(m_->IsRetained(id) == (*tokens > 0), "IsRetained disagrees with Retain");
+    reached.retained += *tokens > 0;
+    if (*tokens > 0) {
+      retained_[id].assign(r.seeds.begin(), r.seeds.begin() + *tokens);
+      history_ids_[id].resize(*tokens);
+    } else {
+      history_ids_.erase(id);
+    }
+    live_.erase(it);
+    return true;
+  }
+
+  bool EvictRetained() {
+    const int32_t n = m_->EvictRetained();
+    FUZZ_CHECK(
+        n == static_cast<int32_t>(retained_.size()),
+        "EvictRetained evicted " + std::to_string(n) + " of " + std::to_string(retained_.size()));
+    for (const auto& [id, seeds] : retained_) history_ids_.erase(id);
+    retained_.clear();
+    return true;
+  }
+
+  bool ResetStats() {
+    const Status s = m_->ResetStats(nullptr);
+    FUZZ_CHECK(s.ok(), Code(s));
+    for (auto* v : {&entries_, &padding_, &out_of_range_, &duplicates_, &window_hits_}) {
+      std::fill(v->begin(), v->end(), 0);
+    }
+    prefetch_lookups_ = 0;
+    return true;
+  }
+
+  // Admissions may evict retained conversations (least recently used first); nothing else may.
+  void SyncRetained(bool admission) {
+    for (auto it = retained_.begin(); it != retained_.end();) {
+      if (m_->IsRetained(it->first)) {
+        ++it;
+        continue;
+      }
+      FUZZ_CHECK(admission, "retained conversation " + std::to_string(it->first) +
+                                " disappeared without an admission");
+      history_ids_.erase(it->first);
+      it = retained_.erase(it);
+    }
+  }
+
+  // ---- Steps ----
+
+  bool Plan() {
+    std::vector<RequestId> batch;
+    const int32_t n = SmallInt(0, max_batch_ + 1);
+    for (int32_t i = 0; i < n; ++i) {
+      if (!live_.empty() && in_.ConsumeIntegralInRange<int>(0, 7) != 0) {
+        batch.push_back(
+            std::next(live_.begin(), SmallInt(0, static_cast<int32_t>(live_.size()) - 1))->first);
+      } else {
+        batch.push_back(PickId());
+      }
+    }
+    std::vector<int32_t> ids;
+    const int mode = in_.ConsumeIntegralInRange<int>(0, 7);
+    if (mode > 0) {
+      const size_t count = mode == 7 ? batch.size() + 1 : batch.size();
+      for (size_t i = 0; i < count; ++i) ids.push_back(TokenId());
+    }
+    const Status s = m_->PlanStep(batch, ids, nullptr);
+    StatusCode want = StatusCode::kOk;
+    if (step_open_) {
+      want = StatusCode::kFailedPrecondition;
+    } else if (!ids.empty() && ids.size() != batch.size()) {
+      want = StatusCode::kInvalidArgument;
+    } else if (batch.empty() || batch.size() > static_cast<size_t>(max_batch_)) {
+      want = StatusCode::kInvalidArgument;
+    } else {
+      std::set<RequestId> seen;
+      for (RequestId id : batch) {
+        auto it = live_.find(id);
+        if (it == live_.end()) {
+          want = StatusCode::kNotFound;
+        } else if (!seen.insert(id).second) {
+          want = StatusCode::kInvalidArgument;
+        } else if (it->second.retracted || it->second.ingested_count != layers_) {
+          want = StatusCode::kFailedPrecondition;
+        } else if (it->second.len() >= it->second.reserved) {
+          want = StatusCode::kOutOfRange;
+        }
+        if (want != StatusCode::kOk) break;
+      }
+    }
+    ExpectCode(s, want, "PlanStep");
+    if (!s.ok()) return false;
+    OpenStep(batch, ids);
+    return true;
+  }
+
+  void OpenStep(const std::vector<RequestId>& batch, const std::vector<int32_t>& ids) {
+    step_open_ = true;
+    batch_ = batch;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      Req& r = live_.at(batch[b]);
+      const int32_t position = r.len();
+      if (!ids.empty() && r.ids_len == position) {
+        r.seeds.push_back(Mix(r.seeds.back(), static_cast<uint32_t>(ids[b])));
+        ++r.ids_len;
+        history_ids_[batch[b]].push_back(ids[b]);
+      } else {
+        r.seeds.push_back(Mix(0x77, ++salt_));  // a token without an id: never shared
+      }
+    }
+    const size_t rows = static_cast<size_t>(max_batch_) * o_.top_k;
+    layer_.assign(layers_, LayerState{});
+    for (int32_t l = 0; l < layers_; ++l) {
+      const LayerShape shape = o_.geometry.layers[l];
+      LayerState& ls = layer_[l];
+      ls.new_rows.assign(static_cast<size_t>(max_batch_) * shape.row_stride, std::byte{0xCD});
+      for (size_t b = 0; b < batch.size(); ++b) {
+        const Req& r = live_.at(batch[b]);
+        FillRow(ls.new_rows.data() + b * shape.row_stride, r.seeds.back(), l, shape.row_bytes);
+      }
+      ls.assembled.assign(rows * shape.row_stride, std::byte{0xA5});
+    }
+    group_.assign(groups_, GroupState{});
+    for (GroupState& g : group_) {
+      g.slots.assign(rows, 0x5A5A5A5A);
+      g.fill.assign(rows, 0xA5);
+    }
+  }
+
+  struct LayerState {
+    std::vector<std::byte> new_rows;   // [max_batch, stride]
+    std::vector<std::byte> assembled;  // [max_batch, top_k, stride]
+    bool appended = false;
+    bool copied = false;
+    // 0: not assembled; 1: assembled before the miss copy (only fill-0 rows meaningful);
+    // 2: assembled after it.
+    int assembled_when = 0;
+  };
+  struct GroupState {
+    std::vector<int32_t> topk;  // [max_batch, stride]
+    int32_t stride = 0;
+    std::vector<int32_t> slots;  // [max_batch, top_k]
+    std::vector<uint8_t> fill;   // [max_batch, top_k]
+    bool has_fill = false;
+    bool resolved = false;
+    bool prefetched = false;
+  };
+  int32_t Leader(int32_t layer) const { return layer - layer % lpi_; }
+  int32_t GroupEnd(int32_t g) const { return std::min(layers_, (g + 1) * lpi_); }
+  bool GroupCopied(int32_t g) const {
+    for (int32_t l = g * lpi_; l < GroupEnd(g); ++l) {
+      if (!layer_[l].copied) return false;
+    }
+    return true;
+  }
+  int32_t NextGroup() const {
+    for (int32_t g = 0; g < groups_; ++g) {
+      if (!group_[g].resolved) return g;
+    }
+    return groups_;
+  }
+  int32_t NextAppend() const {
+    for (int32_t l = 0; l < layers_; ++l) {
+      if (!layer_[l].appended) return l;
+    }
+    return layers_;
+  }
+
+  // A top-k row of positions for a request of length `len`: in range, padding, repeats, the
+  // window, past the end, negative, arbitrary.
+  int32_t TopKEntry(int32_t len, const std::vector<int32_t>& row) {
+    switch (in_.ConsumeIntegralInRange<int>(0, 11)) {
+      case 0:
+        return kPaddingPosition;
+      case 1:
+        return row.empty() ? 0 : row[SmallInt(0, static_cast<int32_t>(row.size()) - 1)];
+      case 2:
+        return len - 1 - SmallInt(0, std::min(len - 1, o_.window));
+      case 3:
+        return len + SmallInt(0, 3);
+      case 4:
+        return -2 - SmallInt(0, 3);
+      case 5:
+        return in_.ConsumeIntegral<int32_t>();
+      default:
+        return SmallInt(0, len - 1);
+    }
+  }
+
+  void CountResolve(int32_t leader, const std::vector<int32_t>& topk, int32_t stride) {
+    for (size_t b = 0; b < batch_.size(); ++b) {
+      const int32_t len = live_.at(batch_[b]).len();
+      std::set<int32_t> seen;
+      for (int32_t k = 0; k < o_.top_k; ++k) {
+        const int32_t p = topk[b * stride + k];
+        if (p == kPaddingPosition) {
+          ++padding_[leader];
+        } else if (p < 0 || p >= len) {
+          ++out_of_range_[leader];
+        } else if (!seen.insert(p).second) {
+          ++duplicates_[leader];
+        } else if (p >= len - o_.window) {
+          ++window_hits_[leader];
+        }
+      }
+    }
+    entries_[leader] += batch_.size() * o_.top_k;
+  }
+
+  // One legal step of the run phase, chosen by the input (or the first legal one).
+  bool Advance(bool choose) {
+    std::vector<int> actions;  // 0 append, 1 resolve, 2 prefetch, 3 copy, 4 assemble, 5 finish
+    const int32_t append = NextAppend();
+    const int32_t g = NextGroup();
+    const int32_t leader = g * lpi_;
+    if (append < layers_) actions.push_back(0);
+    if (g < groups_ && layer_[leader].appended && (g < 2 || GroupCopied(g - 2))) {
+      actions.push_back(1);
+      if (o_.max_prefetch > 0 && !group_[g].prefetched) actions.push_back(2);
+    }
+    std::vector<int32_t> copies, assembles;
+    for (int32_t l = 0; l < layers_; ++l) {
+      if (!group_[l / lpi_].resolved) continue;
+      if (!layer_[l].copied) copies.push_back(l);
+      if (layer_[l].appended && layer_[l].assembled_when == 0) assembles.push_back(l);
+    }
+    if (!copies.empty()) actions.push_back(3);
+    if (!assembles.empty()) actions.push_back(4);
+    if (append == layers_ && g == groups_ && copies.empty()) actions.push_back(5);
+    if (actions.empty()) return false;
+    const int action = actions[choose ? SmallInt(0, static_cast<int32_t>(actions.size()) - 1) : 0];
+    switch (action) {
+      case 0: {
+        const Status s = m_->AppendToken(append, layer_[append].new_rows.data(), nullptr);
+        ExpectCode(s, StatusCode::kOk, "AppendToken");
+        layer_[append].appended = true;
+        break;
+      }
+      case 1:
+        Resolve(g, choose);
+        break;
+      case 2:
+        Prefetch(g, choose);
+        break;
+      case 3: {
+        const int32_t l = copies[choose ? SmallInt(0, static_cast<int32_t>(copies.size()) - 1) : 0];
+        const Status s = m_->CopyMisses(l, nullptr);
+        ExpectCode(s, StatusCode::kOk, "CopyMisses");
+        layer_[l].copied = true;
+        break;
+      }
+      case 4: {
+        const int32_t l =
+            assembles[choose ? SmallInt(0, static_cast<int32_t>(assembles.size()) - 1) : 0];
+        const Status s = m_->AssembleLayer(l, group_[l / lpi_].slots.data(),
+                                           layer_[l].assembled.data(), nullptr);
+        ExpectCode(s, StatusCode::kOk, "AssembleLayer");
+        layer_[l].assembled_when = layer_[l].copied ? 2 : 1;
+        break;
+      }
+      default: {
+        const Status s = m_->FinishStep(nullptr);
+        ExpectCode(s, StatusCode::kOk, "FinishStep");
+        CheckStep();
+        ++reached.steps;
+        step_open_ = false;
+        batch_.clear();
+        break;
+      }
+    }
+    return true;
+  }
+
+  bool RunNext() {
+    if (!step_open_) {
+      ExpectCode(m_->FinishStep(nullptr), StatusCode::kFailedPrecondition, "FinishStep");
+      return false;
+    }
+    FUZZ_CHECK(Advance(/*choose=*/true), "no legal run-phase call in an open step");
+    return true;
+  }
+
+  void Resolve(int32_t g, bool choose) {
+    GroupState& gs = group_[g];
+    const int32_t leader = g * lpi_;
+    gs.stride = o_.top_k + (choose ? SmallInt(0, 2) : 0);
+    gs.topk.assign(static_cast<size_t>(max_batch_) * gs.stride, 0);
+    for (int32_t b = 0; b < max_batch_; ++b) {
+      std::vector<int32_t> row;
+      const int32_t len = b < static_cast<int32_t>(batch_.size()) ? live_.at(batch_[b]).len() : 1;
+      for (int32_t k = 0; k < gs.stride; ++k) {
+        // Entries past top_k and rows past the batch must be ignored: anything goes there.
+        const int32_t p = choose ? TopKEntry(len, row) : kPaddingPosition;
+        gs.topk[b * gs.stride + k] = p;
+        row.push_back(p);
+      }
+    }
+    const int32_t stride_arg =
+        gs.stride == o_.top_k && (!choose || in_.ConsumeBool()) ? 0 : gs.stride;
+    const int mode = choose ? in_.ConsumeIntegralInRange<int>(0, 3) : 0;
+    if (mode <= 1) {
+      // RunLayer: resolve, copy and (mode 1) assemble.
+      void* assembled = mode == 1 ? layer_[leader].assembled.data() : nullptr;
+      const Status s =
+          m_->RunLayer(leader, gs.topk.data(), gs.slots.data(), assembled, nullptr, stride_arg);
+      ExpectCode(s, StatusCode::kOk, "RunLayer");
+      layer_[leader].copied = true;
+      if (mode == 1) layer_[leader].assembled_when = 2;
+    } else {
+      gs.has_fill = mode == 3;
+      ++reached.split_resolves;
+      const Status s =
+          m_->ResolveLayer(leader, gs.topk.data(), gs.slots.data(),
+                           gs.has_fill ? gs.fill.data() : nullptr, nullptr, stride_arg);
+      ExpectCode(s, StatusCode::kOk, "ResolveLayer");
+      // Rows not filled by the miss copy are readable now.
+      if (gs.has_fill) CheckSlots(leader, /*only_unfilled=*/true);
+    }
+    gs.resolved = true;
+    CountResolve(leader, gs.topk, gs.stride);
+  }
+
+  void Prefetch(int32_t g, bool choose) {
+    const int32_t count = choose ? SmallInt(1, o_.max_prefetch) : 1;
+    std::vector<int32_t> positions(static_cast<size_t>(max_batch_) * count);
+    std::vector<int32_t> row;
+    for (int32_t b = 0; b < max_batch_; ++b) {
+      row.clear();
+      const int32_t len = b < static_cast<int32_t>(batch_.size()) ? live_.at(batch_[b]).len() : 1;
+      for (int32_t i = 0; i < count; ++i) {
+        positions[b * count + i] = choose ? TopKEntry(len, row) : kPaddingPosition;
+        row.push_back(positions[b * count + i]);
+      }
+      if (b >= static_cast<int32_t>(batch_.size())) continue;
+      std::set<int32_t> seen;
+      for (int32_t p : row) prefetch_lookups_ += p >= 0 && p < len && seen.insert(p).second;
+    }
+    const Status s = m_->PrefetchLayer(g * lpi_, positions.data(), count, nullptr);
+    ExpectCode(s, StatusCode::kOk, "PrefetchLayer");
+    group_[g].prefetched = true;
+    ++reached.prefetches;
+  }
+
+  // A run-phase call that the API documents as an error in the current state.
+  bool BadRunCall() {
+    std::vector<std::byte> rows(4096, std::byte{0});
+    std::vector<int32_t> topk(static_cast<size_t>(max_batch_) * o_.top_k * 2, 0);
+    std::vector<int32_t> slots(topk.size(), 0);
+    const int32_t layer = PickLayer();
+    const bool bad_layer = layer < 0 || layer >= layers_;
+    const int which = in_.ConsumeIntegralInRange<int>(0, 6);
+    Status s;
+    StatusCode want = StatusCode::kFailedPrecondition;
+    const char* op = "";
+    if (!step_open_) {
+      op = "a run-phase call outside a step";
+      switch (which) {
+        case 0:
+          s = m_->AppendToken(0, rows.data(), nullptr);
+          break;
+        case 1:
+          s = m_->RunLayer(0, topk.data(), slots.data(), nullptr, nullptr);
+          break;
+        case 2:
+          s = m_->CopyMisses(0, nullptr);
+          break;
+        case 3:
+          s = m_->AssembleLayer(0, slots.data(), rows.data(), nullptr);
+          break;
+        case 4:
+          s = m_->FinishReplayedStep();
+          break;
+        default:
+          s = m_->FinishStep(nullptr);
+          break;
+      }
+      ExpectCode(s, want, op);
+      return false;
+    }
+    switch (which) {
+      case 0:
+        op = "AppendToken of a bad or appended layer";
+        if (!bad_layer && !layer_[layer].appended) return false;
+        want = bad_layer ? StatusCode::kInvalidArgument : StatusCode::kFailedPrecondition;
+        s = m_->AppendToken(layer, rows.data(), nullptr);
+        break;
+      case 1:
+        op = "ResolveLayer of a bad, non-leading or unappended layer";
+        if (bad_layer) {
+          want = StatusCode::kInvalidArgument;
+        } else if (layer % lpi_ == 0 && layer_[layer].appended) {
+          return false;
+        }
+        s = m_->ResolveLayer(layer, topk.data(), slots.data(), nullptr, nullptr);
+        break;
+      case 2:
+        op = "CopyMisses of a bad or unresolved layer";
+        if (bad_layer) {
+          want = StatusCode::kInvalidArgument;
+        } else if (group_[layer / lpi_].resolved) {
+          return false;
+        }
+        s = m_->CopyMisses(layer, nullptr);
+        break;
+      case 3:
+        op = "FinishStep with a layer not appended";
+        if (NextAppend() == layers_) return false;
+        s = m_->FinishStep(nullptr);
+        break;
+      case 4:
+        op = "PlanStep in an open step";
+        s = m_->PlanStep(batch_, nullptr);
+        break;
+      case 5: {
+        op = "PrefetchLayer with a bad count or layer";
+        const int32_t count = in_.ConsumeBool() ? 0 : o_.max_prefetch + 1;
+        want = !bad_layer && layer % lpi_ != 0 ? StatusCode::kFailedPrecondition
+                                               : StatusCode::kInvalidArgument;
+        s = m_->PrefetchLayer(layer, topk.data(), count, nullptr);
+        break;
+      }
+      default: {
+        op = "a lifecycle call on a request of the open step";
+        const RequestId id = batch_[SmallInt(0, static_cast<int32_t>(batch_.size()) - 1)];
+        switch (in_.ConsumeIntegralInRange<int>(0, 3)) {
+          case 0:
+            s = m_->Release(id);
+            break;
+          case 1:
+            s = m_->Retract(id);
+            break;
+          case 2:
+            s = m_->Retain(id).status();
+            break;
+          default:
+            s = m_->Fork(id, 1000 + id, 0, nullptr);
+            break;
+        }
+        break;
+      }
+    }
+    ExpectCode(s, want, op);
+    return false;
+  }
+
+  // ---- Checks ----
+
+  Snapshot Take() const {
+    Snapshot s;
+    for (const auto& [id, r] : live_) {
+      StatusOr<std::vector<int32_t>> pages = m_->HostPages(id);
+      StatusOr<int32_t> len = m_->SequenceLength(id);
+      FUZZ_CHECK(pages.ok() && len.ok(), "request " + std::to_string(id) + " is unknown");
+      s.pages[id] = *pages;
+      s.lengths[id] = *len;
+    }
+    for (const auto& [id, seeds] : retained_) {
+      StatusOr<std::vector<int32_t>> pages = m_->HostPages(id);
+      FUZZ_CHECK(pages.ok(), "retained conversation " + std::to_string(id) + " is unknown");
+      s.pages[id] = *pages;
+    }
+    StatusOr<CacheStats> stats = m_->ReadStats(nullptr);
+    FUZZ_CHECK(stats.ok(), Code(stats.status()));
+    s.host_pages_used = stats->host_pages_used;
+    s.hot_blocks_used = stats->hot_blocks_used;
+    s.retained = stats->retained_conversations;
+    return s;
+  }
+
+  // Every live request's history and every retained conversation, in the host pool.
+  void CheckPool() const {
+    const HostKVPool& pool = m_->host_pool();
+    const int32_t pt = o_.host_page_tokens;
+    auto check = [&](RequestId id, const std::vector<uint64_t>& seeds, int32_t upto) {
+      StatusOr<std::vector<int32_t>> pages = m_->HostPages(id);
+      FUZZ_CHECK(pages.ok(), Code(pages.status()));
+      FUZZ_CHECK(static_cast<int64_t>(pages->size()) * pt >= upto, "too few host pages");
+      for (int32_t l = 0; l < layers_; ++l) {
+        for (int32_t p = 0; p < upto; ++p) {
+          const std::byte* row = pool.row(l, (*pages)[p / pt] * pt + p % pt);
+          FUZZ_CHECK(RowIs(row, seeds[p], l, o_.geometry.layers[l].row_bytes),
+                     "request " + std::to_string(id) + " layer " + std::to_string(l) +
+                         " position " + std::to_string(p) + " is wrong in the host pool");
+        }
+      }
+    };
+    for (const auto& [id, r] : live_) {
+      // Prompt rows are in the pool once ingested; the open step's token after FinishStep.
+      if (r.ingested_count != layers_) {
+        StatusOr<std::vector<int32_t>> pages = m_->HostPages(id);
+        FUZZ_CHECK(pages.ok(), Code(pages.status()));
+        continue;
+      }
+      check(id, r.seeds, InStep(id) ? r.len() - 1 : r.len());
+    }
+    for (const auto& [id, seeds] : retained_) {
+      StatusOr<std::vector<int32_t>> pages = m_->HostPages(id);
+      FUZZ_CHECK(pages.ok() &&
+                     static_cast<int64_t>(pages->size()) * pt == static_cast<int64_t>(seeds.size()),
+                 "retained conversation " + std::to_string(id) + " changed size");
+      check(id, seeds, static_cast<int32_t>(seeds.size()));
+    }
+  }
+
+  // The slots of the group of `leader` for the open step, checked in every layer of the group
+  // that is complete (or, with only_unfilled, the leader's rows that the miss copy does not fill).
+  void CheckSlots(int32_t leader, bool only_unfilled) {
+    const GroupState& gs = group_[leader / lpi_];
+    const int32_t per_block = o_.slots_per_request();
+    std::set<int32_t> blocks;
+    for (size_t b = 0; b < batch_.size(); ++b) {
+      const Req& r = live_.at(batch_[b]);
+      const int32_t len = r.len();
+      std::map<int32_t, int32_t> first;  // position -> slot of its first entry
+      std::set<int32_t> used;
+      int32_t block = -1;
+      for (int32_t k = 0; k < o_.top_k; ++k) {
+        const size_t i = b * o_.top_k + k;
+        const int32_t p = gs.topk[b * gs.stride + k];
+        const int32_t slot = gs.slots[i];
+        const std::string where = "request " + std::to_string(batch_[b]) + " layer " +
+                                  std::to_string(leader) + " k " + std::to_string(k) +
+                                  " position " + std::to_string(p) + " of " + std::to_string(len) +
+                                  " slot " + std::to_string(slot);
+        const bool in_range = p >= 0 && p < len;
+        const bool repeat = in_range && first.contains(p);
+        const bool valid = in_range && (!repeat || o_.share_repeated_positions);
+        if (!valid) {
+          FUZZ_CHECK(slot == kNullSlot, where + ": a skipped entry has a slot");
+          if (gs.has_fill) FUZZ_CHECK(gs.fill[i] == 0, where + ": fill of a skipped entry");
+          continue;
+        }
+        FUZZ_CHECK(slot >= 0, where + ": a valid entry has no slot");
+        if (block < 0) block = slot / per_block;
+        FUZZ_CHECK(slot / per_block == block, where + ": slots of one request in two blocks");
+        if (repeat) {
+          FUZZ_CHECK(slot == first[p], where + ": a repeat does not share its first slot");
+        } else {
+          FUZZ_CHECK(used.insert(slot).second, where + ": two positions share a slot");
+          first[p] = slot;
+        }
+        const bool window = p >= len - o_.window;
+        if (window) {
+          FUZZ_CHECK(slot == block * per_block + o_.hot_slots + p % o_.window,
+                     where + ": not the window slot");
+        } else {
+          FUZZ_CHECK(slot % per_block < o_.hot_slots, where + ": a window slot for an old token");
+        }
+        if (gs.has_fill) {
+          FUZZ_CHECK(!(window && gs.fill[i] != 0), where + ": fill of a window entry");
+          if (only_unfilled && gs.fill[i] != 0) continue;
+        }
+        const int32_t last = only_unfilled ? leader + 1 : GroupEnd(leader / lpi_);
+        for (int32_t l = leader; l < last; ++l) {
+          const LayerShape shape = o_.geometry.layers[l];
+          const std::byte* row = m_->HotLayer(l) + static_cast<int64_t>(slot) * shape.row_stride;
+          FUZZ_CHECK(RowIs(row, r.seeds[p], l, shape.row_bytes),
+                     where + ": wrong bytes in layer " + std::to_string(l));
+          const LayerState& ls = layer_[l];
+          const bool assembled_meaningful =
+              ls.assembled_when == 2 || (ls.assembled_when == 1 && gs.has_fill && gs.fill[i] == 0);
+          if (!only_unfilled && assembled_meaningful) {
+            FUZZ_CHECK(
+                RowIs(ls.assembled.data() + i * shape.row_stride, r.seeds[p], l, shape.row_bytes),
+                where + ": wrong assembled row in layer " + std::to_string(l));
+          }
+        }
+      }
+      if (block >= 0) FUZZ_CHECK(blocks.insert(block).second, "two requests share a block");
+    }
+    if (only_unfilled) return;
+    // Skipped entries assemble to zero rows.
+    for (int32_t l = leader; l < GroupEnd(leader / lpi_); ++l) {
+      const LayerShape shape = o_.geometry.layers[l];
+      if (layer_[l].assembled_when == 0) continue;
+      for (size_t i = 0; i < batch_.size() * o_.top_k; ++i) {
+        if (gs.slots[i] != kNullSlot) continue;
+        const std::byte* row = layer_[l].assembled.data() + i * shape.row_stride;
+        FUZZ_CHECK(
+            std::all_of(row, row + shape.row_bytes, [](std::byte x) { return x == std::byte{0}; }),
+            "a skipped entry's assembled row is not zero in layer " + std::to_string(l));
+      }
+    }
+  }
+
+  void CheckStep() {
+    for (int32_t g = 0; g < groups_; ++g) CheckSlots(g * lpi_, /*only_unfilled=*/false);
+  }
+
+  void CheckStats(const CacheStats& s) const {
+    FUZZ_CHECK(static_cast<int32_t>(s.layers.size()) == layers_, "stats have no layer rows");
+    for (int32_t l = 0; l < layers_; ++l) {
+      const LayerStats& a = s.layers[l];
+      const int32_t leader = Leader(l);
+      const std::string where = "layer " + std::to_string(l);
+      FUZZ_CHECK(a.hits + a.window_hits + a.misses + a.padding + a.duplicates + a.out_of_range ==
+                     entries_[leader],
+                 where + ": stats do not count every top-k entry once");
+      FUZZ_CHECK(a.padding == padding_[leader], where + ": padding count");
+      FUZZ_CHECK(a.out_of_range == out_of_range_[leader], where + ": out-of-range count");
+      FUZZ_CHECK(a.duplicates == duplicates_[leader], where + ": duplicate count");
+      FUZZ_CHECK(a.window_hits == window_hits_[leader], where + ": window-hit count");
+    }
+    FUZZ_CHECK(s.invalid_copy_entries == 0, "copies skipped as out of bounds");
+    FUZZ_CHECK(s.prefetch_lookups == prefetch_lookups_, "prefetch lookup count");
+    FUZZ_CHECK(s.prefetch_rows <= s.prefetch_lookups, "prefetched rows exceed lookups");
+    FUZZ_CHECK(s.hot_blocks_used == LiveBlocks(), "hot-cache blocks in use");
+    FUZZ_CHECK(s.retained_conversations == static_cast<int32_t>(retained_.size()),
+               "retained conversations");
+    FUZZ_CHECK(s.host_pages_used <= s.host_pages_total, "more pages used than exist");
+  }
+
+  void CheckAll() {
+    StatusOr<CacheStats> s = m_->ReadStats(nullptr);
+    FUZZ_CHECK(s.ok(), Code(s.status()));
+    CheckStats(*s);
+    CheckPool();
+    for (const auto& [id, r] : live_) {
+      StatusOr<int32_t> len = m_->SequenceLength(id);
+      FUZZ_CHECK(len.ok() && *len == r.len(), "sequence length of " + std::to_string(id));
+    }
+    FUZZ_CHECK(m_->batch_size() == static_cast<int32_t>(batch_.size()) || !step_open_,
+               "batch size");
+  }
+
+  FuzzedDataProvider& in_;
+  const CacheOptions o_;
+  std::unique_ptr<SparseKVCacheManager> m_;
+  const int32_t layers_, lpi_, groups_, max_batch_;
+  std::map<RequestId, Req> live_;
+  std::map<RequestId, std::vector<uint64_t>> retained_;  // row seeds of the retained positions
+  // Token ids of tracked histories (live or retained), to continue them.
+  std::map<RequestId, std::vector<int32_t>> history_ids_;
+  uint64_t salt_ = 0;
+  bool step_open_ = false;
+  std::vector<RequestId> batch_;
+  std::vector<LayerState> layer_;
+  std::vector<GroupState> group_;
+  // Expected statistics per leading layer.
+  std::vector<uint64_t> entries_, padding_, out_of_range_, duplicates_, window_hits_;
+  uint64_t prefetch_lookups_ = 0;
+};
+
+CacheOptions DecodeOptions(FuzzedDataProvider& in) {
+  static const LayerShape kShapes[] = {{8, 8}, {7, 8}, {24, 32}, {3, 3}, {16, 16}};
+  CacheOptions o;
+  const int32_t layers = in.ConsumeIntegralInRange<int32_t>(1, 4);
+  for (int32_t l = 0; l < layers; ++l) {
+    o.geometry.layers.push_back(kShapes[in.ConsumeIntegralInRange<int>(0, 4)]);
+  }
+  o.top_k = in.ConsumeIntegralInRange<int32_t>(1, 6);
+  o.hot_slots = o.top_k + in.ConsumeIntegralInRange<int32_t>(0, 5);
+  o.window = in.ConsumeIntegralInRange<int32_t>(1, 3);
+  o.eviction = in.ConsumeBool() ? EvictionPolicy::kSegmentedLru : EvictionPolicy::kLru;
+  o.protected_percent = in.ConsumeIntegralInRange<int32_t>(0, 100);
+  o.host_page_tokens = 1 << in.ConsumeIntegralInRange<int>(1, 3);
+  o.max_requests = in.ConsumeIntegralInRange<int32_t>(1, 3);
+  o.max_host_requests = o.max_requests + in.ConsumeIntegralInRange<int32_t>(0, 2);
+  o.max_batch = in.ConsumeIntegralInRange<int32_t>(1, o.max_requests);
+  o.max_context = in.ConsumeIntegralInRange<int32_t>(8, 40);
+  o.host_capacity_tokens = in.ConsumeIntegralInRange<int64_t>(8, 96);
+  o.layers_per_index = in.ConsumeIntegralInRange<int32_t>(1, std::min(3, layers));
+  o.share_repeated_positions = in.ConsumeBool();
+  o.max_prefetch = in.ConsumeIntegralInRange<int32_t>(0, std::min(3, o.hot_slots));
+  o.sort_misses = in.ConsumeBool();
+  o.sort_misses_min_batch = in.ConsumeIntegralInRange<int32_t>(0, 2);
+  return o;
+}
+
+}  // namespace
+}  // namespace sparsekv
+
+extern "C" void ManagerFuzzPrintReached() {
+  const sparsekv::Reached& r = sparsekv::reached;
+  std::printf(
+      "%llu inputs: %llu steps, %llu split resolves, %llu prefetches, %llu prefix hits, "
+      "%llu forks, %llu retained, %llu evictions, %llu copy-on-write pages, %llu failed calls\n",
+      static_cast<unsigned long long>(r.inputs), static_cast<unsigned long long>(r.steps),
+      static_cast<unsigned long long>(r.split_resolves),
+      static_cast<unsigned long long>(r.prefetches), static_cast<unsigned long long>(r.prefix_hits),
+      static_cast<unsigned long long>(r.forks), static_cast<unsigned long long>(r.retained),
+      static_cast<unsigned long long>(r.evictions),
+      static_cast<unsigned long long>(r.copy_on_write), static_cast<unsigned long long>(r.errors));
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace sparsekv;
+  FuzzedDataProvider in(data, size);
+  ++reached.inputs;
+  const CacheOptions options = DecodeOptions(in);
+  StatusOr<std::unique_ptr<SparseKVCacheManager>> m =
+      SparseKVCacheManager::Create(options, CreateCpuBackend());
+  if (!m.ok()) {
+    // Only options that ValidateOptions refuses may fail to create (none of the decoded should).
+    if (ValidateOptions(options).ok()) Fail("Create failed for valid options: " + Code(m.status()));
+    return 0;
+  }
+  Fuzzer(in, options, std::move(*m)).Run();
+  return 0;
+}

@@ -26,19 +26,47 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
-start=$SECONDS
-"${pip[@]}" install -q numpy pytest
-if [[ "${SPARSEKV_PYTHON_TORCH:-1}" != 0 ]]; then
-  "${pip[@]}" install -q torch
-  # Source only: the conformance test reads the signatures SGLang's coordinator has.
-  "${pip[@]}" install -q --no-deps "sglang==$sglang_version"
-fi
-echo "python-test: test requirements installed in $((SECONDS - start)) s"
+# Progress lines, so that a long step is never silent.
+say() { echo "python-test: $*"; }
+# filtered LOG REGEX COMMAND...: runs COMMAND with its whole output in LOG, printing the lines
+# that match REGEX as they come; on failure prints the end of LOG and exits with its status.
+filtered() {
+  local log="$1" regex="$2"
+  shift 2
+  mkdir -p "$(dirname "$log")"
+  local status=0
+  "$@" 2>&1 | tee "$log" | { grep --line-buffered -E "$regex" || true; } || status=$?
+  if ((status != 0)); then
+    say "failed (exit $status): $*; the end of $log:"
+    tail -n 40 "$log"
+    exit "$status"
+  fi
+}
 
 start=$SECONDS
-"${pip[@]}" install -q . -Ccmake.define.SPARSEKV_CUDA="${SPARSEKV_PYTHON_CUDA:-OFF}"
-echo "python-test: pip install . took $((SECONDS - start)) s"
+say "installing numpy and pytest from PyPI"
+"${pip[@]}" install -q numpy pytest
+if [[ "${SPARSEKV_PYTHON_TORCH:-1}" != 0 ]]; then
+  # PyPI is the only index this script uses, and its Linux torch wheel is the CUDA build: the
+  # tests use it on the CPU, but it brings the CUDA libraries along. pip prints a line per wheel.
+  say "installing torch from PyPI: the Linux wheel bundles the CUDA libraries, about 3.3 GB to" \
+    "download and 5.3 GB installed (3-4 min on a fast link; SPARSEKV_PYTHON_TORCH=0 skips it)"
+  filtered "$root/build/python-torch.log" '^(Collecting|Downloading|Successfully)' \
+    "${pip[@]}" install --progress-bar off torch
+  # Source only: the conformance test reads the signatures SGLang's coordinator has.
+  say "installing sglang==$sglang_version without its dependencies (source only)"
+  "${pip[@]}" install -q --no-deps "sglang==$sglang_version"
+fi
+say "test requirements installed in $((SECONDS - start)) s"
+
+start=$SECONDS
+say "building and installing the package (pip install .: CMake compiles the library and the" \
+  "binding; minutes on 2 cores, a build line per file)"
+filtered "$root/build/python-install.log" '^ *\[[0-9]+/[0-9]+\]|^ *-- sparsekv|^Successfully' \
+  "${pip[@]}" install -v . -Ccmake.define.SPARSEKV_CUDA="${SPARSEKV_PYTHON_CUDA:-OFF}"
+say "pip install . took $((SECONDS - start)) s"
 
 # Run from outside the source tree so that `import sparsekv` finds the installed package.
 cd "$root/python/tests"
+say "running pytest"
 "$venv/bin/python" -m pytest -ra -p no:cacheprovider "$@" .

@@ -118,7 +118,9 @@ run_fuzz
 
 echo "== python: pip install . + pytest"
 py_log=build/python-test.log
-if ! bash scripts/python-test.sh >"$py_log" 2>&1; then
+# Its progress lines (steps, downloads, compiled files) are shown as they come; the rest is logged.
+if ! bash scripts/python-test.sh 2>&1 | tee "$py_log" |
+  { grep --line-buffered -E '^python-test:|^Downloading|^ *\[[0-9]+/[0-9]+\]' || true; }; then
   tail -n 80 "$py_log"
   echo "== python: FAILED (full log: $py_log)" >&2
   exit 1

@@ -31,6 +31,18 @@ device when the backend is CUDA and torch is importable, else the default stream
 ``cudaStream_t`` or an object with ``.cuda_stream``. Buffers handed to a call must stay alive until
 the stream has reached the work (as for any asynchronous CUDA call).
 
+Shared prefixes and retained conversations (host side)::
+
+    cached = mgr.admit_with_prefix(rid, token_ids, max_new_tokens)  # positions [0, cached) shared
+    for layer in range(num_layers):
+        mgr.ingest_prompt_suffix(rid, layer, prompt_kv[layer][cached:])
+    mgr.plan_step([rid, ...], token_ids=[next_token, ...])  # keeps the request's pages shareable
+    mgr.retain(rid)   # ends the request, keeps its full pages indexed for the next turn
+    mgr.fork(parent, child, max_new_tokens)                 # a branch sharing all of parent's KV
+
+Request ids are Python ints in [0, 2**64); anything else raises ``TypeError`` or
+``InvalidArgumentError``. Type stubs (``_core.pyi``) describe every call.
+
 ``sparsekv.sglang_adapter`` has the call shape of an engine's sparse attention backend.
 """
 
@@ -39,6 +51,8 @@ from sparsekv._core import (
     Backend,
     CacheOptions,
     CacheStats,
+    DeadlineExceededError,
+    EvictionPolicy,
     FailedPreconditionError,
     HotLayer,
     InternalError,
@@ -58,12 +72,13 @@ from sparsekv._core import (
 )
 from sparsekv._version import __version__  # the CMake project version, written by the build
 
-
 __all__ = [
     "AlreadyExistsError",
     "Backend",
     "CacheOptions",
     "CacheStats",
+    "DeadlineExceededError",
+    "EvictionPolicy",
     "FailedPreconditionError",
     "HotLayer",
     "InternalError",

@@ -19,11 +19,20 @@ forward, for every layer in order: ``append_token_kv`` stores the newest token's
 enqueues on the caller's current stream, allocates nothing and reads the batch from device memory.
 After replaying a captured forward, the engine calls ``finish_replayed_step`` (the host-side
 bookkeeping the replay skipped).
+
+Prefix reuse. When ``RequestInfo.token_ids`` is given, a request is admitted with
+``admit_with_prefix``: the longest prefix of full host pages already in the pool (another
+request's prompt, or an earlier turn of the same conversation) is shared, and only the rest of the
+prompt is ingested. Steps are planned with the appended tokens' ids (when every request of the
+batch has them), so that the pages a request fills become shareable too. With
+``retain_finished=True``, a finished request is retained instead of released: its full pages stay
+in the pool, indexed by their token ids, until the next turn shares them or an admission needs the
+room (least recently used first).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, List, NamedTuple
+from typing import Any, Callable, Dict, Hashable, List, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -37,6 +46,10 @@ class RequestInfo(NamedTuple):
     req_pool_idx: int  # the request's current row in the engine's request pool
     prompt_len: int  # tokens whose KV the prefill produced (SGLang: len(req.fill_ids))
     max_new_tokens: int  # tokens the request may still generate
+    # The request's token ids so far, prompt first (SGLang: req.origin_input_ids +
+    # req.output_ids), at least prompt_len of them; None: no prefix reuse for this request.
+    # Read at admission ([:prompt_len]) and when a step is planned (the id at the new length - 1).
+    token_ids: Optional[Sequence[int]] = None
 
 
 class SparseKVCoordinator:
@@ -47,6 +60,9 @@ class SparseKVCoordinator:
       request_info: maps an engine request object to its ``RequestInfo``.
       prompt_kv: ``prompt_kv(req, layer_id)`` returns the prompt's KV rows of one layer,
         ``[prompt_len, row_stride]`` bytes in any dtype, on the host or the backend's device.
+        For a request admitted with a shared prefix, only rows ``[cached:]`` are read from it.
+      retain_finished: keep the full pages of a finished request that has token ids in the pool
+        (``retain``), for a later request (the next turn) that starts with the same tokens.
 
     Not thread-safe: one scheduler thread drives it, as it drives the manager.
     """
@@ -57,10 +73,12 @@ class SparseKVCoordinator:
         *,
         request_info: Callable[[Any], RequestInfo],
         prompt_kv: Callable[[Any, int], Any],
+        retain_finished: bool = False,
     ) -> None:
         self.manager = manager
         self.request_info = request_info
         self.prompt_kv = prompt_kv
+        self.retain_finished = retain_finished
         options = manager.options
         self.top_k = options.top_k
         self.num_layers = options.geometry.num_layers
@@ -74,6 +92,7 @@ class SparseKVCoordinator:
         self._next_request_id = 1
         self._ids_by_key: Dict[Hashable, int] = {}
         self._ids_by_pool_idx: Dict[int, int] = {}
+        self._reqs_by_id: Dict[int, Any] = {}  # requests admitted with token ids
         self._ready: List[Any] = []
         self._producer_stream: Any = None  # None: the caller's current stream
 
@@ -92,7 +111,8 @@ class SparseKVCoordinator:
 
         A request retracted by ``retract_req`` whose history covers the new prompt exactly is
         resumed from its host history instead; one whose prompt grew (the engine recomputed it)
-        is admitted again from scratch.
+        is admitted again from scratch (with token ids, sharing the full pages of its old
+        history: the old request is retained first).
         """
         info = self.request_info(req)
         request_id = self._ids_by_key.get(info.key)
@@ -102,20 +122,39 @@ class SparseKVCoordinator:
                 self._ids_by_pool_idx[info.req_pool_idx] = request_id
                 self._ready.append(req)
                 return
-            self.manager.release(self._forget(info.key))
+            self._end(self._forget(info.key), retain=True)
         request_id = self._next_request_id
         stream = self._producer_stream
-        self.manager.admit(request_id, info.prompt_len, info.max_new_tokens, stream=stream)
+        if info.token_ids is None:
+            cached = 0
+            self.manager.admit(request_id, info.prompt_len, info.max_new_tokens, stream=stream)
+        else:
+            prompt_ids = list(info.token_ids[: info.prompt_len])
+            if len(prompt_ids) != info.prompt_len:
+                raise ValueError(
+                    f"request {info.key!r}: {len(prompt_ids)} token ids for a prompt of "
+                    f"{info.prompt_len} tokens"
+                )
+            cached = self.manager.admit_with_prefix(
+                request_id, prompt_ids, info.max_new_tokens, stream=stream
+            )
         try:
             for layer in range(self.num_layers):
                 rows = self.prompt_kv(req, layer)
-                self.manager.ingest_prompt(request_id, layer, rows, stream=stream)
+                if info.token_ids is None:
+                    self.manager.ingest_prompt(request_id, layer, rows, stream=stream)
+                else:
+                    self.manager.ingest_prompt_suffix(
+                        request_id, layer, rows[cached:], stream=stream
+                    )
         except Exception:
             self.manager.release(request_id)
             raise
         self._next_request_id += 1
         self._ids_by_key[info.key] = request_id
         self._ids_by_pool_idx[info.req_pool_idx] = request_id
+        if info.token_ids is not None:
+            self._reqs_by_id[request_id] = req
         self._ready.append(req)
 
     def collect_ready_reqs(self) -> List[Any]:
@@ -144,9 +183,11 @@ class SparseKVCoordinator:
         ``seq_lens_cpu`` (lengths including the new token) is checked against the manager's
         lengths, so that an engine and a manager that disagree fail here, not in attention.
         ``seq_lens``, ``out_cache_loc`` and ``req_pool_indices`` (device copies) are not needed:
-        the manager keeps its own lengths and the newest token's slot.
+        the manager keeps its own lengths and the newest token's slot. When every request of the
+        batch has token ids, the step is planned with the ids of the tokens it appends.
         """
         request_ids = []
+        token_ids: Optional[List[int]] = []
         for pool_idx, seq_len in zip(_to_list(req_pool_indices_cpu), _to_list(seq_lens_cpu)):
             request_id = self._ids_by_pool_idx.get(pool_idx)
             if request_id is None:
@@ -158,14 +199,21 @@ class SparseKVCoordinator:
                     f"{expected}, the manager's length after this step"
                 )
             request_ids.append(request_id)
-        self.manager.plan_step(request_ids, stream=self._producer_stream)
+            req = self._reqs_by_id.get(request_id)
+            ids = None if req is None or token_ids is None else self.request_info(req).token_ids
+            if ids is None or len(ids) < seq_len:
+                token_ids = None
+            else:
+                token_ids.append(int(ids[seq_len - 1]))
+        self.manager.plan_step(request_ids, token_ids=token_ids, stream=self._producer_stream)
 
     def request_finished(self, req: Any) -> None:
-        """Frees everything the request holds. A request never admitted is ignored (SGLang also
-        reports requests that finish during prefill)."""
+        """Frees everything the request holds, or with ``retain_finished`` keeps its full pages
+        for the next turn. A request never admitted is ignored (SGLang also reports requests
+        that finish during prefill)."""
         key = self.request_info(req).key
         if key in self._ids_by_key:
-            self.manager.release(self._forget(key))
+            self._end(self._forget(key), retain=self.retain_finished)
 
     def retract_req(self, req: Any) -> None:
         """Frees the request's hot cache (HBM) but keeps its history in host memory, for a
@@ -236,6 +284,14 @@ class SparseKVCoordinator:
         request_id = self._ids_by_key.pop(key)
         self._drop_pool_idx(request_id)
         return request_id
+
+    def _end(self, request_id: int, retain: bool) -> None:
+        """Releases the request, or retains it when asked and its token ids are known."""
+        if retain and self._reqs_by_id.pop(request_id, None) is not None:
+            self.manager.retain(request_id)
+        else:
+            self._reqs_by_id.pop(request_id, None)
+            self.manager.release(request_id)
 
 
 def _to_list(values: Any) -> List[int]:

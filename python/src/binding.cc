@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "sparsekv/backend.h"
@@ -55,6 +56,10 @@ ErrorClasses& Errors() {
   throw py::error_already_set();
 }
 
+[[noreturn]] void RaiseInvalidRequestId(const std::string& got) {
+  Raise(InvalidArgument("request ids are unsigned 64-bit integers (0 to 2**64 - 1), got " + got));
+}
+
 void Check(const Status& status) {
   if (!status.ok()) Raise(status);
 }
@@ -75,29 +80,83 @@ void RegisterErrors(py::module_& m) {
     StatusCode code;
     const char* name;
     PyObject* builtin;
+    const char* doc;
   };
   const Spec specs[] = {
-      {StatusCode::kInvalidArgument, "InvalidArgumentError", PyExc_ValueError},
-      {StatusCode::kNotFound, "NotFoundError", PyExc_LookupError},
-      {StatusCode::kAlreadyExists, "AlreadyExistsError", PyExc_ValueError},
-      {StatusCode::kResourceExhausted, "ResourceExhaustedError", PyExc_RuntimeError},
-      {StatusCode::kFailedPrecondition, "FailedPreconditionError", PyExc_RuntimeError},
-      {StatusCode::kOutOfRange, "OutOfRangeError", PyExc_ValueError},
-      {StatusCode::kUnavailable, "UnavailableError", PyExc_RuntimeError},
-      {StatusCode::kDeadlineExceeded, "DeadlineExceededError", PyExc_TimeoutError},
-      {StatusCode::kInternal, "InternalError", PyExc_RuntimeError},
+      {StatusCode::kInvalidArgument, "InvalidArgumentError", PyExc_ValueError,
+       "An argument is invalid whatever the state: a bad option, id, layer or shape."},
+      {StatusCode::kNotFound, "NotFoundError", PyExc_LookupError,
+       "The request (or retained conversation) is unknown or was released."},
+      {StatusCode::kAlreadyExists, "AlreadyExistsError", PyExc_ValueError,
+       "The id is in use, or the layer was ingested already."},
+      {StatusCode::kResourceExhausted, "ResourceExhaustedError", PyExc_RuntimeError,
+       "No hot-cache block, host page or pool owner is free (nothing changed)."},
+      {StatusCode::kFailedPrecondition, "FailedPreconditionError", PyExc_RuntimeError,
+       "The call is valid but not now: a step is open, a request is retracted, ..."},
+      {StatusCode::kOutOfRange, "OutOfRangeError", PyExc_ValueError,
+       "A length exceeds max_context or the request's reserved length."},
+      {StatusCode::kUnavailable, "UnavailableError", PyExc_RuntimeError,
+       "A backend, device or peer is not available (e.g. no CUDA device is present)."},
+      {StatusCode::kDeadlineExceeded, "DeadlineExceededError", PyExc_TimeoutError,
+       "A remote operation did not complete before its deadline."},
+      {StatusCode::kInternal, "InternalError", PyExc_RuntimeError,
+       "A bug or a failed device call inside the library."},
   };
   for (const Spec& s : specs) {
     const std::string qualified = std::string("sparsekv.") + s.name;
     py::tuple bases = py::make_tuple(e.base, py::handle(s.builtin));
     py::object cls = py::reinterpret_steal<py::object>(
-        PyErr_NewException(qualified.c_str(), bases.ptr(), nullptr));
+        PyErr_NewExceptionWithDoc(qualified.c_str(), s.doc, bases.ptr(), nullptr));
     m.attr(s.name) = cls;
     e.by_code[static_cast<size_t>(s.code)] = cls;
   }
   // kOk never raises; map it to the base so that the table has no hole.
   e.by_code[static_cast<size_t>(StatusCode::kOk)] = e.base;
 }
+
+}  // namespace
+}  // namespace sparsekv
+
+// ---- Request ids ----
+
+namespace sparsekv {
+// A RequestId argument: any Python int (or object with __index__) in [0, 2**64). Anything else
+// raises an error that says so, instead of pybind11's list of overloads.
+struct PyRequestId {
+  RequestId value = 0;
+};
+}  // namespace sparsekv
+
+namespace pybind11::detail {
+template <>
+struct type_caster<sparsekv::PyRequestId> {
+  PYBIND11_TYPE_CASTER(sparsekv::PyRequestId, const_name("int"));
+
+  bool load(handle src, bool /*convert*/) {
+    if (!src) return false;
+    if (PyBool_Check(src.ptr()) || !PyIndex_Check(src.ptr())) {
+      throw type_error("request ids are unsigned 64-bit integers, got an object of type " +
+                       std::string(str(type::handle_of(src).attr("__name__"))));
+    }
+    const object index = reinterpret_steal<object>(PyNumber_Index(src.ptr()));
+    if (!index) throw error_already_set();
+    const unsigned long long id = PyLong_AsUnsignedLongLong(index.ptr());
+    if (id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+      PyErr_Clear();
+      sparsekv::RaiseInvalidRequestId(std::string(str(index)));
+    }
+    value.value = id;
+    return true;
+  }
+
+  static handle cast(const sparsekv::PyRequestId& id, return_value_policy, handle) {
+    return PyLong_FromUnsignedLongLong(id.value);
+  }
+};
+}  // namespace pybind11::detail
+
+namespace sparsekv {
+namespace {
 
 // ---- Backends ----
 
@@ -382,31 +441,67 @@ class PyManager {
     manager_ = Check(SparseKVCacheManager::Create(options, backend_.backend));
   }
 
-  void Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens, const py::object& stream) {
-    Check(manager_->Admit(id, prompt_len, max_new_tokens, Stream(stream)));
+  void Admit(PyRequestId id, int32_t prompt_len, int32_t max_new_tokens, const py::object& stream) {
+    Check(manager_->Admit(id.value, prompt_len, max_new_tokens, Stream(stream)));
+    cached_.erase(id.value);
   }
 
-  void IngestPrompt(RequestId id, int32_t layer, const py::object& rows, const py::object& stream) {
-    TensorRules r{"rows"};
-    r.row_bytes = RowStride(options(), layer, "ingest_prompt");
-    const StatusOr<int32_t> prompt_len = manager_->SequenceLength(id);
-    if (!prompt_len.ok()) {
-      Raise(NotFound("IngestPrompt: request " + std::to_string(id) + " is unknown or released"));
+  void IngestPrompt(PyRequestId id, int32_t layer, const py::object& rows,
+                    const py::object& stream) {
+    Ingest(id.value, layer, rows, /*rows_first=*/0, "ingest_prompt", stream);
+  }
+
+  void Release(PyRequestId id) {
+    Check(manager_->Release(id.value));
+    cached_.erase(id.value);
+  }
+  void Retract(PyRequestId id) { Check(manager_->Retract(id.value)); }
+  void Resume(PyRequestId id, const py::object& stream) {
+    Check(manager_->Resume(id.value, Stream(stream)));
+  }
+
+  int32_t AdmitWithPrefix(PyRequestId id, const std::vector<int32_t>& token_ids,
+                          int32_t max_new_tokens, const py::object& stream) {
+    const int32_t cached =
+        Check(manager_->AdmitWithPrefix(id.value, token_ids, max_new_tokens, Stream(stream)));
+    cached_[id.value] = cached;
+    return cached;
+  }
+
+  void IngestPromptSuffix(PyRequestId id, int32_t layer, const py::object& rows,
+                          const py::object& stream) {
+    auto it = cached_.find(id.value);
+    Ingest(id.value, layer, rows, it == cached_.end() ? 0 : it->second, "ingest_prompt_suffix",
+           stream);
+  }
+
+  void Fork(PyRequestId parent, PyRequestId child, int32_t max_new_tokens,
+            const py::object& stream) {
+    Check(manager_->Fork(parent.value, child.value, max_new_tokens, Stream(stream)));
+    cached_.erase(child.value);
+  }
+
+  int32_t Retain(PyRequestId id) {
+    const int32_t retained = Check(manager_->Retain(id.value));
+    cached_.erase(id.value);
+    return retained;
+  }
+  int32_t EvictRetained() { return manager_->EvictRetained(); }
+  bool IsRetained(PyRequestId id) const { return manager_->IsRetained(id.value); }
+  std::vector<int32_t> HostPages(PyRequestId id) const {
+    return Check(manager_->HostPages(id.value));
+  }
+
+  void PlanStep(const std::vector<PyRequestId>& batch,
+                const std::optional<std::vector<int32_t>>& token_ids, const py::object& stream) {
+    std::vector<RequestId> ids;
+    ids.reserve(batch.size());
+    for (const PyRequestId& id : batch) ids.push_back(id.value);
+    if (token_ids.has_value()) {
+      Check(manager_->PlanStep(ids, *token_ids, Stream(stream)));
+    } else {
+      Check(manager_->PlanStep(ids, Stream(stream)));
     }
-    r.exact_rows = *prompt_len;
-    r.host_ok_on_cuda = true;
-    const TensorArg t = CheckTensor(rows, r, backend_);
-    Check(manager_->IngestPrompt(id, layer, t.data, Stream(stream)));
-  }
-
-  void Release(RequestId id) { Check(manager_->Release(id)); }
-  void Retract(RequestId id) { Check(manager_->Retract(id)); }
-  void Resume(RequestId id, const py::object& stream) {
-    Check(manager_->Resume(id, Stream(stream)));
-  }
-
-  void PlanStep(const std::vector<RequestId>& batch, const py::object& stream) {
-    Check(manager_->PlanStep(batch, Stream(stream)));
   }
 
   void AppendToken(int32_t layer, const py::object& new_rows, const py::object& stream) {
@@ -512,7 +607,7 @@ class PyManager {
     return Check(manager_->ReadStats(Stream(stream)));
   }
   void ResetStats(const py::object& stream) { Check(manager_->ResetStats(Stream(stream))); }
-  int32_t SequenceLength(RequestId id) const { return Check(manager_->SequenceLength(id)); }
+  int32_t SequenceLength(PyRequestId id) const { return Check(manager_->SequenceLength(id.value)); }
 
   HotLayerView HotLayer(int32_t layer) const {
     const int32_t stride = RowStride(options(), layer, "hot_layer");
@@ -526,6 +621,28 @@ class PyManager {
   const PyBackend& backend() const { return backend_; }
 
  private:
+  // IngestPrompt (rows_first 0: rows of every prompt position) or IngestPromptSuffix (rows_first
+  // = cached: rows of positions [cached, prompt_len)). The row count is checked here, since the
+  // library reads that many rows from the pointer.
+  void Ingest(RequestId id, int32_t layer, const py::object& rows, int32_t rows_first,
+              const char* op, const py::object& stream) {
+    TensorRules r{"rows"};
+    r.row_bytes = RowStride(options(), layer, op);
+    const StatusOr<int32_t> prompt_len = manager_->SequenceLength(id);
+    if (!prompt_len.ok()) {
+      Raise(NotFound(std::string(op) + ": request " + std::to_string(id) +
+                     " is unknown or released"));
+    }
+    r.exact_rows = *prompt_len - rows_first;
+    r.host_ok_on_cuda = true;
+    const TensorArg t = CheckTensor(rows, r, backend_);
+    if (rows_first == 0) {
+      Check(manager_->IngestPrompt(id, layer, t.data, Stream(stream)));
+    } else {
+      Check(manager_->IngestPromptSuffix(id, layer, t.data, Stream(stream)));
+    }
+  }
+
   // See the file comment for the rules.
   StreamHandle Stream(const py::object& stream) {
     if (py::isinstance<py::int_>(stream)) {
@@ -556,6 +673,9 @@ class PyManager {
   PyBackend backend_;
   std::unique_ptr<SparseKVCacheManager> manager_;
   std::optional<py::object> torch_current_stream_;  // torch.cuda.current_stream, or None
+  // The `cached` AdmitWithPrefix returned, per request admitted so (until it is released,
+  // retained or admitted again): the rows ingest_prompt_suffix must be given.
+  std::unordered_map<RequestId, int32_t> cached_;
 };
 
 py::dict LayerStatsDict(const LayerStats& s) {
@@ -569,6 +689,20 @@ py::dict LayerStatsDict(const LayerStats& s) {
   d["hit_rate"] = s.hit_rate();
   return d;
 }
+
+// Binds read-only scalar fields of CacheStats and remembers their names, so that to_dict lists
+// every field bound, in order.
+struct StatsFields {
+  py::class_<CacheStats>& cls;
+  std::vector<const char*>& names;
+
+  template <typename C, typename T>
+  StatsFields& operator()(const char* name, T C::*field, const char* doc) {
+    cls.def_readonly(name, field, doc);
+    names.push_back(name);
+    return *this;
+  }
+};
 
 }  // namespace
 }  // namespace sparsekv
@@ -584,27 +718,37 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("row_bytes"), py::arg("row_stride") = 0,
            "row_stride 0 means row_stride = row_bytes.")
-      .def_readwrite("row_bytes", &LayerShape::row_bytes)
-      .def_readwrite("row_stride", &LayerShape::row_stride)
-      .def("__repr__", [](const LayerShape& s) {
-        return "LayerShape(row_bytes=" + std::to_string(s.row_bytes) +
-               ", row_stride=" + std::to_string(s.row_stride) + ")";
-      });
+      .def_readwrite("row_bytes", &LayerShape::row_bytes,
+                     "Meaningful bytes per row (DeepSeek-V3.2 fp8: 656; bf16: 1152).")
+      .def_readwrite("row_stride", &LayerShape::row_stride,
+                     "Bytes between consecutive rows, >= row_bytes.")
+      .def(
+          "__repr__",
+          [](const LayerShape& s) {
+            return "LayerShape(row_bytes=" + std::to_string(s.row_bytes) +
+                   ", row_stride=" + std::to_string(s.row_stride) + ")";
+          },
+          "LayerShape(row_bytes=..., row_stride=...).");
 
   py::class_<KVGeometry>(m, "KVGeometry", "Shape of the KV cache: one LayerShape per layer.")
       .def(py::init([](std::vector<LayerShape> layers) { return KVGeometry{std::move(layers)}; }),
-           py::arg("layers"))
+           py::arg("layers"), "One LayerShape per attention layer, in order.")
       .def_static("uniform", &KVGeometry::Uniform, py::arg("num_layers"), py::arg("row_bytes"),
                   py::arg("row_stride") = 0,
                   "Every layer has the same row; row_stride 0 means row_bytes.")
-      .def_readwrite("layers", &KVGeometry::layers)
-      .def_property_readonly("num_layers", &KVGeometry::num_layers)
-      .def_property_readonly("token_bytes", &KVGeometry::token_bytes)
-      .def_property_readonly("token_stride_bytes", &KVGeometry::token_stride_bytes);
+      .def_readwrite("layers", &KVGeometry::layers, "One LayerShape per attention layer.")
+      .def_property_readonly("num_layers", &KVGeometry::num_layers, "len(layers).")
+      .def_property_readonly(
+          "token_bytes", &KVGeometry::token_bytes,
+          "Sum of row_bytes over all layers: the meaningful KV bytes of a token.")
+      .def_property_readonly("token_stride_bytes", &KVGeometry::token_stride_bytes,
+                             "Sum of row_stride over all layers: the bytes one token occupies in "
+                             "the host pool.");
 
-  py::enum_<EvictionPolicy>(m, "EvictionPolicy", "Replacement of the hot slots (options.h).")
-      .value("LRU", EvictionPolicy::kLru)
-      .value("SEGMENTED_LRU", EvictionPolicy::kSegmentedLru);
+  py::enum_<EvictionPolicy>(m, "EvictionPolicy", "Replacement of the hot slots.")
+      .value("LRU", EvictionPolicy::kLru, "Least recently used slot first.")
+      .value("SEGMENTED_LRU", EvictionPolicy::kSegmentedLru,
+             "Segmented LRU: slots hit again are protected; new fills are evicted first.");
 
   const CacheOptions defaults;
   py::class_<CacheOptions>(m, "CacheOptions",
@@ -613,11 +757,9 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](KVGeometry geometry, int32_t top_k, int32_t hot_slots, int32_t window,
                        int64_t host_capacity_tokens, int32_t max_requests,
                        int32_t max_host_requests, int32_t max_batch, int32_t max_context,
-                       int32_t host_page_tokens, bool sort_misses,
-                       int32_t sort_misses_min_batch, EvictionPolicy eviction,
-                       int32_t protected_percent, int32_t layers_per_index,
-                       bool share_repeated_positions, int32_t max_prefetch,
-                       int32_t copy_blocks) {
+                       int32_t host_page_tokens, bool sort_misses, int32_t sort_misses_min_batch,
+                       EvictionPolicy eviction, int32_t protected_percent, int32_t layers_per_index,
+                       bool share_repeated_positions, int32_t max_prefetch, int32_t copy_blocks) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -652,86 +794,146 @@ PYBIND11_MODULE(_core, m) {
            py::arg("layers_per_index") = defaults.layers_per_index,
            py::arg("share_repeated_positions") = defaults.share_repeated_positions,
            py::arg("max_prefetch") = defaults.max_prefetch,
-           py::arg("copy_blocks") = defaults.copy_blocks)
-      .def_readwrite("geometry", &CacheOptions::geometry)
-      .def_readwrite("top_k", &CacheOptions::top_k)
-      .def_readwrite("hot_slots", &CacheOptions::hot_slots)
-      .def_readwrite("window", &CacheOptions::window)
-      .def_readwrite("host_capacity_tokens", &CacheOptions::host_capacity_tokens)
-      .def_readwrite("max_requests", &CacheOptions::max_requests)
-      .def_readwrite("max_host_requests", &CacheOptions::max_host_requests)
-      .def_readwrite("max_batch", &CacheOptions::max_batch)
-      .def_readwrite("max_context", &CacheOptions::max_context)
-      .def_readwrite("host_page_tokens", &CacheOptions::host_page_tokens)
-      .def_readwrite("sort_misses", &CacheOptions::sort_misses)
-      .def_readwrite("sort_misses_min_batch", &CacheOptions::sort_misses_min_batch)
-      .def_readwrite("eviction", &CacheOptions::eviction)
-      .def_readwrite("protected_percent", &CacheOptions::protected_percent)
-      .def_readwrite("layers_per_index", &CacheOptions::layers_per_index)
-      .def_readwrite("share_repeated_positions", &CacheOptions::share_repeated_positions)
-      .def_readwrite("max_prefetch", &CacheOptions::max_prefetch)
-      .def_readwrite("copy_blocks", &CacheOptions::copy_blocks)
-      .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity)
-      .def_property_readonly("effective_max_batch", &CacheOptions::effective_max_batch)
-      .def_property_readonly("slots_per_request", &CacheOptions::slots_per_request)
+           py::arg("copy_blocks") = defaults.copy_blocks,
+           "Keyword arguments only; geometry, host_capacity_tokens, max_requests and max_context "
+           "are required. Checked when a manager is created (or by validate()).")
+      .def_readwrite("geometry", &CacheOptions::geometry, "The KV rows of every layer.")
+      .def_readwrite("top_k", &CacheOptions::top_k,
+                     "Positions selected per request and layer at every decode step.")
+      .def_readwrite("hot_slots", &CacheOptions::hot_slots,
+                     "Least-recently-used hot slots per request and layer, >= top_k.")
+      .def_readwrite("window", &CacheOptions::window,
+                     "The newest `window` tokens of each request are always resident, in extra "
+                     "slots.")
+      .def_readwrite("host_capacity_tokens", &CacheOptions::host_capacity_tokens,
+                     "Host pool size in tokens (a row of every layer each). Required.")
+      .def_readwrite("max_requests", &CacheOptions::max_requests,
+                     "Requests that may hold a hot-cache block at once. Required.")
+      .def_readwrite("max_host_requests", &CacheOptions::max_host_requests,
+                     "Requests that may hold host pages at once (retracted ones included); 0 "
+                     "means max_requests.")
+      .def_readwrite("max_batch", &CacheOptions::max_batch,
+                     "Largest batch of one decode step; 0 means max_requests.")
+      .def_readwrite("max_context", &CacheOptions::max_context,
+                     "Largest prompt + generated length of one request. Required.")
+      .def_readwrite("host_page_tokens", &CacheOptions::host_page_tokens,
+                     "Host rows are given to requests (and shared) in pages of this many tokens.")
+      .def_readwrite("sort_misses", &CacheOptions::sort_misses,
+                     "Sort each request's misses by host address before copying.")
+      .def_readwrite("sort_misses_min_batch", &CacheOptions::sort_misses_min_batch,
+                     "Sort only in steps of at least this many requests (0: every step).")
+      .def_readwrite("eviction", &CacheOptions::eviction,
+                     "Replacement of the hot slots (EvictionPolicy).")
+      .def_readwrite("protected_percent", &CacheOptions::protected_percent,
+                     "SEGMENTED_LRU: the protected part's share of hot_slots, in [0, 100].")
+      .def_readwrite("layers_per_index", &CacheOptions::layers_per_index,
+                     "Consecutive layers that share one top-k (an index group).")
+      .def_readwrite("share_repeated_positions", &CacheOptions::share_repeated_positions,
+                     "Repeated positions in a top-k row share one slot instead of being skipped.")
+      .def_readwrite("max_prefetch", &CacheOptions::max_prefetch,
+                     "Positions per request and layer one prefetch_layer call may take; 0: none.")
+      .def_readwrite("copy_blocks", &CacheOptions::copy_blocks,
+                     "Largest grid of the CUDA miss copy in blocks of 256 threads; 0: as many as "
+                     "the GPU holds resident.")
+      .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity,
+                             "SEGMENTED_LRU: the protected part's capacity in slots.")
+      .def_property_readonly("effective_max_batch", &CacheOptions::effective_max_batch,
+                             "max_batch, or max_requests when max_batch is 0.")
+      .def_property_readonly("effective_max_host_requests",
+                             &CacheOptions::effective_max_host_requests,
+                             "max_host_requests, or max_requests when it is 0.")
+      .def_property_readonly("slots_per_request", &CacheOptions::slots_per_request,
+                             "hot_slots + window: slots per request and layer.")
+      .def_property_readonly("index_groups", &CacheOptions::index_groups,
+                             "Index groups: ceil(num_layers / layers_per_index).")
       .def(
           "validate", [](const CacheOptions& o) { Check(ValidateOptions(o)); },
           "Raises InvalidArgumentError naming the field and the rule that fails.");
 
   py::class_<LayerStats>(m, "LayerStats", "Resolve counters of one layer (or of all layers).")
-      .def_readonly("hits", &LayerStats::hits)
-      .def_readonly("window_hits", &LayerStats::window_hits)
-      .def_readonly("misses", &LayerStats::misses)
-      .def_readonly("padding", &LayerStats::padding)
-      .def_readonly("duplicates", &LayerStats::duplicates)
-      .def_readonly("out_of_range", &LayerStats::out_of_range)
+      .def_readonly("hits", &LayerStats::hits, "Top-k positions found in an LRU slot.")
+      .def_readonly("window_hits", &LayerStats::window_hits,
+                    "Top-k positions served by the newest-token window.")
+      .def_readonly("misses", &LayerStats::misses, "Top-k positions copied from the host pool.")
+      .def_readonly("padding", &LayerStats::padding, "-1 entries.")
+      .def_readonly("duplicates", &LayerStats::duplicates,
+                    "Repeated positions within one top-k row (skipped).")
+      .def_readonly("out_of_range", &LayerStats::out_of_range,
+                    "Positions outside [0, seq_len) (skipped).")
       .def_property_readonly("hit_rate", &LayerStats::hit_rate,
                              "(hits + window_hits) / (hits + window_hits + misses); 0 if none.")
-      .def("to_dict", &LayerStatsDict);
+      .def("to_dict", &LayerStatsDict, "The counters and hit_rate as a dict.");
 
-  py::class_<CacheStats>(m, "CacheStats", "Statistics; formulas in include/sparsekv/manager.h.")
-      .def_readonly("layers", &CacheStats::layers)
-      .def_readonly("total", &CacheStats::total)
-      .def_readonly("bytes_host_to_device", &CacheStats::bytes_host_to_device)
-      .def_readonly("bytes_device_to_host", &CacheStats::bytes_device_to_host)
-      .def_readonly("bytes_assembled", &CacheStats::bytes_assembled)
-      .def_readonly("bytes_ingested", &CacheStats::bytes_ingested)
-      .def_readonly("invalid_copy_entries", &CacheStats::invalid_copy_entries)
-      .def_readonly("host_pages_used", &CacheStats::host_pages_used)
-      .def_readonly("host_pages_total", &CacheStats::host_pages_total)
-      .def_readonly("hot_blocks_used", &CacheStats::hot_blocks_used)
-      .def_readonly("device_bytes", &CacheStats::device_bytes)
-      .def_readonly("prefetch_lookups", &CacheStats::prefetch_lookups)
-      .def_readonly("prefetch_rows", &CacheStats::prefetch_rows)
-      .def("to_dict", [](const CacheStats& s) {
+  py::class_<CacheStats> stats(m, "CacheStats",
+                               "Statistics since creation or the last reset_stats(); fields "
+                               "marked 'now' are gauges.");
+  stats.def_readonly("layers", &CacheStats::layers, "A LayerStats per layer.")
+      .def_readonly("total", &CacheStats::total, "The sum of layers.");
+  static std::vector<const char*>& stats_names = *new std::vector<const char*>();
+  StatsFields{stats, stats_names}(
+      "bytes_host_to_device", &CacheStats::bytes_host_to_device,
+      "Misses and prefetched rows * row_bytes, plus window rows loaded at ingest and resume.")(
+      "bytes_device_to_host", &CacheStats::bytes_device_to_host,
+      "Appended tokens * row_bytes (write-back of the newest token).")(
+      "bytes_assembled", &CacheStats::bytes_assembled,
+      "Assembled rows * row_bytes (device to device).")(
+      "bytes_ingested", &CacheStats::bytes_ingested,
+      "Prompt rows * row_bytes written into the host pool.")(
+      "prefix_lookup_tokens", &CacheStats::prefix_lookup_tokens,
+      "Prompt tokens of successful admit_with_prefix calls.")(
+      "prefix_hit_tokens", &CacheStats::prefix_hit_tokens,
+      "Of those, tokens found in the pool (not ingested).")(
+      "copy_on_write_pages", &CacheStats::copy_on_write_pages,
+      "Shared, partially filled pages copied before an append.")(
+      "evictions", &CacheStats::evictions,
+      "Retained conversations evicted (least recently used first) to make room for an "
+      "admission.")("evicted_pages", &CacheStats::evicted_pages,
+                    "Pages those evictions freed (not those another holder still references).")(
+      "invalid_copy_entries", &CacheStats::invalid_copy_entries,
+      "Copy entries skipped as out of bounds (0 unless something is wrong).")(
+      "host_pages_used", &CacheStats::host_pages_used,
+      "Now: host pages in use, of the whole pool.")(
+      "host_pages_total", &CacheStats::host_pages_total, "Host pages of the pool.")(
+      "hot_blocks_used", &CacheStats::hot_blocks_used, "Now: hot-cache blocks in use.")(
+      "device_bytes", &CacheStats::device_bytes,
+      "Device memory the manager holds: hot cache, replacement state, page table, plan "
+      "buffers.")("pages_shared", &CacheStats::pages_shared,
+                  "Now: host pages with more than one holder (whole pool).")(
+      "bytes_saved", &CacheStats::bytes_saved,
+      "Now: sum over pages of (holders - 1) * page_tokens * token_stride_bytes.")(
+      "retained_conversations", &CacheStats::retained_conversations,
+      "Now: retained conversations in the pool.")(
+      "prefetch_lookups", &CacheStats::prefetch_lookups,
+      "Positions prefetch_layer looked up, once per index group.")(
+      "prefetch_rows", &CacheStats::prefetch_rows, "Of those, rows fetched (not resident).");
+  stats.def(
+      "to_dict",
+      [](const py::object& self) {
+        const auto& s = self.cast<const CacheStats&>();
         py::dict d;
         py::list layers;
         for (const LayerStats& l : s.layers) layers.append(LayerStatsDict(l));
         d["layers"] = layers;
         d["total"] = LayerStatsDict(s.total);
-        d["bytes_host_to_device"] = s.bytes_host_to_device;
-        d["bytes_device_to_host"] = s.bytes_device_to_host;
-        d["bytes_assembled"] = s.bytes_assembled;
-        d["bytes_ingested"] = s.bytes_ingested;
-        d["invalid_copy_entries"] = s.invalid_copy_entries;
-        d["prefetch_lookups"] = s.prefetch_lookups;
-        d["prefetch_rows"] = s.prefetch_rows;
-        d["host_pages_used"] = s.host_pages_used;
-        d["host_pages_total"] = s.host_pages_total;
-        d["hot_blocks_used"] = s.hot_blocks_used;
-        d["device_bytes"] = s.device_bytes;
+        for (const char* name : stats_names) d[name] = self.attr(name);
         return d;
-      });
+      },
+      "Every field as a dict (layers and total as dicts of their counters).");
 
   py::class_<PyBackend>(m, "Backend", "Where a manager's memory lives and its operators run.")
-      .def_property_readonly("kind",
-                             [](const PyBackend& b) { return b.is_cuda() ? "cuda" : "cpu"; })
-      .def_property_readonly("name", [](const PyBackend& b) { return b.backend->name(); })
+      .def_property_readonly(
+          "kind", [](const PyBackend& b) { return b.is_cuda() ? "cuda" : "cpu"; },
+          "'cpu' or 'cuda'.")
+      .def_property_readonly(
+          "name", [](const PyBackend& b) { return b.backend->name(); },
+          "e.g. 'cpu' or 'cuda:0 NVIDIA H200'.")
       .def_property_readonly(
           "device", [](const PyBackend& b) { return b.device; },
           "CUDA device ordinal; -1 for the CPU backend.")
-      .def("__repr__",
-           [](const PyBackend& b) { return "<sparsekv.Backend " + b.backend->name() + ">"; });
+      .def(
+          "__repr__",
+          [](const PyBackend& b) { return "<sparsekv.Backend " + b.backend->name() + ">"; },
+          "<sparsekv.Backend name>.");
 
   m.def(
       "cpu_backend",
@@ -753,51 +955,134 @@ PYBIND11_MODULE(_core, m) {
   py::class_<HotLayerView>(m, "HotLayer",
                            "One layer of the hot cache, [rows, row_stride] uint8, wrapped "
                            "without a copy by torch.as_tensor / numpy.asarray / cupy.asarray.")
-      .def_readonly("rows", &HotLayerView::rows)
-      .def_readonly("row_stride", &HotLayerView::row_stride)
+      .def_readonly("rows", &HotLayerView::rows, "max_requests * slots_per_request.")
+      .def_readonly("row_stride", &HotLayerView::row_stride, "The layer's row_stride in bytes.")
       .def_property_readonly(
-          "data_ptr", [](const HotLayerView& v) { return reinterpret_cast<uintptr_t>(v.data); })
-      .def_property_readonly("__cuda_array_interface__",
-                             [](const HotLayerView& v) {
-                               if (!v.cuda) throw py::attribute_error("host memory");
-                               return v.Interface();
-                             })
-      .def_property_readonly("__array_interface__", [](const HotLayerView& v) {
-        if (v.cuda) throw py::attribute_error("device memory");
-        return v.Interface();
-      });
+          "data_ptr", [](const HotLayerView& v) { return reinterpret_cast<uintptr_t>(v.data); },
+          "Address of row 0 (device memory under CUDA).")
+      .def_property_readonly(
+          "__cuda_array_interface__",
+          [](const HotLayerView& v) {
+            if (!v.cuda) throw py::attribute_error("host memory");
+            return v.Interface();
+          },
+          "The CUDA array interface (CUDA backend only).")
+      .def_property_readonly(
+          "__array_interface__",
+          [](const HotLayerView& v) {
+            if (v.cuda) throw py::attribute_error("device memory");
+            return v.Interface();
+          },
+          "The numpy array interface (CPU backend only).");
 
   const py::arg_v no_stream = py::arg("stream") = py::none();
   py::class_<PyManager>(m, "SparseKVCacheManager",
                         "The request lifecycle and per-step entry points "
-                        "(include/sparsekv/manager.h).")
-      .def(py::init<const CacheOptions&, PyBackend>(), py::arg("options"), py::arg("backend"))
+                        "(include/sparsekv/manager.h). Request ids are ints in [0, 2**64).")
+      .def(py::init<const CacheOptions&, PyBackend>(), py::arg("options"), py::arg("backend"),
+           "Validates `options` and allocates the host pool, the hot cache and the device "
+           "buffers of the run phase on `backend`.")
+      // ---- Lifecycle ----
       .def("admit", &PyManager::Admit, py::arg("request_id"), py::arg("prompt_len"),
-           py::arg("max_new_tokens"), no_stream)
+           py::arg("max_new_tokens"), no_stream,
+           "Reserves host pages for prompt_len + max_new_tokens positions and a hot-cache "
+           "block. AlreadyExistsError for a known id (live or retained), OutOfRangeError past "
+           "max_context, ResourceExhaustedError when full even after evicting every retained "
+           "conversation.")
       .def("ingest_prompt", &PyManager::IngestPrompt, py::arg("request_id"), py::arg("layer"),
-           py::arg("rows"), no_stream)
-      .def("release", &PyManager::Release, py::arg("request_id"))
-      .def("retract", &PyManager::Retract, py::arg("request_id"))
-      .def("resume", &PyManager::Resume, py::arg("request_id"), no_stream)
-      .def("plan_step", &PyManager::PlanStep, py::arg("batch"), no_stream)
+           py::arg("rows"), no_stream,
+           "Writes the prompt KV of one layer, rows [prompt_len, row_stride] bytes (host or "
+           "device), into the host pool and its newest `window` rows into the hot cache. Rows of "
+           "positions admit_with_prefix found are skipped. Every layer must be ingested before "
+           "the request joins a step.")
+      .def("release", &PyManager::Release, py::arg("request_id"),
+           "Frees the request's host pages (drops its references to shared ones) and hot-cache "
+           "block, or drops the retained conversation `request_id`.")
+      .def("retract", &PyManager::Retract, py::arg("request_id"),
+           "Gives back the request's hot-cache block and keeps its history in the host pool; "
+           "it cannot join a step until resume().")
+      .def("resume", &PyManager::Resume, py::arg("request_id"), no_stream,
+           "Takes a hot-cache block again (ResourceExhaustedError if none is free) and reloads "
+           "the window.")
+      // ---- Shared prefixes and retained conversations ----
+      .def("admit_with_prefix", &PyManager::AdmitWithPrefix, py::arg("request_id"),
+           py::arg("token_ids"), py::arg("max_new_tokens"), no_stream,
+           "admit() for a prompt of len(token_ids) tokens (int32 ids) whose longest prefix of "
+           "full pages already in the pool is shared, not stored again. Returns `cached`: "
+           "positions [0, cached) were found (a multiple of host_page_tokens, less than the "
+           "prompt length, 0 on a miss); ingest only [cached, prompt_len) with "
+           "ingest_prompt_suffix. Errors as admit(); nothing changes on error.")
+      .def("ingest_prompt_suffix", &PyManager::IngestPromptSuffix, py::arg("request_id"),
+           py::arg("layer"), py::arg("rows"), no_stream,
+           "ingest_prompt() for a request admitted with admit_with_prefix: rows is "
+           "[prompt_len - cached, row_stride], the KV of positions [cached, prompt_len).")
+      .def("fork", &PyManager::Fork, py::arg("parent"), py::arg("child"), py::arg("max_new_tokens"),
+           no_stream,
+           "Admits `child` with all of `parent`'s history shared and room for max_new_tokens "
+           "more (an agent branch); it gets its own hot-cache block and can join a step at "
+           "once.")
+      .def("retain", &PyManager::Retain, py::arg("request_id"),
+           "Ends the request like release(), but keeps the full pages of its history whose token "
+           "ids are known as the retained conversation `request_id`, for a later "
+           "admit_with_prefix (the next turn). Returns the tokens retained (0: none, as for "
+           "release). release(request_id) drops it; eviction may drop it at any time.")
+      .def("evict_retained", &PyManager::EvictRetained,
+           "Evicts every retained conversation; returns how many there were.")
+      .def("is_retained", &PyManager::IsRetained, py::arg("request_id"),
+           "True if `request_id` is a retained conversation.")
+      .def("host_pages", &PyManager::HostPages, py::arg("request_id"),
+           "The host pages of a live request or retained conversation, in position order (page "
+           "i holds positions [i * host_page_tokens, (i + 1) * host_page_tokens)).")
+      // ---- Plan ----
+      .def("plan_step", &PyManager::PlanStep, py::arg("batch"), py::arg("token_ids") = py::none(),
+           no_stream,
+           "Fixes the next step's batch (request ids); each request gains one token. With "
+           "token_ids, token_ids[b] is the id of the token batch[b] appends, so that the pages "
+           "of requests whose ids are known (admit_with_prefix, fork) can be shared once full; "
+           "a step planned without ids ends that for the requests of its batch.")
+      // ---- Run ----
       .def("append_token", &PyManager::AppendToken, py::arg("layer"), py::arg("new_rows"),
-           no_stream)
+           no_stream,
+           "Stores the newest token's KV of `layer` for every request of the step: new_rows is "
+           "[>= batch, row_stride] bytes, row b for the b-th request. Precedes the layer's "
+           "run_layer.")
       .def("run_layer", &PyManager::RunLayer, py::arg("layer"), py::arg("topk"), py::arg("slots"),
-           py::arg("assembled") = py::none(), no_stream)
+           py::arg("assembled") = py::none(), no_stream,
+           "Resolves topk (int32 [>= batch, >= top_k] positions, -1 = padding) against the hot "
+           "cache of `layer`, copies the misses in and writes slots (int32 [>= batch, top_k], "
+           "-1 = skipped). If assembled ([>= batch, top_k, row_stride] bytes) is given, also "
+           "gathers the selected rows into it (skipped entries are zero rows).")
       .def("resolve_layer", &PyManager::ResolveLayer, py::arg("layer"), py::arg("topk"),
-           py::arg("slots"), py::arg("fill_mask") = py::none(), no_stream)
-      .def("copy_misses", &PyManager::CopyMisses, py::arg("layer"), no_stream)
+           py::arg("slots"), py::arg("fill_mask") = py::none(), no_stream,
+           "The resolve of run_layer for `layer`'s index group; fill_mask (uint8 [>= batch, "
+           "top_k]) gets 1 where the slot's row arrives with the group's copy_misses.")
+      .def("copy_misses", &PyManager::CopyMisses, py::arg("layer"), no_stream,
+           "Copies the misses of the last resolve_layer of `layer`'s group into `layer`'s "
+           "rows; once per layer and step.")
       .def("assemble_layer", &PyManager::AssembleLayer, py::arg("layer"), py::arg("slots"),
-           py::arg("assembled"), no_stream)
+           py::arg("assembled"), no_stream,
+           "Gathers the rows of slots (as resolve_layer wrote them) of `layer` into assembled "
+           "([>= batch, top_k, row_stride] bytes; skipped entries are zero rows).")
       .def("prefetch_layer", &PyManager::PrefetchLayer, py::arg("layer"), py::arg("positions"),
-           no_stream)
-      .def("finish_step", &PyManager::FinishStep, no_stream)
-      .def("finish_replayed_step", &PyManager::FinishReplayedStep)
-      .def("read_stats", &PyManager::ReadStats, no_stream)
-      .def("reset_stats", &PyManager::ResetStats, no_stream)
-      .def("sequence_length", &PyManager::SequenceLength, py::arg("request_id"))
-      .def("hot_layer", &PyManager::HotLayer, py::arg("layer"), py::keep_alive<0, 1>())
-      .def_property_readonly("batch_size", &PyManager::batch_size)
-      .def_property_readonly("options", &PyManager::options)
-      .def_property_readonly("backend", &PyManager::backend);
+           no_stream,
+           "Brings positions (int32 [>= batch, count], -1 = padding, count <= max_prefetch) into "
+           "the hot cache of `layer`'s index group for a later step.")
+      .def("finish_step", &PyManager::FinishStep, no_stream,
+           "Ends the step: joins the write-back side stream into `stream`.")
+      .def("finish_replayed_step", &PyManager::FinishReplayedStep,
+           "After replaying a captured run phase: closes the step as the captured calls did at "
+           "capture time.")
+      // ---- Introspection ----
+      .def("read_stats", &PyManager::ReadStats, no_stream,
+           "Synchronises `stream` and returns the CacheStats.")
+      .def("reset_stats", &PyManager::ResetStats, no_stream,
+           "Synchronises `stream` and zeroes every counter.")
+      .def("sequence_length", &PyManager::SequenceLength, py::arg("request_id"),
+           "Tokens with KV of a live request (NotFoundError otherwise).")
+      .def("hot_layer", &PyManager::HotLayer, py::arg("layer"), py::keep_alive<0, 1>(),
+           "Layer `layer` of the hot cache as a zero-copy HotLayer: what the slots index.")
+      .def_property_readonly("batch_size", &PyManager::batch_size,
+                             "Requests of the planned step (0 before the first).")
+      .def_property_readonly("options", &PyManager::options, "The manager's CacheOptions.")
+      .def_property_readonly("backend", &PyManager::backend, "The manager's Backend.");
 }

@@ -141,3 +141,68 @@ def test_adapter_readmits_a_recomputed_request():
     with pytest.raises(sparsekv.NotFoundError):
         manager.sequence_length(first_id)
     assert manager.read_stats().hot_blocks_used == 1
+
+
+def test_adapter_reuses_a_prefix_and_retains_finished_conversations():
+    from sparsekv.sglang_adapter import RequestInfo, SparseKVCoordinator
+
+    manager = sparsekv.SparseKVCacheManager(make_options(), sparsekv.cpu_backend())
+    rng = np.random.default_rng(9)
+    # Each FakeReq carries its token ids; its prompt rows are the KV of its first prompt_len ids.
+    coordinator = SparseKVCoordinator(
+        manager,
+        request_info=lambda r: RequestInfo(r.rid, r.req_pool_idx, r.prompt[0].shape[0], 8,
+                                           r.token_ids),
+        prompt_kv=lambda r, layer: r.prompt[layer], retain_finished=True)
+
+    def rows(n, layer):
+        return rng.integers(0, 256, (n, LAYERS[layer][1]), dtype=np.uint8)
+
+    def decode(req, history):
+        """One step of `req` appending token id token_ids[len]; checks every position."""
+        request_id = coordinator._ids_by_key[req.rid]
+        length = manager.sequence_length(request_id) + 1
+        lens = torch.tensor([length])
+        pool = torch.tensor([req.req_pool_idx])
+        coordinator.map_last_loc_to_buffer(lens, None, pool, lens, pool)
+        for layer, (nbytes, _) in enumerate(LAYERS):
+            new_rows = rows(1, layer)
+            history[layer] = np.vstack([history[layer], new_rows])
+            coordinator.append_token_kv(layer, torch.from_numpy(new_rows))
+            topk = np.full((1, TOP_K), -1, np.int32)
+            picked = rng.choice(length, size=min(length, TOP_K), replace=False)
+            topk[0, :len(picked)] = picked
+            slots = coordinator.swap_in_selected_pages(pool, lens, torch.from_numpy(topk), layer)
+            kv = coordinator.layer_kv(layer)
+            for k, position in enumerate(picked):
+                np.testing.assert_array_equal(kv[int(slots[0, k]), :nbytes].numpy(),
+                                              history[layer][position, :nbytes])
+
+    # Turn 1: 6 prompt tokens and 2 generated ones fill two host pages (4 tokens each).
+    turn1 = FakeReq("turn-1", 0, None)
+    history1 = [rows(6, layer) for layer in range(len(LAYERS))]
+    turn1.prompt = [torch.from_numpy(h) for h in history1]
+    turn1.token_ids = list(range(50, 58))  # the ids the engine has after two decode steps
+    coordinator.admit_request_into_staging(turn1)
+    decode(turn1, history1)
+    decode(turn1, history1)
+    coordinator.request_finished(turn1)  # retained: its two full pages stay
+    stats = manager.read_stats()
+    assert stats.retained_conversations == 1 and stats.hot_blocks_used == 0
+
+    # Turn 2 starts with all of turn 1: only the 3 new prompt tokens are ingested.
+    turn2 = FakeReq("turn-2", 1, None)
+    suffix = [rows(3, layer) for layer in range(len(LAYERS))]
+    # Rows of the cached positions are never read: garbage there must not show.
+    turn2.prompt = [torch.from_numpy(np.vstack([np.full_like(h, 0xEE), s]))
+                    for h, s in zip(history1, suffix)]
+    turn2.token_ids = turn1.token_ids + [60, 61, 62, 63]
+    coordinator.admit_request_into_staging(turn2)
+    stats = manager.read_stats()
+    assert stats.prefix_hit_tokens == 8 and stats.pages_shared == 2
+    assert stats.bytes_ingested == (6 + 3) * sum(b for b, _ in LAYERS)
+    history2 = [np.vstack([h, s]) for h, s in zip(history1, suffix)]
+    decode(turn2, history2)
+    coordinator.request_finished(turn2)
+    assert manager.read_stats().retained_conversations == 2
+    assert manager.evict_retained() == 2

@@ -1,0 +1,324 @@
+"""Every public operation of the manager through the package, on the CPU and the CUDA backend.
+
+Lifecycle (admit, ingest_prompt, plan_step, append_token, run_layer, resolve_layer, copy_misses,
+assemble_layer, prefetch_layer, finish_step, retract, resume, release), shared prefixes and
+retained conversations (admit_with_prefix, ingest_prompt_suffix, plan_step with token ids, fork,
+retain, is_retained, host_pages, evict_retained) and statistics (read_stats, reset_stats,
+to_dict). Every step checks the bytes of the assembled rows, and of the hot layer at the returned
+slots, against what was ingested and appended.
+
+The CUDA variant uses torch CUDA tensors and is skipped unless torch sees a GPU and the library
+was built with the CUDA backend.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+import pytest
+
+import sparsekv
+from conftest import LAYERS, MAX_CONTEXT, TOP_K, make_options
+
+ROW_BYTES = [b for b, _ in LAYERS]
+STRIDES = [s for _, s in LAYERS]
+PAGE = 4  # conftest's host_page_tokens
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and sparsekv.cuda_compiled()
+
+
+class Arrays:
+    """Turns numpy arrays into the tensors a backend takes, and back."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        if kind == "cuda":
+            import torch
+
+            self.torch = torch
+
+    def backend(self) -> sparsekv.Backend:
+        return sparsekv.cuda_backend(0) if self.kind == "cuda" else sparsekv.cpu_backend()
+
+    def to_device(self, a: np.ndarray):
+        if self.kind == "cuda":
+            return self.torch.from_numpy(np.ascontiguousarray(a)).cuda()
+        return np.ascontiguousarray(a)
+
+    def to_numpy(self, t) -> np.ndarray:
+        return t.cpu().numpy() if self.kind == "cuda" else np.array(t)
+
+    def hot_layer(self, view: sparsekv.HotLayer) -> np.ndarray:
+        if self.kind == "cuda":
+            return self.torch.as_tensor(view, device="cuda").cpu().numpy()
+        return np.array(np.asarray(view))
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not cuda_available(), reason="needs a CUDA GPU, torch and sparsekv built with CUDA"))])
+def arrays(request) -> Arrays:
+    return Arrays(request.param)
+
+
+class Driver:
+    """A manager, the bytes every request's history holds, and steps checked against them."""
+
+    def __init__(self, arrays: Arrays, seed: int = 0, **option_overrides):
+        self.a = arrays
+        self.rng = np.random.default_rng(seed)
+        self.options = make_options(**option_overrides)
+        self.m = sparsekv.SparseKVCacheManager(self.options, arrays.backend())
+        self.history: Dict[int, List[np.ndarray]] = {}  # id -> per layer [length, stride] bytes
+        self.max_batch = self.options.effective_max_batch
+        self.entries = 0  # top-k entries of batch rows resolved, all layers
+        self.appended_tokens = 0
+
+    def rows(self, n: int, layer: int) -> np.ndarray:
+        return self.rng.integers(0, 256, (n, STRIDES[layer]), dtype=np.uint8)
+
+    def prompt(self, n: int) -> List[np.ndarray]:
+        return [self.rows(n, layer) for layer in range(len(LAYERS))]
+
+    def admit(self, rid: int, prompt: List[np.ndarray], max_new_tokens: int) -> None:
+        self.m.admit(rid, len(prompt[0]), max_new_tokens)
+        for layer, rows in enumerate(prompt):
+            self.m.ingest_prompt(rid, layer, self.a.to_device(rows))
+        self.history[rid] = [rows.copy() for rows in prompt]
+
+    def step(self, batch: List[int], token_ids: Optional[List[int]] = None,
+             split: bool = False, prefetch: Optional[np.ndarray] = None) -> None:
+        """One decode step over `batch`, every layer checked. split: resolve_layer +
+        copy_misses + assemble_layer instead of run_layer; prefetch: positions ([max_batch,
+        count]) prefetch_layer brings into every layer after the step's reads."""
+        self.m.plan_step(batch, token_ids=token_ids)
+        assert self.m.batch_size == len(batch)
+        for layer in range(len(LAYERS)):
+            new_rows = self.rows(self.max_batch, layer)
+            self.m.append_token(layer, self.a.to_device(new_rows))
+            for b, rid in enumerate(batch):
+                self.history[rid][layer] = np.vstack([self.history[rid][layer], new_rows[b:b + 1]])
+            topk = np.full((self.max_batch, TOP_K), -1, np.int32)
+            for b, rid in enumerate(batch):
+                length = len(self.history[rid][layer])
+                picked = self.rng.choice(length, size=min(length, TOP_K - 1), replace=False)
+                topk[b, :len(picked)] = picked  # at least one -1 (padding) per row
+            slots = self.a.to_device(np.full((self.max_batch, TOP_K), -7, np.int32))
+            assembled = self.a.to_device(
+                np.zeros((self.max_batch, TOP_K, STRIDES[layer]), np.uint8))
+            if split:
+                fill = self.a.to_device(np.zeros((self.max_batch, TOP_K), np.uint8))
+                misses_before = self.m.read_stats().layers[layer].misses
+                self.m.resolve_layer(layer, self.a.to_device(topk), slots, fill_mask=fill)
+                self.m.copy_misses(layer)
+                self.m.assemble_layer(layer, slots, assembled)
+                misses = self.m.read_stats().layers[layer].misses - misses_before
+                fill = self.a.to_numpy(fill)[:len(batch)]
+                assert set(np.unique(fill)) <= {0, 1} and int(fill.sum()) == misses
+            else:
+                self.m.run_layer(layer, self.a.to_device(topk), slots, assembled)
+            self.check_layer(layer, batch, topk, self.a.to_numpy(slots),
+                             self.a.to_numpy(assembled))
+        if prefetch is not None:
+            for layer in range(len(LAYERS)):
+                self.m.prefetch_layer(layer, self.a.to_device(prefetch))
+        self.m.finish_step()
+        self.entries += len(batch) * TOP_K * len(LAYERS)
+        self.appended_tokens += len(batch)
+
+    def check_layer(self, layer: int, batch: List[int], topk: np.ndarray, slots: np.ndarray,
+                    assembled: np.ndarray) -> None:
+        hot = self.a.hot_layer(self.m.hot_layer(layer))
+        rb = ROW_BYTES[layer]
+        for b, rid in enumerate(batch):
+            for k in range(TOP_K):
+                position, slot = topk[b, k], slots[b, k]
+                if position < 0:
+                    assert slot == -1
+                    assert not assembled[b, k].any()
+                    continue
+                expected = self.history[rid][layer][position, :rb]
+                assert slot >= 0
+                np.testing.assert_array_equal(assembled[b, k, :rb], expected,
+                                              f"layer {layer} request {rid} position {position}")
+                np.testing.assert_array_equal(hot[slot, :rb], expected)
+        assert (slots[len(batch):] == -7).all()  # rows past the batch are not touched
+
+
+def test_lifecycle(arrays):
+    d = Driver(arrays, seed=1, max_prefetch=2)
+    m = d.m
+    d.admit(1, d.prompt(5), max_new_tokens=8)
+    d.admit(2, d.prompt(9), max_new_tokens=8)
+    assert m.sequence_length(1) == 5 and m.sequence_length(2) == 9
+    d.step([1, 2])
+    positions = np.full((d.max_batch, 2), -1, np.int32)
+    positions[:2, 0] = [0, 1]
+    d.step([2, 1], split=True, prefetch=positions)
+    assert m.sequence_length(1) == 7
+    stats = m.read_stats()
+    assert stats.prefetch_lookups == 2 * len(LAYERS)
+    assert stats.prefetch_rows <= stats.prefetch_lookups
+
+    m.retract(1)
+    assert m.read_stats().hot_blocks_used == 1
+    with pytest.raises(sparsekv.FailedPreconditionError, match="retracted"):
+        m.plan_step([1])
+    m.resume(1)
+    d.step([1, 2])
+    d.step([1])
+
+    stats = m.read_stats()
+    assert stats.bytes_ingested == (5 + 9) * sum(ROW_BYTES)
+    assert stats.bytes_device_to_host == d.appended_tokens * sum(ROW_BYTES)
+    total = stats.total
+    assert total.hits + total.window_hits + total.misses + total.padding == d.entries
+    assert total.duplicates == 0 and total.out_of_range == 0
+    assert total.misses == sum(layer.misses for layer in stats.layers)
+    assert stats.bytes_assembled > 0 and stats.invalid_copy_entries == 0
+
+    m.release(1)
+    m.release(2)
+    with pytest.raises(sparsekv.NotFoundError):
+        m.sequence_length(1)
+    stats = m.read_stats()
+    assert stats.hot_blocks_used == 0 and stats.host_pages_used == 0
+
+
+def test_prefix_reuse_and_retained_conversations(arrays):
+    d = Driver(arrays, seed=2)
+    m = d.m
+    # Turn 1: a prompt of 6 tokens, 3 generated with known ids: positions [0, 8) fill two pages.
+    turn1 = list(range(100, 106))
+    assert m.admit_with_prefix(1, turn1, 3) == 0  # an empty pool: a miss
+    prompt = d.prompt(6)
+    for layer, rows in enumerate(prompt):
+        m.ingest_prompt_suffix(1, layer, d.a.to_device(rows))
+    d.history[1] = prompt
+    generated = [106, 107, 108]
+    for token in generated:
+        d.step([1], token_ids=[token])
+    pages_of_turn1 = m.host_pages(1)
+    assert len(pages_of_turn1) == 3  # 9 reserved tokens
+
+    assert m.retain(1) == 2 * PAGE
+    assert m.is_retained(1)
+    assert m.host_pages(1) == pages_of_turn1[:2]
+    stats = m.read_stats()
+    assert stats.retained_conversations == 1 and stats.hot_blocks_used == 0
+
+    # Turn 2: the whole conversation so far plus 3 new tokens; positions [0, 8) are shared.
+    turn2 = turn1 + generated + [109, 110, 111]
+    cached = m.admit_with_prefix(2, turn2, 8)
+    assert cached == 2 * PAGE
+    assert m.host_pages(2)[:2] == pages_of_turn1[:2]
+    suffix = d.prompt(len(turn2) - cached)
+    for layer, rows in enumerate(suffix):
+        with pytest.raises(ValueError, match="rows"):  # all prompt rows: not a suffix
+            m.ingest_prompt_suffix(2, layer, d.a.to_device(np.zeros((len(turn2), STRIDES[layer]),
+                                                                    np.uint8)))
+        m.ingest_prompt_suffix(2, layer, d.a.to_device(rows))
+    d.history[2] = [np.vstack([d.history[1][layer][:cached], suffix[layer]])
+                    for layer in range(len(LAYERS))]
+    stats = m.read_stats()
+    assert stats.prefix_lookup_tokens == len(turn1) + len(turn2)
+    assert stats.prefix_hit_tokens == cached
+    assert stats.pages_shared == 2
+    assert stats.bytes_saved == 2 * PAGE * sum(STRIDES)
+    assert stats.bytes_ingested == (len(turn1) + len(turn2) - cached) * sum(ROW_BYTES)
+
+    # ingest_prompt on a prefix admission takes every prompt row and keeps the shared copy.
+    cached3 = m.admit_with_prefix(3, turn2, 8)
+    assert cached3 == cached
+    garbage = [np.full((len(turn2), s), 0xEE, np.uint8) for s in STRIDES]
+    for layer in range(len(LAYERS)):
+        garbage[layer][cached:] = d.history[2][layer][cached:]
+        m.ingest_prompt(3, layer, d.a.to_device(garbage[layer]))
+    d.history[3] = [h.copy() for h in d.history[2]]
+    for _ in range(3):
+        d.step([2, 3], token_ids=[112, 113])
+        d.step([3, 2], split=True)  # without ids: ends sharing of their later pages
+
+    d.history.pop(1)
+    assert m.evict_retained() == 1
+    assert not m.is_retained(1)
+    with pytest.raises(sparsekv.NotFoundError):
+        m.host_pages(1)
+    assert m.read_stats().retained_conversations == 0
+    d.step([2, 3])  # the pages stay: requests 2 and 3 still hold them
+    m.release(2)
+    m.release(3)
+    assert m.read_stats().host_pages_used == 0
+
+
+def test_admission_evicts_retained_conversations(arrays):
+    # 16 pages of 4 tokens: a retained conversation is evicted to admit a request of 16 pages.
+    d = Driver(arrays, seed=3, host_capacity_tokens=MAX_CONTEXT)
+    m = d.m
+    m.admit_with_prefix(1, list(range(8)), 1)
+    for layer, rows in enumerate(d.prompt(8)):
+        m.ingest_prompt_suffix(1, layer, d.a.to_device(rows))
+    assert m.retain(1) == 8
+    d.admit(2, d.prompt(4), max_new_tokens=MAX_CONTEXT - 4)
+    assert not m.is_retained(1)
+    stats = m.read_stats()
+    assert stats.evictions == 1 and stats.evicted_pages == 2
+    assert stats.retained_conversations == 0
+    d.step([2])
+
+
+def test_fork_shares_the_parent_and_copies_on_write(arrays):
+    d = Driver(arrays, seed=4)
+    m = d.m
+    d.admit(1, d.prompt(6), max_new_tokens=6)  # the last page (positions 4, 5) is partial
+    d.step([1])
+    m.fork(1, 2, 5)
+    assert m.sequence_length(2) == 7
+    assert m.host_pages(2)[:2] == m.host_pages(1)[:2]
+    d.history[2] = [h.copy() for h in d.history[1]]
+    assert m.read_stats().pages_shared == 2
+    d.step([1, 2])  # both append into the shared partial page: one copies it first
+    assert m.read_stats().copy_on_write_pages >= 1
+    d.step([2, 1], split=True)
+    with pytest.raises(sparsekv.AlreadyExistsError):
+        m.fork(1, 2, 1)
+    with pytest.raises(sparsekv.NotFoundError):
+        m.fork(9, 10, 1)
+    m.release(1)
+    d.step([2])  # the child keeps the history it shared
+    m.release(2)
+    assert m.read_stats().host_pages_used == 0
+
+
+def test_statistics_fields_dict_and_reset(arrays):
+    d = Driver(arrays, seed=5)
+    m = d.m
+    d.admit(1, d.prompt(5), max_new_tokens=4)
+    d.step([1])
+    stats = m.read_stats()
+    as_dict = stats.to_dict()
+    fields = sorted(n for n in dir(sparsekv.CacheStats)
+                    if not n.startswith("_") and n != "to_dict")
+    assert sorted(as_dict) == fields
+    for name in fields:
+        if name not in ("layers", "total"):
+            assert as_dict[name] == getattr(stats, name)
+    assert as_dict["total"] == stats.total.to_dict()
+    assert len(as_dict["layers"]) == len(LAYERS)
+    assert stats.host_pages_total == d.options.host_capacity_tokens // PAGE
+    assert stats.device_bytes > 0
+    m.reset_stats()
+    cleared = m.read_stats()
+    for name in ("bytes_host_to_device", "bytes_device_to_host", "bytes_assembled",
+                 "bytes_ingested", "prefix_lookup_tokens", "prefix_hit_tokens",
+                 "copy_on_write_pages", "evictions", "evicted_pages", "prefetch_lookups",
+                 "prefetch_rows", "invalid_copy_entries"):
+        assert getattr(cleared, name) == 0, name
+    assert cleared.total.hits + cleared.total.misses + cleared.total.window_hits == 0
+    assert cleared.hot_blocks_used == 1  # a gauge: not reset

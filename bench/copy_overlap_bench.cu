@@ -1,4 +1,4 @@
-// copy_overlap_bench: how one layer's miss copy uses and shares the GPU (issue 5, docs/overlap.md).
+// copy_overlap_bench: how one layer's miss copy uses and shares the GPU (docs/overlap.md).
 //
 // The copy is IndexCopy of 656-B rows (--row_bytes) from a pinned region of --span_gib GiB (one
 // layer's share of the pool in the standard scenario: 100 GB over 61 layers) into HBM, with

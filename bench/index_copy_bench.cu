@@ -1,5 +1,6 @@
 // index_copy_bench: token-row gathers from a large pinned host pool into HBM, against the PCIe
-// ceiling and the obvious alternatives, in one run (DESIGN.md sections 3 and 6).
+// ceiling and the obvious alternatives, in one run (docs/workload-shapes.md has the reference
+// figures and the method; docs/index-copy.md the results).
 //
 // Measured, each with CUDA events, warm-up and the median of --reps runs:
 //   ceilings   pinned cudaMemcpy host->device and device->host (2 GiB), device->device copy
@@ -18,7 +19,6 @@
 // host->device memcpy bandwidth of the same run. Every variant's output is checked row by row
 // against the pool's pattern before it is timed.
 #include <cuda_runtime.h>
-
 
 #include <algorithm>
 #include <chrono>
@@ -95,10 +95,10 @@ class Bench {
   cudaStream_t stream_;
   std::mt19937_64 rng_;
 
-  std::byte* pool_ = nullptr;     // [pool_bytes_] host, pattern-filled
-  size_t pool_bytes_ = 0;         // o_.pool_bytes, or less if that much could not be pinned
-  std::byte* dst_ = nullptr;      // [rows, max row_bytes] device
-  int32_t* d_count_ = nullptr;    // device scalar for IndexCopyView::count
+  std::byte* pool_ = nullptr;   // [pool_bytes_] host, pattern-filled
+  size_t pool_bytes_ = 0;       // o_.pool_bytes, or less if that much could not be pinned
+  std::byte* dst_ = nullptr;    // [rows, max row_bytes] device
+  int32_t* d_count_ = nullptr;  // device scalar for IndexCopyView::count
   unsigned long long* d_invalid_ = nullptr;
   std::vector<std::byte> host_dst_;
 
@@ -176,7 +176,8 @@ void Bench::MeasureGathers(int32_t row_bytes, int64_t span_bytes, std::vector<Va
   if (row_bytes % 16 != 0) Fail("row bytes must be a multiple of 16: " + std::to_string(row_bytes));
   const int64_t span_rows = span_bytes / row_bytes;
   if (span_rows < 2 * int64_t(o_.rows)) Fail("span too small for --rows distinct rows");
-  if (span_rows > INT32_MAX) Fail("span has more than 2^31 rows: use larger rows or a smaller pool");
+  if (span_rows > INT32_MAX)
+    Fail("span has more than 2^31 rows: use larger rows or a smaller pool");
   IndexSets sets = MakeIndexSets(span_rows, o_.index_sets);
   const int32_t n = o_.rows;
   CopySync(d_count_, &n, sizeof(n), stream_);
@@ -214,9 +215,10 @@ void Bench::MeasureGathers(int32_t row_bytes, int64_t span_bytes, std::vector<Va
       {"naive", naive, &sets.src, &sets.dst},
   };
   for (const Case& c : cases) {
-    const bool ok = Verify(c.name, row_bytes, c.src->data(), c.dst->data(), n, [&] { c.launch(0); });
-    const Timing t = TimeOnStream(stream_, o_.warmup, o_.reps,
-                                  [&](int rep) { c.launch(rep % sets.count); });
+    const bool ok =
+        Verify(c.name, row_bytes, c.src->data(), c.dst->data(), n, [&] { c.launch(0); });
+    const Timing t =
+        TimeOnStream(stream_, o_.warmup, o_.reps, [&](int rep) { c.launch(rep % sets.count); });
     out.push_back(
         {c.name, row_bytes, span_bytes, n, t, double(row_bytes) * n / (t.median_ms * 1e6), ok});
   }
@@ -350,8 +352,9 @@ void Bench::Report() {
       .Add("summary", summary);
   if (!o_.json.empty()) WriteFile(o_.json, root.str() + "\n");
 
-  std::printf("\nIndexCopy host->HBM on %s; pool %.0f GiB pinned; useful GB/s (ratio to H2D %.1f)\n",
-              backend_->name().c_str(), double(pool_bytes_) / kGiB, h2d_gbps_);
+  std::printf(
+      "\nIndexCopy host->HBM on %s; pool %.0f GiB pinned; useful GB/s (ratio to H2D %.1f)\n",
+      backend_->name().c_str(), double(pool_bytes_) / kGiB, h2d_gbps_);
   std::printf("%-15s %6s %9s %8s %10s %8s %7s %s\n", "variant", "row_B", "span_GiB", "rows",
               "median_us", "GB/s", "ratio", "check");
   auto print = [&](const std::vector<Variant>& vs) {
@@ -414,8 +417,8 @@ int main(int argc, char** argv) {
       {"vmm", sparsekv::HostMemoryKind::kCudaVmm}};
   if (kinds.count(host_memory) == 0) Fail("--host_memory: auto, hugetlb, thp, hostalloc or vmm");
   std::printf("host memory: %s\n", host_memory.c_str());
-  auto backend = ValueOrDie(sparsekv::CreateCudaBackend(o.device, kinds.at(host_memory)),
-                            "CreateCudaBackend");
+  auto backend =
+      ValueOrDie(sparsekv::CreateCudaBackend(o.device, kinds.at(host_memory)), "CreateCudaBackend");
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int wrong = Bench(o, backend.get(), stream).Run();

@@ -1,5 +1,6 @@
 // remote_read_bench: batched one-sided reads of KV rows from another process's memory over UCX,
-// per transport, against a local memcpy gather of the same rows in the same run (issue 7).
+// per transport, against a local memcpy gather of the same rows in the same run
+// (docs/scale-out.md).
 //
 // Two processes on one machine: this one starts a copy of itself with --serve (fork + exec, so
 // that no UCX state crosses the fork) that registers a --region_mib MiB region, sends its
@@ -226,15 +227,15 @@ int Run(const Flags& flags, const char* self, const std::string& command) {
     for (uint64_t i = 0; i < region_bytes; ++i) local[i] = PatternByte(i);
     for (const std::string& pattern : patterns) {
       for (int64_t row_bytes : row_sizes) {
-        Result r = measure("memcpy", pattern, row_bytes,
-                           [&](const std::vector<CopyRange>& ranges, int) {
-                             const Clock::time_point start = Clock::now();
-                             for (const CopyRange& c : ranges) {
-                               std::memcpy(staging.data() + c.local_offset,
-                                           local.data() + c.remote_offset, c.length);
-                             }
-                             return microseconds_since(start);
-                           });
+        Result r =
+            measure("memcpy", pattern, row_bytes, [&](const std::vector<CopyRange>& ranges, int) {
+              const Clock::time_point start = Clock::now();
+              for (const CopyRange& c : ranges) {
+                std::memcpy(staging.data() + c.local_offset, local.data() + c.remote_offset,
+                            c.length);
+              }
+              return microseconds_since(start);
+            });
         r.ratio_to_memcpy = 1.0;
         memcpy_gbps[{pattern, row_bytes}] = r.gbps;
         results.push_back(r);
@@ -251,25 +252,23 @@ int Run(const Flags& flags, const char* self, const std::string& command) {
     for (const std::string& pattern : patterns) {
       for (int64_t row_bytes : row_sizes) {
         // The first batch of each configuration is checked byte by byte.
-        Result r = measure(transports, pattern, row_bytes,
-                           [&](const std::vector<CopyRange>& ranges, int rep) {
-                             if (rep == 0) std::memset(staging.data(), 0, staging.size());
-                             const Clock::time_point start = Clock::now();
-                             auto transfer =
-                                 ValueOrDie(client->Read(remote, local, ranges), "read");
-                             const Status status = transfer.Wait();
-                             const double t = microseconds_since(start);
-                             if (!status.ok()) Fail("read: " + status.ToString());
-                             if (rep == 0) {
-                               for (const CopyRange& c : ranges) {
-                                 for (uint64_t i = 0; i < c.length; ++i) {
-                                   wrong_bytes += staging[c.local_offset + i] !=
-                                                  PatternByte(c.remote_offset + i);
-                                 }
-                               }
-                             }
-                             return t;
-                           });
+        Result r = measure(
+            transports, pattern, row_bytes, [&](const std::vector<CopyRange>& ranges, int rep) {
+              if (rep == 0) std::memset(staging.data(), 0, staging.size());
+              const Clock::time_point start = Clock::now();
+              auto transfer = ValueOrDie(client->Read(remote, local, ranges), "read");
+              const Status status = transfer.Wait();
+              const double t = microseconds_since(start);
+              if (!status.ok()) Fail("read: " + status.ToString());
+              if (rep == 0) {
+                for (const CopyRange& c : ranges) {
+                  for (uint64_t i = 0; i < c.length; ++i) {
+                    wrong_bytes += staging[c.local_offset + i] != PatternByte(c.remote_offset + i);
+                  }
+                }
+              }
+              return t;
+            });
         r.ratio_to_memcpy = r.gbps / memcpy_gbps[{pattern, row_bytes}];
         results.push_back(r);
       }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The end-to-end benchmark on a GPU machine (issue 4), from the repository root:
+# The end-to-end benchmark on a GPU machine (docs/benchmark.md), from the repository root:
 #   OUT=/some/dir bash scripts/gpu-bench-e2e.sh
 # Builds the tool (Release, sm_90, no tests), runs `sparsekv bench --sweep` (contexts 32K, 16K,
 # 64K, 128K; misses 20, 5, 40 %; full-hbm, sparsekv, no-cache, page-offload) for DeepSeek-V3.2, then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Transfer hiding on a GPU machine (issue 5), from the repository root:
+# Transfer hiding on a GPU machine (docs/overlap.md), from the repository root:
 #   OUT=/some/dir bash scripts/gpu-bench-overlap.sh
 # The standard scenario (DeepSeek-V3.2 fp8, 84 GB proxy, 49 GB KV budget) at 32K context and 20%
 # misses, full-hbm and sparsekv at batch 1 .. 64, once per configuration (OVERLAP_RUNS):

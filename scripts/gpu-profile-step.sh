@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a decode step's time goes, per kernel, on a GPU machine (issue 5):
+# Where a decode step's time goes, per kernel, on a GPU machine (docs/benchmark.md):
 #   OUT=/some/dir BUILD=build-gpu bash scripts/gpu-profile-step.sh
 # Runs `sparsekv bench` (DeepSeek-V3.2 fp8, 32K, 20% misses, no weight proxy) under Nsight Compute
 # with one metric, each kernel's duration (clocks left alone), for full-hbm and sparsekv at batch

@@ -32,7 +32,6 @@ struct KVGeometry {
   static KVGeometry Uniform(int32_t num_layers, int32_t row_bytes, int32_t row_stride = 0);
 };
 
-// Model presets from DESIGN.md section 2.
 // How a KV row is stored: the one row-format enum (the presets, the attention kernels and the
 // tools' --precision flag all name it).
 enum class KVRowFormat {
@@ -42,6 +41,7 @@ enum class KVRowFormat {
   // the 64 rope dims as bf16. Dim d < 512 is e4m3[d] * scale[d / 128]; dim 512 + r is rope[r].
   kFp8Row656,
 };
+// A model's shape (docs/workload-shapes.md has the presets and where their figures come from).
 struct ModelPreset {
   std::string name;           // "deepseek-v3.2" or "glm-5"
   int32_t num_layers;         // 61 or 78

@@ -1,6 +1,6 @@
-// Cross-step prefetch prediction (issue 5, item 3): after step t has resolved a layer's top-k,
-// predict positions that step t + 1 will select and that are not in the hot cache, so that they
-// can be fetched while the rest of step t runs.
+// Cross-step prefetch prediction, one of the ways of hiding transfers (docs/overlap.md): after
+// step t has resolved a layer's top-k, predict positions that step t + 1 will select and that are
+// not in the hot cache, so that they can be fetched while the rest of step t runs.
 //
 // The predictor ("neighbours", chosen by `sparsekv replay --prefetch`; docs/prefetch.md) reads
 // only step t's top-k row, Resolve's fill mask and the row's seq_len: no per-request state.

@@ -11,7 +11,7 @@
 // A source that cannot supply its share (too few positions left in its range) leaves the
 // remainder to the next one; the uniform source always completes the row.
 //
-// Per-layer behaviour follows the published DeepSeek-V3.2 measurement (DESIGN.md section 3):
+// Per-layer behaviour follows a published DeepSeek-V3.2 measurement (docs/workload-shapes.md):
 // consecutive top-k sets overlap ~35-50% in the middle layers and almost not at all in the first
 // two, so layers below `early_layers` use `early_layer_reuse` instead of `reuse`.
 //

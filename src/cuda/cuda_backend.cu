@@ -23,8 +23,8 @@ namespace sparsekv {
 namespace {
 
 // Host allocations at least this large are backed by 2 MB pages where the kernel allows, which
-// keeps the GPU's translation of a large pool cheap (see DESIGN.md: gathers at large spans are
-// limited by address translation).
+// keeps the GPU's translation of a large pool cheap (gathers at large spans are limited by
+// address translation: docs/workload-shapes.md, docs/index-copy.md).
 constexpr size_t kHugePage = size_t{2} << 20;
 
 cudaStream_t ToCuda(StreamHandle stream) { return static_cast<cudaStream_t>(stream); }

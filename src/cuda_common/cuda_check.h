@@ -15,6 +15,12 @@ inline Status CudaError(cudaError_t err, const char* call) {
   return Internal(std::string(call) + ": " + cudaGetErrorString(err));
 }
 
+// Ok for cudaSuccess, otherwise CudaError(err, call): for a function whose result is that of its
+// last CUDA call.
+inline Status CudaStatus(cudaError_t err, const char* call) {
+  return err == cudaSuccess ? Status::Ok() : CudaError(err, call);
+}
+
 // Unavailable when `device` does not exist (or there is no driver or device at all), so that
 // callers can tell "no GPU here" from a failure.
 inline Status CheckDevice(int device) {

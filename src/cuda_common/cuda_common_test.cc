@@ -19,6 +19,13 @@ TEST(CudaCheckTest, ReturnsInternalNamingTheCall) {
   EXPECT_NE(status.message().find("cudaErrorInvalidValue"), std::string::npos) << status.ToString();
 }
 
+TEST(CudaCheckTest, CudaStatusIsOkOnlyForSuccess) {
+  EXPECT_TRUE(CudaStatus(cudaSuccess, "cudaStreamSynchronize").ok());
+  const Status status = CudaStatus(cudaErrorInvalidValue, "ingest");
+  EXPECT_EQ(status.code(), StatusCode::kInternal);
+  EXPECT_EQ(status.message().rfind("ingest: ", 0), 0u) << status.ToString();
+}
+
 TEST(CudaCheckTest, NoDeviceIsUnavailable) {
   const Status status = CheckDevice(1 << 20);
   EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status.ToString();

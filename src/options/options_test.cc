@@ -113,7 +113,7 @@ TEST(OptionsTest, ThirtyTwoBitOverflowRejected) {
   ExpectInvalid(o, "32-bit slot");
 }
 
-TEST(OptionsTest, PresetsMatchTheDesign) {
+TEST(OptionsTest, PresetsMatchTheModels) {
   StatusOr<ModelPreset> ds = FindPreset("deepseek-v3.2", KVRowFormat::kFp8Row656);
   ASSERT_TRUE(ds.ok());
   EXPECT_EQ(ds->num_layers, 61);

@@ -21,7 +21,8 @@ namespace {
 
 Status Bad(const std::string& message) { return InvalidArgument(message); }
 
-// A block of the backend's device memory, freed on destruction.
+// A block of the backend's device memory, freed on destruction. Not cuda_common::DeviceBuffer:
+// it allocates through the Backend (host memory on the CPU backend this loop also runs on).
 class DeviceMemory {
  public:
   static StatusOr<std::unique_ptr<DeviceMemory>> Create(Backend& backend, size_t bytes) {

@@ -48,7 +48,8 @@ class TopKFeed {
                                                     int32_t layers, int32_t max_batch,
                                                     int32_t queries = 1) {
     std::unique_ptr<TopKFeed> f(new TopKFeed(options, layers, max_batch, queries));
-    SPARSEKV_ASSIGN_OR_RETURN(f->device_, DeviceBuffer::Create(f->host_.size() * sizeof(int32_t)));
+    SPARSEKV_ASSIGN_OR_RETURN(
+        f->device_, DeviceBuffer::Allocate(f->host_.size() * sizeof(int32_t), kBenchMemory));
     return f;
   }
 
@@ -80,8 +81,8 @@ class TopKFeed {
   }
   Status Upload(int32_t batch, cudaStream_t stream) {
     for (size_t l = 0; l < generators_.size(); ++l) {
-      TOOLS_CUDA_RETURN(cudaMemcpyAsync(
-          device_.as<int32_t>() + l * layer_elems_, host_.data() + l * layer_elems_,
+      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          device_.get<int32_t>() + l * layer_elems_, host_.data() + l * layer_elems_,
           size_t(batch) * queries_ * top_k_ * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
     }
     return Status::Ok();
@@ -91,7 +92,7 @@ class TopKFeed {
   }
   // Layers of an index group share their first layer's rows.
   const int32_t* layer(int32_t l) const {
-    return device_.as<int32_t>() + (l - l % layers_per_index_) * layer_elems_;
+    return device_.get<int32_t>() + (l - l % layers_per_index_) * layer_elems_;
   }
   void set_layers_per_index(int32_t n) { layers_per_index_ = n; }
 
@@ -131,7 +132,7 @@ struct Shared {
     return size_t(batch) * queries * heads * kMLAValueDim * 2;
   }
   const std::byte* NewRows(int32_t layer) const {
-    return new_rows.get() + int64_t{layer} * max_batch * shape.row_bytes;
+    return new_rows.get<std::byte>() + int64_t{layer} * max_batch * shape.row_bytes;
   }
 };
 
@@ -156,8 +157,9 @@ Status StepBody(StepVariant& v, const Shared& sh, const TopKFeed& feed, int32_t 
     }
     SPARSEKV_RETURN_IF_ERROR(v.AfterAttention(l, s));
     if (check_out != nullptr) {
-      TOOLS_CUDA_RETURN(cudaMemcpyAsync(check_out + l * sh.OutBytes(batch), sh.out.get(),
-                                        sh.OutBytes(batch), cudaMemcpyDeviceToDevice, s));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(check_out + l * sh.OutBytes(batch),
+                                                    sh.out.get(), sh.OutBytes(batch),
+                                                    cudaMemcpyDeviceToDevice, s));
     }
     if (sh.proxy) SPARSEKV_RETURN_IF_ERROR(sh.proxy->Run(rows, l, s));
   }
@@ -212,19 +214,22 @@ double MaxRelativeError(const std::vector<std::byte>& got, const std::vector<std
 StatusOr<std::vector<std::byte>> RunCheck(StepVariant& v, const Shared& sh, TopKFeed& feed,
                                           Requests& req, int32_t batch, cudaStream_t s) {
   const size_t step_bytes = sh.OutBytes(batch) * sh.shape.layers;
-  SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(step_bytes * kCheckSteps));
-  TOOLS_CUDA_RETURN(cudaMemsetAsync(out.get(), 0xFF, out.bytes(), s));  // poison
+  SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer out,
+                            DeviceBuffer::Allocate(step_bytes * kCheckSteps, kBenchMemory));
+  SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(out.get(), 0xFF, out.bytes(), s));  // poison
   for (int32_t step = 0; step < kCheckSteps; ++step) {
     req.Prepare(batch);
     feed.Generate(req.seq_lens);
     SPARSEKV_RETURN_IF_ERROR(feed.Upload(batch, s));
     SPARSEKV_RETURN_IF_ERROR(v.Plan(req.positions, s));
-    SPARSEKV_RETURN_IF_ERROR(StepBody(v, sh, feed, batch, s, out.get() + step * step_bytes));
-    TOOLS_CUDA_RETURN(cudaStreamSynchronize(s));
+    SPARSEKV_RETURN_IF_ERROR(
+        StepBody(v, sh, feed, batch, s, out.get<std::byte>() + step * step_bytes));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
     req.Advance(batch);
   }
   std::vector<std::byte> host(out.bytes());
-  TOOLS_CUDA_RETURN(cudaMemcpy(host.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+  SPARSEKV_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(host.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
   return host;
 }
 
@@ -266,7 +271,7 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
       SPARSEKV_RETURN_IF_ERROR(step_ev.Stop(s));
       SPARSEKV_RETURN_IF_ERROR(v.AfterReplay());
     }
-    TOOLS_CUDA_RETURN(cudaStreamSynchronize(s));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
     req.Advance(batch);
     if (step < warmup) continue;
     SPARSEKV_ASSIGN_OR_RETURN(const double step_ms, step_ev.Ms());
@@ -446,20 +451,23 @@ Status E2ERun::Setup(const ModelPreset& preset) {
     report_.proxy_bytes_per_layer = shared_.proxy->bytes_per_layer();
   }
   shared_.heads = c_.heads;
-  SPARSEKV_ASSIGN_OR_RETURN(shared_.q,
-                            DeviceBuffer::Create(size_t(query_rows) * c_.heads * kMLAQKDim * 2));
-  SPARSEKV_ASSIGN_OR_RETURN(shared_.out,
-                            DeviceBuffer::Create(size_t(query_rows) * c_.heads * kMLAValueDim * 2));
   SPARSEKV_ASSIGN_OR_RETURN(
-      shared_.new_rows, DeviceBuffer::Create(size_t(shape.layers) * max_batch * shape.row_bytes));
-  TOOLS_CUDA_RETURN(
+      shared_.q,
+      DeviceBuffer::Allocate(size_t(query_rows) * c_.heads * kMLAQKDim * 2, kBenchMemory));
+  SPARSEKV_ASSIGN_OR_RETURN(
+      shared_.out,
+      DeviceBuffer::Allocate(size_t(query_rows) * c_.heads * kMLAValueDim * 2, kBenchMemory));
+  SPARSEKV_ASSIGN_OR_RETURN(
+      shared_.new_rows,
+      DeviceBuffer::Allocate(size_t(shape.layers) * max_batch * shape.row_bytes, kBenchMemory));
+  SPARSEKV_CUDA_RETURN_IF_ERROR(
       gpu::FillBf16(shared_.q.get(), int64_t{query_rows} * c_.heads * kMLAQKDim, c_.seed, stream_));
   // The new tokens' rows (the same at every step): the content of an out-of-prompt position.
   for (int32_t l = 0; l < shape.layers; ++l) {
     for (int32_t b = 0; b < max_batch; ++b) {
-      TOOLS_CUDA_RETURN(gpu::FillKVRows(shared_.new_rows.get(), shape.row_bytes,
-                                        int64_t{l} * max_batch + b, 1, shape.row_bytes, b, l, -1,
-                                        c_.seed + 1, stream_));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(gpu::FillKVRows(
+          shared_.new_rows.get<std::byte>(), shape.row_bytes, int64_t{l} * max_batch + b, 1,
+          shape.row_bytes, b, l, -1, c_.seed + 1, stream_));
     }
   }
   return CudaStatus(cudaStreamSynchronize(stream_), "set-up");
@@ -651,7 +659,7 @@ StatusOr<E2EReport> E2ERun::Run() {
   }
   report_.warmup_steps = std::max(1, c_.warmup_steps);
 
-  TOOLS_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   Status s = Setup(preset);
   for (size_t i = 0; s.ok() && i < plans_.size(); ++i) s = RunContext(plans_[i]);
   cudaStreamDestroy(stream_);

@@ -18,7 +18,7 @@ StatusOr<double> TimeGraph(const Graph& graph, cudaStream_t stream, int reps) {
     SPARSEKV_RETURN_IF_ERROR(ev.Start(stream));
     SPARSEKV_RETURN_IF_ERROR(graph.Launch(stream));
     SPARSEKV_RETURN_IF_ERROR(ev.Stop(stream));
-    TOOLS_CUDA_RETURN(cudaStreamSynchronize(stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     SPARSEKV_ASSIGN_OR_RETURN(const double t, ev.Ms());
     if (rep > 0) ms.push_back(t);
   }
@@ -26,9 +26,9 @@ StatusOr<double> TimeGraph(const Graph& graph, cudaStream_t stream, int reps) {
 }
 
 StatusOr<Ceilings> MeasureCeilings(std::byte* pinned, size_t bytes, cudaStream_t s) {
-  SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer a, DeviceBuffer::Create(bytes));
-  SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(bytes));
-  TOOLS_CUDA_RETURN(cudaMemsetAsync(b.get(), 0x5A, bytes, s));
+  SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer a, DeviceBuffer::Allocate(bytes, kBenchMemory));
+  SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(bytes, kBenchMemory));
+  SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.get(), 0x5A, bytes, s));
   auto time = [&](void* dst, const void* src) -> StatusOr<double> {
     Graph g;
     SPARSEKV_RETURN_IF_ERROR(g.Capture(s, [&] {

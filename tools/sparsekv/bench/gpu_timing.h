@@ -35,7 +35,7 @@ class EventPair {
   // REQUIRES: the stop event has completed.
   StatusOr<double> Ms() const {
     float ms = 0;
-    TOOLS_CUDA_RETURN(cudaEventElapsedTime(&ms, start_, stop_));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_, stop_));
     return double{ms};
   }
 
@@ -56,7 +56,7 @@ class Graph {
 
   template <typename Body>
   Status Capture(cudaStream_t stream, Body&& body) {
-    TOOLS_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     const Status s = body();
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream, &graph);

@@ -12,38 +12,6 @@
 
 namespace sparsekv::tools {
 
-Status CudaStatus(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::Ok();
-  return Internal(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
-                  cudaGetErrorString(err) + ")");
-}
-
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != nullptr) cudaFree(ptr_);
-}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  if (this != &other) {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = std::exchange(other.ptr_, nullptr);
-    bytes_ = other.bytes_;
-  }
-  return *this;
-}
-
-StatusOr<DeviceBuffer> DeviceBuffer::Create(size_t bytes) {
-  DeviceBuffer b;
-  void* p = nullptr;
-  if (cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1)); err != cudaSuccess) {
-    cudaGetLastError();
-    return ResourceExhausted("cudaMalloc of " + std::to_string(bytes) +
-                             " bytes: " + cudaGetErrorString(err));
-  }
-  b.ptr_ = static_cast<std::byte*>(p);
-  b.bytes_ = bytes;
-  return b;
-}
-
 namespace {
 
 constexpr const char* kFill = "FillKVRows";
@@ -67,17 +35,20 @@ class FullHbmVariant final : public StepVariant {
     const RequestShape& r = s_.shape;
     for (int32_t l = 0; l < r.layers; ++l) {
       SPARSEKV_ASSIGN_OR_RETURN(
-          DeviceBuffer kv, DeviceBuffer::Create(size_t(s_.max_batch) * r.tokens * r.row_bytes));
+          DeviceBuffer kv,
+          DeviceBuffer::Allocate(size_t(s_.max_batch) * r.tokens * r.row_bytes, kBenchMemory));
       for (int32_t b = 0; b < s_.max_batch; ++b) {
         SPARSEKV_RETURN_IF_ERROR(
-            CudaStatus(gpu::FillKVRows(kv.get(), r.row_bytes, int64_t{b} * r.tokens, s_.context,
-                                       r.row_bytes, b, l, 0, s_.seed, stream),
+            CudaStatus(gpu::FillKVRows(kv.get<std::byte>(), r.row_bytes, int64_t{b} * r.tokens,
+                                       s_.context, r.row_bytes, b, l, 0, s_.seed, stream),
                        kFill));
       }
       kv_.push_back(std::move(kv));
     }
-    SPARSEKV_ASSIGN_OR_RETURN(rows_, DeviceBuffer::Create(Int32s(int64_t{s_.max_batch} * r.top_k)));
-    SPARSEKV_ASSIGN_OR_RETURN(positions_, DeviceBuffer::Create(Int32s(s_.max_batch)));
+    SPARSEKV_ASSIGN_OR_RETURN(
+        rows_, DeviceBuffer::Allocate(Int32s(int64_t{s_.max_batch} * r.top_k), kBenchMemory));
+    SPARSEKV_ASSIGN_OR_RETURN(positions_,
+                              DeviceBuffer::Allocate(Int32s(s_.max_batch), kBenchMemory));
     return Status::Ok();
   }
 
@@ -89,17 +60,17 @@ class FullHbmVariant final : public StepVariant {
   Status RunLayer(int32_t layer, int32_t batch, const int32_t* topk, const std::byte* new_rows,
                   cudaStream_t stream) override {
     const RequestShape& r = s_.shape;
-    TOOLS_CUDA_RETURN(gpu::AppendRows(new_rows, batch, r.row_bytes, r.row_bytes,
-                                      positions_.as<int32_t>(), r.tokens, kv_[layer].get(),
-                                      stream));
-    TOOLS_CUDA_RETURN(
-        gpu::PositionsToRows(topk, batch, r.top_k, r.tokens, rows_.as<int32_t>(), nullptr, stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(gpu::AppendRows(new_rows, batch, r.row_bytes, r.row_bytes,
+                                                  positions_.get<int32_t>(), r.tokens,
+                                                  kv_[layer].get<std::byte>(), stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(gpu::PositionsToRows(topk, batch, r.top_k, r.tokens,
+                                                       rows_.get<int32_t>(), nullptr, stream));
     return Status::Ok();
   }
   Status FinishStep(cudaStream_t) override { return Status::Ok(); }
   Status AfterReplay() override { return Status::Ok(); }
-  const std::byte* Rows(int32_t layer) const override { return kv_[layer].get(); }
-  const int32_t* Indices() const override { return rows_.as<int32_t>(); }
+  const std::byte* Rows(int32_t layer) const override { return kv_[layer].get<std::byte>(); }
+  const int32_t* Indices() const override { return rows_.get<int32_t>(); }
   Status ResetStats(cudaStream_t) override {
     stats_ = {};
     return Status::Ok();
@@ -148,40 +119,45 @@ class SparseKVVariant final : public StepVariant {
     o.max_prefetch = s_.prefetch;
     o.share_repeated_positions = s_.queries > 1;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
-    SPARSEKV_ASSIGN_OR_RETURN(slots_,
-                              DeviceBuffer::Create(Int32s(int64_t{s_.max_batch} * r.top_k)));
+    SPARSEKV_ASSIGN_OR_RETURN(
+        slots_, DeviceBuffer::Allocate(Int32s(int64_t{s_.max_batch} * r.top_k), kBenchMemory));
     if (s_.overlap || s_.prefetch > 0) {
       // With prefetch, one mask per group: the group's prediction reads it on the side stream
       // while later groups resolve.
       const size_t masks = s_.prefetch > 0 ? static_cast<size_t>(o.index_groups()) : 1;
-      SPARSEKV_ASSIGN_OR_RETURN(fill_, DeviceBuffer::Create(masks * s_.max_batch * r.top_k));
+      SPARSEKV_ASSIGN_OR_RETURN(
+          fill_, DeviceBuffer::Allocate(masks * s_.max_batch * r.top_k, kBenchMemory));
     }
     if (s_.prefetch > 0) {
       const size_t groups = static_cast<size_t>(o.index_groups());
-      SPARSEKV_ASSIGN_OR_RETURN(predicted_,
-                                DeviceBuffer::Create(Int32s(groups * s_.max_batch * s_.prefetch)));
-      SPARSEKV_ASSIGN_OR_RETURN(batch_,
-                                DeviceBuffer::Create(sizeof(BatchEntry) * (s_.max_batch + 1)));
+      SPARSEKV_ASSIGN_OR_RETURN(
+          predicted_,
+          DeviceBuffer::Allocate(Int32s(groups * s_.max_batch * s_.prefetch), kBenchMemory));
+      SPARSEKV_ASSIGN_OR_RETURN(
+          batch_, DeviceBuffer::Allocate(sizeof(BatchEntry) * (s_.max_batch + 1), kBenchMemory));
       group_topk_.assign(groups, nullptr);
-      TOOLS_CUDA_RETURN(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(
+          cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
       for (cudaEvent_t* e : {&attended_, &prefetched_}) {
-        TOOLS_CUDA_RETURN(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+        SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
       }
     }
     if (s_.overlap) {
-      TOOLS_CUDA_RETURN(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(
+          cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
       resolved_.resize(o.index_groups());
       copied_.resize(r.layers);
       for (auto* events : {&resolved_, &copied_}) {
         for (cudaEvent_t& e : *events) {
-          TOOLS_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+          SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         }
       }
     }
     // The prompt goes through the manager's own ingestion, one (request, layer) at a time from
     // a device buffer holding its FillKVRows content.
-    SPARSEKV_ASSIGN_OR_RETURN(DeviceBuffer prompt,
-                              DeviceBuffer::Create(size_t(s_.context) * r.row_bytes));
+    SPARSEKV_ASSIGN_OR_RETURN(
+        DeviceBuffer prompt,
+        DeviceBuffer::Allocate(size_t(s_.context) * r.row_bytes, kBenchMemory));
     const int32_t max_new = static_cast<int32_t>(r.tokens - s_.context);
     for (int32_t b = 0; b < s_.max_batch; ++b) {
       ids_.push_back(RequestId(b + 1));
@@ -190,8 +166,8 @@ class SparseKVVariant final : public StepVariant {
     for (int32_t l = 0; l < r.layers; ++l) {
       for (int32_t b = 0; b < s_.max_batch; ++b) {
         SPARSEKV_RETURN_IF_ERROR(
-            CudaStatus(gpu::FillKVRows(prompt.get(), r.row_bytes, 0, s_.context, r.row_bytes, b, l,
-                                       0, s_.seed, stream),
+            CudaStatus(gpu::FillKVRows(prompt.get<std::byte>(), r.row_bytes, 0, s_.context,
+                                       r.row_bytes, b, l, 0, s_.seed, stream),
                        kFill));
         SPARSEKV_RETURN_IF_ERROR(manager_->IngestPrompt(ids_[b], l, prompt.get(), stream));
       }
@@ -209,9 +185,9 @@ class SparseKVVariant final : public StepVariant {
       for (size_t b = 0; b < positions.size(); ++b) {
         entries[b + 1] = BatchEntry{static_cast<int32_t>(b), positions[b] + 1, 0};
       }
-      TOOLS_CUDA_RETURN(cudaMemcpyAsync(batch_.get(), entries.data(),
-                                        entries.size() * sizeof(BatchEntry), cudaMemcpyHostToDevice,
-                                        stream));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(batch_.get(), entries.data(),
+                                                    entries.size() * sizeof(BatchEntry),
+                                                    cudaMemcpyHostToDevice, stream));
     }
     return manager_->PlanStep(std::span(ids_.data(), positions.size()), stream);
   }
@@ -225,7 +201,7 @@ class SparseKVVariant final : public StepVariant {
     if (!s_.overlap) {
       if (leader) {
         SPARSEKV_RETURN_IF_ERROR(
-            manager_->ResolveLayer(layer, topk, slots_.as<int32_t>(), FillOf(group_), stream));
+            manager_->ResolveLayer(layer, topk, slots_.get<int32_t>(), FillOf(group_), stream));
       }
       return manager_->CopyMisses(layer, stream);
     }
@@ -234,12 +210,12 @@ class SparseKVVariant final : public StepVariant {
     // each copy recording when its layer's rows are complete.
     const int32_t group = layer / n;
     SPARSEKV_RETURN_IF_ERROR(
-        manager_->ResolveLayer(layer, topk, slots_.as<int32_t>(), FillOf(group), stream));
-    TOOLS_CUDA_RETURN(cudaEventRecord(resolved_[group], stream));
-    TOOLS_CUDA_RETURN(cudaStreamWaitEvent(copy_stream_, resolved_[group]));
+        manager_->ResolveLayer(layer, topk, slots_.get<int32_t>(), FillOf(group), stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(resolved_[group], stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, resolved_[group]));
     for (int32_t l = layer; l < std::min(layer + n, s_.shape.layers); ++l) {
       SPARSEKV_RETURN_IF_ERROR(manager_->CopyMisses(l, copy_stream_));
-      TOOLS_CUDA_RETURN(cudaEventRecord(copied_[l], copy_stream_));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_[l], copy_stream_));
     }
     return Status::Ok();
   }
@@ -256,31 +232,31 @@ class SparseKVVariant final : public StepVariant {
       return Status::Ok();
     }
     const int32_t group = layer / n;
-    int32_t* predicted = predicted_.as<int32_t>() + int64_t{group} * s_.max_batch * s_.prefetch;
+    int32_t* predicted = predicted_.get<int32_t>() + int64_t{group} * s_.max_batch * s_.prefetch;
     PrefetchView view{};
-    view.batch_size = reinterpret_cast<const int32_t*>(batch_.as<BatchEntry>());  // [0].block
-    view.batch = batch_.as<BatchEntry>() + 1;
+    view.batch_size = reinterpret_cast<const int32_t*>(batch_.get<BatchEntry>());  // [0].block
+    view.batch = batch_.get<BatchEntry>() + 1;
     view.topk = group_topk_[group];
     view.top_k = view.topk_stride = s_.shape.top_k;
     view.fill_mask = FillOf(group);
     view.window = s_.shape.window;
     view.budget = s_.prefetch;
     view.predicted = predicted;
-    TOOLS_CUDA_RETURN(cudaEventRecord(attended_, stream));
-    TOOLS_CUDA_RETURN(cudaStreamWaitEvent(prefetch_stream_, attended_));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(attended_, stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(prefetch_stream_, attended_));
     SPARSEKV_RETURN_IF_ERROR(PredictPrefetchCuda(view, s_.max_batch, prefetch_stream_));
     return manager_->PrefetchLayer(group * n, predicted, s_.prefetch, prefetch_stream_);
   }
   Status FinishStep(cudaStream_t stream) override {
     if (s_.prefetch > 0) {
-      TOOLS_CUDA_RETURN(cudaEventRecord(prefetched_, prefetch_stream_));
-      TOOLS_CUDA_RETURN(cudaStreamWaitEvent(stream, prefetched_));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(prefetched_, prefetch_stream_));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, prefetched_));
     }
     return manager_->FinishStep(stream);
   }
   Status AfterReplay() override { return manager_->FinishReplayedStep(); }
   const std::byte* Rows(int32_t layer) const override { return manager_->HotLayer(layer); }
-  const int32_t* Indices() const override { return slots_.as<int32_t>(); }
+  const int32_t* Indices() const override { return slots_.get<int32_t>(); }
   Status ResetStats(cudaStream_t stream) override { return manager_->ResetStats(stream); }
   StatusOr<VariantStats> ReadStats(cudaStream_t stream) override {
     SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, manager_->ReadStats(stream));
@@ -302,7 +278,7 @@ class SparseKVVariant final : public StepVariant {
   uint8_t* FillOf(int32_t group) const {
     if (fill_.get() == nullptr) return nullptr;
     const int64_t mask = int64_t{s_.max_batch} * s_.shape.top_k;
-    return fill_.as<uint8_t>() + (s_.prefetch > 0 ? group * mask : 0);
+    return fill_.get<uint8_t>() + (s_.prefetch > 0 ? group * mask : 0);
   }
   // Overlap only.
   cudaStream_t copy_stream_ = nullptr;  // the miss copies
@@ -342,16 +318,19 @@ class NoCacheVariant final : public StepVariant {
                        kFill));
       }
     }
-    SPARSEKV_ASSIGN_OR_RETURN(staging_, DeviceBuffer::Create(size_t(entries) * r.row_bytes));
-    SPARSEKV_ASSIGN_OR_RETURN(host_rows_, DeviceBuffer::Create(Int32s(entries)));
-    SPARSEKV_ASSIGN_OR_RETURN(staging_index_, DeviceBuffer::Create(Int32s(entries)));
-    SPARSEKV_ASSIGN_OR_RETURN(identity_, DeviceBuffer::Create(Int32s(entries)));
-    SPARSEKV_ASSIGN_OR_RETURN(count_, DeviceBuffer::Create(sizeof(int32_t)));
-    SPARSEKV_ASSIGN_OR_RETURN(positions_, DeviceBuffer::Create(Int32s(s_.max_batch)));
+    SPARSEKV_ASSIGN_OR_RETURN(staging_,
+                              DeviceBuffer::Allocate(size_t(entries) * r.row_bytes, kBenchMemory));
+    SPARSEKV_ASSIGN_OR_RETURN(host_rows_, DeviceBuffer::Allocate(Int32s(entries), kBenchMemory));
+    SPARSEKV_ASSIGN_OR_RETURN(staging_index_,
+                              DeviceBuffer::Allocate(Int32s(entries), kBenchMemory));
+    SPARSEKV_ASSIGN_OR_RETURN(identity_, DeviceBuffer::Allocate(Int32s(entries), kBenchMemory));
+    SPARSEKV_ASSIGN_OR_RETURN(count_, DeviceBuffer::Allocate(sizeof(int32_t), kBenchMemory));
+    SPARSEKV_ASSIGN_OR_RETURN(positions_,
+                              DeviceBuffer::Allocate(Int32s(s_.max_batch), kBenchMemory));
     std::vector<int32_t> identity(entries);
     std::iota(identity.begin(), identity.end(), 0);
-    TOOLS_CUDA_RETURN(cudaMemcpyAsync(identity_.get(), identity.data(), Int32s(entries),
-                                      cudaMemcpyHostToDevice, stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(identity_.get(), identity.data(), Int32s(entries),
+                                                  cudaMemcpyHostToDevice, stream));
     return CudaStatus(cudaStreamSynchronize(stream), "no-cache set-up");
   }
 
@@ -361,24 +340,26 @@ class NoCacheVariant final : public StepVariant {
     stats_.lookups += lookups;
     stats_.misses += lookups;
     count_host_ = static_cast<int32_t>(positions.size()) * s_.shape.top_k;
-    TOOLS_CUDA_RETURN(cudaMemcpyAsync(count_.get(), &count_host_, sizeof(int32_t),
-                                      cudaMemcpyHostToDevice, stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(count_.get(), &count_host_, sizeof(int32_t),
+                                                  cudaMemcpyHostToDevice, stream));
     return UploadPositions(positions_, positions, stream);
   }
   Status RunLayer(int32_t layer, int32_t batch, const int32_t* topk, const std::byte* new_rows,
                   cudaStream_t stream) override {
     const RequestShape& r = s_.shape;
     // The new token is written back first, so that a top-k entry naming it reads it back.
-    TOOLS_CUDA_RETURN(gpu::AppendRows(new_rows, batch, r.row_bytes, r.row_bytes,
-                                      positions_.as<int32_t>(), r.tokens, pool_[layer], stream));
-    TOOLS_CUDA_RETURN(gpu::PositionsToRows(topk, batch, r.top_k, r.tokens, host_rows_.as<int32_t>(),
-                                           staging_index_.as<int32_t>(), stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(gpu::AppendRows(new_rows, batch, r.row_bytes, r.row_bytes,
+                                                  positions_.get<int32_t>(), r.tokens, pool_[layer],
+                                                  stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(gpu::PositionsToRows(topk, batch, r.top_k, r.tokens,
+                                                       host_rows_.get<int32_t>(),
+                                                       staging_index_.get<int32_t>(), stream));
     IndexCopyView v{};
     v.src = pool_[layer];
-    v.dst = staging_.get();
-    v.src_index = host_rows_.as<int32_t>();
-    v.dst_index = identity_.as<int32_t>();
-    v.count = count_.as<int32_t>();
+    v.dst = staging_.get<std::byte>();
+    v.src_index = host_rows_.get<int32_t>();
+    v.dst_index = identity_.get<int32_t>();
+    v.count = count_.get<int32_t>();
     v.capacity = s_.max_batch * r.top_k;
     v.row_bytes = r.row_bytes;
     v.src_stride = r.row_bytes;
@@ -390,8 +371,8 @@ class NoCacheVariant final : public StepVariant {
   }
   Status FinishStep(cudaStream_t) override { return Status::Ok(); }
   Status AfterReplay() override { return Status::Ok(); }
-  const std::byte* Rows(int32_t) const override { return staging_.get(); }
-  const int32_t* Indices() const override { return staging_index_.as<int32_t>(); }
+  const std::byte* Rows(int32_t) const override { return staging_.get<std::byte>(); }
+  const int32_t* Indices() const override { return staging_index_.get<int32_t>(); }
   Status ResetStats(cudaStream_t) override {
     stats_ = {};
     return Status::Ok();
@@ -421,7 +402,7 @@ StatusOr<std::unique_ptr<StepVariant>> CreateVariant(KVVariant kind, const Varia
     case KVVariant::kFullHbm: {
       auto v = std::make_unique<FullHbmVariant>(setup);
       SPARSEKV_RETURN_IF_ERROR(v->Init(stream));
-      TOOLS_CUDA_RETURN(cudaStreamSynchronize(stream));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
       return std::unique_ptr<StepVariant>(std::move(v));
     }
     case KVVariant::kSparseKV: {

@@ -15,39 +15,19 @@
 #include <memory>
 #include <span>
 
+#include "cuda_common/cuda_check.h"
+#include "cuda_common/device_buffer.h"
 #include "sparsekv/backend.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/status.h"
 
 namespace sparsekv::tools {
 
-// cudaError_t -> Status (Internal, naming the call).
-Status CudaStatus(cudaError_t err, const char* what);
-#define TOOLS_CUDA_RETURN(expr) \
-  SPARSEKV_RETURN_IF_ERROR(::sparsekv::tools::CudaStatus((expr), #expr))
+using cuda_common::CudaStatus;
+using cuda_common::DeviceBuffer;
 
-// Device memory freed on destruction.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) {
-    other.ptr_ = nullptr;
-  }
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  static StatusOr<DeviceBuffer> Create(size_t bytes);
-  std::byte* get() const { return ptr_; }
-  template <typename T>
-  T* as() const {
-    return reinterpret_cast<T*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  std::byte* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+// The owner DeviceBuffer::Allocate names in its ResourceExhausted errors.
+inline constexpr const char* kBenchMemory = "sparsekv bench";
 
 struct VariantSetup {
   RequestShape shape;   // tokens = context + headroom: the positions each request may hold

@@ -42,9 +42,9 @@ class PageOffloadVariant final : public StepVariant {
                                                        std::make_unique<CudaPageOffloadOps>()));
     for (int32_t l = 0; l < r.layers; ++l) {
       for (int32_t b = 0; b < s_.max_batch; ++b) {
-        TOOLS_CUDA_RETURN(gpu::FillKVRows(cache_->host_layer(l), r.row_bytes,
-                                          b * cache_->request_rows(), s_.context, r.row_bytes, b, l,
-                                          0, s_.seed, stream));
+        SPARSEKV_CUDA_RETURN_IF_ERROR(gpu::FillKVRows(cache_->host_layer(l), r.row_bytes,
+                                                      b * cache_->request_rows(), s_.context,
+                                                      r.row_bytes, b, l, 0, s_.seed, stream));
       }
     }
     SPARSEKV_RETURN_IF_ERROR(cache_->LoadPrompt(s_.context, stream));

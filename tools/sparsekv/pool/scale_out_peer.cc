@@ -208,6 +208,7 @@ int RunPrefill(const Common& c, const std::string& node_id, const std::string& p
 }
 
 // A block of the backend's device memory (host memory on the CPU backend), freed on destruction.
+// Not cuda_common::DeviceBuffer: it allocates through the Backend, and aborts on failure.
 class DeviceBlock {
  public:
   DeviceBlock(Backend& backend, size_t bytes) : backend_(backend) {

@@ -1,4 +1,4 @@
-// Cross-step prefetch in `sparsekv replay --prefetch` (issue 5, item 3; docs/prefetch.md).
+// Cross-step prefetch predictors in `sparsekv replay --prefetch` (docs/prefetch.md).
 //
 // After step t of a (request, layer) a predictor proposes up to P (the budget) positions for step
 // t + 1 from what is known after step t: its top-k row, which entries missed, the hot cache's

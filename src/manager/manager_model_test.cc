@@ -62,7 +62,7 @@ TEST(ManagerModelTest, RandomSharingOperationsMatchTheDenseModel) {
   EXPECT_GT(copies, 0u);
 }
 
-// The transfer-hiding paths (issue #5): index groups sharing one top-k (ResolveLayer on the
+// The transfer-hiding paths (docs/overlap.md): index groups sharing one top-k (ResolveLayer on the
 // group's first layer, CopyMisses on every layer), repeated positions sharing a slot (several
 // query tokens per row), the split run (rows with fill 0 read before the miss copy must already
 // be right) and prefetches before each resolve. Exactness as above, with sharing operations too.

@@ -45,6 +45,12 @@ expect cal/plan_tpot_throughput.png cal/plan_tiers_vs_context.png cal/plan_calib
 "$python" "$root/scripts/plot_replay.py" --out "$out/replay" "$out/replay.json"
 [[ -n "$(find "$out/replay" -name '*.png')" ]] || { echo "plot_replay.py wrote no PNG" >&2; exit 1; }
 
+"$tool" replay --synthetic-locality calibrated --layers 2 --steps 32 --warmup 8 --context 4096 \
+  --top-k 128 --hot-slots 128,256,512 --policies lru --window-split 0 --layer-overlap \
+  --json "$out/locality.json" >/dev/null
+"$python" "$root/scripts/plot_locality.py" --out "$out/locality" "$out/locality.json"
+expect locality/miss_rate_vs_slots.png locality/locality.json
+
 "$python" "$root/scripts/plot_bench.py" --out "$out/bench" "$root/bench/results/e2e/e2e-deepseek-v3.2.json"
 expect bench/tpot_vs_batch.png bench/peak_throughput.png bench/hbm_per_request.png
-echo "plot scripts: plan, calibrated plan, replay and bench plots written"
+echo "plot scripts: plan, calibrated plan, replay, locality and bench plots written"

@@ -28,13 +28,37 @@
 // the permutation, which has probability (1 - miss_rate)^(fresh_range / F)): the miss rate is
 // F / K. Every layer behaves the same in this mode.
 //
+// Locality mode (locality = true, miss_rate < 0) makes the miss rate an outcome that falls with
+// the cache size, as a real indexer's does (docs/workload.md). With free = K - 1 - sinks, a row is:
+//   1. the newest position, seq_len - 1, then the sinks 0 .. sinks-1;
+//   2. kept:    round(reuse * free) entries of the previous row, at random (temporal reuse);
+//   3. recent:  round(recency * free) positions of the newest recency_window, uniformly;
+//   4. popular: the rest, drawn from a Zipf law of exponent zipf_exponent over a ranking of the
+//               positions [0, R): P(rank r) ~ (r + 1)^-zipf_exponent, R = the shortest history of
+//               the first call, the ranking a random permutation per layer rotated by a random
+//               offset per request.
+// Misses come from the recent and popular draws; a larger LRU cache holds more of the popular
+// ranks, so its miss rate decays with the cache size. LocalityPreset() holds fitted parameters.
+//
+// Cross-layer overlap (Next with `lower`, in locality or miss-rate mode): adjacent layers of a DSA
+// model share most of their top-k. A fixed pseudo-random share cross_layer_overlap of all
+// positions is "shared" between this layer and the one below: this layer's row takes every shared
+// position of the lower layer's row and fills the rest from its own process restricted to the
+// other positions. Both parts keep their temporal locality (a fixed subset of a row evolves as the
+// row does), so the per-layer miss rate stays that of the mode, while the measured overlap
+// |row(L) ∩ row(L+1)| / K is c + (1 - c) * u, c = cross_layer_overlap and u that of uncorrelated
+// layers (the newest position, the sinks, chance meetings in the recent window: ~0.01-0.05).
+// 0 = uncorrelated layers, the worst case for cross-layer prediction.
+//
 // Deterministic: the same options, layer and sequence of calls give the same rows.
 // Thread safety: one generator per layer; distinct generators may run on different threads.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace sparsekv {
@@ -49,7 +73,24 @@ struct TopKGeneratorOptions {
   uint64_t seed = 1;
   double miss_rate = -1;    // >= 0: miss-rate mode (above); the four sources are then unused
   int32_t fresh_range = 0;  // miss-rate mode: fresh positions come from [0, fresh_range)
+  // Locality mode (above): uses sinks, reuse and recency as shares of the free entries, and
+  // these two. Every layer behaves the same in this mode (early_layers is unused).
+  bool locality = false;
+  double zipf_exponent = 1.0;     // popularity: P(rank r) ~ (r + 1)^-zipf_exponent
+  int32_t recency_window = 1024;  // the recent source draws from the newest this many positions
+  // Share of all positions shared with the layer below (above); applied when Next gets `lower`.
+  double cross_layer_overlap = 0;
 };
+
+// Named parameter sets for locality mode, fitted as docs/workload.md describes (top_k and seed
+// stay the caller's to set; cross_layer_overlap is the calibrated default):
+//   "glm5-published": LRU misses of GLM-5.1 at K = 2048 as published (HiSparse, arXiv 2608.07009):
+//                     ~30% / 13.4% / 6.7% with 2048 / 4096 / 8192 slots at 32K context;
+//   "smollm2":        the LRU curve of the recorded SmolLM2-135M trace (top-64, 2K context).
+// nullopt for another name.
+std::optional<TopKGeneratorOptions> LocalityPreset(std::string_view name);
+// The names LocalityPreset accepts.
+inline constexpr std::string_view kLocalityPresets[] = {"glm5-published", "smollm2"};
 
 // Generates the rows of one layer for a fixed batch of requests, step after step.
 class LayerTopKGenerator {
@@ -64,6 +105,12 @@ class LayerTopKGenerator {
   // REQUIRES: seq_lens.size() <= batch, top_k <= seq_lens[b] (miss-rate mode: fresh_range <
   // seq_lens[b]), out.size() >= seq_lens.size() * top_k.
   void Next(std::span<const int32_t> seq_lens, std::span<int32_t> out);
+  // The same, with the rows the layer below produced for the same requests at this step
+  // (lower[b * top_k, (b + 1) * top_k) for request b), of which this layer's rows take the shared
+  // positions (cross_layer_overlap, above). The legacy four-source mode ignores `lower`.
+  // REQUIRES: as Next, and lower.size() >= seq_lens.size() * top_k.
+  void Next(std::span<const int32_t> seq_lens, std::span<int32_t> out,
+            std::span<const int32_t> lower);
 
   // Switches to miss-rate mode with this rate (see the top of this file) from the next call on.
   // REQUIRES: miss-rate mode (options.miss_rate >= 0) and 0 <= miss_rate <= 1.
@@ -80,6 +127,15 @@ class LayerTopKGenerator {
   int32_t TakeFromRange(int32_t lo, int32_t hi, int32_t n);
   // Miss-rate mode: builds row_ for request b (the newest position is already in it).
   void MissRateRow(size_t b);
+  // Locality mode: builds row_ for request b (the newest position and the shared part are in it).
+  void LocalityRow(size_t b, int32_t seq_len);
+  // Adds the positions of `lower` that this layer shares with the layer below.
+  void TakeShared(std::span<const int32_t> lower, int32_t seq_len);
+  // Whether a position is shared with the layer below (always false without `lower`).
+  bool SharedWithLower(int32_t position) const;
+  // Whether a position may still be added by this layer's own process.
+  bool Free(int32_t position) const { return !Selected(position) && !SharedWithLower(position); }
+  int32_t PopularPosition(size_t b);
   void Add(int32_t position);
   bool Selected(int32_t position) const { return mark_[position] == row_stamp_; }
 
@@ -94,6 +150,16 @@ class LayerTopKGenerator {
   // Miss-rate mode: a random permutation of [0, fresh_range) and each request's cursor in it.
   std::vector<int32_t> order_;
   std::vector<size_t> cursor_;
+  // Locality mode: the popularity ranking (rank -> position) and each request's rotation of it.
+  std::vector<int32_t> ranking_;
+  std::vector<size_t> rotation_;
+  double zipf_scale_ = 0;  // (R + 1)^(1 - zipf_exponent) - 1, or log(R + 1) for exponent 1
+  // Cross-layer overlap: positions p with Mix(share_salt_ ^ p) < share_threshold_ are shared;
+  // sharing_ is set for the duration of a Next call with `lower`.
+  uint64_t share_salt_ = 0;
+  uint64_t share_threshold_ = 0;
+  bool share_all_ = false;
+  bool sharing_ = false;
 };
 
 }  // namespace sparsekv

@@ -51,6 +51,13 @@ struct BenchConfig {
   // Miss-rate targets: the generator's miss-rate mode (sparsekv/topk_generator.h) at each rate;
   // empty = the locality parameters above decide, and the miss rate is only measured.
   std::vector<double> miss_rates;
+  // Non-empty: the GPU run's timed steps draw their top-k from this locality-mode preset
+  // (LocalityPreset in sparsekv/topk_generator.h; "calibrated" = "glm5-published") instead of
+  // miss_rates: one point per batch, the miss rate an outcome of the hot cache's size.
+  std::string locality;
+  // >= 0: the generator's cross_layer_overlap (GPU; layer L + 1's rows share this fraction of
+  // positions with layer L's); -1: the locality preset's calibrated value, 0 without a preset.
+  double cross_layer_overlap = -1;
   std::vector<int32_t> contexts;  // contexts to run; empty = {context}
   std::vector<std::string> variants = {"full-hbm", "sparsekv", "no-cache", "page-offload"};
   int32_t offload_page_tokens = 64;  // page-offload: tokens per page it fetches and caches

@@ -107,6 +107,15 @@ void BenchCommand::AddGpuOptions() {
                    "the hot cache (one value on the CPU) [default: locality parameters decide]")
       ->delimiter(',')
       ->check(CLI::Range(0.0, 1.0));
+  app_->add_option("--locality", config_.locality,
+                   "GPU: draw the timed steps' top-k from this locality-mode preset instead of "
+                   "the --miss-rate sweep (docs/workload.md): one point per batch, the miss rate "
+                   "then measured (calibrated = glm5-published) [default: off]")
+      ->check(CLI::IsMember({"calibrated", "glm5-published", "smollm2"}));
+  app_->add_option("--cross-layer-overlap", config_.cross_layer_overlap,
+                   "GPU: share of top-k positions adjacent layers share (0: uncorrelated, the "
+                   "worst case) [default: the --locality preset's calibrated value, else 0]")
+      ->check(CLI::Range(0.0, 1.0));
   app_->add_option("--contexts", config_.contexts,
                    "GPU: contexts to run, comma-separated [default: --context]")
       ->delimiter(',')

@@ -58,6 +58,10 @@ class TopKFeed {
   // several queries per request, query q's row is the generator's next row after query q - 1's.
   void Generate(std::span<const int32_t> seq_lens) {
     const int32_t layers = static_cast<int32_t>(generators_.size());
+    if (cross_layer_) {  // each layer's rows take shared positions of the layer below's
+      GenerateChained(seq_lens);
+      return;
+    }
     auto run = [&](int32_t first, int32_t every) {
       std::vector<int32_t> rows(seq_lens.size() * top_k_);
       for (int32_t l = first; l < layers; l += every) {
@@ -87,6 +91,19 @@ class TopKFeed {
     }
     return Status::Ok();
   }
+  // Layer by layer, each given the rows of the layer below (queries == 1: --mtp runs uncorrelated).
+  void GenerateChained(std::span<const int32_t> seq_lens) {
+    const size_t rows = seq_lens.size() * top_k_;
+    for (size_t l = 0; l < generators_.size(); ++l) {
+      const std::span<int32_t> out(host_.data() + l * layer_elems_, rows);
+      if (l == 0) {
+        generators_[l].Next(seq_lens, out);
+      } else {
+        generators_[l].Next(seq_lens, out,
+                            std::span<const int32_t>(host_.data() + (l - 1) * layer_elems_, rows));
+      }
+    }
+  }
   void SetMissRate(double rate) {
     for (LayerTopKGenerator& g : generators_) g.set_miss_rate(rate);
   }
@@ -101,7 +118,8 @@ class TopKFeed {
       : top_k_(options.top_k),
         queries_(queries),
         layer_elems_(int64_t{max_batch} * queries * options.top_k),
-        host_(static_cast<size_t>(layers * layer_elems_)) {
+        host_(static_cast<size_t>(layers * layer_elems_)),
+        cross_layer_(options.cross_layer_overlap > 0 && queries == 1) {
     for (int32_t l = 0; l < layers; ++l) generators_.emplace_back(options, l, max_batch);
   }
 
@@ -111,6 +129,7 @@ class TopKFeed {
   int32_t layers_per_index_ = 1;
   std::vector<LayerTopKGenerator> generators_;
   std::vector<int32_t> host_;
+  bool cross_layer_;
   DeviceBuffer device_;
 };
 
@@ -363,10 +382,17 @@ TopKGeneratorOptions E2ERun::GeneratorOptions(int32_t context, bool miss_rate_mo
   g.recency = c_.recency;
   g.sinks = c_.sinks;
   g.seed = c_.seed;
+  if (!c_.locality.empty() && !miss_rate_mode) {  // --locality: a fitted preset
+    g = *LocalityPreset(c_.locality == "calibrated" ? "glm5-published" : c_.locality);
+    g.top_k = c_.top_k;
+    g.seed = c_.seed;
+  }
   if (miss_rate_mode) {
     g.miss_rate = rate;
     g.fresh_range = context;
   }
+  if (c_.cross_layer_overlap >= 0) g.cross_layer_overlap = c_.cross_layer_overlap;
+  if (c_.locality.empty() && c_.cross_layer_overlap < 0) g.cross_layer_overlap = 0;
   return g;
 }
 
@@ -537,7 +563,8 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
     }
   }
 
-  const bool miss_rate_mode = !c_.miss_rates.empty();
+  // --locality replaces the miss-rate sweep: one point per batch, the miss rate an outcome.
+  const bool miss_rate_mode = !c_.miss_rates.empty() && c_.locality.empty();
   const double first_rate = miss_rate_mode ? c_.miss_rates.front() : 0;
   SPARSEKV_ASSIGN_OR_RETURN(
       auto feed, TopKFeed::Create(GeneratorOptions(plan.context, miss_rate_mode, first_rate),

@@ -186,17 +186,107 @@ Trace SyntheticTrace(const TopKGeneratorOptions& options, int32_t layers, int32_
                      int32_t context) {
   Trace t;
   t.Resize(layers, options.top_k, steps);
-  for (int32_t layer = 0; layer < layers; ++layer) {
-    LayerTopKGenerator g(options, layer, 1);
-    for (int32_t step = 0; step < steps; ++step) {
-      const int32_t seq_len = context + step;
+  const size_t k = options.top_k;
+  std::vector<LayerTopKGenerator> generators;
+  for (int32_t layer = 0; layer < layers; ++layer) generators.emplace_back(options, layer, 1);
+  for (int32_t step = 0; step < steps; ++step) {
+    const int32_t seq_len = context + step;
+    for (int32_t layer = 0; layer < layers; ++layer) {
       const size_t record = static_cast<size_t>(step) * layers + layer;
       t.seq_len[record] = seq_len;
-      g.Next(std::span(&seq_len, 1),
-             std::span(t.positions.data() + record * options.top_k, options.top_k));
+      const std::span<int32_t> out(t.positions.data() + record * k, k);
+      if (layer == 0) {
+        generators[layer].Next(std::span(&seq_len, 1), out);
+      } else {
+        generators[layer].Next(std::span(&seq_len, 1), out,
+                               std::span<const int32_t>(t.positions.data() + (record - 1) * k, k));
+      }
     }
   }
   return t;
+}
+
+std::vector<MissCurvePoint> LruMissCurve(const Trace& trace, const std::vector<int32_t>& hot_slots,
+                                         int32_t warmup_steps) {
+  ReplayOptions o;
+  o.warmup_steps = warmup_steps;
+  std::vector<MissCurvePoint> curve;
+  for (int32_t c : hot_slots) {
+    const ReplayPolicy lru{"lru", {PolicyKind::kLru, c, 1, o.decay}};
+    curve.push_back({c, 1 - RunPolicy(trace, lru, c, o).hit_rate});
+  }
+  return curve;
+}
+
+LayerOverlap MeasureLayerOverlap(const Trace& trace) {
+  LayerOverlap r;
+  std::vector<int32_t> mark;  // position -> step * layers + layer + 1 of the lower row
+  for (int32_t layer = 0; layer + 1 < trace.layers; ++layer) {
+    double sum = 0;
+    for (int32_t step = 0; step < trace.steps; ++step) {
+      const int32_t stamp = step * trace.layers + layer + 1;
+      for (int32_t p : trace.row(step, layer)) {
+        if (p < 0) continue;
+        if (mark.size() <= static_cast<size_t>(p)) mark.resize(p + 1, 0);
+        mark[p] = stamp;
+      }
+      int32_t shared = 0;
+      for (int32_t p : trace.row(step, layer + 1)) {
+        shared += p >= 0 && static_cast<size_t>(p) < mark.size() && mark[p] == stamp;
+      }
+      sum += static_cast<double>(shared) / trace.top_k;
+    }
+    r.pair.push_back(sum / std::max(1, trace.steps));
+  }
+  if (!r.pair.empty()) r.mean = std::accumulate(r.pair.begin(), r.pair.end(), 0.0) / r.pair.size();
+  return r;
+}
+
+LocalityFit FitLocality(const std::vector<MissCurvePoint>& target, const TopKGeneratorOptions& base,
+                        const LocalityFitOptions& fit) {
+  std::vector<int32_t> sizes;
+  for (const MissCurvePoint& p : target) sizes.push_back(p.hot_slots);
+  const auto evaluate = [&](double reuse, double exponent, double recency) {
+    LocalityFit f;
+    f.options = base;
+    f.options.locality = true;
+    f.options.miss_rate = -1;
+    f.options.reuse = reuse;
+    f.options.zipf_exponent = exponent;
+    f.options.recency = recency;
+    const Trace t = SyntheticTrace(f.options, fit.layers, fit.steps, fit.context);
+    f.curve = LruMissCurve(t, sizes, fit.warmup_steps);
+    for (size_t i = 0; i < target.size(); ++i) {
+      const double e = f.curve[i].miss_rate - target[i].miss_rate;
+      f.squared_error += e * e;
+    }
+    return f;
+  };
+  LocalityFit best;
+  best.squared_error = 1e300;
+  // A 3 x 3 x 3 grid of half-widths (dr, da, dc) around the centre (a 5-point one on the first
+  // pass), each pass halving them around the best point so far.
+  const auto search = [&](double r0, double a0, double c0, double dr, double da, double dc,
+                          int32_t half) {
+    for (int32_t i = -half; i <= half; ++i) {
+      for (int32_t j = -half; j <= half; ++j) {
+        for (int32_t l = -half; l <= half; ++l) {
+          const double r = std::clamp(r0 + i * dr, 0.0, 0.95);
+          const double a = std::max(0.0, a0 + j * da);
+          const double c = std::clamp(c0 + l * dc, 0.0, 1.0 - r);
+          LocalityFit f = evaluate(r, a, c);
+          if (f.squared_error < best.squared_error) best = std::move(f);
+        }
+      }
+    }
+  };
+  search(0.5, 1.6, 0.15, 0.1, 0.2, 0.05, 2);
+  for (double scale : {0.5, 0.25}) {
+    const TopKGeneratorOptions centre = best.options;
+    search(centre.reuse, centre.zipf_exponent, centre.recency, 0.1 * scale, 0.2 * scale,
+           0.05 * scale, 1);
+  }
+  return best;
 }
 
 }  // namespace sparsekv::tools

@@ -81,8 +81,46 @@ StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options,
 TraceStats MeasureTrace(const Trace& trace, int32_t working_set_steps);
 
 // One request's trace from the generator: `steps` steps of `layers` layers, the history growing
-// by one token per step from `context`. REQUIRES: context >= top_k.
+// by one token per step from `context`; layer L > 0 gets layer L - 1's row of the same step as
+// `lower` (cross_layer_overlap). REQUIRES: context >= top_k.
 Trace SyntheticTrace(const TopKGeneratorOptions& options, int32_t layers, int32_t steps,
                      int32_t context);
+
+// One point of a miss-rate curve: miss_rate = 1 - hit_rate of lru with hot_slots slots.
+struct MissCurvePoint {
+  int32_t hot_slots = 0;
+  double miss_rate = 0;
+};
+
+// lru's miss rate at each size (window 1, steps >= warmup_steps, all layers).
+// REQUIRES: every size >= top_k, warmup_steps < steps.
+std::vector<MissCurvePoint> LruMissCurve(const Trace& trace, const std::vector<int32_t>& hot_slots,
+                                         int32_t warmup_steps);
+
+// Adjacent-layer overlap: |row(L, s) ∩ row(L + 1, s)| / top_k averaged over steps, per pair
+// (L, L + 1) in pair[L]; mean over the pairs. Padding (-1) never matches.
+struct LayerOverlap {
+  std::vector<double> pair;  // [layers - 1]
+  double mean = 0;
+};
+LayerOverlap MeasureLayerOverlap(const Trace& trace);
+
+// Fits locality mode (topk_generator.h) to a target lru curve: a grid over reuse x zipf_exponent
+// x recency (recency_window and sinks as in `base`), then two finer grids around the best point,
+// minimising the sum of squared miss-rate errors. Each candidate is a SyntheticTrace of
+// `layers` x `steps` at `context` replayed through lru; deterministic for a given base.seed.
+struct LocalityFitOptions {
+  int32_t context = 32768;
+  int32_t steps = 64;
+  int32_t warmup_steps = 24;
+  int32_t layers = 1;
+};
+struct LocalityFit {
+  TopKGeneratorOptions options;
+  std::vector<MissCurvePoint> curve;  // the fitted options' curve at the target sizes
+  double squared_error = 0;
+};
+LocalityFit FitLocality(const std::vector<MissCurvePoint>& target, const TopKGeneratorOptions& base,
+                        const LocalityFitOptions& fit);
 
 }  // namespace sparsekv::tools

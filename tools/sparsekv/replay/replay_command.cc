@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "tools/sparsekv/exit_codes.h"
 #include "tools/sparsekv/progress.h"
@@ -28,7 +29,30 @@ Json ToJson(const TopKGeneratorOptions& g) {
           {"sinks", g.sinks},
           {"early_layers", g.early_layers},
           {"early_layer_reuse", g.early_layer_reuse},
-          {"seed", g.seed}};
+          {"seed", g.seed},
+          {"locality", g.locality},
+          {"zipf_exponent", g.zipf_exponent},
+          {"recency_window", g.recency_window},
+          {"cross_layer_overlap", g.cross_layer_overlap}};
+}
+
+Json CurveJson(const std::vector<MissCurvePoint>& curve) {
+  Json out = Json::array();
+  for (const MissCurvePoint& p : curve) {
+    out.push_back({{"hot_slots", p.hot_slots}, {"miss_rate", p.miss_rate}});
+  }
+  return out;
+}
+
+// "2048:0.30" -> {2048, 0.30}; nullopt if malformed.
+std::optional<MissCurvePoint> ParseCurvePoint(const std::string& text) {
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return std::nullopt;
+  try {
+    return MissCurvePoint{std::stoi(text.substr(0, colon)), std::stod(text.substr(colon + 1))};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
 }
 
 // The best policy's hit rate minus lru's, at hot-cache size `slots`; 0 if lru was not replayed.
@@ -187,6 +211,33 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
   app_->add_option("--fresh-range", generator_.fresh_range,
                    "synthetic, miss-rate mode: fresh positions from [0, N) [default: context - 1]")
       ->check(CLI::PositiveNumber);
+  app_->add_option("--synthetic-locality", locality_,
+                   "synthetic: a locality-mode preset whose lru miss rate falls with the cache "
+                   "size (calibrated = glm5-published; docs/workload.md), or miss-rate (the "
+                   "worst case: --miss-rate, default 0.2)")
+      ->check(CLI::IsMember({"calibrated", "glm5-published", "smollm2", "miss-rate"}));
+  app_->add_option("--zipf-exponent", generator_.zipf_exponent,
+                   "synthetic, locality mode: popularity exponent")
+      ->check(CLI::NonNegativeNumber);
+  app_->add_option("--recency-window", generator_.recency_window,
+                   "synthetic, locality mode: the recent source's newest positions")
+      ->check(CLI::PositiveNumber);
+  app_->add_option("--cross-layer-overlap", cross_layer_overlap_,
+                   "synthetic: share of positions adjacent layers share (0: uncorrelated, the "
+                   "worst case) [default: the preset's calibrated value; 0 in miss-rate mode]")
+      ->check(CLI::Range(0.0, 1.0));
+  app_->add_flag("--layer-overlap", layer_overlap_,
+                 "report the adjacent-layer top-k overlap |row(L) ∩ row(L+1)| / top-k");
+  app_->add_flag("--fit-locality", fit_locality_,
+                 "fit locality mode's reuse and Zipf exponent to the replayed lru curve (or to "
+                 "--fit-target)");
+  app_->add_option("--fit-target", fit_target_,
+                   "fit: target lru curve as SLOTS:MISS_RATE pairs, comma-separated")
+      ->delimiter(',');
+  app_->add_option("--fit-context", fit_context_,
+                   "fit: the candidates' context [default: --context, or the trace's first "
+                   "history length]")
+      ->check(CLI::PositiveNumber);
   app_->add_option("--hot-slots", hot_slots_,
                    "hot-cache sizes (slots per request and layer), comma-separated [default: "
                    "1, 2, 3 and 4 times top-k]")
@@ -253,6 +304,22 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     if (generator_.top_k > context_) {
       return fail(InvalidArgument("--top-k must be <= --context"), kExitUsage);
     }
+    if (locality_ == "miss-rate") {
+      if (generator_.miss_rate < 0) generator_.miss_rate = 0.2;
+    } else if (!locality_.empty()) {
+      const std::string name = locality_ == "calibrated" ? "glm5-published" : locality_;
+      // The preset, then every generator option given explicitly on top of it.
+      const TopKGeneratorOptions given = generator_;
+      generator_ = *LocalityPreset(name);
+      generator_.top_k = given.top_k;
+      generator_.seed = given.seed;
+      if (app_->count("--reuse") > 0) generator_.reuse = given.reuse;
+      if (app_->count("--recency") > 0) generator_.recency = given.recency;
+      if (app_->count("--sinks") > 0) generator_.sinks = given.sinks;
+      if (app_->count("--zipf-exponent") > 0) generator_.zipf_exponent = given.zipf_exponent;
+      if (app_->count("--recency-window") > 0) generator_.recency_window = given.recency_window;
+    }
+    if (cross_layer_overlap_ >= 0) generator_.cross_layer_overlap = cross_layer_overlap_;
     Json generator = ToJson(generator_);
     if (generator_.miss_rate >= 0) {
       if (generator_.fresh_range == 0) generator_.fresh_range = context_ - 1;
@@ -294,6 +361,17 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
   const Gain gain = BestGain(result->results, reference_slots);
   out << Format("  best policy at %d slots: %s, hit rate %+.4f vs lru\n", reference_slots,
                 gain.policy.c_str(), gain.gain);
+  std::vector<MissCurvePoint> curve;
+  for (const PolicyResult& p : result->results) {
+    if (p.policy == "lru") curve.push_back({p.hot_slots, 1 - p.hit_rate});
+  }
+  if (!curve.empty()) {
+    out << "  lru miss rate vs hot slots:";
+    for (const MissCurvePoint& p : curve) {
+      out << Format(" %d: %.2f%%", p.hot_slots, 100 * p.miss_rate);
+    }
+    out << "\n";
+  }
   Json json = {{"command", command},
                {"source", source},
                {"metadata", trace.metadata},
@@ -308,6 +386,66 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
                 {{"replay_best_policy_hit_rate_gain", gain.gain},
                  {"replay_best_policy", gain.policy},
                  {"replay_reference_hot_slots", reference_slots}}}};
+  json["lru_miss_curve"] = CurveJson(curve);
+  if (trace_path_.empty() && generator_.locality && locality_ != "smollm2" && !locality_.empty()) {
+    for (const MissCurvePoint& p : curve) {
+      json["summary"]["calibrated_miss_rate_" + std::to_string(p.hot_slots)] = p.miss_rate;
+    }
+  }
+  if (layer_overlap_) {
+    const LayerOverlap overlap = MeasureLayerOverlap(trace);
+    out << Format("  adjacent-layer top-k overlap: mean %.3f over %zu pairs", overlap.mean,
+                  overlap.pair.size());
+    if (!overlap.pair.empty()) {
+      const auto [lo, hi] = std::minmax_element(overlap.pair.begin(), overlap.pair.end());
+      out << Format(" (pairs: %.3f .. %.3f)", *lo, *hi);
+    }
+    out << "\n";
+    json["layer_overlap"] = {{"pair", overlap.pair}, {"mean", overlap.mean}};
+    json["summary"]["crosslayer_overlap"] = overlap.mean;
+  }
+  if (fit_locality_) {
+    std::vector<MissCurvePoint> target;
+    for (const std::string& text : fit_target_) {
+      const std::optional<MissCurvePoint> p = ParseCurvePoint(text);
+      if (!p || p->hot_slots < trace.top_k || p->miss_rate < 0 || p->miss_rate > 1) {
+        return fail(InvalidArgument("--fit-target '" + text +
+                                    "': want SLOTS:MISS_RATE, SLOTS >= top-k, rate in [0, 1]"),
+                    kExitUsage);
+      }
+      target.push_back(*p);
+    }
+    if (target.empty()) target = curve;
+    if (target.empty()) return fail(InvalidArgument("--fit-locality needs lru"), kExitUsage);
+    TopKGeneratorOptions base = *LocalityPreset("glm5-published");
+    base.top_k = trace.top_k;
+    base.seed = generator_.seed;
+    if (app_->count("--recency") > 0) base.recency = generator_.recency;
+    if (app_->count("--recency-window") > 0) base.recency_window = generator_.recency_window;
+    if (app_->count("--sinks") > 0) base.sinks = generator_.sinks;
+    base.cross_layer_overlap = 0;
+    LocalityFitOptions fit;
+    fit.context = fit_context_ > 0      ? fit_context_
+                  : trace_path_.empty() ? context_
+                                        : trace.seq_len_at(0, 0);
+    fit.context = std::max(fit.context, trace.top_k);
+    fit.steps = std::max(trace.steps, options.warmup_steps + 1);
+    fit.warmup_steps = options.warmup_steps;
+    const LocalityFit f = FitLocality(target, base, fit);
+    out << Format(
+        "  fitted locality mode (context %d, %d steps): --reuse %.3f --zipf-exponent %.3f "
+        "--recency %.3f --recency-window %d --sinks %d\n   ",
+        fit.context, fit.steps, f.options.reuse, f.options.zipf_exponent, f.options.recency,
+        f.options.recency_window, f.options.sinks);
+    for (size_t i = 0; i < target.size(); ++i) {
+      out << Format(" %d: %.2f%% (target %.2f%%)", target[i].hot_slots, 100 * f.curve[i].miss_rate,
+                    100 * target[i].miss_rate);
+    }
+    out << "\n";
+    json["locality_fit"] = {{"options", ToJson(f.options)}, {"context", fit.context},
+                            {"steps", fit.steps},           {"target", CurveJson(target)},
+                            {"curve", CurveJson(f.curve)},  {"squared_error", f.squared_error}};
+  }
 
   if (!prefetch_.empty()) {
     PrefetchOptions prefetch{

@@ -38,6 +38,12 @@ class ReplayCommand {
   bool synthetic_like_ = false;
   std::vector<std::string> prefetch_;      // predictors; empty: no prefetch replay
   std::vector<int32_t> prefetch_budgets_;  // empty: 1, 2, top_k / 16, / 8, / 4, / 2
+  std::string locality_;  // --synthetic-locality: a preset name, "calibrated", "miss-rate"
+  double cross_layer_overlap_ = -1;  // -1: the preset's (0 outside locality mode)
+  bool layer_overlap_ = false;
+  bool fit_locality_ = false;
+  std::vector<std::string> fit_target_;  // SLOTS:MISS pairs; empty: the replayed lru curve
+  int32_t fit_context_ = 0;              // 0: --context (synthetic) or the trace's first seq_len
   std::string write_trace_path_;
   std::string json_path_;
 };

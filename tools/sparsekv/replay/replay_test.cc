@@ -373,5 +373,101 @@ TEST(ReplayCommandTest, RejectsBadArguments) {
   EXPECT_EQ(Cli({"replay", "--top-k", "4096", "--context", "2048"}, out, err), kExitUsage);
 }
 
+// The published preset at its calibration shape (32K context, top-2048, one layer, 64 steps):
+// within 2 points of GLM-5.1's published LRU misses at 4096 and 8192 slots, ~30% at 2048.
+TEST(LocalityCalibrationTest, PublishedPresetMatchesThePublishedCurve) {
+  TopKGeneratorOptions g = *LocalityPreset("glm5-published");
+  g.top_k = 2048;
+  const Trace t = SyntheticTrace(g, 1, 64, 32768);
+  const std::vector<MissCurvePoint> curve = LruMissCurve(t, {2048, 4096, 8192}, 24);
+  EXPECT_NEAR(curve[0].miss_rate, 0.30, 0.03);
+  EXPECT_NEAR(curve[1].miss_rate, 0.134, 0.02);
+  EXPECT_NEAR(curve[2].miss_rate, 0.067, 0.02);
+}
+
+// With the calibrated cross-layer overlap, a layer that takes its shared positions from the one
+// below keeps the curve.
+TEST(LocalityCalibrationTest, CrossLayerOverlapKeepsThePublishedCurve) {
+  TopKGeneratorOptions g = *LocalityPreset("glm5-published");
+  g.top_k = 2048;
+  const Trace t = SyntheticTrace(g, 2, 48, 32768);
+  EXPECT_NEAR(MeasureLayerOverlap(t).mean, g.cross_layer_overlap, 0.05);
+  const std::vector<MissCurvePoint> curve = LruMissCurve(t, {4096, 8192}, 24);
+  EXPECT_NEAR(curve[0].miss_rate, 0.134, 0.025);
+  EXPECT_NEAR(curve[1].miss_rate, 0.067, 0.025);
+}
+
+TEST(LocalityCalibrationTest, MeasuresAdjacentLayerOverlap) {
+  Trace t;
+  t.Resize(3, 4, 2);
+  // Step 0: layers share {1, 2} / {2, 3, 4}; step 1: all / nothing (padding never matches).
+  t.positions = {0, 1, 2, 3, /**/ 1, 2, 8, 9, /**/ 2,  3,  4,  5,
+                 0, 1, 2, 3, /**/ 0, 1, 2, 3, /**/ -1, -1, -1, -1};
+  t.seq_len.assign(6, 16);
+  const LayerOverlap o = MeasureLayerOverlap(t);
+  ASSERT_EQ(o.pair.size(), 2u);
+  EXPECT_DOUBLE_EQ(o.pair[0], (0.5 + 1.0) / 2);
+  EXPECT_DOUBLE_EQ(o.pair[1], (0.25 + 0.0) / 2);
+  EXPECT_DOUBLE_EQ(o.mean, (0.75 + 0.125) / 2);
+}
+
+// The fit recovers a curve the generator itself produced, at a small shape.
+TEST(LocalityCalibrationTest, FitReproducesAKnownCurve) {
+  TopKGeneratorOptions g = *LocalityPreset("smollm2");
+  g.top_k = 64;
+  g.cross_layer_overlap = 0;
+  LocalityFitOptions fit;
+  fit.context = 2048;
+  fit.steps = 48;
+  fit.warmup_steps = 16;
+  const Trace t = SyntheticTrace(g, 1, fit.steps, fit.context);
+  const std::vector<MissCurvePoint> target = LruMissCurve(t, {64, 128, 256}, fit.warmup_steps);
+  const LocalityFit f = FitLocality(target, g, fit);
+  for (size_t i = 0; i < target.size(); ++i) {
+    EXPECT_NEAR(f.curve[i].miss_rate, target[i].miss_rate, 0.02) << target[i].hot_slots;
+  }
+  EXPECT_LT(f.squared_error, 1e-3);
+}
+
+TEST(ReplayCommandTest, ReplaysTheCalibratedGeneratorAndReportsOverlap) {
+  const std::string dir = ::testing::TempDir();
+  std::ostringstream out, err;
+  ASSERT_EQ(Cli({"replay",
+                 "--synthetic-locality",
+                 "calibrated",
+                 "--layers",
+                 "2",
+                 "--steps",
+                 "40",
+                 "--context",
+                 "4096",
+                 "--top-k",
+                 "128",
+                 "--hot-slots",
+                 "128,256,512",
+                 "--policies",
+                 "lru",
+                 "--layer-overlap",
+                 "--cross-layer-overlap",
+                 "0.7",
+                 "--json",
+                 dir + "/loc.json"},
+                out, err),
+            kExitOk)
+      << err.str();
+  EXPECT_NE(out.str().find("lru miss rate vs hot slots: 128:"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("adjacent-layer top-k overlap"), std::string::npos) << out.str();
+  std::ifstream file(dir + "/loc.json");
+  const nlohmann::json j = nlohmann::json::parse(file);
+  EXPECT_TRUE(j["summary"].contains("calibrated_miss_rate_256"));
+  EXPECT_NEAR(j["layer_overlap"]["mean"].get<double>(), 0.7, 0.06);
+  EXPECT_EQ(j["lru_miss_curve"].size(), 3u);
+  std::ostringstream bad_out, bad_err;
+  EXPECT_EQ(Cli({"replay", "--steps", "20", "--context", "1024", "--top-k", "64", "--policies",
+                 "lru", "--fit-locality", "--fit-target", "32:0.3"},
+                bad_out, bad_err),
+            kExitUsage);
+}
+
 }  // namespace
 }  // namespace sparsekv::tools

@@ -162,6 +162,7 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
 
   // Exit code once serving ends: kExitOk on a stop signal, kExitFailure if the id was taken.
   int code = kExitOk;
+  bool region_published = true;  // false from a rejoin until region 0 is published again
   Clock::time_point next_heartbeat = Clock::now() + heartbeat_period;
   while (stop_requested == 0) {
     const auto wait =
@@ -179,10 +180,14 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
       // naming it stay valid. Refused if another process took the id meanwhile.
       err << "sparsekv pool: lost membership (" << beat.ToString() << "); rejoining\n";
       beat = (*plane)->Rejoin(node_id_, incarnation, address, lease);
-      if (beat.ok()) beat = (*plane)->PublishRegion(node_id_, incarnation, 0, *descriptor);
+      region_published = false;  // it went with the lapsed membership
       if (beat.ok()) {
         out << "pool: node " << node_id_ << " rejoined as incarnation " << incarnation << std::endl;
       }
+    }
+    if (beat.ok() && !region_published) {
+      beat = (*plane)->PublishRegion(node_id_, incarnation, 0, *descriptor);
+      region_published = beat.ok();
     }
     if (beat.code() == StatusCode::kFailedPrecondition ||
         beat.code() == StatusCode::kAlreadyExists) {

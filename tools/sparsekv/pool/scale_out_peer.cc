@@ -155,6 +155,8 @@ int RunPrefill(const Common& c, const std::string& node_id, const std::string& p
   location.layers = c.layers;
   location.tokens = c.tokens;
   uint64_t own_incarnation = 0;
+  std::string own_descriptor;
+  bool own_region_published = true;
   if (pool.empty()) {
     // The rows stay in this process: it is a member serving its own region.
     auto incarnation = plane->RegisterNode(node_id, "prefill", lease);
@@ -162,7 +164,8 @@ int RunPrefill(const Common& c, const std::string& node_id, const std::string& p
     own_incarnation = *incarnation;
     auto descriptor = transport->ExportRegion(*region);
     Check(descriptor.status(), "export");
-    Check(plane->PublishRegion(node_id, own_incarnation, 0, *descriptor), "publish region");
+    own_descriptor = *descriptor;
+    Check(plane->PublishRegion(node_id, own_incarnation, 0, own_descriptor), "publish region");
     location.node_id = node_id;
     location.node_incarnation = own_incarnation;
   } else {
@@ -193,7 +196,26 @@ int RunPrefill(const Common& c, const std::string& node_id, const std::string& p
   int lost = 0;
   while (!published.empty() && stop_requested == 0 && Clock::now() < deadline) {
     Check(transport->WaitForEvents(period), "progress");
-    if (pool.empty()) Check(plane->Heartbeat(node_id, own_incarnation, lease), "heartbeat");
+    if (pool.empty()) {
+      // A lapsed lease (the control plane was away, or restarted) is rejoined as the same
+      // incarnation, since the memory is unchanged; an unreachable control plane is retried.
+      Status beat = plane->Heartbeat(node_id, own_incarnation, lease);
+      if (beat.code() == StatusCode::kNotFound) {
+        beat = plane->Rejoin(node_id, own_incarnation, "prefill", lease);
+        if (beat.code() == StatusCode::kAlreadyExists ||
+            beat.code() == StatusCode::kFailedPrecondition) {
+          Check(beat, "rejoin");  // another process took the id
+        }
+        own_region_published = false;
+      } else if (beat.code() != StatusCode::kUnavailable &&
+                 beat.code() != StatusCode::kDeadlineExceeded) {
+        Check(beat, "heartbeat");
+      }
+      if (beat.ok() && !own_region_published) {
+        own_region_published =
+            plane->PublishRegion(node_id, own_incarnation, 0, own_descriptor).ok();
+      }
+    }
     for (auto it = published.begin(); it != published.end();) {
       // The hand-off: keep the rows until the reader is done with them (Release also waits
       // for any reader still bound).

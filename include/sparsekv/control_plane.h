@@ -2,9 +2,13 @@
 //
 // Three kinds of record (docs/scale-out.md):
 //   - Membership. A node (a pool server, a prefill or a decode instance) registers under a name
-//     with a lease; it stays a member while it heartbeats within the lease. Every registration
-//     gets a new *incarnation* (monotonic per name), so that a restarted process is told apart
-//     from the one that died: records written by an old incarnation are refused.
+//     with a lease; it stays a member while it heartbeats within the lease. A name has at most
+//     one live member: registering a name whose lease is live is refused, so two processes never
+//     take a name from each other. Every registration gets a new *incarnation* (monotonic per
+//     name), so that a restarted process is told apart from the one that died: records written
+//     by an old incarnation are refused. A process whose lease lapsed (the server was unreachable
+//     for longer than a lease, or restarted and lost its state) but whose memory did not change
+//     rejoins under its incarnation, so records of it stay valid.
 //   - Region descriptors. The opaque strings of Transport::ExportRegion, published by a member
 //     under (node, region id). They live and expire with the member's lease.
 //   - Request locations. Where the prompt rows of a request live (node, incarnation, region and
@@ -107,10 +111,24 @@ class ControlPlane {
 
   // ---- Membership ----
   // Makes `node_id` a member for `lease` and returns its new incarnation (previous + 1, from 1).
-  // A live registration under the same name is superseded: its regions are dropped and its
-  // heartbeats start failing. InvalidArgument for an empty id or a lease < 1 ms.
+  // AlreadyExists if `node_id` is a live member (its lease has not run out): the message names
+  // the id, the live incarnation and its address, and the live member is left as it was. Once
+  // that lease has run out (or after Deregister) registering succeeds, and the old incarnation's
+  // heartbeats fail with FailedPrecondition. InvalidArgument for an empty id or a lease < 1 ms.
   StatusOr<uint64_t> RegisterNode(const std::string& node_id, const std::string& address,
                                   std::chrono::milliseconds lease);
+  // Makes (node_id, incarnation) a member again for `lease`, keeping the incarnation: for a
+  // process that registered as `incarnation`, whose lease lapsed (Heartbeat said NotFound, e.g.
+  // the server was unreachable for longer than the lease or restarted without its data) and
+  // whose memory is unchanged, so that records naming it stay valid. Its regions must be
+  // published again. OK (and the lease extended) if it is still the live member.
+  // AlreadyExists if another incarnation of `node_id` is live; FailedPrecondition if a newer
+  // incarnation has registered since (the caller was taken over and must stop serving under
+  // this id). After a server restart the incarnation counter resumes from `incarnation`, so a
+  // later RegisterNode still gets a larger one. InvalidArgument for an empty id, incarnation 0
+  // or a lease < 1 ms.
+  Status Rejoin(const std::string& node_id, uint64_t incarnation, const std::string& address,
+                std::chrono::milliseconds lease);
   // Extends the lease of (node_id, incarnation) to `lease` from now. NotFound if the lease has
   // already expired (the node is no longer a member and must register again, as a new
   // incarnation); FailedPrecondition if a newer incarnation has registered since.
@@ -153,8 +171,11 @@ class ControlPlane {
   // released; NotFound if the key never had a record of that generation.
   //
   // Reader: extends a live binding to `lease` from now. FailedPrecondition also for an expired
-  // or unknown binding (the reader must discard what it read after expiry); Unavailable (and the
-  // binding ends) if the record's node is no longer the live member of the recorded incarnation.
+  // or unknown binding (the reader must discard what it read after expiry); Unavailable if the
+  // record's node is no longer the live member of the recorded incarnation. The binding ends if
+  // another incarnation of the node is live; while no incarnation is (the node's lease lapsed and
+  // it may Rejoin), it is kept, so that a reader may retry until its own lease runs out. After a
+  // server restart the record and its bindings are gone: NotFound or FailedPrecondition.
   Status RenewBinding(const std::string& request_key, const std::string& reader,
                       uint64_t generation, std::chrono::milliseconds lease);
   // Reader: ends its binding. OK only if the binding was live until now and the record's node is

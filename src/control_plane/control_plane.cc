@@ -1,6 +1,8 @@
 #include "sparsekv/control_plane.h"
 
 #include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include <algorithm>
@@ -72,14 +74,44 @@ local function check_generation(generation, request)
 end
 )lua";
 
-// KEYS: node, incarnation counter, nodes set. ARGV: id, address, lease ms.
+// KEYS: node, incarnation counter, nodes set. ARGV: id, address, lease ms. Refused while any
+// incarnation of the id is live, so that two processes never take a name from each other.
 constexpr std::string_view kRegisterScript = R"lua(
+local live = redis.call('HMGET', KEYS[1], 'incarnation', 'address')
+if live[1] then
+  return refuse('EXISTS', 'node id ' .. ARGV[1] .. ' is taken: incarnation ' .. live[1] ..
+                ' (' .. (live[2] or '') .. ') is a live member; a second registration of a ' ..
+                'live id is refused (pick another id, or stop the other one)')
+end
 local incarnation = redis.call('INCR', KEYS[2])
-redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'incarnation', incarnation, 'address', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SADD', KEYS[3], ARGV[1])
 return incarnation
+)lua";
+
+// KEYS: node, incarnation counter, nodes set. ARGV: id, incarnation, address, lease ms. The
+// counter is raised to the incarnation if it is behind (it was lost with a server restart).
+constexpr std::string_view kRejoinScript = R"lua(
+local live = redis.call('HMGET', KEYS[1], 'incarnation', 'address')
+if live[1] then
+  if tonumber(live[1]) == tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[4])
+    return 1
+  end
+  return refuse('EXISTS', 'node id ' .. ARGV[1] .. ' is taken: incarnation ' .. live[1] ..
+                ' (' .. (live[2] or '') .. ') is a live member, not ' .. ARGV[2])
+end
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if last > tonumber(ARGV[2]) then
+  return refuse('PRECONDITION', 'node ' .. ARGV[1] .. ' incarnation ' .. ARGV[2] ..
+                ' was superseded by incarnation ' .. last .. ' while its lease had lapsed')
+end
+if last < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2]) end
+redis.call('HSET', KEYS[1], 'incarnation', ARGV[2], 'address', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('SADD', KEYS[3], ARGV[1])
+return 1
 )lua";
 
 // KEYS: node. ARGV: id, incarnation, lease ms.
@@ -169,7 +201,11 @@ local refusal = check_generation(ARGV[3], ARGV[1])
 if refusal then return refusal end
 refusal = check_record_node(ARGV[5], ARGV[1], 'discard what was read')
 if refusal then
-  redis.call('ZREM', KEYS[2], ARGV[2])
+  -- Another incarnation's memory is not the recorded one: the binding is over. With no live
+  -- incarnation (a lapsed lease) the node may rejoin as the recorded one: the binding stays.
+  if redis.call('EXISTS', ARGV[5] .. redis.call('HGET', KEYS[1], 'node')) == 1 then
+    redis.call('ZREM', KEYS[2], ARGV[2])
+  end
   return refusal
 end
 local now = now_ms()
@@ -235,6 +271,7 @@ struct ErrorCode {
 constexpr ErrorCode kErrorCodes[] = {{"NOTFOUND ", StatusCode::kNotFound},
                                      {"PRECONDITION ", StatusCode::kFailedPrecondition},
                                      {"UNAVAILABLE ", StatusCode::kUnavailable},
+                                     {"EXISTS ", StatusCode::kAlreadyExists},
                                      {"INVALID ", StatusCode::kInvalidArgument}};
 
 timeval ToTimeval(std::chrono::milliseconds ms) {
@@ -306,12 +343,28 @@ struct ControlPlane::Connection {
 
 namespace {
 
+// True if the peer of the idle connection `fd` has closed it (no reply is pending between
+// calls, so anything readable now is the end of the stream or an error).
+bool PeerClosed(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) != 1) return false;
+  if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return true;
+  char byte;
+  return recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 // Runs one command on `context` (the caller holds the connection's mutex), connecting first if
 // needed.
 // Refusal error replies become their Status; transport errors drop the connection.
 StatusOr<Reply> Run(redisContext*& context, const ControlPlaneOptions& options,
                     const std::vector<std::string_view>& args, std::string_view what) {
   const std::string server = options.host + ":" + std::to_string(options.port);
+  if (context != nullptr && PeerClosed(context->fd)) {
+    // The server went away since the last call (e.g. it restarted): nothing was sent on this
+    // connection yet, so reconnecting first is safe, and the call reaches a restarted server.
+    redisFree(context);
+    context = nullptr;
+  }
   if (context == nullptr) {
     context = redisConnectWithTimeout(options.host.c_str(), options.port,
                                       ToTimeval(options.connect_timeout));
@@ -433,6 +486,22 @@ StatusOr<uint64_t> ControlPlane::RegisterNode(const std::string& node_id,
   uint64_t incarnation = 0;
   if (!ReplyInt(reply.get(), &incarnation)) return Unexpected("RegisterNode");
   return incarnation;
+}
+
+Status ControlPlane::Rejoin(const std::string& node_id, uint64_t incarnation,
+                            const std::string& address, std::chrono::milliseconds lease) {
+  if (node_id.empty() || incarnation == 0) {
+    return InvalidArgument("control plane: Rejoin needs a node id and an incarnation >= 1");
+  }
+  SPARSEKV_RETURN_IF_ERROR(CheckLease(lease));
+  const std::string& p = options_.key_prefix;
+  std::lock_guard lock(connection_->mutex);
+  return Run(connection_->context, options_,
+             {"EVAL", Script(kRejoinScript), "3", NodeKey(p, node_id), IncarnationKey(p, node_id),
+              NodesKey(p), node_id, std::to_string(incarnation), address,
+              std::to_string(lease.count())},
+             "Rejoin")
+      .status();
 }
 
 Status ControlPlane::Heartbeat(const std::string& node_id, uint64_t incarnation,

@@ -27,6 +27,10 @@ StatusOr<uint64_t> ControlPlane::RegisterNode(const std::string&, const std::str
                                               std::chrono::milliseconds) {
   return NotBuilt();
 }
+Status ControlPlane::Rejoin(const std::string&, uint64_t, const std::string&,
+                            std::chrono::milliseconds) {
+  return NotBuilt();
+}
 Status ControlPlane::Heartbeat(const std::string&, uint64_t, std::chrono::milliseconds) {
   return NotBuilt();
 }

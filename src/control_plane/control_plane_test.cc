@@ -68,6 +68,18 @@ class ControlPlaneTest : public ::testing::Test {
 
 RedisServer* ControlPlaneTest::server_ = nullptr;
 
+// A location in region 0 of ("pool", 1), for the tests with a server of their own.
+RequestLocation PoolLocation() {
+  RequestLocation l;
+  l.node_id = "pool";
+  l.node_incarnation = 1;
+  l.row_stride = l.row_bytes = 656;
+  l.layer_stride = 656 * 64;
+  l.layers = 2;
+  l.tokens = 64;
+  return l;
+}
+
 TEST_F(ControlPlaneTest, ConnectRejectsBadOptions) {
   ControlPlaneOptions options = Options();
   options.port = 0;
@@ -120,11 +132,64 @@ TEST_F(ControlPlaneTest, RegisterListGetDeregister) {
   EXPECT_EQ(plane->GetNode("never-registered").status().code(), StatusCode::kNotFound);
 }
 
-TEST_F(ControlPlaneTest, ReRegistrationSupersedesTheOldIncarnation) {
+TEST_F(ControlPlaneTest, SecondRegistrationOfALiveIdIsRefused) {
   auto plane = Connect();
   ASSERT_NE(plane, nullptr);
-  ASSERT_EQ(*plane->RegisterNode("pool", "first", kLongLease), 1u);
+  ASSERT_EQ(*plane->RegisterNode("dup", "first", kLongLease), 1u);
+  ASSERT_TRUE(plane->PublishRegion("dup", 1, 0, "first descriptor").ok());
+
+  const auto second = plane->RegisterNode("dup", "second", kLongLease);
+  EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists) << second.status().ToString();
+  EXPECT_NE(second.status().message().find("node id dup is taken"), std::string::npos)
+      << second.status().ToString();
+  EXPECT_NE(second.status().message().find("first"), std::string::npos);
+  // The live member keeps its registration, its region and its heartbeats.
+  auto node = plane->GetNode("dup");
+  ASSERT_TRUE(node.ok());
+  EXPECT_EQ(node->incarnation, 1u);
+  EXPECT_EQ(node->address, "first");
+  EXPECT_EQ(*plane->GetRegion("dup", 0), "first descriptor");
+  EXPECT_TRUE(plane->Heartbeat("dup", 1, kLongLease).ok());
+  // Once it has left, the id is free again, as a new incarnation.
+  ASSERT_TRUE(plane->Deregister("dup", 1).ok());
+  EXPECT_EQ(*plane->RegisterNode("dup", "second", kLongLease), 2u);
+}
+
+TEST_F(ControlPlaneTest, RejoinKeepsTheIncarnationOfALapsedLease) {
+  auto plane = Connect();
+  ASSERT_NE(plane, nullptr);
+  constexpr milliseconds kShortLease{150};
+  ASSERT_EQ(*plane->RegisterNode("pool", "a", kShortLease), 1u);
+  ASSERT_TRUE(plane->Publish("req", Location("pool", 1)).ok());
+  ASSERT_TRUE(WaitUntil([&] { return !plane->GetNode("pool").ok(); }, kDeadline));
+  EXPECT_EQ(plane->Heartbeat("pool", 1, kLongLease).code(), StatusCode::kNotFound);
+  EXPECT_EQ(plane->Bind("req", "r", kLongLease).status().code(), StatusCode::kUnavailable);
+
+  // Same process, same memory: it rejoins as incarnation 1, and its records are valid again.
+  ASSERT_TRUE(plane->Rejoin("pool", 1, "a", kLongLease).ok());
+  EXPECT_EQ(plane->GetNode("pool")->incarnation, 1u);
+  EXPECT_TRUE(plane->Rejoin("pool", 1, "a", kLongLease).ok());  // still live: a heartbeat
+  EXPECT_TRUE(plane->Bind("req", "r", kLongLease).ok());
+  EXPECT_EQ(plane->Rejoin("pool", 2, "b", kLongLease).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(plane->Rejoin("pool", 0, "a", kLongLease).code(), StatusCode::kInvalidArgument);
+
+  // A newer incarnation registered while the old one's lease had lapsed: no rejoin.
+  ASSERT_TRUE(plane->Deregister("pool", 1).ok());
+  ASSERT_EQ(*plane->RegisterNode("pool", "b", kLongLease), 2u);
+  EXPECT_EQ(plane->Rejoin("pool", 1, "a", kLongLease).code(), StatusCode::kAlreadyExists);
+  ASSERT_TRUE(plane->Deregister("pool", 2).ok());
+  const Status late = plane->Rejoin("pool", 1, "a", kLongLease);
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late.ToString();
+  EXPECT_NE(late.message().find("superseded by incarnation 2"), std::string::npos);
+}
+
+TEST_F(ControlPlaneTest, ReRegistrationAfterTheLeaseSupersedesTheOldIncarnation) {
+  auto plane = Connect();
+  ASSERT_NE(plane, nullptr);
+  constexpr milliseconds kShortLease{150};
+  ASSERT_EQ(*plane->RegisterNode("pool", "first", kShortLease), 1u);
   ASSERT_TRUE(plane->PublishRegion("pool", 1, 0, "old descriptor").ok());
+  ASSERT_TRUE(WaitUntil([&] { return !plane->GetNode("pool").ok(); }, kDeadline));
   ASSERT_EQ(*plane->RegisterNode("pool", "restarted", kLongLease), 2u);
 
   const Status old_heartbeat = plane->Heartbeat("pool", 1, kLongLease);
@@ -264,6 +329,7 @@ TEST_F(ControlPlaneTest, BindRefusedWhenTheOwningNodeIsGone) {
   ASSERT_TRUE(plane->Bind("req", "early", kLongLease).ok());
 
   // The pool server restarts: its memory is new, the record's rows are gone.
+  ASSERT_TRUE(plane->Deregister("pool", 1).ok());
   ASSERT_EQ(*plane->RegisterNode("pool", "", kLongLease), 2u);
   const auto bind = plane->Bind("req", "late", kLongLease);
   EXPECT_EQ(bind.status().code(), StatusCode::kUnavailable) << bind.status().ToString();
@@ -378,6 +444,78 @@ TEST(ControlPlaneServerFailureTest, StoppedServerIsUnavailableAndRestartedOneRec
   // Nothing persisted: the node must register again, and does so on the same client.
   EXPECT_EQ((*plane)->Heartbeat("pool", 1, kLongLease).code(), StatusCode::kNotFound);
   EXPECT_TRUE((*plane)->RegisterNode("pool", "", kLongLease).ok());
+}
+
+TEST(ControlPlaneServerFailureTest, RestartLosesRecordsAndBindingsButMembersRejoin) {
+  auto server = RedisServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ControlPlaneOptions options;
+  options.port = (*server)->port();
+  auto connected = ControlPlane::Connect(options);
+  ASSERT_TRUE(connected.ok());
+  ControlPlane& plane = **connected;
+  ASSERT_EQ(*plane.RegisterNode("pool", "", kLongLease), 1u);
+  ASSERT_EQ(*plane.Publish("req", PoolLocation()), 1u);
+  const auto bound = plane.Bind("req", "reader", kLongLease);
+  ASSERT_TRUE(bound.ok());
+
+  (*server)->Stop();
+  ASSERT_TRUE((*server)->Restart().ok());
+  // The reader's binding went with the record: it learns so at its next call, never OK.
+  const Status renewed = plane.RenewBinding("req", "reader", bound->generation, kLongLease);
+  EXPECT_EQ(renewed.code(), StatusCode::kNotFound) << renewed.ToString();
+  EXPECT_EQ(plane.Done("req", "reader", bound->generation).code(), StatusCode::kNotFound);
+  EXPECT_EQ(plane.Bind("req", "late", kLongLease).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(plane.Release("req", bound->generation).code(), StatusCode::kNotFound);
+  EXPECT_EQ(plane.Lookup("req").status().code(), StatusCode::kNotFound);
+
+  // The member notices at its next heartbeat and rejoins as the same incarnation; the counter
+  // resumes from it, so a later registration is still a new incarnation.
+  EXPECT_EQ(plane.Heartbeat("pool", 1, kLongLease).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(plane.Rejoin("pool", 1, "", kLongLease).ok());
+  EXPECT_EQ(plane.GetNode("pool")->incarnation, 1u);
+  EXPECT_EQ(plane.RegisterNode("pool", "", kLongLease).status().code(), StatusCode::kAlreadyExists);
+  ASSERT_TRUE(plane.Deregister("pool", 1).ok());
+  EXPECT_EQ(*plane.RegisterNode("pool", "", kLongLease), 2u);
+}
+
+TEST(ControlPlaneServerFailureTest, FrozenLongerThanALeaseMembersRejoinAndBindingsSurvive) {
+  auto server = RedisServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ControlPlaneOptions options;
+  options.port = (*server)->port();
+  options.command_timeout = milliseconds(200);
+  auto connected = ControlPlane::Connect(options);
+  ASSERT_TRUE(connected.ok());
+  ControlPlane& plane = **connected;
+  constexpr milliseconds kLease{500};
+  ASSERT_EQ(*plane.RegisterNode("pool", "", kLease), 1u);
+  ASSERT_TRUE(plane.Publish("req", PoolLocation()).ok());
+  const auto bound = plane.Bind("req", "reader", kLongLease);
+  ASSERT_TRUE(bound.ok());
+
+  // Unreachable for longer than the member's lease (but not the reader's): the fault lasts
+  // a fixed time, measured on the steady clock.
+  (*server)->Freeze();
+  const auto thaw_at = std::chrono::steady_clock::now() + 2 * kLease;
+  EXPECT_EQ(plane.Heartbeat("pool", 1, kLease).code(), StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(WaitUntil([&] { return std::chrono::steady_clock::now() >= thaw_at; }, kDeadline));
+  (*server)->Thaw();
+
+  // The member's lease lapsed on the server's clock. The reader's renewal is refused while no
+  // incarnation is live, but its binding is kept, so the writer still cannot release.
+  EXPECT_EQ(plane.Heartbeat("pool", 1, kLease).code(), StatusCode::kNotFound);
+  const Status away = plane.RenewBinding("req", "reader", bound->generation, kLongLease);
+  EXPECT_EQ(away.code(), StatusCode::kUnavailable) << away.ToString();
+  int64_t live_readers = 0;
+  ASSERT_TRUE(plane.Lookup("req", &live_readers).ok());
+  EXPECT_EQ(live_readers, 1);
+  EXPECT_EQ(plane.Release("req", bound->generation).code(), StatusCode::kFailedPrecondition);
+  // The member rejoins as incarnation 1: the reader goes on and finishes cleanly.
+  ASSERT_TRUE(plane.Rejoin("pool", 1, "", kLongLease).ok());
+  EXPECT_TRUE(plane.RenewBinding("req", "reader", bound->generation, kLongLease).ok());
+  EXPECT_TRUE(plane.Done("req", "reader", bound->generation).ok());
+  EXPECT_TRUE(plane.Release("req", bound->generation).ok());
 }
 
 TEST(ControlPlaneServerFailureTest, UnresponsiveServerHitsTheCommandDeadline) {

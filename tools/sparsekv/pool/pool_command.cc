@@ -148,15 +148,21 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
   gethostname(host, sizeof(host) - 1);
   const std::string address = std::string(host) + " pid " + std::to_string(getpid());
   uint64_t incarnation = 0;
-  // Registers as a new incarnation and publishes region 0 under it.
-  auto join = [&]() -> Status {
-    SPARSEKV_ASSIGN_OR_RETURN(incarnation, (*plane)->RegisterNode(node_id_, address, lease));
-    return (*plane)->PublishRegion(node_id_, incarnation, 0, *descriptor);
-  };
-  if (Status s = join(); !s.ok()) return fail("joining the pool", s);
+  if (auto registered = (*plane)->RegisterNode(node_id_, address, lease); registered.ok()) {
+    incarnation = *registered;
+  } else {
+    // A live id is refused (AlreadyExists): the message names the id and who holds it.
+    return fail("joining the pool as node '" + node_id_ + "'", registered.status());
+  }
+  if (Status s = (*plane)->PublishRegion(node_id_, incarnation, 0, *descriptor); !s.ok()) {
+    return fail("publishing region 0", s);
+  }
   out << "pool: node " << node_id_ << " incarnation " << incarnation << " serves region 0 ("
       << bytes << " bytes, transports '" << transports_ << "') via " << control_plane_ << std::endl;
 
+  // Exit code once serving ends: kExitOk on a stop signal, kExitFailure if the id was taken.
+  int code = kExitOk;
+  bool region_published = true;  // false from a rejoin until region 0 is published again
   Clock::time_point next_heartbeat = Clock::now() + heartbeat_period;
   while (stop_requested == 0) {
     const auto wait =
@@ -167,18 +173,34 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
     }
     if (Clock::now() < next_heartbeat) continue;
     next_heartbeat = Clock::now() + heartbeat_period;
-    const Status beat = (*plane)->Heartbeat(node_id_, incarnation, lease);
-    if (beat.code() == StatusCode::kNotFound || beat.code() == StatusCode::kFailedPrecondition) {
-      // The lease lapsed (e.g. the control plane was unreachable for longer than it): records
-      // of the old incarnation are refused from now on, so the memory can serve a new one.
-      err << "sparsekv pool: lost membership (" << beat.ToString() << "); joining again\n";
-      if (Status s = join(); !s.ok()) {
-        err << "sparsekv pool: joining again failed: " << s.ToString() << "\n";
-      } else {
+    Status beat = (*plane)->Heartbeat(node_id_, incarnation, lease);
+    if (beat.code() == StatusCode::kNotFound) {
+      // The lease lapsed (the control plane was unreachable for longer than it, or restarted
+      // without its data). The memory is unchanged, so rejoin as the same incarnation: records
+      // naming it stay valid. Refused if another process took the id meanwhile.
+      err << "sparsekv pool: lost membership (" << beat.ToString() << "); rejoining\n";
+      beat = (*plane)->Rejoin(node_id_, incarnation, address, lease);
+      region_published = false;  // it went with the lapsed membership
+      if (beat.ok()) {
         out << "pool: node " << node_id_ << " rejoined as incarnation " << incarnation << std::endl;
       }
-    } else if (!beat.ok()) {
-      err << "sparsekv pool: heartbeat failed: " << beat.ToString() << "\n";
+    }
+    if (beat.ok() && !region_published) {
+      beat = (*plane)->PublishRegion(node_id_, incarnation, 0, *descriptor);
+      region_published = beat.ok();
+    }
+    if (beat.code() == StatusCode::kFailedPrecondition ||
+        beat.code() == StatusCode::kAlreadyExists) {
+      err << "sparsekv pool: node id '" << node_id_ << "' was taken over by another process ("
+          << beat.ToString() << "); incarnation " << incarnation << " stops serving\n";
+      code = kExitFailure;
+      break;
+    }
+    if (!beat.ok()) err << "sparsekv pool: heartbeat failed: " << beat.ToString() << "\n";
+  }
+  if (code == kExitOk) {
+    if (Status s = (*plane)->Deregister(node_id_, incarnation); !s.ok()) {
+      err << "sparsekv pool: deregistering: " << s.ToString() << "\n";
     }
   }
   if (Status s = (*plane)->Deregister(node_id_, incarnation); !s.ok()) {
@@ -188,7 +210,7 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
     return fail("unregistering the region", s);
   }
   out << "pool: node " << node_id_ << " incarnation " << incarnation << " stopped" << std::endl;
-  return kExitOk;
+  return code;
 }
 
 }  // namespace sparsekv::tools

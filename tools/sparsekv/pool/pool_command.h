@@ -2,8 +2,9 @@
 // with a UCX transport, publishes the region's descriptor and its membership in the control plane
 // (Redis), heartbeats its lease, and progresses the transport in wakeup mode (blocking on the
 // transport's event fd, never busy polling) until SIGTERM or SIGINT, then deregisters and exits
-// 0 (docs/scale-out.md). Peers read and write the region with one-sided operations; which bytes
-// belong to which request is decided by the writers and recorded in the control plane.
+// 0 (docs/scale-out.md). If its lease lapses it rejoins as the same incarnation. Peers read and
+// write the region with one-sided operations; which bytes belong to which request is decided by the
+// writers and recorded in the control plane.
 #pragma once
 
 #include <chrono>
@@ -23,7 +24,9 @@ class PoolCommand {
   explicit PoolCommand(CLI::App& parent);
   bool selected() const;
   // Serves until SIGTERM or SIGINT (it installs handlers for both). Returns an exit code (cli.h):
-  // kExitFailure if the transport, the region or the control plane cannot be set up.
+  // kExitFailure if the transport, the region or the control plane cannot be set up, if the node
+  // id is already a live member (refused at once, the live one keeps it), or if another process
+  // took the id while this one's lease had lapsed (it then stops serving).
   // REQUIRES: the command line was parsed successfully and selected() is true.
   int Run(std::ostream& out, std::ostream& err);
 

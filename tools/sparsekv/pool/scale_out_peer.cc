@@ -6,7 +6,8 @@
 //            region (it is then a member itself) or, with --pool, into a pool server's region by
 //            one-sided writes; publishes each request's location; then progresses its transport
 //            until every request is released: once a reader called Done, it retries Release
-//            until no reader is bound.
+//            until no reader is bound. A record the control plane lost (a restart without its
+//            data) is reported and given up.
 //   decode   decodes through SparseKVCacheManager (CPU backend) with a RemoteTier: per request,
 //            Bind (control plane) -> RemoteTier::ImportRegion(node, descriptor) -> AdmitRemote,
 //            so its prompt stays where prefill wrote it. Each step (PlanStep, AppendToken and
@@ -21,6 +22,8 @@
 //            tier's counters and exits 0, or 1 if any entry was wrong.
 //
 // Output (stdout, one line each, flushed): "published KEY generation G", "released KEY",
+// "lost KEY: STATUS" (the control plane lost the record; prefill then exits 3),
+// "renewal of KEY failed, retrying: STATUS",
 // "bound KEY generation G node N", "admitted KEY tokens T", "step S healthy H failed F",
 // "request KEY failed: STATUS", "request KEY skipped in step S", "finished KEY",
 // "done KEY: STATUS", "WRONG request KEY step S layer L: ...",
@@ -152,6 +155,8 @@ int RunPrefill(const Common& c, const std::string& node_id, const std::string& p
   location.layers = c.layers;
   location.tokens = c.tokens;
   uint64_t own_incarnation = 0;
+  std::string own_descriptor;
+  bool own_region_published = true;
   if (pool.empty()) {
     // The rows stay in this process: it is a member serving its own region.
     auto incarnation = plane->RegisterNode(node_id, "prefill", lease);
@@ -159,7 +164,8 @@ int RunPrefill(const Common& c, const std::string& node_id, const std::string& p
     own_incarnation = *incarnation;
     auto descriptor = transport->ExportRegion(*region);
     Check(descriptor.status(), "export");
-    Check(plane->PublishRegion(node_id, own_incarnation, 0, *descriptor), "publish region");
+    own_descriptor = *descriptor;
+    Check(plane->PublishRegion(node_id, own_incarnation, 0, own_descriptor), "publish region");
     location.node_id = node_id;
     location.node_incarnation = own_incarnation;
   } else {
@@ -187,16 +193,44 @@ int RunPrefill(const Common& c, const std::string& node_id, const std::string& p
   // Serve (own region) and release each request once its reader is done.
   const auto deadline = Clock::now() + milliseconds(release_deadline_ms);
   const milliseconds period = lease / 4;
+  int lost = 0;
   while (!published.empty() && stop_requested == 0 && Clock::now() < deadline) {
     Check(transport->WaitForEvents(period), "progress");
-    if (pool.empty()) Check(plane->Heartbeat(node_id, own_incarnation, lease), "heartbeat");
+    if (pool.empty()) {
+      // A lapsed lease (the control plane was away, or restarted) is rejoined as the same
+      // incarnation, since the memory is unchanged; an unreachable control plane is retried.
+      Status beat = plane->Heartbeat(node_id, own_incarnation, lease);
+      if (beat.code() == StatusCode::kNotFound) {
+        beat = plane->Rejoin(node_id, own_incarnation, "prefill", lease);
+        if (beat.code() == StatusCode::kAlreadyExists ||
+            beat.code() == StatusCode::kFailedPrecondition) {
+          Check(beat, "rejoin");  // another process took the id
+        }
+        own_region_published = false;
+      } else if (beat.code() != StatusCode::kUnavailable &&
+                 beat.code() != StatusCode::kDeadlineExceeded) {
+        Check(beat, "heartbeat");
+      }
+      if (beat.ok() && !own_region_published) {
+        own_region_published =
+            plane->PublishRegion(node_id, own_incarnation, 0, own_descriptor).ok();
+      }
+    }
     for (auto it = published.begin(); it != published.end();) {
       // The hand-off: keep the rows until the reader is done with them (Release also waits
       // for any reader still bound).
       int64_t done = 0;
-      if (plane->Lookup(it->first, nullptr, &done).ok() && done > 0 &&
-          plane->Release(it->first, it->second).ok()) {
+      const auto record = plane->Lookup(it->first, nullptr, &done);
+      if (record.ok() && done > 0 && plane->Release(it->first, it->second).ok()) {
         std::cout << "released " << it->first << std::endl;
+        it = published.erase(it);
+      } else if (record.status().code() == StatusCode::kNotFound ||
+                 (record.ok() && record->generation != it->second)) {
+        // The control plane lost the record (it restarted without its data): no release will
+        // ever succeed. The rows may be reused once a binding lease has passed, since every
+        // reader's next renewal fails.
+        std::cout << "lost " << it->first << ": " << record.status().ToString() << std::endl;
+        ++lost;
         it = published.erase(it);
       } else {
         ++it;
@@ -204,7 +238,8 @@ int RunPrefill(const Common& c, const std::string& node_id, const std::string& p
     }
   }
   if (pool.empty()) plane->Deregister(node_id, own_incarnation).IgnoreError();
-  return published.empty() ? 0 : 1;
+  if (!published.empty()) return 1;
+  return lost > 0 ? 3 : 0;
 }
 
 // A block of the backend's device memory (host memory on the CPU backend), freed on destruction.
@@ -237,6 +272,9 @@ struct Decoding {
   bool bound = false;     // Bind succeeded: Done is owed
   bool admitted = false;  // live in the manager
   bool failed = false;
+  // Until when the binding is surely live (steady clock): lease after the start of the last
+  // renewal that succeeded. Reading stops there if no renewal succeeds before.
+  Clock::time_point bound_until;
 };
 
 // `top_k` positions of a request of `len` tokens (this step's included) of which `prompt` are
@@ -337,12 +375,14 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
     Decoding& d = decoding.emplace_back();
     d.request = requests[r];
     d.id = r + 1;
+    const auto bind_start = Clock::now();
     auto binding = plane->Bind(d.request.key, reader, lease);
     if (!binding.ok()) {
       fail(d, binding.status());
       continue;
     }
     d.bound = true;
+    d.bound_until = bind_start + lease;
     d.binding = *binding;
     const RequestLocation& l = d.binding.location;
     std::cout << "bound " << d.request.key << " generation " << d.binding.generation << " node "
@@ -466,14 +506,37 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
       next_renewal = Clock::now() + lease / 3;
       for (Decoding& d : decoding) {
         if (!d.bound || d.failed) continue;
+        const auto renewal_start = Clock::now();
         const Status renewed =
             plane->RenewBinding(d.request.key, reader, d.binding.generation, lease);
-        if (renewed.ok()) continue;
-        // What it would read from now on may be stale: it stops reading.
+        if (renewed.ok()) {
+          d.bound_until = renewal_start + lease;
+          continue;
+        }
+        if (renewed.code() == StatusCode::kUnavailable ||
+            renewed.code() == StatusCode::kDeadlineExceeded) {
+          // The control plane (or the node's membership) is away: the binding is still live
+          // until bound_until, so decoding goes on and the renewal is retried soon.
+          std::cout << "renewal of " << d.request.key << " failed, retrying: " << renewed.ToString()
+                    << std::endl;
+          next_renewal = Clock::now() + lease / 10;
+          if (renewed.code() == StatusCode::kDeadlineExceeded) break;  // one wait per round
+          continue;
+        }
+        // The binding is gone (e.g. the control plane lost its records): what it would read
+        // from now on may be stale, so it stops reading.
         fail(d, renewed);
         if (d.admitted) Check(manager->Release(d.id), "release");
         d.admitted = false;
       }
+    }
+    for (Decoding& d : decoding) {
+      // A renewal margin before the lease runs out on the server's clock: stop reading.
+      if (!d.bound || d.failed || Clock::now() + lease / 10 < d.bound_until) continue;
+      fail(d, DeadlineExceeded("binding of " + d.request.key + " could not be renewed within " +
+                               std::to_string(c.lease_ms) + " ms"));
+      if (d.admitted) Check(manager->Release(d.id), "release");
+      d.admitted = false;
     }
     const auto failed =
         std::count_if(decoding.begin(), decoding.end(), [](const Decoding& d) { return d.failed; });

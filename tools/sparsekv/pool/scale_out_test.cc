@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "sparsekv/control_plane.h"
 #include "testing/harness.h"
@@ -102,16 +103,7 @@ class ScaleOutTest : public ::testing::TestWithParam<std::string> {
 
   // A pool server; returns once its region is published under `incarnation`.
   Subprocess* StartPool(const std::string& node, uint64_t incarnation) {
-    std::vector<std::string> argv = {SPARSEKV_TOOL,     "pool",
-                                     "--node-id",       node,
-                                     "--control-plane", ControlPlaneAddress(),
-                                     "--key-prefix",    key_prefix_,
-                                     "--region-mib",    "16",
-                                     "--transports",    GetParam(),
-                                     "--lease-ms",      std::to_string(kLeaseMs),
-                                     "--timeout-ms",    std::to_string(kTimeoutMs)};
-    if (GetParam() == "tcp") argv.insert(argv.end(), {"--net-devices", "lo"});
-    Subprocess* pool = Start(node + "-" + std::to_string(incarnation), argv);
+    Subprocess* pool = Start(node + "-" + std::to_string(incarnation), PoolArgs(node));
     EXPECT_TRUE(WaitUntil(
         [&] {
           uint64_t live = 0;
@@ -122,7 +114,21 @@ class ScaleOutTest : public ::testing::TestWithParam<std::string> {
     return pool;
   }
 
-  std::vector<std::string> PeerArgs(const std::string& mode) const {
+  std::vector<std::string> PoolArgs(const std::string& node) const {
+    std::vector<std::string> argv = {SPARSEKV_TOOL,     "pool",
+                                     "--node-id",       node,
+                                     "--control-plane", ControlPlaneAddress(),
+                                     "--key-prefix",    key_prefix_,
+                                     "--region-mib",    "16",
+                                     "--transports",    GetParam(),
+                                     "--lease-ms",      std::to_string(kLeaseMs),
+                                     "--timeout-ms",    std::to_string(kTimeoutMs)};
+    if (GetParam() == "tcp") argv.insert(argv.end(), {"--net-devices", "lo"});
+    return argv;
+  }
+
+  std::vector<std::string> PeerArgs(const std::string& mode,
+                                    int64_t lease_ms = kBindingLeaseMs) const {
     return {SPARSEKV_SCALE_OUT_PEER,
             mode,
             "--control-plane",
@@ -132,7 +138,7 @@ class ScaleOutTest : public ::testing::TestWithParam<std::string> {
             "--transports",
             GetParam(),
             "--lease-ms",
-            std::to_string(kBindingLeaseMs),
+            std::to_string(lease_ms),
             "--timeout-ms",
             std::to_string(kTimeoutMs),
             "--layers",
@@ -161,8 +167,9 @@ class ScaleOutTest : public ::testing::TestWithParam<std::string> {
     return prefill;
   }
 
-  Subprocess* StartDecode(const std::string& name, const std::vector<std::string>& requests) {
-    std::vector<std::string> argv = PeerArgs("decode");
+  Subprocess* StartDecode(const std::string& name, const std::vector<std::string>& requests,
+                          int64_t binding_lease_ms = kBindingLeaseMs) {
+    std::vector<std::string> argv = PeerArgs("decode", binding_lease_ms);
     argv.insert(argv.end(), {"--reader", name});
     for (const std::string& r : requests) argv.insert(argv.end(), {"--request", r});
     return Start(name, argv);
@@ -285,6 +292,124 @@ TEST_P(ScaleOutTest, KilledPoolServerFailsOnlyItsRequestsAndRejoins) {
   EXPECT_EQ(Count(again_log, "WRONG"), 0) << again_log;
   EXPECT_EQ(Count(again_log, "done a-2: OK"), 1) << again_log;
   EXPECT_GT(RemoteCounter(again_log, "rows_fetched"), 0) << again_log;
+}
+
+TEST_P(ScaleOutTest, SecondPoolServerWithALiveNodeIdIsRefused) {
+  Subprocess* first = StartPool("dup", 1);
+  ASSERT_NE(first, nullptr);
+  Subprocess* second = Start("dup-second", PoolArgs("dup"));
+  ASSERT_NE(second, nullptr);
+  // It fails at registration, without serving, and says which id is taken by whom.
+  auto code = second->WaitFor(kDeadline);
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 1);
+  const std::string log = ReadFile(LogPath("dup-second"));
+  EXPECT_NE(log.find("joining the pool as node 'dup'"), std::string::npos) << log;
+  EXPECT_NE(log.find("AlreadyExists"), std::string::npos) << log;
+  EXPECT_NE(log.find("node id dup is taken: incarnation 1"), std::string::npos) << log;
+  EXPECT_NE(log.find("pid " + std::to_string(first->pid())), std::string::npos) << log;
+  EXPECT_EQ(Count(log, " serves region "), 0) << log;
+  // The first one keeps its registration and leaves cleanly as incarnation 1.
+  auto node = plane_->GetNode("dup");
+  ASSERT_TRUE(node.ok());
+  EXPECT_EQ(node->incarnation, 1u);
+  EXPECT_NE(node->address.find("pid " + std::to_string(first->pid())), std::string::npos);
+  EXPECT_EQ(Terminate(first), 0);
+  EXPECT_EQ(Count(ReadFile(LogPath("dup-1")), "taken over"), 0);
+  EXPECT_EQ(plane_->GetNode("dup").status().code(), StatusCode::kNotFound);
+}
+
+// The control plane restarts without its data in the middle of a decode (a-1 bound and decoding)
+// and of a hand-off (b-1 published, not yet bound): both requests fail cleanly, nothing stale is
+// read, the writers learn that their records are lost, the pool server rejoins as the same
+// incarnation, and a new hand-off through it works.
+TEST_P(ScaleOutTest, ControlPlaneRestartFailsItsRecordsCleanlyAndPoolsRejoin) {
+  Subprocess* pool = StartPool("pool-a", 1);
+  ASSERT_NE(pool, nullptr);
+  Subprocess* into_a = StartPrefill("prefill-a", {"a-1:21"}, "pool-a", 0);
+  Subprocess* into_b = StartPrefill("prefill-b", {"b-1:31"}, "pool-a", 4 << 20);
+  ASSERT_TRUE(into_a && into_b);
+  Subprocess* decode = StartDecode("decode-0", {"a-1:21"});
+  ASSERT_NE(decode, nullptr);
+  ASSERT_TRUE(WaitForLog("decode-0", "healthy 1 failed 0", 3));
+
+  redis_->Stop();
+  ASSERT_TRUE(redis_->Restart().ok());
+  // The bound reader's next renewal finds its binding gone: it stops reading a-1.
+  ASSERT_TRUE(WaitForLog("decode-0", "request a-1 failed: "));
+  const std::string reason = LineAfter(ReadFile(LogPath("decode-0")), "request a-1 failed: ");
+  EXPECT_TRUE(reason.starts_with("NotFound") || reason.starts_with("FailedPrecondition")) << reason;
+  ASSERT_TRUE(WaitForLog("decode-0", "healthy 0 failed 1"));
+  // The writers cannot release what the server forgot; they say so and exit.
+  for (auto [process, name, key] :
+       {std::tuple(into_a, "prefill-a", "a-1"), std::tuple(into_b, "prefill-b", "b-1")}) {
+    auto code = process->WaitFor(kDeadline);
+    ASSERT_TRUE(code.ok()) << name << ": " << code.status().ToString();
+    EXPECT_EQ(*code, 3) << name;
+    EXPECT_EQ(Count(ReadFile(LogPath(name)), std::string("lost ") + key + ": NotFound"), 1);
+  }
+  // The pool server rejoins as incarnation 1 and publishes its region again.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        uint64_t live = 0;
+        return plane_->GetRegion("pool-a", 0, &live).ok() && live == 1;
+      },
+      kDeadline));
+  EXPECT_TRUE(WaitForLog("pool-a-1", "rejoined as incarnation 1"));
+
+  // The interrupted hand-off cannot be bound; a new one decodes exactly.
+  ASSERT_NE(StartPrefill("prefill-c", {"c-1:41"}, "pool-a", 8 << 20), nullptr);
+  Subprocess* again = StartDecode("decode-1", {"b-1:31", "c-1:41"});
+  ASSERT_NE(again, nullptr);
+  ASSERT_TRUE(WaitForLog("decode-1", "healthy 1 failed 1", 3));
+  EXPECT_EQ(Terminate(again), 0);
+  const std::string again_log = ReadFile(LogPath("decode-1"));
+  EXPECT_NE(LineAfter(again_log, "request b-1 failed: ").find("NotFound"), std::string::npos)
+      << again_log;
+  EXPECT_EQ(Count(again_log, "done c-1: OK"), 1) << again_log;
+  EXPECT_EQ(Count(again_log, "WRONG"), 0) << again_log;
+
+  EXPECT_EQ(Terminate(decode), 0);
+  const std::string log = ReadFile(LogPath("decode-0"));
+  EXPECT_EQ(Count(log, "WRONG"), 0) << log;
+  EXPECT_EQ(Count(log, "done a-1: OK"), 0) << log;
+  EXPECT_EQ(Terminate(pool), 0);
+}
+
+// The control plane is unreachable (frozen) for longer than the pool server's lease in the
+// middle of a decode: the data path does not need it, so decoding goes on exactly; the pool
+// server rejoins as the same incarnation and the hand-off ends normally.
+TEST_P(ScaleOutTest, ControlPlaneUnreachableLongerThanALeaseDecodeGoesOn) {
+  Subprocess* pool = StartPool("pool-a", 1);
+  ASSERT_NE(pool, nullptr);
+  Subprocess* prefill = StartPrefill("prefill-a", {"a-1:21"}, "pool-a", 0);
+  ASSERT_NE(prefill, nullptr);
+  // A binding lease with room for a renewal stuck behind the frozen server's command deadline.
+  Subprocess* decode = StartDecode("decode-0", {"a-1:21"}, 2 * kBindingLeaseMs);
+  ASSERT_NE(decode, nullptr);
+  ASSERT_TRUE(WaitForLog("decode-0", "healthy 1 failed 0", 3));
+
+  redis_->Freeze();
+  // The fault lasts a fixed time (measured on the steady clock): longer than the pool's lease.
+  const auto thaw_at = std::chrono::steady_clock::now() + milliseconds(kLeaseMs + 500);
+  EXPECT_TRUE(WaitUntil([&] { return std::chrono::steady_clock::now() >= thaw_at; }, kDeadline));
+  redis_->Thaw();
+  const int steps_before = Count(ReadFile(LogPath("decode-0")), "healthy 1 failed 0");
+  ASSERT_TRUE(WaitForLog("pool-a-1", "rejoined as incarnation 1"));
+  ASSERT_TRUE(WaitForLog("decode-0", "healthy 1 failed 0", steps_before + 20));
+  auto node = plane_->GetNode("pool-a");
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  EXPECT_EQ(node->incarnation, 1u);
+
+  EXPECT_EQ(Terminate(decode), 0);
+  const std::string log = ReadFile(LogPath("decode-0"));
+  EXPECT_EQ(Count(log, "WRONG"), 0) << log;
+  EXPECT_EQ(Count(log, "failed: "), 0) << log;
+  EXPECT_EQ(Count(log, "done a-1: OK"), 1) << log;
+  auto code = prefill->WaitFor(kDeadline);
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 0);
+  EXPECT_EQ(Terminate(pool), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ScaleOutTest, ::testing::Values("tcp", "shm"),

@@ -32,14 +32,25 @@
 
 namespace sparsekv {
 
+// The hot cache that `options` asks for (see CacheOptions::device_budget_bytes).
+struct HotCacheShape {
+  int32_t hot_slots = 0;    // C per block and layer (options.hot_slots, or chosen)
+  int32_t blocks = 0;       // >= options.max_requests
+  int64_t block_bytes = 0;  // HotCache::BlockBytes of one block
+};
+// Without a budget: options.hot_slots and max_requests blocks. With one: hot_slots = 0 takes the
+// largest C (at most kMaxHotSlots) with which max_requests blocks fit in the budget, and the
+// blocks are as many as fit. InvalidArgument, naming the sizes, if the budget cannot hold
+// max_requests blocks of top_k slots (or of hot_slots), or the slots overflow 32-bit indices.
+StatusOr<HotCacheShape> ChooseHotCacheShape(const CacheOptions& options);
+
 class HotCache {
  public:
   // `backend` must outlive the cache. Layers [g * layers_per_state, (g + 1) * layers_per_state)
   // share replacement state g.
   static StatusOr<std::unique_ptr<HotCache>> Create(const KVGeometry& geometry, int32_t hot_slots,
                                                     int32_t window, int32_t max_blocks,
-                                                    Backend* backend,
-                                                    int32_t layers_per_state = 1,
+                                                    Backend* backend, int32_t layers_per_state = 1,
                                                     int32_t resident_page_rows = 0);
   ~HotCache();
   HotCache(const HotCache&) = delete;
@@ -81,7 +92,7 @@ class HotCache {
     return block * slots_per_block() + hot_slots_ + position % window_;
   }
 
-  std::byte* layer_data(int32_t layer) const { return data_[layer]; }        // [rows, stride]
+  std::byte* layer_data(int32_t layer) const { return data_[layer]; }  // [rows, stride]
   int64_t layer_rows() const { return int64_t{max_blocks_} * slots_per_block(); }
   // The replacement state `layer` uses (shared by the layers of its group).
   int32_t* slot_token(int32_t layer) const { return slot_token_ + Offset(layer); }  // [blocks, C]

@@ -18,12 +18,12 @@ TEST(ReferenceIndexCopyTest, CopiesValidEntriesAndCountsInvalidOnes) {
   const std::vector<int32_t> dst_index = {0, 1, 3, 9, 2};
   const int32_t count = 5;
   unsigned long long invalid = 0;
-  IndexCopyView v{src.data(), dst.data(), src_index.data(), dst_index.data(), &count, 5, kRow,
-                  4, 5, 5, 4, &invalid, /*max_blocks=*/0};
+  IndexCopyView v{src.data(), dst.data(), src_index.data(), dst_index.data(), &count, 5, kRow, 4, 5,
+                  5,          4,          &invalid,         /*max_blocks=*/0};
   reference::IndexCopy(v);
-  EXPECT_EQ(invalid, 3u);  // src -1, dst 9, src 7
-  EXPECT_EQ(std::memcmp(dst.data(), src.data() + 16, kRow), 0);       // row 0 <- row 4
-  EXPECT_EQ(std::memcmp(dst.data() + 15, src.data() + 0, kRow), 0);   // row 3 <- row 0
+  EXPECT_EQ(invalid, 3u);                                            // src -1, dst 9, src 7
+  EXPECT_EQ(std::memcmp(dst.data(), src.data() + 16, kRow), 0);      // row 0 <- row 4
+  EXPECT_EQ(std::memcmp(dst.data() + 15, src.data() + 0, kRow), 0);  // row 3 <- row 0
   EXPECT_EQ(dst[3], std::byte{0xAA});  // bytes past row_bytes untouched
   EXPECT_EQ(dst[5], std::byte{0xAA});  // row 1 untouched (invalid source)
 }
@@ -32,8 +32,8 @@ TEST(ReferenceIndexCopyTest, CountIsClampedToCapacity) {
   std::vector<std::byte> src(8, std::byte{1}), dst(8, std::byte{0});
   const std::vector<int32_t> index = {0, 1};
   const int32_t count = 100;
-  IndexCopyView v{src.data(), dst.data(), index.data(), index.data(), &count, 2, 4, 4, 4, 2, 2,
-                  nullptr, /*max_blocks=*/0};
+  IndexCopyView v{src.data(), dst.data(), index.data(), index.data(),    &count, 2, 4, 4, 4,
+                  2,          2,          nullptr,      /*max_blocks=*/0};
   reference::IndexCopy(v);
   EXPECT_EQ(dst, src);
 }
@@ -103,7 +103,7 @@ TEST_F(ReferenceResolveTest, MissesFillLeastRecentlyUsedSlotsInOrder) {
 }
 
 TEST_F(ReferenceResolveTest, HitsAreNeverEvictedAndLruOrderFollowsUse) {
-  Run({10, 20, 30}, 40);          // order now 3,0,1,2 (slot 3 empty)
+  Run({10, 20, 30}, 40);             // order now 3,0,1,2 (slot 3 empty)
   auto out = Run({30, 11, 12}, 40);  // 30 hits slot 2; misses take slots 3 then 0
   EXPECT_EQ(out, (std::vector<int32_t>{2, 3, 0}));
   EXPECT_EQ(counters_.hits, 1u);
@@ -186,7 +186,7 @@ TEST(ReferenceAssembleTest, GathersRowsAndZeroFillsSkippedEntries) {
   EXPECT_EQ(std::memcmp(out.data(), hot.data() + 8, 3), 0);
   EXPECT_EQ(out[4], std::byte{0});
   EXPECT_EQ(std::memcmp(out.data() + 8, hot.data(), 3), 0);
-  EXPECT_EQ(out[12], std::byte{0});   // out-of-range slot: zero row
+  EXPECT_EQ(out[12], std::byte{0});    // out-of-range slot: zero row
   EXPECT_EQ(out[3], std::byte{0xEE});  // stride padding untouched
 }
 
@@ -195,10 +195,10 @@ TEST(ReferenceResolveResidentTest, MapsPositionsAndSkipsAsAHotRowWould) {
   const int32_t batch_size = 2;
   // Row 0 is resident (residency row 1), row 1 unused: neither a block nor a residency row.
   const BatchEntry batch[2] = {BatchEntry{-1, 10, 0, 1}, BatchEntry{-1, 0, 0}};
-  const std::vector<int32_t> table = {900, 901, 902,   // residency row 0 (unused here)
-                                      40, 8, 100};     // row 1: pages at slots 40, 8, 100
+  const std::vector<int32_t> table = {900, 901, 902,             // residency row 0 (unused here)
+                                      40,  8,   100};            // row 1: pages at slots 40, 8, 100
   const std::vector<int32_t> topk = {9, -1, 3, 10, 4, 3, -2, 0,  // row 0
-                                     1, 1, 1, 1, 1, 1, 1, 1};    // row 1 (unused)
+                                     1, 1,  1, 1,  1, 1, 1,  1};  // row 1 (unused)
   for (bool share : {false, true}) {
     std::vector<int32_t> out(16, 12345);
     std::vector<uint8_t> fill(16, 7);

@@ -1,8 +1,10 @@
 #include "sparsekv/hot_cache.h"
 
 #include <algorithm>
+#include <climits>
 #include <functional>
 #include <numeric>
+#include <string>
 
 namespace sparsekv {
 
@@ -14,14 +16,46 @@ int64_t HotCache::BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int3
   return data + state;
 }
 
-StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
-                                                      int32_t hot_slots, int32_t window,
-                                                      int32_t max_blocks, Backend* backend,
-                                                      int32_t layers_per_state,
-                                                      int32_t resident_page_rows) {
+StatusOr<HotCacheShape> ChooseHotCacheShape(const CacheOptions& o) {
+  const int32_t lps = o.layers_per_index;
+  auto bytes = [&](int32_t c) { return HotCache::BlockBytes(o.geometry, c, o.window, lps); };
+  HotCacheShape shape{o.hot_slots, o.max_requests, 0};
+  if (o.device_budget_bytes > 0) {
+    const int64_t per_request = o.device_budget_bytes / o.max_requests;
+    if (shape.hot_slots == 0) {
+      // BlockBytes is affine in C: the largest C whose block fits, capped at the kernels' limit.
+      const int64_t fixed = bytes(0);
+      const int64_t per_slot = bytes(1) - fixed;
+      shape.hot_slots = static_cast<int32_t>(
+          std::clamp<int64_t>((per_request - fixed) / per_slot, 0, kMaxHotSlots));
+    }
+    const int32_t needed = std::max(shape.hot_slots, o.top_k);
+    if (bytes(needed) > per_request) {
+      return InvalidArgument(
+          "CacheOptions: device_budget_bytes (" + std::to_string(o.device_budget_bytes) +
+          ") cannot hold max_requests (" + std::to_string(o.max_requests) + ") blocks of " +
+          std::to_string(needed) + " slots (" + std::to_string(bytes(needed)) + " bytes each)");
+    }
+    // As many blocks as fit, and as 32-bit slot indices can address.
+    shape.blocks =
+        static_cast<int32_t>(std::min<int64_t>(o.device_budget_bytes / bytes(shape.hot_slots),
+                                               INT32_MAX / (shape.hot_slots + int64_t{o.window})));
+  }
+  if (int64_t{shape.blocks} * (shape.hot_slots + int64_t{o.window}) > INT32_MAX) {
+    return InvalidArgument("CacheOptions: " + std::to_string(shape.blocks) + " blocks of " +
+                           std::to_string(shape.hot_slots) +
+                           " + window slots overflow 32-bit slot indices");
+  }
+  shape.block_bytes = bytes(shape.hot_slots);
+  return shape;
+}
+
+StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry, int32_t hot_slots,
+                                                     int32_t window, int32_t max_blocks,
+                                                     Backend* backend, int32_t layers_per_state,
+                                                     int32_t resident_page_rows) {
   if (hot_slots <= 0 || window <= 0 || max_blocks <= 0 || geometry.layers.empty() ||
-      layers_per_state < 1 || resident_page_rows < 0 ||
-      resident_page_rows > hot_slots + window) {
+      layers_per_state < 1 || resident_page_rows < 0 || resident_page_rows > hot_slots + window) {
     return InvalidArgument("HotCache: invalid shape");
   }
   std::unique_ptr<HotCache> cache(new HotCache(geometry, hot_slots, window, max_blocks, backend,
@@ -92,8 +126,7 @@ StatusOr<int32_t> HotCache::Acquire(StreamHandle stream) {
   return block;
 }
 
-StatusOr<int32_t> HotCache::AcquireSeeded(std::span<const int32_t> positions,
-                                          StreamHandle stream) {
+StatusOr<int32_t> HotCache::AcquireSeeded(std::span<const int32_t> positions, StreamHandle stream) {
   const auto n = static_cast<int32_t>(positions.size());
   if (n > hot_slots_) {
     return InvalidArgument("HotCache: " + std::to_string(n) + " seed positions for " +
@@ -106,7 +139,7 @@ StatusOr<int32_t> HotCache::AcquireSeeded(std::span<const int32_t> positions,
   seed_image_.assign(2 * static_cast<size_t>(hot_slots_), -1);
   std::copy(positions.begin(), positions.end(), seed_image_.begin());
   int32_t* order = seed_image_.data() + hot_slots_;
-  std::iota(order, order + (hot_slots_ - n), n);   // the empty slots: victims first
+  std::iota(order, order + (hot_slots_ - n), n);  // the empty slots: victims first
   std::iota(order + (hot_slots_ - n), order + hot_slots_, 0);
   const int32_t block = free_.back();
   SPARSEKV_RETURN_IF_ERROR(WriteState(block, seed_image_.data(), stream));

@@ -13,8 +13,8 @@ namespace {
 // C = 6 LRU slots + W = 2 window slots per block: 8 rows, two pages of R = 4 rows (or one of 5).
 std::unique_ptr<HotCache> MakeCache(std::shared_ptr<Backend> backend, int32_t blocks,
                                     int32_t page_rows) {
-  auto cache = HotCache::Create(KVGeometry::Uniform(2, 16), 6, 2, blocks, backend.get(), 1,
-                                page_rows);
+  auto cache =
+      HotCache::Create(KVGeometry::Uniform(2, 16), 6, 2, blocks, backend.get(), 1, page_rows);
   EXPECT_TRUE(cache.ok()) << cache.status().ToString();
   return std::move(*cache);
 }
@@ -84,6 +84,62 @@ TEST(HotCacheTest, SeededBlockHoldsThePositionsMostRecentLast) {
   std::vector<int32_t> order(6);
   std::iota(order.begin(), order.end(), 0);
   EXPECT_EQ(Read(cache->lru_order(0) + 6, 6), order);
+}
+
+CacheOptions BudgetOptions() {
+  CacheOptions o;
+  o.geometry = KVGeometry::Uniform(4, 100);
+  o.top_k = 8;
+  o.window = 2;
+  o.max_requests = 3;
+  o.hot_slots = 0;
+  return o;
+}
+
+TEST(ChooseHotCacheShapeTest, WithoutABudgetTheOptionsDecide) {
+  CacheOptions o = BudgetOptions();
+  o.hot_slots = 16;
+  auto shape = ChooseHotCacheShape(o);
+  ASSERT_TRUE(shape.ok());
+  EXPECT_EQ(shape->hot_slots, 16);
+  EXPECT_EQ(shape->blocks, 3);
+  EXPECT_EQ(shape->block_bytes, HotCache::BlockBytes(o.geometry, 16, 2));
+}
+
+TEST(ChooseHotCacheShapeTest, TheBudgetIsSpentOnMaxRequestsBlocks) {
+  CacheOptions o = BudgetOptions();
+  // A block of C slots: 4 layers x 100 B x (C + 2) rows + 4 states x (2C + 1) x 4 B = 432 C + 816.
+  ASSERT_EQ(HotCache::BlockBytes(o.geometry, 10, 2), 432 * 10 + 816);
+  o.device_budget_bytes = 3 * (432 * 40 + 816) + 431;  // C = 40 fits, 41 does not
+  auto shape = ChooseHotCacheShape(o);
+  ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+  EXPECT_EQ(shape->hot_slots, 40);
+  EXPECT_EQ(shape->blocks, 3);
+  // Given slots: as many blocks as fit.
+  o.hot_slots = 10;
+  shape = ChooseHotCacheShape(o);
+  ASSERT_TRUE(shape.ok());
+  EXPECT_EQ(shape->blocks, o.device_budget_bytes / (432 * 10 + 816));
+  // Capped at the kernels' limit.
+  o.hot_slots = 0;
+  o.device_budget_bytes = int64_t{1} << 40;
+  shape = ChooseHotCacheShape(o);
+  ASSERT_TRUE(shape.ok());
+  EXPECT_EQ(shape->hot_slots, kMaxHotSlots);
+}
+
+TEST(ChooseHotCacheShapeTest, ABudgetTooSmallIsRefused) {
+  CacheOptions o = BudgetOptions();
+  o.device_budget_bytes = 3 * (432 * 8 + 816) - 1;  // not three blocks of top_k = 8 slots
+  const auto shape = ChooseHotCacheShape(o);
+  EXPECT_EQ(shape.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(shape.status().message().find("cannot hold max_requests (3) blocks of 8 slots"),
+            std::string::npos)
+      << shape.status().message();
+  o.device_budget_bytes += 1;
+  EXPECT_TRUE(ChooseHotCacheShape(o).ok());
+  o.hot_slots = 9;
+  EXPECT_FALSE(ChooseHotCacheShape(o).ok());
 }
 
 }  // namespace

@@ -141,7 +141,8 @@ struct CacheOptions {
   int32_t copy_blocks = 0;
   // Hybrid residency: positions per resident page. A resident request takes
   // ceil(reserved / resident_page_rows) pages; a hot-cache block holds
-  // floor((hot_slots + window) / resident_page_rows) of them. In [1, hot_slots + window].
+  // floor((hot_slots + window) / resident_page_rows) of them. With hybrid_residency: in
+  // [1, hot_slots + window].
   int32_t resident_page_rows = 256;
 
   int32_t effective_max_batch() const { return max_batch > 0 ? max_batch : max_requests; }

@@ -75,8 +75,9 @@ Status ValidateOptions(const CacheOptions& o) {
     return Field("max_prefetch (" + std::to_string(o.max_prefetch) + ") must be in [0, hot_slots]");
   }
   if (o.window < 1) return Field("window must be >= 1 (the newest token is always resident)");
-  if (o.resident_page_rows < 1 ||
-      (o.hot_slots != 0 && o.resident_page_rows > o.hot_slots + int64_t{o.window})) {
+  if (o.hybrid_residency &&
+      (o.resident_page_rows < 1 ||
+       (o.hot_slots != 0 && o.resident_page_rows > o.hot_slots + int64_t{o.window}))) {
     return Field("resident_page_rows (" + std::to_string(o.resident_page_rows) +
                  ") must be in [1, hot_slots + window]");
   }

@@ -612,7 +612,7 @@ class PyManager {
   HotLayerView HotLayer(int32_t layer) const {
     const int32_t stride = RowStride(options(), layer, "hot_layer");
     return HotLayerView{manager_->HotLayer(layer),
-                        int64_t{options().max_requests} * options().slots_per_request(), stride,
+                        manager_->HotLayerRows(), stride,
                         backend_.is_cuda()};
   }
 

@@ -144,8 +144,6 @@ Json PointJson(const E2EPoint& p) {
   j["variant"] = VariantName(p.variant);
   j["context"] = p.context;
   j["miss_rate_target"] = p.miss_rate_target ? Json(*p.miss_rate_target) : Json(nullptr);
-  j["hot_slots"] = p.hot_slots;
-  j["resident_requests"] = p.resident_requests;
   j["batch"] = p.batch;
   j["max_batch"] = p.max_batch;
   j["timed_steps"] = p.timed_steps;
@@ -169,6 +167,8 @@ Json PointJson(const E2EPoint& p) {
   j["floor_ms"] = p.floor_ms;
   j["ideal_ms"] = p.ideal_ms;
   j["step_to_floor"] = p.step_to_floor;
+  j["hot_slots"] = p.hot_slots;
+  j["resident_requests"] = p.resident_requests;
   return j;
 }
 

@@ -236,7 +236,7 @@ void Bench::BuildState(int32_t ctx, int32_t batch) {
   std::vector<int32_t> positions(ctx - o_.window);
   std::vector<int32_t> fill_src(size_t(batch) * c_), fill_dst(size_t(batch) * c_);
   for (int32_t b = 0; b < batch; ++b) {
-    s.entries[b] = BatchEntry{b, ctx, b, 0};
+    s.entries[b] = BatchEntry{b, ctx, b};
     // C distinct resident positions: a partial Fisher-Yates shuffle of [0, ctx - W).
     std::iota(positions.begin(), positions.end(), 0);
     for (int32_t i = 0; i < c_; ++i) {

@@ -25,20 +25,27 @@ inline constexpr int32_t kPaddingPosition = -1;
 
 // Device-side counters. All accumulate until the host reads and resets them.
 struct ResolveCounters {
-  unsigned long long hits;          // positions found in a hot LRU slot
-  unsigned long long window_hits;   // positions served by the always-resident window
-  unsigned long long misses;        // positions copied from the host pool this step
-  unsigned long long padding;       // entries equal to -1
-  unsigned long long duplicates;    // repeats of a position earlier in the same top-k row
-  unsigned long long out_of_range;  // positions < -1 or >= seq_len; skipped
+  unsigned long long hits;           // positions found in a hot LRU slot
+  unsigned long long window_hits;    // positions served by the always-resident window
+  unsigned long long misses;         // positions copied from the host pool this step
+  unsigned long long padding;        // entries equal to -1
+  unsigned long long duplicates;     // repeats of a position earlier in the same top-k row
+  unsigned long long out_of_range;   // positions < -1 or >= seq_len; skipped
+  unsigned long long resident_hits;  // positions of a fully resident request (no hot cache)
 };
 
-// One row of the step's batch table, written by the manager's plan phase.
+// A BatchEntry's `resident` for a request in hot-cache mode (or an unused row).
+inline constexpr int32_t kNotResident = -1;
+
+// One row of the step's batch table, written by the manager's plan phase. A row is in use if it
+// names a hot-cache block (hot-cache mode) or a residency-table row (resident mode), not both.
 struct BatchEntry {
-  int32_t block;           // the request's hot-cache block; -1 = unused row
+  int32_t block;           // the request's hot-cache block; -1 = none
   int32_t seq_len;         // tokens with KV, the newest included; top-k positions are < seq_len
-  int32_t page_table_row;  // the request's row in the page table
-  int32_t reserved = 0;
+  int32_t page_table_row;  // the request's row in the host pool's page table
+  int32_t resident = kNotResident;  // the request's row in the residency table; -1 = none
+
+  SPARSEKV_HD bool in_use() const { return block >= 0 || resident >= 0; }
 };
 
 // dst[dst_index[i]] = src[src_index[i]] for i < min(*count, capacity), `row_bytes` bytes each.
@@ -46,15 +53,15 @@ struct BatchEntry {
 // and counted in *invalid (if not null). Distinct valid entries must not share a destination.
 // src and dst may each be device memory or host memory the device can address.
 struct IndexCopyView {
-  const std::byte* src;       // [src_rows, src_stride]
-  std::byte* dst;             // [dst_rows, dst_stride]
-  const int32_t* src_index;   // [capacity]
-  const int32_t* dst_index;   // [capacity]
-  const int32_t* count;       // device scalar; entries to copy
-  int32_t capacity;           // size of the index arrays
-  int32_t row_bytes;          // bytes copied per row
-  int64_t src_stride;         // bytes between source rows
-  int64_t dst_stride;         // bytes between destination rows
+  const std::byte* src;      // [src_rows, src_stride]
+  std::byte* dst;            // [dst_rows, dst_stride]
+  const int32_t* src_index;  // [capacity]
+  const int32_t* dst_index;  // [capacity]
+  const int32_t* count;      // device scalar; entries to copy
+  int32_t capacity;          // size of the index arrays
+  int32_t row_bytes;         // bytes copied per row
+  int64_t src_stride;        // bytes between source rows
+  int64_t dst_stride;        // bytes between destination rows
   int64_t src_rows;
   int64_t dst_rows;
   unsigned long long* invalid;  // device scalar or nullptr; += skipped entries
@@ -63,6 +70,13 @@ struct IndexCopyView {
 };
 
 // Resolve one layer's top-k for the whole batch against the hot cache.
+//
+// Resident rows. A row with e.resident >= 0 (its request's whole KV is in HBM) has no replacement
+// state and no misses. Each entry p is padding, out_of_range or a duplicate exactly as below;
+// otherwise it is a resident hit: out = resident_table[e.resident * resident_pages + p / R]
+// + p % R with R = resident_page_rows (the first layer-wide slot of each page of R positions).
+// fill_mask is 0; share_duplicates applies as below. Rows with neither a block nor a residency
+// row are not touched.
 //
 // For every batch row b < *batch_size (rows at or past it are not touched), with entry e =
 // batch[b], C = hot_slots, W = window, base = e.block * (C + W), and
@@ -112,16 +126,20 @@ struct ResolveView {
   const int32_t* page_table;   // [max_requests, pages_per_request] host page of each page
   int32_t pages_per_request;
   int32_t page_tokens;
-  int32_t* miss_host_row;      // [miss_capacity] source row in the host pool layer
-  int32_t* miss_slot;          // [miss_capacity] destination layer-wide slot
-  int32_t* miss_count;         // device scalar, zeroed before the launch
-  int32_t miss_capacity;       // >= max_batch * top_k
-  ResolveCounters* counters;   // this layer's counters
-  uint8_t* fill_mask;          // [max_batch, top_k] or nullptr; see above
-  bool sort_misses;            // sort each row's misses by host row (performance only),
-  int32_t sort_min_batch;      // in launches whose *batch_size is at least this
+  int32_t* miss_host_row;     // [miss_capacity] source row in the host pool layer
+  int32_t* miss_slot;         // [miss_capacity] destination layer-wide slot
+  int32_t* miss_count;        // device scalar, zeroed before the launch
+  int32_t miss_capacity;      // >= max_batch * top_k
+  ResolveCounters* counters;  // this layer's counters
+  uint8_t* fill_mask;         // [max_batch, top_k] or nullptr; see above
+  bool sort_misses;           // sort each row's misses by host row (performance only),
+  int32_t sort_min_batch;     // in launches whose *batch_size is at least this
   // Repeats of a position share its slot (several query tokens' top-k in one row: MTP).
   bool share_duplicates;
+  // Resident rows (see above); null when no request can be resident.
+  const int32_t* resident_table;  // [residency rows, resident_pages] first slot of each page
+  int32_t resident_pages;         // pages per residency row
+  int32_t resident_page_rows;     // R: positions per page
 };
 
 // out[b, k] = hot[slots[b, k]] for b < *batch_size and k < top_k; a row whose slot is kNullSlot
@@ -130,8 +148,8 @@ struct AssembleView {
   const int32_t* batch_size;  // device scalar
   const std::byte* hot;       // [hot_rows, stride] one layer of the hot cache
   int64_t hot_rows;
-  const int32_t* slots;       // [max_batch, top_k]
-  std::byte* out;             // [max_batch, top_k, stride]
+  const int32_t* slots;  // [max_batch, top_k]
+  std::byte* out;        // [max_batch, top_k, stride]
   int32_t top_k;
   int32_t row_bytes;
   int64_t stride;

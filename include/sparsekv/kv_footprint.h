@@ -99,6 +99,28 @@ VariantPlan PlanVariant(KVVariant variant, RequestShape shape, int64_t hbm_budge
                         int64_t host_budget_bytes, int32_t cap, int32_t rates, int32_t steps,
                         int32_t check_steps, int32_t batch);
 
+// sparsekv with a hot cache sized by the budget (CacheOptions::device_budget_bytes with
+// hot_slots = 0, as hybrid residency runs it): the batch is the largest that the host budget and
+// `cap` allow and whose per-request device state besides the hot cache (the sparsekv Footprint
+// less its hot-cache block) leaves room for that many blocks of top_k slots; the hot cache takes
+// the rest of the HBM budget, and the slots per request follow (ChooseHotCacheShape).
+struct BudgetedHotCache {
+  int32_t max_batch = 0;          // 0: not even one request fits
+  int32_t hot_slots = 0;          // chosen per request and layer
+  int64_t hot_cache_bytes = 0;    // the manager's device_budget_bytes
+  int64_t per_request_bytes = 0;  // HBM per request besides the hot cache
+};
+// `shape.tokens` is the positions a request holds (context + headroom).
+BudgetedHotCache PlanBudgetedHotCache(const RequestShape& shape, int64_t hbm_budget_bytes,
+                                      int64_t host_budget_bytes, int32_t cap);
+// PlanVariant for sparsekv with a budget-sized hot cache: max_batch and the footprint (per
+// request: its device state plus its share of the hot cache) from PlanBudgetedHotCache;
+// `budgeted` (if not null) receives it.
+VariantPlan PlanBudgetedVariant(RequestShape shape, int64_t hbm_budget_bytes,
+                                int64_t host_budget_bytes, int32_t cap, int32_t rates,
+                                int32_t steps, int32_t check_steps, int32_t batch,
+                                BudgetedHotCache* budgeted);
+
 // Bytes a step moves besides what attention and the proxy move:
 //   pcie: rows crossing PCIe (host -> HBM fetches, HBM -> host write-back of the new token);
 //   hbm:  device-memory traffic of the KV bookkeeping (rows written into the cache or staging,

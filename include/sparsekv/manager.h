@@ -16,6 +16,18 @@
 // A graph captured over the run phase stays valid for every later step whose batch has at most
 // max_batch requests: the batch size and table are read from device memory at run time.
 //
+// Hybrid residency (CacheOptions::hybrid_residency): a request admitted while the hot cache has
+// room for its whole reservation is resident: every row of its history is in HBM (in resident
+// pages carved from the hot cache's blocks), its top-k map straight to rows and nothing is ever
+// missed, evicted or copied in. When an admission needs a hot-cache block that no free memory
+// holds, resident requests are demoted to hot-cache mode, the one holding the most pages first
+// (ties: the lowest id): the host pool already holds their whole history, so demotion copies
+// nothing out; their new block is seeded from the pool with their most recent rows (the window
+// and the hot_cache slots before it). Resident and hot-cache requests mix freely in one step and
+// one captured graph (the batch table says which is which). Promote() brings a request back.
+// Forked children, remote-backed requests and requests resumed without room are in hot-cache
+// mode. See docs/residency.md.
+//
 // Host pages are reference-counted and may be shared between requests (a common prompt, the next
 // turn of a conversation, forked branches) and retained conversations that have no device state;
 // see "Shared prefixes and retained conversations" below and docs/prefix-sharing.md. The hot
@@ -56,7 +68,8 @@ struct LayerStats {
   uint64_t padding = 0;       // -1 entries
   uint64_t duplicates = 0;    // repeated positions within one top-k row (skipped)
   uint64_t out_of_range = 0;  // positions outside [0, seq_len) (skipped)
-  // hit_rate = (hits + window_hits) / (hits + window_hits + misses); 0 if no lookups.
+  uint64_t resident_hits = 0;  // top-k positions of resident requests (hybrid residency)
+  // hit_rate = (hits + window_hits + resident_hits) / (that + misses); 0 if no lookups.
   double hit_rate() const;
 };
 
@@ -83,6 +96,12 @@ struct HostCounters {
   // and the pages those evictions freed (a page that another holder still references is not).
   uint64_t evictions = 0;
   uint64_t evicted_pages = 0;
+
+  // Hybrid residency: resident requests demoted to hot-cache mode to make room for an
+  // admission, and hot-cache requests promoted (Promote). Rows a demotion loads into the new
+  // block and a promotion loads into resident pages count in bytes_host_to_device.
+  uint64_t demotions = 0;
+  uint64_t promotions = 0;
 };
 
 // Statistics since creation or the last ResetStats(): the host counters, the device counters
@@ -95,7 +114,8 @@ struct CacheStats : HostCounters {
   uint64_t invalid_copy_entries = 0;  // IndexCopy entries skipped as out of bounds
   int32_t host_pages_used = 0;        // now: of the whole pool, also when it is shared
   int32_t host_pages_total = 0;
-  int32_t hot_blocks_used = 0;  // now
+  int32_t hot_blocks_used = 0;  // now: blocks in hot-cache mode
+  int32_t resident_requests = 0;  // now: requests in resident mode (hybrid residency)
   // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
   int64_t device_bytes = 0;
 
@@ -154,8 +174,20 @@ class SparseKVCacheManager {
   // Gives back the request's hot-cache block but keeps its history in the host pool, to free HBM
   // under pressure. A retracted request cannot join a step until Resume().
   Status Retract(RequestId id);
-  // Takes a hot-cache block again (ResourceExhausted if none is free) and reloads the window.
+  // Takes a hot-cache block again (ResourceExhausted if none is free) and reloads the window;
+  // with hybrid residency, makes the request resident if its pages fit, loading its whole
+  // history from the host pool, or demotes resident requests for a block as Admit does.
   Status Resume(RequestId id, StreamHandle stream);
+
+  // ---- Hybrid residency (host side, between steps) ----
+
+  // Makes a hot-cache request resident again: takes its pages, loads its whole history from the
+  // host pool on `stream` and gives back its block. Errors: NotFound; FailedPrecondition without
+  // hybrid_residency, for a retracted or remote-backed request, one in the open step, or one
+  // resident already; ResourceExhausted if its pages are not free (nothing is demoted for it).
+  Status Promote(RequestId id, StreamHandle stream);
+  // Whether `id` is a live request in resident mode.
+  bool IsResident(RequestId id) const;
 
   // ---- Shared prefixes and retained conversations (host side) ----
   //
@@ -289,10 +321,14 @@ class SparseKVCacheManager {
   // The host pages of a live request or retained conversation, in position order (page i holds
   // positions [i * host_page_tokens, (i + 1) * host_page_tokens)); NotFound otherwise.
   StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
-  // Layer `layer` of the hot cache, [max_requests * (hot_slots + window), row_stride(layer)]:
-  // what the slots returned by RunLayer index.
+  // Layer `layer` of the hot cache, [HotLayerRows(), row_stride(layer)]: what the slots returned
+  // by RunLayer index.
   const std::byte* HotLayer(int32_t layer) const;
+  // Rows of every HotLayer: blocks * (hot_slots + window), the blocks being max_requests, or as
+  // many as device_budget_bytes holds (ChooseHotCacheShape).
+  int64_t HotLayerRows() const;
   int32_t batch_size() const;
+  // The options, with hot_slots as chosen (ChooseHotCacheShape) when it was 0.
   const CacheOptions& options() const;
   const HostKVPool& host_pool() const;
   Backend& backend() const;

@@ -67,8 +67,21 @@ struct CacheOptions {
   // Positions selected per request and layer at every decode step.
   int32_t top_k = 2048;
   // Least-recently-used hot slots per request and layer, in HBM. Must be >= top_k so that any
-  // step's misses always find a victim.
+  // step's misses always find a victim, and at most kMaxHotSlots. 0: chosen from
+  // device_budget_bytes (ChooseHotCacheShape in hot_cache.h).
   int32_t hot_slots = 4096;
+  // HBM for the hot cache, in bytes (rows and replacement state; the manager's small plan
+  // buffers come on top). 0: exactly max_requests blocks of hot_slots. Otherwise the hot cache
+  // takes as many blocks as fit, at least max_requests, and with hot_slots = 0 each block has the
+  // most slots with which max_requests blocks fit: the budget spent on the batch the host pool
+  // allows, since slots are the cheapest bandwidth there is.
+  int64_t device_budget_bytes = 0;
+  // Hybrid residency: a request admitted while the hot cache has room for its whole reservation
+  // keeps its whole KV in HBM (resident mode: its top-k map straight to rows, nothing is ever
+  // missed or evicted); when an admission needs the room, resident requests are demoted to
+  // hot-cache mode (SparseKVCacheManager, "Hybrid residency"). false: every request is in
+  // hot-cache mode.
+  bool hybrid_residency = false;
   // The newest `window` tokens of each request are always resident, in `window` extra slots per
   // request and layer (beyond hot_slots), and are never evicted.
   int32_t window = 1;
@@ -126,6 +139,11 @@ struct CacheOptions {
   // Copies on the critical path gain nothing from it below batch 64 (0.1-0.35 ms per step
   // slower), hence the default (bench/results/overlap-copy-blocks, docs/overlap.md). CUDA only.
   int32_t copy_blocks = 0;
+  // Hybrid residency: positions per resident page. A resident request takes
+  // ceil(reserved / resident_page_rows) pages; a hot-cache block holds
+  // floor((hot_slots + window) / resident_page_rows) of them. With hybrid_residency: in
+  // [1, hot_slots + window].
+  int32_t resident_page_rows = 256;
 
   int32_t effective_max_batch() const { return max_batch > 0 ? max_batch : max_requests; }
   int32_t effective_max_host_requests() const {
@@ -138,6 +156,9 @@ struct CacheOptions {
     return static_cast<int32_t>(int64_t{hot_slots} * protected_percent / 100);
   }
 };
+
+// The most hot slots per request and layer that the resolve kernels support.
+inline constexpr int32_t kMaxHotSlots = 65536;
 
 // Checks every field and their combinations; the message names the field and the rule.
 Status ValidateOptions(const CacheOptions& options);

@@ -40,6 +40,11 @@ Shared prefixes and retained conversations (host side)::
     mgr.retain(rid)   # ends the request, keeps its full pages indexed for the next turn
     mgr.fork(parent, child, max_new_tokens)                 # a branch sharing all of parent's KV
 
+Hybrid residency (``CacheOptions(hybrid_residency=True, device_budget_bytes=..., hot_slots=0)``):
+requests keep their whole KV in HBM while the budget allows and are demoted to hot-cache mode when
+an admission needs the room; ``mgr.promote(rid)`` brings one back, ``mgr.is_resident(rid)`` tells,
+``choose_hot_cache_shape(options)`` says which slots per request the library picks.
+
 Request ids are Python ints in [0, 2**64); anything else raises ``TypeError`` or
 ``InvalidArgumentError``. Type stubs (``_core.pyi``) describe every call.
 
@@ -54,6 +59,7 @@ from sparsekv._core import (
     DeadlineExceededError,
     EvictionPolicy,
     FailedPreconditionError,
+    HotCacheShape,
     HotLayer,
     InternalError,
     InvalidArgumentError,
@@ -66,6 +72,7 @@ from sparsekv._core import (
     SparseKVCacheManager,
     SparseKVError,
     UnavailableError,
+    choose_hot_cache_shape,
     cpu_backend,
     cuda_backend,
     cuda_compiled,
@@ -80,6 +87,7 @@ __all__ = [
     "DeadlineExceededError",
     "EvictionPolicy",
     "FailedPreconditionError",
+    "HotCacheShape",
     "HotLayer",
     "InternalError",
     "InvalidArgumentError",
@@ -92,6 +100,7 @@ __all__ = [
     "SparseKVCacheManager",
     "SparseKVError",
     "UnavailableError",
+    "choose_hot_cache_shape",
     "cpu_backend",
     "cuda_backend",
     "cuda_compiled",

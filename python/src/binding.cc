@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/hot_cache.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
@@ -456,6 +457,10 @@ class PyManager {
     cached_.erase(id.value);
   }
   void Retract(PyRequestId id) { Check(manager_->Retract(id.value)); }
+  void Promote(PyRequestId id, const py::object& stream) {
+    Check(manager_->Promote(id.value, Stream(stream)));
+  }
+  bool IsResident(PyRequestId id) const { return manager_->IsResident(id.value); }
   void Resume(PyRequestId id, const py::object& stream) {
     Check(manager_->Resume(id.value, Stream(stream)));
   }
@@ -612,7 +617,7 @@ class PyManager {
   HotLayerView HotLayer(int32_t layer) const {
     const int32_t stride = RowStride(options(), layer, "hot_layer");
     return HotLayerView{manager_->HotLayer(layer),
-                        int64_t{options().max_requests} * options().slots_per_request(), stride,
+                        manager_->HotLayerRows(), stride,
                         backend_.is_cuda()};
   }
 
@@ -686,6 +691,7 @@ py::dict LayerStatsDict(const LayerStats& s) {
   d["padding"] = s.padding;
   d["duplicates"] = s.duplicates;
   d["out_of_range"] = s.out_of_range;
+  d["resident_hits"] = s.resident_hits;
   d["hit_rate"] = s.hit_rate();
   return d;
 }
@@ -759,7 +765,9 @@ PYBIND11_MODULE(_core, m) {
                        int32_t max_host_requests, int32_t max_batch, int32_t max_context,
                        int32_t host_page_tokens, bool sort_misses, int32_t sort_misses_min_batch,
                        EvictionPolicy eviction, int32_t protected_percent, int32_t layers_per_index,
-                       bool share_repeated_positions, int32_t max_prefetch, int32_t copy_blocks) {
+                       bool share_repeated_positions, int32_t max_prefetch, int32_t copy_blocks,
+                       bool hybrid_residency, int64_t device_budget_bytes,
+                       int32_t resident_page_rows) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -779,6 +787,9 @@ PYBIND11_MODULE(_core, m) {
              o.share_repeated_positions = share_repeated_positions;
              o.max_prefetch = max_prefetch;
              o.copy_blocks = copy_blocks;
+             o.hybrid_residency = hybrid_residency;
+             o.device_budget_bytes = device_budget_bytes;
+             o.resident_page_rows = resident_page_rows;
              return o;
            }),
            py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
@@ -795,6 +806,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("share_repeated_positions") = defaults.share_repeated_positions,
            py::arg("max_prefetch") = defaults.max_prefetch,
            py::arg("copy_blocks") = defaults.copy_blocks,
+           py::arg("hybrid_residency") = defaults.hybrid_residency,
+           py::arg("device_budget_bytes") = defaults.device_budget_bytes,
+           py::arg("resident_page_rows") = defaults.resident_page_rows,
            "Keyword arguments only; geometry, host_capacity_tokens, max_requests and max_context "
            "are required. Checked when a manager is created (or by validate()).")
       .def_readwrite("geometry", &CacheOptions::geometry, "The KV rows of every layer.")
@@ -835,6 +849,14 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("copy_blocks", &CacheOptions::copy_blocks,
                      "Largest grid of the CUDA miss copy in blocks of 256 threads; 0: as many as "
                      "the GPU holds resident.")
+      .def_readwrite("hybrid_residency", &CacheOptions::hybrid_residency,
+                     "Requests keep their whole KV in HBM while the hot cache has room; "
+                     "admissions that need it demote them to hot-cache mode.")
+      .def_readwrite("device_budget_bytes", &CacheOptions::device_budget_bytes,
+                     "HBM for the hot cache; 0: max_requests blocks. With hot_slots = 0 the "
+                     "library chooses the slots from it.")
+      .def_readwrite("resident_page_rows", &CacheOptions::resident_page_rows,
+                     "Hybrid residency: positions per resident page.")
       .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity,
                              "SEGMENTED_LRU: the protected part's capacity in slots.")
       .def_property_readonly("effective_max_batch", &CacheOptions::effective_max_batch,
@@ -858,11 +880,30 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("padding", &LayerStats::padding, "-1 entries.")
       .def_readonly("duplicates", &LayerStats::duplicates,
                     "Repeated positions within one top-k row (skipped).")
+      .def_readonly("resident_hits", &LayerStats::resident_hits,
+                    "Top-k positions of resident requests (hybrid residency).")
       .def_readonly("out_of_range", &LayerStats::out_of_range,
                     "Positions outside [0, seq_len) (skipped).")
       .def_property_readonly("hit_rate", &LayerStats::hit_rate,
-                             "(hits + window_hits) / (hits + window_hits + misses); 0 if none.")
+                             "(hits + window_hits + resident_hits) / (that + misses); 0 if none.")
       .def("to_dict", &LayerStatsDict, "The counters and hit_rate as a dict.");
+
+  py::class_<HotCacheShape>(m, "HotCacheShape", "The hot cache CacheOptions ask for.")
+      .def_readonly("hot_slots", &HotCacheShape::hot_slots,
+                    "Slots per block and layer (options.hot_slots, or chosen from the budget).")
+      .def_readonly("blocks", &HotCacheShape::blocks, "Blocks: max_requests, or as many as fit.")
+      .def_readonly("block_bytes", &HotCacheShape::block_bytes, "Device bytes of one block.");
+  m.def(
+      "choose_hot_cache_shape",
+      [](const CacheOptions& o) {
+        Check(ValidateOptions(o));
+        StatusOr<HotCacheShape> shape = ChooseHotCacheShape(o);
+        Check(shape.status());
+        return *shape;
+      },
+      py::arg("options"),
+      "The hot cache a manager with these options would allocate: with device_budget_bytes and "
+      "hot_slots = 0, the slots the library chooses.");
 
   py::class_<CacheStats> stats(m, "CacheStats",
                                "Statistics since creation or the last reset_stats(); fields "
@@ -905,7 +946,11 @@ PYBIND11_MODULE(_core, m) {
       "Now: retained conversations in the pool.")(
       "prefetch_lookups", &CacheStats::prefetch_lookups,
       "Positions prefetch_layer looked up, once per index group.")(
-      "prefetch_rows", &CacheStats::prefetch_rows, "Of those, rows fetched (not resident).");
+      "prefetch_rows", &CacheStats::prefetch_rows, "Of those, rows fetched (not resident).")(
+      "demotions", &CacheStats::demotions,
+      "Resident requests demoted to hot-cache mode to make room for an admission.")(
+      "promotions", &CacheStats::promotions, "Hot-cache requests made resident by promote().")(
+      "resident_requests", &CacheStats::resident_requests, "Now: requests resident in HBM.");
   stats.def(
       "to_dict",
       [](const py::object& self) {
@@ -998,6 +1043,11 @@ PYBIND11_MODULE(_core, m) {
       .def("release", &PyManager::Release, py::arg("request_id"),
            "Frees the request's host pages (drops its references to shared ones) and hot-cache "
            "block, or drops the retained conversation `request_id`.")
+      .def("promote", &PyManager::Promote, py::arg("request_id"), no_stream,
+           "Hybrid residency: makes a hot-cache request resident again, loading its whole "
+           "history from the host pool (ResourceExhaustedError if its pages are not free).")
+      .def("is_resident", &PyManager::IsResident, py::arg("request_id"),
+           "Whether the request is live and resident in HBM.")
       .def("retract", &PyManager::Retract, py::arg("request_id"),
            "Gives back the request's hot-cache block and keeps its history in the host pool; "
            "it cannot join a step until resume().")

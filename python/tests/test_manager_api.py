@@ -322,3 +322,45 @@ def test_statistics_fields_dict_and_reset(arrays):
         assert getattr(cleared, name) == 0, name
     assert cleared.total.hits + cleared.total.misses + cleared.total.window_hits == 0
     assert cleared.hot_blocks_used == 1  # a gauge: not reset
+
+
+
+def test_hybrid_residency_promote_and_demote(arrays):
+    # Blocks of 8 + 2 rows, resident pages of 4 positions (2 per block), a budget of 3 blocks.
+    probe = sparsekv.choose_hot_cache_shape(make_options())
+    assert probe.blocks == 3 and probe.hot_slots == 8
+    d = Driver(arrays, seed=6, hybrid_residency=True, resident_page_rows=4,
+               device_budget_bytes=3 * probe.block_bytes)
+    m = d.m
+    d.admit(1, d.prompt(6), max_new_tokens=6)  # 12 positions: 3 of the 6 pages
+    assert m.is_resident(1)
+    d.admit(2, d.prompt(7), max_new_tokens=6)  # 13 positions: 4 pages do not fit, a block does
+    assert not m.is_resident(2)
+    d.step([1, 2])
+    d.step([2, 1], split=True)
+    stats = m.read_stats()
+    assert stats.resident_requests == 1 and stats.total.resident_hits > 0
+    total = stats.total
+    assert (total.hits + total.window_hits + total.misses + total.padding + total.resident_hits
+            == d.entries)
+    # A third request needs a block: request 1 is demoted (its rows reloaded from the pool).
+    d.admit(3, d.prompt(5), max_new_tokens=3)
+    assert not m.is_resident(1) and m.read_stats().demotions == 1
+    d.step([1, 2, 3])
+    m.release(3)
+    m.promote(2)  # its own block and request 3's hold its 4 pages
+    assert m.is_resident(2) and m.read_stats().promotions == 1
+    d.step([1, 2])
+    with pytest.raises(sparsekv.FailedPreconditionError, match="resident"):
+        m.promote(2)
+    with pytest.raises(sparsekv.ResourceExhaustedError):
+        m.promote(1)
+    m.retract(2)
+    m.resume(2)  # back resident: its pages are free again
+    assert m.is_resident(2)
+    d.step([2, 1])
+    assert "resident_hits" in m.read_stats().total.to_dict()
+    assert m.read_stats().to_dict()["demotions"] == 1
+    m.release(1)
+    m.release(2)
+    assert m.read_stats().resident_requests == 0

@@ -22,6 +22,33 @@ void IndexCopy(const IndexCopyView& v) {
 
 namespace {
 
+// Resolves one row of a resident request: a direct position -> slot mapping.
+void ResolveResidentRow(const ResolveView& v, int32_t b) {
+  const BatchEntry e = v.batch[b];
+  const int32_t* topk = v.topk + static_cast<int64_t>(b) * v.topk_stride;
+  int32_t* out = v.slots_out + static_cast<int64_t>(b) * v.top_k;
+  const int32_t* pages = v.resident_table + static_cast<int64_t>(e.resident) * v.resident_pages;
+  uint8_t* fill = v.fill_mask == nullptr ? nullptr : v.fill_mask + int64_t{b} * v.top_k;
+  ResolveCounters& n = *v.counters;
+  std::unordered_map<int32_t, int32_t> seen;  // position -> first entry holding it
+  for (int32_t k = 0; k < v.top_k; ++k) {
+    const int32_t p = topk[k];
+    out[k] = kNullSlot;
+    if (fill != nullptr) fill[k] = 0;
+    if (p == kPaddingPosition) {
+      ++n.padding;
+    } else if (p < 0 || p >= e.seq_len) {
+      ++n.out_of_range;
+    } else if (auto [first, fresh] = seen.emplace(p, k); !fresh) {
+      ++n.duplicates;
+      if (v.share_duplicates) out[k] = out[first->second];
+    } else {
+      ++n.resident_hits;
+      out[k] = pages[p / v.resident_page_rows] + p % v.resident_page_rows;
+    }
+  }
+}
+
 // Resolves one batch row. Invariant kept: slot_token/lru_order of the block describe exactly the
 // positions resident in its C LRU slots, and lru_order is a permutation of [0, C).
 void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
@@ -118,8 +145,11 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
 void Resolve(const ResolveView& v) {
   std::vector<int32_t> misses;
   for (int32_t b = 0; b < *v.batch_size; ++b) {
-    if (v.batch[b].block < 0) continue;
-    ResolveRow(v, b, misses);
+    if (v.batch[b].resident >= 0) {
+      ResolveResidentRow(v, b);
+    } else if (v.batch[b].block >= 0) {
+      ResolveRow(v, b, misses);
+    }
   }
 }
 

@@ -18,12 +18,12 @@ TEST(ReferenceIndexCopyTest, CopiesValidEntriesAndCountsInvalidOnes) {
   const std::vector<int32_t> dst_index = {0, 1, 3, 9, 2};
   const int32_t count = 5;
   unsigned long long invalid = 0;
-  IndexCopyView v{src.data(), dst.data(), src_index.data(), dst_index.data(), &count, 5, kRow,
-                  4, 5, 5, 4, &invalid, /*max_blocks=*/0};
+  IndexCopyView v{src.data(), dst.data(), src_index.data(), dst_index.data(), &count, 5, kRow, 4, 5,
+                  5,          4,          &invalid,         /*max_blocks=*/0};
   reference::IndexCopy(v);
-  EXPECT_EQ(invalid, 3u);  // src -1, dst 9, src 7
-  EXPECT_EQ(std::memcmp(dst.data(), src.data() + 16, kRow), 0);       // row 0 <- row 4
-  EXPECT_EQ(std::memcmp(dst.data() + 15, src.data() + 0, kRow), 0);   // row 3 <- row 0
+  EXPECT_EQ(invalid, 3u);                                            // src -1, dst 9, src 7
+  EXPECT_EQ(std::memcmp(dst.data(), src.data() + 16, kRow), 0);      // row 0 <- row 4
+  EXPECT_EQ(std::memcmp(dst.data() + 15, src.data() + 0, kRow), 0);  // row 3 <- row 0
   EXPECT_EQ(dst[3], std::byte{0xAA});  // bytes past row_bytes untouched
   EXPECT_EQ(dst[5], std::byte{0xAA});  // row 1 untouched (invalid source)
 }
@@ -32,8 +32,8 @@ TEST(ReferenceIndexCopyTest, CountIsClampedToCapacity) {
   std::vector<std::byte> src(8, std::byte{1}), dst(8, std::byte{0});
   const std::vector<int32_t> index = {0, 1};
   const int32_t count = 100;
-  IndexCopyView v{src.data(), dst.data(), index.data(), index.data(), &count, 2, 4, 4, 4, 2, 2,
-                  nullptr, /*max_blocks=*/0};
+  IndexCopyView v{src.data(), dst.data(), index.data(), index.data(),    &count, 2, 4, 4, 4,
+                  2,          2,          nullptr,      /*max_blocks=*/0};
   reference::IndexCopy(v);
   EXPECT_EQ(dst, src);
 }
@@ -103,7 +103,7 @@ TEST_F(ReferenceResolveTest, MissesFillLeastRecentlyUsedSlotsInOrder) {
 }
 
 TEST_F(ReferenceResolveTest, HitsAreNeverEvictedAndLruOrderFollowsUse) {
-  Run({10, 20, 30}, 40);          // order now 3,0,1,2 (slot 3 empty)
+  Run({10, 20, 30}, 40);             // order now 3,0,1,2 (slot 3 empty)
   auto out = Run({30, 11, 12}, 40);  // 30 hits slot 2; misses take slots 3 then 0
   EXPECT_EQ(out, (std::vector<int32_t>{2, 3, 0}));
   EXPECT_EQ(counters_.hits, 1u);
@@ -186,8 +186,51 @@ TEST(ReferenceAssembleTest, GathersRowsAndZeroFillsSkippedEntries) {
   EXPECT_EQ(std::memcmp(out.data(), hot.data() + 8, 3), 0);
   EXPECT_EQ(out[4], std::byte{0});
   EXPECT_EQ(std::memcmp(out.data() + 8, hot.data(), 3), 0);
-  EXPECT_EQ(out[12], std::byte{0});   // out-of-range slot: zero row
+  EXPECT_EQ(out[12], std::byte{0});    // out-of-range slot: zero row
   EXPECT_EQ(out[3], std::byte{0xEE});  // stride padding untouched
+}
+
+// A resident row: positions map through the residency table, pages of R = 4 positions.
+TEST(ReferenceResolveResidentTest, MapsPositionsAndSkipsAsAHotRowWould) {
+  const int32_t batch_size = 2;
+  // Row 0 is resident (residency row 1), row 1 unused: neither a block nor a residency row.
+  const BatchEntry batch[2] = {BatchEntry{-1, 10, 0, 1}, BatchEntry{-1, 0, 0}};
+  const std::vector<int32_t> table = {900, 901, 902,             // residency row 0 (unused here)
+                                      40,  8,   100};            // row 1: pages at slots 40, 8, 100
+  const std::vector<int32_t> topk = {9, -1, 3, 10, 4, 3, -2, 0,  // row 0
+                                     1, 1,  1, 1,  1, 1, 1,  1};  // row 1 (unused)
+  for (bool share : {false, true}) {
+    std::vector<int32_t> out(16, 12345);
+    std::vector<uint8_t> fill(16, 7);
+    ResolveCounters counters{};
+    int32_t miss_count = 0;
+    ResolveView v{};
+    v.batch_size = &batch_size;
+    v.batch = batch;
+    v.topk = topk.data();
+    v.top_k = 8;
+    v.topk_stride = 8;
+    v.slots_out = out.data();
+    v.counters = &counters;
+    v.fill_mask = fill.data();
+    v.miss_count = &miss_count;
+    v.share_duplicates = share;
+    v.resident_table = table.data();
+    v.resident_pages = 3;
+    v.resident_page_rows = 4;
+    reference::Resolve(v);
+    // 9 -> page 2 (slot 100) + 1; 3 -> page 0 (40) + 3; 4 -> page 1 (8) + 0; 0 -> 40.
+    const std::vector<int32_t> expected = {101, -1, 43, -1, 8, share ? 43 : -1, -1, 40};
+    EXPECT_EQ(std::vector<int32_t>(out.begin(), out.begin() + 8), expected);
+    EXPECT_EQ(std::vector<int32_t>(out.begin() + 8, out.end()), std::vector<int32_t>(8, 12345));
+    EXPECT_EQ(std::vector<uint8_t>(fill.begin(), fill.begin() + 8), std::vector<uint8_t>(8, 0));
+    EXPECT_EQ(counters.resident_hits, 4u);
+    EXPECT_EQ(counters.padding, 1u);
+    EXPECT_EQ(counters.out_of_range, 2u);  // 10 (>= seq_len) and -2
+    EXPECT_EQ(counters.duplicates, 1u);
+    EXPECT_EQ(counters.hits + counters.window_hits + counters.misses, 0u);
+    EXPECT_EQ(miss_count, 0);
+  }
 }
 
 }  // namespace

@@ -263,6 +263,7 @@ std::string ShapeName(const ResolveShape& s) {
 class ResolveHarness {
  public:
   static constexpr int32_t kPageTokens = 64;
+  static constexpr int32_t kResidentRows = 48;  // R of the resident rows
 
   ResolveHarness(Backend& gpu, const ResolveShape& shape, uint64_t seed)
       : gpu_(gpu),
@@ -279,6 +280,8 @@ class ResolveHarness {
         batch_(shape.max_batch),
         topk_(static_cast<size_t>(shape.max_batch) * topk_stride_, kPaddingPosition),
         page_table_(static_cast<size_t>(shape.max_batch) * pages_per_request_),
+        resident_pages_(pages_per_request_ * kPageTokens / kResidentRows + 1),
+        resident_table_(static_cast<size_t>(shape.max_batch) * resident_pages_),
         g_batch_size_(gpu, sizeof(int32_t)),
         g_batch_(gpu, batch_.size() * sizeof(BatchEntry)),
         g_topk_(gpu, topk_.size() * sizeof(int32_t)),
@@ -287,6 +290,7 @@ class ResolveHarness {
         g_lru_order_(gpu, lru_order_.size() * sizeof(int32_t)),
         g_lru_protected_(gpu, lru_protected_.size() * sizeof(int32_t)),
         g_page_table_(gpu, page_table_.size() * sizeof(int32_t)),
+        g_resident_table_(gpu, resident_table_.size() * sizeof(int32_t)),
         g_miss_host_row_(gpu, MissCapacity() * sizeof(int32_t)),
         g_miss_slot_(gpu, MissCapacity() * sizeof(int32_t)),
         g_miss_count_(gpu, sizeof(int32_t)),
@@ -296,13 +300,16 @@ class ResolveHarness {
       std::iota(lru_order_.begin() + static_cast<int64_t>(block) * s_.hot_slots,
                 lru_order_.begin() + static_cast<int64_t>(block + 1) * s_.hot_slots, 0);
     }
-    // Distinct blocks and page-table rows; every 7th row unused; one very short request.
+    // Distinct blocks and page-table rows; every 7th row unused, every 5th (from row 3) resident
+    // (residency row b); one very short request.
     std::vector<int32_t> blocks(num_blocks_);
     std::iota(blocks.begin(), blocks.end(), 0);
     std::shuffle(blocks.begin(), blocks.end(), rng_);
     for (int32_t b = 0; b < s_.max_batch; ++b) {
       const int32_t row = s_.max_batch - 1 - b;
-      batch_[b] = {b % 7 == 6 ? -1 : blocks[b], b == 1 ? 1 : InitialSeqLen(), row, 0};
+      const bool resident = b % 5 == 3;
+      batch_[b] = {b % 7 == 6 || resident ? -1 : blocks[b], b == 1 ? 1 : InitialSeqLen(), row,
+                   resident ? b : kNotResident};
     }
     // Host pages: a permutation, so that host rows are distinct across requests.
     std::iota(page_table_.begin(), page_table_.end(), 0);
@@ -311,6 +318,9 @@ class ResolveHarness {
     g_lru_order_.Upload(lru_order_);
     g_lru_protected_.Upload(lru_protected_);
     g_page_table_.Upload(page_table_);
+    // Any slots will do: the mapping is checked, not the rows.
+    for (int32_t& first_slot : resident_table_) first_slot = static_cast<int32_t>(rng_() % 1000000);
+    g_resident_table_.Upload(resident_table_);
     g_counters_.Fill(0);
     last_topk_ = topk_;
   }
@@ -339,7 +349,8 @@ class ResolveHarness {
     int32_t want_miss_count = 0;
     reference::Resolve(View(&batch_size, batch_.data(), topk_.data(), want_out.data(),
                             slot_token_.data(), lru_order_.data(), lru_protected_.data(),
-                            page_table_.data(), want_miss_row.data(), want_miss_slot.data(),
+                            page_table_.data(), resident_table_.data(), want_miss_row.data(),
+                            want_miss_slot.data(),
                             &want_miss_count, &counters_,
                             flags.fill_mask ? want_fill.data() : nullptr, flags));
 
@@ -356,7 +367,7 @@ class ResolveHarness {
         View(g_batch_size_.get<int32_t>(), g_batch_.get<BatchEntry>(), g_topk_.get<int32_t>(),
              g_slots_out_.get<int32_t>(), g_slot_token_.get<int32_t>(), g_lru_order_.get<int32_t>(),
              g_lru_protected_.get<int32_t>(), g_page_table_.get<int32_t>(),
-             g_miss_host_row_.get<int32_t>(), g_miss_slot_.get<int32_t>(),
+             g_resident_table_.get<int32_t>(), g_miss_host_row_.get<int32_t>(), g_miss_slot_.get<int32_t>(),
              g_miss_count_.get<int32_t>(), g_counters_.get<ResolveCounters>(),
              flags.fill_mask ? g_fill_mask_.get<uint8_t>() : nullptr, flags),
         s_.max_batch, nullptr));
@@ -375,6 +386,7 @@ class ResolveHarness {
     EXPECT_EQ(got.padding, counters_.padding);
     EXPECT_EQ(got.duplicates, counters_.duplicates);
     EXPECT_EQ(got.out_of_range, counters_.out_of_range);
+    EXPECT_EQ(got.resident_hits, counters_.resident_hits);
 
     const int32_t got_miss_count = g_miss_count_.Download<int32_t>()[0];
     ASSERT_EQ(got_miss_count, want_miss_count);
@@ -403,7 +415,8 @@ class ResolveHarness {
 
   ResolveView View(const int32_t* batch_size, const BatchEntry* batch, const int32_t* topk,
                    int32_t* slots_out, int32_t* slot_token, int32_t* lru_order,
-                   int32_t* lru_protected, const int32_t* page_table, int32_t* miss_host_row,
+                   int32_t* lru_protected, const int32_t* page_table,
+                   const int32_t* resident_table, int32_t* miss_host_row,
                    int32_t* miss_slot, int32_t* miss_count, ResolveCounters* counters,
                    uint8_t* fill_mask, Flags flags) const {
     return {.batch_size = batch_size,
@@ -429,7 +442,10 @@ class ResolveHarness {
             .fill_mask = fill_mask,
             .sort_misses = flags.sort_misses,
             .sort_min_batch = 0,
-            .share_duplicates = flags.share_duplicates};
+            .share_duplicates = flags.share_duplicates,
+            .resident_table = resident_table,
+            .resident_pages = resident_pages_,
+            .resident_page_rows = kResidentRows};
   }
 
   // The next top-k of row b. kMixed: about half from the row's last top-k, the rest anywhere in
@@ -506,6 +522,7 @@ class ResolveHarness {
   const int32_t num_blocks_;
   const int32_t pages_per_request_;
   int step_ = 0;
+  const int32_t resident_pages_;
 
   // The reference's state and inputs.
   std::vector<int32_t> slot_token_;
@@ -515,6 +532,7 @@ class ResolveHarness {
   std::vector<int32_t> topk_;
   std::vector<int32_t> last_topk_;
   std::vector<int32_t> page_table_;
+  std::vector<int32_t> resident_table_;  // [max_batch, resident_pages_]
   ResolveCounters counters_{};
 
   // The GPU's.
@@ -526,6 +544,7 @@ class ResolveHarness {
   Buffer g_lru_order_;
   Buffer g_lru_protected_;
   Buffer g_page_table_;
+  Buffer g_resident_table_;
   Buffer g_miss_host_row_;
   Buffer g_miss_slot_;
   Buffer g_miss_count_;

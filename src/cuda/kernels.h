@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "sparsekv/kernel_views.h"
+#include "sparsekv/options.h"
 
 namespace sparsekv {
 
@@ -19,9 +20,11 @@ inline constexpr cudaError_t kUnsupported = cudaErrorInvalidValue;
 cudaError_t LaunchIndexCopy(const IndexCopyView& view, cudaStream_t stream);
 
 // Unsupported: top_k > kMaxResolveTopK, hot_slots outside [1, kMaxResolveHotSlots], window < 0,
-// topk_stride < top_k, page_tokens < 1, or a shared-memory need above the device's limit.
+// topk_stride < top_k, page_tokens < 1, a residency table with resident_page_rows < 1, or a
+// shared-memory need above the device's limit.
 inline constexpr int32_t kMaxResolveTopK = 4096;
 inline constexpr int32_t kMaxResolveHotSlots = 65536;
+static_assert(kMaxResolveHotSlots == kMaxHotSlots, "options.h states the kernels' limit");
 cudaError_t LaunchResolve(const ResolveView& view, int32_t max_batch, cudaStream_t stream);
 
 // Unsupported: top_k < 0, row_bytes < 1, stride < row_bytes, hot_rows < 0.

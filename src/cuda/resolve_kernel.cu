@@ -466,6 +466,67 @@ __device__ __forceinline__ void TakeVictims(
   }
 }
 
+// A resident row (e.resident >= 0): step 1 for padding, range and duplicates, then the direct
+// mapping through the residency table; no replacement state, no misses. `pos` is loaded and the
+// shared memory initialised (not yet synchronised).
+template <int kItems>
+__device__ __forceinline__ void ResolveResidentRow(const ResolveView& v, const BatchEntry& e,
+                                                   int32_t b, const int32_t (&pos)[kItems],
+                                                   int32_t* keys, int32_t* first_k,
+                                                   int32_t hash_bits) {
+  enum { kResident, kPad, kRange, kDup, kResidentCounts };
+  __shared__ int32_t warp_totals[kResidentCounts][kWarps];
+  const int32_t tid = threadIdx.x;
+  const int32_t top_k = v.top_k;
+  __syncthreads();  // the shared memory is initialised
+  Kind kind[kItems];
+  int32_t cell[kItems];
+  int32_t first_of[kItems];
+  HashEntries(pos, top_k, e.seq_len, keys, first_k, hash_bits, kind, cell, first_of);
+  const int32_t* pages = v.resident_table + static_cast<int64_t>(e.resident) * v.resident_pages;
+  const int32_t r = v.resident_page_rows;
+  int32_t* out_row = v.slots_out + static_cast<int64_t>(b) * top_k;
+  uint8_t* const fill_row =
+      v.fill_mask == nullptr ? nullptr : v.fill_mask + static_cast<int64_t>(b) * top_k;
+  int32_t local[kResidentCounts] = {};
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (kind[j] == Kind::kUnused) continue;
+    const int32_t k = tid * kItems + j;
+    const bool valid = kind[j] == Kind::kValid;
+    out_row[k] = valid ? pages[pos[j] / r] + pos[j] % r : kNullSlot;
+    if (fill_row != nullptr) fill_row[k] = 0;
+    local[kResident] += valid;
+    local[kPad] += kind[j] == Kind::kPadding;
+    local[kRange] += kind[j] == Kind::kOutOfRange;
+    local[kDup] += kind[j] == Kind::kDuplicate;
+  }
+  const int32_t lane = tid % 32;
+#pragma unroll
+  for (int i = 0; i < kResidentCounts; ++i) {
+    const int32_t sum = __reduce_add_sync(0xffffffffu, local[i]);
+    if (lane == 0) warp_totals[i][tid / 32] = sum;
+  }
+  __syncthreads();
+  if (tid < 32) {
+    int32_t total[kResidentCounts];
+#pragma unroll
+    for (int i = 0; i < kResidentCounts; ++i) {
+      total[i] = __reduce_add_sync(0xffffffffu, warp_totals[i][lane]);
+    }
+    if (lane == 0) {
+      const auto add = [](unsigned long long* counter, int32_t value) {
+        if (value != 0) atomicAdd(counter, static_cast<unsigned long long>(value));
+      };
+      add(&v.counters->resident_hits, total[kResident]);
+      add(&v.counters->padding, total[kPad]);
+      add(&v.counters->out_of_range, total[kRange]);
+      add(&v.counters->duplicates, total[kDup]);
+    }
+  }
+  if (v.share_duplicates) ShareDuplicates(kind, first_of, out_row, fill_row);
+}
+
 template <int kItems>
 __global__ void __launch_bounds__(kThreads, 1)
     ResolveKernel(const ResolveView v, const SmemLayout layout) {
@@ -505,7 +566,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     min_host_row = INT32_MAX;
     max_host_row = INT32_MIN;
   }
-  if (b >= batch_size || e.block < 0) return;
+  if (b >= batch_size || !e.in_use()) return;
+  if (e.resident >= 0) {
+    int32_t pos[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int32_t k = tid * kItems + j;
+      pos[j] = k < v.top_k ? v.topk[static_cast<int64_t>(b) * v.topk_stride + k]
+                           : kPaddingPosition;
+    }
+    ResolveResidentRow<kItems>(v, e, b, pos, keys, first_k, layout.hash_bits);
+    return;
+  }
 
   const int32_t top_k = v.top_k;
   const int32_t c = v.hot_slots;
@@ -637,7 +709,8 @@ cudaError_t Launch(const ResolveView& view, int32_t max_batch, cudaStream_t stre
 cudaError_t LaunchResolve(const ResolveView& view, int32_t max_batch, cudaStream_t stream) {
   if (view.top_k < 0 || view.top_k > kMaxResolveTopK || view.hot_slots < 1 ||
       view.hot_slots > kMaxResolveHotSlots || view.window < 0 || view.topk_stride < view.top_k ||
-      view.page_tokens < 1 || max_batch < 0) {
+      view.page_tokens < 1 || max_batch < 0 ||
+      (view.resident_table != nullptr && view.resident_page_rows < 1)) {
     return kUnsupported;
   }
   if (view.top_k == 0 || max_batch == 0) return cudaSuccess;

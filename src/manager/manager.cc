@@ -10,7 +10,7 @@
 namespace sparsekv {
 
 double LayerStats::hit_rate() const {
-  const uint64_t found = hits + window_hits;
+  const uint64_t found = hits + window_hits + resident_hits;
   const uint64_t lookups = found + misses;
   return lookups == 0 ? 0.0 : static_cast<double>(found) / static_cast<double>(lookups);
 }
@@ -68,6 +68,10 @@ Status SparseKVCacheManager::Retract(RequestId id) { return impl_->Retract(id); 
 Status SparseKVCacheManager::Resume(RequestId id, StreamHandle stream) {
   return impl_->Resume(id, stream);
 }
+Status SparseKVCacheManager::Promote(RequestId id, StreamHandle stream) {
+  return impl_->Promote(id, stream);
+}
+bool SparseKVCacheManager::IsResident(RequestId id) const { return impl_->IsResident(id); }
 StatusOr<int32_t> SparseKVCacheManager::AdmitWithPrefix(RequestId id,
                                                         std::span<const int32_t> token_ids,
                                                         int32_t max_new_tokens,
@@ -130,6 +134,7 @@ StatusOr<std::vector<int32_t>> SparseKVCacheManager::HostPages(RequestId id) con
 const std::byte* SparseKVCacheManager::HotLayer(int32_t layer) const {
   return impl_->HotLayer(layer);
 }
+int64_t SparseKVCacheManager::HotLayerRows() const { return impl_->HotLayerRows(); }
 int32_t SparseKVCacheManager::batch_size() const { return impl_->batch_size(); }
 const CacheOptions& SparseKVCacheManager::options() const { return impl_->options(); }
 const HostKVPool& SparseKVCacheManager::host_pool() const { return impl_->pool(); }

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "sparsekv/host_kv_pool.h"
+#include "sparsekv/hot_cache.h"
 #include "sparsekv/manager.h"
 #include "testing/cuda_test_util.h"
 #include "testing/workload.h"
@@ -86,6 +87,19 @@ TEST(ManagerCudaTest, OverlapPathsMatchTheCpuBackend) {
                               testing::RandomOverlapOptions(seed, shape.run.prefetch);
                           shape.run.prefetch = std::min(shape.run.prefetch, o.max_prefetch);
                           return std::pair(o, shape);
+                        }),
+            500);
+}
+
+// Hybrid residency in lockstep: resident rows mapped straight, demotions seeded from the pool,
+// promotions, mixed steps; identical slots and rows, identical demotions.
+TEST(ManagerCudaTest, HybridResidencyMatchesTheCpuBackend) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  EXPECT_GT(RunLockstep(gpu,
+                        [](uint64_t seed) {
+                          testing::WorkloadShape shape;
+                          shape.sharing = seed % 2 == 0;
+                          return std::pair(testing::RandomHybridOptions(seed), shape);
                         }),
             500);
 }
@@ -171,9 +185,10 @@ TEST(ManagerCudaTest, TwoGpusShareOneHostPool) {
 // A whole decode step (append + resolve + copy + assemble for every layer, write-back joined) is
 // captured once and replayed for many steps whose batch composition and top-k change; every
 // replay must equal the CPU backend running the same steps eagerly. `o` has three layers and
-// room for 6 requests of up to 512 tokens; a step runs 1-4 of them.
+// room for 6 requests of up to 512 tokens; a step runs 1-4 of them. With `change_residency`
+// (hybrid residency), requests are promoted, retracted and resumed between some replays.
 void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions& o,
-                         const testing::RunMode& mode) {
+                         const testing::RunMode& mode, bool change_residency = false) {
   auto cpu = MustCreate(o, CreateCpuBackend());
   auto dev = MustCreate(o, gpu);
   ASSERT_TRUE(cpu && dev);
@@ -206,6 +221,20 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
   const int32_t group = o.layers_per_index;
   cudaGraphExec_t exec = nullptr;
   for (int step = 0; step < 60; ++step) {
+    if (change_residency && step % 10 == 5) {
+      // Between replays: the graph reads the batch table, so a request's mode may change.
+      const RequestId promoted = ids[rng() % ids.size()];
+      const RequestId moved = ids[rng() % ids.size()];
+      const Status a = cpu->Promote(promoted, nullptr);
+      const Status b = dev->Promote(promoted, stream);
+      EXPECT_EQ(a.code(), b.code()) << a.ToString() << " / " << b.ToString();
+      EXPECT_EQ(cpu->IsResident(promoted), dev->IsResident(promoted));
+      for (SparseKVCacheManager* m : {cpu.get(), dev.get()}) {
+        ASSERT_TRUE(m->Retract(moved).ok());
+        ASSERT_TRUE(m->Resume(moved, m == dev.get() ? stream : nullptr).ok());
+      }
+      EXPECT_EQ(cpu->IsResident(moved), dev->IsResident(moved));
+    }
     std::shuffle(ids.begin(), ids.end(), rng);
     const std::vector<RequestId> batch(ids.begin(), ids.begin() + 1 + rng() % 4);
     std::vector<testing::Bytes> new_rows;
@@ -277,6 +306,13 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
   if (mode.prefetch > 0) {
     EXPECT_GT(b->prefetch_rows, 0u);
   }
+  EXPECT_EQ(a->total.resident_hits, b->total.resident_hits);
+  EXPECT_EQ(a->demotions, b->demotions);
+  EXPECT_EQ(a->promotions, b->promotions);
+  if (change_residency) {
+    EXPECT_GT(b->total.resident_hits, 0u);
+    EXPECT_GT(b->demotions + b->promotions, 0u);
+  }
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaStreamDestroy(stream));
 }
@@ -316,6 +352,18 @@ TEST(ManagerCudaTest, CapturedOverlapStepReplaysExactly) {
   mode.prefetch = 3;
   mode.seed = 7;
   ReplayCapturedSteps(gpu, o, mode);
+}
+
+// Hybrid residency under one captured graph: resident and hot-cache requests in the same replays,
+// demotions at admission, promotions and resumes between replays.
+TEST(ManagerCudaTest, CapturedHybridStepReplaysExactly) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  CacheOptions o = ReplayOptions();
+  o.hybrid_residency = true;
+  o.resident_page_rows = 16;
+  o.device_budget_bytes =
+      12 * HotCache::BlockBytes(o.geometry, o.hot_slots, o.window, o.layers_per_index);
+  ReplayCapturedSteps(gpu, o, testing::RunMode(), /*change_residency=*/true);
 }
 
 #endif  // SPARSEKV_WITH_CUDA

@@ -28,9 +28,12 @@ Status SparseKVCacheManager::Impl::Allocate() {
                                   o.effective_max_host_requests(), o.max_context, backend_.get()));
   }
   ledger_ = std::make_unique<PageLedger>(pool_.get());
+  SPARSEKV_ASSIGN_OR_RETURN(const HotCacheShape shape, ChooseHotCacheShape(o));
+  options_.hot_slots = shape.hot_slots;
+  SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options_));  // the chosen slots against the rest
   SPARSEKV_ASSIGN_OR_RETURN(
-      hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, o.max_requests, backend_.get(),
-                             o.layers_per_index));
+      hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks, backend_.get(),
+                             o.layers_per_index, o.hybrid_residency ? o.resident_page_rows : 0));
   device_bytes_ = hot_->device_bytes();
 
   auto device = [&](size_t bytes) -> StatusOr<void*> {
@@ -76,6 +79,18 @@ Status SparseKVCacheManager::Impl::Allocate() {
   }
   SPARSEKV_ASSIGN_OR_RETURN(void* invalid, device(sizeof(unsigned long long)));
   invalid_copies_ = static_cast<unsigned long long*>(invalid);
+  if (o.hybrid_residency) {
+    const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
+    resident_pages_per_owner_ = static_cast<int32_t>(
+        (positions + o.resident_page_rows - 1) / o.resident_page_rows);
+    SPARSEKV_ASSIGN_OR_RETURN(
+        void* table, device(sizeof(int32_t) * pool_->max_owners() * resident_pages_per_owner_));
+    resident_table_device_ = static_cast<int32_t*>(table);
+  }
+  // Loads into a demoted request's block (hot_slots + window rows) or a resident request's pages
+  // (up to max_context rows).
+  load_capacity_ = std::max(o.max_context, o.hot_slots + o.window);
+  SPARSEKV_ASSIGN_OR_RETURN(load_list_, miss_list(static_cast<size_t>(load_capacity_)));
   return backend_->Synchronize(nullptr);
 }
 
@@ -89,8 +104,9 @@ SparseKVCacheManager::Impl::~Impl() {
   }
   ledger_.reset();     // drops the retained conversations' references
   extension_.reset();  // while the pool, the hot cache and the backend still exist
-  std::vector<void*> buffers = {plan_device_, page_table_device_, counters_, invalid_copies_,
-                                prefetch_slots_};
+  std::vector<void*> buffers = {plan_device_,    page_table_device_, counters_,
+                                invalid_copies_, prefetch_slots_,    resident_table_device_,
+                                load_list_.host_row, load_list_.slot, load_list_.count};
   for (const MissList& list : miss_lists_) {
     buffers.insert(buffers.end(), {list.host_row, list.slot, list.count});
   }
@@ -118,7 +134,8 @@ Status SparseKVCacheManager::Impl::UploadPageTable(const Request& r, StreamHandl
 
 StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::AdmitShared(
     RequestId id, int32_t seq_len, int64_t tokens, std::span<const int32_t> shared,
-    int32_t spare_pages, std::vector<int32_t>& spares, StreamHandle stream) {
+    int32_t spare_pages, std::vector<int32_t>& spares, bool may_be_resident,
+    StreamHandle stream) {
   if (requests_.contains(id) || ledger_->IsRetained(id)) {
     return AlreadyExists("Admit: " + Describe(id) + " already exists");
   }
@@ -141,10 +158,11 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
                              "(max_host_requests)");
   }
   const int32_t owner = *owner_or;
-  if (hot_->used_blocks() == hot_->max_blocks()) {
+  if (!CanPlace(tokens, may_be_resident)) {
     pool_->ReleaseOwner(owner);
-    return ResourceExhausted("Admit: all " + std::to_string(hot_->max_blocks()) +
-                             " hot-cache blocks are in use (max_requests)");
+    return ResourceExhausted("Admit: all " + std::to_string(options_.max_requests) +
+                             " device places are in use (max_requests; " +
+                             std::to_string(hot_->max_blocks()) + " hot-cache blocks)");
   }
   const int32_t pt = options_.host_page_tokens;
   const int64_t fresh = (tokens + pt - 1) / pt - static_cast<int64_t>(shared.size()) + spare_pages;
@@ -161,24 +179,24 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
     pool_->ReleaseOwner(owner);
     return reserved;
   }
-  // A free block was checked above; only the backend's reset copy can still fail.
-  StatusOr<int32_t> acquired = hot_->Acquire(stream);
-  if (!acquired.ok()) {
+  // The pool rounds the reservation up to pages; the request may use no more than it asked for.
+  Request r{.owner = owner,
+            .block = -1,
+            .seq_len = seq_len,
+            .reserved = static_cast<int32_t>(tokens),
+            .ingested = std::vector<bool>(options_.geometry.num_layers(), false),
+            .ingested_layers = 0,
+            .may_be_resident = may_be_resident};
+  // Room was checked above; a demotion that fails after all, or the backend's copies, can still.
+  if (Status placed = PlaceOnDevice(r, stream); !placed.ok()) {
     for (int32_t page : spares) ledger_->Unref(page);
     spares.clear();
     ledger_->ReleaseOwnerPages(owner);
     pool_->ReleaseOwner(owner);
-    return acquired.status();
+    return placed;
   }
-  const int32_t block = *acquired;
-  // The pool rounds the reservation up to pages; the request may use no more than it asked for.
-  Request r{.owner = owner,
-            .block = block,
-            .seq_len = seq_len,
-            .reserved = static_cast<int32_t>(tokens),
-            .ingested = std::vector<bool>(options_.geometry.num_layers(), false),
-            .ingested_layers = 0};
   SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
+ 
   return &requests_.emplace(id, std::move(r)).first->second;
 }
 
@@ -188,7 +206,8 @@ Status SparseKVCacheManager::Impl::Admit(RequestId id, int32_t prompt_len, int32
     return InvalidArgument("Admit: prompt_len must be >= 1 and max_new_tokens >= 0");
   }
   std::vector<int32_t> no_spares;
-  return AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, {}, 0, no_spares, stream)
+  return AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, {}, 0, no_spares, true,
+                     stream)
       .status();
 }
 
@@ -211,10 +230,15 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
   for (int32_t page : matched) pool_->AddRef(page);
   std::vector<int32_t> no_spares;
   StatusOr<Request*> r = AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, matched,
-                                     0, no_spares, stream);
+                                     0, no_spares, true, stream);
   for (int32_t page : matched) ledger_->Unref(page);
   if (!r.ok()) return r.status();
   const int32_t cached = static_cast<int32_t>(matched.size()) * pt;
+  // A resident request holds its shared prefix in its own pages too (from the pool, complete in
+  // every layer); ingestion brings the rest.
+  if ((*r)->resident() && cached > 0) {
+    SPARSEKV_RETURN_IF_ERROR(LoadResident(**r, 0, cached, stream));
+  }
   (*r)->cached = cached;
   (*r)->token_ids.assign(token_ids.begin(), token_ids.end());
   (*r)->indexed_pages = static_cast<int32_t>(matched.size());
@@ -248,7 +272,8 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
   std::vector<int32_t> spares;
   SPARSEKV_ASSIGN_OR_RETURN(
       Request * c, AdmitShared(child, seq_len, int64_t{seq_len} + max_new_tokens, shared,
-                               int32_t{child_spare} + int32_t{parent_spare}, spares, stream));
+                               int32_t{child_spare} + int32_t{parent_spare}, spares,
+                               /*may_be_resident=*/false, stream));
   if (child_spare) c->cow_page = spares[0];
   if (parent_spare) p->cow_page = spares.back();
   c->cached = seq_len;
@@ -302,7 +327,7 @@ Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const voi
     return AlreadyExists(std::string(op) + ": layer " + std::to_string(layer) + " of " +
                          Describe(id) + " was already ingested (stored KV is never overwritten)");
   }
-  if (r->block < 0) {
+  if (!r->on_device()) {
     return FailedPrecondition(std::string(op) + ": " + Describe(id) + " is retracted");
   }
   const LayerShape shape = options_.geometry.layers[layer];
@@ -318,7 +343,11 @@ Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const voi
                             static_cast<size_t>(n) * shape.row_stride, stream));
     p += n;
   }
-  SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, layer, rows, rows_first, stream));
+  if (r->resident()) {
+    SPARSEKV_RETURN_IF_ERROR(CopyToResident(*r, layer, rows, rows_first, r->cached, stream));
+  } else {
+    SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, layer, rows, rows_first, stream));
+  }
   r->ingested[layer] = true;
   ++r->ingested_layers;
   host_counters_.bytes_ingested += static_cast<uint64_t>(r->seq_len - r->cached) * shape.row_bytes;
@@ -343,6 +372,7 @@ void SparseKVCacheManager::Impl::IndexFullPages(Request& r) {
 void SparseKVCacheManager::Impl::Forget(RequestId id, Request& r) {
   if (extension_ != nullptr) extension_->OnDrop(id);
   if (r.block >= 0) hot_->Release(r.block);
+  if (r.resident()) hot_->ReleasePages(r.resident_pages);
   ledger_->ReleaseOwnerPages(r.owner);
   if (r.cow_page >= 0) ledger_->Unref(r.cow_page);
   pool_->ReleaseOwner(r.owner);
@@ -380,19 +410,34 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
 
 Status SparseKVCacheManager::Impl::Retract(RequestId id) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retract"));
-  if (r->block < 0) return FailedPrecondition("Retract: " + Describe(id) + " is retracted");
+  if (!r->on_device()) return FailedPrecondition("Retract: " + Describe(id) + " is retracted");
   if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
     return FailedPrecondition("Retract: " + Describe(id) + " is in the open step");
   }
-  hot_->Release(r->block);
-  r->block = -1;
+  if (r->resident()) {
+    hot_->ReleasePages(r->resident_pages);
+    r->resident_pages.clear();
+  } else {
+    hot_->Release(r->block);
+    r->block = -1;
+  }
   return Status::Ok();
 }
 
 Status SparseKVCacheManager::Impl::Resume(RequestId id, StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Resume"));
-  if (r->block >= 0) return FailedPrecondition("Resume: " + Describe(id) + " is not retracted");
-  SPARSEKV_ASSIGN_OR_RETURN(r->block, hot_->Acquire(stream));
+  if (r->on_device()) return FailedPrecondition("Resume: " + Describe(id) + " is not retracted");
+  if (!CanPlace(r->reserved, r->may_be_resident)) {
+    return ResourceExhausted("Resume: all " + std::to_string(options_.max_requests) +
+                             " device places are in use (max_requests; " +
+                             std::to_string(hot_->max_blocks()) + " hot-cache blocks)");
+  }
+  SPARSEKV_RETURN_IF_ERROR(PlaceOnDevice(*r, stream));
+  if (r->resident()) {
+    // A layer not yet ingested is written at its ingestion; rows of others come from the pool.
+    if (r->ingested_layers > 0) SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->seq_len, stream));
+    return Status::Ok();
+  }
   // Layers not yet ingested get their window at ingestion.
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
     if (r->ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, l, nullptr, 0, stream));
@@ -417,7 +462,7 @@ Status SparseKVCacheManager::Impl::AdmitWithPages(RequestId id, int32_t prompt_l
   std::vector<int32_t> no_spares;
   SPARSEKV_ASSIGN_OR_RETURN(
       Request * r, AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, shared, 0,
-                               no_spares, stream));
+                               no_spares, /*may_be_resident=*/false, stream));
   // Never ingested, never written.
   r->cached = static_cast<int32_t>(shared.size()) * options_.host_page_tokens;
   return Status::Ok();

@@ -3,19 +3,25 @@
 // Parts and who owns what:
 //   pool_     HostKVPool: every request's KV history (possibly shared with other managers).
 //   ledger_   PageLedger: the prefix index, retained conversations, copy-on-write bookkeeping.
-//   hot_      HotCache: a block of hot slots plus the window per request, in device memory.
+//   hot_      HotCache: a block of hot slots plus the window per hot-cache request, in device
+//             memory; with hybrid residency its free blocks also hold resident requests' pages.
+//   residency the resident requests' page tables (device), and the index buffers that load rows
+//             from the host pool into a demoted request's new block or a resident request's pages
+//             (manager_residency.cc).
 //   requests_ the live requests: owner (page-table row), block, lengths, ingest state.
 //   the run-phase device buffers: the plan region, the device page table, two miss lists (index
 //   groups alternate between them), the prefetch list and the resolve counters.
 //   extension_ an optional ManagerExtension (the remote tier's); its per-layer hooks run only in
 //   steps it declared itself active for at PlanStep (extension_active_).
 //
-// manager.cc creates it and forwards the public API; the code is in two files by phase:
-// manager_impl.cc (creation, request lifecycle, prefix sharing, the extension host) and
-// manager_step.cc (plan and run phase, statistics).
+// manager.cc creates it and forwards the public API; the code is in three files:
+// manager_impl.cc (creation, request lifecycle, prefix sharing, the extension host),
+// manager_residency.cc (hybrid residency: placement, demotion, promotion) and manager_step.cc
+// (plan and run phase, statistics).
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -45,6 +51,11 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status Release(RequestId id);
   Status Retract(RequestId id);
   Status Resume(RequestId id, StreamHandle stream);
+  Status Promote(RequestId id, StreamHandle stream);
+  bool IsResident(RequestId id) const {
+    auto it = requests_.find(id);
+    return it != requests_.end() && it->second.resident();
+  }
   StatusOr<int32_t> AdmitWithPrefix(RequestId id, std::span<const int32_t> token_ids,
                                     int32_t max_new_tokens, StreamHandle stream);
   Status IngestPromptSuffix(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
@@ -72,6 +83,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   StatusOr<int32_t> SequenceLength(RequestId id) const;
   StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
   const std::byte* HotLayer(int32_t layer) const { return hot_->layer_data(layer); }
+  int64_t HotLayerRows() const { return hot_->layer_rows(); }
   int32_t batch_size() const { return static_cast<int32_t>(batch_.size()); }
 
   // ExtensionHost (manager_extension.h).
@@ -91,8 +103,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
 
  private:
   struct Request {
-    int32_t owner;               // row in the host pool's page table
-    int32_t block;               // hot-cache block, -1 while retracted
+    int32_t owner;               // row in the host pool's page table (and the residency table)
+    int32_t block;               // hot-cache block; -1 while resident or retracted
     int32_t seq_len;             // tokens with KV
     int32_t reserved;            // tokens reserved in the host pool
     std::vector<bool> ingested;  // per layer
@@ -104,6 +116,14 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
     // A private page reserved for the copy on write of the shared, partially filled page that
     // the request's next append goes into; -1 if none. Used or freed by that append.
     int32_t cow_page = -1;
+    // Resident mode: the first slots of the resident pages holding positions [i * R, (i + 1) * R);
+    // empty in hot-cache mode.
+    std::vector<int32_t> resident_pages{};
+    // Forked children and remote-backed requests stay in hot-cache mode.
+    bool may_be_resident = true;
+
+    bool resident() const { return !resident_pages.empty(); }
+    bool on_device() const { return block >= 0 || resident(); }
   };
   // The fixed device buffers of the run phase. Everything the plan phase writes is in one
   // contiguous region (`plan`), uploaded with one copy.
@@ -116,17 +136,53 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
                     StreamHandle stream);
   // Admission shared by Admit, AdmitWithPrefix, Fork and AdmitWithPages: checks, makes room,
   // reserves `tokens` with `shared` as the first pages plus `spare_pages` private pages (returned
-  // in `spares`), and takes a hot-cache block. REQUIRES: the caller holds a reference to every
-  // page of `shared`.
+  // in `spares`), and places the request on the device (PlaceOnDevice). REQUIRES: the caller
+  // holds a reference to every page of `shared`.
   StatusOr<Request*> AdmitShared(RequestId id, int32_t seq_len, int64_t tokens,
                                  std::span<const int32_t> shared, int32_t spare_pages,
-                                 std::vector<int32_t>& spares, StreamHandle stream);
+                                 std::vector<int32_t>& spares, bool may_be_resident,
+                                 StreamHandle stream);
   // Frees what a live request holds (hot block, page references, spare) and forgets it.
   void Forget(RequestId id, Request& r);
   Status Ingest(RequestId id, int32_t layer, const void* rows, int32_t rows_first, const char* op,
                 StreamHandle stream);
   // Indexes the request's full pages whose token ids are known and KV is complete.
   void IndexFullPages(Request& r);
+
+  // ---- Hybrid residency (manager_residency.cc) ----
+  // Requests on the device (resident or holding a block); at most max_requests.
+  int32_t OnDeviceRequests() const;
+  // Whether PlaceOnDevice could place a request of `tokens` now (demoting if it must).
+  bool CanPlace(int64_t tokens, bool may_be_resident) const;
+  // Gives `r` (not on the device) resident pages if they fit, else a hot-cache block, demoting
+  // resident requests for it if none is free. The block's state is reset; rows are the
+  // caller's to load (Ingest, LoadWindow, LoadResident).
+  Status PlaceOnDevice(Request& r, StreamHandle stream);
+  // Demotes resident requests (not in the open step; most pages first) until `blocks` blocks are
+  // free besides the ones the demoted requests take. ResourceExhausted if they cannot be.
+  Status MakeRoomForBlocks(int32_t blocks, StreamHandle stream);
+  // Takes a block for `r` seeded with its most recent rows and loads them from the host pool.
+  Status LoadIntoBlock(Request& r, StreamHandle stream);
+  // Takes resident pages for `r` (ResourceExhausted if they are not free) and uploads its row
+  // of the residency table.
+  Status TakeResidentPages(Request& r, StreamHandle stream);
+  // Copies rows of positions [first, last) of every layer from the host pool into r's resident
+  // pages.
+  Status LoadResident(const Request& r, int32_t first, int32_t last, StreamHandle stream);
+  // One layer's rows of positions [first, r.seq_len) from `rows` (positions from rows_first on,
+  // in host or device memory) into r's resident pages.
+  Status CopyToResident(const Request& r, int32_t layer, const void* rows, int32_t rows_first,
+                        int32_t first, StreamHandle stream);
+  // The layer-wide slot of `position` of a resident request.
+  int32_t ResidentSlot(const Request& r, int32_t position) const {
+    const int32_t rows = options_.resident_page_rows;
+    return r.resident_pages[position / rows] + position % rows;
+  }
+  // Copies loads_ (host rows -> slots) into every layer: one IndexCopy per layer.
+  Status RunLoads(StreamHandle stream);
+  bool InOpenStep(RequestId id) const {
+    return step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end();
+  }
 
   // ---- Step (manager_step.cc) ----
   // Before the request appends at `position`: copies the page on write if it is shared.
@@ -159,6 +215,12 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   MissList miss_lists_[2];                        // [max_batch * top_k] each
   MissList prefetch_list_;                        // [max_batch * max_prefetch]
   int32_t* prefetch_slots_ = nullptr;             // [max_batch * max_prefetch] (discarded)
+  int32_t* resident_table_device_ = nullptr;      // [max_owners, resident_pages_per_owner_]
+  int32_t resident_pages_per_owner_ = 0;
+  MissList load_list_;  // [load_capacity_]: host row -> slot, for LoadIntoBlock / LoadResident
+  int32_t load_capacity_ = 0;
+  std::vector<int32_t> load_rows_;   // host mirror of load_list_ being built
+  std::vector<int32_t> load_slots_;
   ResolveCounters* counters_ = nullptr;           // [layers] resolves, then [layers] prefetches
   unsigned long long* invalid_copies_ = nullptr;  // scalar
   int64_t device_bytes_ = 0;

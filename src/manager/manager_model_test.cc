@@ -96,5 +96,38 @@ TEST(ManagerModelTest, OverlapPathsMatchTheDenseModel) {
   EXPECT_GT(shared, 0u);
 }
 
+// Hybrid residency: requests resident while the budget allows, demoted by admissions that need
+// the room (mid-stream, between steps), promoted back, retracted and resumed, mixed with hot-cache
+// requests in every step; with and without sharing operations. Exactness as above.
+TEST(ManagerModelTest, HybridResidencyMatchesTheDenseModel) {
+  int total_steps = 0;
+  uint64_t resident_hits = 0, demotions = 0, promotions = 0, mixed = 0;
+  for (uint64_t seed : testing::TestSeeds(24)) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + " (rerun with SPARSEKV_TEST_SEED=" +
+                 std::to_string(seed) + ")");
+    const CacheOptions options = testing::RandomHybridOptions(seed);
+    auto m = SparseKVCacheManager::Create(options, CreateCpuBackend());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    testing::WorkloadShape shape;
+    shape.sharing = seed % 2 == 0;
+    testing::RandomWorkload w(options, seed, {m->get()}, shape);
+    total_steps += w.Run(400);
+    w.CheckStats();
+    const CacheStats s = *(*m)->ReadStats(nullptr);
+    resident_hits += s.total.resident_hits;
+    demotions += s.demotions;
+    promotions += s.promotions;
+    mixed += s.total.resident_hits > 0 && s.total.hits + s.total.misses > 0;
+    w.ReleaseAll();
+    if (HasFailure()) break;
+  }
+  RecordProperty("steps", total_steps);
+  EXPECT_GT(total_steps, 1000);
+  EXPECT_GT(resident_hits, 0u);
+  EXPECT_GT(demotions, 0u);
+  EXPECT_GT(promotions, 0u);
+  EXPECT_GT(mixed, 0u);
+}
+
 }  // namespace
 }  // namespace sparsekv

@@ -58,7 +58,9 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     if (!seen.insert(id).second) {
       return InvalidArgument("PlanStep: " + Describe(id) + " appears twice in the batch");
     }
-    if (r->block < 0) return FailedPrecondition("PlanStep: " + Describe(id) + " is retracted");
+    if (!r->on_device()) {
+      return FailedPrecondition("PlanStep: " + Describe(id) + " is retracted");
+    }
     if (r->ingested_layers != options_.geometry.num_layers()) {
       return FailedPrecondition("PlanStep: " + Describe(id) + " has layers not yet ingested");
     }
@@ -85,8 +87,8 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     if (r.token_ids.size() == static_cast<size_t>(position) && !token_ids.empty()) {
       r.token_ids.push_back(token_ids[b]);
     }
-    entries[b] = BatchEntry{r.block, r.seq_len, r.owner};
-    append_slot[b] = hot_->WindowSlot(r.block, position);
+    entries[b] = BatchEntry{r.block, r.seq_len, r.owner, r.resident() ? r.owner : kNotResident};
+    append_slot[b] = r.resident() ? ResidentSlot(r, position) : hot_->WindowSlot(r.block, position);
     append_row[b] = pool_->HostRow(r.owner, position);
   }
   batch_.assign(batch.begin(), batch.end());
@@ -214,6 +216,9 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.sort_misses = options_.sort_misses;
   resolve.sort_min_batch = options_.sort_misses_min_batch;
   resolve.share_duplicates = options_.share_repeated_positions;
+  resolve.resident_table = resident_table_device_;
+  resolve.resident_pages = resident_pages_per_owner_;
+  resolve.resident_page_rows = options_.resident_page_rows;
   return backend_->Resolve(resolve, max_batch, stream);
 }
 
@@ -349,7 +354,8 @@ StatusOr<CacheStats> SparseKVCacheManager::Impl::ReadStats(StreamHandle stream) 
   for (int32_t l = 0; l < layers; ++l) {
     // A layer that shares its group's top-k copies what the group's first layer resolved.
     const ResolveCounters& c = counters[l - l % options_.layers_per_index];
-    LayerStats ls{c.hits, c.window_hits, c.misses, c.padding, c.duplicates, c.out_of_range};
+    LayerStats ls{c.hits,       c.window_hits,  c.misses,       c.padding,
+                  c.duplicates, c.out_of_range, c.resident_hits};
     s.layers.push_back(ls);
     s.total.hits += ls.hits;
     s.total.window_hits += ls.window_hits;
@@ -357,12 +363,13 @@ StatusOr<CacheStats> SparseKVCacheManager::Impl::ReadStats(StreamHandle stream) 
     s.total.padding += ls.padding;
     s.total.duplicates += ls.duplicates;
     s.total.out_of_range += ls.out_of_range;
+    s.total.resident_hits += ls.resident_hits;
     s.bytes_host_to_device += ls.misses * options_.geometry.layers[l].row_bytes;
   }
   for (int32_t l = 0; l < layers; ++l) {
     const ResolveCounters& p = counters[layers + l - l % options_.layers_per_index];
     if (l % options_.layers_per_index == 0) {
-      s.prefetch_lookups += p.hits + p.window_hits + p.misses;
+      s.prefetch_lookups += p.hits + p.window_hits + p.misses + p.resident_hits;
       s.prefetch_rows += p.misses;
     }
     s.bytes_host_to_device += p.misses * options_.geometry.layers[l].row_bytes;
@@ -371,6 +378,8 @@ StatusOr<CacheStats> SparseKVCacheManager::Impl::ReadStats(StreamHandle stream) 
   s.host_pages_total = pool_->total_pages();
   s.host_pages_used = pool_->total_pages() - pool_->free_pages();
   s.hot_blocks_used = hot_->used_blocks();
+  s.resident_requests = static_cast<int32_t>(std::count_if(
+      requests_.begin(), requests_.end(), [](const auto& it) { return it.second.resident(); }));
   s.device_bytes = device_bytes_;
   s.pages_shared = pool_->shared_pages();
   s.bytes_saved = pool_->extra_references() * pool_->page_bytes();

@@ -62,14 +62,25 @@ Status ValidateOptions(const CacheOptions& o) {
   if (o.copy_blocks < 0) {
     return Field("copy_blocks (" + std::to_string(o.copy_blocks) + ") must be >= 0");
   }
-  if (o.max_prefetch < 0 || o.max_prefetch > o.hot_slots) {
+  if (o.device_budget_bytes < 0) return Field("device_budget_bytes must be >= 0");
+  if (o.hot_slots == 0 && o.device_budget_bytes == 0) {
+    return Field("hot_slots = 0 (chosen by the library) needs a device_budget_bytes");
+  }
+  if (o.hot_slots != 0 && (o.hot_slots < o.top_k || o.hot_slots > kMaxHotSlots)) {
+    return Field("hot_slots (" + std::to_string(o.hot_slots) + ") must be in [top_k = " +
+                 std::to_string(o.top_k) + ", " + std::to_string(kMaxHotSlots) +
+                 "]: below top_k a step's misses could find no victim");
+  }
+  if (o.max_prefetch < 0 || (o.hot_slots != 0 && o.max_prefetch > o.hot_slots)) {
     return Field("max_prefetch (" + std::to_string(o.max_prefetch) + ") must be in [0, hot_slots]");
   }
-  if (o.hot_slots < o.top_k) {
-    return Field("hot_slots (" + std::to_string(o.hot_slots) + ") < top_k (" +
-                 std::to_string(o.top_k) + "): a step's misses could find no victim");
-  }
   if (o.window < 1) return Field("window must be >= 1 (the newest token is always resident)");
+  if (o.hybrid_residency &&
+      (o.resident_page_rows < 1 ||
+       (o.hot_slots != 0 && o.resident_page_rows > o.hot_slots + int64_t{o.window}))) {
+    return Field("resident_page_rows (" + std::to_string(o.resident_page_rows) +
+                 ") must be in [1, hot_slots + window]");
+  }
   if (o.eviction != EvictionPolicy::kLru && o.eviction != EvictionPolicy::kSegmentedLru) {
     return Field("eviction is not a known EvictionPolicy");
   }
@@ -94,9 +105,11 @@ Status ValidateOptions(const CacheOptions& o) {
   const int64_t host_rows =
       (o.host_capacity_tokens + o.host_page_tokens - 1) / o.host_page_tokens * o.host_page_tokens;
   if (host_rows > kInt32Max) return Field("host_capacity_tokens overflows 32-bit row indices");
-  const int64_t slots = static_cast<int64_t>(o.max_requests) * (o.hot_slots + int64_t{o.window});
-  if (slots > kInt32Max) {
-    return Field("max_requests * (hot_slots + window) overflows 32-bit slot indices");
+  if (o.device_budget_bytes == 0) {
+    const int64_t slots = static_cast<int64_t>(o.max_requests) * (o.hot_slots + int64_t{o.window});
+    if (slots > kInt32Max) {
+      return Field("max_requests * (hot_slots + window) overflows 32-bit slot indices");
+    }
   }
   const int64_t misses = static_cast<int64_t>(o.effective_max_batch()) * o.top_k;
   if (misses > kInt32Max) return Field("max_batch * top_k overflows 32-bit miss indices");

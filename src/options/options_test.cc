@@ -125,5 +125,26 @@ TEST(OptionsTest, PresetsMatchTheModels) {
   EXPECT_EQ(FindPreset("llama", KVRowFormat::kFp8Row656).status().code(), StatusCode::kNotFound);
 }
 
+TEST(OptionsTest, BudgetAndResidencyValidated) {
+  CacheOptions o = Valid();
+  o.hot_slots = 0;  // chosen from a budget, so one is needed
+  ExpectInvalid(o, "device_budget_bytes");
+  o.device_budget_bytes = int64_t{1} << 30;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  o.device_budget_bytes = -1;
+  ExpectInvalid(o, "device_budget_bytes");
+  o = Valid();
+  o.hot_slots = kMaxHotSlots + 1;
+  ExpectInvalid(o, "hot_slots");
+  o = Valid();
+  o.hybrid_residency = true;
+  o.resident_page_rows = o.hot_slots + o.window + 1;
+  ExpectInvalid(o, "resident_page_rows");
+  o.resident_page_rows = 0;
+  ExpectInvalid(o, "resident_page_rows");
+  o.resident_page_rows = 16;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
+
 }  // namespace
 }  // namespace sparsekv

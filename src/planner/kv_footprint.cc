@@ -117,6 +117,65 @@ VariantPlan PlanVariant(KVVariant variant, RequestShape shape, int64_t hbm_budge
   return plan;
 }
 
+BudgetedHotCache PlanBudgetedHotCache(const RequestShape& shape, int64_t hbm_budget_bytes,
+                                      int64_t host_budget_bytes, int32_t cap) {
+  const KVGeometry geometry = KVGeometry::Uniform(shape.layers, shape.row_bytes);
+  BudgetedHotCache out;
+  out.per_request_bytes = Footprint(KVVariant::kSparseKV, shape).hbm_bytes -
+                          HotCache::BlockBytes(geometry, shape.hot_slots, shape.window);
+  // The host-capped batch, then smaller ones until the hot cache holds a block per request.
+  RequestShape unbounded = shape;
+  const int32_t host_batch =
+      MaxBatch(KVVariant::kSparseKV, unbounded, std::numeric_limits<int64_t>::max() / 2,
+               host_budget_bytes, cap);
+  for (int32_t batch = host_batch; batch >= 1; --batch) {
+    CacheOptions o;
+    o.geometry = geometry;
+    o.top_k = shape.top_k;
+    o.window = shape.window;
+    o.max_requests = batch;
+    o.hot_slots = 0;
+    o.device_budget_bytes = hbm_budget_bytes - int64_t{batch} * out.per_request_bytes;
+    if (o.device_budget_bytes <= 0) continue;
+    const StatusOr<HotCacheShape> chosen = ChooseHotCacheShape(o);
+    if (!chosen.ok()) continue;
+    out.max_batch = batch;
+    out.hot_slots = chosen->hot_slots;
+    out.hot_cache_bytes = o.device_budget_bytes;
+    return out;
+  }
+  return out;
+}
+
+VariantPlan PlanBudgetedVariant(RequestShape shape, int64_t hbm_budget_bytes,
+                                int64_t host_budget_bytes, int32_t cap, int32_t rates,
+                                int32_t steps, int32_t check_steps, int32_t batch,
+                                BudgetedHotCache* budgeted) {
+  const int64_t context = shape.tokens;
+  // As PlanVariant: the headroom from the points the batch admitted without it allows.
+  const int32_t upper = PlanBudgetedHotCache(shape, hbm_budget_bytes, host_budget_bytes, cap)
+                            .max_batch;
+  const int64_t points = int64_t{std::max(rates, 1)} *
+                         (batch > 0 ? 1 : static_cast<int64_t>(SweepBatches(upper).size()));
+  VariantPlan plan;
+  plan.headroom = check_steps + points * steps;
+  shape.tokens = context + plan.headroom;
+  const BudgetedHotCache b =
+      PlanBudgetedHotCache(shape, hbm_budget_bytes, host_budget_bytes, cap);
+  plan.max_batch = b.max_batch;
+  plan.footprint = Footprint(KVVariant::kSparseKV, shape);
+  if (b.max_batch > 0) {
+    plan.footprint.hbm_bytes = b.per_request_bytes + b.hot_cache_bytes / b.max_batch;
+  }
+  if (batch > 0) {
+    if (batch <= plan.max_batch) plan.batches = {batch};
+  } else {
+    plan.batches = SweepBatches(plan.max_batch);
+  }
+  if (budgeted != nullptr) *budgeted = b;
+  return plan;
+}
+
 StepTraffic Traffic(KVVariant variant, const RequestShape& s, int32_t batch,
                     double misses_per_step) {
   const double rows = double{1} * batch * s.layers;  // request-layers of a step

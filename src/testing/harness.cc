@@ -155,7 +155,7 @@ Status StepDriver::RunPhase() {
 std::vector<LayerResult> StepDriver::DownloadOutputs(int32_t batch) {
   const CacheOptions& o = m_.options();
   std::vector<LayerResult> out;
-  const int64_t hot_rows = int64_t{o.max_requests} * o.slots_per_request();
+  const int64_t hot_rows = m_.HotLayerRows();
   for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
     const int32_t stride = o.geometry.layers[l].row_stride;
     LayerResult r;

@@ -10,6 +10,8 @@
 #include <string>
 #include <tuple>
 
+#include "sparsekv/hot_cache.h"
+
 namespace sparsekv::testing {
 
 CacheOptions SmallOptions() {
@@ -60,6 +62,20 @@ CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch) {
   o.max_prefetch = std::min(o.hot_slots, prefetch + static_cast<int32_t>(rng() % 3));
   // Half the seeds copy with a grid of 1-4 blocks, so that a thread walks many rows.
   o.copy_blocks = rng() % 2 == 0 ? 0 : 1 + static_cast<int32_t>(rng() % 4);
+  return o;
+}
+
+CacheOptions RandomHybridOptions(uint64_t seed) {
+  CacheOptions o = RandomSmallOptions(seed);
+  std::mt19937_64 rng(seed * 6007 + 11);
+  o.hybrid_residency = true;
+  o.resident_page_rows = std::min(o.hot_slots + o.window, 1 + static_cast<int32_t>(rng() % 9));
+  // A budget of max_requests blocks and a few more, so that some requests are resident and
+  // admissions demote others; half the seeds let the library choose the slots.
+  const int32_t blocks = o.max_requests + static_cast<int32_t>(rng() % 4);
+  o.device_budget_bytes =
+      blocks * HotCache::BlockBytes(o.geometry, o.hot_slots, o.window, o.layers_per_index);
+  if (rng() % 2 == 0) o.hot_slots = 0;
   return o;
 }
 
@@ -316,6 +332,18 @@ void RandomWorkload::RetractOrResume() {
     } else {
       EXPECT_EQ(results[0].code(), StatusCode::kResourceExhausted) << results[0].ToString();
     }
+  } else if (options_.hybrid_residency && rng_() % 2 == 0) {
+    // Promotion: a hot-cache request becomes resident if its pages are free (resident ones,
+    // forked ones and those of the open step are refused).
+    std::vector<Status> results;
+    for (SparseKVCacheManager* m : managers_) results.push_back(m->Promote(id, nullptr));
+    for (const Status& s : results) EXPECT_EQ(s.code(), results[0].code()) << s.ToString();
+    EXPECT_TRUE(results[0].ok() || results[0].code() == StatusCode::kResourceExhausted ||
+                results[0].code() == StatusCode::kFailedPrecondition)
+        << results[0].ToString();
+    for (SparseKVCacheManager* m : managers_) {
+      EXPECT_EQ(m->IsResident(id), managers_[0]->IsResident(id));
+    }
   } else {
     ExpectAll("Retract", [&](SparseKVCacheManager& m) { return m.Retract(id); },
               StatusCode::kOk);
@@ -368,13 +396,16 @@ void RandomWorkload::CheckStats() {
   }
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
     const LayerStats& a = stats[0].layers[l];
-    EXPECT_EQ(a.hits + a.window_hits + a.misses + a.padding + a.duplicates + a.out_of_range,
+    EXPECT_EQ(a.hits + a.window_hits + a.misses + a.padding + a.duplicates + a.out_of_range +
+                  a.resident_hits,
               entries_)
         << "layer " << l << ": every top-k entry is counted exactly once";
     for (const CacheStats& s : stats) {
       const LayerStats& b = s.layers[l];
-      EXPECT_EQ(std::tie(a.hits, a.window_hits, a.misses, a.padding, a.duplicates, a.out_of_range),
-                std::tie(b.hits, b.window_hits, b.misses, b.padding, b.duplicates, b.out_of_range));
+      EXPECT_EQ(std::tie(a.hits, a.window_hits, a.misses, a.padding, a.duplicates, a.out_of_range,
+                         a.resident_hits),
+                std::tie(b.hits, b.window_hits, b.misses, b.padding, b.duplicates, b.out_of_range,
+                         b.resident_hits));
     }
   }
   for (const CacheStats& s : stats) {
@@ -383,6 +414,8 @@ void RandomWorkload::CheckStats() {
     EXPECT_EQ(s.bytes_device_to_host, stats[0].bytes_device_to_host);
     EXPECT_EQ(s.prefetch_lookups, stats[0].prefetch_lookups);
     EXPECT_EQ(s.prefetch_rows, stats[0].prefetch_rows);
+    EXPECT_EQ(std::tie(s.demotions, s.promotions, s.resident_requests),
+              std::tie(stats[0].demotions, stats[0].promotions, stats[0].resident_requests));
   }
 }
 
@@ -402,6 +435,7 @@ void RandomWorkload::ReleaseAll() {
     ASSERT_TRUE(s.ok());
     EXPECT_EQ(s->host_pages_used, 0) << "host pages leaked";
     EXPECT_EQ(s->hot_blocks_used, 0) << "hot-cache blocks leaked";
+    EXPECT_EQ(s->resident_requests, 0);
     EXPECT_EQ(s->pages_shared, 0);
     EXPECT_EQ(s->bytes_saved, 0);
   }

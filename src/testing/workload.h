@@ -32,6 +32,9 @@ CacheOptions RandomSmallOptions(uint64_t seed);
 // The same with the transfer-hiding options drawn too: layers_per_index (groups of up to 3
 // layers sharing a top-k), share_repeated_positions, and max_prefetch >= `prefetch`.
 CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch);
+// The same with hybrid residency: a device budget of a few blocks more than max_requests (half
+// the seeds with hot_slots = 0, chosen from it) and small resident pages.
+CacheOptions RandomHybridOptions(uint64_t seed);
 
 // Seeds to run: SPARSEKV_TEST_SEED (one seed) if set, else `count` fixed seeds 1..count.
 std::vector<uint64_t> TestSeeds(int count);

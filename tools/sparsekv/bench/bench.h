@@ -78,6 +78,11 @@ struct BenchConfig {
   // sparsekv: largest grid of the miss and prefetch copies (CacheOptions::copy_blocks; 0: fill the
   // GPU).
   int32_t copy_blocks = CacheOptions{}.copy_blocks;
+  // sparsekv: hybrid residency with a hot cache sized by the HBM budget (CacheOptions::
+  // hybrid_residency, device_budget_bytes with hot_slots = 0): the batch the host pool allows,
+  // the slots chosen by the library (--hot-slots is then unused), requests resident while
+  // they fit (docs/residency.md).
+  bool hybrid = false;
   // sparsekv cross-step prefetch: after each layer group's attention, the device predictor
   // (sparsekv/prefetch.h) picks this many positions per request and PrefetchLayer fetches them on
   // a side stream for the next step. 0 = off.

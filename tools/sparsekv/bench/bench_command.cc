@@ -170,6 +170,10 @@ void BenchCommand::AddGpuOptions() {
                    "threads (0: as many as the GPU holds)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app_->add_flag("--hybrid", config_.hybrid,
+                 "GPU: sparsekv keeps requests resident in HBM while they fit and sizes its hot "
+                 "cache by the HBM budget at the batch the host pool allows (the library chooses "
+                 "the slots; --hot-slots is unused)");
   app_->add_option("--prefetch", config_.prefetch,
                    "GPU: sparsekv predicts this many positions per request after each layer's "
                    "attention and prefetches them on a side stream for the next step (0: off)")

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 namespace sparsekv::tools {
@@ -50,6 +51,50 @@ const E2EPoint* AtBatch(const std::vector<const E2EPoint*>& points, int32_t batc
 
 Json NullOr(bool present, double value) { return present ? Json(value) : Json(nullptr); }
 
+// The keys over every context: sparsekv / full-hbm tokens/s at every batch full-hbm holds (the
+// minimum, over the points of the miss-rate sweep at `rate`, or with no rate: the locality mode's),
+// and peak over peak per context in the locality mode ("calibrated").
+void AddAcrossContexts(const E2EReport& r, Json& j) {
+  auto full_at = [&](int32_t context, int32_t batch) -> const E2EPoint* {
+    for (const E2EPoint& p : r.points) {
+      if (p.variant == KVVariant::kFullHbm && p.context == context && p.batch == batch) return &p;
+    }
+    return nullptr;
+  };
+  auto min_ratio = [&](const std::function<bool(const E2EPoint&)>& keep) {
+    double worst = 0;
+    bool any = false;
+    for (const E2EPoint& p : r.points) {
+      if (p.variant != KVVariant::kSparseKV || !keep(p)) continue;
+      const E2EPoint* f = full_at(p.context, p.batch);
+      if (f == nullptr || f->tokens_per_s <= 0) continue;
+      const double ratio = p.tokens_per_s / f->tokens_per_s;
+      worst = any ? std::min(worst, ratio) : ratio;
+      any = true;
+    }
+    return NullOr(any, worst);
+  };
+  const auto calibrated = [](const E2EPoint& p) { return !p.miss_rate_target.has_value(); };
+  j["e2e_min_ratio_vs_full_hbm"] = min_ratio(calibrated);
+  j["e2e_min_ratio_vs_full_hbm_m5"] = min_ratio([](const E2EPoint& p) { return RateIs(p, 0.05); });
+  j["e2e_min_ratio_vs_full_hbm_m20"] =
+      min_ratio([](const E2EPoint& p) { return RateIs(p, 0.2); });
+  std::map<int32_t, std::pair<double, double>> peaks;  // context -> (full-hbm, sparsekv)
+  for (const E2EPoint& p : r.points) {
+    if (p.variant == KVVariant::kFullHbm) {
+      peaks[p.context].first = std::max(peaks[p.context].first, p.tokens_per_s);
+    } else if (p.variant == KVVariant::kSparseKV && calibrated(p)) {
+      peaks[p.context].second = std::max(peaks[p.context].second, p.tokens_per_s);
+    }
+  }
+  for (const auto& [context, peak] : peaks) {
+    const std::string key =
+        "e2e_throughput_ratio_vs_full_hbm_" + std::to_string(context / 1024) + "k_calibrated";
+    j[key] = NullOr(peak.first > 0 && peak.second > 0,
+                    peak.first > 0 ? peak.second / peak.first : 0);
+  }
+}
+
 Json Summary(const E2EReport& r) {
   auto any = [](const E2EPoint&) { return true; };
   const auto full = Select(r, KVVariant::kFullHbm, any);
@@ -89,6 +134,7 @@ Json Summary(const E2EReport& r) {
   j["e2e_tpot_overhead_b1_m20"] = overhead_b1(0.2);
   j["e2e_step_to_floor_ratio"] =
       NullOr(m20_largest != nullptr, m20_largest ? m20_largest->step_to_floor : 0);
+  AddAcrossContexts(r, j);
   return j;
 }
 
@@ -121,6 +167,8 @@ Json PointJson(const E2EPoint& p) {
   j["floor_ms"] = p.floor_ms;
   j["ideal_ms"] = p.ideal_ms;
   j["step_to_floor"] = p.step_to_floor;
+  j["hot_slots"] = p.hot_slots;
+  j["resident_requests"] = p.resident_requests;
   return j;
 }
 

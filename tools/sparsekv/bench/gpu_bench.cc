@@ -339,6 +339,7 @@ struct ContextPlan {
   int32_t context = 0;
   std::vector<std::pair<KVVariant, VariantPlan>> variants;
   int32_t check_batch = 0;  // 0: no check (full-hbm not run, or a variant admits no batch)
+  BudgetedHotCache budgeted;  // sparsekv with --hybrid: its hot cache and batch
 };
 
 class E2ERun {
@@ -420,8 +421,22 @@ Status E2ERun::Plan(const ModelPreset& preset) {
     cp.check_batch = kCheckBatch;
     for (const std::string& name : c_.variants) {
       SPARSEKV_ASSIGN_OR_RETURN(const KVVariant kind, ParseVariant(name));
-      const VariantPlan vp = PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates,
-                                         c_.steps, kCheckSteps, batch);
+      const bool budgeted = c_.hybrid && kind == KVVariant::kSparseKV;
+      BudgetedHotCache hot;
+      const VariantPlan vp =
+          budgeted ? PlanBudgetedVariant(shape, hbm, host, BatchCap(c_, kind), rates, c_.steps,
+                                         kCheckSteps, batch, &hot)
+                   : PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates, c_.steps,
+                                 kCheckSteps, batch);
+      if (budgeted) {
+        cp.budgeted = hot;
+        char note[200];
+        std::snprintf(note, sizeof(note),
+                      "sparsekv @%dK: hybrid residency, hot cache %.1f GB for batch %d -> %d "
+                      "slots per request and layer (chosen)",
+                      context / 1024, hot.hot_cache_bytes / 1e9, hot.max_batch, hot.hot_slots);
+        report_.notes.push_back(note);
+      }
       full = full || kind == KVVariant::kFullHbm;
       cp.check_batch = std::min(cp.check_batch, vp.max_batch);
       shared_.max_batch = std::max(shared_.max_batch, vp.max_batch);
@@ -525,6 +540,11 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.prefetch = c_.prefetch;
   setup.queries = c_.mtp;
   setup.overlap = c_.overlap != "off";
+  if (c_.hybrid && kind == KVVariant::kSparseKV) {
+    setup.hybrid = true;
+    setup.device_budget_bytes = plan.budgeted.hot_cache_bytes;
+    setup.shape.hot_slots = plan.budgeted.hot_slots;  // what the manager chooses, for Traffic()
+  }
   Log(label + ": filling " + std::to_string(vp.max_batch) + " requests");
   SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<StepVariant> v,
                             CreateVariant(kind, setup, arena_, stream_));
@@ -536,6 +556,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
                               TopKFeed::Create(GeneratorOptions(plan.context, true, kCheckMissRate),
                                                shared_.shape.layers, plan.check_batch, c_.mtp));
     feed->set_layers_per_index(c_.layers_per_index);
+    SPARSEKV_RETURN_IF_ERROR(v->SetLiveBatch(plan.check_batch, stream_));
     SPARSEKV_ASSIGN_OR_RETURN(std::vector<std::byte> out,
                               RunCheck(*v, shared_, *feed, req, plan.check_batch, stream_));
     if (kind == KVVariant::kFullHbm) {
@@ -582,6 +603,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
         ++skipped_points_;
         continue;
       }
+      SPARSEKV_RETURN_IF_ERROR(v->SetLiveBatch(batch, stream_));
       SPARSEKV_ASSIGN_OR_RETURN(
           const PointTiming t, RunPoint(*v, shared_, *feed, req, batch, c_.steps, warmup, stream_));
       E2EPoint p;
@@ -591,6 +613,8 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
       if (DependsOnMissRate(kind) && miss_rate_mode) p.miss_rate_target = rate;
       p.batch = batch;
       p.max_batch = vp.max_batch;
+      p.hot_slots = setup.shape.hot_slots;
+      p.resident_requests = t.stats.resident_requests;
       p.timed_steps = static_cast<int32_t>(t.tpot_ms.size());
       p.tpot_ms = Median(t.tpot_ms);
       p.tpot_min_ms = *std::min_element(t.tpot_ms.begin(), t.tpot_ms.end());

@@ -118,7 +118,10 @@ class SparseKVVariant final : public StepVariant {
     o.copy_blocks = s_.copy_blocks;
     o.max_prefetch = s_.prefetch;
     o.share_repeated_positions = s_.queries > 1;
+    o.hybrid_residency = s_.hybrid;
+    o.device_budget_bytes = s_.device_budget_bytes;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
+    live_.assign(s_.max_batch, true);
     SPARSEKV_ASSIGN_OR_RETURN(
         slots_, DeviceBuffer::Allocate(Int32s(int64_t{s_.max_batch} * r.top_k), kBenchMemory));
     if (s_.overlap || s_.prefetch > 0) {
@@ -257,19 +260,41 @@ class SparseKVVariant final : public StepVariant {
   Status AfterReplay() override { return manager_->FinishReplayedStep(); }
   const std::byte* Rows(int32_t layer) const override { return manager_->HotLayer(layer); }
   const int32_t* Indices() const override { return slots_.get<int32_t>(); }
+  Status SetLiveBatch(int32_t batch, cudaStream_t stream) override {
+    if (!s_.hybrid) return Status::Ok();
+    for (int32_t b = batch; b < s_.max_batch; ++b) {
+      if (live_[b]) SPARSEKV_RETURN_IF_ERROR(manager_->Retract(ids_[b]));
+      live_[b] = false;
+    }
+    for (int32_t b = 0; b < batch; ++b) {
+      if (!live_[b]) SPARSEKV_RETURN_IF_ERROR(manager_->Resume(ids_[b], stream));
+      live_[b] = true;
+    }
+    // Resumed requests are resident where their pages fit; earlier ones may be promoted now
+    // that idle ones gave their blocks back.
+    for (int32_t b = 0; b < batch; ++b) {
+      if (manager_->IsResident(ids_[b])) continue;
+      const Status promoted = manager_->Promote(ids_[b], stream);
+      if (promoted.code() == StatusCode::kResourceExhausted) break;
+      SPARSEKV_RETURN_IF_ERROR(promoted);
+    }
+    return CudaStatus(cudaStreamSynchronize(stream), "residency");
+  }
   Status ResetStats(cudaStream_t stream) override { return manager_->ResetStats(stream); }
   StatusOr<VariantStats> ReadStats(cudaStream_t stream) override {
     SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, manager_->ReadStats(stream));
     const LayerStats& t = stats.total;
     // Prefetched rows are counted once per index group and copied into each of its layers.
-    return VariantStats{double(t.hits + t.window_hits + t.misses), double(t.misses),
-                        double(stats.prefetch_rows) * s_.layers_per_index};
+    return VariantStats{double(t.hits + t.window_hits + t.misses + t.resident_hits),
+                        double(t.misses), double(stats.prefetch_rows) * s_.layers_per_index,
+                        stats.resident_requests};
   }
 
  private:
   VariantSetup s_;
   std::unique_ptr<SparseKVCacheManager> manager_;
   std::vector<RequestId> ids_;
+  std::vector<bool> live_;  // per request: on the device (not retracted by SetLiveBatch)
   DeviceBuffer slots_;  // [max_batch, top_k] layer-wide hot-cache slots
   // Overlap or prefetch: ResolveLayer's fill masks, [max_batch, top_k] each; one per index group
   // with prefetch, else one.

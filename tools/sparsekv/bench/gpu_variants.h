@@ -50,6 +50,11 @@ struct VariantSetup {
   // Query tokens per request (--mtp): shape.top_k holds all of a request's queries' entries;
   // sparsekv then shares repeated positions (CacheOptions::share_repeated_positions).
   int32_t queries = 1;
+  // sparsekv only, hybrid residency (CacheOptions::hybrid_residency): requests stay resident
+  // while the hot cache's budget allows; the hot cache takes device_budget_bytes (with
+  // shape.hot_slots = 0, the slots per request are chosen from it).
+  bool hybrid = false;
+  int64_t device_budget_bytes = 0;
 };
 
 // Lookups of the steps since ResetStats: all top-k entries of all layers, and those fetched from
@@ -58,6 +63,7 @@ struct VariantStats {
   double lookups = 0;
   double misses = 0;
   double prefetched = 0;  // rows fetched by prefetches (not counted in lookups or misses)
+  int32_t resident_requests = 0;  // sparsekv with hybrid residency: resident now
 };
 
 class StepVariant {
@@ -82,6 +88,10 @@ class StepVariant {
   virtual Status WaitForRows(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
   // After `layer`'s attention has been enqueued on `stream` (cross-step prefetch).
   virtual Status AfterAttention(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
+  // Host side, before the steps of a batch size: the requests [0, batch) are the live ones, the
+  // others idle (sparsekv with hybrid residency retracts them, so that the live ones take the
+  // memory, and makes the live ones resident where they fit). Synchronises `stream`.
+  virtual Status SetLiveBatch(int32_t /*batch*/, cudaStream_t /*stream*/) { return Status::Ok(); }
   virtual Status ResetStats(cudaStream_t stream) = 0;
   virtual StatusOr<VariantStats> ReadStats(cudaStream_t stream) = 0;
 };

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "sparsekv/kv_footprint.h"
 #include "sparsekv/options.h"
 #include "sparsekv/planner_calibration.h"
 #include "tools/sparsekv/exit_codes.h"
@@ -361,6 +362,36 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
                        hidden_fraction_)
               : std::string("  Copies serial with compute, as measured with an indexer per layer "
                             "(--hidden-fraction for shared indexers).\n"));
+
+  // What a manager with a budget-sized hot cache (device_budget_bytes, hot_slots = 0) would
+  // choose: the batch the tier allows, the HBM left for the hot cache, the slots that follow.
+  out << "Hot cache sized by the budget (hot_slots = 0; docs/residency.md): the batch the tier "
+         "holds, the KV budget less that batch's other device state, then the most slots per "
+         "request and layer with which that batch's blocks fit:\n";
+  json["budgeted_hot_cache"] = Json::array();
+  const int64_t kv_budget =
+      static_cast<int64_t>((gpu_.hbm_gb - model.weights_gb - gpu_.reserved_gb) * 1e9);
+  for (const MemoryTier& tier : tiers) {
+    for (int32_t context : contexts_) {
+      RequestShape request;
+      request.layers = model.layers;
+      request.row_bytes = model.row_bytes;
+      request.indexer_key_bytes = model.indexer_key_bytes;
+      request.top_k = model.top_k;
+      request.tokens = context;
+      const BudgetedHotCache b = PlanBudgetedHotCache(
+          request, kv_budget, static_cast<int64_t>(tier.capacity_gb * 1e9), kMaxSearchBatch);
+      out << Format("  %-12s %6dK: batch %4d, hot cache %6.1f GB, %6d slots (vs %d fixed)\n",
+                    tier.name.c_str(), context / 1024, b.max_batch, b.hot_cache_bytes / 1e9,
+                    b.hot_slots, hot_slots_);
+      json["budgeted_hot_cache"].push_back({{"tier", tier.name},
+                                            {"context", context},
+                                            {"max_batch", b.max_batch},
+                                            {"hot_cache_bytes", b.hot_cache_bytes},
+                                            {"hot_slots", b.hot_slots},
+                                            {"per_request_bytes", b.per_request_bytes}});
+    }
+  }
 
   json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
                  {"reserved_gb", gpu_.reserved_gb},

@@ -1,0 +1,216 @@
+// SparseKVCacheManager::Impl, part three: hybrid residency. Where a request's rows live in HBM
+// (resident pages or a hot-cache block), demotion to make room for an admission, promotion, and
+// the loads from the host pool that both need (docs/residency.md).
+#include <algorithm>
+#include <string>
+
+#include "manager/manager_impl.h"
+
+namespace sparsekv {
+
+using manager_internal::Describe;
+
+namespace {
+
+int32_t PagesFor(int64_t tokens, int32_t page_rows) {
+  return static_cast<int32_t>((tokens + page_rows - 1) / page_rows);
+}
+
+}  // namespace
+
+int32_t SparseKVCacheManager::Impl::OnDeviceRequests() const {
+  return static_cast<int32_t>(std::count_if(requests_.begin(), requests_.end(),
+                                            [](const auto& it) { return it.second.on_device(); }));
+}
+
+bool SparseKVCacheManager::Impl::CanPlace(int64_t tokens, bool may_be_resident) const {
+  if (OnDeviceRequests() >= options_.max_requests) return false;
+  if (hot_->free_blocks() > 0) return true;
+  if (!options_.hybrid_residency) return false;
+  if (may_be_resident && hot_->free_pages() >= PagesFor(tokens, options_.resident_page_rows)) {
+    return true;
+  }
+  // Demoting every fully ingested resident request outside the open step frees a block for each
+  // of them and one more (every request on the device needs at most one block, and there are at
+  // least max_requests blocks), unless pages of the others pin blocks: MakeRoomForBlocks then
+  // fails, changing nothing.
+  const bool demotable = std::any_of(requests_.begin(), requests_.end(), [&](const auto& it) {
+    return it.second.resident() && !InOpenStep(it.first) &&
+           it.second.ingested_layers == options_.geometry.num_layers();
+  });
+  return demotable;
+}
+
+Status SparseKVCacheManager::Impl::PlaceOnDevice(Request& r, StreamHandle stream) {
+  if (options_.hybrid_residency && r.may_be_resident &&
+      hot_->free_pages() >= PagesFor(r.reserved, options_.resident_page_rows)) {
+    return TakeResidentPages(r, stream);
+  }
+  if (hot_->free_blocks() == 0) SPARSEKV_RETURN_IF_ERROR(MakeRoomForBlocks(1, stream));
+  SPARSEKV_ASSIGN_OR_RETURN(r.block, hot_->Acquire(stream));
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::TakeResidentPages(Request& r, StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(r.resident_pages,
+                            hot_->AcquirePages(PagesFor(r.reserved, options_.resident_page_rows)));
+  return backend_->CopyAsync(
+      resident_table_device_ + static_cast<int64_t>(r.owner) * resident_pages_per_owner_,
+      r.resident_pages.data(), r.resident_pages.size() * sizeof(int32_t), stream);
+}
+
+Status SparseKVCacheManager::Impl::MakeRoomForBlocks(int32_t blocks, StreamHandle stream) {
+  // Victims give their pages back first (their rows are reloaded from the host pool, never from
+  // the pages), then each takes a block: a block frees up only once all its pages are free.
+  std::vector<Request*> demoted;
+  while (hot_->free_blocks() < blocks + static_cast<int32_t>(demoted.size())) {
+    Request* victim = nullptr;
+    RequestId victim_id = 0;
+    for (auto& [id, r] : requests_) {
+      // A request still being ingested keeps its pages: its pool rows are not all written yet.
+      if (!r.resident() || InOpenStep(id) ||
+          r.ingested_layers != options_.geometry.num_layers()) {
+        continue;
+      }
+      if (victim == nullptr || r.resident_pages.size() > victim->resident_pages.size() ||
+          (r.resident_pages.size() == victim->resident_pages.size() && id < victim_id)) {
+        victim = &r;
+        victim_id = id;
+      }
+    }
+    if (victim == nullptr) break;
+    hot_->ReleasePages(victim->resident_pages);
+    victim->resident_pages.clear();
+    demoted.push_back(victim);
+  }
+  if (hot_->free_blocks() < blocks + static_cast<int32_t>(demoted.size())) {
+    // Not enough even so (pages of the open step's requests pin blocks): the victims take their
+    // pages back, reloaded.
+    for (Request* r : demoted) {
+      SPARSEKV_RETURN_IF_ERROR(TakeResidentPages(*r, stream));
+      SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->seq_len, stream));
+    }
+    return ResourceExhausted("Admit: no hot-cache block is free, and demoting the " +
+                             std::to_string(demoted.size()) +
+                             " resident requests outside the open step frees none");
+  }
+  for (Request* r : demoted) {
+    SPARSEKV_RETURN_IF_ERROR(LoadIntoBlock(*r, stream));
+    ++host_counters_.demotions;
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::LoadIntoBlock(Request& r, StreamHandle stream) {
+  // The window's positions go to their window slots, the hot_slots positions before them to LRU
+  // slots 0.. in position order (the oldest is the least recently used).
+  const int32_t window_begin = std::max(0, r.seq_len - options_.window);
+  const int32_t seed_begin = std::max(0, window_begin - options_.hot_slots);
+  std::vector<int32_t> seeds(static_cast<size_t>(window_begin - seed_begin));
+  for (int32_t i = 0; i < static_cast<int32_t>(seeds.size()); ++i) seeds[i] = seed_begin + i;
+  SPARSEKV_ASSIGN_OR_RETURN(r.block, hot_->AcquireSeeded(seeds, stream));
+  load_rows_.clear();
+  load_slots_.clear();
+  const int32_t base = r.block * hot_->slots_per_block();
+  for (int32_t p = seed_begin; p < r.seq_len; ++p) {
+    load_rows_.push_back(pool_->HostRow(r.owner, p));
+    load_slots_.push_back(p < window_begin ? base + (p - seed_begin) : hot_->WindowSlot(r.block, p));
+  }
+  return RunLoads(stream);
+}
+
+Status SparseKVCacheManager::Impl::LoadResident(const Request& r, int32_t first, int32_t last,
+                                                StreamHandle stream) {
+  load_rows_.clear();
+  load_slots_.clear();
+  for (int32_t p = first; p < last; ++p) {
+    load_rows_.push_back(pool_->HostRow(r.owner, p));
+    load_slots_.push_back(ResidentSlot(r, p));
+  }
+  return RunLoads(stream);
+}
+
+Status SparseKVCacheManager::Impl::RunLoads(StreamHandle stream) {
+  const auto count = static_cast<int32_t>(load_rows_.size());
+  if (count == 0) return Status::Ok();
+  // load_capacity_ holds max_context entries, and no request is longer.
+  const size_t bytes = sizeof(int32_t) * load_rows_.size();
+  SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.host_row, load_rows_.data(), bytes, stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.slot, load_slots_.data(), bytes, stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.count, &count, sizeof(count), stream));
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    const LayerShape shape = options_.geometry.layers[l];
+    IndexCopyView copy{};
+    copy.src = pool_->layer_base(l);
+    copy.dst = hot_->layer_data(l);
+    copy.src_index = load_list_.host_row;
+    copy.dst_index = load_list_.slot;
+    copy.count = load_list_.count;
+    copy.capacity = load_capacity_;
+    copy.row_bytes = shape.row_bytes;
+    copy.src_stride = copy.dst_stride = shape.row_stride;
+    copy.src_rows = pool_->rows();
+    copy.dst_rows = hot_->layer_rows();
+    copy.invalid = invalid_copies_;
+    SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
+    host_counters_.bytes_host_to_device += static_cast<uint64_t>(count) * shape.row_bytes;
+  }
+  // The uploads read the host vectors (and `count`) until the stream reaches them.
+  return backend_->Synchronize(stream);
+}
+
+Status SparseKVCacheManager::Impl::CopyToResident(const Request& r, int32_t layer,
+                                                  const void* rows, int32_t rows_first,
+                                                  int32_t first, StreamHandle stream) {
+  const int32_t stride = options_.geometry.layers[layer].row_stride;
+  const int32_t page_rows = options_.resident_page_rows;
+  const auto* src = static_cast<const std::byte*>(rows);
+  // One copy per run of positions that share a resident page.
+  for (int32_t p = first; p < r.seq_len;) {
+    const int32_t n = std::min(r.seq_len - p, page_rows - p % page_rows);
+    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(
+        hot_->layer_data(layer) + static_cast<int64_t>(ResidentSlot(r, p)) * stride,
+        src + static_cast<int64_t>(p - rows_first) * stride, static_cast<size_t>(n) * stride,
+        stream));
+    p += n;
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::Promote(RequestId id, StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Promote"));
+  if (!options_.hybrid_residency) {
+    return FailedPrecondition("Promote: hybrid_residency is off");
+  }
+  if (r->resident()) return FailedPrecondition("Promote: " + Describe(id) + " is resident");
+  if (r->block < 0) return FailedPrecondition("Promote: " + Describe(id) + " is retracted");
+  if (!r->may_be_resident) {
+    return FailedPrecondition("Promote: " + Describe(id) +
+                              " stays in hot-cache mode (forked or remote-backed)");
+  }
+  if (InOpenStep(id)) return FailedPrecondition("Promote: " + Describe(id) + " is in the open step");
+  if (r->ingested_layers != options_.geometry.num_layers()) {
+    return FailedPrecondition("Promote: " + Describe(id) + " has layers not yet ingested");
+  }
+  // Its own block counts as free room once given back.
+  const int32_t pages = PagesFor(r->reserved, options_.resident_page_rows);
+  if (hot_->free_pages() + hot_->pages_per_block() < pages) {
+    return ResourceExhausted("Promote: " + Describe(id) + " needs " + std::to_string(pages) +
+                             " resident pages, " + std::to_string(hot_->free_pages()) + " free");
+  }
+  const int32_t block = r->block;
+  hot_->Release(block);
+  r->block = -1;
+  if (Status taken = TakeResidentPages(*r, stream); !taken.ok()) {
+    // Only the free block's own pages were counted: fall back to the block (its state is reset
+    // and its rows reloaded).
+    r->resident_pages.clear();
+    SPARSEKV_RETURN_IF_ERROR(LoadIntoBlock(*r, stream));
+    return taken;
+  }
+  SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->seq_len, stream));
+  ++host_counters_.promotions;
+  return Status::Ok();
+}
+
+}  // namespace sparsekv

@@ -48,6 +48,8 @@
 // Each step is a force-inlined function below, named after it; the kernel calls them in order.
 // They take the kernel's registers and shared arrays one by one, by value or reference: bundled
 // into structs they measured to raise the register spills.
+// Over 700 lines: every step shares the kernel's file-local kinds, counts and layout and must
+// inline into it; the reusable primitives are in resolve_primitives.cuh.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-# Types of sparsekv._core, the C++ binding (python/src/binding.cc). Kept in step with it by
+# Types of sparsekv._core, the C++ binding (python/src/binding*.cc). Kept in step with it by
 # python/tests/test_api_surface.py: every public name of the module, and every public attribute of
 # its classes, must appear here.
 from __future__ import annotations

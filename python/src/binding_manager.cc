@@ -1,0 +1,458 @@
+// sparsekv._core: Backend and its factories, HotLayer and SparseKVCacheManager.
+//
+// Thread safety: a manager is not thread-safe; its methods hold the GIL, which serialises calls.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "binding_util.h"
+#include "sparsekv/backend.h"
+#include "sparsekv/manager.h"
+#include "sparsekv/options.h"
+
+namespace sparsekv {
+namespace {
+
+// ---- The hot-cache layer as an array ----
+
+// One layer of the hot cache, [rows, row_stride] bytes, exposed through __cuda_array_interface__
+// (CUDA backend) or __array_interface__ (CPU backend), so that torch.as_tensor, numpy.asarray
+// and cupy.asarray wrap it without a copy. Keeps its manager alive.
+struct HotLayerView {
+  const std::byte* data;
+  int64_t rows;
+  int64_t row_stride;
+  bool cuda;
+
+  py::dict Interface() const {
+    py::dict d;
+    d["shape"] = py::make_tuple(rows, row_stride);
+    d["typestr"] = "|u1";
+    d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(data), false);
+    d["strides"] = py::none();
+    d["version"] = 3;
+    return d;
+  }
+};
+
+// ---- The manager ----
+
+int32_t RowStride(const CacheOptions& o, int32_t layer, const char* op) {
+  if (layer < 0 || layer >= o.geometry.num_layers()) {
+    throw py::value_error(std::string(op) + ": layer " + std::to_string(layer) +
+                          " out of range [0, " + std::to_string(o.geometry.num_layers()) + ")");
+  }
+  return o.geometry.layers[layer].row_stride;
+}
+
+class PyManager {
+ public:
+  PyManager(const CacheOptions& options, PyBackend backend) : backend_(std::move(backend)) {
+    manager_ = Check(SparseKVCacheManager::Create(options, backend_.backend));
+  }
+
+  void Admit(PyRequestId id, int32_t prompt_len, int32_t max_new_tokens, const py::object& stream) {
+    Check(manager_->Admit(id.value, prompt_len, max_new_tokens, Stream(stream)));
+    cached_.erase(id.value);
+  }
+
+  void IngestPrompt(PyRequestId id, int32_t layer, const py::object& rows,
+                    const py::object& stream) {
+    Ingest(id.value, layer, rows, /*rows_first=*/0, "ingest_prompt", stream);
+  }
+
+  void Release(PyRequestId id) {
+    Check(manager_->Release(id.value));
+    cached_.erase(id.value);
+  }
+  void Retract(PyRequestId id) { Check(manager_->Retract(id.value)); }
+  void Promote(PyRequestId id, const py::object& stream) {
+    Check(manager_->Promote(id.value, Stream(stream)));
+  }
+  bool IsResident(PyRequestId id) const { return manager_->IsResident(id.value); }
+  void Resume(PyRequestId id, const py::object& stream) {
+    Check(manager_->Resume(id.value, Stream(stream)));
+  }
+
+  int32_t AdmitWithPrefix(PyRequestId id, const std::vector<int32_t>& token_ids,
+                          int32_t max_new_tokens, const py::object& stream) {
+    const int32_t cached =
+        Check(manager_->AdmitWithPrefix(id.value, token_ids, max_new_tokens, Stream(stream)));
+    cached_[id.value] = cached;
+    return cached;
+  }
+
+  void IngestPromptSuffix(PyRequestId id, int32_t layer, const py::object& rows,
+                          const py::object& stream) {
+    auto it = cached_.find(id.value);
+    Ingest(id.value, layer, rows, it == cached_.end() ? 0 : it->second, "ingest_prompt_suffix",
+           stream);
+  }
+
+  void Fork(PyRequestId parent, PyRequestId child, int32_t max_new_tokens,
+            const py::object& stream) {
+    Check(manager_->Fork(parent.value, child.value, max_new_tokens, Stream(stream)));
+    cached_.erase(child.value);
+  }
+
+  int32_t Retain(PyRequestId id) {
+    const int32_t retained = Check(manager_->Retain(id.value));
+    cached_.erase(id.value);
+    return retained;
+  }
+  int32_t EvictRetained() { return manager_->EvictRetained(); }
+  bool IsRetained(PyRequestId id) const { return manager_->IsRetained(id.value); }
+  std::vector<int32_t> HostPages(PyRequestId id) const {
+    return Check(manager_->HostPages(id.value));
+  }
+
+  void PlanStep(const std::vector<PyRequestId>& batch,
+                const std::optional<std::vector<int32_t>>& token_ids, const py::object& stream) {
+    std::vector<RequestId> ids;
+    ids.reserve(batch.size());
+    for (const PyRequestId& id : batch) ids.push_back(id.value);
+    if (token_ids.has_value()) {
+      Check(manager_->PlanStep(ids, *token_ids, Stream(stream)));
+    } else {
+      Check(manager_->PlanStep(ids, Stream(stream)));
+    }
+  }
+
+  void AppendToken(int32_t layer, const py::object& new_rows, const py::object& stream) {
+    TensorRules r{"new_rows"};
+    r.row_bytes = RowStride(options(), layer, "append_token");
+    r.min_rows = manager_->batch_size();
+    const TensorArg t = CheckTensor(new_rows, r, backend_);
+    Check(manager_->AppendToken(layer, t.data, Stream(stream)));
+  }
+
+  // topk: int32 [>= batch, >= top_k]; slots: int32 [>= batch, top_k], written.
+  TensorArg TopK(const py::object& topk, const char* name, int32_t top_k) const {
+    TensorRules tr{name};
+    tr.int32 = true;
+    tr.min_rows = manager_->batch_size();
+    tr.min_second = top_k;
+    return CheckTensor(topk, tr, backend_);
+  }
+  TensorArg Slots(const py::object& slots, const char* name) const {
+    TensorRules sr{name};
+    sr.int32 = true;
+    sr.min_rows = manager_->batch_size();
+    sr.second_dim = options().top_k;
+    sr.output = true;
+    return CheckTensor(slots, sr, backend_);
+  }
+
+  void RunLayer(int32_t layer, const py::object& topk, const py::object& slots,
+                const py::object& assembled, const py::object& stream) {
+    const int32_t row_stride = RowStride(options(), layer, "run_layer");
+    const int32_t top_k = options().top_k;
+    const TensorArg t = TopK(topk, "topk", top_k);
+    const TensorArg s = Slots(slots, "slots");
+    void* out = nullptr;
+    if (!assembled.is_none()) {
+      TensorRules ar{"assembled"};
+      ar.row_dims = 2;
+      ar.row_bytes = row_stride;
+      ar.min_rows = manager_->batch_size();
+      ar.second_dim = top_k;
+      ar.output = true;
+      out = CheckTensor(assembled, ar, backend_).data;
+    }
+    Check(manager_->RunLayer(layer, static_cast<const int32_t*>(t.data),
+                             static_cast<int32_t*>(s.data), out, Stream(stream),
+                             static_cast<int32_t>(t.shape[1])));
+  }
+
+  void ResolveLayer(int32_t layer, const py::object& topk, const py::object& slots,
+                    const py::object& fill_mask, const py::object& stream) {
+    const TensorArg t = TopK(topk, "topk", options().top_k);
+    const TensorArg s = Slots(slots, "slots");
+    uint8_t* fill = nullptr;
+    if (!fill_mask.is_none()) {
+      TensorRules fr{"fill_mask"};  // [>= batch, top_k] of 1-byte elements (uint8 or bool)
+      fr.row_bytes = options().top_k;
+      fr.min_rows = manager_->batch_size();
+      fr.second_dim = options().top_k;
+      fr.output = true;
+      fill = static_cast<uint8_t*>(CheckTensor(fill_mask, fr, backend_).data);
+    }
+    Check(manager_->ResolveLayer(layer, static_cast<const int32_t*>(t.data),
+                                 static_cast<int32_t*>(s.data), fill, Stream(stream),
+                                 static_cast<int32_t>(t.shape[1])));
+  }
+
+  void CopyMisses(int32_t layer, const py::object& stream) {
+    Check(manager_->CopyMisses(layer, Stream(stream)));
+  }
+
+  void AssembleLayer(int32_t layer, const py::object& slots, const py::object& assembled,
+                     const py::object& stream) {
+    TensorRules sr{"slots"};
+    sr.int32 = true;
+    sr.min_rows = manager_->batch_size();
+    sr.second_dim = options().top_k;
+    const TensorArg s = CheckTensor(slots, sr, backend_);
+    TensorRules ar{"assembled"};
+    ar.row_dims = 2;
+    ar.row_bytes = RowStride(options(), layer, "assemble_layer");
+    ar.min_rows = manager_->batch_size();
+    ar.second_dim = options().top_k;
+    ar.output = true;
+    const TensorArg a = CheckTensor(assembled, ar, backend_);
+    Check(manager_->AssembleLayer(layer, static_cast<const int32_t*>(s.data), a.data,
+                                  Stream(stream)));
+  }
+
+  void PrefetchLayer(int32_t layer, const py::object& positions, const py::object& stream) {
+    TensorRules pr{"positions"};
+    pr.int32 = true;
+    pr.min_rows = manager_->batch_size();
+    const TensorArg t = CheckTensor(positions, pr, backend_);
+    if (t.shape.size() != 2) throw py::value_error("positions: must be [batch, count]");
+    Check(manager_->PrefetchLayer(layer, static_cast<const int32_t*>(t.data),
+                                  static_cast<int32_t>(t.shape[1]), Stream(stream)));
+  }
+
+  void FinishStep(const py::object& stream) { Check(manager_->FinishStep(Stream(stream))); }
+  void FinishReplayedStep() { Check(manager_->FinishReplayedStep()); }
+
+  CacheStats ReadStats(const py::object& stream) {
+    return Check(manager_->ReadStats(Stream(stream)));
+  }
+  void ResetStats(const py::object& stream) { Check(manager_->ResetStats(Stream(stream))); }
+  int32_t SequenceLength(PyRequestId id) const { return Check(manager_->SequenceLength(id.value)); }
+
+  HotLayerView HotLayer(int32_t layer) const {
+    const int32_t stride = RowStride(options(), layer, "hot_layer");
+    return HotLayerView{manager_->HotLayer(layer), manager_->HotLayerRows(), stride,
+                        backend_.is_cuda()};
+  }
+
+  int32_t batch_size() const { return manager_->batch_size(); }
+  const CacheOptions& options() const { return manager_->options(); }
+  const PyBackend& backend() const { return backend_; }
+
+ private:
+  // IngestPrompt (rows_first 0: rows of every prompt position) or IngestPromptSuffix (rows_first
+  // = cached: rows of positions [cached, prompt_len)). The row count is checked here, since the
+  // library reads that many rows from the pointer.
+  void Ingest(RequestId id, int32_t layer, const py::object& rows, int32_t rows_first,
+              const char* op, const py::object& stream) {
+    TensorRules r{"rows"};
+    r.row_bytes = RowStride(options(), layer, op);
+    const StatusOr<int32_t> prompt_len = manager_->SequenceLength(id);
+    if (!prompt_len.ok()) {
+      Raise(NotFound(std::string(op) + ": request " + std::to_string(id) +
+                     " is unknown or released"));
+    }
+    r.exact_rows = *prompt_len - rows_first;
+    r.host_ok_on_cuda = true;
+    const TensorArg t = CheckTensor(rows, r, backend_);
+    if (rows_first == 0) {
+      Check(manager_->IngestPrompt(id, layer, t.data, Stream(stream)));
+    } else {
+      Check(manager_->IngestPromptSuffix(id, layer, t.data, Stream(stream)));
+    }
+  }
+
+  // See binding_util.h for the rules.
+  StreamHandle Stream(const py::object& stream) { return streams_.Resolve(stream, backend_); }
+
+  PyBackend backend_;
+  std::unique_ptr<SparseKVCacheManager> manager_;
+  StreamResolver streams_;
+  // The `cached` AdmitWithPrefix returned, per request admitted so (until it is released,
+  // retained or admitted again): the rows ingest_prompt_suffix must be given.
+  std::unordered_map<RequestId, int32_t> cached_;
+};
+
+void RegisterHotLayer(py::module_& m) {
+  py::class_<HotLayerView>(m, "HotLayer",
+                           "One layer of the hot cache, [rows, row_stride] uint8, wrapped "
+                           "without a copy by torch.as_tensor / numpy.asarray / cupy.asarray.")
+      .def_readonly("rows", &HotLayerView::rows, "max_requests * slots_per_request.")
+      .def_readonly("row_stride", &HotLayerView::row_stride, "The layer's row_stride in bytes.")
+      .def_property_readonly(
+          "data_ptr", [](const HotLayerView& v) { return reinterpret_cast<uintptr_t>(v.data); },
+          "Address of row 0 (device memory under CUDA).")
+      .def_property_readonly(
+          "__cuda_array_interface__",
+          [](const HotLayerView& v) {
+            if (!v.cuda) throw py::attribute_error("host memory");
+            return v.Interface();
+          },
+          "The CUDA array interface (CUDA backend only).")
+      .def_property_readonly(
+          "__array_interface__",
+          [](const HotLayerView& v) {
+            if (v.cuda) throw py::attribute_error("device memory");
+            return v.Interface();
+          },
+          "The numpy array interface (CPU backend only).");
+}
+
+}  // namespace
+
+void RegisterBackends(py::module_& m) {
+  py::class_<PyBackend>(m, "Backend", "Where a manager's memory lives and its operators run.")
+      .def_property_readonly(
+          "kind", [](const PyBackend& b) { return b.is_cuda() ? "cuda" : "cpu"; },
+          "'cpu' or 'cuda'.")
+      .def_property_readonly(
+          "name", [](const PyBackend& b) { return b.backend->name(); },
+          "e.g. 'cpu' or 'cuda:0 NVIDIA H200'.")
+      .def_property_readonly(
+          "device", [](const PyBackend& b) { return b.device; },
+          "CUDA device ordinal; -1 for the CPU backend.")
+      .def(
+          "__repr__",
+          [](const PyBackend& b) { return "<sparsekv.Backend " + b.backend->name() + ">"; },
+          "<sparsekv.Backend name>.");
+
+  m.def(
+      "cpu_backend",
+      [] {
+        return PyBackend{CreateCpuBackend(), -1};
+      },
+      "The CPU reference backend: ordinary memory, plain loops; never fails.");
+  m.def(
+      "cuda_backend",
+      [](int device) {
+        return PyBackend{Check(CreateCudaBackend(device)), device};
+      },
+      py::arg("device") = 0,
+      "The CUDA backend on `device`; raises UnavailableError if the library was built "
+      "without CUDA or the device is absent.");
+  m.def("cuda_compiled", &CudaBackendCompiled,
+        "True if the library was built with the CUDA backend (a GPU may still be absent).");
+}
+
+void RegisterManager(py::module_& m) {
+  RegisterHotLayer(m);
+
+  const py::arg_v no_stream = py::arg("stream") = py::none();
+  py::class_<PyManager>(m, "SparseKVCacheManager",
+                        "The request lifecycle and per-step entry points "
+                        "(include/sparsekv/manager.h). Request ids are ints in [0, 2**64).")
+      .def(py::init<const CacheOptions&, PyBackend>(), py::arg("options"), py::arg("backend"),
+           "Validates `options` and allocates the host pool, the hot cache and the device "
+           "buffers of the run phase on `backend`.")
+      // ---- Lifecycle ----
+      .def("admit", &PyManager::Admit, py::arg("request_id"), py::arg("prompt_len"),
+           py::arg("max_new_tokens"), no_stream,
+           "Reserves host pages for prompt_len + max_new_tokens positions and a hot-cache "
+           "block. AlreadyExistsError for a known id (live or retained), OutOfRangeError past "
+           "max_context, ResourceExhaustedError when full even after evicting every retained "
+           "conversation.")
+      .def("ingest_prompt", &PyManager::IngestPrompt, py::arg("request_id"), py::arg("layer"),
+           py::arg("rows"), no_stream,
+           "Writes the prompt KV of one layer, rows [prompt_len, row_stride] bytes (host or "
+           "device), into the host pool and its newest `window` rows into the hot cache. Rows of "
+           "positions admit_with_prefix found are skipped. Every layer must be ingested before "
+           "the request joins a step.")
+      .def("release", &PyManager::Release, py::arg("request_id"),
+           "Frees the request's host pages (drops its references to shared ones) and hot-cache "
+           "block, or drops the retained conversation `request_id`.")
+      .def("promote", &PyManager::Promote, py::arg("request_id"), no_stream,
+           "Hybrid residency: makes a hot-cache request resident again, loading its whole "
+           "history from the host pool (ResourceExhaustedError if its pages are not free).")
+      .def("is_resident", &PyManager::IsResident, py::arg("request_id"),
+           "Whether the request is live and resident in HBM.")
+      .def("retract", &PyManager::Retract, py::arg("request_id"),
+           "Gives back the request's hot-cache block and keeps its history in the host pool; "
+           "it cannot join a step until resume().")
+      .def("resume", &PyManager::Resume, py::arg("request_id"), no_stream,
+           "Takes a hot-cache block again (ResourceExhaustedError if none is free) and reloads "
+           "the window.")
+      // ---- Shared prefixes and retained conversations ----
+      .def("admit_with_prefix", &PyManager::AdmitWithPrefix, py::arg("request_id"),
+           py::arg("token_ids"), py::arg("max_new_tokens"), no_stream,
+           "admit() for a prompt of len(token_ids) tokens (int32 ids) whose longest prefix of "
+           "full pages already in the pool is shared, not stored again. Returns `cached`: "
+           "positions [0, cached) were found (a multiple of host_page_tokens, less than the "
+           "prompt length, 0 on a miss); ingest only [cached, prompt_len) with "
+           "ingest_prompt_suffix. Errors as admit(); nothing changes on error.")
+      .def("ingest_prompt_suffix", &PyManager::IngestPromptSuffix, py::arg("request_id"),
+           py::arg("layer"), py::arg("rows"), no_stream,
+           "ingest_prompt() for a request admitted with admit_with_prefix: rows is "
+           "[prompt_len - cached, row_stride], the KV of positions [cached, prompt_len).")
+      .def("fork", &PyManager::Fork, py::arg("parent"), py::arg("child"), py::arg("max_new_tokens"),
+           no_stream,
+           "Admits `child` with all of `parent`'s history shared and room for max_new_tokens "
+           "more (an agent branch); it gets its own hot-cache block and can join a step at "
+           "once.")
+      .def("retain", &PyManager::Retain, py::arg("request_id"),
+           "Ends the request like release(), but keeps the full pages of its history whose token "
+           "ids are known as the retained conversation `request_id`, for a later "
+           "admit_with_prefix (the next turn). Returns the tokens retained (0: none, as for "
+           "release). release(request_id) drops it; eviction may drop it at any time.")
+      .def("evict_retained", &PyManager::EvictRetained,
+           "Evicts every retained conversation; returns how many there were.")
+      .def("is_retained", &PyManager::IsRetained, py::arg("request_id"),
+           "True if `request_id` is a retained conversation.")
+      .def("host_pages", &PyManager::HostPages, py::arg("request_id"),
+           "The host pages of a live request or retained conversation, in position order (page "
+           "i holds positions [i * host_page_tokens, (i + 1) * host_page_tokens)).")
+      // ---- Plan ----
+      .def("plan_step", &PyManager::PlanStep, py::arg("batch"), py::arg("token_ids") = py::none(),
+           no_stream,
+           "Fixes the next step's batch (request ids); each request gains one token. With "
+           "token_ids, token_ids[b] is the id of the token batch[b] appends, so that the pages "
+           "of requests whose ids are known (admit_with_prefix, fork) can be shared once full; "
+           "a step planned without ids ends that for the requests of its batch.")
+      // ---- Run ----
+      .def("append_token", &PyManager::AppendToken, py::arg("layer"), py::arg("new_rows"),
+           no_stream,
+           "Stores the newest token's KV of `layer` for every request of the step: new_rows is "
+           "[>= batch, row_stride] bytes, row b for the b-th request. Precedes the layer's "
+           "run_layer.")
+      .def("run_layer", &PyManager::RunLayer, py::arg("layer"), py::arg("topk"), py::arg("slots"),
+           py::arg("assembled") = py::none(), no_stream,
+           "Resolves topk (int32 [>= batch, >= top_k] positions, -1 = padding) against the hot "
+           "cache of `layer`, copies the misses in and writes slots (int32 [>= batch, top_k], "
+           "-1 = skipped). If assembled ([>= batch, top_k, row_stride] bytes) is given, also "
+           "gathers the selected rows into it (skipped entries are zero rows).")
+      .def("resolve_layer", &PyManager::ResolveLayer, py::arg("layer"), py::arg("topk"),
+           py::arg("slots"), py::arg("fill_mask") = py::none(), no_stream,
+           "The resolve of run_layer for `layer`'s index group; fill_mask (uint8 [>= batch, "
+           "top_k]) gets 1 where the slot's row arrives with the group's copy_misses.")
+      .def("copy_misses", &PyManager::CopyMisses, py::arg("layer"), no_stream,
+           "Copies the misses of the last resolve_layer of `layer`'s group into `layer`'s "
+           "rows; once per layer and step.")
+      .def("assemble_layer", &PyManager::AssembleLayer, py::arg("layer"), py::arg("slots"),
+           py::arg("assembled"), no_stream,
+           "Gathers the rows of slots (as resolve_layer wrote them) of `layer` into assembled "
+           "([>= batch, top_k, row_stride] bytes; skipped entries are zero rows).")
+      .def("prefetch_layer", &PyManager::PrefetchLayer, py::arg("layer"), py::arg("positions"),
+           no_stream,
+           "Brings positions (int32 [>= batch, count], -1 = padding, count <= max_prefetch) into "
+           "the hot cache of `layer`'s index group for a later step.")
+      .def("finish_step", &PyManager::FinishStep, no_stream,
+           "Ends the step: joins the write-back side stream into `stream`.")
+      .def("finish_replayed_step", &PyManager::FinishReplayedStep,
+           "After replaying a captured run phase: closes the step as the captured calls did at "
+           "capture time.")
+      // ---- Introspection ----
+      .def("read_stats", &PyManager::ReadStats, no_stream,
+           "Synchronises `stream` and returns the CacheStats.")
+      .def("reset_stats", &PyManager::ResetStats, no_stream,
+           "Synchronises `stream` and zeroes every counter.")
+      .def("sequence_length", &PyManager::SequenceLength, py::arg("request_id"),
+           "Tokens with KV of a live request (NotFoundError otherwise).")
+      .def("hot_layer", &PyManager::HotLayer, py::arg("layer"), py::keep_alive<0, 1>(),
+           "Layer `layer` of the hot cache as a zero-copy HotLayer: what the slots index.")
+      .def_property_readonly("batch_size", &PyManager::batch_size,
+                             "Requests of the planned step (0 before the first).")
+      .def_property_readonly("options", &PyManager::options, "The manager's CacheOptions.")
+      .def_property_readonly("backend", &PyManager::backend, "The manager's Backend.");
+}
+
+}  // namespace sparsekv

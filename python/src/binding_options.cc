@@ -1,0 +1,202 @@
+// sparsekv._core: LayerShape, KVGeometry, EvictionPolicy, CacheOptions and HotCacheShape.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "binding_util.h"
+#include "sparsekv/hot_cache.h"
+#include "sparsekv/options.h"
+
+namespace sparsekv {
+namespace {
+
+void RegisterGeometry(py::module_& m) {
+  py::class_<LayerShape>(m, "LayerShape", "Bytes one token contributes to one layer.")
+      .def(py::init([](int32_t row_bytes, int32_t row_stride) {
+             return LayerShape{row_bytes, row_stride > 0 ? row_stride : row_bytes};
+           }),
+           py::arg("row_bytes"), py::arg("row_stride") = 0,
+           "row_stride 0 means row_stride = row_bytes.")
+      .def_readwrite("row_bytes", &LayerShape::row_bytes,
+                     "Meaningful bytes per row (DeepSeek-V3.2 fp8: 656; bf16: 1152).")
+      .def_readwrite("row_stride", &LayerShape::row_stride,
+                     "Bytes between consecutive rows, >= row_bytes.")
+      .def(
+          "__repr__",
+          [](const LayerShape& s) {
+            return "LayerShape(row_bytes=" + std::to_string(s.row_bytes) +
+                   ", row_stride=" + std::to_string(s.row_stride) + ")";
+          },
+          "LayerShape(row_bytes=..., row_stride=...).");
+
+  py::class_<KVGeometry>(m, "KVGeometry", "Shape of the KV cache: one LayerShape per layer.")
+      .def(py::init([](std::vector<LayerShape> layers) { return KVGeometry{std::move(layers)}; }),
+           py::arg("layers"), "One LayerShape per attention layer, in order.")
+      .def_static("uniform", &KVGeometry::Uniform, py::arg("num_layers"), py::arg("row_bytes"),
+                  py::arg("row_stride") = 0,
+                  "Every layer has the same row; row_stride 0 means row_bytes.")
+      .def_readwrite("layers", &KVGeometry::layers, "One LayerShape per attention layer.")
+      .def_property_readonly("num_layers", &KVGeometry::num_layers, "len(layers).")
+      .def_property_readonly(
+          "token_bytes", &KVGeometry::token_bytes,
+          "Sum of row_bytes over all layers: the meaningful KV bytes of a token.")
+      .def_property_readonly("token_stride_bytes", &KVGeometry::token_stride_bytes,
+                             "Sum of row_stride over all layers: the bytes one token occupies in "
+                             "the host pool.");
+}
+
+void RegisterCacheOptions(py::module_& m) {
+  py::enum_<EvictionPolicy>(m, "EvictionPolicy", "Replacement of the hot slots.")
+      .value("LRU", EvictionPolicy::kLru, "Least recently used slot first.")
+      .value("SEGMENTED_LRU", EvictionPolicy::kSegmentedLru,
+             "Segmented LRU: slots hit again are protected; new fills are evicted first.");
+
+  const CacheOptions defaults;
+  py::class_<CacheOptions>(m, "CacheOptions",
+                           "Options of a manager; fields and defaults as in "
+                           "include/sparsekv/options.h.")
+      .def(py::init([](KVGeometry geometry, int32_t top_k, int32_t hot_slots, int32_t window,
+                       int64_t host_capacity_tokens, int32_t max_requests,
+                       int32_t max_host_requests, int32_t max_batch, int32_t max_context,
+                       int32_t host_page_tokens, bool sort_misses, int32_t sort_misses_min_batch,
+                       EvictionPolicy eviction, int32_t protected_percent, int32_t layers_per_index,
+                       bool share_repeated_positions, int32_t max_prefetch, int32_t copy_blocks,
+                       bool hybrid_residency, int64_t device_budget_bytes,
+                       int32_t resident_page_rows) {
+             CacheOptions o;
+             o.geometry = std::move(geometry);
+             o.top_k = top_k;
+             o.hot_slots = hot_slots;
+             o.window = window;
+             o.host_capacity_tokens = host_capacity_tokens;
+             o.max_requests = max_requests;
+             o.max_host_requests = max_host_requests;
+             o.max_batch = max_batch;
+             o.max_context = max_context;
+             o.host_page_tokens = host_page_tokens;
+             o.sort_misses = sort_misses;
+             o.sort_misses_min_batch = sort_misses_min_batch;
+             o.eviction = eviction;
+             o.protected_percent = protected_percent;
+             o.layers_per_index = layers_per_index;
+             o.share_repeated_positions = share_repeated_positions;
+             o.max_prefetch = max_prefetch;
+             o.copy_blocks = copy_blocks;
+             o.hybrid_residency = hybrid_residency;
+             o.device_budget_bytes = device_budget_bytes;
+             o.resident_page_rows = resident_page_rows;
+             return o;
+           }),
+           py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
+           py::arg("hot_slots") = defaults.hot_slots, py::arg("window") = defaults.window,
+           py::arg("host_capacity_tokens"), py::arg("max_requests"),
+           py::arg("max_host_requests") = defaults.max_host_requests,
+           py::arg("max_batch") = defaults.max_batch, py::arg("max_context"),
+           py::arg("host_page_tokens") = defaults.host_page_tokens,
+           py::arg("sort_misses") = defaults.sort_misses,
+           py::arg("sort_misses_min_batch") = defaults.sort_misses_min_batch,
+           py::arg("eviction") = defaults.eviction,
+           py::arg("protected_percent") = defaults.protected_percent,
+           py::arg("layers_per_index") = defaults.layers_per_index,
+           py::arg("share_repeated_positions") = defaults.share_repeated_positions,
+           py::arg("max_prefetch") = defaults.max_prefetch,
+           py::arg("copy_blocks") = defaults.copy_blocks,
+           py::arg("hybrid_residency") = defaults.hybrid_residency,
+           py::arg("device_budget_bytes") = defaults.device_budget_bytes,
+           py::arg("resident_page_rows") = defaults.resident_page_rows,
+           "Keyword arguments only; geometry, host_capacity_tokens, max_requests and max_context "
+           "are required. Checked when a manager is created (or by validate()).")
+      .def_readwrite("geometry", &CacheOptions::geometry, "The KV rows of every layer.")
+      .def_readwrite("top_k", &CacheOptions::top_k,
+                     "Positions selected per request and layer at every decode step.")
+      .def_readwrite("hot_slots", &CacheOptions::hot_slots,
+                     "Least-recently-used hot slots per request and layer, >= top_k.")
+      .def_readwrite("window", &CacheOptions::window,
+                     "The newest `window` tokens of each request are always resident, in extra "
+                     "slots.")
+      .def_readwrite("host_capacity_tokens", &CacheOptions::host_capacity_tokens,
+                     "Host pool size in tokens (a row of every layer each). Required.")
+      .def_readwrite("max_requests", &CacheOptions::max_requests,
+                     "Requests that may hold a hot-cache block at once. Required.")
+      .def_readwrite("max_host_requests", &CacheOptions::max_host_requests,
+                     "Requests that may hold host pages at once (retracted ones included); 0 "
+                     "means max_requests.")
+      .def_readwrite("max_batch", &CacheOptions::max_batch,
+                     "Largest batch of one decode step; 0 means max_requests.")
+      .def_readwrite("max_context", &CacheOptions::max_context,
+                     "Largest prompt + generated length of one request. Required.")
+      .def_readwrite("host_page_tokens", &CacheOptions::host_page_tokens,
+                     "Host rows are given to requests (and shared) in pages of this many tokens.")
+      .def_readwrite("sort_misses", &CacheOptions::sort_misses,
+                     "Sort each request's misses by host address before copying.")
+      .def_readwrite("sort_misses_min_batch", &CacheOptions::sort_misses_min_batch,
+                     "Sort only in steps of at least this many requests (0: every step).")
+      .def_readwrite("eviction", &CacheOptions::eviction,
+                     "Replacement of the hot slots (EvictionPolicy).")
+      .def_readwrite("protected_percent", &CacheOptions::protected_percent,
+                     "SEGMENTED_LRU: the protected part's share of hot_slots, in [0, 100].")
+      .def_readwrite("layers_per_index", &CacheOptions::layers_per_index,
+                     "Consecutive layers that share one top-k (an index group).")
+      .def_readwrite("share_repeated_positions", &CacheOptions::share_repeated_positions,
+                     "Repeated positions in a top-k row share one slot instead of being skipped.")
+      .def_readwrite("max_prefetch", &CacheOptions::max_prefetch,
+                     "Positions per request and layer one prefetch_layer call may take; 0: none.")
+      .def_readwrite("copy_blocks", &CacheOptions::copy_blocks,
+                     "Largest grid of the CUDA miss copy in blocks of 256 threads; 0: as many as "
+                     "the GPU holds resident.")
+      .def_readwrite("hybrid_residency", &CacheOptions::hybrid_residency,
+                     "Requests keep their whole KV in HBM while the hot cache has room; "
+                     "admissions that need it demote them to hot-cache mode.")
+      .def_readwrite("device_budget_bytes", &CacheOptions::device_budget_bytes,
+                     "HBM for the hot cache; 0: max_requests blocks. With hot_slots = 0 the "
+                     "library chooses the slots from it.")
+      .def_readwrite("resident_page_rows", &CacheOptions::resident_page_rows,
+                     "Hybrid residency: positions per resident page.")
+      .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity,
+                             "SEGMENTED_LRU: the protected part's capacity in slots.")
+      .def_property_readonly("effective_max_batch", &CacheOptions::effective_max_batch,
+                             "max_batch, or max_requests when max_batch is 0.")
+      .def_property_readonly("effective_max_host_requests",
+                             &CacheOptions::effective_max_host_requests,
+                             "max_host_requests, or max_requests when it is 0.")
+      .def_property_readonly("slots_per_request", &CacheOptions::slots_per_request,
+                             "hot_slots + window: slots per request and layer.")
+      .def_property_readonly("index_groups", &CacheOptions::index_groups,
+                             "Index groups: ceil(num_layers / layers_per_index).")
+      .def(
+          "validate", [](const CacheOptions& o) { Check(ValidateOptions(o)); },
+          "Raises InvalidArgumentError naming the field and the rule that fails.");
+}
+
+void RegisterHotCacheShape(py::module_& m) {
+  py::class_<HotCacheShape>(m, "HotCacheShape", "The hot cache CacheOptions ask for.")
+      .def_readonly("hot_slots", &HotCacheShape::hot_slots,
+                    "Slots per block and layer (options.hot_slots, or chosen from the budget).")
+      .def_readonly("blocks", &HotCacheShape::blocks, "Blocks: max_requests, or as many as fit.")
+      .def_readonly("block_bytes", &HotCacheShape::block_bytes, "Device bytes of one block.");
+  m.def(
+      "choose_hot_cache_shape",
+      [](const CacheOptions& o) {
+        Check(ValidateOptions(o));
+        StatusOr<HotCacheShape> shape = ChooseHotCacheShape(o);
+        Check(shape.status());
+        return *shape;
+      },
+      py::arg("options"),
+      "The hot cache a manager with these options would allocate: with device_budget_bytes and "
+      "hot_slots = 0, the slots the library chooses.");
+}
+
+}  // namespace
+
+void RegisterOptions(py::module_& m) {
+  RegisterGeometry(m);
+  RegisterCacheOptions(m);
+  RegisterHotCacheShape(m);
+}
+
+}  // namespace sparsekv

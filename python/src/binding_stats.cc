@@ -1,0 +1,120 @@
+// sparsekv._core: LayerStats and CacheStats.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <vector>
+
+#include "binding_util.h"
+#include "sparsekv/manager.h"
+
+namespace sparsekv {
+namespace {
+
+py::dict LayerStatsDict(const LayerStats& s) {
+  py::dict d;
+  d["hits"] = s.hits;
+  d["window_hits"] = s.window_hits;
+  d["misses"] = s.misses;
+  d["padding"] = s.padding;
+  d["duplicates"] = s.duplicates;
+  d["out_of_range"] = s.out_of_range;
+  d["resident_hits"] = s.resident_hits;
+  d["hit_rate"] = s.hit_rate();
+  return d;
+}
+
+// Binds read-only scalar fields of CacheStats and remembers their names, so that to_dict lists
+// every field bound, in order.
+struct StatsFields {
+  py::class_<CacheStats>& cls;
+  std::vector<const char*>& names;
+
+  template <typename C, typename T>
+  StatsFields& operator()(const char* name, T C::*field, const char* doc) {
+    cls.def_readonly(name, field, doc);
+    names.push_back(name);
+    return *this;
+  }
+};
+
+}  // namespace
+
+void RegisterStats(py::module_& m) {
+  py::class_<LayerStats>(m, "LayerStats", "Resolve counters of one layer (or of all layers).")
+      .def_readonly("hits", &LayerStats::hits, "Top-k positions found in an LRU slot.")
+      .def_readonly("window_hits", &LayerStats::window_hits,
+                    "Top-k positions served by the newest-token window.")
+      .def_readonly("misses", &LayerStats::misses, "Top-k positions copied from the host pool.")
+      .def_readonly("padding", &LayerStats::padding, "-1 entries.")
+      .def_readonly("duplicates", &LayerStats::duplicates,
+                    "Repeated positions within one top-k row (skipped).")
+      .def_readonly("resident_hits", &LayerStats::resident_hits,
+                    "Top-k positions of resident requests (hybrid residency).")
+      .def_readonly("out_of_range", &LayerStats::out_of_range,
+                    "Positions outside [0, seq_len) (skipped).")
+      .def_property_readonly("hit_rate", &LayerStats::hit_rate,
+                             "(hits + window_hits + resident_hits) / (that + misses); 0 if none.")
+      .def("to_dict", &LayerStatsDict, "The counters and hit_rate as a dict.");
+
+  py::class_<CacheStats> stats(m, "CacheStats",
+                               "Statistics since creation or the last reset_stats(); fields "
+                               "marked 'now' are gauges.");
+  stats.def_readonly("layers", &CacheStats::layers, "A LayerStats per layer.")
+      .def_readonly("total", &CacheStats::total, "The sum of layers.");
+  static std::vector<const char*>& stats_names = *new std::vector<const char*>();
+  StatsFields{stats, stats_names}(
+      "bytes_host_to_device", &CacheStats::bytes_host_to_device,
+      "Misses and prefetched rows * row_bytes, plus window rows loaded at ingest and resume.")(
+      "bytes_device_to_host", &CacheStats::bytes_device_to_host,
+      "Appended tokens * row_bytes (write-back of the newest token).")(
+      "bytes_assembled", &CacheStats::bytes_assembled,
+      "Assembled rows * row_bytes (device to device).")(
+      "bytes_ingested", &CacheStats::bytes_ingested,
+      "Prompt rows * row_bytes written into the host pool.")(
+      "prefix_lookup_tokens", &CacheStats::prefix_lookup_tokens,
+      "Prompt tokens of successful admit_with_prefix calls.")(
+      "prefix_hit_tokens", &CacheStats::prefix_hit_tokens,
+      "Of those, tokens found in the pool (not ingested).")(
+      "copy_on_write_pages", &CacheStats::copy_on_write_pages,
+      "Shared, partially filled pages copied before an append.")(
+      "evictions", &CacheStats::evictions,
+      "Retained conversations evicted (least recently used first) to make room for an "
+      "admission.")("evicted_pages", &CacheStats::evicted_pages,
+                    "Pages those evictions freed (not those another holder still references).")(
+      "invalid_copy_entries", &CacheStats::invalid_copy_entries,
+      "Copy entries skipped as out of bounds (0 unless something is wrong).")(
+      "host_pages_used", &CacheStats::host_pages_used,
+      "Now: host pages in use, of the whole pool.")(
+      "host_pages_total", &CacheStats::host_pages_total, "Host pages of the pool.")(
+      "hot_blocks_used", &CacheStats::hot_blocks_used, "Now: hot-cache blocks in use.")(
+      "device_bytes", &CacheStats::device_bytes,
+      "Device memory the manager holds: hot cache, replacement state, page table, plan "
+      "buffers.")("pages_shared", &CacheStats::pages_shared,
+                  "Now: host pages with more than one holder (whole pool).")(
+      "bytes_saved", &CacheStats::bytes_saved,
+      "Now: sum over pages of (holders - 1) * page_tokens * token_stride_bytes.")(
+      "retained_conversations", &CacheStats::retained_conversations,
+      "Now: retained conversations in the pool.")(
+      "prefetch_lookups", &CacheStats::prefetch_lookups,
+      "Positions prefetch_layer looked up, once per index group.")(
+      "prefetch_rows", &CacheStats::prefetch_rows, "Of those, rows fetched (not resident).")(
+      "demotions", &CacheStats::demotions,
+      "Resident requests demoted to hot-cache mode to make room for an admission.")(
+      "promotions", &CacheStats::promotions, "Hot-cache requests made resident by promote().")(
+      "resident_requests", &CacheStats::resident_requests, "Now: requests resident in HBM.");
+  stats.def(
+      "to_dict",
+      [](const py::object& self) {
+        const auto& s = self.cast<const CacheStats&>();
+        py::dict d;
+        py::list layers;
+        for (const LayerStats& l : s.layers) layers.append(LayerStatsDict(l));
+        d["layers"] = layers;
+        d["total"] = LayerStatsDict(s.total);
+        for (const char* name : stats_names) d[name] = self.attr(name);
+        return d;
+      },
+      "Every field as a dict (layers and total as dicts of their counters).");
+}
+
+}  // namespace sparsekv

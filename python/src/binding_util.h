@@ -1,0 +1,175 @@
+// What the files of the sparsekv._core binding share: Status to exception, request ids, backends,
+// tensor views and stream arguments, and the registration function of each file.
+//
+// Tensors cross the boundary by pointer and shape, never copied. An argument may be any object
+// that exposes __array_interface__ (numpy), __dlpack__ (torch on CPU or CUDA, numpy, CuPy) or
+// __cuda_array_interface__ (torch, CuPy, Numba), tried in that order. Every tensor is checked
+// before it reaches the library: dtype (TypeError), shape, C-contiguity and device (ValueError).
+// A non-OK Status becomes the sparsekv.SparseKVError subclass of its code, with its message.
+//
+// Streams: every call that enqueues work takes `stream`: None, an int (a cudaStream_t) or an
+// object with a .cuda_stream attribute (torch.cuda.Stream). None means torch's current stream on
+// the backend's device when the backend is CUDA and torch is importable, else the default stream.
+#ifndef SPARSEKV_PYTHON_SRC_BINDING_UTIL_H_
+#define SPARSEKV_PYTHON_SRC_BINDING_UTIL_H_
+
+#include <pybind11/pybind11.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sparsekv/backend.h"
+#include "sparsekv/status.h"
+#include "sparsekv/types.h"
+
+namespace py = pybind11;
+
+namespace sparsekv {
+
+// ---- Registration, one function per file, called in this order by the module ----
+
+void RegisterErrors(py::module_& m);    // binding.cc
+void RegisterOptions(py::module_& m);   // binding_options.cc
+void RegisterStats(py::module_& m);     // binding_stats.cc
+void RegisterBackends(py::module_& m);  // binding_manager.cc: Backend, the backend factories
+void RegisterManager(py::module_& m);   // binding_manager.cc: HotLayer, SparseKVCacheManager
+
+// ---- Errors ----
+
+// One Python exception class per StatusCode, all subclasses of sparsekv.SparseKVError; each also
+// derives from the builtin a caller would expect (ValueError for bad arguments, ...). Filled by
+// RegisterErrors.
+struct ErrorClasses {
+  py::object base;
+  std::array<py::object, static_cast<size_t>(StatusCode::kInternal) + 1> by_code;
+};
+
+ErrorClasses& Errors();
+
+// Raises the exception class of status.code() with status.message().
+[[noreturn]] void Raise(const Status& status);
+
+[[noreturn]] void RaiseInvalidRequestId(const std::string& got);
+
+inline void Check(const Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+template <typename T>
+T Check(StatusOr<T> value) {
+  if (!value.ok()) Raise(value.status());
+  return std::move(value).value();
+}
+
+// ---- Request ids ----
+
+// A RequestId argument: any Python int (or object with __index__) in [0, 2**64). Anything else
+// raises an error that says so, instead of pybind11's list of overloads.
+struct PyRequestId {
+  RequestId value = 0;
+};
+
+}  // namespace sparsekv
+
+namespace pybind11::detail {
+template <>
+struct type_caster<sparsekv::PyRequestId> {
+  PYBIND11_TYPE_CASTER(sparsekv::PyRequestId, const_name("int"));
+
+  bool load(handle src, bool /*convert*/) {
+    if (!src) return false;
+    if (PyBool_Check(src.ptr()) || !PyIndex_Check(src.ptr())) {
+      throw type_error("request ids are unsigned 64-bit integers, got an object of type " +
+                       std::string(str(type::handle_of(src).attr("__name__"))));
+    }
+    const object index = reinterpret_steal<object>(PyNumber_Index(src.ptr()));
+    if (!index) throw error_already_set();
+    const unsigned long long id = PyLong_AsUnsignedLongLong(index.ptr());
+    if (id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+      PyErr_Clear();
+      sparsekv::RaiseInvalidRequestId(std::string(str(index)));
+    }
+    value.value = id;
+    return true;
+  }
+
+  static handle cast(const sparsekv::PyRequestId& id, return_value_policy, handle) {
+    return PyLong_FromUnsignedLongLong(id.value);
+  }
+};
+}  // namespace pybind11::detail
+
+namespace sparsekv {
+
+// ---- Backends ----
+
+// A backend and the CUDA device it drives (-1 for the CPU backend).
+struct PyBackend {
+  std::shared_ptr<Backend> backend;
+  int device = -1;
+  bool is_cuda() const { return backend->kind() == BackendKind::kCuda; }
+};
+
+// ---- Tensors ----
+
+// Where a tensor's memory is: host memory (CPU backend, or a source of IngestPrompt) or the
+// memory of one CUDA device.
+enum class Memory { kHost, kCuda };
+
+// A borrowed view of a caller's tensor. The caller's object owns the memory and must outlive the
+// work enqueued on it.
+struct TensorArg {
+  void* data = nullptr;
+  std::vector<int64_t> shape;
+  char kind = 'V';  // numpy-style: 'i' signed, 'u' unsigned, 'f' float, 'b' bool, 'c', 'V' other
+  int64_t itemsize = 0;
+  Memory memory = Memory::kHost;
+  int device = -1;  // CUDA device ordinal, -1 for host memory
+  bool contiguous = true;
+  bool readonly = false;
+
+  std::string ShapeString() const {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  }
+};
+
+// What an argument must be. Rows: shape[0] >= min_rows (or == exact_rows when set).
+struct TensorRules {
+  const char* name;
+  bool int32 = false;       // int32 elements; else any dtype, rows measured in bytes
+  int64_t row_bytes = 0;    // bytes of shape[row_dims...] per row when !int32
+  int row_dims = 1;         // leading dimensions that count rows: 1 ([rows, ...]) or 2
+  int64_t second_dim = -1;  // required shape[1] (row_dims == 2 or int32 columns), -1 = any
+  int64_t min_second = 0;   // shape[1] >= min_second when second_dim == -1
+  int64_t min_rows = 0;
+  int64_t exact_rows = -1;
+  bool host_ok_on_cuda = false;  // IngestPrompt: host sources are fine for the CUDA backend
+  bool output = false;           // written by the library: must not be read-only
+};
+
+// Views `obj` as a tensor and checks it against `r` and the memory `backend` works on; raises
+// TypeError or ValueError naming r.name otherwise.
+TensorArg CheckTensor(const py::handle& obj, const TensorRules& r, const PyBackend& backend);
+
+// ---- Streams ----
+
+// Turns `stream` arguments into StreamHandles by the rules of the file comment above. Remembers
+// torch.cuda.current_stream (or that torch is absent) after the first None on a CUDA backend.
+class StreamResolver {
+ public:
+  StreamHandle Resolve(const py::object& stream, const PyBackend& backend);
+
+ private:
+  std::optional<py::object> torch_current_stream_;  // torch.cuda.current_stream, or None
+};
+
+}  // namespace sparsekv
+
+#endif  // SPARSEKV_PYTHON_SRC_BINDING_UTIL_H_

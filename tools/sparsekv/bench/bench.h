@@ -87,6 +87,10 @@ struct BenchConfig {
   // (sparsekv/prefetch.h) picks this many positions per request and PrefetchLayer fetches them on
   // a side stream for the next step. 0 = off.
   int32_t prefetch = 0;
+  // sparsekv cross-layer speculative prefetch: right after each index group's resolve, its top-k
+  // is prefetched into the next group's hot cache on a side stream (PrefetchLayer), ahead of that
+  // group's own resolve, which waits for it (docs/prefetch.md).
+  bool crosslayer_prefetch = false;
   // Query tokens per request and step (multi-token prediction / speculative decoding), each with
   // its own top-k; the T rows of a request follow one another as consecutive steps' rows do.
   // sparsekv resolves a request's T * top_k entries as one row with share_repeated_positions.

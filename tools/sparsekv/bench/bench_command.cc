@@ -179,6 +179,9 @@ void BenchCommand::AddGpuOptions() {
                    "attention and prefetches them on a side stream for the next step (0: off)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
+  app_->add_flag("--crosslayer-prefetch", config_.crosslayer_prefetch,
+                 "GPU: sparsekv prefetches each layer's top-k into the next layer's hot cache "
+                 "on a side stream as soon as it is resolved, ahead of that layer's own resolve");
   app_->add_option("--mtp", config_.mtp,
                    "GPU: query tokens per request and step (multi-token prediction), each with "
                    "its own top-k; sparsekv resolves them as one row (full-hbm and sparsekv only)")

@@ -538,6 +538,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.sort_misses_min_batch = c_.sort_misses_min_batch;
   setup.copy_blocks = c_.copy_blocks;
   setup.prefetch = c_.prefetch;
+  setup.crosslayer_prefetch = c_.crosslayer_prefetch;
   setup.queries = c_.mtp;
   setup.overlap = c_.overlap != "off";
   if (c_.hybrid && kind == KVVariant::kSparseKV) {

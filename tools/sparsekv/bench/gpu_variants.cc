@@ -92,7 +92,7 @@ class SparseKVVariant final : public StepVariant {
   ~SparseKVVariant() override {
     for (cudaEvent_t e : resolved_) cudaEventDestroy(e);
     for (cudaEvent_t e : copied_) cudaEventDestroy(e);
-    for (cudaEvent_t e : {attended_, prefetched_}) {
+    for (cudaEvent_t e : {attended_, prefetched_, below_resolved_, crosslayer_prefetched_}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
     for (cudaStream_t s : {copy_stream_, prefetch_stream_}) {
@@ -116,7 +116,8 @@ class SparseKVVariant final : public StepVariant {
     o.sort_misses = s_.sort_misses;
     o.sort_misses_min_batch = s_.sort_misses_min_batch;
     o.copy_blocks = s_.copy_blocks;
-    o.max_prefetch = s_.prefetch;
+    // A cross-layer prefetch passes a whole top-k row per request.
+    o.max_prefetch = s_.crosslayer_prefetch ? std::max(s_.prefetch, r.top_k) : s_.prefetch;
     o.share_repeated_positions = s_.queries > 1;
     o.hybrid_residency = s_.hybrid;
     o.device_budget_bytes = s_.device_budget_bytes;
@@ -139,9 +140,16 @@ class SparseKVVariant final : public StepVariant {
       SPARSEKV_ASSIGN_OR_RETURN(
           batch_, DeviceBuffer::Allocate(sizeof(BatchEntry) * (s_.max_batch + 1), kBenchMemory));
       group_topk_.assign(groups, nullptr);
+    }
+    if (s_.prefetch > 0 || s_.crosslayer_prefetch) {
       SPARSEKV_CUDA_RETURN_IF_ERROR(
           cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
       for (cudaEvent_t* e : {&attended_, &prefetched_}) {
+        SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      }
+    }
+    if (s_.crosslayer_prefetch) {
+      for (cudaEvent_t* e : {&below_resolved_, &crosslayer_prefetched_}) {
         SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
       }
     }
@@ -203,8 +211,10 @@ class SparseKVVariant final : public StepVariant {
     if (leader && s_.prefetch > 0) group_topk_[group_] = topk;
     if (!s_.overlap) {
       if (leader) {
+        SPARSEKV_RETURN_IF_ERROR(WaitForCrossLayerPrefetch(group_, stream));
         SPARSEKV_RETURN_IF_ERROR(
             manager_->ResolveLayer(layer, topk, slots_.get<int32_t>(), FillOf(group_), stream));
+        SPARSEKV_RETURN_IF_ERROR(CrossLayerPrefetch(group_, topk, stream));
       }
       return manager_->CopyMisses(layer, stream);
     }
@@ -212,8 +222,10 @@ class SparseKVVariant final : public StepVariant {
     // Resolve on the main stream; every layer of the group copies on the side stream at once,
     // each copy recording when its layer's rows are complete.
     const int32_t group = layer / n;
+    SPARSEKV_RETURN_IF_ERROR(WaitForCrossLayerPrefetch(group, stream));
     SPARSEKV_RETURN_IF_ERROR(
         manager_->ResolveLayer(layer, topk, slots_.get<int32_t>(), FillOf(group), stream));
+    SPARSEKV_RETURN_IF_ERROR(CrossLayerPrefetch(group, topk, stream));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(resolved_[group], stream));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, resolved_[group]));
     for (int32_t l = layer; l < std::min(layer + n, s_.shape.layers); ++l) {
@@ -251,7 +263,7 @@ class SparseKVVariant final : public StepVariant {
     return manager_->PrefetchLayer(group * n, predicted, s_.prefetch, prefetch_stream_);
   }
   Status FinishStep(cudaStream_t stream) override {
-    if (s_.prefetch > 0) {
+    if (prefetch_stream_ != nullptr) {
       SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(prefetched_, prefetch_stream_));
       SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, prefetched_));
     }
@@ -295,7 +307,7 @@ class SparseKVVariant final : public StepVariant {
   std::unique_ptr<SparseKVCacheManager> manager_;
   std::vector<RequestId> ids_;
   std::vector<bool> live_;  // per request: on the device (not retracted by SetLiveBatch)
-  DeviceBuffer slots_;  // [max_batch, top_k] layer-wide hot-cache slots
+  DeviceBuffer slots_;      // [max_batch, top_k] layer-wide hot-cache slots
   // Overlap or prefetch: ResolveLayer's fill masks, [max_batch, top_k] each; one per index group
   // with prefetch, else one.
   DeviceBuffer fill_;
@@ -305,11 +317,35 @@ class SparseKVVariant final : public StepVariant {
     const int64_t mask = int64_t{s_.max_batch} * s_.shape.top_k;
     return fill_.get<uint8_t>() + (s_.prefetch > 0 ? group * mask : 0);
   }
+  // Cross-layer prefetch. Group g's resolve waits for the prefetch of its rows, issued on the
+  // prefetch stream right after group g - 1's resolve.
+  Status WaitForCrossLayerPrefetch(int32_t group, cudaStream_t stream) {
+    if (!s_.crosslayer_prefetch || group == 0) return Status::Ok();
+    return CudaStatus(cudaStreamWaitEvent(stream, crosslayer_prefetched_),
+                      "wait for the cross-layer prefetch");
+  }
+  // After group g's resolve: its top-k into group g + 1's hot cache, on the prefetch stream. The
+  // event recorded after the resolve orders the prefetch after the top-k is known and after every
+  // read of group g + 1's rows in the previous step (its attention ran earlier on `stream`, after
+  // its copies); this step reads them only after g + 1's resolve, which waits for the prefetch.
+  // The prefetch stream runs the manager's prefetches one after the other, so that they never
+  // share its prefetch list at once; its copies are bounded by copy_blocks like the miss copies.
+  Status CrossLayerPrefetch(int32_t group, const int32_t* topk, cudaStream_t stream) {
+    const int32_t next = (group + 1) * s_.layers_per_index;
+    if (!s_.crosslayer_prefetch || next >= s_.shape.layers) return Status::Ok();
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(below_resolved_, stream));
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(prefetch_stream_, below_resolved_));
+    SPARSEKV_RETURN_IF_ERROR(manager_->PrefetchLayer(next, topk, s_.shape.top_k, prefetch_stream_));
+    return CudaStatus(cudaEventRecord(crosslayer_prefetched_, prefetch_stream_),
+                      "cross-layer prefetch");
+  }
+  cudaEvent_t below_resolved_ = nullptr;         // the last group's resolve is enqueued
+  cudaEvent_t crosslayer_prefetched_ = nullptr;  // the next group's prefetch is done
   // Overlap only.
   cudaStream_t copy_stream_ = nullptr;  // the miss copies
   std::vector<cudaEvent_t> resolved_;   // per index group: its resolve is done
   std::vector<cudaEvent_t> copied_;     // per layer: its miss copy is done
-  // Prefetch only.
+  // Cross-step prefetch only (the stream and the two events also with cross-layer prefetch).
   DeviceBuffer predicted_;                  // [groups, max_batch, prefetch] positions
   DeviceBuffer batch_;                      // [1 + max_batch] BatchEntry: size, then the rows
   std::vector<const int32_t*> group_topk_;  // per index group: this step's top-k

@@ -47,6 +47,10 @@ struct VariantSetup {
   // sparsekv only: positions per request predicted and prefetched after each index group's last
   // attention (AfterAttention), on a side stream joined at FinishStep. 0 = none.
   int32_t prefetch = 0;
+  // sparsekv only, cross-layer speculative prefetch: after each index group's resolve, its top-k
+  // is prefetched into the next group (PrefetchLayer with count top_k) on the prefetch side
+  // stream; the next group's resolve waits for it.
+  bool crosslayer_prefetch = false;
   // Query tokens per request (--mtp): shape.top_k holds all of a request's queries' entries;
   // sparsekv then shares repeated positions (CacheOptions::share_repeated_positions).
   int32_t queries = 1;

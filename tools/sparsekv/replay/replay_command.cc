@@ -9,12 +9,15 @@
 
 #include "tools/sparsekv/exit_codes.h"
 #include "tools/sparsekv/progress.h"
+#include "tools/sparsekv/replay/crosslayer_prefetch.h"
 #include "tools/sparsekv/replay/prefetch_predictors.h"
 
 namespace sparsekv::tools {
 namespace {
 
 using Json = nlohmann::json;
+
+double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
 std::string Format(const char* fmt, auto... args) {
   std::string text(std::snprintf(nullptr, 0, fmt, args...), '\0');
@@ -167,6 +170,30 @@ Json PrefetchJson(const std::vector<PrefetchResult>& runs) {
   return out;
 }
 
+Json CrossLayerJson(const std::vector<CrossLayerResult>& runs) {
+  Json out = Json::array();
+  for (const CrossLayerResult& r : runs) {
+    out.push_back({{"policy", r.policy},
+                   {"hot_slots", r.hot_slots},
+                   {"lookups", r.lookups},
+                   {"prefetched", r.prefetched},
+                   {"useful", r.useful},
+                   {"wasted", r.wasted},
+                   {"misses", r.misses},
+                   {"baseline_misses", r.baseline_misses},
+                   {"covered", r.covered},
+                   {"induced_misses", r.induced_misses},
+                   {"precision", r.precision},
+                   {"recall", r.recall},
+                   {"hidden_fraction", r.hidden_fraction},
+                   {"bytes", r.bytes},
+                   {"baseline_bytes", r.baseline_bytes},
+                   {"critical_bytes", r.critical_bytes},
+                   {"layer_recall", r.layer_recall}});
+  }
+  return out;
+}
+
 }  // namespace
 
 ReplayCommand::ReplayCommand(CLI::App& parent) {
@@ -278,6 +305,10 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
                    "[default: 1, 2, top-k / 16, / 8, / 4, / 2]")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  app_->add_flag("--crosslayer-prefetch", crosslayer_prefetch_,
+                 "also replay cross-layer speculative prefetch: layer L's top-k prefetched into "
+                 "layer L + 1's cache before its resolve (docs/prefetch.md), on lru and slru "
+                 "where --policies has them");
   app_->add_flag("--synthetic-like", synthetic_like_,
                  "also replay the generator with the parameters fitted to the trace");
   app_->add_option("--write-trace", write_trace_path_, "write the replayed trace to PATH")
@@ -471,6 +502,40 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
       json["summary"]["prefetch_best_budget"] = best->budget;
       json["summary"]["prefetch_baseline_miss_rate"] = best->baseline_miss_rate;
       json["summary"]["prefetch_net_miss_rate"] = best->net_miss_rate;
+    }
+  }
+  if (crosslayer_prefetch_) {
+    CrossLayerOptions crosslayer{
+        options.hot_slots, {}, options.protected_percent, options.warmup_steps, options.row_bytes};
+    for (PolicyKind kind : options.policies) {
+      if (kind == PolicyKind::kLru || kind == PolicyKind::kSlru) {
+        crosslayer.policies.push_back(kind);
+      }
+    }
+    if (crosslayer.policies.empty()) crosslayer.policies.push_back(PolicyKind::kLru);
+    StatusOr<std::vector<CrossLayerResult>> runs =
+        ReplayCrossLayerPrefetch(trace, crosslayer, progress);
+    if (!runs.ok()) return fail(runs.status(), kExitUsage);
+    out << CrossLayerTable(*runs);
+    json["crosslayer_prefetch"] = CrossLayerJson(*runs);
+    const auto reference = std::find_if(runs->begin(), runs->end(), [&](const CrossLayerResult& r) {
+      return r.hot_slots == reference_slots && r.policy == PolicyName(crosslayer.policies[0]);
+    });
+    if (reference != runs->end()) {
+      const CrossLayerResult& r = *reference;
+      out << Format(
+          "  cross-layer prefetch at %d slots (%s): precision %.4f, recall %.4f, hidden %.4f\n",
+          reference_slots, r.policy.c_str(), r.precision, r.recall, r.hidden_fraction);
+      Json& summary = json["summary"];
+      summary["crosslayer_prefetch_policy"] = r.policy;
+      summary["crosslayer_prefetch_hot_slots"] = r.hot_slots;
+      summary["crosslayer_prefetch_precision"] = r.precision;
+      summary["crosslayer_prefetch_recall"] = r.recall;
+      summary["crosslayer_prefetch_hidden_fraction"] = r.hidden_fraction;
+      summary["crosslayer_prefetch_induced_misses"] = r.induced_misses;
+      summary["crosslayer_prefetch_bytes_vs_baseline"] = Ratio(r.bytes, r.baseline_bytes);
+      summary["crosslayer_prefetch_critical_bytes_vs_baseline"] =
+          Ratio(r.critical_bytes, r.baseline_bytes);
     }
   }
   if (synthetic_like_) {

@@ -38,6 +38,7 @@ class ReplayCommand {
   bool synthetic_like_ = false;
   std::vector<std::string> prefetch_;      // predictors; empty: no prefetch replay
   std::vector<int32_t> prefetch_budgets_;  // empty: 1, 2, top_k / 16, / 8, / 4, / 2
+  bool crosslayer_prefetch_ = false;
   std::string locality_;  // --synthetic-locality: a preset name, "calibrated", "miss-rate"
   double cross_layer_overlap_ = -1;  // -1: the preset's (0 outside locality mode)
   bool layer_overlap_ = false;

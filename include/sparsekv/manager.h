@@ -7,12 +7,13 @@
 //
 // A decode step has two phases:
 //   plan (host side, between steps; may allocate and synchronise):
-//     PlanStep(batch) -> fixes the batch composition and the newest token of every request, and
-//     writes them into fixed device buffers.
+//     PlanStep(batch, stream) -> fixes the batch composition and the newest token of every
+//     request, and writes them into fixed device buffers.
 //   run (device side; enqueues only: no allocation, no host synchronisation, no shape that
-//   depends on data, so that it can be captured into a CUDA graph once and replayed):
-//     for each layer: AppendToken(layer, new_rows), then RunLayer(layer, topk, slots, ...);
-//     then FinishStep().
+//   depends on data, so that it can be captured into a CUDA graph once and replayed), every
+//   call on the same stream:
+//     for each layer: AppendToken(layer, new_rows, stream), then
+//     RunLayer(layer, topk, slots, assembled, stream); then FinishStep(stream).
 // A graph captured over the run phase stays valid for every later step whose batch has at most
 // max_batch requests: the batch size and table are read from device memory at run time.
 //

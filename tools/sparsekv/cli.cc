@@ -44,12 +44,21 @@ int RunCli(std::span<const std::string> args, std::ostream& out, std::ostream& e
     const int code = app.exit(e, out, err);
     return code == 0 ? kExitOk : kExitUsage;
   }
-  if (bench.selected()) return bench.Run(Quote(args), out, err, progress_bar);
-  if (plan.selected()) return plan.Run(Quote(args), out, err);
-  if (replay.selected()) return replay.Run(Quote(args), out, err, progress_bar);
-  if (multi_turn.selected()) return multi_turn.Run(Quote(args), out, err);
-  if (pool.selected()) return pool.Run(out, err);
-  return kExitUsage;  // unreachable: require_subcommand(1)
+  const int code = [&] {
+    if (bench.selected()) return bench.Run(Quote(args), out, err, progress_bar);
+    if (plan.selected()) return plan.Run(Quote(args), out, err);
+    if (replay.selected()) return replay.Run(Quote(args), out, err, progress_bar);
+    if (multi_turn.selected()) return multi_turn.Run(Quote(args), out, err, progress_bar);
+    if (pool.selected()) return pool.Run(out, err);
+    return kExitUsage;  // unreachable: require_subcommand(1)
+  }();
+  // A report that did not reach its reader (a full disk, a closed pipe) is a failed run.
+  out.flush();
+  if (!out && code == kExitOk) {
+    err << "sparsekv: cannot write the output (standard output failed)\n";
+    return kExitFailure;
+  }
+  return code;
 }
 
 }  // namespace sparsekv::tools

@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <streambuf>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sparsekv/backend.h"
@@ -357,37 +360,129 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
   }
 }
 
-TEST(CliTest, GpuFlagsAreAcceptedOnTheCpu) {
+TEST(CliTest, GpuOnlyFlagsAreRefusedOnTheCpuNamingThem) {
+  const std::vector<std::string> gpu_only = {"--no-proxy",
+                                             "--heads",
+                                             "16",
+                                             "--hbm-budget-gb",
+                                             "30",
+                                             "--host-pool-gb",
+                                             "50",
+                                             "--max-batch",
+                                             "8",
+                                             "--variants",
+                                             "sparsekv",
+                                             "--weights-gb",
+                                             "40",
+                                             "--time-limit",
+                                             "100",
+                                             "--prefetch",
+                                             "4",
+                                             "--mtp",
+                                             "2",
+                                             "--sort-misses",
+                                             "false",
+                                             "--copy-blocks",
+                                             "16",
+                                             "--hybrid",
+                                             "--overlap",
+                                             "copies",
+                                             "--layers-per-index",
+                                             "2",
+                                             "--offload-page-tokens",
+                                             "32"};
+  for (const std::string backend : {"cpu", "auto"}) {
+    if (backend == "auto" && CreateCudaBackend(0).ok()) continue;  // auto would pick the GPU
+    std::vector<std::string> args = SmallCpuArgs();
+    args[2] = backend;
+    args.insert(args.end(), gpu_only.begin(), gpu_only.end());
+    const CliRun r = Cli(args);
+    EXPECT_EQ(r.code, kExitUsage) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    for (const std::string& a : gpu_only) {
+      if (a.rfind("--", 0) == 0) {
+        EXPECT_NE(r.err.find(a), std::string::npos) << a << "\n" << r.err;
+      }
+    }
+    EXPECT_NE(r.err.find("--hybrid"), std::string::npos) << r.err;
+  }
+}
+
+TEST(CliTest, CpuSweepWithCsvIsRefusedBeforeWritingAnything) {
+  const std::string csv = ::testing::TempDir() + "sparsekv_cli_test_refused.csv";
+  std::remove(csv.c_str());
+  const CliRun r =
+      Cli({"bench", "--backend", "cpu", "--csv", csv, "--contexts", "16384,32768", "--sweep"});
+  EXPECT_EQ(r.code, kExitUsage);
+  for (const char* name : {"--csv", "--contexts", "--sweep"}) {
+    EXPECT_NE(r.err.find(name), std::string::npos) << name << "\n" << r.err;
+  }
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_FALSE(std::ifstream(csv).good());
+}
+
+TEST(CliTest, MissRateIsTheOneEndToEndOptionTheCpuReads) {
   std::vector<std::string> args = SmallCpuArgs();
-  args.insert(args.end(), {"--miss-rate",
-                           "0.25",
-                           "--no-proxy",
-                           "--heads",
-                           "16",
-                           "--hbm-budget-gb",
-                           "30",
-                           "--host-pool-gb",
-                           "50",
-                           "--max-batch",
-                           "8",
-                           "--variants",
-                           "sparsekv,full-hbm",
-                           "--weights-gb",
-                           "40",
-                           "--time-limit",
-                           "100",
-                           "--prefetch",
-                           "4",
-                           "--mtp",
-                           "2",
-                           "--sort-misses",
-                           "false",
-                           "--copy-blocks",
-                           "16"});
+  args.insert(args.end(), {"--miss-rate", "0.25"});
   const CliRun r = Cli(args);
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_NE(r.out.find("(target 25.0 %)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("skipped on the CPU backend"), std::string::npos) << r.out;
+}
+
+TEST(CliTest, RangeErrorsSayTheRangeInWords) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"bench", "--batch", "0"}, "--batch: must be >= 1 (got 0)"},
+      {{"bench", "--layers", "0"}, "--layers: must be in [1, 1000] (got 0)"},
+      {{"bench", "--reuse", "1.5"}, "--reuse: must be in [0, 1] (got 1.5)"},
+      {{"bench", "--warmup", "-1"}, "--warmup: must be >= 0 (got -1)"},
+      {{"bench", "--contexts", "16384,0"}, "--contexts: must be >= 1 (got 0)"},
+      {{"bench", "--hbm-budget-gb", "0"}, "--hbm-budget-gb: must be a number > 0 (got 0)"},
+      {{"bench", "--time-limit", "-1"}, "--time-limit: must be >= 0 (got -1)"},
+      {{"bench", "--seed", "-1"}, "--seed: must be a whole number in [0, 2^64) (got '-1')"},
+      {{"bench", "--steps", "many"}, "--steps: must be a whole number (got 'many')"},
+      {{"plan", "--hbm-gb", "0"}, "--hbm-gb: must be a number > 0 (got 0)"},
+      {{"plan", "--reserved-gb", "-1"}, "--reserved-gb: must be >= 0 (got -1)"},
+      {{"plan", "--hot-slots", "0"}, "--hot-slots: must be >= 1 (got 0)"},
+      {{"plan", "--miss-rates", "0.2,2"}, "--miss-rates: must be in [0, 1] (got 2)"},
+      {{"replay", "--aging-shift", "16"}, "--aging-shift: must be in [1, 15] (got 16)"},
+      {{"replay", "--protected-percent", "101"}, "--protected-percent: must be in [0, 100]"},
+      {{"replay", "--hot-slots", "64,0"}, "--hot-slots: must be >= 1 (got 0)"},
+      {{"replay", "--seed", "-1"}, "--seed: must be a whole number in [0, 2^64)"},
+      {{"multi-turn", "--turns", "0"}, "--turns: must be in [1, 10000] (got 0)"},
+      {{"multi-turn", "--system-tokens", "2000000000"},
+       "--system-tokens: must be in [0, 16777216]"},
+      {{"multi-turn", "--branch-probability", "2"}, "--branch-probability: must be in [0, 1]"},
+      {{"multi-turn", "--seed", "-1"}, "--seed: must be a whole number in [0, 2^64)"},
+      {{"multi-turn", "--preset", "llama"}, "--preset"},
+      {{"pool", "--node-id", "a", "--lease-ms", "10"}, "--lease-ms: must be in [30, 600000]"},
+      {{"pool", "--node-id", ""}, "--node-id: must not be empty"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const CliRun r = Cli(args);
+    EXPECT_EQ(r.code, kExitUsage) << args[1] << "\n" << r.err;
+    EXPECT_NE(r.err.find(expected), std::string::npos) << expected << "\n" << r.err;
+    EXPECT_EQ(r.err.find("1797"), std::string::npos) << r.err;  // no DBL_MAX in full
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+TEST(CliTest, WindowBeyondTheContextIsRefused) {
+  std::vector<std::string> args = SmallCpuArgs();
+  args.insert(args.end(), {"--window", "100000"});
+  const CliRun r = Cli(args);
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_NE(r.err.find("--window (100000) must be <= --context (1024)"), std::string::npos)
+      << r.err;
+}
+
+TEST(CliTest, AHotCacheLargerThanTheKVSavesNothingAndSaysSo) {
+  std::vector<std::string> args = SmallCpuArgs();
+  args.insert(args.end(), {"--window", "1024"});  // 128 slots + 1024 window > 1024 tokens
+  const CliRun r = Cli(args);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("HBM saved         none"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("HBM saved         -"), std::string::npos) << r.out;
 }
 
 TEST(CliTest, TopKAboveContextSaysWhich) {
@@ -451,12 +546,53 @@ TEST(CliTest, CpuDefaultsAreScaledDownAndLabelled) {
   EXPECT_EQ(j["hot_slots"], 4096);
 }
 
-TEST(CliTest, UnwritableJsonPathIsARunFailure) {
-  std::vector<std::string> args = SmallCpuArgs();
-  args.insert(args.end(), {"--json", "/nonexistent-dir/out.json"});
-  const CliRun r = Cli(args);
-  EXPECT_EQ(r.code, kExitFailure);
-  EXPECT_NE(r.err.find("cannot write JSON"), std::string::npos) << r.err;
+TEST(CliTest, UnwritableOutputPathsAreRefusedBeforeTheRun) {
+  for (const char* option : {"--json", "--csv"}) {
+    std::vector<std::string> args = SmallCpuArgs();
+    args.insert(args.end(), {option, "/nonexistent-dir/out.txt"});
+    const CliRun r = Cli(args);
+    EXPECT_EQ(r.code, kExitUsage) << option;
+    EXPECT_NE(r.err.find(std::string(option) + ": cannot open '/nonexistent-dir/out.txt' for "
+                                               "writing"),
+              std::string::npos)
+        << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;  // nothing ran
+  }
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"plan", "--json", "/nonexistent-dir/p.json"},
+        {"replay", "--steps", "8", "--json", "/nonexistent-dir/r.json"},
+        {"replay", "--steps", "8", "--write-trace", "/nonexistent-dir/r.skvt"},
+        {"multi-turn", "--json", "/nonexistent-dir/m.json"}}) {
+    const CliRun r = Cli(args);
+    EXPECT_EQ(r.code, kExitUsage) << args[0] << "\n" << r.err;
+    EXPECT_NE(r.err.find("cannot open '/nonexistent-dir/"), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+TEST(CliTest, CheckingAnOutputPathLeavesNoFileBehind) {
+  const std::string path = ::testing::TempDir() + "sparsekv_cli_test_left.json";
+  std::remove(path.c_str());
+  // A usage error after the path check: the check's file must not stay.
+  const CliRun r = Cli({"bench", "--backend", "cpu", "--json", path, "--window", "100000"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_FALSE(std::ifstream(path).good());
+}
+
+// A stream whose every write fails, as standard output does on a full disk.
+class FullStreamBuf : public std::streambuf {
+ protected:
+  int overflow(int) override { return traits_type::eof(); }
+  std::streamsize xsputn(const char*, std::streamsize) override { return 0; }
+};
+
+TEST(CliTest, AFailedWriteOfTheReportIsAFailedRun) {
+  FullStreamBuf full;
+  std::ostream out(&full);
+  std::ostringstream err;
+  EXPECT_EQ(RunCli(std::vector<std::string>{"plan", "--contexts", "32768"}, out, err, false),
+            kExitFailure);
+  EXPECT_NE(err.str().find("cannot write the output"), std::string::npos) << err.str();
 }
 
 }  // namespace

@@ -111,6 +111,10 @@ Status ValidateBenchConfig(const BenchConfig& c) {
                std::to_string(c.top_k) + ")");
   }
   if (c.window < 1) return Bad("--window must be >= 1");
+  if (c.window > c.context) {
+    return Bad("--window (" + std::to_string(c.window) + ") must be <= --context (" +
+               std::to_string(c.context) + "): the window holds the newest tokens of the history");
+  }
   if (c.page_tokens < 1) return Bad("--page-tokens must be >= 1");
   if (!(c.reuse >= 0 && c.reuse <= 1)) return Bad("--reuse must be in [0, 1]");
   if (!(c.recency >= 0 && c.recency <= 1)) return Bad("--recency must be in [0, 1]");
@@ -341,8 +345,11 @@ std::string FormatBenchTable(const BenchResult& r) {
        HumanBytes(r.bytes_h2d_per_step) + " per step, " + Fixed(r.h2d_gb_per_s, 2) + " GB/s"},
       {"HBM per request", "hot cache " + HumanBytes(r.hot_cache_bytes_per_request) +
                               " vs full KV " + HumanBytes(r.full_kv_bytes_per_request)},
-      {"HBM saved", HumanBytes(r.hbm_saved_bytes_per_request) + " per request (" +
-                        Fixed(r.hbm_saved_ratio, 1) + "x)"},
+      {"HBM saved", r.hbm_saved_bytes_per_request >= 0
+                        ? HumanBytes(r.hbm_saved_bytes_per_request) + " per request (" +
+                              Fixed(r.hbm_saved_ratio, 1) + "x)"
+                        : "none: the hot cache (--hot-slots + --window) is larger than the "
+                          "full KV of --context"},
       {"host pool", Fixed(static_cast<double>(r.host_pool_bytes) / 1e9, 2) + " GB"},
   };
   std::string out = "sparsekv bench: " + BackendLabel(r) + "\n";

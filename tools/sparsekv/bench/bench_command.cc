@@ -2,23 +2,22 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <fstream>
+#include <tuple>
+#include <utility>
 
 #include "tools/sparsekv/bench/gpu_bench.h"
 #include "tools/sparsekv/exit_codes.h"
+#include "tools/sparsekv/output_file.h"
 #include "tools/sparsekv/progress.h"
+#include "tools/sparsekv/validators.h"
 
 namespace sparsekv::tools {
 namespace {
 
-// `what` names the content in the error message ("JSON", "CSV").
-bool WriteText(const std::string& path, const std::string& text, const char* what,
-               std::ostream& err) {
-  std::ofstream file(path);
-  file << text;
-  file.close();
-  if (!file) err << "sparsekv bench: cannot write " << what << " to '" << path << "'\n";
-  return static_cast<bool>(file);
+std::string GpuOnlyMessage(const std::string& names) {
+  return names +
+         ": read only by the end-to-end GPU benchmark, and the CPU backend would ignore them; "
+         "leave them out, or run on a GPU";
 }
 
 int UsageError(std::ostream& err, const std::string& message) {
@@ -50,48 +49,48 @@ BenchCommand::BenchCommand(CLI::App& parent) {
       app_->add_option(
               "--layers", config_.layers,
               "attention layers [default: the preset's; CPU: " + std::to_string(cpu.layers) + "]")
-          ->check(CLI::Range(1, 1000));
+          ->check(Between<int64_t>(1, 1000));
   app_->add_option("--backend", backend_, "auto: cuda if a GPU is usable, else cpu")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   batch_ = app_->add_option("--batch", config_.batch,
                             "requests decoding together" + both(d.batch, cpu.batch))
-               ->check(CLI::PositiveNumber);
+               ->check(AtLeast<int64_t>(1));
   context_ = app_->add_option("--context", config_.context,
                               "prompt tokens per request" + both(d.context, cpu.context))
-                 ->check(CLI::PositiveNumber);
+                 ->check(AtLeast<int64_t>(1));
   steps_ = app_->add_option("--steps", config_.steps,
                             "decode steps, warm-up included" + both(d.steps, cpu.steps))
-               ->check(CLI::PositiveNumber);
+               ->check(AtLeast<int64_t>(1));
   app_->add_option("--warmup", config_.warmup_steps, "first steps excluded from timing and stats")
-      ->check(CLI::NonNegativeNumber)
+      ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
   top_k_ = app_->add_option("--top-k", config_.top_k,
                             "positions selected per request and layer" + both(d.top_k, cpu.top_k))
-               ->check(CLI::PositiveNumber);
+               ->check(AtLeast<int64_t>(1));
   hot_slots_ =
       app_->add_option("--hot-slots", config_.hot_slots,
                        "LRU slots per request and layer in HBM" + both(d.hot_slots, cpu.hot_slots))
-          ->check(CLI::PositiveNumber);
+          ->check(AtLeast<int64_t>(1));
   app_->add_option("--window", config_.window, "newest tokens always resident")
-      ->check(CLI::PositiveNumber)
+      ->check(AtLeast<int64_t>(1))
       ->capture_default_str();
   app_->add_option("--page-tokens", config_.page_tokens, "host pool page size in tokens")
-      ->check(CLI::PositiveNumber)
+      ->check(AtLeast<int64_t>(1))
       ->capture_default_str();
   app_->add_option("--reuse", config_.reuse,
                    "fraction of each layer's top-k reused from the previous step (the first two "
                    "layers reuse almost nothing)")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--recency", config_.recency,
                    "fraction of the top-k drawn from the newest 10% of positions")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--sinks", config_.sinks, "the first N positions are always selected")
-      ->check(CLI::NonNegativeNumber)
+      ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
-  app_->add_option("--seed", config_.seed, "random seed")->capture_default_str();
+  app_->add_option("--seed", config_.seed, "random seed")->check(Unsigned())->capture_default_str();
   app_->add_flag("--assemble", config_.assemble,
                  "also gather the selected rows into a dense [batch, top-k, row] buffer");
   app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
@@ -99,14 +98,15 @@ BenchCommand::BenchCommand(CLI::App& parent) {
   AddGpuOptions();
 }
 
-// End to end (GPU; docs/benchmark.md).
+// End to end (GPU; docs/benchmark.md). Every option that only the GPU run reads says "GPU:"
+// first in its description: GpuOnlyOptionsGiven() refuses those on the CPU backend by it.
 void BenchCommand::AddGpuOptions() {
   app_->add_option("--miss-rate", config_.miss_rates,
                    "target miss rates, comma-separated: the generator keeps each request's "
                    "previous top-k and replaces round(rate * top-k) of it with positions outside "
                    "the hot cache (one value on the CPU) [default: locality parameters decide]")
       ->delimiter(',')
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(Fraction());
   app_->add_option("--locality", config_.locality,
                    "GPU: draw the timed steps' top-k from this locality-mode preset instead of "
                    "the --miss-rate sweep (docs/workload.md): one point per batch, the miss rate "
@@ -115,11 +115,11 @@ void BenchCommand::AddGpuOptions() {
   app_->add_option("--cross-layer-overlap", config_.cross_layer_overlap,
                    "GPU: share of top-k positions adjacent layers share (0: uncorrelated, the "
                    "worst case) [default: the --locality preset's calibrated value, else 0]")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(Fraction());
   app_->add_option("--contexts", config_.contexts,
                    "GPU: contexts to run, comma-separated [default: --context]")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast<int64_t>(1));
   app_->add_option("--variants", config_.variants, "GPU: KV variants to compare, comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"full-hbm", "sparsekv", "no-cache", "page-offload"}))
@@ -127,29 +127,31 @@ void BenchCommand::AddGpuOptions() {
   app_->add_option("--offload-page-tokens", config_.offload_page_tokens,
                    "GPU: page-offload's page in tokens (what it fetches and caches; independent "
                    "of --page-tokens)")
-      ->check(CLI::Range(1, 4096))
+      ->check(Between<int64_t>(1, 4096))
       ->capture_default_str();
   app_->add_option("--offload-max-batch", config_.offload_max_batch,
                    "GPU: cap on page-offload's batch (0: no cap); its page copies saturate PCIe "
                    "at small batches")
-      ->check(CLI::NonNegativeNumber)
+      ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
   app_->add_option("--hbm-budget-gb", config_.hbm_budget_gb,
                    "GPU: HBM for everything KV-related, per variant; sets each max batch")
+      ->check(PositiveReal())
       ->capture_default_str();
   app_->add_option("--host-pool-gb", config_.host_pool_gb,
                    "GPU: pinned host pool; also caps the offloading variants' batch")
+      ->check(PositiveReal())
       ->capture_default_str();
   app_->add_option("--max-batch", config_.max_batch, "GPU: cap on every batch (0: no cap)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
   app_->add_option("--heads", config_.heads, "GPU: attention query heads per request")
-      ->check(CLI::Range(1, 1024))
+      ->check(Between<int64_t>(1, 1024))
       ->capture_default_str();
   app_->add_option("--layers-per-index", config_.layers_per_index,
                    "GPU: consecutive layers sharing one top-k (a shared indexer); sparsekv "
                    "resolves once per group")
-      ->check(CLI::Range(1, 128))
+      ->check(Between<int64_t>(1, 128))
       ->capture_default_str();
   app_->add_option("--overlap", config_.overlap,
                    "GPU: how sparsekv hides its miss copies: off; copies (on a side stream, a "
@@ -163,12 +165,12 @@ void BenchCommand::AddGpuOptions() {
       ->capture_default_str();
   app_->add_option("--sort-misses-min-batch", config_.sort_misses_min_batch,
                    "GPU: ... in steps of at least this many requests")
-      ->check(CLI::NonNegativeNumber)
+      ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
   app_->add_option("--copy-blocks", config_.copy_blocks,
                    "GPU: sparsekv's miss and prefetch copies use at most this many blocks of 256 "
                    "threads (0: as many as the GPU holds)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
   app_->add_flag("--hybrid", config_.hybrid,
                  "GPU: sparsekv keeps requests resident in HBM while they fit and sizes its hot "
@@ -177,7 +179,7 @@ void BenchCommand::AddGpuOptions() {
   app_->add_option("--prefetch", config_.prefetch,
                    "GPU: sparsekv predicts this many positions per request after each layer's "
                    "attention and prefetches them on a side stream for the next step (0: off)")
-      ->check(CLI::Range(0, 1024))
+      ->check(Between<int64_t>(0, 1024))
       ->capture_default_str();
   app_->add_flag("--crosslayer-prefetch", config_.crosslayer_prefetch,
                  "GPU: sparsekv prefetches each layer's top-k into the next layer's hot cache "
@@ -185,23 +187,35 @@ void BenchCommand::AddGpuOptions() {
   app_->add_option("--mtp", config_.mtp,
                    "GPU: query tokens per request and step (multi-token prediction), each with "
                    "its own top-k; sparsekv resolves them as one row (full-hbm and sparsekv only)")
-      ->check(CLI::Range(1, 8))
+      ->check(Between<int64_t>(1, 8))
       ->capture_default_str();
   app_->add_flag("--no-proxy", no_proxy_, "GPU: leave out the weight-streaming proxy");
   app_->add_option("--weights-gb", config_.weights_gb,
                    "GPU: weight bytes the proxy streams per step (per GPU)")
+      ->check(PositiveReal())
       ->capture_default_str();
   app_->add_flag("--sweep", sweep_,
                  "GPU: the standard sweep: contexts 32K,16K,64K,128K, miss rates 20,5,40 %, "
                  "all variants and batch sizes");
   app_->add_option("--time-limit", config_.time_limit_s,
                    "GPU: seconds after which no new point starts (0: none)")
+      ->check(AtLeast(0.0))
       ->capture_default_str();
   app_->add_option("--csv", csv_path_, "GPU: also write one CSV line per point to PATH")
       ->option_text("PATH");
 }
 
 bool BenchCommand::selected() const { return app_->parsed(); }
+
+std::string BenchCommand::GpuOnlyOptionsGiven() const {
+  std::string names;
+  for (const CLI::Option* o : app_->get_options()) {
+    if (o->count() > 0 && o->get_description().rfind("GPU:", 0) == 0) {
+      names += (names.empty() ? "" : ", ") + o->get_name();
+    }
+  }
+  return names;
+}
 
 BenchConfig BenchCommand::Resolve(BackendKind kind) const {
   BenchConfig c = sweep_ ? WithStandardSweep(config_) : config_;
@@ -227,10 +241,18 @@ BenchConfig BenchCommand::Resolve(BackendKind kind) const {
 
 int BenchCommand::Run(const std::string& command, std::ostream& out, std::ostream& err,
                       bool progress_bar) {
-  // Usage errors first, so that they do not wait for a GPU to come up. The CPU shape is the
-  // smaller one; the backend's own shape is validated again below.
+  // Usage errors first, so that they do not wait for a GPU to come up or for the run to end.
+  // The CPU shape is the smaller one; the backend's own shape is validated again below.
+  for (const auto& [option, path] : {std::pair{"--json", &json_path_}, {"--csv", &csv_path_}}) {
+    if (Status s = CheckOutputPath(option, *path); !s.ok()) return UsageError(err, s.message());
+  }
   if (Status s = ValidateBenchConfig(Resolve(BackendKind::kCuda)); !s.ok()) {
     return UsageError(err, s.message());
+  }
+  if (backend_ == "cpu") {
+    if (const std::string gpu_only = GpuOnlyOptionsGiven(); !gpu_only.empty()) {
+      return UsageError(err, GpuOnlyMessage(gpu_only));
+    }
   }
   std::shared_ptr<Backend> backend;
   if (backend_ != "cpu") {
@@ -252,8 +274,12 @@ int BenchCommand::Run(const std::string& command, std::ostream& out, std::ostrea
   }
 
   if (backend->kind() == BackendKind::kCuda) return RunOnGpu(config, backend, command, out, err);
-  // The CPU runs one point: the first of --sweep's miss rates, or the one given.
-  if (config.miss_rates.size() > 1 && !sweep_) {
+  // The CPU runs one point of the manager-only loop; what only the GPU run reads is refused
+  // rather than dropped (here too for --backend auto without a usable GPU).
+  if (const std::string gpu_only = GpuOnlyOptionsGiven(); !gpu_only.empty()) {
+    return UsageError(err, GpuOnlyMessage(gpu_only));
+  }
+  if (config.miss_rates.size() > 1) {
     return UsageError(err, "--miss-rate takes one value on the CPU backend");
   }
   return RunOnCpu(config, backend, command, out, err, progress_bar);
@@ -273,9 +299,12 @@ int BenchCommand::RunOnCpu(const BenchConfig& config, std::shared_ptr<Backend> b
     return kExitFailure;
   }
   out << FormatBenchTable(*result) << std::flush;
-  if (!json_path_.empty() &&
-      !WriteText(json_path_, FormatBenchJson(*result, command), "JSON", err)) {
-    return kExitFailure;
+  if (!json_path_.empty()) {
+    if (Status s = WriteOutputFile(json_path_, FormatBenchJson(*result, command), "JSON");
+        !s.ok()) {
+      err << "sparsekv bench: " << s.message() << "\n";
+      return kExitFailure;
+    }
   }
   return kExitOk;
 }
@@ -288,11 +317,13 @@ int BenchCommand::RunOnGpu(const BenchConfig& config, std::shared_ptr<Backend> b
     return kExitFailure;
   }
   report->command = command;
-  if (!json_path_.empty() && !WriteText(json_path_, FormatE2EJson(*report), "JSON", err)) {
-    return kExitFailure;
-  }
-  if (!csv_path_.empty() && !WriteText(csv_path_, FormatE2ECsv(*report), "CSV", err)) {
-    return kExitFailure;
+  for (const auto& [path, text, what] : {std::tuple{&json_path_, FormatE2EJson(*report), "JSON"},
+                                         std::tuple{&csv_path_, FormatE2ECsv(*report), "CSV"}}) {
+    if (path->empty()) continue;
+    if (Status s = WriteOutputFile(*path, text, what); !s.ok()) {
+      err << "sparsekv bench: " << s.message() << "\n";
+      return kExitFailure;
+    }
   }
   out << FormatE2ETable(*report) << std::flush;
   for (const E2ECheck& c : report->checks) {

@@ -35,13 +35,17 @@ class BenchCommand {
 
   // Picks the backend, applies the CPU scale-down, validates, runs (the manager-only decode loop
   // on the CPU, the end-to-end comparison on a GPU), prints the table on `out` and writes --json
-  // (and --csv on a GPU). `command` is recorded in the JSON. Returns an exit code (cli.h).
-  // REQUIRES: the command line was parsed successfully and selected() is true.
+  // (and --csv on a GPU). Options only the GPU run reads are refused on the CPU backend (a
+  // usage error), output paths are checked before the run. `command` is recorded in the JSON.
+  // Returns an exit code (cli.h). REQUIRES: the command line was parsed successfully and selected()
+  // is true.
   int Run(const std::string& command, std::ostream& out, std::ostream& err, bool progress_bar);
 
  private:
   // The options only the end-to-end GPU benchmark reads (after the common ones, in --help too).
   void AddGpuOptions();
+  // The GPU-only options given on the command line, comma-separated ("" if none).
+  std::string GpuOnlyOptionsGiven() const;
   // The configuration for `kind`: user values, else defaults (scaled down on the CPU).
   BenchConfig Resolve(BackendKind kind) const;
   int RunOnCpu(const BenchConfig& config, std::shared_ptr<Backend> backend,

@@ -2,15 +2,18 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <fstream>
 #include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "sparsekv/manager.h"
 #include "tools/sparsekv/exit_codes.h"
+#include "tools/sparsekv/output_file.h"
+#include "tools/sparsekv/progress.h"
+#include "tools/sparsekv/validators.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -63,13 +66,15 @@ Schedule Draw(const MultiTurnConfig& c) {
 // Replays the schedule through one manager, with or without sharing.
 class Replay {
  public:
-  Replay(const MultiTurnConfig& c, const Schedule& s, bool sharing)
-      : c_(c), s_(s), sharing_(sharing), convs_(c.conversations) {}
+  Replay(const MultiTurnConfig& c, const Schedule& s, bool sharing,
+         const MultiTurnProgressFn& progress)
+      : c_(c), s_(s), sharing_(sharing), progress_(progress), convs_(c.conversations) {}
 
   StatusOr<MultiTurnModeResult> Run() {
     const int32_t max_requests = c_.conversations * (1 + c_.branches);
     CacheOptions o;
-    o.geometry = KVGeometry::Uniform(1, 16);  // contents do not matter here, pages do
+    // Contents do not matter here, pages do.
+    o.geometry = KVGeometry::Uniform(1, kMultiTurnSimulatedTokenBytes);
     o.top_k = 1;
     o.hot_slots = 1;
     o.window = 1;
@@ -78,7 +83,8 @@ class Replay {
     o.max_context = s_.max_context + c_.page_tokens;
     o.host_capacity_tokens = int64_t{max_requests} * o.max_context;
     SPARSEKV_ASSIGN_OR_RETURN(m_, SparseKVCacheManager::Create(o, CreateCpuBackend()));
-    zero_rows_.assign(static_cast<size_t>(o.max_context) * 16, std::byte{0});
+    zero_rows_.assign(static_cast<size_t>(o.max_context) * kMultiTurnSimulatedTokenBytes,
+                      std::byte{0});
     topk_.assign(max_requests, -1);  // padding only: nothing is read, the pool is what counts
     slots_.assign(max_requests, 0);
 
@@ -90,7 +96,12 @@ class Replay {
         Conv& cv = convs_[i];
         if (cv.main == 0 && cv.turn < c_.turns && cv.wake <= step) {
           SPARSEKV_RETURN_IF_ERROR(StartTurn(i));
+          ++turns_started_;
         }
+      }
+      if (progress_) {
+        progress_(sharing_ ? "sharing" : "private", turns_started_,
+                  int64_t{c_.conversations} * c_.turns);
       }
       if (active_.empty()) {
         int64_t next = -1;
@@ -218,10 +229,12 @@ class Replay {
   const MultiTurnConfig& c_;
   const Schedule& s_;
   const bool sharing_;
+  const MultiTurnProgressFn& progress_;
   std::unique_ptr<SparseKVCacheManager> m_;
   std::vector<Conv> convs_;
   std::map<RequestId, Active> active_;
   RequestId next_id_ = 1;
+  int64_t turns_started_ = 0;
   std::vector<std::byte> zero_rows_;
   std::vector<int32_t> topk_, slots_;
   MultiTurnModeResult result_;
@@ -229,15 +242,56 @@ class Replay {
 
 }  // namespace
 
-StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config) {
-  if (config.conversations < 1 || config.turns < 1 || config.system_tokens < 0 ||
-      config.user_tokens < 1 || config.reply_tokens < 1 || config.think_steps < 0 ||
-      config.branches < 0 || config.branch_tokens < 1 || config.page_tokens < 1 ||
-      config.branch_probability < 0 || config.branch_probability > 1) {
-    return InvalidArgument(
-        "multi-turn: every count must be positive and the branch "
-        "probability in [0, 1]");
+Status ValidateMultiTurnConfig(const MultiTurnConfig& c) {
+  const auto outside = [](int64_t v, int64_t lo, int64_t hi) { return v < lo || v > hi; };
+  const auto bad = [](const std::string& option, int64_t lo, int64_t hi, int64_t got) {
+    return InvalidArgument(option + " must be in [" + std::to_string(lo) + ", " +
+                           std::to_string(hi) + "] (got " + std::to_string(got) + ")");
+  };
+  for (const auto& [option, value, lo, hi] : {
+           std::tuple{"--conversations", c.conversations, 1, kMultiTurnMaxConversations},
+           std::tuple{"--turns", c.turns, 1, kMultiTurnMaxTurns},
+           std::tuple{"--system-tokens", c.system_tokens, 0, kMultiTurnMaxTokens},
+           std::tuple{"--user-tokens", c.user_tokens, 1, kMultiTurnMaxTokens},
+           std::tuple{"--reply-tokens", c.reply_tokens, 1, kMultiTurnMaxTokens},
+           std::tuple{"--think-steps", c.think_steps, 0, kMultiTurnMaxTokens},
+           std::tuple{"--branches", c.branches, 0, kMultiTurnMaxBranches},
+           std::tuple{"--branch-tokens", c.branch_tokens, 1, kMultiTurnMaxTokens},
+           std::tuple{"--page-tokens", c.page_tokens, 1, kMultiTurnMaxPageTokens},
+       }) {
+    if (outside(value, lo, hi)) return bad(option, lo, hi, value);
   }
+  if (!(c.branch_probability >= 0 && c.branch_probability <= 1)) {
+    return InvalidArgument("--branch-probability must be in [0, 1]");
+  }
+  // The longest history a conversation can reach (a turn's message and reply are at most 3/2 of
+  // their means, plus one), and the memory the simulated pool takes for all of them: checked
+  // here so that a run too large fails at once rather than after the schedule is drawn.
+  const int64_t longest = int64_t{c.system_tokens} +
+                          int64_t{c.turns} * (c.user_tokens * 3 / 2 + c.reply_tokens * 3 / 2 + 2) +
+                          c.branch_tokens + c.page_tokens;
+  if (longest > kMultiTurnMaxTokens) {
+    return InvalidArgument(
+        "--system-tokens + --turns * (1.5 * --user-tokens + 1.5 * --reply-tokens) + "
+        "--branch-tokens can reach " +
+        std::to_string(longest) + " tokens, more than the " + std::to_string(kMultiTurnMaxTokens) +
+        " a conversation may hold");
+  }
+  const int64_t requests = int64_t{c.conversations} * (1 + c.branches);
+  const int64_t pool_bytes = requests * longest * kMultiTurnSimulatedTokenBytes;
+  if (pool_bytes > kMultiTurnMaxPoolBytes) {
+    return InvalidArgument(
+        "the run would need a simulated pool of " + std::to_string(pool_bytes >> 20) +
+        " MiB (--conversations * (1 + --branches) requests of up to " + std::to_string(longest) +
+        " tokens), more than " + std::to_string(kMultiTurnMaxPoolBytes >> 20) +
+        " MiB: lower --conversations, --branches, --turns or the token counts");
+  }
+  return Status::Ok();
+}
+
+StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config,
+                                       const MultiTurnProgressFn& progress) {
+  SPARSEKV_RETURN_IF_ERROR(ValidateMultiTurnConfig(config));
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.row_format));
   MultiTurnReport report;
   report.config = config;
@@ -245,7 +299,7 @@ StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config) {
   report.page_bytes = report.token_bytes * config.page_tokens;
   const Schedule schedule = Draw(config);
   for (bool sharing : {true, false}) {
-    Replay replay(config, schedule, sharing);
+    Replay replay(config, schedule, sharing, progress);
     SPARSEKV_ASSIGN_OR_RETURN(MultiTurnModeResult r, replay.Run());
     r.peak_host_gb = static_cast<double>(r.peak_pages) * report.page_bytes / 1e9;
     r.conversations_per_host_gb = r.peak_host_gb > 0 ? config.conversations / r.peak_host_gb : 0;
@@ -301,36 +355,66 @@ MultiTurnCommand::MultiTurnCommand(CLI::App& parent) {
       "and retained conversations vs a private history per request (CPU, preset bytes).");
   MultiTurnConfig& c = config_;
   app_->add_option("--preset", c.preset, "model preset (KV bytes per token)")
+      ->check(CLI::IsMember({"deepseek-v3.2", "glm-5"}))
       ->capture_default_str();
   app_->add_option("--precision", precision_, "fp8 or bf16")
       ->check(CLI::IsMember({"fp8", "bf16"}))
       ->capture_default_str();
-  app_->add_option("--conversations", c.conversations)->capture_default_str();
-  app_->add_option("--turns", c.turns, "turns per conversation")->capture_default_str();
+  app_->add_option("--conversations", c.conversations, "conversations sharing the system prompt")
+      ->check(Between<int64_t>(1, kMultiTurnMaxConversations))
+      ->capture_default_str();
+  app_->add_option("--turns", c.turns, "turns per conversation")
+      ->check(Between<int64_t>(1, kMultiTurnMaxTurns))
+      ->capture_default_str();
   app_->add_option("--system-tokens", c.system_tokens, "system prompt shared by all")
+      ->check(Between<int64_t>(0, kMultiTurnMaxTokens))
       ->capture_default_str();
   app_->add_option("--user-tokens", c.user_tokens, "mean new prompt tokens per turn")
+      ->check(Between<int64_t>(1, kMultiTurnMaxTokens))
       ->capture_default_str();
   app_->add_option("--reply-tokens", c.reply_tokens, "mean decoded tokens per turn")
+      ->check(Between<int64_t>(1, kMultiTurnMaxTokens))
       ->capture_default_str();
   app_->add_option("--think-steps", c.think_steps, "mean decode steps between turns")
+      ->check(Between<int64_t>(0, kMultiTurnMaxTokens))
       ->capture_default_str();
   app_->add_option("--branch-probability", c.branch_probability,
                    "chance that a turn forks agent branches")
+      ->check(Fraction())
       ->capture_default_str();
-  app_->add_option("--branches", c.branches, "branches per forking turn")->capture_default_str();
+  app_->add_option("--branches", c.branches, "branches per forking turn")
+      ->check(Between<int64_t>(0, kMultiTurnMaxBranches))
+      ->capture_default_str();
   app_->add_option("--branch-tokens", c.branch_tokens, "tokens each branch decodes")
+      ->check(Between<int64_t>(1, kMultiTurnMaxTokens))
       ->capture_default_str();
-  app_->add_option("--page-tokens", c.page_tokens, "host page size")->capture_default_str();
-  app_->add_option("--seed", c.seed)->capture_default_str();
-  app_->add_option("--json", json_path_, "also write the results as JSON to PATH");
+  app_->add_option("--page-tokens", c.page_tokens, "host page size")
+      ->check(Between<int64_t>(1, kMultiTurnMaxPageTokens))
+      ->capture_default_str();
+  app_->add_option("--seed", c.seed, "random seed")->check(Unsigned())->capture_default_str();
+  app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
+      ->option_text("PATH");
 }
 
 bool MultiTurnCommand::selected() const { return app_->parsed(); }
 
-int MultiTurnCommand::Run(const std::string& command, std::ostream& out, std::ostream& err) {
+int MultiTurnCommand::Run(const std::string& command, std::ostream& out, std::ostream& err,
+                          bool progress_bar) {
   config_.row_format = precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656;
-  StatusOr<MultiTurnReport> report = RunMultiTurn(config_);
+  // Usage errors first, before the run.
+  for (const Status& s :
+       {CheckOutputPath("--json", json_path_), ValidateMultiTurnConfig(config_)}) {
+    if (!s.ok()) {
+      err << "sparsekv multi-turn: " << s.message() << "\nRun with --help for more information.\n";
+      return kExitUsage;
+    }
+  }
+  StatusOr<MultiTurnReport> report = [&] {
+    ProgressBar bar(err, progress_bar);
+    return RunMultiTurn(config_, [&](std::string_view phase, int64_t done, int64_t total) {
+      bar.Update(phase, done, total);
+    });
+  }();
   if (!report.ok()) {
     err << "sparsekv multi-turn: " << report.status().ToString() << "\n";
     return kExitFailure;
@@ -352,11 +436,9 @@ int MultiTurnCommand::Run(const std::string& command, std::ostream& out, std::os
   line("sharing", report->sharing);
   line("private", report->private_history);
   if (!json_path_.empty()) {
-    std::ofstream file(json_path_);
-    file << FormatMultiTurnJson(*report, command);
-    file.close();
-    if (!file) {
-      err << "sparsekv multi-turn: cannot write JSON to '" << json_path_ << "'\n";
+    if (Status s = WriteOutputFile(json_path_, FormatMultiTurnJson(*report, command), "JSON");
+        !s.ok()) {
+      err << "sparsekv multi-turn: " << s.message() << "\n";
       return kExitFailure;
     }
   }

@@ -14,8 +14,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
+#include <string_view>
 
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
@@ -65,8 +67,29 @@ struct MultiTurnReport {
   MultiTurnModeResult private_history;
 };
 
-// Runs both replays. InvalidArgument for a configuration that cannot run.
-StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config);
+// Bounds of the configuration (ValidateMultiTurnConfig). The simulation stores tiny rows
+// (kMultiTurnSimulatedTokenBytes per token) and converts pages to the preset's bytes; its pool
+// holds every request's longest history and may take at most kMultiTurnMaxPoolBytes.
+inline constexpr int32_t kMultiTurnMaxConversations = 1'000'000;
+inline constexpr int32_t kMultiTurnMaxTurns = 10'000;
+inline constexpr int32_t kMultiTurnMaxTokens = 1 << 24;  // per option and per conversation
+inline constexpr int32_t kMultiTurnMaxBranches = 64;
+inline constexpr int32_t kMultiTurnMaxPageTokens = 4096;
+inline constexpr int32_t kMultiTurnSimulatedTokenBytes = 16;
+inline constexpr int64_t kMultiTurnMaxPoolBytes = int64_t{8} << 30;
+
+// InvalidArgument naming the option (as spelled on the command line) if `config` is out of
+// bounds, or if the pool the run needs would be larger than kMultiTurnMaxPoolBytes.
+Status ValidateMultiTurnConfig(const MultiTurnConfig& config);
+
+// Called with the replay ("sharing" or "private"), the turns started and the turns in all.
+using MultiTurnProgressFn =
+    std::function<void(std::string_view replay, int64_t done, int64_t total)>;
+
+// Runs both replays. InvalidArgument for a configuration that cannot run
+// (ValidateMultiTurnConfig).
+StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config,
+                                       const MultiTurnProgressFn& progress = nullptr);
 // The report as JSON; `summary` holds conversations_per_host_gb_multi_turn and
 // conversations_per_host_gb_private (for scripts/merge_summary.py).
 std::string FormatMultiTurnJson(const MultiTurnReport& report, const std::string& command);
@@ -77,8 +100,9 @@ class MultiTurnCommand {
   // Adds the subcommand and its options to `parent`, which must outlive this object.
   explicit MultiTurnCommand(CLI::App& parent);
   bool selected() const;
-  // Runs, prints a table on `out`, writes --json. Returns an exit code (cli.h).
-  int Run(const std::string& command, std::ostream& out, std::ostream& err);
+  // Checks the options and the --json path, runs (a progress bar on `err` if `progress_bar`),
+  // prints a table on `out`, writes --json. Returns an exit code (cli.h).
+  int Run(const std::string& command, std::ostream& out, std::ostream& err, bool progress_bar);
 
  private:
   CLI::App* app_;

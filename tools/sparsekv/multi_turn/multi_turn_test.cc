@@ -2,9 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "tools/sparsekv/cli.h"
 
@@ -58,6 +63,68 @@ TEST(MultiTurnTest, InvalidConfigurationIsAnError) {
   MultiTurnConfig c = Small();
   c.branch_probability = 2;
   EXPECT_EQ(RunMultiTurn(c).status().code(), StatusCode::kInvalidArgument);
+}
+
+struct CliRun {
+  int code;
+  std::string out, err;
+};
+CliRun Cli(const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  const int code = RunCli(args, out, err, false);
+  return {code, out.str(), err.str()};
+}
+
+TEST(MultiTurnTest, EveryOptionIsCheckedBeforeTheRunNamingIt) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--turns", "0"}, "--turns"},
+      {{"--conversations", "0"}, "--conversations"},
+      {{"--system-tokens", "2000000000"}, "--system-tokens"},
+      {{"--user-tokens", "0"}, "--user-tokens"},
+      {{"--reply-tokens", "-3"}, "--reply-tokens"},
+      {{"--think-steps", "-1"}, "--think-steps"},
+      {{"--branches", "65"}, "--branches"},
+      {{"--branch-tokens", "0"}, "--branch-tokens"},
+      {{"--branch-probability", "-0.1"}, "--branch-probability"},
+      {{"--page-tokens", "0"}, "--page-tokens"},
+      {{"--seed", "-1"}, "--seed"},
+      // Each in range, together too long for one conversation, or too large a pool.
+      {{"--system-tokens", "16000000", "--turns", "10000"}, "a conversation may hold"},
+      {{"--conversations", "1000000", "--turns", "100"}, "--conversations * (1 + --branches)"},
+  };
+  for (const auto& [options, expected] : cases) {
+    std::vector<std::string> args = {"multi-turn"};
+    args.insert(args.end(), options.begin(), options.end());
+    const auto start = std::chrono::steady_clock::now();
+    const CliRun r = Cli(args);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1)) << options[0];
+    EXPECT_EQ(r.code, kExitUsage) << options[0] << "\n" << r.err;
+    EXPECT_NE(r.err.find(expected), std::string::npos) << expected << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+TEST(MultiTurnTest, ValidateNamesTheOption) {
+  MultiTurnConfig c = Small();
+  c.turns = 0;
+  const Status s = ValidateMultiTurnConfig(c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--turns must be in [1, 10000] (got 0)"), std::string::npos)
+      << s.message();
+  EXPECT_TRUE(ValidateMultiTurnConfig(Small()).ok());
+}
+
+TEST(MultiTurnTest, ReportsProgressPerReplay) {
+  std::vector<std::string> phases;
+  int64_t last_done = 0, total = 0;
+  ASSERT_TRUE(RunMultiTurn(Small(), [&](std::string_view phase, int64_t done, int64_t all) {
+                if (phases.empty() || phases.back() != phase) phases.emplace_back(phase);
+                last_done = done;
+                total = all;
+              }).ok());
+  EXPECT_EQ(phases, (std::vector<std::string>{"sharing", "private"}));
+  EXPECT_EQ(total, 6 * 3);
+  EXPECT_EQ(last_done, total);
 }
 
 }  // namespace

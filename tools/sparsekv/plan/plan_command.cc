@@ -3,7 +3,6 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -13,6 +12,8 @@
 #include "sparsekv/options.h"
 #include "sparsekv/planner_calibration.h"
 #include "tools/sparsekv/exit_codes.h"
+#include "tools/sparsekv/output_file.h"
+#include "tools/sparsekv/validators.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -194,15 +195,27 @@ std::string PlanTable(const std::vector<PlanCase>& cases, double slo_ms) {
   return out;
 }
 
-bool WriteJson(const std::string& path, const Json& j, std::ostream& err) {
-  std::ofstream file(path);
-  file << j.dump(2) << "\n";
-  file.close();
-  if (!file) err << "sparsekv plan: cannot write JSON to '" << path << "'\n";
-  return static_cast<bool>(file);
-}
-
 }  // namespace
+
+std::string CalibrationTable(const Calibration& c) {
+  return "| parameter | value |\n|---|---|\n" +
+         Format("| attention per layer | %.2f µs + %.3f µs × B |\n", c.attention_fixed_us,
+                c.attention_per_request_us) +
+         Format("| rest of model (proxy) | weights streamed at %.0f GB/s + %.3f µs × B |\n",
+                c.weight_gbps, c.rest_per_request_us) +
+         Format("| full-hbm overhead | %.1f + %.2f × B µs per layer |\n", c.full_hbm.fixed_us,
+                c.full_hbm.per_request_us) +
+         Format("| sparsekv overhead | %.1f + %.2f × B µs per layer |\n", c.sparsekv.fixed_us,
+                c.sparsekv.per_request_us) +
+         Format(
+             "| sparsekv gather | %.1f GB/s effective (%.2f of the measured %.1f GB/s "
+             "pinned-memcpy ceiling) |\n",
+             c.sparsekv.gather_gbps, c.gather_efficiency(), c.link_gbps) +
+         Format(
+             "| no-cache | %.1f µs per layer, gather %.1f GB/s (its per-request cost and its "
+             "gather are both ∝ B and cannot be told apart: all charged to the gather) |\n",
+             c.no_cache.fixed_us, c.no_cache.gather_gbps);
+}
 
 StatusOr<MemoryTier> ParseTier(const std::string& text) {
   std::istringstream in(text);
@@ -238,41 +251,41 @@ PlanCommand::PlanCommand(CLI::App& parent) {
       ->capture_default_str();
   app_->add_option("--weights-gb", model_.weights_gb,
                    "per-GPU weight bytes streamed every step (rest-of-model cost)")
-      ->check(CLI::PositiveNumber)
+      ->check(PositiveReal())
       ->capture_default_str();
   app_->add_option("--hbm-gb", gpu_.hbm_gb, "GPU HBM capacity")
-      ->check(CLI::PositiveNumber)
+      ->check(PositiveReal())
       ->capture_default_str();
   app_->add_option("--reserved-gb", gpu_.reserved_gb, "HBM for activations and workspace")
-      ->check(CLI::NonNegativeNumber)
+      ->check(AtLeast(0.0))
       ->capture_default_str();
   app_->add_option("--tflops", gpu_.flops_tflops,
                    "GPU dense bf16 TFLOP/s (bounds the rest of the model at large batches)")
-      ->check(CLI::PositiveNumber)
+      ->check(PositiveReal())
       ->capture_default_str();
   app_->add_option("--tier", tiers_,
                    "memory tier NAME:CAPACITY_GB_PER_GPU:GBPS, repeatable [default: "
                    "pcie-dram:250:55 cxl:500:50 nvlink-c2c:480:450 scaleup-pool:4000:450]");
   app_->add_option("--contexts", contexts_, "context lengths, comma-separated")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(AtLeast<int64_t>(1))
       ->capture_default_str();
   app_->add_option("--miss-rates", miss_rates_,
                    "hot-cache miss rates, comma-separated (measure yours with `sparsekv replay`)")
       ->delimiter(',')
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--hot-slots", hot_slots_, "hot-cache slots per request and layer")
-      ->check(CLI::PositiveNumber)
+      ->check(AtLeast<int64_t>(1))
       ->capture_default_str();
   app_->add_option("--tpot-slo-ms", tpot_slo_ms_, "TPOT limit per step (0: none)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(AtLeast(0.0))
       ->capture_default_str();
   app_->add_option("--hidden-fraction", hidden_fraction_,
                    "share of the miss transfer hidden behind attention and the rest of the "
                    "model: 0 = serial (an indexer in every layer, as measured); 0.6-0.77 measured "
                    "with one top-k per 4 layers and copies ahead on 16 blocks; 1 = the ideal")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--calibration", calibration_paths_,
                    "refit the model to `sparsekv bench --json` files and check it against them")
@@ -298,6 +311,33 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
   StatusOr<ModelPreset> preset = FindPreset(
       preset_, precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656);
   if (!preset.ok()) return fail(preset.status(), kExitUsage);
+  if (Status s = CheckOutputPath("--json", json_path_); !s.ok()) return fail(s, kExitUsage);
+  if (hot_slots_ < preset->top_k) {
+    return fail(
+        InvalidArgument("--hot-slots (" + std::to_string(hot_slots_) +
+                        ") must be >= the preset's top-k (" + std::to_string(preset->top_k) +
+                        "): a step's selection must fit in the hot cache"),
+        kExitUsage);
+  }
+  for (int32_t context : contexts_) {
+    if (context < preset->top_k) {
+      return fail(
+          InvalidArgument("--contexts: " + std::to_string(context) +
+                          " is below the preset's top-k (" + std::to_string(preset->top_k) + ")"),
+          kExitUsage);
+    }
+  }
+  // What HBM holds for KV once the weights and the reserve are placed; every limit below is a
+  // share of it.
+  if (const double kv_budget_gb = gpu_.hbm_gb - model_.weights_gb - gpu_.reserved_gb;
+      !(kv_budget_gb > 0)) {
+    return fail(
+        InvalidArgument(Format("no HBM is left for KV: --hbm-gb %g - --weights-gb %g - "
+                               "--reserved-gb %g = %g GB; raise --hbm-gb or lower the "
+                               "other two",
+                               gpu_.hbm_gb, model_.weights_gb, gpu_.reserved_gb, kv_budget_gb)),
+        kExitUsage);
+  }
   ModelShape model = model_;
   model.layers = preset->num_layers;
   model.row_bytes = preset->row_bytes;
@@ -406,7 +446,11 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
   json["hidden_fraction"] = hidden_fraction_;
   json["cases"] = Json::array();
   for (const PlanCase& c : cases) json["cases"].push_back(ToJson(c));
-  if (!json_path_.empty() && !WriteJson(json_path_, json, err)) return kExitFailure;
+  if (!json_path_.empty()) {
+    if (Status s = WriteOutputFile(json_path_, json.dump(2) + "\n", "JSON"); !s.ok()) {
+      return fail(s, kExitFailure);
+    }
+  }
   return kExitOk;
 }
 

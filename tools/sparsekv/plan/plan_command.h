@@ -14,6 +14,11 @@ class App;
 
 namespace sparsekv::tools {
 
+// The calibration as the Markdown table of docs/planning.md ("| parameter | value |" and one row
+// per parameter); plan_test checks that the docs show CalibrationTable(Calibration{}), the
+// values plain `sparsekv plan` uses.
+std::string CalibrationTable(const Calibration& calibration);
+
 // "name:capacity_gb:gbps" -> MemoryTier; InvalidArgument for anything else.
 StatusOr<MemoryTier> ParseTier(const std::string& text);
 

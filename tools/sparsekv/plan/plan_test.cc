@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "sparsekv/planner_calibration.h"
 #include "tools/sparsekv/cli.h"
 #include "tools/sparsekv/plan/plan_command.h"
 
@@ -83,6 +84,59 @@ TEST(PlanCommandTest, RejectsBadArguments) {
   const std::string path = ::testing::TempDir() + "/empty.json";
   std::ofstream(path) << "{}";
   EXPECT_EQ(Cli({"plan", "--calibration", path}), kExitFailure);
+}
+
+std::string ReadDoc(const std::string& name) {
+  std::ifstream file(std::string(SPARSEKV_SOURCE_DIR) + "/docs/" + name);
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+TEST(PlanCommandTest, DocsShowTheBuiltInCalibration) {
+  const std::string table = CalibrationTable(Calibration{});
+  EXPECT_NE(ReadDoc("planning.md").find(table), std::string::npos)
+      << "docs/planning.md must show the built-in calibration as:\n"
+      << table;
+  // The refit to the committed results, which the docs' check is of.
+  const std::string e2e = std::string(SPARSEKV_SOURCE_DIR) + "/bench/results/e2e/";
+  StatusOr<MeasuredRun> run =
+      ReadMeasured({e2e + "e2e-deepseek-v3.2.json", e2e + "e2e-glm-5.json"});
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  StatusOr<Calibration> refit = FitCalibration(*run);
+  ASSERT_TRUE(refit.ok()) << refit.status().ToString();
+  const std::string refit_table = CalibrationTable(*refit);
+  EXPECT_NE(ReadDoc("planning.md").find(refit_table), std::string::npos)
+      << "docs/planning.md must show the refit calibration as:\n"
+      << refit_table;
+  // The same values as plain `sparsekv plan` prints.
+  std::string text;
+  ASSERT_EQ(Cli({"plan", "--contexts", "32768"}, &text), kExitOk);
+  const Calibration c;
+  EXPECT_NE(text.find("attention " + std::to_string(c.attention_fixed_us).substr(0, 5)),
+            std::string::npos)
+      << text;
+}
+
+TEST(PlanCommandTest, RefusesAHotCacheSmallerThanTheTopK) {
+  std::string text;
+  EXPECT_EQ(Cli({"plan", "--hot-slots", "1"}, &text), kExitUsage);
+  EXPECT_NE(text.find("--hot-slots (1) must be >= the preset's top-k (2048)"), std::string::npos)
+      << text;
+  EXPECT_EQ(Cli({"plan", "--contexts", "1024"}, &text), kExitUsage);
+  EXPECT_NE(text.find("--contexts: 1024 is below the preset's top-k"), std::string::npos) << text;
+}
+
+TEST(PlanCommandTest, SaysSoWhenNoHbmIsLeftForKV) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"plan", "--hbm-gb", "1"},
+        {"plan", "--weights-gb", "1000"},
+        {"plan", "--hbm-gb", "100", "--weights-gb", "92", "--reserved-gb", "8"}}) {
+    std::string text;
+    EXPECT_EQ(Cli(args, &text), kExitUsage) << args[1];
+    EXPECT_NE(text.find("no HBM is left for KV: --hbm-gb"), std::string::npos) << text;
+    EXPECT_EQ(text.find("Max batch per GPU"), std::string::npos) << text;  // no table of zeros
+  }
 }
 
 }  // namespace

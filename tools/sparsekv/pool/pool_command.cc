@@ -12,6 +12,7 @@
 #include "sparsekv/control_plane.h"
 #include "sparsekv/transport.h"
 #include "tools/sparsekv/exit_codes.h"
+#include "tools/sparsekv/validators.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -86,23 +87,25 @@ PoolCommand::PoolCommand(CLI::App& parent) {
       "Pool server: contribute registered host memory to the shared KV pool (UCX), announced in "
       "the control plane (Redis); runs until SIGTERM/SIGINT.");
   app_->add_option("--node-id", node_id_, "Name of this pool server in the control plane")
-      ->required();
+      ->required()
+      ->check(NonEmpty());
   app_->add_option("--control-plane", control_plane_, "Redis server, HOST:PORT")
       ->capture_default_str();
   app_->add_option("--key-prefix", key_prefix_, "Prefix of every control-plane key")
+      ->check(NonEmpty())
       ->capture_default_str();
   app_->add_option("--region-mib", region_mib_, "Size of the contributed region, MiB")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+      ->check(Between<int64_t>(1, int64_t{1} << 30));
   app_->add_option("--transports", transports_,
                    "UCX transports (UCX_TLS), e.g. tcp or shm; empty = UCX's choice");
   app_->add_option("--net-devices", net_devices_, "UCX network devices, e.g. lo; empty = all");
   app_->add_option("--lease-ms", lease_ms_, "Membership lease; heartbeats every third of it")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{30}, int64_t{600000}));
+      ->check(Between<int64_t>(30, 600000));
   app_->add_option("--timeout-ms", timeout_ms_, "Deadline of every control-plane call and transfer")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{600000}));
+      ->check(Between<int64_t>(1, 600000));
 }
 
 bool PoolCommand::selected() const { return app_->parsed(); }

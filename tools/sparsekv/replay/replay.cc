@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <iterator>
 #include <numeric>
+#include <vector>
 
 namespace sparsekv::tools {
 namespace {
@@ -81,6 +83,31 @@ int32_t CountSinks(const Trace& trace) {
 }
 
 }  // namespace
+
+TraceEntryCounts CountTraceEntries(const Trace& trace) {
+  TraceEntryCounts c;
+  std::vector<int32_t> valid;
+  for (int32_t step = 0; step < trace.steps; ++step) {
+    for (int32_t layer = 0; layer < trace.layers; ++layer) {
+      const int32_t seq_len = trace.seq_len_at(step, layer);
+      valid.clear();
+      for (int32_t p : trace.row(step, layer)) {
+        ++c.entries;
+        if (p == -1) {
+          ++c.padding;
+        } else if (p < 0 || p >= seq_len) {
+          ++c.out_of_range;
+        } else {
+          valid.push_back(p);
+        }
+      }
+      std::sort(valid.begin(), valid.end());
+      c.duplicates += valid.size() - static_cast<size_t>(std::distance(
+                                         valid.begin(), std::unique(valid.begin(), valid.end())));
+    }
+  }
+  return c;
+}
 
 TraceStats MeasureTrace(const Trace& trace, int32_t working_set_steps) {
   TraceStats st;

@@ -80,6 +80,18 @@ StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options,
 
 TraceStats MeasureTrace(const Trace& trace, int32_t working_set_steps);
 
+// The entries of a trace's rows by kind: -1 padding, positions outside [0, seq_len) of their row
+// (other negatives included), and repeats of a position already in the same row (each repeat
+// counted once; out-of-range entries are not counted as repeats). A recorded trace should have
+// neither of the last two; the replay reports them rather than refusing the trace.
+struct TraceEntryCounts {
+  uint64_t entries = 0;  // steps * layers * top_k
+  uint64_t padding = 0;
+  uint64_t out_of_range = 0;
+  uint64_t duplicates = 0;
+};
+TraceEntryCounts CountTraceEntries(const Trace& trace);
+
 // One request's trace from the generator: `steps` steps of `layers` layers, the history growing
 // by one token per step from `context`; layer L > 0 gets layer L - 1's row of the same step as
 // `lower` (cross_layer_overlap). REQUIRES: context >= top_k.

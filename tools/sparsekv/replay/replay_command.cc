@@ -3,14 +3,16 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 
 #include "tools/sparsekv/exit_codes.h"
+#include "tools/sparsekv/output_file.h"
 #include "tools/sparsekv/progress.h"
 #include "tools/sparsekv/replay/crosslayer_prefetch.h"
 #include "tools/sparsekv/replay/prefetch_predictors.h"
+#include "tools/sparsekv/validators.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -206,38 +208,40 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
                    "the synthetic generator]")
       ->check(CLI::ExistingFile);
   app_->add_option("--layers", layers_, "synthetic: layers")
-      ->check(CLI::Range(1, 1000))
+      ->check(Between<int64_t>(1, 1000))
       ->capture_default_str();
   app_->add_option("--steps", steps_, "synthetic: decode steps")
-      ->check(CLI::PositiveNumber)
+      ->check(AtLeast<int64_t>(1))
       ->capture_default_str();
   app_->add_option("--context", context_, "synthetic: history at the first step")
-      ->check(CLI::PositiveNumber)
+      ->check(AtLeast<int64_t>(1))
       ->capture_default_str();
   app_->add_option("--top-k", generator_.top_k, "synthetic: positions per row")
-      ->check(CLI::PositiveNumber)
+      ->check(AtLeast<int64_t>(1))
       ->capture_default_str();
   app_->add_option("--reuse", generator_.reuse, "synthetic: share of the previous step's row")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--early-layer-reuse", generator_.early_layer_reuse,
                    "synthetic: the same for the first two layers")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--recency", generator_.recency, "synthetic: share from the newest 10%")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--sinks", generator_.sinks, "synthetic: first positions always selected")
-      ->check(CLI::NonNegativeNumber)
+      ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
-  app_->add_option("--seed", generator_.seed, "synthetic: random seed")->capture_default_str();
+  app_->add_option("--seed", generator_.seed, "synthetic: random seed")
+      ->check(Unsigned())
+      ->capture_default_str();
   app_->add_option("--miss-rate", generator_.miss_rate,
                    "synthetic: miss-rate mode with this rate (topk_generator.h; its fresh "
                    "positions are a random permutation, unpredictable by design) [default: off]")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(Fraction());
   app_->add_option("--fresh-range", generator_.fresh_range,
                    "synthetic, miss-rate mode: fresh positions from [0, N) [default: context - 1]")
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast<int64_t>(1));
   app_->add_option("--synthetic-locality", locality_,
                    "synthetic: a locality-mode preset whose lru miss rate falls with the cache "
                    "size (calibrated = glm5-published; docs/workload.md), or miss-rate (the "
@@ -245,14 +249,14 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(CLI::IsMember({"calibrated", "glm5-published", "smollm2", "miss-rate"}));
   app_->add_option("--zipf-exponent", generator_.zipf_exponent,
                    "synthetic, locality mode: popularity exponent")
-      ->check(CLI::NonNegativeNumber);
+      ->check(AtLeast(0.0));
   app_->add_option("--recency-window", generator_.recency_window,
                    "synthetic, locality mode: the recent source's newest positions")
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast<int64_t>(1));
   app_->add_option("--cross-layer-overlap", cross_layer_overlap_,
                    "synthetic: share of positions adjacent layers share (0: uncorrelated, the "
                    "worst case) [default: the preset's calibrated value; 0 in miss-rate mode]")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(Fraction());
   app_->add_flag("--layer-overlap", layer_overlap_,
                  "report the adjacent-layer top-k overlap |row(L) ∩ row(L+1)| / top-k");
   app_->add_flag("--fit-locality", fit_locality_,
@@ -264,12 +268,12 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
   app_->add_option("--fit-context", fit_context_,
                    "fit: the candidates' context [default: --context, or the trace's first "
                    "history length]")
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast<int64_t>(1));
   app_->add_option("--hot-slots", hot_slots_,
                    "hot-cache sizes (slots per request and layer), comma-separated [default: "
                    "1, 2, 3 and 4 times top-k]")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast<int64_t>(1));
   app_->add_option("--policies", policies_, "policies, comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"lru", "clock", "lfu-decay", "slru", "aging"}))
@@ -277,23 +281,23 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
   app_->add_option("--window-split", window_split_,
                    "also replay lru with this many newest tokens resident, at the same memory "
                    "(0 or 1: off) [default: top-k / 8]")
-      ->check(CLI::NonNegativeNumber);
+      ->check(AtLeast<int64_t>(0));
   app_->add_option("--decay", options_.decay, "lfu-decay: weight of a use per step of age")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--protected-percent", options_.protected_percent,
                    "slru: the protected part's capacity, % of the hot slots")
-      ->check(CLI::Range(0, 100))
+      ->check(Between<int64_t>(0, 100))
       ->capture_default_str();
   app_->add_option("--aging-shift", options_.aging_shift,
                    "aging: scores decay by 1 - 2^-N per step")
-      ->check(CLI::Range(1, 15))
+      ->check(Between<int64_t>(1, 15))
       ->capture_default_str();
   app_->add_option("--warmup", options_.warmup_steps, "first steps not counted")
-      ->check(CLI::NonNegativeNumber)
+      ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
   app_->add_option("--row-bytes", options_.row_bytes, "bytes per missed row")
-      ->check(CLI::PositiveNumber)
+      ->check(AtLeast<int64_t>(1))
       ->capture_default_str();
   app_->add_option("--prefetch", prefetch_,
                    "also replay cross-step prefetch with these predictors, comma-separated "
@@ -304,7 +308,7 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
                    "prefetch: positions proposed per step, request and layer, comma-separated "
                    "[default: 1, 2, top-k / 16, / 8, / 4, / 2]")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast<int64_t>(1));
   app_->add_flag("--crosslayer-prefetch", crosslayer_prefetch_,
                  "also replay cross-layer speculative prefetch: layer L's top-k prefetched into "
                  "layer L + 1's cache before its resolve (docs/prefetch.md), on lru and slru "
@@ -325,6 +329,11 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     err << "sparsekv replay: " << s.message() << "\n";
     return code;
   };
+  // Usage errors first: an output path that cannot be written fails before the run.
+  for (const auto& [option, path] :
+       {std::pair{"--json", &json_path_}, {"--write-trace", &write_trace_path_}}) {
+    if (Status s = CheckOutputPath(option, *path); !s.ok()) return fail(s, kExitUsage);
+  }
   Trace trace;
   std::string source = trace_path_;
   if (!trace_path_.empty()) {
@@ -384,6 +393,16 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
   StatusOr<ReplayResult> result = Replay(trace, options, progress);
   if (!result.ok()) return fail(result.status(), kExitUsage);
   out << Table(*result, trace, "Trace: " + source);
+  const TraceEntryCounts entries = CountTraceEntries(trace);
+  out << Format(
+      "  entries: %llu, padding %llu, out of [0, seq_len) %llu, repeated in a row %llu%s\n",
+      static_cast<unsigned long long>(entries.entries),
+      static_cast<unsigned long long>(entries.padding),
+      static_cast<unsigned long long>(entries.out_of_range),
+      static_cast<unsigned long long>(entries.duplicates),
+      entries.out_of_range + entries.duplicates > 0
+          ? " (malformed entries: every policy skips them)"
+          : "");
 
   const int32_t reference_slots = std::find(options.hot_slots.begin(), options.hot_slots.end(),
                                             2 * trace.top_k) != options.hot_slots.end()
@@ -418,6 +437,10 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
                  {"replay_best_policy", gain.policy},
                  {"replay_reference_hot_slots", reference_slots}}}};
   json["lru_miss_curve"] = CurveJson(curve);
+  json["trace_entries"] = {{"entries", entries.entries},
+                           {"padding", entries.padding},
+                           {"out_of_range", entries.out_of_range},
+                           {"duplicates", entries.duplicates}};
   if (trace_path_.empty() && generator_.locality && locality_ != "smollm2" && !locality_.empty()) {
     for (const MissCurvePoint& p : curve) {
       json["summary"]["calibrated_miss_rate_" + std::to_string(p.hot_slots)] = p.miss_rate;
@@ -550,10 +573,9 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     json["synthetic_like"] = ToJson(*like, synthetic);
   }
   if (!json_path_.empty()) {
-    std::ofstream file(json_path_);
-    file << json.dump(2) << "\n";
-    file.close();
-    if (!file) return fail(Unavailable("cannot write JSON to '" + json_path_ + "'"), kExitFailure);
+    if (Status s = WriteOutputFile(json_path_, json.dump(2) + "\n", "JSON"); !s.ok()) {
+      return fail(s, kExitFailure);
+    }
   }
   return kExitOk;
 }

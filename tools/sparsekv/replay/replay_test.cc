@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -361,6 +362,46 @@ TEST(ReplayCommandTest, ReplaysPrefetchOnTheMissRateGenerator) {
                  "neighbours", "--prefetch-budget", "200"},
                 out, err),
             kExitUsage);
+}
+
+// One layer, three steps of top-k 4 at seq_len 10: step 1 holds two out-of-range positions (10
+// and -5) and step 2 two repeats (7 three times), beside padding.
+Trace MalformedTrace() {
+  Trace t;
+  t.Resize(/*layers=*/1, /*top_k=*/4, /*steps=*/3);
+  const std::vector<std::vector<int32_t>> rows = {{0, 1, 2, -1}, {3, 10, -5, 4}, {7, 7, 7, 8}};
+  for (int32_t s = 0; s < 3; ++s) {
+    t.seq_len[s] = 10;
+    std::copy(rows[s].begin(), rows[s].end(), t.positions.begin() + 4 * s);
+  }
+  return t;
+}
+
+TEST(ReplayTest, CountsOutOfRangeAndRepeatedEntries) {
+  const TraceEntryCounts c = CountTraceEntries(MalformedTrace());
+  EXPECT_EQ(c.entries, 12u);
+  EXPECT_EQ(c.padding, 1u);
+  EXPECT_EQ(c.out_of_range, 2u);
+  EXPECT_EQ(c.duplicates, 2u);
+}
+
+TEST(ReplayCommandTest, ReportsMalformedTraceEntries) {
+  const std::string trace_path = ::testing::TempDir() + "/malformed.skvt";
+  const std::string json_path = ::testing::TempDir() + "/malformed.json";
+  ASSERT_TRUE(WriteTrace(trace_path, MalformedTrace()).ok());
+  std::ostringstream out, err;
+  ASSERT_EQ(Cli({"replay", "--trace", trace_path, "--warmup", "0", "--json", json_path}, out, err),
+            kExitOk)
+      << err.str();
+  EXPECT_NE(out.str().find("entries: 12, padding 1, out of [0, seq_len) 2, repeated in a row 2 "
+                           "(malformed entries: every policy skips them)"),
+            std::string::npos)
+      << out.str();
+  std::ifstream file(json_path);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  EXPECT_EQ(j["trace_entries"]["out_of_range"], 2);
+  EXPECT_EQ(j["trace_entries"]["duplicates"], 2);
+  EXPECT_EQ(j["trace_entries"]["padding"], 1);
 }
 
 TEST(ReplayCommandTest, RejectsBadArguments) {

@@ -468,7 +468,18 @@ Status SparseKVCacheManager::Impl::AdmitWithPages(RequestId id, int32_t prompt_l
 }
 
 Status SparseKVCacheManager::Impl::CompleteLayer(RequestId id, int32_t layer, StreamHandle stream) {
-  Request& r = requests_.at(id);
+  SPARSEKV_ASSIGN_OR_RETURN(Request * found, Find(id, "CompleteLayer"));
+  Request& r = *found;
+  if (layer < 0 || layer >= options_.geometry.num_layers()) {
+    return InvalidArgument("CompleteLayer: layer " + std::to_string(layer) + " out of range");
+  }
+  if (r.ingested[layer]) {
+    return AlreadyExists("CompleteLayer: layer " + std::to_string(layer) + " of " + Describe(id) +
+                         " is complete already");
+  }
+  if (!r.on_device()) {
+    return FailedPrecondition("CompleteLayer: " + Describe(id) + " is retracted");
+  }
   SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, layer, nullptr, 0, stream));
   r.ingested[layer] = true;
   ++r.ingested_layers;

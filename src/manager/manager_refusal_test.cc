@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "sparsekv/manager.h"
+#include "sparsekv/manager_extension.h"
 #include "testing/harness.h"
 #include "testing/workload.h"
 
@@ -290,6 +293,51 @@ TEST(ManagerRefusalOrderTest, RunLayerOfALaterLayerFirstIsRefused) {
   }
   ASSERT_TRUE(mgr.FinishStep(nullptr).ok());
   EXPECT_EQ(mgr.ReadStats(nullptr)->total.misses, 4u);
+}
+
+// An extension that only hands out the manager's ExtensionHost.
+class HostGrabber final : public ManagerExtension {
+ public:
+  bool BeginStep(std::span<const RequestId>) override { return false; }
+  Status BeforeCopy(int32_t, const MissList&, int32_t, StreamHandle) override {
+    return Status::Ok();
+  }
+  Status AfterCopy(int32_t, StreamHandle) override { return Status::Ok(); }
+  Status AfterResolve(int32_t, int32_t*, StreamHandle) override { return Status::Ok(); }
+  Status AfterMissCopy(int32_t, StreamHandle) override { return Status::Ok(); }
+  void OnDrop(RequestId) override {}
+  Status CheckFork(RequestId) const override { return Status::Ok(); }
+};
+
+TEST_F(ManagerRefusalTest, CompleteLayerRefusesUnknownRequestsBadLayersAndCompleteOnes) {
+  ExtensionHost* host = nullptr;
+  ASSERT_TRUE(m_->InstallExtension([&host](ExtensionHost& h)
+                                       -> StatusOr<std::unique_ptr<ManagerExtension>> {
+                  host = &h;
+                  return std::unique_ptr<ManagerExtension>(std::make_unique<HostGrabber>());
+                }).ok());
+  ASSERT_TRUE(host->AdmitWithPages(2, kPrompt, 4, {}, nullptr).ok());
+  ExpectRefused(host->CompleteLayer(3, 0, nullptr), StatusCode::kNotFound, "request 3");
+  ExpectRefused(host->CompleteLayer(2, kLayers, nullptr), StatusCode::kInvalidArgument,
+                "layer 6 out of range");
+  ASSERT_TRUE(m_->Retract(2).ok());
+  ExpectRefused(host->CompleteLayer(2, 0, nullptr), StatusCode::kFailedPrecondition,
+                "request 2 is retracted");
+  ASSERT_TRUE(m_->Resume(2, nullptr).ok());
+  for (int32_t l = 0; l < kLayers; ++l) ASSERT_TRUE(host->CompleteLayer(2, l, nullptr).ok());
+  ExpectRefused(host->CompleteLayer(2, 1, nullptr), StatusCode::kAlreadyExists,
+                "layer 1 of request 2 is complete already");
+  // Every layer complete once: it joins a step (its prompt rows were never written: no row
+  // checks).
+  ASSERT_TRUE(m_->PlanStep(std::vector<RequestId>{2}, nullptr).ok());
+  AppendAll();
+  for (int32_t g = 0; g < 3; ++g) {
+    ASSERT_TRUE(Resolve(g).ok());
+    ASSERT_TRUE(Copy(2 * g).ok());
+    ASSERT_TRUE(Copy(2 * g + 1).ok());
+  }
+  ASSERT_TRUE(m_->FinishStep(nullptr).ok());
+  EXPECT_EQ(*m_->SequenceLength(2), kPrompt + 1);
 }
 
 }  // namespace

@@ -652,6 +652,9 @@ class Fuzzer {
   };
   int32_t Leader(int32_t layer) const { return layer - layer % lpi_; }
   int32_t GroupEnd(int32_t g) const { return std::min(layers_, (g + 1) * lpi_); }
+  bool AllCopied() const {
+    return std::all_of(layer_.begin(), layer_.end(), [](const LayerState& l) { return l.copied; });
+  }
   bool GroupCopied(int32_t g) const {
     for (int32_t l = g * lpi_; l < GroupEnd(g); ++l) {
       if (!layer_[l].copied) return false;
@@ -768,6 +771,7 @@ class Fuzzer {
         ExpectCode(s, StatusCode::kOk, "FinishStep");
         CheckStep();
         ++reached.steps;
+        ++finished_steps_;
         step_open_ = false;
         batch_.clear();
         break;
@@ -853,7 +857,7 @@ class Fuzzer {
     std::vector<int32_t> slots(topk.size(), 0);
     const int32_t layer = PickLayer();
     const bool bad_layer = layer < 0 || layer >= layers_;
-    const int which = in_.ConsumeIntegralInRange<int>(0, 6);
+    const int which = in_.ConsumeIntegralInRange<int>(0, 8);
     Status s;
     StatusCode want = StatusCode::kFailedPrecondition;
     const char* op = "";
@@ -890,26 +894,28 @@ class Fuzzer {
         s = m_->AppendToken(layer, rows.data(), nullptr);
         break;
       case 1:
-        op = "ResolveLayer of a bad, non-leading or unappended layer";
+        op = "ResolveLayer of a bad, non-leading or unappended layer, out of order, twice, or "
+             "into the miss list of a group two back that is not copied";
         if (bad_layer) {
           want = StatusCode::kInvalidArgument;
-        } else if (layer % lpi_ == 0 && layer_[layer].appended) {
+        } else if (layer % lpi_ == 0 && layer_[layer].appended && layer / lpi_ == NextGroup() &&
+                   (layer / lpi_ < 2 || GroupCopied(layer / lpi_ - 2))) {
           return false;
         }
         s = m_->ResolveLayer(layer, topk.data(), slots.data(), nullptr, nullptr);
         break;
       case 2:
-        op = "CopyMisses of a bad or unresolved layer";
+        op = "CopyMisses of a bad, unresolved or copied layer";
         if (bad_layer) {
           want = StatusCode::kInvalidArgument;
-        } else if (group_[layer / lpi_].resolved) {
+        } else if (group_[layer / lpi_].resolved && !layer_[layer].copied) {
           return false;
         }
         s = m_->CopyMisses(layer, nullptr);
         break;
       case 3:
-        op = "FinishStep with a layer not appended";
-        if (NextAppend() == layers_) return false;
+        op = "FinishStep with a layer not appended, a group not resolved or a layer not copied";
+        if (NextAppend() == layers_ && NextGroup() == groups_ && AllCopied()) return false;
         s = m_->FinishStep(nullptr);
         break;
       case 4:
@@ -917,13 +923,35 @@ class Fuzzer {
         s = m_->PlanStep(batch_, nullptr);
         break;
       case 5: {
-        op = "PrefetchLayer with a bad count or layer";
-        const int32_t count = in_.ConsumeBool() ? 0 : o_.max_prefetch + 1;
+        op = "PrefetchLayer with a bad count or layer, or between a resolve and its copies";
+        int32_t count = in_.ConsumeBool() ? 0 : o_.max_prefetch + 1;
         want = !bad_layer && layer % lpi_ != 0 ? StatusCode::kFailedPrecondition
                                                : StatusCode::kInvalidArgument;
+        if (!bad_layer && layer % lpi_ == 0 && o_.max_prefetch > 0 &&
+            group_[layer / lpi_].resolved && !GroupCopied(layer / lpi_)) {
+          count = 1;  // a legal count: the order is what is refused
+          want = StatusCode::kFailedPrecondition;
+        }
         s = m_->PrefetchLayer(layer, topk.data(), count, nullptr);
         break;
       }
+      case 6:
+        op = "AssembleLayer of a bad, unresolved or unappended layer";
+        if (bad_layer) {
+          want = StatusCode::kInvalidArgument;
+        } else if (group_[layer / lpi_].resolved && layer_[layer].appended) {
+          return false;
+        }
+        s = m_->AssembleLayer(layer, slots.data(), rows.data(), nullptr);
+        break;
+      case 7:
+        op = "FinishReplayedStep in a step the host runs, or with no run phase recorded";
+        if (finished_steps_ > 0 && std::none_of(layer_.begin(), layer_.end(),
+                                                [](const LayerState& l) { return l.appended; })) {
+          return false;  // legal: it would close the step without its run phase
+        }
+        s = m_->FinishReplayedStep();
+        break;
       default: {
         op = "a lifecycle call on a request of the open step";
         const RequestId id = batch_[SmallInt(0, static_cast<int32_t>(batch_.size()) - 1)];
@@ -1138,6 +1166,7 @@ class Fuzzer {
   std::map<RequestId, std::vector<int32_t>> history_ids_;
   uint64_t salt_ = 0;
   bool step_open_ = false;
+  int32_t finished_steps_ = 0;  // steps FinishStep ended: a complete run phase is recorded
   std::vector<RequestId> batch_;
   std::vector<LayerState> layer_;
   std::vector<GroupState> group_;

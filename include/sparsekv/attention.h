@@ -103,8 +103,9 @@ class SparseMLAAttention {
   // Split::kMergeHalves, RunHits attends over its entries and keeps the partial result (output
   // and log-sum-exp per head) in the work buffers, RunFillsAndMerge attends over the others and
   // merges both exactly (log-sum-exp weights): equal to Run's up to rounding (partials in fp32).
-  // REQUIRES: RunFillsAndMerge follows RunHits with the same batch, q, kv_rows, indices and fill,
-  // on a stream ordered after it, with no other run of this object in between.
+  // REQUIRES (not checked: the stream order and the contents of device buffers): RunFillsAndMerge
+  // follows RunHits with the same batch, q, kv_rows, indices and fill, on a stream ordered after
+  // it, with no other run of this object in between.
   virtual Status RunHits(int32_t batch, const void* q, const std::byte* kv_rows, int64_t row_stride,
                          const int32_t* indices, const uint8_t* fill, StreamHandle stream) = 0;
   virtual Status RunFillsAndMerge(int32_t batch, const void* q, const std::byte* kv_rows,
@@ -123,8 +124,9 @@ class SparseMLAAttention {
 //   kv_rows  the row buffer; row_stride >= KVRowBytes(format), any alignment
 //   indices  [batch, top_k]; < 0 = masked
 //   out      [batch, heads, 512] float64
-// REQUIRES: every index >= 0 names a row of the buffer. InvalidArgument for bad options, batch
-// outside [0, max_batch], a null pointer or a short row stride.
+// REQUIRES (not checked: the buffer's length is not passed): every index >= 0 names a row of
+// the buffer. InvalidArgument for bad options, batch outside [0, max_batch], a null pointer or a
+// short row stride.
 Status ReferenceSparseMLA(const SparseMLAOptions& options, int32_t batch, const uint16_t* q,
                           const std::byte* kv_rows, int64_t row_stride, const int32_t* indices,
                           double* out);

@@ -61,7 +61,8 @@ class HostKVPool {
   // A free owner (row of the page table), lowest first; ResourceExhausted if all max_owners are
   // taken. The caller holds it until ReleaseOwner.
   StatusOr<int32_t> AcquireOwner();
-  // REQUIRES: the caller acquired `owner` and it holds no pages (Release first).
+  // REQUIRES (not checked, asserted in debug builds): the caller acquired `owner` and it holds no
+  // pages (Release first).
   void ReleaseOwner(int32_t owner);
   int32_t max_owners() const { return static_cast<int32_t>(owner_pages_.size()); }
   int32_t free_owners() const;
@@ -71,8 +72,9 @@ class HostKVPool {
   // and appends `spare_pages` more free pages, one reference each held by the caller, to
   // `spares`. ResourceExhausted if the pool has too few free pages (nothing is changed then);
   // FailedPrecondition if the owner already holds pages; OutOfRange if tokens exceeds
-  // max_tokens_per_owner; InvalidArgument if shared_prefix has more pages than `tokens` need.
-  // REQUIRES: every page of shared_prefix has a reference; spares is not null if spare_pages > 0.
+  // max_tokens_per_owner; InvalidArgument for a bad owner, if shared_prefix has more pages than
+  // `tokens` need or a page of it that is out of range or free (every page of shared_prefix must
+  // hold a reference), or if spare_pages < 0 or spares is null with spare_pages > 0.
   Status Reserve(int32_t owner, int32_t tokens, std::span<const int32_t> shared_prefix = {},
                  int32_t spare_pages = 0, std::vector<int32_t>* spares = nullptr);
   // Drops the owner's references. Pages whose last reference this was are free again and, if
@@ -81,18 +83,20 @@ class HostKVPool {
 
   // A free page, with one reference held by the caller. ResourceExhausted if none is free.
   StatusOr<int32_t> AllocatePage();
-  // REQUIRES: page has a reference.
+  // REQUIRES (not checked, asserted in debug builds): page has a reference.
   void AddRef(int32_t page);
   // Drops one reference; true if it was the last one (the page is free again).
-  // REQUIRES: page has a reference.
+  // REQUIRES (not checked, asserted in debug builds): page has a reference.
   bool Unref(int32_t page);
   // Puts `page` at entry `index` of owner's table and returns the page that was there: the
   // caller's reference to `page` moves into the table, the table's reference to the old page
-  // moves to the caller. REQUIRES: index < the owner's reserved pages; page has a reference.
+  // moves to the caller. REQUIRES (not checked, asserted in debug builds): index < the owner's
+  // reserved pages; page has a reference.
   int32_t SwapPage(int32_t owner, int32_t index, int32_t page);
   int32_t RefCount(int32_t page) const;
 
-  // REQUIRES: position < the tokens reserved by owner.
+  // REQUIRES (not checked: called per request and step): position < the tokens reserved by
+  // owner.
   int32_t HostRow(int32_t owner, int32_t position) const;
   // Tokens reserved by owner (a multiple of page_tokens), 0 if none.
   int32_t ReservedTokens(int32_t owner) const;

@@ -59,7 +59,8 @@ class HotCache {
   // Takes a free block (lowest first) and enqueues the reset of its state on `stream`: every
   // slot empty, LRU order 0..C-1, no protected entry. ResourceExhausted if all blocks are taken.
   StatusOr<int32_t> Acquire(StreamHandle stream);
-  // REQUIRES: block was acquired and not yet released.
+  // REQUIRES (not checked, asserted in debug builds; the manager is the only caller): block was
+  // acquired and not yet released.
   void Release(int32_t block);
   // Acquire, with the block's replacement state seeded instead of reset: slot s < n holds
   // positions[s] (n = positions.size() <= C), the others are empty; the LRU order is the empty
@@ -70,7 +71,8 @@ class HotCache {
   // Takes `pages` resident pages, all or nothing (ResourceExhausted if fewer are free), and
   // returns their first slots. Pages of blocks already split are taken first.
   StatusOr<std::vector<int32_t>> AcquirePages(int32_t pages);
-  // REQUIRES: every entry was returned by AcquirePages and not yet released.
+  // REQUIRES (not checked; the manager is the only caller): every entry was returned by
+  // AcquirePages and not yet released.
   void ReleasePages(std::span<const int32_t> first_slots);
   int32_t resident_page_rows() const { return page_rows_; }
   int32_t pages_per_block() const { return page_rows_ > 0 ? slots_per_block() / page_rows_ : 0; }

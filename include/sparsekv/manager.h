@@ -14,6 +14,9 @@
 //   call on the same stream:
 //     for each layer: AppendToken(layer, new_rows, stream), then
 //     RunLayer(layer, topk, slots, assembled, stream); then FinishStep(stream).
+// Run-phase calls in an order that would read or copy the wrong rows are refused with
+// FailedPrecondition and change nothing (each call says which orders it refuses); what only the
+// device could check (stream ordering, the contents of device buffers) is not checked.
 // A graph captured over the run phase stays valid for every later step whose batch has at most
 // max_batch requests: the batch size and table are read from device memory at run time.
 //
@@ -63,12 +66,12 @@ namespace sparsekv {
 
 // Statistics since creation or the last ResetStats(). Formulas are in the comments.
 struct LayerStats {
-  uint64_t hits = 0;          // top-k positions found in an LRU slot
-  uint64_t window_hits = 0;   // top-k positions served by the newest-token window
-  uint64_t misses = 0;        // top-k positions copied from the host pool
-  uint64_t padding = 0;       // -1 entries
-  uint64_t duplicates = 0;    // repeated positions within one top-k row (skipped)
-  uint64_t out_of_range = 0;  // positions outside [0, seq_len) (skipped)
+  uint64_t hits = 0;           // top-k positions found in an LRU slot
+  uint64_t window_hits = 0;    // top-k positions served by the newest-token window
+  uint64_t misses = 0;         // top-k positions copied from the host pool
+  uint64_t padding = 0;        // -1 entries
+  uint64_t duplicates = 0;     // repeated positions within one top-k row (skipped)
+  uint64_t out_of_range = 0;   // positions outside [0, seq_len) (skipped)
   uint64_t resident_hits = 0;  // top-k positions of resident requests (hybrid residency)
   // hit_rate = (hits + window_hits + resident_hits) / (that + misses); 0 if no lookups.
   double hit_rate() const;
@@ -115,7 +118,7 @@ struct CacheStats : HostCounters {
   uint64_t invalid_copy_entries = 0;  // IndexCopy entries skipped as out of bounds
   int32_t host_pages_used = 0;        // now: of the whole pool, also when it is shared
   int32_t host_pages_total = 0;
-  int32_t hot_blocks_used = 0;  // now: blocks in hot-cache mode
+  int32_t hot_blocks_used = 0;    // now: blocks in hot-cache mode
   int32_t resident_requests = 0;  // now: requests in resident mode (hybrid residency)
   // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
   int64_t device_bytes = 0;
@@ -166,11 +169,14 @@ class SparseKVCacheManager {
   // hot cache. `rows` is [prompt_len, row_stride(layer)] in host or device memory and must stay
   // valid until `stream` reaches the copies; rows of positions found by AdmitWithPrefix are
   // skipped (the pool's shared copy is kept). Every layer must be ingested before the request
-  // joins a step. REQUIRES: the request is admitted and not released.
+  // joins a step. Errors: NotFound unless the request is live (admitted, not released);
+  // InvalidArgument for a bad layer or null rows; AlreadyExists for a layer ingested already;
+  // FailedPrecondition for a retracted request.
   Status IngestPrompt(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
   // Frees the request's host pages (drops its references to shared ones) and hot-cache block, or
   // drops the retained conversation `id`. NotFound for an unknown or released id.
-  // REQUIRES: no enqueued step that includes the request is still running.
+  // FailedPrecondition for a request of the open step. REQUIRES (not checked: stream ordering): no
+  // enqueued step that includes the request is still running on the device.
   Status Release(RequestId id);
   // Gives back the request's hot-cache block but keeps its history in the host pool, to free HBM
   // under pressure. A retracted request cannot join a step until Resume().
@@ -249,7 +255,8 @@ class SparseKVCacheManager {
   // Stores the newest token's KV of `layer` for every request of the step: into its window slot
   // (in place) and, on a side stream, into the host pool (write-back). `new_rows` is
   // [max_batch, row_stride(layer)], row b for the b-th request of the batch. Must precede
-  // RunLayer(layer) in the step.
+  // RunLayer(layer) in the step. Errors: FailedPrecondition outside a step or for a layer appended
+  // already; InvalidArgument for a bad layer or null new_rows.
   Status AppendToken(int32_t layer, const void* new_rows, StreamHandle stream);
   // Resolves `topk` ([max_batch, topk_stride] int32 positions, -1 = padding; rows past the
   // batch are ignored) against the hot cache of `layer`, copies the misses in, and writes
@@ -257,7 +264,8 @@ class SparseKVCacheManager {
   // not null, also gathers the selected rows into it ([max_batch, top_k, row_stride(layer)];
   // skipped entries are zero rows). topk_stride 0 means top_k.
   // RunLayer is ResolveLayer + CopyMisses + AssembleLayer (if `assembled` is not null) on one
-  // stream; with layers_per_index > 1, only for the first layer of an index group.
+  // stream, with their errors; with layers_per_index > 1, only for the first layer of an index
+  // group, and the group's other layers call CopyMisses (and AssembleLayer) themselves.
   Status RunLayer(int32_t layer, const int32_t* topk, int32_t* slots, void* assembled,
                   StreamHandle stream, int32_t topk_stride = 0);
 
@@ -269,34 +277,57 @@ class SparseKVCacheManager {
   // top_k] uint8, device memory). Rows with fill_mask 0 are readable once `stream` reaches the
   // resolve; the others once CopyMisses(layer) has run. The slots are layer-wide and the same
   // for every layer of the group, each indexing its own HotLayer.
-  // REQUIRES: `layer` is the first of its group and was appended in this step.
+  // Index groups resolve once each and in order within a step, and group g + 2 only after every
+  // layer of group g has had its CopyMisses (it reuses group g's miss list). Errors:
+  // FailedPrecondition outside a step, for a layer that is not the first of its group or not
+  // appended in this step, a group resolved already, one whose previous group is not resolved,
+  // or group g + 2 before group g's copies; InvalidArgument for a bad layer, null topk or slots,
+  // or 0 < topk_stride < top_k. Not checked: the contents of topk (any value is accepted;
+  // entries out of range are skipped).
   Status ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots, uint8_t* fill_mask,
                       StreamHandle stream, int32_t topk_stride = 0);
-  // Copies the misses of the last ResolveLayer of `layer`'s group into `layer`'s rows, on
+  // Copies the misses of the ResolveLayer of `layer`'s group in this step into `layer`'s rows, on
   // `stream`, which must be ordered after that resolve. Once per layer and step, in any order;
-  // a layer need not be appended first (a layer's copy may run ahead of its turn).
-  // REQUIRES: every copy of group g is complete (ordered) before the resolve of group g + 2,
-  // which reuses its miss list.
+  // a layer need not be appended first (a layer's copy may run ahead of its turn, e.g. all of a
+  // group's copies right after its resolve, on a side stream). Errors: FailedPrecondition outside
+  // a step, before the group's resolve in this step, or for a layer copied already (group g + 2's
+  // resolve, which reuses the miss list, waits for every copy of group g, so the list a first
+  // copy reads is always its own group's); InvalidArgument for a bad layer.
+  // REQUIRES (not checked: stream ordering): every copy of group g is complete on the device
+  // before the resolve of group g + 2 runs.
   Status CopyMisses(int32_t layer, StreamHandle stream);
   // Gathers the rows of `slots` ([max_batch, top_k], as ResolveLayer wrote them) of `layer`
   // into `assembled` ([max_batch, top_k, row_stride(layer)]; skipped entries are zero rows).
+  // May run before CopyMisses(layer) (then only the rows with fill 0 are meaningful) and more
+  // than once. Errors: FailedPrecondition outside a step, before the group's resolve in this step
+  // or before AppendToken(layer); InvalidArgument for a bad layer or null pointers. Not checked:
+  // that `slots` holds what this step's resolve wrote.
   Status AssembleLayer(int32_t layer, const int32_t* slots, void* assembled, StreamHandle stream);
 
   // Cross-step prefetch: brings `positions` ([max_batch, count] int32 per request of the step's
   // batch, -1 = padding; out-of-range and repeated entries are skipped) into the hot cache of
   // `layer`'s index group for a later step, as a resolve of them would (they become the most
   // recently used; rows not resident take LRU victims and are copied on `stream`). Counted in
-  // CacheStats::prefetch_*, not in the layer's hit and miss counts.
-  // REQUIRES: `layer` is the first of its group; count in [1, max_prefetch]; `stream` is
-  // ordered after every read of this group's rows in the step (a victim may be a row the step
-  // used), and the group's next resolve is ordered after this call's copies.
+  // CacheStats::prefetch_*, not in the layer's hit and miss counts. It may run before the group's
+  // resolve in the step, or after it once every layer of the group has had its CopyMisses.
+  // Errors: FailedPrecondition outside a step, for a layer that is not the first of its group, or
+  // after the group's resolve but before all of its copies; InvalidArgument for a bad layer, null
+  // positions or count outside [1, max_prefetch].
+  // REQUIRES (not checked: stream ordering): `stream` is ordered after every read of this group's
+  // rows in the step (a victim may be a row the step used), and the group's next resolve is
+  // ordered after this call's copies.
   Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count, StreamHandle stream);
-  // Ends the step: joins the write-back side stream into `stream`.
+  // Ends the step: joins the write-back side stream into `stream`. FailedPrecondition (the step
+  // stays open) outside a step, or unless every layer was appended, every index group resolved and
+  // every layer copied in it.
   Status FinishStep(StreamHandle stream);
   // Host side, after replaying a captured run phase for a step planned with PlanStep: closes the
   // step as the captured calls did at capture time (they are not re-executed on the host) and
-  // applies their byte accounting to the new batch. REQUIRES: the graph was captured from a
-  // complete run phase of this manager (every layer appended, FinishStep) and has been launched.
+  // applies their byte accounting to the new batch. FailedPrecondition outside a step, if no
+  // complete run phase (one that FinishStep ended) was ever recorded, or if AppendToken ran on the
+  // host in this step (that step ends with FinishStep). REQUIRES (not checked: the host cannot
+  // see a graph): the graph was captured from a complete run phase of this manager and has been
+  // launched.
   Status FinishReplayedStep();
 
   // ---- Extension (manager_extension.h) ----

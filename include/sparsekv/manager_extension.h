@@ -46,9 +46,10 @@ class ExtensionHost {
   virtual const HotCache& hot_cache() const = 0;
   // The open (or last planned) step's batch, in plan order.
   virtual std::span<const RequestId> batch() const = 0;
-  // The hot-cache block of a live request (-1 while retracted); REQUIRES: `id` is live.
+  // The hot-cache block of a live request (-1 while retracted). REQUIRES (not checked: no error
+  // to return; IsLive says): `id` is live.
   virtual int32_t BlockOf(RequestId id) const = 0;
-  // The host pool owner (page-table row) of a live request; REQUIRES: `id` is live.
+  // The host pool owner (page-table row) of a live request. REQUIRES (not checked): `id` is live.
   virtual int32_t OwnerOf(RequestId id) const = 0;
   virtual bool IsLive(RequestId id) const = 0;
   // The device counter of IndexCopy entries skipped as out of bounds (CacheStats).
@@ -61,10 +62,13 @@ class ExtensionHost {
   virtual Status AdmitWithPages(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
                                 std::span<const int32_t> shared, StreamHandle stream) = 0;
   // Marks `layer` of `id` ingested, its prompt rows being in the pool, and loads its window into
-  // the hot cache on `stream`. REQUIRES: `id` was admitted by AdmitWithPages; layer not complete.
+  // the hot cache on `stream`. Errors: NotFound unless `id` is live; InvalidArgument for a bad
+  // layer; AlreadyExists for a complete layer; FailedPrecondition for a retracted request.
+  // REQUIRES (not checked): `id` was admitted by AdmitWithPages.
   virtual Status CompleteLayer(RequestId id, int32_t layer, StreamHandle stream) = 0;
-  // Frees what a live request holds, as Release does. REQUIRES: `id` is live and not in the open
-  // step; nothing enqueued still reads its pages.
+  // Frees what a live request holds, as Release does. REQUIRES (not checked: no error to return;
+  // the extension calls it for requests it failed): `id` is live and not in the open step;
+  // nothing enqueued still reads its pages.
   virtual void Drop(RequestId id) = 0;
 
  protected:

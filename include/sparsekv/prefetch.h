@@ -54,8 +54,9 @@ struct PrefetchView {
 };
 
 // The reference (the oracle): plain loops over host memory; never fails.
-// REQUIRES: top_k >= 0, topk_stride >= top_k, budget >= 0, window >= 0, and the arrays sized as
-// the view says for rows below *batch_size.
+// REQUIRES (not checked: the oracle of the tests, with no error to return): top_k >= 0,
+// topk_stride >= top_k, budget >= 0, window >= 0, and the arrays sized as the view says for rows
+// below *batch_size.
 void PredictPrefetchReference(const PrefetchView& view);
 
 // The same on the CUDA device that owns `stream` (the calling thread's current device): enqueues
@@ -64,7 +65,8 @@ void PredictPrefetchReference(const PrefetchView& view);
 // Never allocates or synchronises. InvalidArgument for top_k outside [0, kMaxPrefetchTopK],
 // budget outside [0, kMaxPrefetchBudget], topk_stride < top_k, window < 0 or max_batch < 0;
 // Unavailable if the library was built without CUDA; Internal for a failing launch.
-// REQUIRES: *batch_size <= max_batch.
+// REQUIRES (not checked: *batch_size is in device memory, read by the kernel): *batch_size <=
+// max_batch.
 Status PredictPrefetchCuda(const PrefetchView& view, int32_t max_batch, StreamHandle stream);
 
 }  // namespace sparsekv

@@ -129,7 +129,8 @@ class RemoteTier {
   Status AttachPool(std::span<std::byte* const> layer_bases, std::span<const int32_t> row_strides,
                     std::span<const int32_t> row_bytes, int32_t rows, int32_t page_tokens,
                     std::byte* staging, int32_t staging_rows, int32_t staging_stride);
-  // Unregisters what AttachPool registered. REQUIRES: no request is bound.
+  // Unregisters what AttachPool registered. REQUIRES (not checked: the destructors call it, with
+  // or without bound requests, to release the registrations): no request is bound.
   void DetachPool();
   // Binds request `id` to its prompt in `region`. `pages` is its page table in position order:
   // [0, remote_pages) are remote pages (placeholders), the others its own host pages, which must

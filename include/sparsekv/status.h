@@ -17,15 +17,15 @@ namespace sparsekv {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,    // the caller passed something that can never be valid
-  kNotFound,           // unknown or already released request
-  kAlreadyExists,      // e.g. admitting a request id twice
-  kResourceExhausted,  // host pool pages or hot-cache blocks are used up
-  kFailedPrecondition, // the call is valid, but not in the current state
-  kOutOfRange,         // a position or count outside what was reserved
-  kUnavailable,        // a device or service is not present
-  kDeadlineExceeded,   // an operation did not complete before its deadline
-  kInternal,           // a backend call failed (e.g. a CUDA error)
+  kInvalidArgument,     // the caller passed something that can never be valid
+  kNotFound,            // unknown or already released request
+  kAlreadyExists,       // e.g. admitting a request id twice
+  kResourceExhausted,   // host pool pages or hot-cache blocks are used up
+  kFailedPrecondition,  // the call is valid, but not in the current state
+  kOutOfRange,          // a position or count outside what was reserved
+  kUnavailable,         // a device or service is not present
+  kDeadlineExceeded,    // an operation did not complete before its deadline
+  kInternal,            // a backend call failed (e.g. a CUDA error)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -51,7 +51,9 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
 inline Status ResourceExhausted(std::string m) {
@@ -79,7 +81,7 @@ class [[nodiscard]] StatusOr {
   bool ok() const { return std::holds_alternative<T>(rep_); }
   Status status() const { return ok() ? Status::Ok() : std::get<Status>(rep_); }
 
-  // REQUIRES: ok().
+  // REQUIRES: ok() (checked: std::bad_variant_access otherwise).
   T& value() & { return std::get<T>(rep_); }
   const T& value() const& { return std::get<T>(rep_); }
   T&& value() && { return std::get<T>(std::move(rep_)); }

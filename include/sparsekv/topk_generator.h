@@ -95,25 +95,27 @@ inline constexpr std::string_view kLocalityPresets[] = {"glm5-published", "smoll
 // Generates the rows of one layer for a fixed batch of requests, step after step.
 class LayerTopKGenerator {
  public:
-  // REQUIRES: options.top_k >= 1, batch >= 1, fractions in [0, 1]; in miss-rate mode also
+  // REQUIRES (asserted in debug builds; the tools that use it validate their options):
+  // options.top_k >= 1, batch >= 1, fractions in [0, 1]; in miss-rate mode also
   // top_k <= fresh_range + 1.
   LayerTopKGenerator(const TopKGeneratorOptions& options, int32_t layer, int32_t batch);
 
   // Writes one step's rows for requests [0, seq_lens.size()): out[b * top_k, (b + 1) * top_k)
   // for request b, whose history holds seq_lens[b] tokens. Each request's previous row (from the
   // last call that included it) is its reuse source; requests not included keep theirs.
-  // REQUIRES: seq_lens.size() <= batch, top_k <= seq_lens[b] (miss-rate mode: fresh_range <
-  // seq_lens[b]), out.size() >= seq_lens.size() * top_k.
+  // REQUIRES (asserted in debug builds): seq_lens.size() <= batch, top_k <= seq_lens[b]
+  // (miss-rate mode: fresh_range < seq_lens[b]), out.size() >= seq_lens.size() * top_k.
   void Next(std::span<const int32_t> seq_lens, std::span<int32_t> out);
   // The same, with the rows the layer below produced for the same requests at this step
   // (lower[b * top_k, (b + 1) * top_k) for request b), of which this layer's rows take the shared
   // positions (cross_layer_overlap, above). The legacy four-source mode ignores `lower`.
-  // REQUIRES: as Next, and lower.size() >= seq_lens.size() * top_k.
+  // REQUIRES (asserted in debug builds): as Next, and lower.size() >= seq_lens.size() * top_k.
   void Next(std::span<const int32_t> seq_lens, std::span<int32_t> out,
             std::span<const int32_t> lower);
 
   // Switches to miss-rate mode with this rate (see the top of this file) from the next call on.
-  // REQUIRES: miss-rate mode (options.miss_rate >= 0) and 0 <= miss_rate <= 1.
+  // REQUIRES (asserted in debug builds): miss-rate mode (options.miss_rate >= 0) and
+  // 0 <= miss_rate <= 1.
   void set_miss_rate(double miss_rate);
 
   // The reuse fraction this layer applies.

@@ -30,7 +30,8 @@ struct Trace {
   std::vector<int32_t> seq_len;    // [steps, layers]
   std::vector<int32_t> positions;  // [steps, layers, top_k]
 
-  // REQUIRES: step < steps, layer < layers, and the vectors sized as above.
+  // REQUIRES (not checked: an accessor; ReadTrace checks the sizes): step < steps,
+  // layer < layers, and the vectors sized as above.
   std::span<const int32_t> row(int32_t step, int32_t layer) const {
     const size_t i = static_cast<size_t>(step) * layers + layer;
     return {positions.data() + i * top_k, static_cast<size_t>(top_k)};

@@ -128,9 +128,10 @@ class Transport {
   // Registers [base, base + bytes) for transfers. The memory stays owned by the caller and must
   // outlive the registration. InvalidArgument if base is null or bytes is 0.
   virtual StatusOr<RegionHandle> RegisterRegion(void* base, uint64_t bytes) = 0;
-  // REQUIRES: no transfer that uses the region is in flight, and every exported descriptor of it
-  // is no longer imported by peers that will still read it (the control plane's protocol ensures
-  // this). NotFound for an unknown handle.
+  // NotFound for an unknown handle. REQUIRES (not checked: in-flight transfers and peers' imports
+  // are not tracked): no transfer that uses the region is in flight, and every exported
+  // descriptor of it is no longer imported by peers that will still read it (the control plane's
+  // protocol ensures this).
   virtual Status UnregisterRegion(const RegionHandle& region) = 0;
 
   // An opaque descriptor of a registered region: how to reach this transport (e.g. the UCP
@@ -141,7 +142,8 @@ class Transport {
   // its key. InvalidArgument for a malformed descriptor. Importing does not contact the peer:
   // an unreachable peer shows up as an error of the first transfer.
   virtual StatusOr<RemoteRegion> ImportRegion(std::string_view descriptor) = 0;
-  // Forgets an imported region. REQUIRES: no transfer that uses it is in flight.
+  // Forgets an imported region. REQUIRES (not checked: in-flight transfers are not tracked): no
+  // transfer that uses it is in flight.
   virtual Status ReleaseRemote(const RemoteRegion& remote) = 0;
 
   // Copies each range from `remote` to `local` (Read) or from `local` to `remote` (Write).

@@ -115,6 +115,14 @@ Status HostKVPool::Reserve(int32_t owner, int32_t tokens, std::span<const int32_
   if (spare_pages < 0 || (spare_pages > 0 && spares == nullptr)) {
     return InvalidArgument("HostKVPool: invalid spare pages");
   }
+  for (int32_t page : shared_prefix) {
+    if (page < 0 || page >= total_pages() || refs_[page] == 0) {
+      return InvalidArgument("HostKVPool: page " + std::to_string(page) +
+                             " of the shared prefix is " +
+                             (page < 0 || page >= total_pages() ? "out of range" : "free") +
+                             " (a shared page must hold a reference)");
+    }
+  }
   const int64_t fresh = pages - shared + spare_pages;
   const int64_t free = FreePagesLocked();
   if (fresh > free) {

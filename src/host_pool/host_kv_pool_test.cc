@@ -9,6 +9,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace sparsekv {
 namespace {
@@ -81,6 +82,26 @@ TEST_F(HostKVPoolTest, SharedPrefixPagesAreReferencedNotCopied) {
   EXPECT_EQ(pool_->extra_references(), 2);
   EXPECT_EQ(pool_->page_bytes(), 16 * 3 * 32);
   EXPECT_EQ(pool_->Reserve(2, 16, a.first(2)).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(HostKVPoolTest, ASharedPrefixOfFreeOrBadPagesIsRefusedAndChangesNothing) {
+  ASSERT_TRUE(pool_->Reserve(0, 32).ok());  // pages a, b
+  const int32_t a = pool_->page_table_row(0)[0];
+  const int32_t free_page = a + 2;  // never allocated
+  for (const std::vector<int32_t>& prefix :
+       {std::vector<int32_t>{a, free_page}, std::vector<int32_t>{-1}, std::vector<int32_t>{7}}) {
+    const Status s = pool_->Reserve(1, 48, prefix);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    const std::string names = prefix.size() == 2 ? " is free" : " is out of range";
+    EXPECT_NE(s.ToString().find("of the shared prefix" + names), std::string::npos) << s.ToString();
+  }
+  EXPECT_EQ(pool_->RefCount(a), 1);
+  EXPECT_EQ(pool_->ReservedTokens(1), 0);
+  EXPECT_EQ(pool_->free_pages(), 5);
+  ASSERT_TRUE(pool_->Reserve(1, 48, std::vector<int32_t>{a}).ok());
+  EXPECT_EQ(pool_->page_table_row(1)[0], a);
+  EXPECT_EQ(pool_->RefCount(a), 2);
+  EXPECT_EQ(pool_->free_pages(), 3);
 }
 
 TEST_F(HostKVPoolTest, PageIsFreedWithItsLastReference) {

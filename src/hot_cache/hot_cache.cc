@@ -1,6 +1,7 @@
 #include "sparsekv/hot_cache.h"
 
 #include <algorithm>
+#include <cassert>
 #include <climits>
 #include <functional>
 #include <numeric>
@@ -148,6 +149,8 @@ StatusOr<int32_t> HotCache::AcquireSeeded(std::span<const int32_t> positions, St
 }
 
 void HotCache::Release(int32_t block) {
+  assert(block >= 0 && block < max_blocks_ &&
+         std::find(free_.begin(), free_.end(), block) == free_.end());
   // Keep free_ sorted descending so that Acquire always takes the lowest free block.
   auto it = free_.begin();
   while (it != free_.end() && *it > block) ++it;

@@ -17,7 +17,7 @@ SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Ba
       backend_(std::move(backend)),
       pool_(std::move(pool)),
       appended_(options.geometry.num_layers()),
-      resolved_(options.index_groups()) {}
+      copied_(options.geometry.num_layers()) {}
 
 Status SparseKVCacheManager::Impl::Allocate() {
   const CacheOptions& o = options_;
@@ -81,8 +81,8 @@ Status SparseKVCacheManager::Impl::Allocate() {
   invalid_copies_ = static_cast<unsigned long long*>(invalid);
   if (o.hybrid_residency) {
     const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
-    resident_pages_per_owner_ = static_cast<int32_t>(
-        (positions + o.resident_page_rows - 1) / o.resident_page_rows);
+    resident_pages_per_owner_ =
+        static_cast<int32_t>((positions + o.resident_page_rows - 1) / o.resident_page_rows);
     SPARSEKV_ASSIGN_OR_RETURN(
         void* table, device(sizeof(int32_t) * pool_->max_owners() * resident_pages_per_owner_));
     resident_table_device_ = static_cast<int32_t*>(table);
@@ -104,9 +104,9 @@ SparseKVCacheManager::Impl::~Impl() {
   }
   ledger_.reset();     // drops the retained conversations' references
   extension_.reset();  // while the pool, the hot cache and the backend still exist
-  std::vector<void*> buffers = {plan_device_,    page_table_device_, counters_,
-                                invalid_copies_, prefetch_slots_,    resident_table_device_,
-                                load_list_.host_row, load_list_.slot, load_list_.count};
+  std::vector<void*> buffers = {plan_device_,        page_table_device_, counters_,
+                                invalid_copies_,     prefetch_slots_,    resident_table_device_,
+                                load_list_.host_row, load_list_.slot,    load_list_.count};
   for (const MissList& list : miss_lists_) {
     buffers.insert(buffers.end(), {list.host_row, list.slot, list.count});
   }
@@ -134,8 +134,7 @@ Status SparseKVCacheManager::Impl::UploadPageTable(const Request& r, StreamHandl
 
 StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::AdmitShared(
     RequestId id, int32_t seq_len, int64_t tokens, std::span<const int32_t> shared,
-    int32_t spare_pages, std::vector<int32_t>& spares, bool may_be_resident,
-    StreamHandle stream) {
+    int32_t spare_pages, std::vector<int32_t>& spares, bool may_be_resident, StreamHandle stream) {
   if (requests_.contains(id) || ledger_->IsRetained(id)) {
     return AlreadyExists("Admit: " + Describe(id) + " already exists");
   }
@@ -196,7 +195,7 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
     return placed;
   }
   SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
- 
+
   return &requests_.emplace(id, std::move(r)).first->second;
 }
 
@@ -270,10 +269,10 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
   const bool child_spare = partial && max_new_tokens > 0;
   const bool parent_spare = partial && p->seq_len < p->reserved && p->cow_page < 0;
   std::vector<int32_t> spares;
-  SPARSEKV_ASSIGN_OR_RETURN(
-      Request * c, AdmitShared(child, seq_len, int64_t{seq_len} + max_new_tokens, shared,
-                               int32_t{child_spare} + int32_t{parent_spare}, spares,
-                               /*may_be_resident=*/false, stream));
+  SPARSEKV_ASSIGN_OR_RETURN(Request * c,
+                            AdmitShared(child, seq_len, int64_t{seq_len} + max_new_tokens, shared,
+                                        int32_t{child_spare} + int32_t{parent_spare}, spares,
+                                        /*may_be_resident=*/false, stream));
   if (child_spare) c->cow_page = spares[0];
   if (parent_spare) p->cow_page = spares.back();
   c->cached = seq_len;
@@ -469,7 +468,18 @@ Status SparseKVCacheManager::Impl::AdmitWithPages(RequestId id, int32_t prompt_l
 }
 
 Status SparseKVCacheManager::Impl::CompleteLayer(RequestId id, int32_t layer, StreamHandle stream) {
-  Request& r = requests_.at(id);
+  SPARSEKV_ASSIGN_OR_RETURN(Request * found, Find(id, "CompleteLayer"));
+  Request& r = *found;
+  if (layer < 0 || layer >= options_.geometry.num_layers()) {
+    return InvalidArgument("CompleteLayer: layer " + std::to_string(layer) + " out of range");
+  }
+  if (r.ingested[layer]) {
+    return AlreadyExists("CompleteLayer: layer " + std::to_string(layer) + " of " + Describe(id) +
+                         " is complete already");
+  }
+  if (!r.on_device()) {
+    return FailedPrecondition("CompleteLayer: " + Describe(id) + " is retracted");
+  }
   SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, layer, nullptr, 0, stream));
   r.ingested[layer] = true;
   ++r.ingested_layers;

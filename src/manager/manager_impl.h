@@ -20,8 +20,8 @@
 // (plan and run phase, statistics).
 #pragma once
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -190,6 +190,10 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // Ends the open step (after its write-back is joined): indexes the pages it filled.
   void CloseStep();
   Status CheckLayer(int32_t layer, const char* op) const;
+  // The first layer of `group` that has no CopyMisses in the open step, or -1.
+  int32_t FirstUncopied(int32_t group) const;
+  // "layer 3 (index group 1)": how the run-phase errors name a layer.
+  std::string DescribeLayer(int32_t layer) const;
   // Resolves [max_batch, top_k] positions against `layer`'s replacement state into `list`.
   Status Resolve(int32_t layer, const int32_t* topk, int32_t top_k, int32_t topk_stride,
                  int32_t* slots, uint8_t* fill_mask, const MissList& list,
@@ -210,16 +214,16 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   bool extension_active_ = false;                // its per-layer hooks run in the open step
 
   // Device buffers.
-  std::byte* plan_device_ = nullptr;              // see PlanLayout
-  int32_t* page_table_device_ = nullptr;          // [max_owners, pages_per_owner]
-  MissList miss_lists_[2];                        // [max_batch * top_k] each
-  MissList prefetch_list_;                        // [max_batch * max_prefetch]
-  int32_t* prefetch_slots_ = nullptr;             // [max_batch * max_prefetch] (discarded)
-  int32_t* resident_table_device_ = nullptr;      // [max_owners, resident_pages_per_owner_]
+  std::byte* plan_device_ = nullptr;          // see PlanLayout
+  int32_t* page_table_device_ = nullptr;      // [max_owners, pages_per_owner]
+  MissList miss_lists_[2];                    // [max_batch * top_k] each
+  MissList prefetch_list_;                    // [max_batch * max_prefetch]
+  int32_t* prefetch_slots_ = nullptr;         // [max_batch * max_prefetch] (discarded)
+  int32_t* resident_table_device_ = nullptr;  // [max_owners, resident_pages_per_owner_]
   int32_t resident_pages_per_owner_ = 0;
   MissList load_list_;  // [load_capacity_]: host row -> slot, for LoadIntoBlock / LoadResident
   int32_t load_capacity_ = 0;
-  std::vector<int32_t> load_rows_;   // host mirror of load_list_ being built
+  std::vector<int32_t> load_rows_;  // host mirror of load_list_ being built
   std::vector<int32_t> load_slots_;
   ResolveCounters* counters_ = nullptr;           // [layers] resolves, then [layers] prefetches
   unsigned long long* invalid_copies_ = nullptr;  // scalar
@@ -229,8 +233,12 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   std::vector<std::byte> plan_host_;
   std::vector<RequestId> batch_;
   bool step_open_ = false;
-  std::vector<bool> appended_;  // per layer, in the open step
-  std::vector<bool> resolved_;  // per index group, in the open step
+  // What the open step's run phase has done, so that every order the API forbids is refused:
+  // index groups resolve in order, each layer copies once, and group g + 2 resolves (into the
+  // miss list group g copies from) only after every copy of group g.
+  std::vector<bool> appended_;   // per layer
+  std::vector<bool> copied_;     // per layer: CopyMisses ran
+  int32_t groups_resolved_ = 0;  // index groups [0, groups_resolved_) were resolved
   // Bytes one request of a step moves, as recorded by the last complete run phase (replays).
   uint64_t step_bytes_to_host_per_request_ = 0;
   uint64_t step_bytes_assembled_per_request_ = 0;

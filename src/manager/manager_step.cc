@@ -95,7 +95,8 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
   extension_active_ = extension_ != nullptr && extension_->BeginStep(batch_);
   step_open_ = true;
   std::fill(appended_.begin(), appended_.end(), false);
-  std::fill(resolved_.begin(), resolved_.end(), false);
+  std::fill(copied_.begin(), copied_.end(), false);
+  groups_resolved_ = 0;
   open_bytes_to_host_per_request_ = open_bytes_assembled_per_request_ = 0;
   return backend_->CopyAsync(plan_device_, plan, layout.bytes, stream);
 }
@@ -155,6 +156,20 @@ Status SparseKVCacheManager::Impl::CheckLayer(int32_t layer, const char* op) con
   return Status::Ok();
 }
 
+int32_t SparseKVCacheManager::Impl::FirstUncopied(int32_t group) const {
+  const int32_t n = options_.layers_per_index;
+  const int32_t last = std::min((group + 1) * n, options_.geometry.num_layers());
+  for (int32_t l = group * n; l < last; ++l) {
+    if (!copied_[l]) return l;
+  }
+  return -1;
+}
+
+std::string SparseKVCacheManager::Impl::DescribeLayer(int32_t layer) const {
+  return "layer " + std::to_string(layer) + " (index group " +
+         std::to_string(layer / options_.layers_per_index) + ")";
+}
+
 Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots,
                                                 uint8_t* fill_mask, StreamHandle stream,
                                                 int32_t topk_stride) {
@@ -174,10 +189,26 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
   }
   if (topk_stride == 0) topk_stride = options_.top_k;
   if (topk_stride < options_.top_k) return InvalidArgument("ResolveLayer: topk_stride < top_k");
+  const int32_t group = layer / options_.layers_per_index;
+  if (group < groups_resolved_) {
+    return FailedPrecondition("ResolveLayer: " + DescribeLayer(layer) +
+                              " was already resolved in this step");
+  }
+  if (group > groups_resolved_) {
+    return FailedPrecondition("ResolveLayer: " + DescribeLayer(layer) + " before index group " +
+                              std::to_string(groups_resolved_) +
+                              ": index groups resolve in order within a step");
+  }
+  if (const int32_t uncopied = group >= 2 ? FirstUncopied(group - 2) : -1; uncopied >= 0) {
+    return FailedPrecondition("ResolveLayer: " + DescribeLayer(layer) +
+                              " reuses the miss list of index group " + std::to_string(group - 2) +
+                              ", whose layer " + std::to_string(uncopied) +
+                              " has no CopyMisses in this step yet");
+  }
   const MissList& list = miss_lists_[MissListOf(layer)];
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask, list,
                                    counters_ + layer, stream));
-  resolved_[layer / options_.layers_per_index] = true;
+  groups_resolved_ = group + 1;
   if (!extension_active_) return Status::Ok();
   return extension_->AfterResolve(layer, slots, stream);
 }
@@ -224,12 +255,19 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
 
 Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "CopyMisses"));
-  if (!resolved_[layer / options_.layers_per_index]) {
-    return FailedPrecondition("CopyMisses: the top-k of layer " + std::to_string(layer) +
-                              "'s index group was not resolved in this step");
+  if (layer / options_.layers_per_index >= groups_resolved_) {
+    return FailedPrecondition("CopyMisses: the top-k of " + DescribeLayer(layer) +
+                              " was not resolved in this step");
+  }
+  // Group g + 2 resolves into this layer's miss list only after this copy, so a second copy is
+  // the only way to read a list that another group's resolve has overwritten.
+  if (copied_[layer]) {
+    return FailedPrecondition("CopyMisses: " + DescribeLayer(layer) +
+                              " was already copied in this step");
   }
   SPARSEKV_RETURN_IF_ERROR(Copy(layer, miss_lists_[MissListOf(layer)],
                                 options_.effective_max_batch() * options_.top_k, stream));
+  copied_[layer] = true;
   if (!extension_active_) return Status::Ok();
   return extension_->AfterMissCopy(layer, stream);
 }
@@ -264,6 +302,14 @@ Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* s
   if (slots == nullptr || assembled == nullptr) {
     return InvalidArgument("AssembleLayer: slots and assembled must not be null");
   }
+  if (layer / options_.layers_per_index >= groups_resolved_) {
+    return FailedPrecondition("AssembleLayer: the top-k of " + DescribeLayer(layer) +
+                              " was not resolved in this step (its slots would be stale)");
+  }
+  if (!appended_[layer]) {
+    return FailedPrecondition("AssembleLayer: AppendToken(" + std::to_string(layer) +
+                              ") must come first (the newest token's row is not stored yet)");
+  }
   const LayerShape shape = options_.geometry.layers[layer];
   const int32_t max_batch = options_.effective_max_batch();
   const PlanLayout layout(max_batch);
@@ -295,6 +341,15 @@ Status SparseKVCacheManager::Impl::PrefetchLayer(int32_t layer, const int32_t* p
     return InvalidArgument("PrefetchLayer: count " + std::to_string(count) + " outside [1, " +
                            std::to_string(options_.max_prefetch) + "] (max_prefetch)");
   }
+  const int32_t group = layer / options_.layers_per_index;
+  if (const int32_t uncopied = group < groups_resolved_ ? FirstUncopied(group) : -1;
+      uncopied >= 0) {
+    return FailedPrecondition("PrefetchLayer: index group " + std::to_string(group) +
+                              " was resolved in this step and its layer " +
+                              std::to_string(uncopied) +
+                              " has no CopyMisses yet; a prefetch after the resolve must follow "
+                              "the group's copies (its victims may be rows the step reads)");
+  }
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, prefetch_slots_, nullptr,
                                    prefetch_list_,
                                    counters_ + options_.geometry.num_layers() + layer, stream));
@@ -312,6 +367,16 @@ Status SparseKVCacheManager::Impl::FinishStep(StreamHandle stream) {
     if (!appended_[l]) {
       return FailedPrecondition("FinishStep: layer " + std::to_string(l) +
                                 " has no AppendToken in this step");
+    }
+  }
+  if (groups_resolved_ < options_.index_groups()) {
+    return FailedPrecondition("FinishStep: index group " + std::to_string(groups_resolved_) +
+                              " was not resolved in this step");
+  }
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    if (!copied_[l]) {
+      return FailedPrecondition("FinishStep: " + DescribeLayer(l) +
+                                " has no CopyMisses in this step");
     }
   }
   SPARSEKV_RETURN_IF_ERROR(backend_->Join(stream));
@@ -332,6 +397,11 @@ Status SparseKVCacheManager::Impl::FinishReplayedStep() {
   if (!step_open_) return FailedPrecondition("FinishReplayedStep: no step is planned");
   if (step_bytes_to_host_per_request_ == 0) {
     return FailedPrecondition("FinishReplayedStep: no complete run phase was ever recorded");
+  }
+  if (std::find(appended_.begin(), appended_.end(), true) != appended_.end()) {
+    return FailedPrecondition(
+        "FinishReplayedStep: AppendToken ran on the host in this step; a step whose run phase "
+        "the host called ends with FinishStep");
   }
   host_counters_.bytes_device_to_host += batch_.size() * step_bytes_to_host_per_request_;
   host_counters_.bytes_assembled += batch_.size() * step_bytes_assembled_per_request_;

@@ -34,7 +34,6 @@ namespace sparsekv::bench {
 
 // ---- Errors -------------------------------------------------------------------------------
 
-
 inline void CheckCuda(cudaError_t err, const char* expr, const char* file, int line) {
   if (err != cudaSuccess) {
     Fail(std::string(file) + ":" + std::to_string(line) + ": " + expr + ": " +
@@ -304,7 +303,8 @@ Timing TimeOnStream(cudaStream_t stream, int warmup, int reps, Setup&& setup, Bo
 
 template <typename Body>
 Timing TimeOnStream(cudaStream_t stream, int warmup, int reps, Body&& body) {
-  return TimeOnStream(stream, warmup, reps, [](int) {}, body, [](int) {});
+  return TimeOnStream(
+      stream, warmup, reps, [](int) {}, body, [](int) {});
 }
 
 inline Json ErrorsJson(const Errors& errors) {

@@ -24,7 +24,8 @@
 //           must see exactly the intended hits and misses.
 //   floor   miss bytes / the pinned cudaMemcpy host->device bandwidth of this run.
 // Before timing, one eager Resolve + IndexCopy per configuration is checked against the CPU
-// reference (slots, LRU state, counters, miss list) and a sample of delivered rows against the pool.
+// reference (slots, LRU state, counters, miss list) and a sample of delivered rows against the
+// pool.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,8 +61,8 @@ struct Options {
 
 struct Result {
   int32_t context, batch, row_bytes;
-  double miss_rate;           // intended
-  double actual_miss_rate;    // misses / (batch * top_k), over all timed runs
+  double miss_rate;         // intended
+  double actual_miss_rate;  // misses / (batch * top_k), over all timed runs
   int64_t misses_per_step;
   Timing resolve, resolve_copy;
   double floor_us, to_floor, effective_gbps;
@@ -72,7 +73,8 @@ struct Result {
 // once, for its largest configuration, and leaves the freeing to process exit.
 template <typename T>
 T* DeviceArray(Backend& backend, size_t n, const char* what) {
-  return static_cast<T*>(ValueOrDie(backend.AllocateDevice(std::max<size_t>(n, 1) * sizeof(T)), what));
+  return static_cast<T*>(
+      ValueOrDie(backend.AllocateDevice(std::max<size_t>(n, 1) * sizeof(T)), what));
 }
 
 class Bench {
@@ -140,10 +142,10 @@ class Bench {
   int32_t *d_slot_token0_ = nullptr, *d_lru0_ = nullptr;  // saved initial state
   // [max_batch] segmented LRU's protected counts, live and saved.
   int32_t *d_lru_protected_ = nullptr, *d_lru_protected0_ = nullptr;
-  int32_t *d_topk_ = nullptr, *d_topk_sets_ = nullptr;    // [max_batch, K], [runs, max_batch, K]
-  int32_t* d_slots_out_ = nullptr;                        // [max_batch, K]
-  int32_t* d_page_table_ = nullptr;  // [max_batch, max_ctx / page_tokens]
-  BatchEntry* d_batch_ = nullptr;    // [max_batch]
+  int32_t *d_topk_ = nullptr, *d_topk_sets_ = nullptr;  // [max_batch, K], [runs, max_batch, K]
+  int32_t* d_slots_out_ = nullptr;                      // [max_batch, K]
+  int32_t* d_page_table_ = nullptr;                     // [max_batch, max_ctx / page_tokens]
+  BatchEntry* d_batch_ = nullptr;                       // [max_batch]
   int32_t* d_batch_size_ = nullptr;
   int32_t *d_miss_row_ = nullptr, *d_miss_slot_ = nullptr, *d_miss_count_ = nullptr;
   ResolveCounters* d_counters_ = nullptr;
@@ -384,19 +386,21 @@ uint64_t Bench::CheckCounters(int32_t misses, const char* what) {
   unsigned long long invalid = 0;
   BENCH_CUDA(cudaMemcpyAsync(&c, d_counters_, sizeof(c), cudaMemcpyDeviceToHost, stream_));
   BENCH_CUDA(cudaMemcpyAsync(&miss_count, d_miss_count_, 4, cudaMemcpyDeviceToHost, stream_));
-  BENCH_CUDA(cudaMemcpyAsync(&invalid, d_invalid_, sizeof(invalid), cudaMemcpyDeviceToHost, stream_));
+  BENCH_CUDA(
+      cudaMemcpyAsync(&invalid, d_invalid_, sizeof(invalid), cudaMemcpyDeviceToHost, stream_));
   BENCH_CUDA(cudaStreamSynchronize(stream_));
   const uint64_t want_misses = uint64_t(state_.batch) * misses;
   const uint64_t want_hits = uint64_t(state_.batch) * (k_ - misses);
   if (c.misses != want_misses || uint64_t(miss_count) != want_misses || c.hits != want_hits ||
       c.window_hits != 0 || c.padding != 0 || c.duplicates != 0 || c.out_of_range != 0 ||
       invalid != 0) {
-    errors_.Add(std::string(what) + ": counters hits=" + std::to_string(c.hits) +
-         " misses=" + std::to_string(c.misses) + " miss_count=" + std::to_string(miss_count) +
-         " window=" + std::to_string(c.window_hits) + " padding=" + std::to_string(c.padding) +
-         " dup=" + std::to_string(c.duplicates) + " oor=" + std::to_string(c.out_of_range) +
-         " invalid=" + std::to_string(invalid) + "; expected hits=" + std::to_string(want_hits) +
-         " misses=" + std::to_string(want_misses));
+    errors_.Add(
+        std::string(what) + ": counters hits=" + std::to_string(c.hits) +
+        " misses=" + std::to_string(c.misses) + " miss_count=" + std::to_string(miss_count) +
+        " window=" + std::to_string(c.window_hits) + " padding=" + std::to_string(c.padding) +
+        " dup=" + std::to_string(c.duplicates) + " oor=" + std::to_string(c.out_of_range) +
+        " invalid=" + std::to_string(invalid) + "; expected hits=" + std::to_string(want_hits) +
+        " misses=" + std::to_string(want_misses));
     BENCH_CUDA(cudaMemsetAsync(d_invalid_, 0, sizeof(invalid), stream_));
   }
   return c.misses;
@@ -480,8 +484,8 @@ void Bench::VerifyRows(int32_t row_bytes) {
   LaunchWarpPerRowGather(hot_, row_bytes, d_sample_rows_, row_bytes, d_sample_src_, d_sample_dst_,
                          n, row_bytes, stream_);
   std::vector<std::byte> rows(size_t(n) * row_bytes);
-  BENCH_CUDA(cudaMemcpyAsync(rows.data(), d_sample_rows_, rows.size(), cudaMemcpyDeviceToHost,
-                             stream_));
+  BENCH_CUDA(
+      cudaMemcpyAsync(rows.data(), d_sample_rows_, rows.size(), cudaMemcpyDeviceToHost, stream_));
   BENCH_CUDA(cudaStreamSynchronize(stream_));
   for (int32_t i = 0; i < n; ++i) {
     const int32_t b = static_cast<int32_t>(entry[i] / k_);
@@ -632,17 +636,17 @@ void Bench::Report() {
       .Add("summary", summary);
   if (!o_.json.empty()) WriteFile(o_.json, root.str() + "\n");
 
-  std::printf("\nResolve (+ IndexCopy) per layer on %s, K=%d C=%d W=%d, graph replay medians; "
-              "floor = miss bytes / H2D %.1f GB/s\n",
-              backend_->name().c_str(), k_, c_, o_.window, h2d_gbps_);
+  std::printf(
+      "\nResolve (+ IndexCopy) per layer on %s, K=%d C=%d W=%d, graph replay medians; "
+      "floor = miss bytes / H2D %.1f GB/s\n",
+      backend_->name().c_str(), k_, c_, o_.window, h2d_gbps_);
   std::printf("%7s %4s %5s %5s %7s %10s %10s %9s %7s %7s %s\n", "context", "B", "miss", "row_B",
               "misses", "resolve_us", "r+copy_us", "floor_us", "x_floor", "GB/s", "check");
   for (const Result& r : results_) {
-    std::printf("%7d %4d %5.3f %5d %7lld %10.1f %10.1f %9.1f %7.2f %7.1f %s\n", r.context,
-                r.batch, r.actual_miss_rate, r.row_bytes,
-                static_cast<long long>(r.misses_per_step), r.resolve.median_ms * 1e3,
-                r.resolve_copy.median_ms * 1e3, r.floor_us, r.to_floor, r.effective_gbps,
-                r.verified ? "ok" : "WRONG");
+    std::printf("%7d %4d %5.3f %5d %7lld %10.1f %10.1f %9.1f %7.2f %7.1f %s\n", r.context, r.batch,
+                r.actual_miss_rate, r.row_bytes, static_cast<long long>(r.misses_per_step),
+                r.resolve.median_ms * 1e3, r.resolve_copy.median_ms * 1e3, r.floor_us, r.to_floor,
+                r.effective_gbps, r.verified ? "ok" : "WRONG");
   }
   if (errors_.count() > 0) std::printf("WRONG RESULTS: %d (see above)\n", errors_.count());
 }
@@ -704,8 +708,8 @@ int main(int argc, char** argv) {
   for (const double r : o.miss_rates) {
     if (r < 0 || r > 1) Fail("--miss_rates must lie in [0, 1]");
   }
-  if (o.top_k <= 0 || o.hot_slots < o.top_k || o.window < 0 || o.page_tokens <= 0 ||
-      o.reps <= 0 || o.warmup < 0 || o.verify_samples <= 0) {
+  if (o.top_k <= 0 || o.hot_slots < o.top_k || o.window < 0 || o.page_tokens <= 0 || o.reps <= 0 ||
+      o.warmup < 0 || o.verify_samples <= 0) {
     Fail("need top_k > 0, hot_slots >= top_k, window >= 0, page_tokens > 0, reps > 0");
   }
 

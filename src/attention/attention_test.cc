@@ -370,13 +370,14 @@ TEST_P(SparseMLAAttentionTest, SplitRunMatchesReference) {
     indices.Upload(in.indices);
     fill_mask.Upload(fill);
     out.Fill(kNaNPoison);
-    ExpectOk((*attention)->RunHits(batch, q.get(), rows.get(), row_stride,
-                                   indices.get<int32_t>(), fill_mask.get<uint8_t>(), nullptr));
+    ExpectOk((*attention)
+                 ->RunHits(batch, q.get(), rows.get(), row_stride, indices.get<int32_t>(),
+                           fill_mask.get<uint8_t>(), nullptr));
     ExpectOk(gpu->Synchronize(nullptr));
     rows.Upload(in.rows);  // the miss copy lands
-    ExpectOk((*attention)->RunFillsAndMerge(batch, q.get(), rows.get(), row_stride,
-                                            indices.get<int32_t>(), fill_mask.get<uint8_t>(),
-                                            out.get(), nullptr));
+    ExpectOk((*attention)
+                 ->RunFillsAndMerge(batch, q.get(), rows.get(), row_stride, indices.get<int32_t>(),
+                                    fill_mask.get<uint8_t>(), out.get(), nullptr));
     ExpectOk(gpu->Synchronize(nullptr));
     const std::vector<uint16_t> got = out.Download<uint16_t>();
     for (int b = 0; b < batch; ++b) {

@@ -96,7 +96,6 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(const MergeView view) {
   }
 }
 
-
 }  // namespace
 
 cudaError_t LaunchMaskedSoftmax(const MaskedSoftmaxView& view, cudaStream_t stream) {

@@ -350,8 +350,7 @@ class ResolveHarness {
     reference::Resolve(View(&batch_size, batch_.data(), topk_.data(), want_out.data(),
                             slot_token_.data(), lru_order_.data(), lru_protected_.data(),
                             page_table_.data(), resident_table_.data(), want_miss_row.data(),
-                            want_miss_slot.data(),
-                            &want_miss_count, &counters_,
+                            want_miss_slot.data(), &want_miss_count, &counters_,
                             flags.fill_mask ? want_fill.data() : nullptr, flags));
 
     // GPU.
@@ -367,8 +366,9 @@ class ResolveHarness {
         View(g_batch_size_.get<int32_t>(), g_batch_.get<BatchEntry>(), g_topk_.get<int32_t>(),
              g_slots_out_.get<int32_t>(), g_slot_token_.get<int32_t>(), g_lru_order_.get<int32_t>(),
              g_lru_protected_.get<int32_t>(), g_page_table_.get<int32_t>(),
-             g_resident_table_.get<int32_t>(), g_miss_host_row_.get<int32_t>(), g_miss_slot_.get<int32_t>(),
-             g_miss_count_.get<int32_t>(), g_counters_.get<ResolveCounters>(),
+             g_resident_table_.get<int32_t>(), g_miss_host_row_.get<int32_t>(),
+             g_miss_slot_.get<int32_t>(), g_miss_count_.get<int32_t>(),
+             g_counters_.get<ResolveCounters>(),
              flags.fill_mask ? g_fill_mask_.get<uint8_t>() : nullptr, flags),
         s_.max_batch, nullptr));
     ExpectOk(gpu_.Synchronize(nullptr));
@@ -415,10 +415,9 @@ class ResolveHarness {
 
   ResolveView View(const int32_t* batch_size, const BatchEntry* batch, const int32_t* topk,
                    int32_t* slots_out, int32_t* slot_token, int32_t* lru_order,
-                   int32_t* lru_protected, const int32_t* page_table,
-                   const int32_t* resident_table, int32_t* miss_host_row,
-                   int32_t* miss_slot, int32_t* miss_count, ResolveCounters* counters,
-                   uint8_t* fill_mask, Flags flags) const {
+                   int32_t* lru_protected, const int32_t* page_table, const int32_t* resident_table,
+                   int32_t* miss_host_row, int32_t* miss_slot, int32_t* miss_count,
+                   ResolveCounters* counters, uint8_t* fill_mask, Flags flags) const {
     return {.batch_size = batch_size,
             .batch = batch,
             .topk = topk,

@@ -574,8 +574,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       const int32_t k = tid * kItems + j;
-      pos[j] = k < v.top_k ? v.topk[static_cast<int64_t>(b) * v.topk_stride + k]
-                           : kPaddingPosition;
+      pos[j] = k < v.top_k ? v.topk[static_cast<int64_t>(b) * v.topk_stride + k] : kPaddingPosition;
     }
     ResolveResidentRow<kItems>(v, e, b, pos, keys, first_k, layout.hash_bits);
     return;

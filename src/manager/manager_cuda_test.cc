@@ -77,18 +77,17 @@ TEST(ManagerCudaTest, RandomSharingOperationsMatchTheCpuBackend) {
 // prefetch) in lockstep: identical slots, fill masks and rows.
 TEST(ManagerCudaTest, OverlapPathsMatchTheCpuBackend) {
   SPARSEKV_REQUIRE_GPU(gpu);
-  EXPECT_GT(RunLockstep(gpu,
-                        [](uint64_t seed) {
-                          testing::WorkloadShape shape;
-                          shape.run.split = seed % 2 == 0;
-                          shape.run.prefetch =
-                              seed % 3 == 0 ? 0 : 1 + static_cast<int32_t>(seed % 5);
-                          const CacheOptions o =
-                              testing::RandomOverlapOptions(seed, shape.run.prefetch);
-                          shape.run.prefetch = std::min(shape.run.prefetch, o.max_prefetch);
-                          return std::pair(o, shape);
-                        }),
-            500);
+  EXPECT_GT(
+      RunLockstep(gpu,
+                  [](uint64_t seed) {
+                    testing::WorkloadShape shape;
+                    shape.run.split = seed % 2 == 0;
+                    shape.run.prefetch = seed % 3 == 0 ? 0 : 1 + static_cast<int32_t>(seed % 5);
+                    const CacheOptions o = testing::RandomOverlapOptions(seed, shape.run.prefetch);
+                    shape.run.prefetch = std::min(shape.run.prefetch, o.max_prefetch);
+                    return std::pair(o, shape);
+                  }),
+      500);
 }
 
 // Hybrid residency in lockstep: resident rows mapped straight, demotions seeded from the pool,
@@ -283,8 +282,7 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
     auto got = dev_driver.DownloadOutputs(static_cast<int32_t>(batch.size()));
     for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
       SCOPED_TRACE("step " + std::to_string(step) + " layer " + std::to_string(l));
-      EXPECT_TRUE(testing::SameRows(got[l], want[l], batch.size() * o.top_k,
-                                    o.geometry.layers[l]));
+      EXPECT_TRUE(testing::SameRows(got[l], want[l], batch.size() * o.top_k, o.geometry.layers[l]));
       EXPECT_EQ(got[l].fill, want[l].fill);
       EXPECT_EQ(testing::CheckLayer(model, o.geometry, l, batch, topk[l], got[l], o.top_k,
                                     o.share_repeated_positions),

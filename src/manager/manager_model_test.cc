@@ -14,8 +14,8 @@ namespace {
 TEST(ManagerModelTest, RandomOperationsMatchTheDenseModel) {
   int total_steps = 0;
   for (uint64_t seed : testing::TestSeeds(24)) {
-    SCOPED_TRACE("seed " + std::to_string(seed) + " (rerun with SPARSEKV_TEST_SEED=" +
-                 std::to_string(seed) + ")");
+    SCOPED_TRACE("seed " + std::to_string(seed) +
+                 " (rerun with SPARSEKV_TEST_SEED=" + std::to_string(seed) + ")");
     const CacheOptions options = testing::RandomSmallOptions(seed);
     auto m = SparseKVCacheManager::Create(options, CreateCpuBackend());
     ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -70,8 +70,8 @@ TEST(ManagerModelTest, OverlapPathsMatchTheDenseModel) {
   int total_steps = 0;
   uint64_t prefetched = 0, grouped = 0, shared = 0;
   for (uint64_t seed : testing::TestSeeds(24)) {
-    SCOPED_TRACE("seed " + std::to_string(seed) + " (rerun with SPARSEKV_TEST_SEED=" +
-                 std::to_string(seed) + ")");
+    SCOPED_TRACE("seed " + std::to_string(seed) +
+                 " (rerun with SPARSEKV_TEST_SEED=" + std::to_string(seed) + ")");
     testing::WorkloadShape shape;
     shape.sharing = seed % 3 == 0;
     shape.run.split = seed % 2 == 0;
@@ -103,8 +103,8 @@ TEST(ManagerModelTest, HybridResidencyMatchesTheDenseModel) {
   int total_steps = 0;
   uint64_t resident_hits = 0, demotions = 0, promotions = 0, mixed = 0;
   for (uint64_t seed : testing::TestSeeds(24)) {
-    SCOPED_TRACE("seed " + std::to_string(seed) + " (rerun with SPARSEKV_TEST_SEED=" +
-                 std::to_string(seed) + ")");
+    SCOPED_TRACE("seed " + std::to_string(seed) +
+                 " (rerun with SPARSEKV_TEST_SEED=" + std::to_string(seed) + ")");
     const CacheOptions options = testing::RandomHybridOptions(seed);
     auto m = SparseKVCacheManager::Create(options, CreateCpuBackend());
     ASSERT_TRUE(m.ok()) << m.status().ToString();

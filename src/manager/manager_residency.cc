@@ -68,8 +68,7 @@ Status SparseKVCacheManager::Impl::MakeRoomForBlocks(int32_t blocks, StreamHandl
     RequestId victim_id = 0;
     for (auto& [id, r] : requests_) {
       // A request still being ingested keeps its pages: its pool rows are not all written yet.
-      if (!r.resident() || InOpenStep(id) ||
-          r.ingested_layers != options_.geometry.num_layers()) {
+      if (!r.resident() || InOpenStep(id) || r.ingested_layers != options_.geometry.num_layers()) {
         continue;
       }
       if (victim == nullptr || r.resident_pages.size() > victim->resident_pages.size() ||
@@ -114,7 +113,8 @@ Status SparseKVCacheManager::Impl::LoadIntoBlock(Request& r, StreamHandle stream
   const int32_t base = r.block * hot_->slots_per_block();
   for (int32_t p = seed_begin; p < r.seq_len; ++p) {
     load_rows_.push_back(pool_->HostRow(r.owner, p));
-    load_slots_.push_back(p < window_begin ? base + (p - seed_begin) : hot_->WindowSlot(r.block, p));
+    load_slots_.push_back(p < window_begin ? base + (p - seed_begin)
+                                           : hot_->WindowSlot(r.block, p));
   }
   return RunLoads(stream);
 }
@@ -135,7 +135,8 @@ Status SparseKVCacheManager::Impl::RunLoads(StreamHandle stream) {
   if (count == 0) return Status::Ok();
   // load_capacity_ holds max_context entries, and no request is longer.
   const size_t bytes = sizeof(int32_t) * load_rows_.size();
-  SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.host_row, load_rows_.data(), bytes, stream));
+  SPARSEKV_RETURN_IF_ERROR(
+      backend_->CopyAsync(load_list_.host_row, load_rows_.data(), bytes, stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.slot, load_slots_.data(), bytes, stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.count, &count, sizeof(count), stream));
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
@@ -159,9 +160,9 @@ Status SparseKVCacheManager::Impl::RunLoads(StreamHandle stream) {
   return backend_->Synchronize(stream);
 }
 
-Status SparseKVCacheManager::Impl::CopyToResident(const Request& r, int32_t layer,
-                                                  const void* rows, int32_t rows_first,
-                                                  int32_t first, StreamHandle stream) {
+Status SparseKVCacheManager::Impl::CopyToResident(const Request& r, int32_t layer, const void* rows,
+                                                  int32_t rows_first, int32_t first,
+                                                  StreamHandle stream) {
   const int32_t stride = options_.geometry.layers[layer].row_stride;
   const int32_t page_rows = options_.resident_page_rows;
   const auto* src = static_cast<const std::byte*>(rows);
@@ -188,7 +189,8 @@ Status SparseKVCacheManager::Impl::Promote(RequestId id, StreamHandle stream) {
     return FailedPrecondition("Promote: " + Describe(id) +
                               " stays in hot-cache mode (forked or remote-backed)");
   }
-  if (InOpenStep(id)) return FailedPrecondition("Promote: " + Describe(id) + " is in the open step");
+  if (InOpenStep(id))
+    return FailedPrecondition("Promote: " + Describe(id) + " is in the open step");
   if (r->ingested_layers != options_.geometry.num_layers()) {
     return FailedPrecondition("Promote: " + Describe(id) + " has layers not yet ingested");
   }

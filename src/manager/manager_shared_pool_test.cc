@@ -47,8 +47,7 @@ std::vector<int> RunConcurrently(CacheOptions o, int64_t pool_capacity_tokens, u
                                  int ops) {
   constexpr int kManagers = 3;
   o.host_capacity_tokens = pool_capacity_tokens;
-  std::shared_ptr<HostKVPool> pool =
-      MustCreatePool(o, kManagers * o.effective_max_host_requests());
+  std::shared_ptr<HostKVPool> pool = MustCreatePool(o, kManagers * o.effective_max_host_requests());
   if (pool == nullptr) return {};
   std::vector<std::unique_ptr<SparseKVCacheManager>> managers;
   for (int i = 0; i < kManagers; ++i) {
@@ -79,8 +78,8 @@ TEST(SharedPoolTest, ManagersOnOnePoolRunConcurrentlyAndExactly) {
     const CacheOptions o = testing::RandomSmallOptions(seed);
     // Room for all three managers' largest demand: no admission depends on the others, so
     // every manager makes progress.
-    const int64_t room = int64_t{3} * o.effective_max_host_requests() *
-                         (o.max_context + o.host_page_tokens);
+    const int64_t room =
+        int64_t{3} * o.effective_max_host_requests() * (o.max_context + o.host_page_tokens);
     const std::vector<int> steps = RunConcurrently(o, room, seed, 1000);
     ASSERT_EQ(steps.size(), 3u);
     for (size_t i = 0; i < steps.size(); ++i) EXPECT_GT(steps[i], 0) << "manager " << i;

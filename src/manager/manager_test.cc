@@ -57,7 +57,7 @@ TEST_F(ManagerTest, LeastRecentlyUsedSlotIsEvictedAndHitsAreKept) {
   CacheOptions o = SmallOptions();
   o.eviction = EvictionPolicy::kLru;
   Create(o);
-  AdmitWithPrompt(1, 10);  // block 0: slots 0..2 LRU, 3 window
+  AdmitWithPrompt(1, 10);                                    // block 0: slots 0..2 LRU, 3 window
   EXPECT_EQ(Step(1, {0, 1}), (std::vector<int32_t>{0, 1}));  // misses fill slots 0, 1
   EXPECT_EQ(Step(1, {2, 0}), (std::vector<int32_t>{2, 0}));  // 0 hits; 2 -> empty slot 2
   // LRU order now: 1 (pos 1, untouched last step), 2, 0. A miss evicts slot 1.
@@ -126,7 +126,7 @@ TEST_F(ManagerTest, CapacityErrorsLeaveStoredDataIntact) {
   AdmitWithPrompt(2, 20, 12);  // 4 more pages: the pool is full
   EXPECT_EQ(m_->Admit(3, 1, 0, nullptr).code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(m_->Admit(3, 40, 0, nullptr).code(), StatusCode::kOutOfRange);  // > max_context
-  EXPECT_EQ(Step(1, {3, 9}), (std::vector<int32_t>{0, 1}));  // rows still exact
+  EXPECT_EQ(Step(1, {3, 9}), (std::vector<int32_t>{0, 1}));                 // rows still exact
   ASSERT_TRUE(m_->Release(2).ok());
   AdmitWithPrompt(3, 5);
   // Request 3 reuses block 1 (slots 4..7), fresh: both positions miss into its slots 0 and 1.
@@ -158,8 +158,7 @@ TEST_F(ManagerTest, StepOrderIsEnforced) {
   const int32_t topk[2] = {0, 1};
   int32_t slots[4];
   const Bytes row = Rows(10, 2);
-  EXPECT_EQ(m_->RunLayer(0, topk, slots, nullptr, nullptr).code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m_->RunLayer(0, topk, slots, nullptr, nullptr).code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(m_->PlanStep(batch, nullptr).ok());
   EXPECT_EQ(m_->PlanStep(batch, nullptr).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(m_->RunLayer(0, topk, slots, nullptr, nullptr).code(),

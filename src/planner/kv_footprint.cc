@@ -153,15 +153,14 @@ VariantPlan PlanBudgetedVariant(RequestShape shape, int64_t hbm_budget_bytes,
                                 BudgetedHotCache* budgeted) {
   const int64_t context = shape.tokens;
   // As PlanVariant: the headroom from the points the batch admitted without it allows.
-  const int32_t upper = PlanBudgetedHotCache(shape, hbm_budget_bytes, host_budget_bytes, cap)
-                            .max_batch;
+  const int32_t upper =
+      PlanBudgetedHotCache(shape, hbm_budget_bytes, host_budget_bytes, cap).max_batch;
   const int64_t points = int64_t{std::max(rates, 1)} *
                          (batch > 0 ? 1 : static_cast<int64_t>(SweepBatches(upper).size()));
   VariantPlan plan;
   plan.headroom = check_steps + points * steps;
   shape.tokens = context + plan.headroom;
-  const BudgetedHotCache b =
-      PlanBudgetedHotCache(shape, hbm_budget_bytes, host_budget_bytes, cap);
+  const BudgetedHotCache b = PlanBudgetedHotCache(shape, hbm_budget_bytes, host_budget_bytes, cap);
   plan.max_batch = b.max_batch;
   plan.footprint = Footprint(KVVariant::kSparseKV, shape);
   if (b.max_batch > 0) {

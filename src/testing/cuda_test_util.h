@@ -14,6 +14,6 @@ std::shared_ptr<Backend> CudaBackendOrSkip();
 }  // namespace sparsekv::testing
 
 // Skips the current test (with the reason) unless a CUDA device is present.
-#define SPARSEKV_REQUIRE_GPU(var)                                        \
+#define SPARSEKV_REQUIRE_GPU(var)                                                      \
   std::shared_ptr<::sparsekv::Backend> var = ::sparsekv::testing::CudaBackendOrSkip(); \
   if (var == nullptr) return

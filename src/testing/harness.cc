@@ -83,8 +83,8 @@ StepDriver::StepDriver(SparseKVCacheManager& manager, StreamHandle stream, RunMo
   const size_t rows = static_cast<size_t>(o.effective_max_batch()) * o.top_k;
   for (const LayerShape& l : o.geometry.layers) {
     Backend& b = manager.backend();
-    new_rows_.push_back(
-        std::make_unique<DeviceBuffer>(b, static_cast<size_t>(o.effective_max_batch()) * l.row_stride));
+    new_rows_.push_back(std::make_unique<DeviceBuffer>(
+        b, static_cast<size_t>(o.effective_max_batch()) * l.row_stride));
     topk_.push_back(std::make_unique<DeviceBuffer>(b, rows * sizeof(int32_t)));
     slots_.push_back(std::make_unique<DeviceBuffer>(b, rows * sizeof(int32_t)));
     assembled_.push_back(std::make_unique<DeviceBuffer>(b, rows * l.row_stride));
@@ -142,8 +142,8 @@ Status StepDriver::RunPhase() {
       SPARSEKV_RETURN_IF_ERROR(m_.AssembleLayer(l, slots, assembled_[l]->get(), stream_));
       SPARSEKV_RETURN_IF_ERROR(m_.CopyMisses(l, stream_));
     } else if (l == Leader(l)) {
-      SPARSEKV_RETURN_IF_ERROR(m_.RunLayer(l, topk_[l]->get<const int32_t>(), slots,
-                                           assembled_[l]->get(), stream_));
+      SPARSEKV_RETURN_IF_ERROR(
+          m_.RunLayer(l, topk_[l]->get<const int32_t>(), slots, assembled_[l]->get(), stream_));
     } else {
       SPARSEKV_RETURN_IF_ERROR(m_.CopyMisses(l, stream_));
       SPARSEKV_RETURN_IF_ERROR(m_.AssembleLayer(l, slots, assembled_[l]->get(), stream_));
@@ -200,8 +200,7 @@ std::vector<LayerResult> StepDriver::Step(const std::vector<RequestId>& batch,
 bool SameRows(const LayerResult& a, const LayerResult& b, size_t rows, LayerShape shape) {
   if (!std::equal(a.slots.begin(), a.slots.begin() + rows, b.slots.begin())) return false;
   if (a.fill.size() != b.fill.size() ||
-      !std::equal(a.fill.begin(), a.fill.begin() + std::min(rows, a.fill.size()),
-                  b.fill.begin())) {
+      !std::equal(a.fill.begin(), a.fill.begin() + std::min(rows, a.fill.size()), b.fill.begin())) {
     return false;
   }
   for (size_t i = 0; i < rows; ++i) {
@@ -248,9 +247,9 @@ int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t laye
       if (result.slots[i] < 0 || std::memcmp(gathered, want, shape.row_bytes) != 0 ||
           (check_assembled && std::memcmp(assembled, want, shape.row_bytes) != 0)) {
         if (++mismatches <= 5) {
-          ADD_FAILURE() << "layer " << layer << " row " << b << " (request " << batch[b]
-                        << ") k " << k << " position " << p << " of " << len << ": slot "
-                        << result.slots[i] << " holds the wrong bytes";
+          ADD_FAILURE() << "layer " << layer << " row " << b << " (request " << batch[b] << ") k "
+                        << k << " position " << p << " of " << len << ": slot " << result.slots[i]
+                        << " holds the wrong bytes";
         }
       }
     }

@@ -99,7 +99,7 @@ class DeviceBuffer {
 struct LayerResult {
   std::vector<int32_t> slots;  // [max_batch, top_k]
   Bytes assembled;             // [max_batch, top_k, stride]
-  Bytes gathered;              // rows read through `slots` from the hot cache, [batch, top_k, stride]
+  Bytes gathered;  // rows read through `slots` from the hot cache, [batch, top_k, stride]
   // Split runs only: ResolveLayer's fill mask, [max_batch, top_k]; `assembled` was then gathered
   // before the miss copy, so only its entries with fill 0 are meaningful.
   std::vector<uint8_t> fill;
@@ -145,9 +145,7 @@ class StepDriver {
 
  private:
   // The layer whose slots `layer` uses: the first of its index group.
-  int32_t Leader(int32_t layer) const {
-    return layer - layer % m_.options().layers_per_index;
-  }
+  int32_t Leader(int32_t layer) const { return layer - layer % m_.options().layers_per_index; }
 
   SparseKVCacheManager& m_;
   StreamHandle stream_;

@@ -29,9 +29,7 @@ CacheOptions SmallOptions() {
 
 CacheOptions RandomSmallOptions(uint64_t seed) {
   std::mt19937_64 rng(seed * 7919 + 17);
-  auto pick = [&](std::initializer_list<int32_t> v) {
-    return *(v.begin() + rng() % v.size());
-  };
+  auto pick = [&](std::initializer_list<int32_t> v) { return *(v.begin() + rng() % v.size()); };
   CacheOptions o;
   // Odd and padded rows, an indexer-sized row, a 16-B-aligned row.
   const std::vector<LayerShape> shapes = {{7, 8}, {24, 32}, {132, 132}, {48, 48}, {3, 3}};
@@ -161,7 +159,8 @@ void RandomWorkload::Admit() {
   const int32_t prompt = 1 + static_cast<int32_t>(rng_() % shape_.max_prompt);
   const int32_t max_new = static_cast<int32_t>(rng_() % shape_.max_new);
   std::vector<Status> results;
-  for (SparseKVCacheManager* m : managers_) results.push_back(m->Admit(id, prompt, max_new, nullptr));
+  for (SparseKVCacheManager* m : managers_)
+    results.push_back(m->Admit(id, prompt, max_new, nullptr));
   for (const Status& s : results) {
     EXPECT_EQ(s.code(), results[0].code()) << "backends disagree on Admit: " << s.ToString();
   }
@@ -183,29 +182,31 @@ void RandomWorkload::Admit() {
   for (size_t i = 0; i < order.size(); ++i) {
     if (i == 1) {
       const std::vector<RequestId> batch = {id};
-      ExpectAll("PlanStep before full ingest",
-                [&](SparseKVCacheManager& m) { return m.PlanStep(batch, nullptr); },
-                StatusCode::kFailedPrecondition);
+      ExpectAll(
+          "PlanStep before full ingest",
+          [&](SparseKVCacheManager& m) { return m.PlanStep(batch, nullptr); },
+          StatusCode::kFailedPrecondition);
     }
     const int32_t l = order[i];
-    ExpectAll("IngestPrompt",
-              [&](SparseKVCacheManager& m) {
-                return m.IngestPrompt(id, l, prompt_rows[l].data(), nullptr);
-              },
-              StatusCode::kOk);
+    ExpectAll(
+        "IngestPrompt",
+        [&](SparseKVCacheManager& m) {
+          return m.IngestPrompt(id, l, prompt_rows[l].data(), nullptr);
+        },
+        StatusCode::kOk);
   }
-  ExpectAll("IngestPrompt twice",
-            [&](SparseKVCacheManager& m) {
-              return m.IngestPrompt(id, order[0], prompt_rows[order[0]].data(), nullptr);
-            },
-            StatusCode::kAlreadyExists);
+  ExpectAll(
+      "IngestPrompt twice",
+      [&](SparseKVCacheManager& m) {
+        return m.IngestPrompt(id, order[0], prompt_rows[order[0]].data(), nullptr);
+      },
+      StatusCode::kAlreadyExists);
   model_.Add(id, prompt_rows, prompt);
   live_[id] = Req{prompt + max_new, false,
                   std::vector<std::vector<int32_t>>(options_.geometry.num_layers())};
 }
 
-std::vector<int32_t> RandomWorkload::RandomTopKRow(RequestId id, int32_t layer,
-                                                   int32_t seq_len) {
+std::vector<int32_t> RandomWorkload::RandomTopKRow(RequestId id, int32_t layer, int32_t seq_len) {
   std::vector<int32_t> row(options_.top_k);
   const std::vector<int32_t>& last = live_[id].last_topk[layer];
   for (int32_t k = 0; k < options_.top_k; ++k) {
@@ -293,8 +294,8 @@ void RandomWorkload::Step() {
           << "step " << steps_ << " layer " << l << " on " << managers_[i]->backend().name();
       if (i > 0) {
         // Identical slot choices and bytes across backends (the rows of the batch).
-        EXPECT_TRUE(SameRows(results[i][l], results[0][l], n * options_.top_k,
-                             options_.geometry.layers[l]))
+        EXPECT_TRUE(
+            SameRows(results[i][l], results[0][l], n * options_.top_k, options_.geometry.layers[l]))
             << "backends differ at step " << steps_ << " layer " << l;
       }
     }
@@ -306,13 +307,15 @@ void RandomWorkload::Release() {
   auto it = live_.begin();
   std::advance(it, rng_() % live_.size());
   const RequestId id = it->first;
-  ExpectAll("Release", [&](SparseKVCacheManager& m) { return m.Release(id); }, StatusCode::kOk);
-  ExpectAll("Release twice", [&](SparseKVCacheManager& m) { return m.Release(id); },
-            StatusCode::kNotFound);
+  ExpectAll(
+      "Release", [&](SparseKVCacheManager& m) { return m.Release(id); }, StatusCode::kOk);
+  ExpectAll(
+      "Release twice", [&](SparseKVCacheManager& m) { return m.Release(id); },
+      StatusCode::kNotFound);
   const std::vector<RequestId> batch = {id};
-  ExpectAll("PlanStep after release",
-            [&](SparseKVCacheManager& m) { return m.PlanStep(batch, nullptr); },
-            StatusCode::kNotFound);
+  ExpectAll(
+      "PlanStep after release", [&](SparseKVCacheManager& m) { return m.PlanStep(batch, nullptr); },
+      StatusCode::kNotFound);
   live_.erase(it);
   model_.Remove(id);
 }
@@ -345,44 +348,47 @@ void RandomWorkload::RetractOrResume() {
       EXPECT_EQ(m->IsResident(id), managers_[0]->IsResident(id));
     }
   } else {
-    ExpectAll("Retract", [&](SparseKVCacheManager& m) { return m.Retract(id); },
-              StatusCode::kOk);
+    ExpectAll(
+        "Retract", [&](SparseKVCacheManager& m) { return m.Retract(id); }, StatusCode::kOk);
     it->second.retracted = true;
     const std::vector<RequestId> batch = {id};
-    ExpectAll("PlanStep of a retracted request",
-              [&](SparseKVCacheManager& m) { return m.PlanStep(batch, nullptr); },
-              StatusCode::kFailedPrecondition);
+    ExpectAll(
+        "PlanStep of a retracted request",
+        [&](SparseKVCacheManager& m) { return m.PlanStep(batch, nullptr); },
+        StatusCode::kFailedPrecondition);
   }
 }
 
 void RandomWorkload::BadInput() {
   const std::vector<RequestId> unknown = {next_id_ + 1000};
-  ExpectAll("PlanStep unknown",
-            [&](SparseKVCacheManager& m) { return m.PlanStep(unknown, nullptr); },
-            StatusCode::kNotFound);
-  ExpectAll("PlanStep empty",
-            [&](SparseKVCacheManager& m) { return m.PlanStep({}, nullptr); },
-            StatusCode::kInvalidArgument);
-  ExpectAll("Admit too long",
-            [&](SparseKVCacheManager& m) {
-              return m.Admit(next_id_ + 2000, options_.max_context, 1, nullptr);
-            },
-            StatusCode::kOutOfRange);
-  ExpectAll("AppendToken outside a step",
-            [&](SparseKVCacheManager& m) {
-              const std::byte row[1] = {};
-              return m.AppendToken(0, row, nullptr);
-            },
-            StatusCode::kFailedPrecondition);
+  ExpectAll(
+      "PlanStep unknown", [&](SparseKVCacheManager& m) { return m.PlanStep(unknown, nullptr); },
+      StatusCode::kNotFound);
+  ExpectAll(
+      "PlanStep empty", [&](SparseKVCacheManager& m) { return m.PlanStep({}, nullptr); },
+      StatusCode::kInvalidArgument);
+  ExpectAll(
+      "Admit too long",
+      [&](SparseKVCacheManager& m) {
+        return m.Admit(next_id_ + 2000, options_.max_context, 1, nullptr);
+      },
+      StatusCode::kOutOfRange);
+  ExpectAll(
+      "AppendToken outside a step",
+      [&](SparseKVCacheManager& m) {
+        const std::byte row[1] = {};
+        return m.AppendToken(0, row, nullptr);
+      },
+      StatusCode::kFailedPrecondition);
   for (const auto& [id, r] : live_) {
     if (r.retracted || Length(id) >= r.reserved) continue;
     const std::vector<RequestId> twice = {id, id};
-    ExpectAll("PlanStep duplicate",
-              [&](SparseKVCacheManager& m) { return m.PlanStep(twice, nullptr); },
-              StatusCode::kInvalidArgument);
-    ExpectAll("Admit existing",
-              [&](SparseKVCacheManager& m) { return m.Admit(id, 1, 1, nullptr); },
-              StatusCode::kAlreadyExists);
+    ExpectAll(
+        "PlanStep duplicate", [&](SparseKVCacheManager& m) { return m.PlanStep(twice, nullptr); },
+        StatusCode::kInvalidArgument);
+    ExpectAll(
+        "Admit existing", [&](SparseKVCacheManager& m) { return m.Admit(id, 1, 1, nullptr); },
+        StatusCode::kAlreadyExists);
     break;
   }
 }
@@ -421,8 +427,8 @@ void RandomWorkload::CheckStats() {
 
 void RandomWorkload::ReleaseAll() {
   for (const auto& [id, r] : live_) {
-    ExpectAll("Release", [&](SparseKVCacheManager& m) { return m.Release(id); },
-              StatusCode::kOk);
+    ExpectAll(
+        "Release", [&](SparseKVCacheManager& m) { return m.Release(id); }, StatusCode::kOk);
     model_.Remove(id);
   }
   live_.clear();

@@ -77,8 +77,7 @@ void AddAcrossContexts(const E2EReport& r, Json& j) {
   const auto calibrated = [](const E2EPoint& p) { return !p.miss_rate_target.has_value(); };
   j["e2e_min_ratio_vs_full_hbm"] = min_ratio(calibrated);
   j["e2e_min_ratio_vs_full_hbm_m5"] = min_ratio([](const E2EPoint& p) { return RateIs(p, 0.05); });
-  j["e2e_min_ratio_vs_full_hbm_m20"] =
-      min_ratio([](const E2EPoint& p) { return RateIs(p, 0.2); });
+  j["e2e_min_ratio_vs_full_hbm_m20"] = min_ratio([](const E2EPoint& p) { return RateIs(p, 0.2); });
   std::map<int32_t, std::pair<double, double>> peaks;  // context -> (full-hbm, sparsekv)
   for (const E2EPoint& p : r.points) {
     if (p.variant == KVVariant::kFullHbm) {
@@ -90,8 +89,8 @@ void AddAcrossContexts(const E2EReport& r, Json& j) {
   for (const auto& [context, peak] : peaks) {
     const std::string key =
         "e2e_throughput_ratio_vs_full_hbm_" + std::to_string(context / 1024) + "k_calibrated";
-    j[key] = NullOr(peak.first > 0 && peak.second > 0,
-                    peak.first > 0 ? peak.second / peak.first : 0);
+    j[key] =
+        NullOr(peak.first > 0 && peak.second > 0, peak.first > 0 ? peak.second / peak.first : 0);
   }
 }
 

@@ -23,7 +23,7 @@ struct E2EPoint {
   int32_t batch = 0;
   int32_t max_batch = 0;  // the variant's largest batch under the budgets at this context
   int32_t timed_steps = 0;
-  int32_t hot_slots = 0;          // sparsekv: LRU slots per request and layer (chosen with --hybrid)
+  int32_t hot_slots = 0;  // sparsekv: LRU slots per request and layer (chosen with --hybrid)
   int32_t resident_requests = 0;  // sparsekv --hybrid: of the batch, requests resident in HBM
 
   double tpot_ms = 0;  // step time of the captured graph replay (all layers), median

@@ -245,7 +245,7 @@ std::string Pct(double rate) {
 struct ContextPlan {
   int32_t context = 0;
   std::vector<std::pair<KVVariant, VariantPlan>> variants;
-  int32_t check_batch = 0;  // 0: no check (full-hbm not run, or a variant admits no batch)
+  int32_t check_batch = 0;    // 0: no check (full-hbm not run, or a variant admits no batch)
   BudgetedHotCache budgeted;  // sparsekv with --hybrid: its hot cache and batch
 };
 
@@ -330,11 +330,11 @@ Status E2ERun::Plan(const ModelPreset& preset) {
       SPARSEKV_ASSIGN_OR_RETURN(const KVVariant kind, ParseVariant(name));
       const bool budgeted = c_.hybrid && kind == KVVariant::kSparseKV;
       BudgetedHotCache hot;
-      const VariantPlan vp =
-          budgeted ? PlanBudgetedVariant(shape, hbm, host, BatchCap(c_, kind), rates, c_.steps,
-                                         kCheckSteps, batch, &hot)
-                   : PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates, c_.steps,
-                                 kCheckSteps, batch);
+      const VariantPlan vp = budgeted
+                                 ? PlanBudgetedVariant(shape, hbm, host, BatchCap(c_, kind), rates,
+                                                       c_.steps, kCheckSteps, batch, &hot)
+                                 : PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates,
+                                               c_.steps, kCheckSteps, batch);
       if (budgeted) {
         cp.budgeted = hot;
         char note[200];

@@ -66,7 +66,7 @@ struct VariantSetup {
 struct VariantStats {
   double lookups = 0;
   double misses = 0;
-  double prefetched = 0;  // rows fetched by prefetches (not counted in lookups or misses)
+  double prefetched = 0;          // rows fetched by prefetches (not counted in lookups or misses)
   int32_t resident_requests = 0;  // sparsekv with hybrid residency: resident now
 };
 

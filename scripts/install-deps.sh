@@ -6,8 +6,9 @@ set -euo pipefail
 
 # libucx-dev and libhiredis-dev are optional to the library (docs/install.md); the tests use them.
 # python3-matplotlib: the plot scripts (scripts/plot_*.py) and their test.
+# clang-format: scripts/check-format.sh, which CI runs first.
 # clang: the fuzz build (libFuzzer; its FuzzedDataProvider.h is also used by the g++ builds).
-packages=(cmake ninja-build g++ clang pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+packages=(cmake ninja-build g++ clang clang-format pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
           nlohmann-json3-dev python3 python3-venv python3-pip python3-matplotlib
           libucx-dev ucx-utils redis-server libhiredis-dev)
 

@@ -178,8 +178,11 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
     const int32_t rows = options_.resident_page_rows;
     return r.resident_pages[position / rows] + position % rows;
   }
-  // Copies loads_ (host rows -> slots) into every layer: one IndexCopy per layer.
+  // Copies load_rows_ -> load_slots_ from the pool into every layer: one IndexCopy per layer.
   Status RunLoads(StreamHandle stream);
+  // The copy of `list` ([capacity] host rows -> layer-wide slots) from the pool into `layer`'s
+  // hot rows, on the whole grid (Copy bounds it with copy_blocks).
+  IndexCopyView PoolToHotCopy(int32_t layer, const MissList& list, int32_t capacity) const;
   bool InOpenStep(RequestId id) const {
     return step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end();
   }

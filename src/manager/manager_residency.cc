@@ -89,7 +89,7 @@ Status SparseKVCacheManager::Impl::MakeRoomForBlocks(int32_t blocks, StreamHandl
       SPARSEKV_RETURN_IF_ERROR(TakeResidentPages(*r, stream));
       SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->seq_len, stream));
     }
-    return ResourceExhausted("Admit: no hot-cache block is free, and demoting the " +
+    return ResourceExhausted("no hot-cache block is free, and demoting the " +
                              std::to_string(demoted.size()) +
                              " resident requests outside the open step frees none");
   }
@@ -140,21 +140,10 @@ Status SparseKVCacheManager::Impl::RunLoads(StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.slot, load_slots_.data(), bytes, stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.count, &count, sizeof(count), stream));
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    const LayerShape shape = options_.geometry.layers[l];
-    IndexCopyView copy{};
-    copy.src = pool_->layer_base(l);
-    copy.dst = hot_->layer_data(l);
-    copy.src_index = load_list_.host_row;
-    copy.dst_index = load_list_.slot;
-    copy.count = load_list_.count;
-    copy.capacity = load_capacity_;
-    copy.row_bytes = shape.row_bytes;
-    copy.src_stride = copy.dst_stride = shape.row_stride;
-    copy.src_rows = pool_->rows();
-    copy.dst_rows = hot_->layer_rows();
-    copy.invalid = invalid_copies_;
-    SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
-    host_counters_.bytes_host_to_device += static_cast<uint64_t>(count) * shape.row_bytes;
+    SPARSEKV_RETURN_IF_ERROR(
+        backend_->IndexCopy(PoolToHotCopy(l, load_list_, load_capacity_), stream));
+    host_counters_.bytes_host_to_device +=
+        static_cast<uint64_t>(count) * options_.geometry.layers[l].row_bytes;
   }
   // The uploads read the host vectors (and `count`) until the stream reaches them.
   return backend_->Synchronize(stream);

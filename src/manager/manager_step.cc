@@ -277,6 +277,15 @@ Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int
   if (extension_active_) {
     SPARSEKV_RETURN_IF_ERROR(extension_->BeforeCopy(layer, list, capacity, stream));
   }
+  IndexCopyView copy = PoolToHotCopy(layer, list, capacity);
+  copy.max_blocks = options_.copy_blocks;
+  SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
+  if (!extension_active_) return Status::Ok();
+  return extension_->AfterCopy(layer, stream);
+}
+
+IndexCopyView SparseKVCacheManager::Impl::PoolToHotCopy(int32_t layer, const MissList& list,
+                                                        int32_t capacity) const {
   const LayerShape shape = options_.geometry.layers[layer];
   IndexCopyView copy{};
   copy.src = pool_->layer_base(layer);
@@ -290,10 +299,7 @@ Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int
   copy.src_rows = pool_->rows();
   copy.dst_rows = hot_->layer_rows();
   copy.invalid = invalid_copies_;
-  copy.max_blocks = options_.copy_blocks;
-  SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
-  if (!extension_active_) return Status::Ok();
-  return extension_->AfterCopy(layer, stream);
+  return copy;
 }
 
 Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* slots,

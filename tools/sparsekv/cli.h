@@ -9,7 +9,7 @@
 #include <span>
 #include <string>
 
-#include "tools/sparsekv/exit_codes.h"
+#include "tools/sparsekv/common/exit_codes.h"
 
 namespace sparsekv::tools {
 

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "sparsekv/manager.h"
-#include "tools/sparsekv/exit_codes.h"
-#include "tools/sparsekv/output_file.h"
-#include "tools/sparsekv/progress.h"
-#include "tools/sparsekv/validators.h"
+#include "tools/sparsekv/common/exit_codes.h"
+#include "tools/sparsekv/common/output_file.h"
+#include "tools/sparsekv/common/progress.h"
+#include "tools/sparsekv/common/validators.h"
 
 namespace sparsekv::tools {
 namespace {

@@ -11,9 +11,9 @@
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/options.h"
 #include "sparsekv/planner_calibration.h"
-#include "tools/sparsekv/exit_codes.h"
-#include "tools/sparsekv/output_file.h"
-#include "tools/sparsekv/validators.h"
+#include "tools/sparsekv/common/exit_codes.h"
+#include "tools/sparsekv/common/output_file.h"
+#include "tools/sparsekv/common/validators.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -193,6 +193,42 @@ std::string PlanTable(const std::vector<PlanCase>& cases, double slo_ms) {
         c.best.tokens_per_s, c.best.batch > 0 ? c.best.step.binding.c_str() : "-", gain.c_str());
   }
   return out;
+}
+
+// What a manager with a budget-sized hot cache (device_budget_bytes, hot_slots = 0) would
+// choose per tier and context: the batch the tier allows, the HBM left for the hot cache, the
+// slots that follow. Printed to `out`; returned as JSON.
+Json BudgetedHotCaches(const ModelShape& model, const GpuSpec& gpu,
+                       const std::vector<MemoryTier>& tiers, const std::vector<int32_t>& contexts,
+                       int32_t hot_slots, std::ostream& out) {
+  out << "Hot cache sized by the budget (hot_slots = 0; docs/residency.md): the batch the tier "
+         "holds, the KV budget less that batch's other device state, then the most slots per "
+         "request and layer with which that batch's blocks fit:\n";
+  Json json = Json::array();
+  const int64_t kv_budget =
+      static_cast<int64_t>((gpu.hbm_gb - model.weights_gb - gpu.reserved_gb) * 1e9);
+  for (const MemoryTier& tier : tiers) {
+    for (int32_t context : contexts) {
+      RequestShape request;
+      request.layers = model.layers;
+      request.row_bytes = model.row_bytes;
+      request.indexer_key_bytes = model.indexer_key_bytes;
+      request.top_k = model.top_k;
+      request.tokens = context;
+      const BudgetedHotCache b = PlanBudgetedHotCache(
+          request, kv_budget, static_cast<int64_t>(tier.capacity_gb * 1e9), kMaxSearchBatch);
+      out << Format("  %-12s %6dK: batch %4d, hot cache %6.1f GB, %6d slots (vs %d fixed)\n",
+                    tier.name.c_str(), context / 1024, b.max_batch, b.hot_cache_bytes / 1e9,
+                    b.hot_slots, hot_slots);
+      json.push_back({{"tier", tier.name},
+                      {"context", context},
+                      {"max_batch", b.max_batch},
+                      {"hot_cache_bytes", b.hot_cache_bytes},
+                      {"hot_slots", b.hot_slots},
+                      {"per_request_bytes", b.per_request_bytes}});
+    }
+  }
+  return json;
 }
 
 }  // namespace
@@ -403,35 +439,7 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
               : std::string("  Copies serial with compute, as measured with an indexer per layer "
                             "(--hidden-fraction for shared indexers).\n"));
 
-  // What a manager with a budget-sized hot cache (device_budget_bytes, hot_slots = 0) would
-  // choose: the batch the tier allows, the HBM left for the hot cache, the slots that follow.
-  out << "Hot cache sized by the budget (hot_slots = 0; docs/residency.md): the batch the tier "
-         "holds, the KV budget less that batch's other device state, then the most slots per "
-         "request and layer with which that batch's blocks fit:\n";
-  json["budgeted_hot_cache"] = Json::array();
-  const int64_t kv_budget =
-      static_cast<int64_t>((gpu_.hbm_gb - model.weights_gb - gpu_.reserved_gb) * 1e9);
-  for (const MemoryTier& tier : tiers) {
-    for (int32_t context : contexts_) {
-      RequestShape request;
-      request.layers = model.layers;
-      request.row_bytes = model.row_bytes;
-      request.indexer_key_bytes = model.indexer_key_bytes;
-      request.top_k = model.top_k;
-      request.tokens = context;
-      const BudgetedHotCache b = PlanBudgetedHotCache(
-          request, kv_budget, static_cast<int64_t>(tier.capacity_gb * 1e9), kMaxSearchBatch);
-      out << Format("  %-12s %6dK: batch %4d, hot cache %6.1f GB, %6d slots (vs %d fixed)\n",
-                    tier.name.c_str(), context / 1024, b.max_batch, b.hot_cache_bytes / 1e9,
-                    b.hot_slots, hot_slots_);
-      json["budgeted_hot_cache"].push_back({{"tier", tier.name},
-                                            {"context", context},
-                                            {"max_batch", b.max_batch},
-                                            {"hot_cache_bytes", b.hot_cache_bytes},
-                                            {"hot_slots", b.hot_slots},
-                                            {"per_request_bytes", b.per_request_bytes}});
-    }
-  }
+  json["budgeted_hot_cache"] = BudgetedHotCaches(model, gpu_, tiers, contexts_, hot_slots_, out);
 
   json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
                  {"reserved_gb", gpu_.reserved_gb},

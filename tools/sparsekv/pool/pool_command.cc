@@ -11,8 +11,8 @@
 
 #include "sparsekv/control_plane.h"
 #include "sparsekv/transport.h"
-#include "tools/sparsekv/exit_codes.h"
-#include "tools/sparsekv/validators.h"
+#include "tools/sparsekv/common/exit_codes.h"
+#include "tools/sparsekv/common/validators.h"
 
 namespace sparsekv::tools {
 namespace {

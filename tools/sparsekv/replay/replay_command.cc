@@ -7,12 +7,12 @@
 #include <optional>
 #include <utility>
 
-#include "tools/sparsekv/exit_codes.h"
-#include "tools/sparsekv/output_file.h"
-#include "tools/sparsekv/progress.h"
+#include "tools/sparsekv/common/exit_codes.h"
+#include "tools/sparsekv/common/output_file.h"
+#include "tools/sparsekv/common/progress.h"
+#include "tools/sparsekv/common/validators.h"
 #include "tools/sparsekv/replay/crosslayer_prefetch.h"
 #include "tools/sparsekv/replay/prefetch_predictors.h"
-#include "tools/sparsekv/validators.h"
 
 namespace sparsekv::tools {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/sparsekv/validators.h"
+#include "tools/sparsekv/common/validators.h"
 
 #include <gtest/gtest.h>
 

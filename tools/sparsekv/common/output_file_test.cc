@@ -1,4 +1,4 @@
-#include "tools/sparsekv/output_file.h"
+#include "tools/sparsekv/common/output_file.h"
 
 #include <gtest/gtest.h>
 

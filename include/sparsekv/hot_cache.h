@@ -131,13 +131,12 @@ class HotCache {
   int32_t* slot_token_ = nullptr;     // [states, blocks, C]
   int32_t* lru_order_ = nullptr;      // [states, blocks, C]
   int32_t* lru_protected_ = nullptr;  // [states, blocks]
-  std::vector<int32_t> reset_image_;  // host: C x -1 then 0..C-1, the state of a fresh block
   int64_t device_bytes_ = 0;
   std::vector<int32_t> free_;  // free blocks, highest first (Acquire pops the lowest)
   int32_t page_rows_;          // R; 0 = no resident pages
   // Split blocks -> their free pages (indices within the block, highest first).
   std::map<int32_t, std::vector<int32_t>> split_;
-  std::vector<int32_t> seed_image_;  // host: the state AcquireSeeded uploads
+  std::vector<int32_t> seed_image_;  // host: the state Acquire / AcquireSeeded upload
 };
 
 }  // namespace sparsekv

@@ -90,9 +90,7 @@ HotCache::HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window
       max_blocks_(max_blocks),
       layers_per_state_(layers_per_state),
       backend_(backend),
-      reset_image_(2 * static_cast<size_t>(hot_slots), -1),
       page_rows_(resident_page_rows) {
-  std::iota(reset_image_.begin() + hot_slots, reset_image_.end(), 0);
   for (int32_t b = max_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
 
@@ -117,14 +115,7 @@ Status HotCache::WriteState(int32_t block, const int32_t* image, StreamHandle st
 }
 
 StatusOr<int32_t> HotCache::Acquire(StreamHandle stream) {
-  if (free_.empty()) {
-    return ResourceExhausted("HotCache: all " + std::to_string(max_blocks_) +
-                             " blocks are in use (max_requests)");
-  }
-  const int32_t block = free_.back();
-  SPARSEKV_RETURN_IF_ERROR(WriteState(block, reset_image_.data(), stream));
-  free_.pop_back();
-  return block;
+  return AcquireSeeded({}, stream);  // no seed: every slot empty, the order 0..C-1
 }
 
 StatusOr<int32_t> HotCache::AcquireSeeded(std::span<const int32_t> positions, StreamHandle stream) {

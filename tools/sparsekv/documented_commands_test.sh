@@ -3,7 +3,8 @@
 # documented, with output paths moved to a temporary directory, and the traces (`my.skvt`, and the
 # committed smollm2 trace, whose full replays take minutes on 2 cores; plot_scripts_test replays
 # that one) replaced by a small trace written first, and fewer steps for the synthetic replays. A command for the GPU only is checked to be refused cleanly (exit 2, naming the
-# flags) when no GPU is usable. First, every command line in the docs must be listed here, so
+# flags) when no GPU is usable; where a GPU runs it, it runs with two steps and no new point after
+# a few seconds (the full runs are what scripts/gpu-bench-*.sh do). First, every command line in the docs must be listed here, so
 # that a newly documented command cannot go untested.
 #
 # usage: documented_commands_test.sh SPARSEKV_TOOL
@@ -53,10 +54,14 @@ run() {  # run WHERE ARGS...: exits 0
   fi
 }
 
+# What a GPU-only command gets on top of its documented flags. The CPU's refusal names every GPU-only
+# flag given, so it still names the documented one.
+gpu_scale_down=(--steps 2 --warmup 1 --time-limit 5)
+
 gpu_only() {  # gpu_only WHERE FLAG ARGS...: refused with exit 2 naming FLAG, unless a GPU runs it
   local where=$1 flag=$2
   shift 2
-  "$tool" "$@" >"$out/last.txt" 2>&1
+  "$tool" "$@" "${gpu_scale_down[@]}" >"$out/last.txt" 2>&1
   local code=$?
   if ((code == 0)) && ! grep -q "CPU reference backend" "$out/last.txt"; then
     return  # a GPU ran it
@@ -69,7 +74,8 @@ gpu_only() {  # gpu_only WHERE FLAG ARGS...: refused with exit 2 naming FLAG, un
 }
 
 # README.md: scripts/demo.sh runs plain `sparsekv bench` (scaled down on the CPU), and the help.
-run "README.md (scripts/demo.sh)" bench
+# --steps and --warmup are read by both backends: on the CPU (scaled down already) they shorten it.
+run "README.md (scripts/demo.sh)" bench --steps 2 --warmup 1
 run "README.md" bench --help
 # README.md, docs/install.md.
 run "docs/install.md" --version

@@ -98,6 +98,7 @@ TEST(ManagerCudaTest, HybridResidencyMatchesTheCpuBackend) {
                         [](uint64_t seed) {
                           testing::WorkloadShape shape;
                           shape.sharing = seed % 2 == 0;
+                          shape.deferred_ingest = !shape.sharing;
                           return std::pair(testing::RandomHybridOptions(seed), shape);
                         }),
             500);

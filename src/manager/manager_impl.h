@@ -161,7 +161,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // Demotes resident requests (not in the open step; most pages first) until `blocks` blocks are
   // free besides the ones the demoted requests take. ResourceExhausted if they cannot be.
   Status MakeRoomForBlocks(int32_t blocks, StreamHandle stream);
-  // Takes a block for `r` seeded with its most recent rows and loads them from the host pool.
+  // Takes a block for `r` seeded with its most recent rows and loads them from the host pool
+  // (an empty block, and the ingested layers' windows, while its prompt is being ingested).
   Status LoadIntoBlock(Request& r, StreamHandle stream);
   // Takes resident pages for `r` (ResourceExhausted if they are not free) and uploads its row
   // of the residency table.

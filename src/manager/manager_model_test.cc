@@ -97,8 +97,9 @@ TEST(ManagerModelTest, OverlapPathsMatchTheDenseModel) {
 }
 
 // Hybrid residency: requests resident while the budget allows, demoted by admissions that need
-// the room (mid-stream, between steps), promoted back, retracted and resumed, mixed with hot-cache
-// requests in every step; with and without sharing operations. Exactness as above.
+// the room (mid-stream, between steps, also while their prompt is still being ingested), promoted
+// back, retracted and resumed, mixed with hot-cache requests in every step; with and without
+// sharing operations. Exactness as above.
 TEST(ManagerModelTest, HybridResidencyMatchesTheDenseModel) {
   int total_steps = 0;
   uint64_t resident_hits = 0, demotions = 0, promotions = 0, mixed = 0;
@@ -110,6 +111,7 @@ TEST(ManagerModelTest, HybridResidencyMatchesTheDenseModel) {
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     testing::WorkloadShape shape;
     shape.sharing = seed % 2 == 0;
+    shape.deferred_ingest = !shape.sharing;
     testing::RandomWorkload w(options, seed, {m->get()}, shape);
     total_steps += w.Run(400);
     w.CheckStats();

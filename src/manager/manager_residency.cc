@@ -30,13 +30,12 @@ bool SparseKVCacheManager::Impl::CanPlace(int64_t tokens, bool may_be_resident) 
   if (may_be_resident && hot_->free_pages() >= PagesFor(tokens, options_.resident_page_rows)) {
     return true;
   }
-  // Demoting every fully ingested resident request outside the open step frees a block for each
-  // of them and one more (every request on the device needs at most one block, and there are at
-  // least max_requests blocks), unless pages of the others pin blocks: MakeRoomForBlocks then
-  // fails, changing nothing.
+  // Demoting every resident request outside the open step frees a block for each of them and one
+  // more (every request on the device needs at most one block, and there are at least
+  // max_requests blocks), unless pages of the others pin blocks: MakeRoomForBlocks then fails,
+  // changing nothing.
   const bool demotable = std::any_of(requests_.begin(), requests_.end(), [&](const auto& it) {
-    return it.second.resident() && !InOpenStep(it.first) &&
-           it.second.ingested_layers == options_.geometry.num_layers();
+    return it.second.resident() && !InOpenStep(it.first);
   });
   return demotable;
 }
@@ -67,10 +66,7 @@ Status SparseKVCacheManager::Impl::MakeRoomForBlocks(int32_t blocks, StreamHandl
     Request* victim = nullptr;
     RequestId victim_id = 0;
     for (auto& [id, r] : requests_) {
-      // A request still being ingested keeps its pages: its pool rows are not all written yet.
-      if (!r.resident() || InOpenStep(id) || r.ingested_layers != options_.geometry.num_layers()) {
-        continue;
-      }
+      if (!r.resident() || InOpenStep(id)) continue;
       if (victim == nullptr || r.resident_pages.size() > victim->resident_pages.size() ||
           (r.resident_pages.size() == victim->resident_pages.size() && id < victim_id)) {
         victim = &r;
@@ -101,6 +97,16 @@ Status SparseKVCacheManager::Impl::MakeRoomForBlocks(int32_t blocks, StreamHandl
 }
 
 Status SparseKVCacheManager::Impl::LoadIntoBlock(Request& r, StreamHandle stream) {
+  if (r.ingested_layers != options_.geometry.num_layers()) {
+    // Still being ingested: the pool holds only some layers' rows, and the LRU slots are shared
+    // by all layers, so the block starts empty, as at an admission. The ingested layers get
+    // their window from the pool now, the others at their ingestion.
+    SPARSEKV_ASSIGN_OR_RETURN(r.block, hot_->Acquire(stream));
+    for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+      if (r.ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, l, nullptr, 0, stream));
+    }
+    return Status::Ok();
+  }
   // The window's positions go to their window slots, the hot_slots positions before them to LRU
   // slots 0.. in position order (the oldest is the least recently used).
   const int32_t window_begin = std::max(0, r.seq_len - options_.window);

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "sparsekv/hot_cache.h"
 #include "testing/harness.h"
 #include "testing/workload.h"
 
@@ -190,6 +191,70 @@ TEST_F(ManagerTest, RetractedRequestKeepsItsHistoryAndResumes) {
   // Fresh hot cache: position 1 misses again; position 10, still in the window after this
   // step's append of 11, was reloaded from the host pool into window slot 3 + 10 % 2.
   EXPECT_EQ(Step(1, {10, 1}), (std::vector<int32_t>{3, 0}));
+}
+
+// An engine may admit a whole batch first and ingest the prompts afterwards, layer by layer. With
+// hybrid residency the first admission is resident and takes every block's pages; the later ones
+// demote it while its prompt is still being ingested (it takes an empty block), and every row is
+// still read back exactly.
+TEST_F(ManagerTest, AdmissionsDemoteARequestWhosePromptIsBeingIngested) {
+  CacheOptions o = SmallOptions();
+  o.geometry = KVGeometry::Uniform(2, 8);
+  o.max_requests = 3;
+  o.host_capacity_tokens = 96;
+  o.hybrid_residency = true;
+  o.window = 2;
+  o.resident_page_rows = 5;  // one page per block (C + W = 5 slots)
+  o.device_budget_bytes = 3 * HotCache::BlockBytes(o.geometry, o.hot_slots, o.window);
+  Create(o);
+  // Row of position p in layer l of request id: eight bytes equal to p + 1 + 20 l + 40 (id - 1).
+  auto rows = [](RequestId id, int32_t layer, int32_t first, int32_t n) {
+    Bytes b = Rows(first, n);
+    for (std::byte& x : b) x = std::byte(int(x) + 20 * layer + 40 * int(id - 1));
+    return b;
+  };
+  constexpr int32_t kPrompt = 10;  // reserved 12 tokens: 3 resident pages, the whole budget
+  ASSERT_TRUE(m_->Admit(1, kPrompt, 2, nullptr).ok());
+  EXPECT_TRUE(m_->IsResident(1));
+  ASSERT_TRUE(m_->IngestPrompt(1, 1, rows(1, 1, 0, kPrompt).data(), nullptr).ok());
+  ASSERT_TRUE(m_->Admit(2, kPrompt, 2, nullptr).ok());  // demotes request 1, one layer in
+  EXPECT_FALSE(m_->IsResident(1));
+  ASSERT_TRUE(m_->Admit(3, kPrompt, 2, nullptr).ok());  // the last free block
+  for (RequestId id : {1, 2, 3}) {
+    for (int32_t l = 0; l < 2; ++l) {
+      if (id == 1 && l == 1) continue;
+      ASSERT_TRUE(m_->IngestPrompt(id, l, rows(id, l, 0, kPrompt).data(), nullptr).ok());
+    }
+  }
+  const CacheStats before = *m_->ReadStats(nullptr);
+  EXPECT_EQ(before.demotions, 1u);
+  EXPECT_EQ(before.resident_requests, 0);
+  // One step of all three, each selecting an old position and the last prompt position: the old
+  // one misses (read from the pool); the last is still in the window after the step's append
+  // (loaded from the pool at the demotion for request 1's layer 1, at ingestion for the rest).
+  const std::vector<RequestId> batch = {1, 2, 3};
+  std::vector<Bytes> appended;
+  std::vector<std::vector<int32_t>> topk;
+  for (int32_t l = 0; l < 2; ++l) {
+    Bytes a;
+    for (RequestId id : batch) {
+      const Bytes r = rows(id, l, kPrompt, 1);
+      a.insert(a.end(), r.begin(), r.end());
+    }
+    appended.push_back(a);
+    topk.push_back({3, kPrompt - 1, 0, kPrompt - 1, 5, kPrompt - 1});
+  }
+  const std::vector<testing::LayerResult> result = driver_->Step(batch, appended, topk);
+  for (int32_t l = 0; l < 2; ++l) {
+    for (size_t b = 0; b < batch.size(); ++b) {
+      for (int32_t k = 0; k < o.top_k; ++k) {
+        const int32_t p = topk[l][b * o.top_k + k];
+        ASSERT_GE(result[l].slots[b * o.top_k + k], 0);
+        EXPECT_EQ(result[l].gathered[(b * o.top_k + k) * 8], rows(batch[b], l, p, 1)[0])
+            << "request " << batch[b] << " layer " << l << " position " << p;
+      }
+    }
+  }
 }
 
 TEST_F(ManagerTest, CreateRejectsInvalidOptions) {

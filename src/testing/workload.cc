@@ -134,7 +134,9 @@ int RandomWorkload::Run(int ops) {
       CheckPool();
       continue;
     }
-    if (r < 15) {
+    if (shape_.deferred_ingest && !ingesting_.empty() && r % 8 == 0) {
+      IngestDeferred();
+    } else if (r < 15) {
       Admit();
     } else if (r < 80) {
       Step();
@@ -171,38 +173,54 @@ void RandomWorkload::Admit() {
         << results[0].ToString();
     return;
   }
-  std::vector<Bytes> prompt_rows;
+  Ingesting a{.id = id, .prompt = prompt, .max_new = max_new, .rows = {}, .order = {}, .next = 0};
   for (const LayerShape& l : options_.geometry.layers) {
-    prompt_rows.push_back(RandomRows(rng_, prompt, l.row_stride));
+    a.rows.push_back(RandomRows(rng_, prompt, l.row_stride));
   }
   // Ingest layers in a random order; a step may not include the request before all are in.
-  std::vector<int32_t> order(options_.geometry.num_layers());
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng_);
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (i == 1) {
+  a.order.resize(options_.geometry.num_layers());
+  std::iota(a.order.begin(), a.order.end(), 0);
+  std::shuffle(a.order.begin(), a.order.end(), rng_);
+  const size_t now =
+      shape_.deferred_ingest && rng_() % 3 != 0 ? rng_() % a.order.size() : a.order.size();
+  Ingest(std::move(a), now);
+}
+
+void RandomWorkload::IngestDeferred() {
+  const size_t i = rng_() % ingesting_.size();
+  Ingesting a = std::move(ingesting_[i]);
+  ingesting_.erase(ingesting_.begin() + static_cast<std::ptrdiff_t>(i));
+  Ingest(std::move(a), 1);
+}
+
+void RandomWorkload::Ingest(Ingesting a, size_t layers) {
+  const RequestId id = a.id;
+  for (size_t n = 0; n < layers && a.next < a.order.size(); ++n, ++a.next) {
+    if (a.next == 1) {
       const std::vector<RequestId> batch = {id};
       ExpectAll(
           "PlanStep before full ingest",
           [&](SparseKVCacheManager& m) { return m.PlanStep(batch, nullptr); },
           StatusCode::kFailedPrecondition);
     }
-    const int32_t l = order[i];
+    const int32_t l = a.order[a.next];
     ExpectAll(
         "IngestPrompt",
-        [&](SparseKVCacheManager& m) {
-          return m.IngestPrompt(id, l, prompt_rows[l].data(), nullptr);
-        },
+        [&](SparseKVCacheManager& m) { return m.IngestPrompt(id, l, a.rows[l].data(), nullptr); },
         StatusCode::kOk);
+  }
+  if (a.next < a.order.size()) {
+    ingesting_.push_back(std::move(a));
+    return;
   }
   ExpectAll(
       "IngestPrompt twice",
       [&](SparseKVCacheManager& m) {
-        return m.IngestPrompt(id, order[0], prompt_rows[order[0]].data(), nullptr);
+        return m.IngestPrompt(id, a.order[0], a.rows[a.order[0]].data(), nullptr);
       },
       StatusCode::kAlreadyExists);
-  model_.Add(id, prompt_rows, prompt);
-  live_[id] = Req{prompt + max_new, false,
+  model_.Add(id, a.rows, a.prompt);
+  live_[id] = Req{a.prompt + a.max_new, false,
                   std::vector<std::vector<int32_t>>(options_.geometry.num_layers())};
 }
 
@@ -426,6 +444,12 @@ void RandomWorkload::CheckStats() {
 }
 
 void RandomWorkload::ReleaseAll() {
+  for (const Ingesting& a : ingesting_) {
+    ExpectAll(
+        "Release while ingesting", [&](SparseKVCacheManager& m) { return m.Release(a.id); },
+        StatusCode::kOk);
+  }
+  ingesting_.clear();
   for (const auto& [id, r] : live_) {
     ExpectAll(
         "Release", [&](SparseKVCacheManager& m) { return m.Release(id); }, StatusCode::kOk);

@@ -43,8 +43,12 @@ struct WorkloadShape {
   int32_t max_prompt = 60;  // prompts are 1..max_prompt tokens
   int32_t max_new = 50;     // each request may generate 0..max_new-1 tokens
   bool sharing = false;     // prefix sharing, forks and retained conversations (see above)
-  int32_t vocabulary = 3;   // token ids are 0..vocabulary-1 (sharing only)
-  RunMode run;              // how the step drivers run each layer
+  // Without sharing: two admissions in three ingest only some layers at once, the rest later
+  // between other operations (an engine that admits a batch first), so that an admission can find
+  // requests whose prompt is still being ingested.
+  bool deferred_ingest = false;
+  int32_t vocabulary = 3;  // token ids are 0..vocabulary-1 (sharing only)
+  RunMode run;             // how the step drivers run each layer
 };
 
 class RandomWorkload {
@@ -70,7 +74,21 @@ class RandomWorkload {
   };
   // Sharing: the token ids of the retained conversations the managers may still hold.
   using Conversations = std::map<RequestId, std::vector<int32_t>>;
+  // An admitted request whose prompt layers are not all ingested yet (deferred_ingest).
+  struct Ingesting {
+    RequestId id;
+    int32_t prompt;
+    int32_t max_new;
+    std::vector<Bytes> rows;     // per layer, the prompt's rows
+    std::vector<int32_t> order;  // the layers in ingestion order
+    size_t next;                 // order[next] is the next layer to ingest
+  };
   void Admit();
+  // Ingests the next layer of one request of ingesting_; the last one makes it live.
+  void IngestDeferred();
+  // Ingests order[next, end) of `a`'s layers (the last one makes it live) or, if `layers` is
+  // smaller, that many, keeping it in ingesting_.
+  void Ingest(Ingesting a, size_t layers);
   void AdmitTokens(std::vector<int32_t> tokens, int32_t max_new);
   void Continue();
   void Fork();
@@ -97,6 +115,7 @@ class RandomWorkload {
   std::vector<std::unique_ptr<StepDriver>> drivers_;
   DenseModel model_;
   std::map<RequestId, Req> live_;
+  std::vector<Ingesting> ingesting_;
   Conversations retained_;
   // Per manager: page -> its bytes in every layer, for pages with more than one holder.
   std::vector<std::map<int32_t, Bytes>> shared_snapshots_;

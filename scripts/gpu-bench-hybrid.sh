@@ -44,7 +44,7 @@ main() {
   local tool=$BUILD/tools/sparsekv/sparsekv failed=0
   local common=(bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL"
     --page-tokens 1024 --steps "$STEPS" --warmup "$WARMUP" --variants full-hbm,sparsekv
-    --hybrid --sweep)
+    --hybrid)
   local left=$((DEADLINE - SECONDS - 20))
   local worst_share=$((left * 25 / 100))
   echo "=== calibrated workload, contexts $CONTEXTS (limit $((left - worst_share))s)"

@@ -39,6 +39,25 @@ TEST(E2EPlanTest, OffloadMaxBatchCapsOnlyPageOffload) {
   EXPECT_EQ(BatchCap(c, KVVariant::kFullHbm), 8);
 }
 
+TEST(E2EPlanTest, TheStandardSweepKeepsWhatTheCommandLineGave) {
+  BenchConfig c;
+  c.contexts = {4096};
+  c.miss_rates = {0.1};
+  c.variants = {"sparsekv"};
+  c.batch = 7;
+  c.batch_given = true;
+  const BenchConfig all = WithStandardSweep(c);
+  EXPECT_EQ(all.contexts, (std::vector<int32_t>{32768, 16384, 65536, 131072}));
+  EXPECT_EQ(all.miss_rates, (std::vector<double>{0.2, 0.05, 0.4}));
+  EXPECT_EQ(all.variants.size(), 4u);
+  EXPECT_FALSE(all.batch_given);  // every batch size
+  const BenchConfig kept =
+      WithStandardSweep(c, {.contexts = true, .miss_rates = false, .variants = true});
+  EXPECT_EQ(kept.contexts, c.contexts);
+  EXPECT_EQ(kept.miss_rates, all.miss_rates);
+  EXPECT_EQ(kept.variants, c.variants);
+}
+
 // ---- End-to-end report (e2e_report.h) ----
 
 TEST(E2EReportTest, SummaryKeysComeFromThe32KPoints) {

@@ -164,10 +164,10 @@ int32_t BatchCap(const BenchConfig& c, KVVariant variant) {
   return c.max_batch == 0 ? c.offload_max_batch : std::min(c.max_batch, c.offload_max_batch);
 }
 
-BenchConfig WithStandardSweep(BenchConfig config) {
-  config.contexts = {32768, 16384, 65536, 131072};
-  config.miss_rates = {0.2, 0.05, 0.4};
-  config.variants = {"full-hbm", "sparsekv", "no-cache", "page-offload"};
+BenchConfig WithStandardSweep(BenchConfig config, SweepKeeps keep) {
+  if (!keep.contexts) config.contexts = {32768, 16384, 65536, 131072};
+  if (!keep.miss_rates) config.miss_rates = {0.2, 0.05, 0.4};
+  if (!keep.variants) config.variants = {"full-hbm", "sparsekv", "no-cache", "page-offload"};
   config.batch_given = false;
   return config;
 }

@@ -110,9 +110,17 @@ struct BenchConfig {
 // cap).
 int32_t BatchCap(const BenchConfig& config, KVVariant variant);
 
+// What a command line gave besides --sweep, kept by it.
+struct SweepKeeps {
+  bool contexts = false;
+  bool miss_rates = false;
+  bool variants = false;
+};
+
 // The standard sweep (--sweep): contexts 32K, 16K, 64K, 128K (32K first: the summary keys use
-// it), miss rates 20%, 5%, 40%, every variant, every batch size up to each max batch.
-BenchConfig WithStandardSweep(BenchConfig config);
+// it), miss rates 20%, 5%, 40%, every variant, every batch size up to each max batch; contexts,
+// miss rates and variants that `keep` marks stay as `config` has them.
+BenchConfig WithStandardSweep(BenchConfig config, SweepKeeps keep = {});
 
 // InvalidArgument naming the offending option (as spelled on the command line) if the
 // configuration cannot run, e.g. top_k > context.

@@ -196,7 +196,8 @@ void BenchCommand::AddGpuOptions() {
       ->capture_default_str();
   app_->add_flag("--sweep", sweep_,
                  "GPU: the standard sweep: contexts 32K,16K,64K,128K, miss rates 20,5,40 %, "
-                 "all variants and batch sizes");
+                 "all variants and batch sizes (--contexts, --miss-rate and --variants, if "
+                 "given, are kept)");
   app_->add_option("--time-limit", config_.time_limit_s,
                    "GPU: seconds after which no new point starts (0: none)")
       ->check(AtLeast(0.0))
@@ -218,7 +219,11 @@ std::string BenchCommand::GpuOnlyOptionsGiven() const {
 }
 
 BenchConfig BenchCommand::Resolve(BackendKind kind) const {
-  BenchConfig c = sweep_ ? WithStandardSweep(config_) : config_;
+  auto given = [&](const char* name) { return app_->get_option(name)->count() > 0; };
+  BenchConfig c = sweep_ ? WithStandardSweep(config_, {.contexts = given("--contexts"),
+                                                       .miss_rates = given("--miss-rate"),
+                                                       .variants = given("--variants")})
+                         : config_;
   c.row_format = precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656;
   c.proxy = !no_proxy_;
   c.batch_given = batch_->count() > 0;

@@ -11,13 +11,13 @@
 # e2e-hybrid-missrate.json, hybrid.csv, summary.json (the summary keys of both runs).
 # Environment: HYBRID_HOST_POOL_GB [80], HYBRID_DEADLINE [540] seconds for the whole script,
 # HYBRID_CONTEXTS [16384,32768,65536,131072]; steps per point, warm-up included: calibrated
-# workload HYBRID_CALIBRATED_STEPS [6] with HYBRID_CALIBRATED_WARMUP [2], miss-rate mode
+# workload HYBRID_CALIBRATED_STEPS [64] with HYBRID_CALIBRATED_WARMUP [48], miss-rate mode
 # HYBRID_STEPS [6] with HYBRID_WARMUP [2]. The miss-rate mode's rate holds from the first step; the
-# calibrated one's does not: a hot cache of ~14,000 slots misses ~20% in its first steps and ~4%
+# calibrated one's does not: a hot cache of ~14,000 slots misses ~20% in its first steps and ~4-5%
 # from step ~50 on (`sparsekv replay --synthetic-locality calibrated --hot-slots 13962 --steps 64
-# --warmup 48`), so the default measures the warm-up. 64 steps with 48 of warm-up measure the
-# steady state but take ~75 ms of host time per request and step (the generator builds the 61
-# layers' rows one after another), too long for a 10-minute run at every batch.
+# --warmup 48`), so fewer steps measure the warm-up. The calibrated top-k costs ~75 ms of host time
+# per request and step on one core (each layer's rows are built from the layer below's); the feed
+# runs the layers as a pipeline on every core (NextChained).
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -28,8 +28,8 @@ DEADLINE=${HYBRID_DEADLINE:-540}
 POOL=${HYBRID_HOST_POOL_GB:-80}
 STEPS=${HYBRID_STEPS:-6}
 WARMUP=${HYBRID_WARMUP:-2}
-CAL_STEPS=${HYBRID_CALIBRATED_STEPS:-6}
-CAL_WARMUP=${HYBRID_CALIBRATED_WARMUP:-2}
+CAL_STEPS=${HYBRID_CALIBRATED_STEPS:-64}
+CAL_WARMUP=${HYBRID_CALIBRATED_WARMUP:-48}
 CONTEXTS=${HYBRID_CONTEXTS:-16384,32768,65536,131072}
 mkdir -p "$OUT"
 TMP=$(mktemp -d)

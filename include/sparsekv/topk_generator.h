@@ -51,7 +51,8 @@
 // 0 = uncorrelated layers, the worst case for cross-layer prediction.
 //
 // Deterministic: the same options, layer and sequence of calls give the same rows.
-// Thread safety: one generator per layer; distinct generators may run on different threads.
+// Thread safety: one generator per layer; distinct generators may run on different threads
+// (NextChained runs a model's layers that way).
 #pragma once
 
 #include <cstdint>
@@ -122,6 +123,14 @@ class LayerTopKGenerator {
   double reuse() const { return reuse_; }
 
  private:
+  friend void NextChained(std::span<LayerTopKGenerator> layers, std::span<const int32_t> seq_lens,
+                          std::span<const std::span<int32_t>> out, int32_t threads);
+  // Next in three parts, so that NextChained can run a layer one request at a time: BeginStep,
+  // then Row for b = 0, 1, ... in order, then EndStep write what one Next call writes.
+  void BeginStep(std::span<const int32_t> seq_lens, bool with_lower);
+  // Request b's row into out[0, top_k); `below` is its row of the layer below (or empty).
+  void Row(size_t b, int32_t seq_len, std::span<int32_t> out, std::span<const int32_t> below);
+  void EndStep() { sharing_ = false; }
   // Appends positions to row_; each Take* returns how many it added (at most n).
   int32_t TakeSinks(int32_t n, int32_t seq_len);
   int32_t TakeFromPrevious(int32_t n, const std::vector<int32_t>& previous, int32_t seq_len);
@@ -163,5 +172,14 @@ class LayerTopKGenerator {
   bool share_all_ = false;
   bool sharing_ = false;
 };
+
+// One step of every layer of a model, layer l > 0 taking the shared positions of layer l - 1's rows
+// (Next with `lower`): out[l] receives layer l's rows ([seq_lens.size()][top_k]). Runs on up to
+// `threads` threads as a pipeline: layer l starts on request b as soon as layer l - 1 has finished
+// it. The rows are exactly those of layers[0].Next(seq_lens, out[0]) followed by
+// layers[l].Next(seq_lens, out[l], out[l - 1]) for l = 1, 2, ... in order, whatever `threads` is.
+// REQUIRES: as Next for every layer, out.size() == layers.size(), threads >= 1.
+void NextChained(std::span<LayerTopKGenerator> layers, std::span<const int32_t> seq_lens,
+                 std::span<const std::span<int32_t>> out, int32_t threads);
 
 }  // namespace sparsekv

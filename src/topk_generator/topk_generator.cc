@@ -1,8 +1,10 @@
 #include "sparsekv/topk_generator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cmath>
+#include <thread>
 
 namespace sparsekv {
 namespace {
@@ -255,11 +257,20 @@ void LayerTopKGenerator::Next(std::span<const int32_t> seq_lens, std::span<int32
 
 void LayerTopKGenerator::Next(std::span<const int32_t> seq_lens, std::span<int32_t> out,
                               std::span<const int32_t> lower) {
-  const int32_t k = options_.top_k;
+  const size_t k = static_cast<size_t>(options_.top_k);
+  assert(out.size() >= seq_lens.size() * k);
+  assert(lower.empty() || lower.size() >= seq_lens.size() * k);
+  BeginStep(seq_lens, !lower.empty());
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    Row(b, seq_lens[b], out.subspan(b * k, k),
+        sharing_ ? lower.subspan(b * k, k) : std::span<const int32_t>());
+  }
+  EndStep();
+}
+
+void LayerTopKGenerator::BeginStep(std::span<const int32_t> seq_lens, bool with_lower) {
   assert(seq_lens.size() <= previous_.size());
-  assert(out.size() >= seq_lens.size() * static_cast<size_t>(k));
-  assert(lower.empty() || lower.size() >= seq_lens.size() * static_cast<size_t>(k));
-  sharing_ = !lower.empty() && options_.cross_layer_overlap > 0 &&
+  sharing_ = with_lower && options_.cross_layer_overlap > 0 &&
              (options_.miss_rate >= 0 || options_.locality);
   if (options_.locality && options_.miss_rate < 0 && ranking_.empty() && !seq_lens.empty()) {
     const int32_t range = *std::min_element(seq_lens.begin(), seq_lens.end());
@@ -270,44 +281,81 @@ void LayerTopKGenerator::Next(std::span<const int32_t> seq_lens, std::span<int32
     const double a = options_.zipf_exponent;
     zipf_scale_ = ExponentIsOne(a) ? std::log(range + 1.0) : std::pow(range + 1.0, 1 - a) - 1;
   }
-  for (size_t b = 0; b < seq_lens.size(); ++b) {
-    const std::span<const int32_t> below = sharing_ ? lower.subspan(b * k, k) : lower;
-    const int32_t seq_len = seq_lens[b];
-    assert(seq_len >= k);
-    if (mark_.size() < static_cast<size_t>(seq_len)) mark_.resize(seq_len, 0);
-    if (++row_stamp_ == 0) {  // the stamp wrapped: forget every old mark
-      std::fill(mark_.begin(), mark_.end(), 0);
-      row_stamp_ = 1;
-    }
-    row_.clear();
+}
 
-    if (options_.miss_rate >= 0) {
-      assert(options_.fresh_range < seq_len);
-      Add(seq_len - 1);
-      TakeShared(below, seq_len);
-      MissRateRow(b);
-    } else if (options_.locality) {
-      Add(seq_len - 1);
-      for (int32_t p = 0; p < std::min({options_.sinks, seq_len, k - 1}); ++p) {
-        if (!Selected(p)) Add(p);
-      }
-      TakeShared(below, seq_len);
-      LocalityRow(b, seq_len);
-    } else {
-      int32_t left = k - TakeSinks(k, seq_len);
-      if (!previous_[b].empty()) {
-        left -= TakeFromPrevious(std::min(left, Share(reuse_, k)), previous_[b], seq_len);
-      }
-      const int32_t recent_begin = seq_len - std::max(1, seq_len / 10);
-      left -= TakeFromRange(recent_begin, seq_len, std::min(left, Share(options_.recency, k)));
-      left -= TakeFromRange(0, seq_len, left);
-      assert(left == 0);
-    }
-    assert(static_cast<int32_t>(row_.size()) == k);
-    std::copy(row_.begin(), row_.end(), out.begin() + b * k);
-    previous_[b].assign(row_.begin(), row_.end());
+void LayerTopKGenerator::Row(size_t b, int32_t seq_len, std::span<int32_t> out,
+                             std::span<const int32_t> below) {
+  const int32_t k = options_.top_k;
+  assert(seq_len >= k);
+  if (mark_.size() < static_cast<size_t>(seq_len)) mark_.resize(seq_len, 0);
+  if (++row_stamp_ == 0) {  // the stamp wrapped: forget every old mark
+    std::fill(mark_.begin(), mark_.end(), 0);
+    row_stamp_ = 1;
   }
-  sharing_ = false;
+  row_.clear();
+
+  if (options_.miss_rate >= 0) {
+    assert(options_.fresh_range < seq_len);
+    Add(seq_len - 1);
+    TakeShared(below, seq_len);
+    MissRateRow(b);
+  } else if (options_.locality) {
+    Add(seq_len - 1);
+    for (int32_t p = 0; p < std::min({options_.sinks, seq_len, k - 1}); ++p) {
+      if (!Selected(p)) Add(p);
+    }
+    TakeShared(below, seq_len);
+    LocalityRow(b, seq_len);
+  } else {
+    int32_t left = k - TakeSinks(k, seq_len);
+    if (!previous_[b].empty()) {
+      left -= TakeFromPrevious(std::min(left, Share(reuse_, k)), previous_[b], seq_len);
+    }
+    const int32_t recent_begin = seq_len - std::max(1, seq_len / 10);
+    left -= TakeFromRange(recent_begin, seq_len, std::min(left, Share(options_.recency, k)));
+    left -= TakeFromRange(0, seq_len, left);
+    assert(left == 0);
+  }
+  assert(static_cast<int32_t>(row_.size()) == k);
+  std::copy(row_.begin(), row_.end(), out.begin());
+  previous_[b].assign(row_.begin(), row_.end());
+}
+
+void NextChained(std::span<LayerTopKGenerator> layers, std::span<const int32_t> seq_lens,
+                 std::span<const std::span<int32_t>> out, int32_t threads) {
+  assert(out.size() == layers.size() && threads >= 1);
+  const size_t n = layers.size();
+  // Each layer's generator is used by one thread at a time; finished[l] counts the requests whose
+  // row of layer l is written (release), which layer l + 1 waits for (acquire).
+  std::vector<std::atomic<size_t>> finished(n);
+  for (size_t l = 0; l < n; ++l) layers[l].BeginStep(seq_lens, l > 0);
+  auto run = [&](size_t first, size_t every) {
+    for (size_t l = first; l < n; l += every) {
+      LayerTopKGenerator& g = layers[l];
+      const size_t k = static_cast<size_t>(g.options_.top_k);
+      for (size_t b = 0; b < seq_lens.size(); ++b) {
+        std::span<const int32_t> below;
+        if (l > 0) {
+          for (size_t done = finished[l - 1].load(std::memory_order_acquire); done <= b;
+               done = finished[l - 1].load(std::memory_order_acquire)) {
+            finished[l - 1].wait(done, std::memory_order_acquire);
+          }
+          if (g.sharing_) below = out[l - 1].subspan(b * k, k);
+        }
+        g.Row(b, seq_lens[b], out[l].subspan(b * k, k), below);
+        finished[l].store(b + 1, std::memory_order_release);
+        finished[l].notify_all();
+      }
+      g.EndStep();
+    }
+  };
+  const size_t workers = std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), n);
+  if (workers <= 1) {
+    run(0, 1);
+    return;
+  }
+  std::vector<std::jthread> pool;
+  for (size_t t = 0; t < workers; ++t) pool.emplace_back(run, t, workers);
 }
 
 }  // namespace sparsekv

@@ -69,18 +69,16 @@ class TopKFeed {
     }
     return Status::Ok();
   }
-  // Layer by layer, each given the rows of the layer below (queries == 1: --mtp runs uncorrelated).
+  // Each layer given the rows of the layer below (queries == 1: --mtp runs uncorrelated), as a
+  // pipeline over the layers on every core (the rows do not depend on the thread count).
   void GenerateChained(std::span<const int32_t> seq_lens) {
     const size_t rows = seq_lens.size() * top_k_;
+    std::vector<std::span<int32_t>> out;
     for (size_t l = 0; l < generators_.size(); ++l) {
-      const std::span<int32_t> out(host_.data() + l * layer_elems_, rows);
-      if (l == 0) {
-        generators_[l].Next(seq_lens, out);
-      } else {
-        generators_[l].Next(seq_lens, out,
-                            std::span<const int32_t>(host_.data() + (l - 1) * layer_elems_, rows));
-      }
+      out.emplace_back(host_.data() + l * layer_elems_, rows);
     }
+    NextChained(generators_, seq_lens, out,
+                std::max<int32_t>(1, static_cast<int32_t>(std::thread::hardware_concurrency())));
   }
   void SetMissRate(double rate) {
     for (LayerTopKGenerator& g : generators_) g.set_miss_rate(rate);

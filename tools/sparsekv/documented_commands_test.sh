@@ -2,10 +2,11 @@
 # Every `sparsekv ...` command line shown in README.md and docs/*.md, run (a ctest). Each runs as
 # documented, with output paths moved to a temporary directory, and the traces (`my.skvt`, and the
 # committed smollm2 trace, whose full replays take minutes on 2 cores; plot_scripts_test replays
-# that one) replaced by a small trace written first, and fewer steps for the synthetic replays. A command for the GPU only is checked to be refused cleanly (exit 2, naming the
-# flags) when no GPU is usable; where a GPU runs it, it runs with two steps and no new point after
-# a few seconds (the full runs are what scripts/gpu-bench-*.sh do). First, every command line in the docs must be listed here, so
-# that a newly documented command cannot go untested.
+# that one) replaced by a small trace written first, and fewer steps for the synthetic replays.
+# A command for the GPU only is checked to be refused cleanly (exit 2, naming the flags) when no
+# GPU is usable; where a GPU runs it, it runs with two steps and no new point after a few seconds
+# (the full runs are what scripts/gpu-bench-*.sh do). First, every command line in the docs must
+# be listed here, so that a newly documented command cannot go untested.
 #
 # usage: documented_commands_test.sh SPARSEKV_TOOL
 set -uo pipefail

@@ -196,8 +196,8 @@ void BenchCommand::AddGpuOptions() {
       ->capture_default_str();
   app_->add_flag("--sweep", sweep_,
                  "GPU: the standard sweep: contexts 32K,16K,64K,128K, miss rates 20,5,40 %, "
-                 "all variants and batch sizes (--contexts, --miss-rate and --variants, if "
-                 "given, are kept)");
+                 "all variants and batch sizes (--contexts, --miss-rate, --variants and "
+                 "--batch, if given, are kept)");
   app_->add_option("--time-limit", config_.time_limit_s,
                    "GPU: seconds after which no new point starts (0: none)")
       ->check(AtLeast(0.0))

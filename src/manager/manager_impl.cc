@@ -280,8 +280,12 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
   c->ingested_layers = options_.geometry.num_layers();
   c->token_ids = p->token_ids;
   c->indexed_pages = p->indexed_pages;
+  return LoadIngestedWindows(*c, stream);
+}
+
+Status SparseKVCacheManager::Impl::LoadIngestedWindows(const Request& r, StreamHandle stream) {
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    SPARSEKV_RETURN_IF_ERROR(LoadWindow(*c, l, nullptr, 0, stream));
+    if (r.ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, l, nullptr, 0, stream));
   }
   return Status::Ok();
 }
@@ -437,11 +441,7 @@ Status SparseKVCacheManager::Impl::Resume(RequestId id, StreamHandle stream) {
     if (r->ingested_layers > 0) SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->seq_len, stream));
     return Status::Ok();
   }
-  // Layers not yet ingested get their window at ingestion.
-  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    if (r->ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, l, nullptr, 0, stream));
-  }
-  return Status::Ok();
+  return LoadIngestedWindows(*r, stream);
 }
 
 // ---- Extension ----

@@ -134,6 +134,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status UploadPageTable(const Request& r, StreamHandle stream);
   Status LoadWindow(const Request& r, int32_t layer, const void* rows, int32_t first,
                     StreamHandle stream);
+  // LoadWindow from the host pool for every layer of `r` already ingested (the others get their
+  // window at their ingestion).
+  Status LoadIngestedWindows(const Request& r, StreamHandle stream);
   // Admission shared by Admit, AdmitWithPrefix, Fork and AdmitWithPages: checks, makes room,
   // reserves `tokens` with `shared` as the first pages plus `spare_pages` private pages (returned
   // in `spares`), and places the request on the device (PlaceOnDevice). REQUIRES: the caller

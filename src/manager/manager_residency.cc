@@ -99,13 +99,9 @@ Status SparseKVCacheManager::Impl::MakeRoomForBlocks(int32_t blocks, StreamHandl
 Status SparseKVCacheManager::Impl::LoadIntoBlock(Request& r, StreamHandle stream) {
   if (r.ingested_layers != options_.geometry.num_layers()) {
     // Still being ingested: the pool holds only some layers' rows, and the LRU slots are shared
-    // by all layers, so the block starts empty, as at an admission. The ingested layers get
-    // their window from the pool now, the others at their ingestion.
+    // by all layers, so the block starts empty, as at an admission.
     SPARSEKV_ASSIGN_OR_RETURN(r.block, hot_->Acquire(stream));
-    for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-      if (r.ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, l, nullptr, 0, stream));
-    }
-    return Status::Ok();
+    return LoadIngestedWindows(r, stream);
   }
   // The window's positions go to their window slots, the hot_slots positions before them to LRU
   // slots 0.. in position order (the oldest is the least recently used).

@@ -349,7 +349,7 @@ void NextChained(std::span<LayerTopKGenerator> layers, std::span<const int32_t> 
       g.EndStep();
     }
   };
-  const size_t workers = std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), n);
+  const size_t workers = std::min(static_cast<size_t>(threads), n);
   if (workers <= 1) {
     run(0, 1);
     return;

@@ -46,6 +46,18 @@ std::string Format(const char* fmt, auto... args) {
 
 std::string Limit(int32_t v) { return v >= kMaxSearchBatch ? "-" : std::to_string(v); }
 
+// One request of `model` at `context` tokens with a fixed hot cache of `hot_slots`.
+RequestShape RequestOf(const ModelShape& model, int32_t context, int32_t hot_slots) {
+  RequestShape request;
+  request.layers = model.layers;
+  request.row_bytes = model.row_bytes;
+  request.indexer_key_bytes = model.indexer_key_bytes;
+  request.top_k = model.top_k;
+  request.hot_slots = hot_slots;
+  request.tokens = context;
+  return request;
+}
+
 PlanCase Model(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
                const MemoryTier& tier, KVVariant variant, int32_t context, double miss_rate,
                int32_t hot_slots, double slo_ms, double hidden_fraction) {
@@ -54,13 +66,7 @@ PlanCase Model(const Calibration& cal, const ModelShape& model, const GpuSpec& g
   c.variant = variant;
   c.context = context;
   c.miss_rate = miss_rate;
-  RequestShape request;
-  request.layers = model.layers;
-  request.row_bytes = model.row_bytes;
-  request.indexer_key_bytes = model.indexer_key_bytes;
-  request.top_k = model.top_k;
-  request.hot_slots = hot_slots;
-  request.tokens = context;
+  const RequestShape request = RequestOf(model, context, hot_slots);
   StepInputs in{variant, 1, miss_rate, tier.gbps, hidden_fraction};
   c.limits = Limits(cal, model, gpu, request, in, tier.capacity_gb, slo_ms);
   const int32_t top = std::min({c.limits.by_hbm, c.limits.by_capacity, kMaxSearchBatch});
@@ -209,14 +215,10 @@ Json BudgetedHotCaches(const ModelShape& model, const GpuSpec& gpu,
       static_cast<int64_t>((gpu.hbm_gb - model.weights_gb - gpu.reserved_gb) * 1e9);
   for (const MemoryTier& tier : tiers) {
     for (int32_t context : contexts) {
-      RequestShape request;
-      request.layers = model.layers;
-      request.row_bytes = model.row_bytes;
-      request.indexer_key_bytes = model.indexer_key_bytes;
-      request.top_k = model.top_k;
-      request.tokens = context;
-      const BudgetedHotCache b = PlanBudgetedHotCache(
-          request, kv_budget, static_cast<int64_t>(tier.capacity_gb * 1e9), kMaxSearchBatch);
+      // The fixed hot_slots only stand in: PlanBudgetedHotCache charges no block for them.
+      const BudgetedHotCache b =
+          PlanBudgetedHotCache(RequestOf(model, context, hot_slots), kv_budget,
+                               static_cast<int64_t>(tier.capacity_gb * 1e9), kMaxSearchBatch);
       out << Format("  %-12s %6dK: batch %4d, hot cache %6.1f GB, %6d slots (vs %d fixed)\n",
                     tier.name.c_str(), context / 1024, b.max_batch, b.hot_cache_bytes / 1e9,
                     b.hot_slots, hot_slots);

@@ -1,28 +1,31 @@
-// HotCache: the per-request cache of KV rows in device memory (HBM), with its replacement state.
+// HotCache: the manager's device memory (HBM) for KV rows, in pages, with the replacement state
+// of the requests in hot-cache mode.
 //
-// Each admitted request holds one block; a block has, in every layer, C = hot_slots LRU slots
-// followed by W = window slots for the newest tokens. Layer l's data is one buffer of
-// [max_requests * (C + W)][row_stride(l)] bytes; a slot is addressed layer-wide as
-// block * (C + W) + slot, which is what Resolve returns and attention kernels index with.
-// Replacement state per index group (layers that share one top-k; a group is one layer unless
-// the model shares its indexer) and block is O(C): slot -> position (-1 = empty), the LRU
-// order of the C slots, and the size of the order's protected part (segmented LRU). Nothing is
-// sized by context length.
-//
-// Resident pages. With resident_page_rows R > 0, a free block may instead be split into
-// floor((C + W) / R) pages of R rows each, which hold the positions of requests whose whole KV is
-// resident in HBM (hybrid residency: such a request needs no replacement state and never misses).
-// A page is named by its first layer-wide slot. Blocks are taken for hot-cache mode from the low
-// end and for pages from the high end, so that pages and blocks compete for memory only when it
-// runs short; a block whose pages are all free again is free again.
+// Layer l's data is one buffer of [pages * R][row_stride(l)] bytes; a row is addressed layer-wide
+// by its slot (what Resolve returns and attention kernels index with). A page is R = page_rows
+// consecutive slots, the same in every layer, named by its first slot. Every page is free or holds
+// one of:
+//   * part of a block: a request in hot-cache mode holds one block, C = hot_slots LRU slots and
+//     W = window slots for the newest tokens in every layer, spread over pages_per_block() =
+//     ceil((C + W) / R) pages; the block's slot s (in [0, C + W)) is row s % R of its page
+//     s / R (Slot()). At most max_blocks blocks exist at once, each with its replacement state;
+//   * positions of a request whose whole KV is resident (hybrid residency: no replacement state,
+//     never a miss), or other per-request data the manager keeps in HBM (AcquirePages).
+// So memory moves freely between blocks and resident pages: any free page serves either, and
+// nothing fragments. With R = C + W every block is one page and block b, when the blocks are
+// taken and given back as a stack (lowest free first), is slots [b (C + W), (b + 1) (C + W)).
+// Replacement state per index group (layers that share one top-k; a group is one layer unless the
+// model shares its indexer) and block is O(C): slot -> position (-1 = empty), the LRU order of
+// the C slots, and the size of the order's protected part (segmented LRU). Nothing is sized by
+// context length.
 //
 // Thread safety: not thread-safe; the owning manager serialises calls.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -32,70 +35,93 @@
 
 namespace sparsekv {
 
-// The hot cache that `options` asks for (see CacheOptions::device_budget_bytes).
+// The device memory that `options` asks for (see CacheOptions::device_budget_bytes).
 struct HotCacheShape {
-  int32_t hot_slots = 0;    // C per block and layer (options.hot_slots, or chosen)
-  int32_t blocks = 0;       // >= options.max_requests
-  int64_t block_bytes = 0;  // HotCache::BlockBytes of one block
+  int32_t hot_slots = 0;  // C per block and layer (options.hot_slots, or chosen)
+  int32_t blocks = 0;     // max_requests: a block for every request on the device
+  int32_t page_rows = 0;  // R: resident_page_rows with hybrid residency or indexer keys, else C + W
+  int64_t pages = 0;      // pages of R rows in every layer
+  // Indexer keys a page holds per layer, floor(R * row_stride / indexer_key_bytes); 0 without
+  // indexer keys (CacheOptions::indexer_key_bytes).
+  int32_t keys_per_page = 0;
+  int64_t block_bytes = 0;  // device bytes of one block: its pages' rows and its state
 };
-// Without a budget: options.hot_slots and max_requests blocks. With one: hot_slots = 0 takes the
-// largest C (at most kMaxHotSlots) with which max_requests blocks fit in the budget, and the
-// blocks are as many as fit. InvalidArgument, naming the sizes, if the budget cannot hold
-// max_requests blocks of top_k slots (or of hot_slots), or the slots overflow 32-bit indices.
+// Without a budget: options.hot_slots, and pages for max_requests blocks plus, with indexer keys,
+// max_requests requests' keys of max_context positions. With one: the replacement state of
+// max_requests blocks, then pages for the rest; hot_slots = 0 takes the largest C (at most
+// kMaxHotSlots) with which those pages hold max_requests blocks (and their keys). InvalidArgument,
+// naming the sizes, if the budget cannot hold max_requests blocks of top_k slots (or of
+// hot_slots) and their keys, or the slots overflow 32-bit indices.
 StatusOr<HotCacheShape> ChooseHotCacheShape(const CacheOptions& options);
 
 class HotCache {
  public:
   // `backend` must outlive the cache. Layers [g * layers_per_state, (g + 1) * layers_per_state)
-  // share replacement state g.
+  // share replacement state g. InvalidArgument unless hot_slots, window, max_blocks and page_rows
+  // are positive, pages >= 0 and pages * page_rows fits 32-bit slots.
   static StatusOr<std::unique_ptr<HotCache>> Create(const KVGeometry& geometry, int32_t hot_slots,
                                                     int32_t window, int32_t max_blocks,
-                                                    Backend* backend, int32_t layers_per_state = 1,
-                                                    int32_t resident_page_rows = 0);
+                                                    int64_t pages, int32_t page_rows,
+                                                    Backend* backend, int32_t layers_per_state = 1);
   ~HotCache();
   HotCache(const HotCache&) = delete;
   HotCache& operator=(const HotCache&) = delete;
 
-  // Takes a free block (lowest first) and enqueues the reset of its state on `stream`: every
-  // slot empty, LRU order 0..C-1, no protected entry. ResourceExhausted if all blocks are taken.
+  // Takes a free block (lowest first) with pages_per_block() pages (lowest first), uploads its
+  // page list and enqueues the reset of its state on `stream`: every slot empty, LRU order
+  // 0..C-1, no protected entry. ResourceExhausted if no block or too few pages are free.
   StatusOr<int32_t> Acquire(StreamHandle stream);
   // REQUIRES (not checked, asserted in debug builds; the manager is the only caller): block was
-  // acquired and not yet released.
+  // acquired and not yet released. Its pages are free again.
   void Release(int32_t block);
   // Acquire, with the block's replacement state seeded instead of reset: slot s < n holds
   // positions[s] (n = positions.size() <= C), the others are empty; the LRU order is the empty
   // slots, then slots 0..n-1 (so positions[0] is the least recently used); nothing protected.
   // The caller copies the rows in. InvalidArgument if n > C.
   StatusOr<int32_t> AcquireSeeded(std::span<const int32_t> positions, StreamHandle stream);
+  // Whether Acquire would succeed now.
+  bool CanAcquire() const { return free_blocks() > 0 && free_pages() >= pages_per_block(); }
 
-  // Takes `pages` resident pages, all or nothing (ResourceExhausted if fewer are free), and
-  // returns their first slots. Pages of blocks already split are taken first.
-  StatusOr<std::vector<int32_t>> AcquirePages(int32_t pages);
+  // Takes `pages` pages (highest first), all or nothing (ResourceExhausted if fewer are free),
+  // and returns their first slots.
+  StatusOr<std::vector<int32_t>> AcquirePages(int64_t pages);
   // REQUIRES (not checked; the manager is the only caller): every entry was returned by
   // AcquirePages and not yet released.
   void ReleasePages(std::span<const int32_t> first_slots);
-  int32_t resident_page_rows() const { return page_rows_; }
-  int32_t pages_per_block() const { return page_rows_ > 0 ? slots_per_block() / page_rows_ : 0; }
-  // Pages AcquirePages can take now: free pages of split blocks and those of free blocks.
-  int64_t free_pages() const;
-  // Blocks neither in hot-cache mode nor split into pages.
-  int32_t free_blocks() const { return static_cast<int32_t>(free_.size()); }
+  int64_t free_pages() const { return static_cast<int64_t>(free_pages_.size()); }
+  int64_t pages() const { return pages_; }
+  int32_t page_rows() const { return page_rows_; }
+  int32_t pages_per_block() const { return (slots_per_block() + page_rows_ - 1) / page_rows_; }
 
   int32_t hot_slots() const { return hot_slots_; }
   int32_t window() const { return window_; }
   int32_t slots_per_block() const { return hot_slots_ + window_; }
   int32_t max_blocks() const { return max_blocks_; }
-  // Blocks in hot-cache mode.
-  int32_t used_blocks() const { return max_blocks_ - free_blocks() - split_blocks(); }
-  // Blocks split into resident pages (some of them in use).
-  int32_t split_blocks() const { return static_cast<int32_t>(split_.size()); }
+  int32_t free_blocks() const { return static_cast<int32_t>(free_blocks_.size()); }
+  // Blocks in use (requests in hot-cache mode).
+  int32_t used_blocks() const { return max_blocks_ - free_blocks(); }
+  // Layer-wide slot of slot s (in [0, C + W)) of an acquired block.
+  int32_t Slot(int32_t block, int32_t s) const {
+    return block_pages_host_[static_cast<size_t>(block) * pages_per_block() + s / page_rows_] +
+           s % page_rows_;
+  }
   // Layer-wide slot of the window slot that holds `position`.
   int32_t WindowSlot(int32_t block, int32_t position) const {
-    return block * slots_per_block() + hot_slots_ + position % window_;
+    return Slot(block, hot_slots_ + position % window_);
   }
+  // The block and the slot within it of a layer-wide slot, or {-1, -1} if its page belongs to no
+  // block.
+  struct BlockSlot {
+    int32_t block;
+    int32_t slot;
+  };
+  BlockSlot Locate(int32_t layer_slot) const;
 
   std::byte* layer_data(int32_t layer) const { return data_[layer]; }  // [rows, stride]
-  int64_t layer_rows() const { return int64_t{max_blocks_} * slots_per_block(); }
+  int64_t layer_rows() const { return pages_ * page_rows_; }
+  // Every block's pages, [max_blocks, pages_per_block()] first slots (device memory; a free
+  // block's entries are stale).
+  const int32_t* block_pages() const { return block_pages_; }
   // The replacement state `layer` uses (shared by the layers of its group).
   int32_t* slot_token(int32_t layer) const { return slot_token_ + Offset(layer); }  // [blocks, C]
   int32_t* lru_order(int32_t layer) const { return lru_order_ + Offset(layer); }    // [blocks, C]
@@ -103,15 +129,19 @@ class HotCache {
   int32_t* lru_protected(int32_t layer) const {  // [blocks]
     return lru_protected_ + int64_t{layer / layers_per_state_} * max_blocks_;
   }
-  // Device bytes held: data plus replacement state.
+  // Device bytes held: data plus replacement state and page lists.
   int64_t device_bytes() const { return device_bytes_; }
-  // Device bytes one block costs over all layers.
+  // Device bytes one block costs over all layers with one page per block: its C + W rows and its
+  // replacement state.
   static int64_t BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
+                            int32_t layers_per_state = 1);
+  // Device bytes of the replacement state of one block over all layers.
+  static int64_t StateBytes(const KVGeometry& geometry, int32_t hot_slots,
                             int32_t layers_per_state = 1);
 
  private:
   HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window, int32_t max_blocks,
-           Backend* backend, int32_t layers_per_state, int32_t resident_page_rows);
+           int64_t pages, int32_t page_rows, Backend* backend, int32_t layers_per_state);
   // Enqueues the upload of `image` (C tokens then C order entries) as `block`'s state.
   Status WriteState(int32_t block, const int32_t* image, StreamHandle stream);
   int32_t states() const {
@@ -125,18 +155,21 @@ class HotCache {
   int32_t hot_slots_;
   int32_t window_;
   int32_t max_blocks_;
+  int64_t pages_;
+  int32_t page_rows_;  // R
   int32_t layers_per_state_;
   Backend* backend_;
   std::vector<std::byte*> data_;
   int32_t* slot_token_ = nullptr;     // [states, blocks, C]
   int32_t* lru_order_ = nullptr;      // [states, blocks, C]
   int32_t* lru_protected_ = nullptr;  // [states, blocks]
+  int32_t* block_pages_ = nullptr;    // [blocks, pages_per_block]
   int64_t device_bytes_ = 0;
-  std::vector<int32_t> free_;  // free blocks, highest first (Acquire pops the lowest)
-  int32_t page_rows_;          // R; 0 = no resident pages
-  // Split blocks -> their free pages (indices within the block, highest first).
-  std::map<int32_t, std::vector<int32_t>> split_;
-  std::vector<int32_t> seed_image_;  // host: the state Acquire / AcquireSeeded upload
+  std::set<int32_t> free_blocks_;
+  std::set<int32_t> free_pages_;           // page indices (slot / R)
+  std::vector<int32_t> block_pages_host_;  // host mirror of block_pages_
+  std::vector<int32_t> page_block_;        // [pages] the block a page belongs to, or -1
+  std::vector<int32_t> seed_image_;        // host: the state Acquire / AcquireSeeded upload
 };
 
 }  // namespace sparsekv

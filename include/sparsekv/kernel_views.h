@@ -79,19 +79,22 @@ struct IndexCopyView {
 // row are not touched.
 //
 // For every batch row b < *batch_size (rows at or past it are not touched), with entry e =
-// batch[b], C = hot_slots, W = window, base = e.block * (C + W), and
-// window_begin = max(0, e.seq_len - W), each top-k entry p = topk[b * topk_stride + k] is:
+// batch[b], C = hot_slots, W = window, window_begin = max(0, e.seq_len - W), and the layer-wide
+// slot of the block's slot s (in [0, C + W))
+//   slot(s) = block_pages[e.block * pages_per_block + s / block_page_rows] + s % block_page_rows
+// (or e.block * (C + W) + s when block_pages is null: every block one run of slots), each top-k
+// entry p = topk[b * topk_stride + k] is:
 //   * -1                                 -> padding:      out = -1
 //   * p < -1 or p >= e.seq_len           -> out_of_range: out = -1
 //   * an earlier entry of the row was p  -> duplicate:    out = -1, or with share_duplicates the
 //                                           out of the first entry holding p (after the misses
 //                                           below are placed)
-//   * p >= window_begin                  -> window hit:   out = base + C + p % W
-//   * slot_token[block][s] == p, s < C   -> hit:          out = base + s
+//   * p >= window_begin                  -> window hit:   out = slot(C + p % W)
+//   * slot_token[block][s] == p, s < C   -> hit:          out = slot(s)
 //   * otherwise                          -> miss (the i-th miss of the row, in k order).
 // Victims: walk lru_order[block][0..C) (least recently used first) and take the first n_miss
 // slots not hit in this step; the i-th miss gets the i-th victim v_i: slot_token = p,
-// out = base + v_i, and the miss list gets (host row of p, base + v_i). The host row of p is
+// out = slot(v_i), and the miss list gets (host row of p, slot(v_i)). The host row of p is
 // page_table[e.page_table_row * pages_per_request + p / page_tokens] * page_tokens
 //   + p % page_tokens.
 // New LRU order: the slots neither hit nor filled keep their relative order at the front; the
@@ -140,6 +143,32 @@ struct ResolveView {
   const int32_t* resident_table;  // [residency rows, resident_pages] first slot of each page
   int32_t resident_pages;         // pages per residency row
   int32_t resident_page_rows;     // R: positions per page
+  // Where each block's slots are (see slot(s) above); null: block b is slots
+  // [b * (C + W), (b + 1) * (C + W)).
+  const int32_t* block_pages;  // [num_blocks, pages_per_block] first slot of each page
+  int32_t pages_per_block;
+  int32_t block_page_rows;  // slots per page
+};
+
+// The indexer keys of one layer that the manager keeps (CacheOptions::indexer_key_bytes), for an
+// engine's indexer kernel: the key of position p (< seq_len) of the request in batch row b is the
+// key_bytes bytes at Key(batch[b].page_table_row, p). Keys live in pages of the manager's device
+// memory, keys_per_page of them packed from the start of each page.
+struct IndexerKeyView {
+  const int32_t* batch_size;  // device scalar: rows in use this step
+  const BatchEntry* batch;    // [max_batch] the step's requests
+  const std::byte* keys;      // the layer's device memory (SparseKVCacheManager::HotLayer)
+  int64_t row_stride;         // bytes per slot of that memory
+  const int32_t* page_table;  // [owners, pages_per_request] first slot of each key page
+  int32_t pages_per_request;
+  int32_t keys_per_page;
+  int32_t key_bytes;
+
+  SPARSEKV_HD const std::byte* Key(int32_t page_table_row, int32_t position) const {
+    const int64_t page = page_table[static_cast<int64_t>(page_table_row) * pages_per_request +
+                                    position / keys_per_page];
+    return keys + page * row_stride + static_cast<int64_t>(position % keys_per_page) * key_bytes;
+  }
 };
 
 // out[b, k] = hot[slots[b, k]] for b < *batch_size and k < top_k; a row whose slot is kNullSlot

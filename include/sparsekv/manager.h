@@ -186,6 +186,26 @@ class SparseKVCacheManager {
   // history from the host pool, or demotes resident requests for a block as Admit does.
   Status Resume(RequestId id, StreamHandle stream);
 
+  // ---- Indexer keys (CacheOptions::indexer_key_bytes > 0) ----
+  //
+  // The manager keeps every live request's indexer keys in its device memory, in pages it shares
+  // with the KV rows, so that memory moves between keys, resident KV and hot caches as the batch
+  // changes. Keys live only in HBM: a retracted request keeps them, a forked child gets a copy of
+  // its parent's, and a request admitted with a shared prefix is given all its prompt's keys.
+
+  // Writes the prompt's indexer keys of one layer. `keys` is [prompt_len, indexer_key_bytes] in
+  // host or device memory, every prompt position (a shared prefix's too), and must stay valid
+  // until `stream` reaches the copies. Every layer's keys must be ingested before the request
+  // joins a step (a forked child has its parent's). Errors: FailedPrecondition without indexer
+  // keys; NotFound unless the request is live; InvalidArgument for a bad layer or null keys;
+  // AlreadyExists for a layer ingested already.
+  Status IngestIndexerKeys(RequestId id, int32_t layer, const void* keys, StreamHandle stream);
+  // Where an indexer kernel reads the keys of `layer` (device memory) for the planned step's
+  // batch; the view stays valid for the manager's lifetime (captured graphs may keep it), while
+  // the pages it names change with admissions, between steps. With indexer_key_bytes = 0 every
+  // pointer is null.
+  IndexerKeyView IndexerKeys(int32_t layer) const;
+
   // ---- Hybrid residency (host side, between steps) ----
 
   // Makes a hot-cache request resident again: takes its pages, loads its whole history from the
@@ -254,10 +274,14 @@ class SparseKVCacheManager {
 
   // Stores the newest token's KV of `layer` for every request of the step: into its window slot
   // (in place) and, on a side stream, into the host pool (write-back). `new_rows` is
-  // [max_batch, row_stride(layer)], row b for the b-th request of the batch. Must precede
-  // RunLayer(layer) in the step. Errors: FailedPrecondition outside a step or for a layer appended
-  // already; InvalidArgument for a bad layer or null new_rows.
+  // [max_batch, row_stride(layer)], row b for the b-th request of the batch. With indexer keys,
+  // `new_keys` ([max_batch, indexer_key_bytes]) holds the newest token's keys, stored next to
+  // the others (it is ignored without). Must precede RunLayer(layer) in the step. Errors:
+  // FailedPrecondition outside a step or for a layer appended already; InvalidArgument for a bad
+  // layer, null new_rows, or null new_keys with indexer keys.
   Status AppendToken(int32_t layer, const void* new_rows, StreamHandle stream);
+  Status AppendToken(int32_t layer, const void* new_rows, const void* new_keys,
+                     StreamHandle stream);
   // Resolves `topk` ([max_batch, topk_stride] int32 positions, -1 = padding; rows past the
   // batch are ignored) against the hot cache of `layer`, copies the misses in, and writes
   // `slots` ([max_batch, top_k] int32 layer-wide slots, -1 = skipped entry). If `assembled` is

@@ -82,6 +82,16 @@ struct CacheOptions {
   // hot-cache mode (SparseKVCacheManager, "Hybrid residency"). false: every request is in
   // hot-cache mode.
   bool hybrid_residency = false;
+  // Indexer keys kept by the manager: bytes per position and layer (DeepSeek-V3.2's indexer: 132,
+  // 128 fp8 + an fp32 scale), or 0 for an engine that keeps its own. The manager then holds every
+  // live request's keys in its device memory, in pages shared with the KV rows (HotCache), so
+  // that HBM moves between keys, resident KV and hot caches as the batch changes, as it would in
+  // an engine that keeps everything in HBM. The engine's indexer reads them through
+  // SparseKVCacheManager::IndexerKeys; IngestIndexerKeys and AppendToken write them. They live
+  // only in HBM: kept through Retract, copied by Fork, ingested again for every prompt position
+  // (a shared prefix included). Requires a multiple of 4, and one row_stride, a multiple of 4,
+  // for every layer.
+  int32_t indexer_key_bytes = 0;
   // The newest `window` tokens of each request are always resident, in `window` extra slots per
   // request and layer (beyond hot_slots), and are never evicted.
   int32_t window = 1;
@@ -139,11 +149,13 @@ struct CacheOptions {
   // Copies on the critical path gain nothing from it below batch 64 (0.1-0.35 ms per step
   // slower), hence the default (bench/results/overlap-copy-blocks, docs/overlap.md). CUDA only.
   int32_t copy_blocks = 0;
-  // Hybrid residency: positions per resident page. A resident request takes
-  // ceil(reserved / resident_page_rows) pages; a hot-cache block holds
-  // floor((hot_slots + window) / resident_page_rows) of them. With hybrid_residency: in
+  // Rows per page of the device memory with hybrid residency or indexer keys (HotCache): a
+  // resident request takes ceil(reserved / resident_page_rows) pages, a hot-cache block
+  // ceil((hot_slots + window) / resident_page_rows), a request's indexer keys
+  // ceil(reserved / keys per page). Smaller pages waste less at a request's end (at most a page
+  // per request) and cost larger page tables. With hybrid_residency or indexer keys: in
   // [1, hot_slots + window].
-  int32_t resident_page_rows = 256;
+  int32_t resident_page_rows = 64;
 
   int32_t effective_max_batch() const { return max_batch > 0 ? max_batch : max_requests; }
   int32_t effective_max_host_requests() const {

@@ -125,12 +125,40 @@ class PyManager {
     }
   }
 
-  void AppendToken(int32_t layer, const py::object& new_rows, const py::object& stream) {
+  void AppendToken(int32_t layer, const py::object& new_rows, const py::object& new_keys,
+                   const py::object& stream) {
     TensorRules r{"new_rows"};
     r.row_bytes = RowStride(options(), layer, "append_token");
     r.min_rows = manager_->batch_size();
     const TensorArg t = CheckTensor(new_rows, r, backend_);
-    Check(manager_->AppendToken(layer, t.data, Stream(stream)));
+    const void* keys = nullptr;
+    if (!new_keys.is_none()) {
+      TensorRules kr{"new_keys"};
+      kr.row_bytes = options().indexer_key_bytes;
+      kr.min_rows = manager_->batch_size();
+      keys = CheckTensor(new_keys, kr, backend_).data;
+    }
+    Check(manager_->AppendToken(layer, t.data, keys, Stream(stream)));
+  }
+
+  void IngestIndexerKeys(PyRequestId id, int32_t layer, const py::object& keys,
+                         const py::object& stream) {
+    RowStride(options(), layer, "ingest_indexer_keys");
+    TensorRules r{"keys"};
+    r.row_bytes = options().indexer_key_bytes;
+    const StatusOr<int32_t> prompt_len = manager_->SequenceLength(id.value);
+    if (!prompt_len.ok() || r.row_bytes == 0) {
+      Check(manager_->IngestIndexerKeys(id.value, layer, nullptr, Stream(stream)));
+    }
+    r.exact_rows = *prompt_len;
+    r.host_ok_on_cuda = true;
+    const TensorArg t = CheckTensor(keys, r, backend_);
+    Check(manager_->IngestIndexerKeys(id.value, layer, t.data, Stream(stream)));
+  }
+
+  IndexerKeyView IndexerKeys(int32_t layer) const {
+    RowStride(options(), layer, "indexer_keys");
+    return manager_->IndexerKeys(layer);
   }
 
   // topk: int32 [>= batch, >= top_k]; slots: int32 [>= batch, top_k], written.
@@ -274,6 +302,36 @@ class PyManager {
   std::unordered_map<RequestId, int32_t> cached_;
 };
 
+void RegisterIndexerKeys(py::module_& m) {
+  py::class_<IndexerKeyView>(m, "IndexerKeys",
+                             "Where a layer's indexer keys live (device memory under CUDA): the "
+                             "key of position p of the request in batch row b is key_bytes bytes "
+                             "at keys_ptr + page_table[batch[b].page_table_row * "
+                             "pages_per_request + p // keys_per_page] * row_stride + "
+                             "(p % keys_per_page) * key_bytes. Addresses are valid for the "
+                             "manager's lifetime.")
+      .def_property_readonly(
+          "keys_ptr", [](const IndexerKeyView& v) { return reinterpret_cast<uintptr_t>(v.keys); },
+          "The layer's device memory (hot_layer's data_ptr).")
+      .def_readonly("row_stride", &IndexerKeyView::row_stride, "Bytes per slot of that memory.")
+      .def_property_readonly(
+          "page_table_ptr",
+          [](const IndexerKeyView& v) { return reinterpret_cast<uintptr_t>(v.page_table); },
+          "int32 [owners, pages_per_request]: first slot of each key page.")
+      .def_readonly("pages_per_request", &IndexerKeyView::pages_per_request,
+                    "Key pages per page-table row.")
+      .def_readonly("keys_per_page", &IndexerKeyView::keys_per_page, "Keys a page holds.")
+      .def_readonly("key_bytes", &IndexerKeyView::key_bytes, "indexer_key_bytes.")
+      .def_property_readonly(
+          "batch_ptr", [](const IndexerKeyView& v) { return reinterpret_cast<uintptr_t>(v.batch); },
+          "BatchEntry [max_batch] of the planned step: int32 block, seq_len, page_table_row, "
+          "resident.")
+      .def_property_readonly(
+          "batch_size_ptr",
+          [](const IndexerKeyView& v) { return reinterpret_cast<uintptr_t>(v.batch_size); },
+          "int32 scalar: rows of the planned step.");
+}
+
 void RegisterHotLayer(py::module_& m) {
   py::class_<HotLayerView>(m, "HotLayer",
                            "One layer of the hot cache, [rows, row_stride] uint8, wrapped "
@@ -337,6 +395,7 @@ void RegisterBackends(py::module_& m) {
 
 void RegisterManager(py::module_& m) {
   RegisterHotLayer(m);
+  RegisterIndexerKeys(m);
 
   const py::arg_v no_stream = py::arg("stream") = py::none();
   py::class_<PyManager>(m, "SparseKVCacheManager",
@@ -410,10 +469,17 @@ void RegisterManager(py::module_& m) {
            "a step planned without ids ends that for the requests of its batch.")
       // ---- Run ----
       .def("append_token", &PyManager::AppendToken, py::arg("layer"), py::arg("new_rows"),
-           no_stream,
+           py::arg("new_keys") = py::none(), no_stream,
            "Stores the newest token's KV of `layer` for every request of the step: new_rows is "
-           "[>= batch, row_stride] bytes, row b for the b-th request. Precedes the layer's "
+           "[>= batch, row_stride] bytes, row b for the b-th request; with indexer keys, "
+           "new_keys ([>= batch, indexer_key_bytes] bytes) their keys. Precedes the layer's "
            "run_layer.")
+      .def("ingest_indexer_keys", &PyManager::IngestIndexerKeys, py::arg("request_id"),
+           py::arg("layer"), py::arg("keys"), no_stream,
+           "Writes the prompt's indexer keys of `layer` ([prompt_len, indexer_key_bytes] bytes, "
+           "every prompt position) into the manager's device memory.")
+      .def("indexer_keys", &PyManager::IndexerKeys, py::arg("layer"),
+           "Where an indexer kernel reads the keys of `layer` (IndexerKeys).")
       .def("run_layer", &PyManager::RunLayer, py::arg("layer"), py::arg("topk"), py::arg("slots"),
            py::arg("assembled") = py::none(), no_stream,
            "Resolves topk (int32 [>= batch, >= top_k] positions, -1 = padding) against the hot "

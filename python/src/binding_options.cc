@@ -66,7 +66,7 @@ void RegisterCacheOptions(py::module_& m) {
                        EvictionPolicy eviction, int32_t protected_percent, int32_t layers_per_index,
                        bool share_repeated_positions, int32_t max_prefetch, int32_t copy_blocks,
                        bool hybrid_residency, int64_t device_budget_bytes,
-                       int32_t resident_page_rows) {
+                       int32_t resident_page_rows, int32_t indexer_key_bytes) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -89,6 +89,7 @@ void RegisterCacheOptions(py::module_& m) {
              o.hybrid_residency = hybrid_residency;
              o.device_budget_bytes = device_budget_bytes;
              o.resident_page_rows = resident_page_rows;
+             o.indexer_key_bytes = indexer_key_bytes;
              return o;
            }),
            py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
@@ -108,6 +109,7 @@ void RegisterCacheOptions(py::module_& m) {
            py::arg("hybrid_residency") = defaults.hybrid_residency,
            py::arg("device_budget_bytes") = defaults.device_budget_bytes,
            py::arg("resident_page_rows") = defaults.resident_page_rows,
+           py::arg("indexer_key_bytes") = defaults.indexer_key_bytes,
            "Keyword arguments only; geometry, host_capacity_tokens, max_requests and max_context "
            "are required. Checked when a manager is created (or by validate()).")
       .def_readwrite("geometry", &CacheOptions::geometry, "The KV rows of every layer.")
@@ -155,7 +157,10 @@ void RegisterCacheOptions(py::module_& m) {
                      "HBM for the hot cache; 0: max_requests blocks. With hot_slots = 0 the "
                      "library chooses the slots from it.")
       .def_readwrite("resident_page_rows", &CacheOptions::resident_page_rows,
-                     "Hybrid residency: positions per resident page.")
+                     "Rows per page of the device memory (hybrid residency, indexer keys).")
+      .def_readwrite("indexer_key_bytes", &CacheOptions::indexer_key_bytes,
+                     "Indexer key bytes per position and layer that the manager keeps in its "
+                     "device memory (0: the engine keeps its own).")
       .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity,
                              "SEGMENTED_LRU: the protected part's capacity in slots.")
       .def_property_readonly("effective_max_batch", &CacheOptions::effective_max_batch,
@@ -173,10 +178,14 @@ void RegisterCacheOptions(py::module_& m) {
 }
 
 void RegisterHotCacheShape(py::module_& m) {
-  py::class_<HotCacheShape>(m, "HotCacheShape", "The hot cache CacheOptions ask for.")
+  py::class_<HotCacheShape>(m, "HotCacheShape", "The device memory CacheOptions ask for.")
       .def_readonly("hot_slots", &HotCacheShape::hot_slots,
                     "Slots per block and layer (options.hot_slots, or chosen from the budget).")
-      .def_readonly("blocks", &HotCacheShape::blocks, "Blocks: max_requests, or as many as fit.")
+      .def_readonly("blocks", &HotCacheShape::blocks, "Blocks: max_requests.")
+      .def_readonly("page_rows", &HotCacheShape::page_rows, "Rows per page of the device memory.")
+      .def_readonly("pages", &HotCacheShape::pages, "Pages of the device memory.")
+      .def_readonly("keys_per_page", &HotCacheShape::keys_per_page,
+                    "Indexer keys a page holds per layer (0 without indexer keys).")
       .def_readonly("block_bytes", &HotCacheShape::block_bytes, "Device bytes of one block.");
   m.def(
       "choose_hot_cache_shape",

@@ -1,5 +1,7 @@
 """The binding on the CPU backend with numpy arrays: lifecycle, resolve results, errors."""
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -251,3 +253,47 @@ def test_split_run_index_groups_and_prefetch_match_run_layer():
         split.append_token(0, np.zeros((1, LAYERS[0][1]), np.uint8))
         split.append_token(1, np.zeros((1, LAYERS[1][1]), np.uint8))
         split.resolve_layer(1, np.zeros((1, TOP_K), np.int32), np.zeros((1, TOP_K), np.int32))
+
+
+def test_indexer_keys_live_in_the_managers_memory():
+    # Two layers of 16-byte rows in pages of 4 rows: a page holds 4 * 16 // 8 = 8 keys of 8 bytes.
+    o = make_options(geometry=sparsekv.KVGeometry.uniform(2, 16), hybrid_residency=True,
+                     resident_page_rows=4, indexer_key_bytes=8)
+    m = sparsekv.SparseKVCacheManager(o, sparsekv.cpu_backend())
+    rng = np.random.default_rng(7)
+    prompt = 11
+    m.admit(1, prompt, 3)
+    keys = [rng.integers(0, 256, (prompt, 8), dtype=np.uint8) for _ in range(2)]
+    for layer in range(2):
+        m.ingest_prompt(1, layer, rng.integers(0, 256, (prompt, 16), dtype=np.uint8))
+    with pytest.raises(sparsekv.FailedPreconditionError, match="indexer keys"):
+        m.plan_step([1])
+    with pytest.raises(ValueError, match="keys"):
+        m.ingest_indexer_keys(1, 0, keys[0][:5])  # not every prompt position
+    for layer in range(2):
+        m.ingest_indexer_keys(1, layer, keys[layer])
+    m.plan_step([1])
+    new_keys = [rng.integers(0, 256, (o.effective_max_batch, 8), dtype=np.uint8) for _ in range(2)]
+    topk = np.full((o.effective_max_batch, TOP_K), -1, np.int32)
+    slots = np.empty((o.effective_max_batch, TOP_K), np.int32)
+    for layer in range(2):
+        with pytest.raises(sparsekv.InvalidArgumentError, match="new_keys"):
+            m.append_token(layer, np.zeros((o.effective_max_batch, 16), np.uint8))
+        m.append_token(layer, np.zeros((o.effective_max_batch, 16), np.uint8), new_keys[layer])
+        m.run_layer(layer, topk, slots)
+    m.finish_step()
+    # Read every key back through the view, as an indexer kernel would.
+    for layer in range(2):
+        v = m.indexer_keys(layer)
+        assert (v.key_bytes, v.keys_per_page, v.row_stride) == (8, 8, 16)
+        row = ctypes.c_int32.from_address(v.batch_ptr + 8).value  # batch[0].page_table_row
+        table = np.ctypeslib.as_array(
+            (ctypes.c_int32 * v.pages_per_request).from_address(
+                v.page_table_ptr + 4 * row * v.pages_per_request))
+        want = np.concatenate([keys[layer], new_keys[layer][:1]])
+        for p in range(prompt + 1):
+            at = v.keys_ptr + int(table[p // v.keys_per_page]) * v.row_stride + (p % 8) * 8
+            got = np.ctypeslib.as_array((ctypes.c_uint8 * 8).from_address(at))
+            assert np.array_equal(got, want[p]), (layer, p)
+    shape = sparsekv.choose_hot_cache_shape(o)
+    assert shape.keys_per_page == 8 and shape.page_rows == 4

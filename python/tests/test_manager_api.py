@@ -326,15 +326,16 @@ def test_statistics_fields_dict_and_reset(arrays):
 
 
 def test_hybrid_residency_promote_and_demote(arrays):
-    # Blocks of 8 + 2 rows, resident pages of 4 positions (2 per block), a budget of 3 blocks.
-    probe = sparsekv.choose_hot_cache_shape(make_options())
-    assert probe.blocks == 3 and probe.hot_slots == 8
-    d = Driver(arrays, seed=6, hybrid_residency=True, resident_page_rows=4,
-               device_budget_bytes=3 * probe.block_bytes)
+    # Blocks of 8 + 2 rows in pages of 5 positions (2 per block), a budget of 3 blocks: 6 pages.
+    paged = dict(hybrid_residency=True, resident_page_rows=5)
+    probe = sparsekv.choose_hot_cache_shape(make_options(**paged))
+    assert probe.blocks == 3 and probe.hot_slots == 8 and probe.pages == 6
+    assert probe.page_rows == 5 and probe.keys_per_page == 0
+    d = Driver(arrays, seed=6, device_budget_bytes=3 * probe.block_bytes, **paged)
     m = d.m
     d.admit(1, d.prompt(6), max_new_tokens=6)  # 12 positions: 3 of the 6 pages
     assert m.is_resident(1)
-    d.admit(2, d.prompt(7), max_new_tokens=6)  # 13 positions: 4 pages do not fit, a block does
+    d.admit(2, d.prompt(7), max_new_tokens=9)  # 16 positions: 4 pages do not fit, a block does
     assert not m.is_resident(2)
     d.step([1, 2])
     d.step([2, 1], split=True)

@@ -55,7 +55,12 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
   const BatchEntry e = v.batch[b];
   const int32_t c = v.hot_slots;
   const int32_t w = v.window;
-  const int32_t base = e.block * (c + w);
+  // The layer-wide slot of the block's slot s.
+  const auto slot = [&](int32_t s) {
+    if (v.block_pages == nullptr) return e.block * (c + w) + s;
+    const int32_t r = v.block_page_rows;
+    return v.block_pages[static_cast<int64_t>(e.block) * v.pages_per_block + s / r] + s % r;
+  };
   const int32_t window_begin = std::max(0, e.seq_len - w);
   const int32_t* topk = v.topk + static_cast<int64_t>(b) * v.topk_stride;
   int32_t* out = v.slots_out + static_cast<int64_t>(b) * v.top_k;
@@ -85,10 +90,10 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
       repeats.push_back(k);
     } else if (p >= window_begin) {
       ++n.window_hits;
-      out[k] = base + c + p % w;
+      out[k] = slot(c + p % w);
     } else if (auto it = slot_of.find(p); it != slot_of.end()) {
       ++n.hits;
-      out[k] = base + it->second;
+      out[k] = slot(it->second);
       touched[it->second] = 1;
     } else {
       misses.push_back(k);
@@ -105,13 +110,13 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
     const int32_t p = topk[k];
     touched[s] = 1;
     slot_token[s] = p;
-    out[k] = base + s;
+    out[k] = slot(s);
     if (fill != nullptr) fill[k] = 1;
     const int32_t page = v.page_table[static_cast<int64_t>(e.page_table_row) * v.pages_per_request +
                                       p / v.page_tokens];
     const int32_t slot_index = (*v.miss_count)++;
     v.miss_host_row[slot_index] = page * v.page_tokens + p % v.page_tokens;
-    v.miss_slot[slot_index] = base + s;
+    v.miss_slot[slot_index] = out[k];
   }
   n.misses += misses.size();
   if (v.share_duplicates) {

@@ -263,7 +263,8 @@ std::string ShapeName(const ResolveShape& s) {
 class ResolveHarness {
  public:
   static constexpr int32_t kPageTokens = 64;
-  static constexpr int32_t kResidentRows = 48;  // R of the resident rows
+  static constexpr int32_t kResidentRows = 48;   // R of the resident rows
+  static constexpr int32_t kBlockPageRows = 40;  // odd seeds: blocks in pages of this many slots
 
   ResolveHarness(Backend& gpu, const ResolveShape& shape, uint64_t seed)
       : gpu_(gpu),
@@ -282,6 +283,9 @@ class ResolveHarness {
         page_table_(static_cast<size_t>(shape.max_batch) * pages_per_request_),
         resident_pages_(pages_per_request_ * kPageTokens / kResidentRows + 1),
         resident_table_(static_cast<size_t>(shape.max_batch) * resident_pages_),
+        paged_(seed % 2 == 1),
+        pages_per_block_((shape.hot_slots + shape.window + kBlockPageRows - 1) / kBlockPageRows),
+        block_pages_(static_cast<size_t>(num_blocks_) * pages_per_block_),
         g_batch_size_(gpu, sizeof(int32_t)),
         g_batch_(gpu, batch_.size() * sizeof(BatchEntry)),
         g_topk_(gpu, topk_.size() * sizeof(int32_t)),
@@ -291,6 +295,7 @@ class ResolveHarness {
         g_lru_protected_(gpu, lru_protected_.size() * sizeof(int32_t)),
         g_page_table_(gpu, page_table_.size() * sizeof(int32_t)),
         g_resident_table_(gpu, resident_table_.size() * sizeof(int32_t)),
+        g_block_pages_(gpu, block_pages_.size() * sizeof(int32_t)),
         g_miss_host_row_(gpu, MissCapacity() * sizeof(int32_t)),
         g_miss_slot_(gpu, MissCapacity() * sizeof(int32_t)),
         g_miss_count_(gpu, sizeof(int32_t)),
@@ -321,6 +326,12 @@ class ResolveHarness {
     // Any slots will do: the mapping is checked, not the rows.
     for (int32_t& first_slot : resident_table_) first_slot = static_cast<int32_t>(rng_() % 1000000);
     g_resident_table_.Upload(resident_table_);
+    // Paged blocks: the pages of all blocks in a random order (the slots they name hold no rows
+    // here either).
+    std::iota(block_pages_.begin(), block_pages_.end(), 0);
+    std::shuffle(block_pages_.begin(), block_pages_.end(), rng_);
+    for (int32_t& first_slot : block_pages_) first_slot *= kBlockPageRows;
+    g_block_pages_.Upload(block_pages_);
     g_counters_.Fill(0);
     last_topk_ = topk_;
   }
@@ -349,9 +360,9 @@ class ResolveHarness {
     int32_t want_miss_count = 0;
     reference::Resolve(View(&batch_size, batch_.data(), topk_.data(), want_out.data(),
                             slot_token_.data(), lru_order_.data(), lru_protected_.data(),
-                            page_table_.data(), resident_table_.data(), want_miss_row.data(),
-                            want_miss_slot.data(), &want_miss_count, &counters_,
-                            flags.fill_mask ? want_fill.data() : nullptr, flags));
+                            page_table_.data(), resident_table_.data(), block_pages_.data(),
+                            want_miss_row.data(), want_miss_slot.data(), &want_miss_count,
+                            &counters_, flags.fill_mask ? want_fill.data() : nullptr, flags));
 
     // GPU.
     g_batch_size_.Upload(std::vector<int32_t>{batch_size});
@@ -366,9 +377,9 @@ class ResolveHarness {
         View(g_batch_size_.get<int32_t>(), g_batch_.get<BatchEntry>(), g_topk_.get<int32_t>(),
              g_slots_out_.get<int32_t>(), g_slot_token_.get<int32_t>(), g_lru_order_.get<int32_t>(),
              g_lru_protected_.get<int32_t>(), g_page_table_.get<int32_t>(),
-             g_resident_table_.get<int32_t>(), g_miss_host_row_.get<int32_t>(),
-             g_miss_slot_.get<int32_t>(), g_miss_count_.get<int32_t>(),
-             g_counters_.get<ResolveCounters>(),
+             g_resident_table_.get<int32_t>(), g_block_pages_.get<int32_t>(),
+             g_miss_host_row_.get<int32_t>(), g_miss_slot_.get<int32_t>(),
+             g_miss_count_.get<int32_t>(), g_counters_.get<ResolveCounters>(),
              flags.fill_mask ? g_fill_mask_.get<uint8_t>() : nullptr, flags),
         s_.max_batch, nullptr));
     ExpectOk(gpu_.Synchronize(nullptr));
@@ -416,8 +427,9 @@ class ResolveHarness {
   ResolveView View(const int32_t* batch_size, const BatchEntry* batch, const int32_t* topk,
                    int32_t* slots_out, int32_t* slot_token, int32_t* lru_order,
                    int32_t* lru_protected, const int32_t* page_table, const int32_t* resident_table,
-                   int32_t* miss_host_row, int32_t* miss_slot, int32_t* miss_count,
-                   ResolveCounters* counters, uint8_t* fill_mask, Flags flags) const {
+                   const int32_t* block_pages, int32_t* miss_host_row, int32_t* miss_slot,
+                   int32_t* miss_count, ResolveCounters* counters, uint8_t* fill_mask,
+                   Flags flags) const {
     return {.batch_size = batch_size,
             .batch = batch,
             .topk = topk,
@@ -444,7 +456,10 @@ class ResolveHarness {
             .share_duplicates = flags.share_duplicates,
             .resident_table = resident_table,
             .resident_pages = resident_pages_,
-            .resident_page_rows = kResidentRows};
+            .resident_page_rows = kResidentRows,
+            .block_pages = paged_ ? block_pages : nullptr,
+            .pages_per_block = pages_per_block_,
+            .block_page_rows = kBlockPageRows};
   }
 
   // The next top-k of row b. kMixed: about half from the row's last top-k, the rest anywhere in
@@ -532,6 +547,9 @@ class ResolveHarness {
   std::vector<int32_t> last_topk_;
   std::vector<int32_t> page_table_;
   std::vector<int32_t> resident_table_;  // [max_batch, resident_pages_]
+  const bool paged_;                     // the view names block_pages_
+  const int32_t pages_per_block_;
+  std::vector<int32_t> block_pages_;  // [num_blocks, pages_per_block_]
   ResolveCounters counters_{};
 
   // The GPU's.
@@ -544,6 +562,7 @@ class ResolveHarness {
   Buffer g_lru_protected_;
   Buffer g_page_table_;
   Buffer g_resident_table_;
+  Buffer g_block_pages_;
   Buffer g_miss_host_row_;
   Buffer g_miss_slot_;
   Buffer g_miss_count_;

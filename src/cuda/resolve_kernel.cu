@@ -128,6 +128,18 @@ SmemLayout MakeLayout(int32_t top_k, int32_t hot_slots) {
   return layout;
 }
 
+// The layer-wide slots of one block (ResolveView's slot(s)): its page list, or one run of slots
+// from `base` when the view has no page lists.
+struct BlockSlots {
+  const int32_t* pages;  // this block's row of block_pages, or null
+  int32_t base;          // block * (C + W)
+  int32_t page_rows;
+
+  __device__ __forceinline__ int32_t operator()(int32_t s) const {
+    return pages == nullptr ? base + s : __ldg(pages + s / page_rows) + s % page_rows;
+  }
+};
+
 // Initialises the hash (empty cells: `cells` entries each of keys, first_k and hit_slot) and the
 // hit bitmask with 16-byte stores, while round trip 1 is in flight.
 __device__ __forceinline__ void InitShared(int32_t* keys, int32_t* first_k, int32_t* hit_slot,
@@ -204,7 +216,7 @@ template <int kItems>
 __device__ __forceinline__ void ClassifyEntries(const int32_t (&pos)[kItems],
                                                 const int32_t (&cell)[kItems],
                                                 const int32_t* hit_slot, int32_t window_begin,
-                                                int32_t base, int32_t c, int32_t w,
+                                                const BlockSlots& block, int32_t c, int32_t w,
                                                 uint32_t* hit_mask, Kind (&kind)[kItems],
                                                 int32_t (&out)[kItems], int32_t (&is_miss)[kItems],
                                                 int32_t (&local)[kNumCounts]) {
@@ -224,11 +236,11 @@ __device__ __forceinline__ void ClassifyEntries(const int32_t (&pos)[kItems],
     if (kind[j] != Kind::kValid) continue;
     if (pos[j] >= window_begin) {
       kind[j] = Kind::kWindow;
-      out[j] = base + c + pos[j] % w;
+      out[j] = block(c + pos[j] % w);
       ++local[kWindowHits];
     } else if (slot_of[j] != kNone) {
       kind[j] = Kind::kHit;
-      out[j] = base + slot_of[j];
+      out[j] = block(slot_of[j]);
       atomicOr(hit_mask + slot_of[j] / 32, 1u << (slot_of[j] % 32));
       ++local[kHits];
     } else {
@@ -392,8 +404,9 @@ __device__ __forceinline__ void AppendMisses(const ResolveView& v, int32_t miss_
 // real miss.
 template <int kItems>
 __device__ __forceinline__ void AppendMissesSorted(const ResolveView& v, int32_t miss_list_base,
-                                                   int32_t n_filled, int32_t base, int32_t lowest,
-                                                   int32_t highest, const int32_t* host_row_by_rank,
+                                                   int32_t n_filled, const BlockSlots& block,
+                                                   int32_t lowest, int32_t highest,
+                                                   const int32_t* host_row_by_rank,
                                                    const int32_t* victims,
                                                    typename Sort<kItems>::TempStorage& storage) {
   const int32_t tid = threadIdx.x;
@@ -408,7 +421,7 @@ __device__ __forceinline__ void AppendMissesSorted(const ResolveView& v, int32_t
     const bool real = r < n_filled;
     key[j] =
         real ? static_cast<uint32_t>(host_row_by_rank[r]) - static_cast<uint32_t>(lowest) : filler;
-    slot[j] = real ? base + victims[r] : kNullSlot;
+    slot[j] = real ? block(victims[r]) : kNullSlot;
   }
   __syncthreads();  // host_row_by_rank is read; the sort may take the region
   Sort<kItems>(storage).SortBlockedToStriped(key, slot, 0, bits);
@@ -445,7 +458,7 @@ template <int kItems>
 __device__ __forceinline__ void TakeVictims(
     const ResolveView& v, const int32_t (&pos)[kItems], const int32_t (&miss_rank)[kItems],
     const int32_t (&page)[kItems], int32_t n_filled, const int32_t* victims,
-    const int32_t& victims_at, int32_t c, int32_t base, bool segmented, bool sort_misses,
+    const int32_t& victims_at, int32_t c, const BlockSlots& block, bool segmented, bool sort_misses,
     int32_t* slot_token, int32_t* lru, int32_t* out_row, int32_t* host_row_by_rank,
     int32_t (&out)[kItems], int32_t (&host_row)[kItems], int32_t& row_min, int32_t& row_max) {
   const int32_t tid = threadIdx.x;
@@ -457,7 +470,7 @@ __device__ __forceinline__ void TakeVictims(
     // Always in [0, C) unless lru_order was corrupt (fewer free slots than counted).
     if (static_cast<uint32_t>(victim) < static_cast<uint32_t>(c)) slot_token[victim] = p;
     if (segmented && victims_at + miss_rank[j] < c) lru[victims_at + miss_rank[j]] = victim;
-    out[j] = base + victim;
+    out[j] = block(victim);
     out_row[tid * kItems + j] = out[j];
     host_row[j] = page[j] * v.page_tokens + p % v.page_tokens;
     if (sort_misses) {
@@ -583,7 +596,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t top_k = v.top_k;
   const int32_t c = v.hot_slots;
   const int32_t w = v.window;
-  const int32_t base = e.block * (c + w);
+  const BlockSlots block{v.block_pages == nullptr
+                             ? nullptr
+                             : v.block_pages + static_cast<int64_t>(e.block) * v.pages_per_block,
+                         e.block * (c + w), v.block_page_rows};
   const int32_t window_begin = max(0, e.seq_len - w);
   const int32_t* topk = v.topk + static_cast<int64_t>(b) * v.topk_stride;
   int32_t* out_row = v.slots_out + static_cast<int64_t>(b) * top_k;
@@ -617,7 +633,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t out[kItems];
   int32_t is_miss[kItems];
   int32_t local[kNumCounts] = {};
-  ClassifyEntries(pos, cell, hit_slot, window_begin, base, c, w, hit_mask, kind, out, is_miss,
+  ClassifyEntries(pos, cell, hit_slot, window_begin, block, c, w, hit_mask, kind, out, is_miss,
                   local);
   int32_t miss_rank[kItems];
   local[kMisses] = WarpRank(is_miss, miss_rank);
@@ -667,7 +683,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int32_t host_row[kItems];
     int32_t row_min = INT32_MAX;
     int32_t row_max = INT32_MIN;
-    TakeVictims(v, pos, miss_rank, page, n_filled, victims, victims_at, c, base, segmented,
+    TakeVictims(v, pos, miss_rank, page, n_filled, victims, victims_at, c, block, segmented,
                 sort_misses, slot_token, lru, out_row, host_row_by_rank, out, host_row, row_min,
                 row_max);
     if (sort_misses) {
@@ -683,7 +699,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (!sort_misses) {
       AppendMisses(v, miss_list_base, n_filled, miss_rank, host_row, out);
     } else {
-      AppendMissesSorted<kItems>(v, miss_list_base, n_filled, base, min_host_row, max_host_row,
+      AppendMissesSorted<kItems>(v, miss_list_base, n_filled, block, min_host_row, max_host_row,
                                  host_row_by_rank, victims, sort_storage);
     }
   }
@@ -711,7 +727,8 @@ cudaError_t LaunchResolve(const ResolveView& view, int32_t max_batch, cudaStream
   if (view.top_k < 0 || view.top_k > kMaxResolveTopK || view.hot_slots < 1 ||
       view.hot_slots > kMaxResolveHotSlots || view.window < 0 || view.topk_stride < view.top_k ||
       view.page_tokens < 1 || max_batch < 0 ||
-      (view.resident_table != nullptr && view.resident_page_rows < 1)) {
+      (view.resident_table != nullptr && view.resident_page_rows < 1) ||
+      (view.block_pages != nullptr && (view.block_page_rows < 1 || view.pages_per_block < 1))) {
     return kUnsupported;
   }
   if (view.top_k == 0 || max_batch == 0) return cudaSuccess;

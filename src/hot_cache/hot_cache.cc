@@ -3,67 +3,115 @@
 #include <algorithm>
 #include <cassert>
 #include <climits>
-#include <functional>
+#include <limits>
 #include <numeric>
 #include <string>
 
 namespace sparsekv {
 
-int64_t HotCache::BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
+int64_t HotCache::StateBytes(const KVGeometry& geometry, int32_t hot_slots,
                              int32_t layers_per_state) {
-  const int64_t data = geometry.token_stride_bytes() * (hot_slots + window);
   const int64_t states = (geometry.num_layers() + layers_per_state - 1) / layers_per_state;
-  const int64_t state = states * (hot_slots * 2 + 1) * sizeof(int32_t);
-  return data + state;
+  return states * (hot_slots * int64_t{2} + 1) * sizeof(int32_t);
 }
 
+int64_t HotCache::BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
+                             int32_t layers_per_state) {
+  return geometry.token_stride_bytes() * (hot_slots + window) +
+         StateBytes(geometry, hot_slots, layers_per_state);
+}
+
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The paging of a given C: page rows, pages per block and per request's indexer keys, the bytes
+// of a page and of the blocks' state, and the pages max_requests requests need.
+struct Paging {
+  int32_t page_rows;
+  int32_t keys_per_page;
+  int64_t page_bytes;
+  int64_t state_bytes;  // of every block
+  int64_t pages_needed;
+
+  Paging(const CacheOptions& o, int32_t c) {
+    const bool paged = o.hybrid_residency || o.indexer_key_bytes > 0;
+    page_rows = paged ? o.resident_page_rows : c + o.window;
+    keys_per_page = o.indexer_key_bytes > 0 ? static_cast<int32_t>(int64_t{page_rows} *
+                                                                   o.geometry.layers[0].row_stride /
+                                                                   o.indexer_key_bytes)
+                                            : 0;
+    page_bytes = o.geometry.token_stride_bytes() * page_rows;
+    state_bytes =
+        int64_t{o.max_requests} * (HotCache::StateBytes(o.geometry, c, o.layers_per_index) +
+                                   CeilDiv(c + o.window, page_rows) * int64_t{sizeof(int32_t)});
+    const int64_t key_pages = keys_per_page > 0 ? CeilDiv(o.max_context, keys_per_page) : 0;
+    pages_needed = int64_t{o.max_requests} * (CeilDiv(c + o.window, page_rows) + key_pages);
+  }
+  int64_t bytes_needed() const { return pages_needed * page_bytes + state_bytes; }
+};
+
+}  // namespace
+
 StatusOr<HotCacheShape> ChooseHotCacheShape(const CacheOptions& o) {
-  const int32_t lps = o.layers_per_index;
-  auto bytes = [&](int32_t c) { return HotCache::BlockBytes(o.geometry, c, o.window, lps); };
-  HotCacheShape shape{o.hot_slots, o.max_requests, 0};
-  if (o.device_budget_bytes > 0) {
-    const int64_t per_request = o.device_budget_bytes / o.max_requests;
-    if (shape.hot_slots == 0) {
-      // BlockBytes is affine in C: the largest C whose block fits, capped at the kernels' limit.
-      const int64_t fixed = bytes(0);
-      const int64_t per_slot = bytes(1) - fixed;
-      shape.hot_slots = static_cast<int32_t>(
-          std::clamp<int64_t>((per_request - fixed) / per_slot, 0, kMaxHotSlots));
+  HotCacheShape shape;
+  shape.hot_slots = o.hot_slots;
+  shape.blocks = o.max_requests;
+  if (o.device_budget_bytes > 0 && shape.hot_slots == 0) {
+    // The bytes needed grow with C: the largest C that fits, capped at the kernels' limit.
+    int32_t lo = 0, hi = kMaxHotSlots;
+    while (lo < hi) {
+      const int32_t mid = lo + (hi - lo + 1) / 2;
+      if (Paging(o, mid).bytes_needed() <= o.device_budget_bytes) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
     }
-    const int32_t needed = std::max(shape.hot_slots, o.top_k);
-    if (bytes(needed) > per_request) {
-      return InvalidArgument(
-          "CacheOptions: device_budget_bytes (" + std::to_string(o.device_budget_bytes) +
-          ") cannot hold max_requests (" + std::to_string(o.max_requests) + ") blocks of " +
-          std::to_string(needed) + " slots (" + std::to_string(bytes(needed)) + " bytes each)");
-    }
-    // As many blocks as fit, and as 32-bit slot indices can address.
-    shape.blocks =
-        static_cast<int32_t>(std::min<int64_t>(o.device_budget_bytes / bytes(shape.hot_slots),
-                                               INT32_MAX / (shape.hot_slots + int64_t{o.window})));
+    shape.hot_slots = lo;
   }
-  if (int64_t{shape.blocks} * (shape.hot_slots + int64_t{o.window}) > INT32_MAX) {
-    return InvalidArgument("CacheOptions: " + std::to_string(shape.blocks) + " blocks of " +
-                           std::to_string(shape.hot_slots) +
-                           " + window slots overflow 32-bit slot indices");
+  const int32_t needed_slots = std::max(shape.hot_slots, o.top_k);
+  const Paging needed(o, needed_slots);
+  if (o.device_budget_bytes > 0 && needed.bytes_needed() > o.device_budget_bytes) {
+    return InvalidArgument(
+        "CacheOptions: device_budget_bytes (" + std::to_string(o.device_budget_bytes) +
+        ") cannot hold max_requests (" + std::to_string(o.max_requests) + ") blocks of " +
+        std::to_string(needed_slots) + " slots" +
+        (o.indexer_key_bytes > 0 ? " and their indexer keys of max_context positions" : "") + " (" +
+        std::to_string(needed.bytes_needed()) + " bytes)");
   }
-  shape.block_bytes = bytes(shape.hot_slots);
+  const Paging paging(o, shape.hot_slots);
+  shape.page_rows = paging.page_rows;
+  shape.keys_per_page = paging.keys_per_page;
+  // With a budget, as many pages as it holds and as 32-bit slot indices can address.
+  shape.pages = o.device_budget_bytes > 0
+                    ? std::min((o.device_budget_bytes - paging.state_bytes) / paging.page_bytes,
+                               std::max(paging.pages_needed, INT32_MAX / int64_t{shape.page_rows}))
+                    : paging.pages_needed;
+  if (shape.pages * shape.page_rows > INT32_MAX) {
+    return InvalidArgument("CacheOptions: " + std::to_string(shape.pages) + " pages of " +
+                           std::to_string(shape.page_rows) + " rows overflow 32-bit slot indices");
+  }
+  shape.block_bytes = CeilDiv(shape.hot_slots + o.window, shape.page_rows) * paging.page_bytes +
+                      paging.state_bytes / o.max_requests;
   return shape;
 }
 
 StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry, int32_t hot_slots,
                                                      int32_t window, int32_t max_blocks,
-                                                     Backend* backend, int32_t layers_per_state,
-                                                     int32_t resident_page_rows) {
+                                                     int64_t pages, int32_t page_rows,
+                                                     Backend* backend, int32_t layers_per_state) {
   if (hot_slots <= 0 || window <= 0 || max_blocks <= 0 || geometry.layers.empty() ||
-      layers_per_state < 1 || resident_page_rows < 0 || resident_page_rows > hot_slots + window) {
+      layers_per_state < 1 || page_rows < 1 || pages < 0 ||
+      pages * page_rows > std::numeric_limits<int32_t>::max()) {
     return InvalidArgument("HotCache: invalid shape");
   }
-  std::unique_ptr<HotCache> cache(new HotCache(geometry, hot_slots, window, max_blocks, backend,
-                                               layers_per_state, resident_page_rows));
+  std::unique_ptr<HotCache> cache(new HotCache(geometry, hot_slots, window, max_blocks, pages,
+                                               page_rows, backend, layers_per_state));
   const int64_t rows = cache->layer_rows();
   for (const LayerShape& layer : geometry.layers) {
-    SPARSEKV_ASSIGN_OR_RETURN(void* p, backend->AllocateDevice(rows * layer.row_stride));
+    SPARSEKV_ASSIGN_OR_RETURN(
+        void* p, backend->AllocateDevice(std::max<int64_t>(rows, 1) * layer.row_stride));
     cache->data_.push_back(static_cast<std::byte*>(p));
     // Defined contents (stride padding of copied rows is never written) on every backend.
     SPARSEKV_RETURN_IF_ERROR(backend->MemsetAsync(p, 0, rows * layer.row_stride, nullptr));
@@ -77,28 +125,37 @@ StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
   const int64_t protected_bytes = int64_t{cache->states()} * max_blocks * sizeof(int32_t);
   SPARSEKV_ASSIGN_OR_RETURN(void* protected_counts, backend->AllocateDevice(protected_bytes));
   cache->lru_protected_ = static_cast<int32_t*>(protected_counts);
-  cache->device_bytes_ += 2 * state_bytes + protected_bytes;
+  const int64_t page_list_bytes = int64_t{max_blocks} * cache->pages_per_block() * sizeof(int32_t);
+  SPARSEKV_ASSIGN_OR_RETURN(void* page_lists, backend->AllocateDevice(page_list_bytes));
+  cache->block_pages_ = static_cast<int32_t*>(page_lists);
+  SPARSEKV_RETURN_IF_ERROR(backend->MemsetAsync(page_lists, 0xff, page_list_bytes, nullptr));
+  cache->device_bytes_ += 2 * state_bytes + protected_bytes + page_list_bytes;
   return cache;
 }
 
 HotCache::HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
-                   int32_t max_blocks, Backend* backend, int32_t layers_per_state,
-                   int32_t resident_page_rows)
+                   int32_t max_blocks, int64_t pages, int32_t page_rows, Backend* backend,
+                   int32_t layers_per_state)
     : geometry_(geometry),
       hot_slots_(hot_slots),
       window_(window),
       max_blocks_(max_blocks),
+      pages_(pages),
+      page_rows_(page_rows),
       layers_per_state_(layers_per_state),
       backend_(backend),
-      page_rows_(resident_page_rows) {
-  for (int32_t b = max_blocks - 1; b >= 0; --b) free_.push_back(b);
+      block_pages_host_(static_cast<size_t>(max_blocks) * pages_per_block(), -1),
+      page_block_(static_cast<size_t>(pages), -1) {
+  for (int32_t b = 0; b < max_blocks; ++b) free_blocks_.insert(b);
+  for (int32_t p = 0; p < pages; ++p) free_pages_.insert(free_pages_.end(), p);
 }
 
 HotCache::~HotCache() {
   for (std::byte* p : data_) backend_->FreeDevice(p);
-  if (slot_token_ != nullptr) backend_->FreeDevice(slot_token_);
-  if (lru_order_ != nullptr) backend_->FreeDevice(lru_order_);
-  if (lru_protected_ != nullptr) backend_->FreeDevice(lru_protected_);
+  for (void* p :
+       std::initializer_list<void*>{slot_token_, lru_order_, lru_protected_, block_pages_}) {
+    if (p != nullptr) backend_->FreeDevice(p);
+  }
 }
 
 Status HotCache::WriteState(int32_t block, const int32_t* image, StreamHandle stream) {
@@ -124,72 +181,75 @@ StatusOr<int32_t> HotCache::AcquireSeeded(std::span<const int32_t> positions, St
     return InvalidArgument("HotCache: " + std::to_string(n) + " seed positions for " +
                            std::to_string(hot_slots_) + " slots");
   }
-  if (free_.empty()) {
+  if (free_blocks_.empty()) {
     return ResourceExhausted("HotCache: all " + std::to_string(max_blocks_) +
                              " blocks are in use (max_requests)");
+  }
+  if (free_pages() < pages_per_block()) {
+    return ResourceExhausted("HotCache: a block needs " + std::to_string(pages_per_block()) +
+                             " pages, " + std::to_string(free_pages()) + " are free");
   }
   seed_image_.assign(2 * static_cast<size_t>(hot_slots_), -1);
   std::copy(positions.begin(), positions.end(), seed_image_.begin());
   int32_t* order = seed_image_.data() + hot_slots_;
   std::iota(order, order + (hot_slots_ - n), n);  // the empty slots: victims first
   std::iota(order + (hot_slots_ - n), order + hot_slots_, 0);
-  const int32_t block = free_.back();
+  const int32_t block = *free_blocks_.begin();
   SPARSEKV_RETURN_IF_ERROR(WriteState(block, seed_image_.data(), stream));
-  free_.pop_back();
+  // The lowest free pages, in order.
+  int32_t* pages = block_pages_host_.data() + static_cast<size_t>(block) * pages_per_block();
+  for (int32_t i = 0; i < pages_per_block(); ++i) {
+    const int32_t page = *free_pages_.begin();
+    free_pages_.erase(free_pages_.begin());
+    page_block_[page] = block;
+    pages[i] = page * page_rows_;
+  }
+  SPARSEKV_RETURN_IF_ERROR(
+      backend_->CopyAsync(block_pages_ + static_cast<size_t>(block) * pages_per_block(), pages,
+                          sizeof(int32_t) * pages_per_block(), stream));
+  free_blocks_.erase(free_blocks_.begin());
   return block;
 }
 
 void HotCache::Release(int32_t block) {
-  assert(block >= 0 && block < max_blocks_ &&
-         std::find(free_.begin(), free_.end(), block) == free_.end());
-  // Keep free_ sorted descending so that Acquire always takes the lowest free block.
-  auto it = free_.begin();
-  while (it != free_.end() && *it > block) ++it;
-  free_.insert(it, block);
+  assert(block >= 0 && block < max_blocks_ && !free_blocks_.contains(block));
+  const int32_t* pages = block_pages_host_.data() + static_cast<size_t>(block) * pages_per_block();
+  for (int32_t i = 0; i < pages_per_block(); ++i) {
+    page_block_[pages[i] / page_rows_] = -1;
+    free_pages_.insert(pages[i] / page_rows_);
+  }
+  free_blocks_.insert(block);
 }
 
-int64_t HotCache::free_pages() const {
-  int64_t pages = int64_t{free_blocks()} * pages_per_block();
-  for (const auto& [block, free] : split_) pages += static_cast<int64_t>(free.size());
-  return pages;
+HotCache::BlockSlot HotCache::Locate(int32_t layer_slot) const {
+  const int64_t page = layer_slot / page_rows_;
+  if (layer_slot < 0 || page >= pages_ || page_block_[page] < 0) return {-1, -1};
+  const int32_t block = page_block_[page];
+  const int32_t* pages = block_pages_host_.data() + static_cast<size_t>(block) * pages_per_block();
+  const int32_t index =
+      static_cast<int32_t>(std::find(pages, pages + pages_per_block(), page * page_rows_) - pages);
+  return {block, index * page_rows_ + layer_slot % page_rows_};
 }
 
-StatusOr<std::vector<int32_t>> HotCache::AcquirePages(int32_t pages) {
-  if (page_rows_ == 0) return FailedPrecondition("HotCache: no resident pages configured");
+StatusOr<std::vector<int32_t>> HotCache::AcquirePages(int64_t pages) {
   if (pages < 0 || pages > free_pages()) {
-    return ResourceExhausted("HotCache: " + std::to_string(pages) + " resident pages asked, " +
+    return ResourceExhausted("HotCache: " + std::to_string(pages) + " pages asked, " +
                              std::to_string(free_pages()) + " free");
   }
   std::vector<int32_t> first_slots;
   first_slots.reserve(static_cast<size_t>(pages));
-  auto take = [&](int32_t block, std::vector<int32_t>& free) {
-    while (!free.empty() && static_cast<int32_t>(first_slots.size()) < pages) {
-      first_slots.push_back(block * slots_per_block() + free.back() * page_rows_);
-      free.pop_back();
-    }
-  };
-  for (auto& [block, free] : split_) take(block, free);
-  while (static_cast<int32_t>(first_slots.size()) < pages) {
-    // The highest free block (free_ is sorted descending).
-    const int32_t block = free_.front();
-    free_.erase(free_.begin());
-    std::vector<int32_t>& free = split_[block];
-    for (int32_t i = pages_per_block() - 1; i >= 0; --i) free.push_back(i);
-    take(block, free);
+  for (int64_t i = 0; i < pages; ++i) {
+    auto highest = std::prev(free_pages_.end());
+    first_slots.push_back(*highest * page_rows_);
+    free_pages_.erase(highest);
   }
   return first_slots;
 }
 
 void HotCache::ReleasePages(std::span<const int32_t> first_slots) {
   for (int32_t slot : first_slots) {
-    const int32_t block = slot / slots_per_block();
-    std::vector<int32_t>& free = split_.at(block);
-    const int32_t page = slot % slots_per_block() / page_rows_;
-    free.insert(std::upper_bound(free.begin(), free.end(), page, std::greater<>()), page);
-    if (static_cast<int32_t>(free.size()) == pages_per_block()) {
-      split_.erase(block);
-      Release(block);
-    }
+    assert(slot % page_rows_ == 0 && !free_pages_.contains(slot / page_rows_));
+    free_pages_.insert(slot / page_rows_);
   }
 }
 

@@ -10,63 +10,82 @@
 namespace sparsekv {
 namespace {
 
-// C = 6 LRU slots + W = 2 window slots per block: 8 rows, two pages of R = 4 rows (or one of 5).
-std::unique_ptr<HotCache> MakeCache(std::shared_ptr<Backend> backend, int32_t blocks,
+// C = 6 LRU slots + W = 2 window slots per block: 8 slots, two pages of R = 4 rows (or one page of
+// 8 rows).
+std::unique_ptr<HotCache> MakeCache(std::shared_ptr<Backend> backend, int32_t blocks, int64_t pages,
                                     int32_t page_rows) {
   auto cache =
-      HotCache::Create(KVGeometry::Uniform(2, 16), 6, 2, blocks, backend.get(), 1, page_rows);
+      HotCache::Create(KVGeometry::Uniform(2, 16), 6, 2, blocks, pages, page_rows, backend.get());
   EXPECT_TRUE(cache.ok()) << cache.status().ToString();
   return std::move(*cache);
 }
 
 std::vector<int32_t> Read(const int32_t* p, int32_t n) { return std::vector<int32_t>(p, p + n); }
 
-TEST(HotCacheTest, PagesAndBlocksShareTheBlocks) {
+TEST(HotCacheTest, BlocksAndResidentPagesShareThePages) {
   auto backend = CreateCpuBackend();
-  auto cache = MakeCache(backend, 3, 4);
+  auto cache = MakeCache(backend, 3, 6, 4);
   EXPECT_EQ(cache->pages_per_block(), 2);
   EXPECT_EQ(cache->free_pages(), 6);
-  // Pages come from the highest block, blocks from the lowest.
+  EXPECT_EQ(cache->layer_rows(), 24);
+  // Pages come from the high end, blocks from the low end.
   auto pages = cache->AcquirePages(3);
   ASSERT_TRUE(pages.ok());
-  EXPECT_EQ(*pages, (std::vector<int32_t>{16, 20, 8}));  // block 2's pages, then block 1's
-  EXPECT_EQ(cache->split_blocks(), 2);
-  EXPECT_EQ(cache->free_pages(), 3);  // block 1's second page and block 0
+  EXPECT_EQ(*pages, (std::vector<int32_t>{20, 16, 12}));
+  EXPECT_EQ(cache->free_pages(), 3);
   auto block = cache->Acquire(nullptr);
   ASSERT_TRUE(block.ok());
   EXPECT_EQ(*block, 0);
   EXPECT_EQ(cache->used_blocks(), 1);
   EXPECT_EQ(cache->free_pages(), 1);
+  // Block 0 is pages 0 and 1: slot s is row s % 4 of page s / 4.
+  EXPECT_EQ(cache->Slot(0, 0), 0);
+  EXPECT_EQ(cache->Slot(0, 5), 5);
+  EXPECT_EQ(cache->WindowSlot(0, 9), 7);  // slot C + 9 % W
+  EXPECT_EQ(Read(cache->block_pages(), 2), (std::vector<int32_t>{0, 4}));
+  EXPECT_EQ(cache->Locate(6).block, 0);
+  EXPECT_EQ(cache->Locate(6).slot, 6);
+  EXPECT_EQ(cache->Locate(16).block, -1);  // a resident page
   EXPECT_EQ(cache->AcquirePages(2).status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(cache->free_pages(), 1);  // all or nothing
+  EXPECT_FALSE(cache->CanAcquire());
   EXPECT_EQ(cache->Acquire(nullptr).status().code(), StatusCode::kResourceExhausted);
-  // Block 2's pages freed: the block is whole again and can be a hot-cache block.
-  const std::vector<int32_t> block2 = {16, 20};
-  cache->ReleasePages(block2);
-  EXPECT_EQ(cache->split_blocks(), 1);
-  EXPECT_EQ(cache->free_blocks(), 1);
+  // Any two free pages make a block, wherever they are.
+  const std::vector<int32_t> two = {20, 12};
+  cache->ReleasePages(two);
   auto again = cache->Acquire(nullptr);
   ASSERT_TRUE(again.ok());
-  EXPECT_EQ(*again, 2);
-  // The split block's free page is taken before any whole block.
+  EXPECT_EQ(*again, 1);
+  EXPECT_EQ(cache->Slot(1, 0), 8);   // the lowest free page, then the next
+  EXPECT_EQ(cache->Slot(1, 6), 14);  // page 12's row 2
+  EXPECT_EQ(cache->Locate(13).block, 1);
+  EXPECT_EQ(cache->Locate(13).slot, 5);
+  EXPECT_EQ(Read(cache->block_pages() + 2, 2), (std::vector<int32_t>{8, 12}));
   cache->Release(0);
-  auto one = cache->AcquirePages(1);
-  ASSERT_TRUE(one.ok());
-  EXPECT_EQ(*one, (std::vector<int32_t>{12}));
+  EXPECT_EQ(cache->free_pages(), 3);
+  EXPECT_EQ(cache->free_blocks(), 2);
 }
 
-TEST(HotCacheTest, PagesNeedResidentPageRows) {
+TEST(HotCacheTest, OnePagePerBlockIsTheContiguousLayout) {
   auto backend = CreateCpuBackend();
-  auto cache = MakeCache(backend, 2, 0);
-  EXPECT_EQ(cache->free_pages(), 0);
-  EXPECT_EQ(cache->AcquirePages(1).status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(HotCache::Create(KVGeometry::Uniform(2, 16), 6, 2, 2, backend.get(), 1, 9).ok());
-  EXPECT_EQ(MakeCache(backend, 1, 5)->pages_per_block(), 1);  // the rest of the block unused
+  auto cache = MakeCache(backend, 3, 3, 8);
+  for (int32_t b = 0; b < 3; ++b) {
+    auto block = cache->Acquire(nullptr);
+    ASSERT_TRUE(block.ok());
+    EXPECT_EQ(*block, b);
+    EXPECT_EQ(cache->Slot(b, 3), b * 8 + 3);
+  }
+  cache->Release(1);
+  auto block = cache->Acquire(nullptr);
+  ASSERT_TRUE(block.ok());
+  EXPECT_EQ(cache->Slot(*block, 0), *block * 8);
+  EXPECT_FALSE(HotCache::Create(KVGeometry::Uniform(2, 16), 6, 2, 2, 2, 0, backend.get()).ok());
+  EXPECT_EQ(MakeCache(backend, 1, 1, 5)->pages_per_block(), 2);  // 8 slots in pages of 5
 }
 
 TEST(HotCacheTest, SeededBlockHoldsThePositionsMostRecentLast) {
   auto backend = CreateCpuBackend();
-  auto cache = MakeCache(backend, 2, 4);
+  auto cache = MakeCache(backend, 2, 4, 4);
   auto block = cache->AcquireSeeded(std::vector<int32_t>{30, 31, 32, 33}, nullptr);
   ASSERT_TRUE(block.ok());
   EXPECT_EQ(*block, 0);
@@ -92,6 +111,7 @@ CacheOptions BudgetOptions() {
   o.top_k = 8;
   o.window = 2;
   o.max_requests = 3;
+  o.max_context = 1000;
   o.hot_slots = 0;
   return o;
 }
@@ -103,23 +123,40 @@ TEST(ChooseHotCacheShapeTest, WithoutABudgetTheOptionsDecide) {
   ASSERT_TRUE(shape.ok());
   EXPECT_EQ(shape->hot_slots, 16);
   EXPECT_EQ(shape->blocks, 3);
-  EXPECT_EQ(shape->block_bytes, HotCache::BlockBytes(o.geometry, 16, 2));
+  EXPECT_EQ(shape->page_rows, 18);  // a block is one page
+  EXPECT_EQ(shape->pages, 3);
+  EXPECT_EQ(shape->keys_per_page, 0);
+  // A page list entry per block comes on top of BlockBytes.
+  EXPECT_EQ(shape->block_bytes, HotCache::BlockBytes(o.geometry, 16, 2) + 4);
+  // Paged: blocks of ceil(18 / 4) = 5 pages, and each request's keys of max_context positions
+  // in pages of 4 * 100 / 20 = 20 keys.
+  o.hybrid_residency = true;
+  o.resident_page_rows = 4;
+  o.indexer_key_bytes = 20;
+  shape = ChooseHotCacheShape(o);
+  ASSERT_TRUE(shape.ok());
+  EXPECT_EQ(shape->page_rows, 4);
+  EXPECT_EQ(shape->keys_per_page, 20);
+  EXPECT_EQ(shape->pages, 3 * (5 + 50));
 }
 
 TEST(ChooseHotCacheShapeTest, TheBudgetIsSpentOnMaxRequestsBlocks) {
   CacheOptions o = BudgetOptions();
-  // A block of C slots: 4 layers x 100 B x (C + 2) rows + 4 states x (2C + 1) x 4 B = 432 C + 816.
+  // A block of C slots: 4 layers x 100 B x (C + 2) rows + 4 states x (2C + 1) x 4 B + its page
+  // list entry = 432 C + 820.
   ASSERT_EQ(HotCache::BlockBytes(o.geometry, 10, 2), 432 * 10 + 816);
-  o.device_budget_bytes = 3 * (432 * 40 + 816) + 431;  // C = 40 fits, 41 does not
+  o.device_budget_bytes = 3 * (432 * 40 + 820) + 431;  // C = 40 fits, 41 does not
   auto shape = ChooseHotCacheShape(o);
   ASSERT_TRUE(shape.ok()) << shape.status().ToString();
   EXPECT_EQ(shape->hot_slots, 40);
   EXPECT_EQ(shape->blocks, 3);
-  // Given slots: as many blocks as fit.
+  EXPECT_EQ(shape->pages, 3);
+  // Given slots: the blocks' state, then as many pages as fit.
   o.hot_slots = 10;
   shape = ChooseHotCacheShape(o);
   ASSERT_TRUE(shape.ok());
-  EXPECT_EQ(shape->blocks, o.device_budget_bytes / (432 * 10 + 816));
+  EXPECT_EQ(shape->blocks, 3);
+  EXPECT_EQ(shape->pages, (o.device_budget_bytes - 3 * (4 * 21 * 4 + 4)) / (400 * 12));
   // Capped at the kernels' limit.
   o.hot_slots = 0;
   o.device_budget_bytes = int64_t{1} << 40;
@@ -128,9 +165,29 @@ TEST(ChooseHotCacheShapeTest, TheBudgetIsSpentOnMaxRequestsBlocks) {
   EXPECT_EQ(shape->hot_slots, kMaxHotSlots);
 }
 
+TEST(ChooseHotCacheShapeTest, IndexerKeysAreChargedToTheBudget) {
+  CacheOptions o = BudgetOptions();
+  o.hybrid_residency = true;
+  o.resident_page_rows = 5;
+  o.indexer_key_bytes = 100;  // 5 keys per page: 200 pages of keys per request
+  const int64_t page = 4 * 100 * 5;
+  // C = 8: blocks of 2 pages; state 4 x 17 x 4 B + 2 page list entries per block.
+  const int64_t state = 3 * (4 * 17 * 4 + 2 * 4);
+  o.device_budget_bytes = 3 * (2 + 200) * page + state - 1;
+  auto shape = ChooseHotCacheShape(o);
+  EXPECT_EQ(shape.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(shape.status().message().find("and their indexer keys"), std::string::npos)
+      << shape.status().message();
+  o.device_budget_bytes += 1;
+  shape = ChooseHotCacheShape(o);
+  ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+  EXPECT_EQ(shape->hot_slots, 8);
+  EXPECT_EQ(shape->pages, 3 * 202);
+}
+
 TEST(ChooseHotCacheShapeTest, ABudgetTooSmallIsRefused) {
   CacheOptions o = BudgetOptions();
-  o.device_budget_bytes = 3 * (432 * 8 + 816) - 1;  // not three blocks of top_k = 8 slots
+  o.device_budget_bytes = 3 * (432 * 8 + 820) - 1;  // not three blocks of top_k = 8 slots
   const auto shape = ChooseHotCacheShape(o);
   EXPECT_EQ(shape.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(shape.status().message().find("cannot hold max_requests (3) blocks of 8 slots"),

@@ -97,7 +97,18 @@ Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch,
   return impl_->PlanStep(batch, token_ids, stream);
 }
 Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows, StreamHandle stream) {
-  return impl_->AppendToken(layer, new_rows, stream);
+  return impl_->AppendToken(layer, new_rows, nullptr, stream);
+}
+Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows, const void* new_keys,
+                                         StreamHandle stream) {
+  return impl_->AppendToken(layer, new_rows, new_keys, stream);
+}
+Status SparseKVCacheManager::IngestIndexerKeys(RequestId id, int32_t layer, const void* keys,
+                                               StreamHandle stream) {
+  return impl_->IngestIndexerKeys(id, layer, keys, stream);
+}
+IndexerKeyView SparseKVCacheManager::IndexerKeys(int32_t layer) const {
+  return impl_->IndexerKeys(layer);
 }
 Status SparseKVCacheManager::ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots,
                                           uint8_t* fill_mask, StreamHandle stream,

@@ -32,8 +32,9 @@ Status SparseKVCacheManager::Impl::Allocate() {
   options_.hot_slots = shape.hot_slots;
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options_));  // the chosen slots against the rest
   SPARSEKV_ASSIGN_OR_RETURN(
-      hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks, backend_.get(),
-                             o.layers_per_index, o.hybrid_residency ? o.resident_page_rows : 0));
+      hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks, shape.pages,
+                             shape.page_rows, backend_.get(), o.layers_per_index));
+  keys_per_page_ = shape.keys_per_page;
   device_bytes_ = hot_->device_bytes();
 
   auto device = [&](size_t bytes) -> StatusOr<void*> {
@@ -42,7 +43,7 @@ Status SparseKVCacheManager::Impl::Allocate() {
     device_bytes_ += static_cast<int64_t>(bytes);
     return p;
   };
-  const PlanLayout layout(max_batch);
+  const PlanLayout layout(options_);
   plan_host_.assign(layout.bytes, std::byte{0});
   std::iota(At<int32_t>(plan_host_.data(), layout.append_src),
             At<int32_t>(plan_host_.data(), layout.append_src) + max_batch, 0);
@@ -55,42 +56,49 @@ Status SparseKVCacheManager::Impl::Allocate() {
   SPARSEKV_RETURN_IF_ERROR(
       backend_->MemsetAsync(page_table_device_, 0xff, page_table_bytes, nullptr));
 
-  auto miss_list = [&](size_t entries) -> StatusOr<MissList> {
+  auto miss_list = [&](size_t entries, bool count) -> StatusOr<MissList> {
     MissList list;
     SPARSEKV_ASSIGN_OR_RETURN(void* rows, device(entries * sizeof(int32_t)));
     list.host_row = static_cast<int32_t*>(rows);
     SPARSEKV_ASSIGN_OR_RETURN(void* slots, device(entries * sizeof(int32_t)));
     list.slot = static_cast<int32_t*>(slots);
-    SPARSEKV_ASSIGN_OR_RETURN(void* count, device(sizeof(int32_t)));
-    list.count = static_cast<int32_t*>(count);
+    if (count) {
+      SPARSEKV_ASSIGN_OR_RETURN(void* n, device(sizeof(int32_t)));
+      list.count = static_cast<int32_t*>(n);
+    }
     return list;
   };
-  for (MissList& list : miss_lists_) {
-    SPARSEKV_ASSIGN_OR_RETURN(list, miss_list(static_cast<size_t>(max_batch) * o.top_k));
+  for (MissList& list : miss_lists_) {  // their counts are the plan's
+    SPARSEKV_ASSIGN_OR_RETURN(list, miss_list(static_cast<size_t>(max_batch) * o.top_k, false));
   }
   SPARSEKV_ASSIGN_OR_RETURN(void* counters,
                             device(sizeof(ResolveCounters) * 2 * o.geometry.num_layers()));
   counters_ = static_cast<ResolveCounters*>(counters);
   if (o.max_prefetch > 0) {
     const size_t entries = static_cast<size_t>(max_batch) * o.max_prefetch;
-    SPARSEKV_ASSIGN_OR_RETURN(prefetch_list_, miss_list(entries));
+    SPARSEKV_ASSIGN_OR_RETURN(prefetch_list_, miss_list(entries, true));
     SPARSEKV_ASSIGN_OR_RETURN(void* slots, device(entries * sizeof(int32_t)));
     prefetch_slots_ = static_cast<int32_t*>(slots);
   }
   SPARSEKV_ASSIGN_OR_RETURN(void* invalid, device(sizeof(unsigned long long)));
   invalid_copies_ = static_cast<unsigned long long*>(invalid);
+  const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
   if (o.hybrid_residency) {
-    const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
-    resident_pages_per_owner_ =
-        static_cast<int32_t>((positions + o.resident_page_rows - 1) / o.resident_page_rows);
+    resident_pages_per_owner_ = static_cast<int32_t>(ResidentPagesFor(positions));
     SPARSEKV_ASSIGN_OR_RETURN(
         void* table, device(sizeof(int32_t) * pool_->max_owners() * resident_pages_per_owner_));
     resident_table_device_ = static_cast<int32_t*>(table);
   }
+  if (keys_per_page_ > 0) {
+    key_pages_per_owner_ = static_cast<int32_t>(KeyPagesFor(positions));
+    SPARSEKV_ASSIGN_OR_RETURN(void* table,
+                              device(sizeof(int32_t) * pool_->max_owners() * key_pages_per_owner_));
+    key_table_device_ = static_cast<int32_t*>(table);
+  }
   // Loads into a demoted request's block (hot_slots + window rows) or a resident request's pages
   // (up to max_context rows).
   load_capacity_ = std::max(o.max_context, o.hot_slots + o.window);
-  SPARSEKV_ASSIGN_OR_RETURN(load_list_, miss_list(static_cast<size_t>(load_capacity_)));
+  SPARSEKV_ASSIGN_OR_RETURN(load_list_, miss_list(static_cast<size_t>(load_capacity_), true));
   return backend_->Synchronize(nullptr);
 }
 
@@ -104,9 +112,10 @@ SparseKVCacheManager::Impl::~Impl() {
   }
   ledger_.reset();     // drops the retained conversations' references
   extension_.reset();  // while the pool, the hot cache and the backend still exist
-  std::vector<void*> buffers = {plan_device_,        page_table_device_, counters_,
-                                invalid_copies_,     prefetch_slots_,    resident_table_device_,
-                                load_list_.host_row, load_list_.slot,    load_list_.count};
+  std::vector<void*> buffers = {plan_device_,      page_table_device_,  counters_,
+                                invalid_copies_,   prefetch_slots_,     resident_table_device_,
+                                key_table_device_, load_list_.host_row, load_list_.slot,
+                                load_list_.count};
   for (const MissList& list : miss_lists_) {
     buffers.insert(buffers.end(), {list.host_row, list.slot, list.count});
   }
@@ -157,11 +166,15 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
                              "(max_host_requests)");
   }
   const int32_t owner = *owner_or;
-  if (!CanPlace(tokens, may_be_resident)) {
+  const int64_t key_pages = KeyPagesFor(tokens);
+  if (!CanPlace(tokens, may_be_resident, key_pages)) {
     pool_->ReleaseOwner(owner);
-    return ResourceExhausted("Admit: all " + std::to_string(options_.max_requests) +
-                             " device places are in use (max_requests; " +
-                             std::to_string(hot_->max_blocks()) + " hot-cache blocks)");
+    return ResourceExhausted(
+        OnDeviceRequests() >= options_.max_requests
+            ? "Admit: all " + std::to_string(options_.max_requests) +
+                  " device places are in use (max_requests)"
+            : "Admit: the device memory is full (" + std::to_string(hot_->free_pages()) +
+                  " free pages, and demoting resident requests frees too few)");
   }
   const int32_t pt = options_.host_page_tokens;
   const int64_t fresh = (tokens + pt - 1) / pt - static_cast<int64_t>(shared.size()) + spare_pages;
@@ -185,9 +198,11 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
             .reserved = static_cast<int32_t>(tokens),
             .ingested = std::vector<bool>(options_.geometry.num_layers(), false),
             .ingested_layers = 0,
-            .may_be_resident = may_be_resident};
+            .may_be_resident = may_be_resident,
+            .keys_ingested = std::vector<bool>(options_.geometry.num_layers(), false)};
   // Room was checked above; a demotion that fails after all, or the backend's copies, can still.
-  if (Status placed = PlaceOnDevice(r, stream); !placed.ok()) {
+  if (Status placed = PlaceOnDevice(r, key_pages, stream); !placed.ok()) {
+    ReleaseDevice(r);
     for (int32_t page : spares) ledger_->Unref(page);
     spares.clear();
     ledger_->ReleaseOwnerPages(owner);
@@ -280,7 +295,57 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
   c->ingested_layers = options_.geometry.num_layers();
   c->token_ids = p->token_ids;
   c->indexed_pages = p->indexed_pages;
+  if (keys_per_page_ > 0) SPARSEKV_RETURN_IF_ERROR(CopyKeys(*p, *c, stream));
   return LoadIngestedWindows(*c, stream);
+}
+
+Status SparseKVCacheManager::Impl::CopyKeys(const Request& from, Request& to, StreamHandle stream) {
+  const int64_t stride = options_.geometry.layers[0].row_stride;
+  const int32_t key_bytes = options_.indexer_key_bytes;
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    std::byte* data = hot_->layer_data(l);
+    for (int32_t first = 0, i = 0; first < from.seq_len; first += keys_per_page_, ++i) {
+      const int32_t n = std::min(keys_per_page_, from.seq_len - first);
+      SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(data + to.key_pages[i] * stride,
+                                                   data + from.key_pages[i] * stride,
+                                                   static_cast<size_t>(n) * key_bytes, stream));
+    }
+  }
+  to.keys_ingested.assign(options_.geometry.num_layers(), true);
+  to.keys_ingested_layers = options_.geometry.num_layers();
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::IngestIndexerKeys(RequestId id, int32_t layer, const void* keys,
+                                                     StreamHandle stream) {
+  if (keys_per_page_ == 0) {
+    return FailedPrecondition(
+        "IngestIndexerKeys: the manager keeps no indexer keys "
+        "(indexer_key_bytes = 0)");
+  }
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "IngestIndexerKeys"));
+  if (layer < 0 || layer >= options_.geometry.num_layers()) {
+    return InvalidArgument("IngestIndexerKeys: layer " + std::to_string(layer) + " out of range");
+  }
+  if (keys == nullptr) return InvalidArgument("IngestIndexerKeys: keys is null");
+  if (r->keys_ingested[layer]) {
+    return AlreadyExists("IngestIndexerKeys: the keys of layer " + std::to_string(layer) + " of " +
+                         Describe(id) + " were already ingested");
+  }
+  const int64_t stride = options_.geometry.layers[layer].row_stride;
+  const int32_t key_bytes = options_.indexer_key_bytes;
+  const auto* src = static_cast<const std::byte*>(keys);
+  // The prompt's positions: those of a step already appended have their keys.
+  const int32_t prompt = r->seq_len;
+  for (int32_t first = 0, i = 0; first < prompt; first += keys_per_page_, ++i) {
+    const int32_t n = std::min(keys_per_page_, prompt - first);
+    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(hot_->layer_data(layer) + r->key_pages[i] * stride,
+                                                 src + static_cast<int64_t>(first) * key_bytes,
+                                                 static_cast<size_t>(n) * key_bytes, stream));
+  }
+  r->keys_ingested[layer] = true;
+  ++r->keys_ingested_layers;
+  return Status::Ok();
 }
 
 Status SparseKVCacheManager::Impl::LoadIngestedWindows(const Request& r, StreamHandle stream) {
@@ -372,10 +437,18 @@ void SparseKVCacheManager::Impl::IndexFullPages(Request& r) {
   }
 }
 
+void SparseKVCacheManager::Impl::ReleaseDevice(Request& r) {
+  if (r.block >= 0) hot_->Release(r.block);
+  hot_->ReleasePages(r.resident_pages);
+  hot_->ReleasePages(r.key_pages);
+  r.block = -1;
+  r.resident_pages.clear();
+  r.key_pages.clear();
+}
+
 void SparseKVCacheManager::Impl::Forget(RequestId id, Request& r) {
   if (extension_ != nullptr) extension_->OnDrop(id);
-  if (r.block >= 0) hot_->Release(r.block);
-  if (r.resident()) hot_->ReleasePages(r.resident_pages);
+  ReleaseDevice(r);
   ledger_->ReleaseOwnerPages(r.owner);
   if (r.cow_page >= 0) ledger_->Unref(r.cow_page);
   pool_->ReleaseOwner(r.owner);
@@ -430,12 +503,12 @@ Status SparseKVCacheManager::Impl::Retract(RequestId id) {
 Status SparseKVCacheManager::Impl::Resume(RequestId id, StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Resume"));
   if (r->on_device()) return FailedPrecondition("Resume: " + Describe(id) + " is not retracted");
-  if (!CanPlace(r->reserved, r->may_be_resident)) {
-    return ResourceExhausted("Resume: all " + std::to_string(options_.max_requests) +
-                             " device places are in use (max_requests; " +
-                             std::to_string(hot_->max_blocks()) + " hot-cache blocks)");
+  if (!CanPlace(r->reserved, r->may_be_resident, 0)) {
+    return ResourceExhausted("Resume: no device room for " + Describe(id) +
+                             " (max_requests = " + std::to_string(options_.max_requests) + ", " +
+                             std::to_string(hot_->free_pages()) + " free pages)");
   }
-  SPARSEKV_RETURN_IF_ERROR(PlaceOnDevice(*r, stream));
+  SPARSEKV_RETURN_IF_ERROR(PlaceOnDevice(*r, 0, stream));
   if (r->resident()) {
     // A layer not yet ingested is written at its ingestion; rows of others come from the pool.
     if (r->ingested_layers > 0) SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->seq_len, stream));

@@ -66,7 +66,10 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
 
   Status PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
                   StreamHandle stream);
-  Status AppendToken(int32_t layer, const void* new_rows, StreamHandle stream);
+  Status AppendToken(int32_t layer, const void* new_rows, const void* new_keys,
+                     StreamHandle stream);
+  Status IngestIndexerKeys(RequestId id, int32_t layer, const void* keys, StreamHandle stream);
+  IndexerKeyView IndexerKeys(int32_t layer) const;
   Status ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots, uint8_t* fill_mask,
                       StreamHandle stream, int32_t topk_stride);
   Status CopyMisses(int32_t layer, StreamHandle stream);
@@ -121,6 +124,12 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
     std::vector<int32_t> resident_pages{};
     // Forked children and remote-backed requests stay in hot-cache mode.
     bool may_be_resident = true;
+    // Indexer keys (CacheOptions::indexer_key_bytes): the first slots of the pages holding
+    // positions [i * keys_per_page, (i + 1) * keys_per_page), and the layers whose prompt keys
+    // are stored.
+    std::vector<int32_t> key_pages{};
+    std::vector<bool> keys_ingested{};
+    int32_t keys_ingested_layers = 0;
 
     bool resident() const { return !resident_pages.empty(); }
     bool on_device() const { return block >= 0 || resident(); }
@@ -145,7 +154,12 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
                                  std::span<const int32_t> shared, int32_t spare_pages,
                                  std::vector<int32_t>& spares, bool may_be_resident,
                                  StreamHandle stream);
-  // Frees what a live request holds (hot block, page references, spare) and forgets it.
+  // Copies the indexer keys of `from`'s positions into `to`'s key pages (every layer), and marks
+  // them ingested.
+  Status CopyKeys(const Request& from, Request& to, StreamHandle stream);
+  // Gives back the request's device memory: its block, resident pages and indexer keys.
+  void ReleaseDevice(Request& r);
+  // Frees what a live request holds (device memory, page references, spare) and forgets it.
   void Forget(RequestId id, Request& r);
   Status Ingest(RequestId id, int32_t layer, const void* rows, int32_t rows_first, const char* op,
                 StreamHandle stream);
@@ -155,15 +169,23 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // ---- Hybrid residency (manager_residency.cc) ----
   // Requests on the device (resident or holding a block); at most max_requests.
   int32_t OnDeviceRequests() const;
-  // Whether PlaceOnDevice could place a request of `tokens` now (demoting if it must).
-  bool CanPlace(int64_t tokens, bool may_be_resident) const;
-  // Gives `r` (not on the device) resident pages if they fit, else a hot-cache block, demoting
-  // resident requests for it if none is free. The block's state is reset; rows are the
-  // caller's to load (Ingest, LoadWindow, LoadResident).
-  Status PlaceOnDevice(Request& r, StreamHandle stream);
-  // Demotes resident requests (not in the open step; most pages first) until `blocks` blocks are
-  // free besides the ones the demoted requests take. ResourceExhausted if they cannot be.
-  Status MakeRoomForBlocks(int32_t blocks, StreamHandle stream);
+  // Pages of the device memory that `tokens` positions take resident, and their indexer keys.
+  int64_t ResidentPagesFor(int64_t tokens) const;
+  int64_t KeyPagesFor(int64_t tokens) const;
+  // The pages demoting `r` would free (its resident pages but a block's worth): 0 unless it is
+  // resident, outside the open step and holds more than a block.
+  int64_t DemotionGain(RequestId id, const Request& r) const;
+  // Whether PlaceOnDevice could place a request of `tokens` that needs `key_pages` pages of
+  // indexer keys now (demoting if it must).
+  bool CanPlace(int64_t tokens, bool may_be_resident, int64_t key_pages) const;
+  // Gives `r` (not on the device) `key_pages` pages for its indexer keys, and resident pages if
+  // they fit, else a hot-cache block, demoting resident requests for its pages if too few are
+  // free. The block's state is reset; rows are the caller's to load (Ingest, LoadWindow,
+  // LoadResident).
+  Status PlaceOnDevice(Request& r, int64_t key_pages, StreamHandle stream);
+  // Demotes resident requests (not in the open step; most pages first) until `pages` pages are
+  // free. ResourceExhausted, changing nothing, if demoting all of them would not free enough.
+  Status MakeRoom(int64_t pages, StreamHandle stream);
   // Takes a block for `r` seeded with its most recent rows and loads them from the host pool
   // (an empty block, and the ingested layers' windows, while its prompt is being ingested).
   Status LoadIntoBlock(Request& r, StreamHandle stream);
@@ -179,7 +201,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
                         int32_t first, StreamHandle stream);
   // The layer-wide slot of `position` of a resident request.
   int32_t ResidentSlot(const Request& r, int32_t position) const {
-    const int32_t rows = options_.resident_page_rows;
+    const int32_t rows = hot_->page_rows();
     return r.resident_pages[position / rows] + position % rows;
   }
   // Copies load_rows_ -> load_slots_ from the pool into every layer: one IndexCopy per layer.
@@ -192,6 +214,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   }
 
   // ---- Step (manager_step.cc) ----
+  // Where the key of `position` of `r` lies in a layer's device memory, in 4-byte words.
+  int32_t KeyWord(const Request& r, int32_t position) const;
   // Before the request appends at `position`: copies the page on write if it is shared.
   Status PrepareAppend(Request& r, int32_t position, StreamHandle stream);
   // Ends the open step (after its write-back is joined): indexes the pages it filled.
@@ -208,8 +232,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // Copies `list` (of `capacity` entries) from the host pool into `layer`'s rows, between the
   // extension's BeforeCopy and AfterCopy in an active step.
   Status Copy(int32_t layer, const MissList& list, int32_t capacity, StreamHandle stream);
-  // Index groups alternate between two miss lists.
-  int32_t MissListOf(int32_t layer) const { return layer / options_.layers_per_index % 2; }
+  // The miss list of `layer`'s index group in the open step: index groups alternate between two
+  // lists, and each group's count is its own, in the plan region (zeroed by every PlanStep).
+  MissList StepMissList(int32_t layer) const;
 
   CacheOptions options_;
   std::shared_ptr<Backend> backend_;
@@ -221,13 +246,16 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   bool extension_active_ = false;                // its per-layer hooks run in the open step
 
   // Device buffers.
-  std::byte* plan_device_ = nullptr;          // see PlanLayout
-  int32_t* page_table_device_ = nullptr;      // [max_owners, pages_per_owner]
-  MissList miss_lists_[2];                    // [max_batch * top_k] each
-  MissList prefetch_list_;                    // [max_batch * max_prefetch]
+  std::byte* plan_device_ = nullptr;      // see PlanLayout
+  int32_t* page_table_device_ = nullptr;  // [max_owners, pages_per_owner]
+  MissList miss_lists_[2];  // [max_batch * top_k] each; the counts are the plan's (StepMissList)
+  MissList prefetch_list_;  // [max_batch * max_prefetch]
   int32_t* prefetch_slots_ = nullptr;         // [max_batch * max_prefetch] (discarded)
   int32_t* resident_table_device_ = nullptr;  // [max_owners, resident_pages_per_owner_]
   int32_t resident_pages_per_owner_ = 0;
+  int32_t* key_table_device_ = nullptr;  // [max_owners, key_pages_per_owner_]
+  int32_t key_pages_per_owner_ = 0;
+  int32_t keys_per_page_ = 0;  // 0: no indexer keys
   MissList load_list_;  // [load_capacity_]: host row -> slot, for LoadIntoBlock / LoadResident
   int32_t load_capacity_ = 0;
   std::vector<int32_t> load_rows_;  // host mirror of load_list_ being built
@@ -259,18 +287,28 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
 //   [append_src: int32 x max_batch]   b -> b (row of the caller's new_rows)
 //   [append_slot: int32 x max_batch]  window slot of the newest token
 //   [append_row: int32 x max_batch]   host row of the newest token
+//   [append_key: int32 x max_batch]   with indexer keys: where the newest token's key goes, in
+//                                     4-byte words of a layer's device memory
+//   [miss_count: int32 x index groups] each group's miss count, 0 until its resolve (so that no
+//                                     resolve needs a memset before it)
 struct SparseKVCacheManager::Impl::PlanLayout {
-  explicit PlanLayout(int32_t max_batch)
+  PlanLayout(int32_t max_batch, int32_t groups)
       : batch(16),
         append_src(batch + sizeof(BatchEntry) * max_batch),
         append_slot(append_src + sizeof(int32_t) * max_batch),
         append_row(append_slot + sizeof(int32_t) * max_batch),
-        bytes(append_row + sizeof(int32_t) * max_batch) {}
+        append_key(append_row + sizeof(int32_t) * max_batch),
+        miss_count(append_key + sizeof(int32_t) * max_batch),
+        bytes(miss_count + sizeof(int32_t) * groups) {}
+  explicit PlanLayout(const CacheOptions& o)
+      : PlanLayout(o.effective_max_batch(), o.index_groups()) {}
   size_t batch_size = 0;
   size_t batch;
   size_t append_src;
   size_t append_slot;
   size_t append_row;
+  size_t append_key;
+  size_t miss_count;
   size_t bytes;
 };
 

@@ -10,87 +10,94 @@ namespace sparsekv {
 
 using manager_internal::Describe;
 
-namespace {
-
-int32_t PagesFor(int64_t tokens, int32_t page_rows) {
-  return static_cast<int32_t>((tokens + page_rows - 1) / page_rows);
-}
-
-}  // namespace
-
 int32_t SparseKVCacheManager::Impl::OnDeviceRequests() const {
   return static_cast<int32_t>(std::count_if(requests_.begin(), requests_.end(),
                                             [](const auto& it) { return it.second.on_device(); }));
 }
 
-bool SparseKVCacheManager::Impl::CanPlace(int64_t tokens, bool may_be_resident) const {
-  if (OnDeviceRequests() >= options_.max_requests) return false;
-  if (hot_->free_blocks() > 0) return true;
-  if (!options_.hybrid_residency) return false;
-  if (may_be_resident && hot_->free_pages() >= PagesFor(tokens, options_.resident_page_rows)) {
-    return true;
-  }
-  // Demoting every resident request outside the open step frees a block for each of them and one
-  // more (every request on the device needs at most one block, and there are at least
-  // max_requests blocks), unless pages of the others pin blocks: MakeRoomForBlocks then fails,
-  // changing nothing.
-  const bool demotable = std::any_of(requests_.begin(), requests_.end(), [&](const auto& it) {
-    return it.second.resident() && !InOpenStep(it.first);
-  });
-  return demotable;
+int64_t SparseKVCacheManager::Impl::ResidentPagesFor(int64_t tokens) const {
+  return (tokens + hot_->page_rows() - 1) / hot_->page_rows();
 }
 
-Status SparseKVCacheManager::Impl::PlaceOnDevice(Request& r, StreamHandle stream) {
-  if (options_.hybrid_residency && r.may_be_resident &&
-      hot_->free_pages() >= PagesFor(r.reserved, options_.resident_page_rows)) {
-    return TakeResidentPages(r, stream);
+int64_t SparseKVCacheManager::Impl::KeyPagesFor(int64_t tokens) const {
+  return keys_per_page_ > 0 ? (tokens + keys_per_page_ - 1) / keys_per_page_ : 0;
+}
+
+int64_t SparseKVCacheManager::Impl::DemotionGain(RequestId id, const Request& r) const {
+  if (!r.resident() || InOpenStep(id)) return 0;
+  return std::max<int64_t>(0,
+                           static_cast<int64_t>(r.resident_pages.size()) - hot_->pages_per_block());
+}
+
+bool SparseKVCacheManager::Impl::CanPlace(int64_t tokens, bool may_be_resident,
+                                          int64_t key_pages) const {
+  if (OnDeviceRequests() >= options_.max_requests) return false;
+  const int64_t free = hot_->free_pages() - key_pages;
+  if (options_.hybrid_residency && may_be_resident && free >= ResidentPagesFor(tokens)) {
+    return true;
   }
-  if (hot_->free_blocks() == 0) SPARSEKV_RETURN_IF_ERROR(MakeRoomForBlocks(1, stream));
+  // A block is free whenever a request may join (at most max_requests are on the device); its
+  // pages may have to come from demoting resident requests.
+  int64_t room = free;
+  for (const auto& [id, r] : requests_) room += DemotionGain(id, r);
+  return room >= hot_->pages_per_block();
+}
+
+Status SparseKVCacheManager::Impl::PlaceOnDevice(Request& r, int64_t key_pages,
+                                                 StreamHandle stream) {
+  const int64_t resident = ResidentPagesFor(r.reserved);
+  const bool resident_fits =
+      options_.hybrid_residency && r.may_be_resident && hot_->free_pages() >= key_pages + resident;
+  if (!resident_fits) {
+    SPARSEKV_RETURN_IF_ERROR(MakeRoom(key_pages + hot_->pages_per_block(), stream));
+  }
+  if (key_pages > 0) {
+    SPARSEKV_ASSIGN_OR_RETURN(r.key_pages, hot_->AcquirePages(key_pages));
+    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(
+        key_table_device_ + static_cast<int64_t>(r.owner) * key_pages_per_owner_,
+        r.key_pages.data(), r.key_pages.size() * sizeof(int32_t), stream));
+  }
+  if (resident_fits) return TakeResidentPages(r, stream);
   SPARSEKV_ASSIGN_OR_RETURN(r.block, hot_->Acquire(stream));
   return Status::Ok();
 }
 
 Status SparseKVCacheManager::Impl::TakeResidentPages(Request& r, StreamHandle stream) {
-  SPARSEKV_ASSIGN_OR_RETURN(r.resident_pages,
-                            hot_->AcquirePages(PagesFor(r.reserved, options_.resident_page_rows)));
+  SPARSEKV_ASSIGN_OR_RETURN(r.resident_pages, hot_->AcquirePages(ResidentPagesFor(r.reserved)));
   return backend_->CopyAsync(
       resident_table_device_ + static_cast<int64_t>(r.owner) * resident_pages_per_owner_,
       r.resident_pages.data(), r.resident_pages.size() * sizeof(int32_t), stream);
 }
 
-Status SparseKVCacheManager::Impl::MakeRoomForBlocks(int32_t blocks, StreamHandle stream) {
-  // Victims give their pages back first (their rows are reloaded from the host pool, never from
-  // the pages), then each takes a block: a block frees up only once all its pages are free.
-  std::vector<Request*> demoted;
-  while (hot_->free_blocks() < blocks + static_cast<int32_t>(demoted.size())) {
+Status SparseKVCacheManager::Impl::MakeRoom(int64_t pages, StreamHandle stream) {
+  if (hot_->free_pages() >= pages) return Status::Ok();
+  // Checked first, so that a refusal changes nothing: each demotion frees the victim's pages but
+  // a block's worth, which it takes back.
+  int64_t room = hot_->free_pages();
+  for (const auto& [id, r] : requests_) room += DemotionGain(id, r);
+  if (room < pages) {
+    return ResourceExhausted("device memory: " + std::to_string(pages) + " pages needed, " +
+                             std::to_string(hot_->free_pages()) +
+                             " free, and demoting the resident requests outside the open step "
+                             "frees " +
+                             std::to_string(room - hot_->free_pages()) + " more");
+  }
+  while (hot_->free_pages() < pages) {
+    // The victim holding the most pages (ties: the lowest id) frees the most per demotion.
     Request* victim = nullptr;
     RequestId victim_id = 0;
     for (auto& [id, r] : requests_) {
-      if (!r.resident() || InOpenStep(id)) continue;
+      if (DemotionGain(id, r) == 0) continue;
       if (victim == nullptr || r.resident_pages.size() > victim->resident_pages.size() ||
           (r.resident_pages.size() == victim->resident_pages.size() && id < victim_id)) {
         victim = &r;
         victim_id = id;
       }
     }
-    if (victim == nullptr) break;
+    // Its rows are reloaded from the host pool, never from the pages it gives back.
     hot_->ReleasePages(victim->resident_pages);
     victim->resident_pages.clear();
-    demoted.push_back(victim);
-  }
-  if (hot_->free_blocks() < blocks + static_cast<int32_t>(demoted.size())) {
-    // Not enough even so (pages of the open step's requests pin blocks): the victims take their
-    // pages back, reloaded.
-    for (Request* r : demoted) {
-      SPARSEKV_RETURN_IF_ERROR(TakeResidentPages(*r, stream));
-      SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->seq_len, stream));
-    }
-    return ResourceExhausted("no hot-cache block is free, and demoting the " +
-                             std::to_string(demoted.size()) +
-                             " resident requests outside the open step frees none");
-  }
-  for (Request* r : demoted) {
-    SPARSEKV_RETURN_IF_ERROR(LoadIntoBlock(*r, stream));
+    SPARSEKV_RETURN_IF_ERROR(LoadIntoBlock(*victim, stream));
     ++host_counters_.demotions;
   }
   return Status::Ok();
@@ -112,10 +119,9 @@ Status SparseKVCacheManager::Impl::LoadIntoBlock(Request& r, StreamHandle stream
   SPARSEKV_ASSIGN_OR_RETURN(r.block, hot_->AcquireSeeded(seeds, stream));
   load_rows_.clear();
   load_slots_.clear();
-  const int32_t base = r.block * hot_->slots_per_block();
   for (int32_t p = seed_begin; p < r.seq_len; ++p) {
     load_rows_.push_back(pool_->HostRow(r.owner, p));
-    load_slots_.push_back(p < window_begin ? base + (p - seed_begin)
+    load_slots_.push_back(p < window_begin ? hot_->Slot(r.block, p - seed_begin)
                                            : hot_->WindowSlot(r.block, p));
   }
   return RunLoads(stream);
@@ -185,22 +191,15 @@ Status SparseKVCacheManager::Impl::Promote(RequestId id, StreamHandle stream) {
   if (r->ingested_layers != options_.geometry.num_layers()) {
     return FailedPrecondition("Promote: " + Describe(id) + " has layers not yet ingested");
   }
-  // Its own block counts as free room once given back.
-  const int32_t pages = PagesFor(r->reserved, options_.resident_page_rows);
+  // Its own block's pages count as free room once given back.
+  const int64_t pages = ResidentPagesFor(r->reserved);
   if (hot_->free_pages() + hot_->pages_per_block() < pages) {
     return ResourceExhausted("Promote: " + Describe(id) + " needs " + std::to_string(pages) +
                              " resident pages, " + std::to_string(hot_->free_pages()) + " free");
   }
-  const int32_t block = r->block;
-  hot_->Release(block);
+  hot_->Release(r->block);
   r->block = -1;
-  if (Status taken = TakeResidentPages(*r, stream); !taken.ok()) {
-    // Only the free block's own pages were counted: fall back to the block (its state is reset
-    // and its rows reloaded).
-    r->resident_pages.clear();
-    SPARSEKV_RETURN_IF_ERROR(LoadIntoBlock(*r, stream));
-    return taken;
-  }
+  SPARSEKV_RETURN_IF_ERROR(TakeResidentPages(*r, stream));
   SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->seq_len, stream));
   ++host_counters_.promotions;
   return Status::Ok();

@@ -64,21 +64,27 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     if (r->ingested_layers != options_.geometry.num_layers()) {
       return FailedPrecondition("PlanStep: " + Describe(id) + " has layers not yet ingested");
     }
+    if (keys_per_page_ > 0 && r->keys_ingested_layers != options_.geometry.num_layers()) {
+      return FailedPrecondition("PlanStep: " + Describe(id) +
+                                " has layers whose indexer keys are not yet ingested");
+    }
     if (r->seq_len >= r->reserved) {
       return OutOfRange("PlanStep: " + Describe(id) + " reached its reserved length (" +
                         std::to_string(r->reserved) + " tokens)");
     }
   }
-  const PlanLayout layout(max_batch);
+  const PlanLayout layout(options_);
   std::byte* plan = plan_host_.data();
   *At<int32_t>(plan, layout.batch_size) = static_cast<int32_t>(batch.size());
   auto* entries = At<BatchEntry>(plan, layout.batch);
   auto* append_slot = At<int32_t>(plan, layout.append_slot);
   auto* append_row = At<int32_t>(plan, layout.append_row);
+  auto* append_key = At<int32_t>(plan, layout.append_key);
+  std::fill_n(At<int32_t>(plan, layout.miss_count), options_.index_groups(), 0);
   for (int32_t b = 0; b < max_batch; ++b) {
     if (b >= static_cast<int32_t>(batch.size())) {
       entries[b] = BatchEntry{-1, 0, 0};
-      append_slot[b] = append_row[b] = -1;
+      append_slot[b] = append_row[b] = append_key[b] = -1;
       continue;
     }
     Request& r = requests_.at(batch[b]);
@@ -90,6 +96,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     entries[b] = BatchEntry{r.block, r.seq_len, r.owner, r.resident() ? r.owner : kNotResident};
     append_slot[b] = r.resident() ? ResidentSlot(r, position) : hot_->WindowSlot(r.block, position);
     append_row[b] = pool_->HostRow(r.owner, position);
+    append_key[b] = keys_per_page_ > 0 ? KeyWord(r, position) : -1;
   }
   batch_.assign(batch.begin(), batch.end());
   extension_active_ = extension_ != nullptr && extension_->BeginStep(batch_);
@@ -102,18 +109,21 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
 }
 
 Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_rows,
-                                               StreamHandle stream) {
+                                               const void* new_keys, StreamHandle stream) {
   if (!step_open_) return FailedPrecondition("AppendToken: no step is planned");
   if (layer < 0 || layer >= options_.geometry.num_layers()) {
     return InvalidArgument("AppendToken: layer " + std::to_string(layer) + " out of range");
   }
   if (new_rows == nullptr) return InvalidArgument("AppendToken: new_rows is null");
+  if (keys_per_page_ > 0 && new_keys == nullptr) {
+    return InvalidArgument("AppendToken: new_keys is null (the manager keeps indexer keys)");
+  }
   if (appended_[layer]) {
     return FailedPrecondition("AppendToken: layer " + std::to_string(layer) +
                               " was already appended in this step");
   }
   const LayerShape shape = options_.geometry.layers[layer];
-  const PlanLayout layout(options_.effective_max_batch());
+  const PlanLayout layout(options_);
   const int32_t max_batch = options_.effective_max_batch();
   IndexCopyView to_window{};
   to_window.src = static_cast<const std::byte*>(new_rows);
@@ -128,6 +138,17 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   to_window.dst_rows = hot_->layer_rows();
   to_window.invalid = invalid_copies_;
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_window, stream));
+  if (keys_per_page_ > 0) {
+    // Keys are addressed in 4-byte words of the layer's memory (KeyWord); row_bytes is the key.
+    const int32_t key_bytes = options_.indexer_key_bytes;
+    IndexCopyView keys = to_window;
+    keys.src = static_cast<const std::byte*>(new_keys);
+    keys.src_stride = keys.row_bytes = key_bytes;
+    keys.dst_index = At<int32_t>(plan_device_, layout.append_key);
+    keys.dst_stride = sizeof(int32_t);
+    keys.dst_rows = (hot_->layer_rows() * shape.row_stride - key_bytes) / 4 + 1;
+    SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(keys, stream));
+  }
 
   // Write-back from the window slot (not from new_rows, which the caller may reuse at once) on
   // the side stream. The slot is next overwritten by the append W steps later, after FinishStep
@@ -146,6 +167,35 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   open_bytes_to_host_per_request_ += shape.row_bytes;
   host_counters_.bytes_device_to_host += batch_.size() * static_cast<uint64_t>(shape.row_bytes);
   return Status::Ok();
+}
+
+MissList SparseKVCacheManager::Impl::StepMissList(int32_t layer) const {
+  const int32_t group = layer / options_.layers_per_index;
+  MissList list = miss_lists_[group % 2];
+  list.count = At<int32_t>(plan_device_, PlanLayout(options_).miss_count) + group;
+  return list;
+}
+
+int32_t SparseKVCacheManager::Impl::KeyWord(const Request& r, int32_t position) const {
+  const int64_t byte =
+      int64_t{r.key_pages[position / keys_per_page_]} * options_.geometry.layers[0].row_stride +
+      int64_t{position % keys_per_page_} * options_.indexer_key_bytes;
+  return static_cast<int32_t>(byte / 4);
+}
+
+IndexerKeyView SparseKVCacheManager::Impl::IndexerKeys(int32_t layer) const {
+  if (keys_per_page_ == 0 || layer < 0 || layer >= options_.geometry.num_layers()) return {};
+  const PlanLayout layout(options_);
+  IndexerKeyView v{};
+  v.batch_size = At<const int32_t>(plan_device_, layout.batch_size);
+  v.batch = At<const BatchEntry>(plan_device_, layout.batch);
+  v.keys = hot_->layer_data(layer);
+  v.row_stride = options_.geometry.layers[layer].row_stride;
+  v.page_table = key_table_device_;
+  v.pages_per_request = key_pages_per_owner_;
+  v.keys_per_page = keys_per_page_;
+  v.key_bytes = options_.indexer_key_bytes;
+  return v;
 }
 
 Status SparseKVCacheManager::Impl::CheckLayer(int32_t layer, const char* op) const {
@@ -205,9 +255,8 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
                               ", whose layer " + std::to_string(uncopied) +
                               " has no CopyMisses in this step yet");
   }
-  const MissList& list = miss_lists_[MissListOf(layer)];
-  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask, list,
-                                   counters_ + layer, stream));
+  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask,
+                                   StepMissList(layer), counters_ + layer, stream));
   groups_resolved_ = group + 1;
   if (!extension_active_) return Status::Ok();
   return extension_->AfterResolve(layer, slots, stream);
@@ -218,8 +267,7 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
                                            const MissList& list, ResolveCounters* counters,
                                            StreamHandle stream) {
   const int32_t max_batch = options_.effective_max_batch();
-  const PlanLayout layout(max_batch);
-  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(list.count, 0, sizeof(int32_t), stream));
+  const PlanLayout layout(options_);
   ResolveView resolve{};
   resolve.batch_size = At<int32_t>(plan_device_, layout.batch_size);
   resolve.batch = At<BatchEntry>(plan_device_, layout.batch);
@@ -249,7 +297,10 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.share_duplicates = options_.share_repeated_positions;
   resolve.resident_table = resident_table_device_;
   resolve.resident_pages = resident_pages_per_owner_;
-  resolve.resident_page_rows = options_.resident_page_rows;
+  resolve.resident_page_rows = hot_->page_rows();
+  resolve.block_pages = hot_->block_pages();
+  resolve.pages_per_block = hot_->pages_per_block();
+  resolve.block_page_rows = hot_->page_rows();
   return backend_->Resolve(resolve, max_batch, stream);
 }
 
@@ -265,8 +316,8 @@ Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream
     return FailedPrecondition("CopyMisses: " + DescribeLayer(layer) +
                               " was already copied in this step");
   }
-  SPARSEKV_RETURN_IF_ERROR(Copy(layer, miss_lists_[MissListOf(layer)],
-                                options_.effective_max_batch() * options_.top_k, stream));
+  SPARSEKV_RETURN_IF_ERROR(
+      Copy(layer, StepMissList(layer), options_.effective_max_batch() * options_.top_k, stream));
   copied_[layer] = true;
   if (!extension_active_) return Status::Ok();
   return extension_->AfterMissCopy(layer, stream);
@@ -318,7 +369,7 @@ Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* s
   }
   const LayerShape shape = options_.geometry.layers[layer];
   const int32_t max_batch = options_.effective_max_batch();
-  const PlanLayout layout(max_batch);
+  const PlanLayout layout(options_);
   AssembleView a{};
   a.batch_size = At<int32_t>(plan_device_, layout.batch_size);
   a.hot = hot_->layer_data(layer);
@@ -356,6 +407,7 @@ Status SparseKVCacheManager::Impl::PrefetchLayer(int32_t layer, const int32_t* p
                               " has no CopyMisses yet; a prefetch after the resolve must follow "
                               "the group's copies (its victims may be rows the step reads)");
   }
+  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(prefetch_list_.count, 0, sizeof(int32_t), stream));
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, prefetch_slots_, nullptr,
                                    prefetch_list_,
                                    counters_ + options_.geometry.num_layers() + layer, stream));

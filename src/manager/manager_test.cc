@@ -205,7 +205,8 @@ TEST_F(ManagerTest, AdmissionsDemoteARequestWhosePromptIsBeingIngested) {
   o.hybrid_residency = true;
   o.window = 2;
   o.resident_page_rows = 5;  // one page per block (C + W = 5 slots)
-  o.device_budget_bytes = 3 * HotCache::BlockBytes(o.geometry, o.hot_slots, o.window);
+  // Three blocks and their page lists.
+  o.device_budget_bytes = 3 * (HotCache::BlockBytes(o.geometry, o.hot_slots, o.window) + 4);
   Create(o);
   // Row of position p in layer l of request id: eight bytes equal to p + 1 + 20 l + 40 (id - 1).
   auto rows = [](RequestId id, int32_t layer, int32_t first, int32_t n) {

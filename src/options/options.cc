@@ -75,11 +75,27 @@ Status ValidateOptions(const CacheOptions& o) {
     return Field("max_prefetch (" + std::to_string(o.max_prefetch) + ") must be in [0, hot_slots]");
   }
   if (o.window < 1) return Field("window must be >= 1 (the newest token is always resident)");
-  if (o.hybrid_residency &&
+  if ((o.hybrid_residency || o.indexer_key_bytes > 0) &&
       (o.resident_page_rows < 1 ||
        (o.hot_slots != 0 && o.resident_page_rows > o.hot_slots + int64_t{o.window}))) {
     return Field("resident_page_rows (" + std::to_string(o.resident_page_rows) +
                  ") must be in [1, hot_slots + window]");
+  }
+  if (o.indexer_key_bytes < 0 || o.indexer_key_bytes % 4 != 0) {
+    return Field("indexer_key_bytes (" + std::to_string(o.indexer_key_bytes) +
+                 ") must be 0 or a positive multiple of 4");
+  }
+  if (o.indexer_key_bytes > 0) {
+    for (const LayerShape& layer : o.geometry.layers) {
+      if (layer.row_stride != o.geometry.layers[0].row_stride || layer.row_stride % 4 != 0) {
+        return Field("indexer_key_bytes needs one row_stride, a multiple of 4, in every layer");
+      }
+    }
+    if (!o.geometry.layers.empty() &&
+        int64_t{o.resident_page_rows} * o.geometry.layers[0].row_stride < o.indexer_key_bytes) {
+      return Field("indexer_key_bytes (" + std::to_string(o.indexer_key_bytes) +
+                   ") exceeds a page (resident_page_rows * row_stride)");
+    }
   }
   if (o.eviction != EvictionPolicy::kLru && o.eviction != EvictionPolicy::kSegmentedLru) {
     return Field("eviction is not a known EvictionPolicy");

@@ -146,5 +146,29 @@ TEST(OptionsTest, BudgetAndResidencyValidated) {
   EXPECT_TRUE(ValidateOptions(o).ok());
 }
 
+TEST(OptionsTest, IndexerKeysNeedWordsAndOneRowStride) {
+  CacheOptions o = Valid();
+  o.geometry = KVGeometry::Uniform(3, 656);
+  o.indexer_key_bytes = 132;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  o.indexer_key_bytes = 130;  // not a multiple of 4
+  ExpectInvalid(o, "indexer_key_bytes");
+  o.indexer_key_bytes = -4;
+  ExpectInvalid(o, "indexer_key_bytes");
+  o.indexer_key_bytes = 132;
+  o.geometry.layers[1].row_stride = 704;  // layers of different strides
+  ExpectInvalid(o, "one row_stride");
+  o.geometry = KVGeometry::Uniform(3, 654);  // a stride that is not a multiple of 4
+  ExpectInvalid(o, "one row_stride");
+  o.geometry = KVGeometry::Uniform(3, 8);
+  o.resident_page_rows = 16;
+  o.indexer_key_bytes = 132;  // more than a page of 16 rows of 8 bytes
+  ExpectInvalid(o, "exceeds a page");
+  o.indexer_key_bytes = 128;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  o.resident_page_rows = 0;  // pages are needed for the keys, with or without residency
+  ExpectInvalid(o, "resident_page_rows");
+}
+
 }  // namespace
 }  // namespace sparsekv

@@ -135,7 +135,6 @@ Status RemoteRowSource::BeforeCopy(int32_t layer, const MissList& list, int32_t 
   // Which request owns a slot's block, and (read on demand) which position each of its LRU slots
   // holds now: a miss in a remote page is known by its slot, not by its (placeholder) host row.
   const int32_t pt = options.host_page_tokens;
-  const int32_t per_block = hot.slots_per_block();
   std::unordered_map<int32_t, RequestId> block_owner;
   for (RequestId id : host_.batch()) {
     if (tier_->IsBound(id)) block_owner[host_.BlockOf(id)] = id;
@@ -146,7 +145,8 @@ Status RemoteRowSource::BeforeCopy(int32_t layer, const MissList& list, int32_t 
   for (int32_t i = 0; i < count; ++i) {
     RemoteTier::RowFetch f;
     if (rows[i] >= 0 && rows[i] / pt == placeholder_page_) {
-      const int32_t block = slots[i] / per_block;
+      const HotCache::BlockSlot at = hot.Locate(slots[i]);
+      const int32_t block = at.block;
       auto owner = block_owner.find(block);
       if (owner == block_owner.end()) {
         return Internal("remote tier: a miss in a remote page of no remote-backed request");
@@ -161,7 +161,7 @@ Status RemoteRowSource::BeforeCopy(int32_t layer, const MissList& list, int32_t 
         SPARSEKV_RETURN_IF_ERROR(backend.Synchronize(stream));
       }
       f.id = owner->second;
-      f.position = tokens->second[slots[i] % per_block];
+      f.position = tokens->second[at.slot];
       f.staging_row = 0;  // assigned below
     } else if (tier_->OwnerOfHostRow(rows[i], &f.id, &f.position)) {
       f.host_row = rows[i];

@@ -77,6 +77,56 @@ namespace {
 constexpr int kPoison = 0xA5;
 }  // namespace
 
+Bytes KeysOf(const std::byte* rows, int64_t n, LayerShape shape, int32_t key_bytes) {
+  Bytes keys(static_cast<size_t>(n) * key_bytes);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int32_t j = 0; j < key_bytes; ++j) {
+      keys[i * key_bytes + j] =
+          rows[i * shape.row_stride + j % shape.row_bytes] ^ std::byte(0x5C + 7 * j);
+    }
+  }
+  return keys;
+}
+
+int CheckKeys(const DenseModel& model, SparseKVCacheManager& m, const std::vector<RequestId>& batch,
+              StreamHandle stream) {
+  const CacheOptions& o = m.options();
+  Backend& backend = m.backend();
+  int mismatches = 0;
+  for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
+    const IndexerKeyView v = m.IndexerKeys(l);
+    std::vector<BatchEntry> entries(batch.size());
+    EXPECT_TRUE(
+        backend.CopyAsync(entries.data(), v.batch, entries.size() * sizeof(BatchEntry), stream)
+            .ok());
+    EXPECT_TRUE(backend.Synchronize(stream).ok());
+    for (size_t b = 0; b < batch.size(); ++b) {
+      std::vector<int32_t> pages(static_cast<size_t>(v.pages_per_request));
+      EXPECT_TRUE(backend
+                      .CopyAsync(pages.data(),
+                                 v.page_table + static_cast<int64_t>(entries[b].page_table_row) *
+                                                    v.pages_per_request,
+                                 pages.size() * sizeof(int32_t), stream)
+                      .ok());
+      EXPECT_TRUE(backend.Synchronize(stream).ok());
+      IndexerKeyView host = v;
+      host.page_table = pages.data();
+      for (int32_t p = 0; p < entries[b].seq_len; ++p) {
+        Bytes key(static_cast<size_t>(v.key_bytes));
+        EXPECT_TRUE(backend.CopyAsync(key.data(), host.Key(0, p), key.size(), stream).ok());
+        EXPECT_TRUE(backend.Synchronize(stream).ok());
+        const Bytes want =
+            KeysOf(model.Row(batch[b], l, p), 1, o.geometry.layers[l], o.indexer_key_bytes);
+        if (key != want && ++mismatches <= 5) {
+          ADD_FAILURE() << "indexer key of request " << batch[b] << " layer " << l << " position "
+                        << p << " differs";
+        }
+      }
+    }
+  }
+  return mismatches;
+}
+
 StepDriver::StepDriver(SparseKVCacheManager& manager, StreamHandle stream, RunMode mode)
     : m_(manager), stream_(stream), mode_(mode), rng_(mode.seed) {
   const CacheOptions& o = manager.options();
@@ -89,6 +139,10 @@ StepDriver::StepDriver(SparseKVCacheManager& manager, StreamHandle stream, RunMo
     slots_.push_back(std::make_unique<DeviceBuffer>(b, rows * sizeof(int32_t)));
     assembled_.push_back(std::make_unique<DeviceBuffer>(b, rows * l.row_stride));
     fill_.push_back(std::make_unique<DeviceBuffer>(b, rows));
+    if (o.indexer_key_bytes > 0) {
+      new_keys_.push_back(std::make_unique<DeviceBuffer>(
+          b, static_cast<size_t>(o.effective_max_batch()) * o.indexer_key_bytes));
+    }
     if (mode.prefetch > 0) {
       prefetch_.push_back(std::make_unique<DeviceBuffer>(
           b, static_cast<size_t>(o.effective_max_batch()) * mode.prefetch * sizeof(int32_t)));
@@ -112,8 +166,14 @@ void StepDriver::UploadInputs(int32_t batch, const std::vector<Bytes>& new_rows,
     prefetch_[l]->Upload(positions.data(), positions.size() * sizeof(int32_t), stream_);
   }
   for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
-    new_rows_[l]->Upload(new_rows[l].data(),
-                         static_cast<size_t>(batch) * o.geometry.layers[l].row_stride, stream_);
+    const LayerShape shape = o.geometry.layers[l];
+    new_rows_[l]->Upload(new_rows[l].data(), static_cast<size_t>(batch) * shape.row_stride,
+                         stream_);
+    if (!new_keys_.empty()) {
+      const Bytes keys = KeysOf(new_rows[l].data(), batch, shape, o.indexer_key_bytes);
+      new_keys_[l]->Upload(keys.data(), keys.size(), stream_);
+      // The upload reads `keys` before returning (pageable memory).
+    }
     topk_[l]->Fill(0xff, stream_);  // rows past the batch: padding
     topk_[l]->Upload(topk[l].data(), topk[l].size() * sizeof(int32_t), stream_);
     slots_[l]->Fill(kPoison, stream_);
@@ -125,7 +185,8 @@ void StepDriver::UploadInputs(int32_t batch, const std::vector<Bytes>& new_rows,
 Status StepDriver::RunPhase() {
   const int32_t layers = m_.options().geometry.num_layers();
   for (int32_t l = 0; l < layers; ++l) {
-    SPARSEKV_RETURN_IF_ERROR(m_.AppendToken(l, new_rows_[l]->get(), stream_));
+    SPARSEKV_RETURN_IF_ERROR(m_.AppendToken(
+        l, new_rows_[l]->get(), new_keys_.empty() ? nullptr : new_keys_[l]->get(), stream_));
     int32_t* slots = slots_[Leader(l)]->get<int32_t>();
     // A prefetch before the resolve (an engine would issue it during the previous step, after
     // the group's last read): the resolve must find the prefetched rows intact.

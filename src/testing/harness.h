@@ -45,6 +45,11 @@ class DenseModel {
   std::map<RequestId, std::vector<Bytes>> history_;  // id -> per layer [len][stride]
 };
 
+// The indexer keys the tests store for `n` KV rows ([n][row_stride]): key_bytes bytes each,
+// derived from the row's meaningful bytes, so that the dense model's rows define every key
+// (forked and shared histories included). [n][key_bytes].
+Bytes KeysOf(const std::byte* rows, int64_t n, LayerShape shape, int32_t key_bytes);
+
 // Random bytes for `rows` rows of `stride` bytes.
 Bytes RandomRows(std::mt19937_64& rng, int64_t rows, int32_t stride);
 
@@ -152,6 +157,7 @@ class StepDriver {
   RunMode mode_;
   std::mt19937_64 rng_;
   std::vector<std::unique_ptr<DeviceBuffer>> new_rows_, topk_, slots_, assembled_, fill_;
+  std::vector<std::unique_ptr<DeviceBuffer>> new_keys_;  // with indexer keys: per layer
   std::vector<std::unique_ptr<DeviceBuffer>> prefetch_;  // per layer [max_batch, prefetch]
 };
 
@@ -167,5 +173,11 @@ bool SameRows(const LayerResult& a, const LayerResult& b, size_t rows, LayerShap
 int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t layer,
                const std::vector<RequestId>& batch, const std::vector<int32_t>& topk,
                const LayerResult& result, int32_t top_k, bool repeats_share = false);
+
+// With indexer keys: checks the keys of every position of every request of the planned step
+// (through SparseKVCacheManager::IndexerKeys, every layer) against KeysOf the model's rows.
+// Returns the number of mismatches (0 = exact) and reports the first ones with ADD_FAILURE.
+int CheckKeys(const DenseModel& model, SparseKVCacheManager& m, const std::vector<RequestId>& batch,
+              StreamHandle stream);
 
 }  // namespace sparsekv::testing

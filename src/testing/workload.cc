@@ -68,11 +68,33 @@ CacheOptions RandomHybridOptions(uint64_t seed) {
   std::mt19937_64 rng(seed * 6007 + 11);
   o.hybrid_residency = true;
   o.resident_page_rows = std::min(o.hot_slots + o.window, 1 + static_cast<int32_t>(rng() % 9));
+  // Half the seeds keep indexer keys too (one row shape for every layer, as they need), of up to
+  // a page's worth each.
+  const bool keys = rng() % 2 == 0;
+  if (keys) {
+    const LayerShape shape =
+        o.geometry.layers[0].row_stride % 4 == 0 ? o.geometry.layers[0] : LayerShape{24, 32};
+    for (LayerShape& l : o.geometry.layers) l = shape;
+    const int32_t page = o.resident_page_rows * shape.row_stride;
+    o.indexer_key_bytes = 4 * (1 + static_cast<int32_t>(rng() % std::max(1, page / 4)));
+  }
   // A budget of max_requests blocks and a few more, so that some requests are resident and
-  // admissions demote others; half the seeds let the library choose the slots.
+  // admissions demote others, and the keys of max_requests requests; half the seeds let the
+  // library choose the slots.
   const int32_t blocks = o.max_requests + static_cast<int32_t>(rng() % 4);
+  const int64_t page_bytes = o.resident_page_rows * o.geometry.token_stride_bytes();
+  const int64_t block_pages =
+      (o.hot_slots + o.window + o.resident_page_rows - 1) / o.resident_page_rows;
   o.device_budget_bytes =
-      blocks * HotCache::BlockBytes(o.geometry, o.hot_slots, o.window, o.layers_per_index);
+      blocks * (block_pages * page_bytes +
+                HotCache::StateBytes(o.geometry, o.hot_slots, o.layers_per_index) +
+                block_pages * int64_t{sizeof(int32_t)});
+  if (keys) {
+    const int32_t keys_per_page =
+        o.resident_page_rows * o.geometry.layers[0].row_stride / o.indexer_key_bytes;
+    o.device_budget_bytes += int64_t{o.max_requests} *
+                             ((o.max_context + keys_per_page - 1) / keys_per_page) * page_bytes;
+  }
   if (rng() % 2 == 0) o.hot_slots = 0;
   return o;
 }
@@ -186,6 +208,21 @@ void RandomWorkload::Admit() {
   Ingest(std::move(a), now);
 }
 
+void RandomWorkload::IngestKeys(RequestId id, int32_t layer, const std::byte* rows,
+                                int32_t prompt) {
+  if (options_.indexer_key_bytes == 0) return;
+  const Bytes keys =
+      KeysOf(rows, prompt, options_.geometry.layers[layer], options_.indexer_key_bytes);
+  ExpectAll(
+      "IngestIndexerKeys",
+      [&](SparseKVCacheManager& m) { return m.IngestIndexerKeys(id, layer, keys.data(), nullptr); },
+      StatusCode::kOk);
+  ExpectAll(
+      "IngestIndexerKeys twice",
+      [&](SparseKVCacheManager& m) { return m.IngestIndexerKeys(id, layer, keys.data(), nullptr); },
+      StatusCode::kAlreadyExists);
+}
+
 void RandomWorkload::IngestDeferred() {
   const size_t i = rng_() % ingesting_.size();
   Ingesting a = std::move(ingesting_[i]);
@@ -208,6 +245,7 @@ void RandomWorkload::Ingest(Ingesting a, size_t layers) {
         "IngestPrompt",
         [&](SparseKVCacheManager& m) { return m.IngestPrompt(id, l, a.rows[l].data(), nullptr); },
         StatusCode::kOk);
+    IngestKeys(id, l, a.rows[l].data(), a.prompt);
   }
   if (a.next < a.order.size()) {
     ingesting_.push_back(std::move(a));
@@ -294,6 +332,12 @@ void RandomWorkload::Step() {
   }
   std::vector<std::vector<LayerResult>> results;
   for (auto& d : drivers_) results.push_back(d->Step(batch, new_rows, topk, token_ids));
+  if (options_.indexer_key_bytes > 0) {
+    for (size_t i = 0; i < managers_.size(); ++i) {
+      EXPECT_EQ(CheckKeys(model_, *managers_[i], batch, drivers_[i]->stream()), 0)
+          << "indexer keys at step " << steps_ << " on " << managers_[i]->backend().name();
+    }
+  }
   ++steps_;
   entries_ += n * options_.top_k;
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
@@ -525,6 +569,9 @@ void RandomWorkload::AdmitTokens(std::vector<int32_t> tokens, int32_t max_new) {
                         : m.IngestPrompt(id, l, rows, nullptr);
         },
         StatusCode::kOk);
+  }
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    IngestKeys(id, l, prompt_rows[l].data(), prompt);  // the cached prefix's too
   }
   model_.Add(id, prompt_rows, prompt);
   live_[id] =

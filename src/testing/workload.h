@@ -84,6 +84,8 @@ class RandomWorkload {
     size_t next;                 // order[next] is the next layer to ingest
   };
   void Admit();
+  // With indexer keys: ingests the keys of `prompt` positions of `layer` (KeysOf `rows`).
+  void IngestKeys(RequestId id, int32_t layer, const std::byte* rows, int32_t prompt);
   // Ingests the next layer of one request of ingesting_; the last one makes it live.
   void IngestDeferred();
   // Ingests order[next, end) of `a`'s layers (the last one makes it live) or, if `layers` is

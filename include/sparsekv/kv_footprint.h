@@ -100,15 +100,17 @@ VariantPlan PlanVariant(KVVariant variant, RequestShape shape, int64_t hbm_budge
                         int32_t check_steps, int32_t batch);
 
 // sparsekv with a hot cache sized by the budget (CacheOptions::device_budget_bytes with
-// hot_slots = 0, as hybrid residency runs it): the batch is the largest that the host budget and
-// `cap` allow and whose per-request device state besides the hot cache (the sparsekv Footprint
-// less its hot-cache block) leaves room for that many blocks of top_k slots; the hot cache takes
-// the rest of the HBM budget, and the slots per request follow (ChooseHotCacheShape).
+// hot_slots = 0, as hybrid residency runs it, the manager keeping the indexer keys in pages of
+// resident_page_rows): the batch is the largest that the host budget and `cap` allow and whose
+// per-request device state besides the manager's memory (the sparsekv Footprint less its
+// hot-cache block and its indexer keys) leaves room for that many blocks of top_k slots and their
+// keys; the manager takes the rest of the HBM budget, and the slots per request follow
+// (ChooseHotCacheShape).
 struct BudgetedHotCache {
   int32_t max_batch = 0;          // 0: not even one request fits
   int32_t hot_slots = 0;          // chosen per request and layer
-  int64_t hot_cache_bytes = 0;    // the manager's device_budget_bytes
-  int64_t per_request_bytes = 0;  // HBM per request besides the hot cache
+  int64_t hot_cache_bytes = 0;    // the manager's device_budget_bytes (blocks, pages, keys)
+  int64_t per_request_bytes = 0;  // HBM per request besides the manager's memory
 };
 // `shape.tokens` is the positions a request holds (context + headroom).
 BudgetedHotCache PlanBudgetedHotCache(const RequestShape& shape, int64_t hbm_budget_bytes,

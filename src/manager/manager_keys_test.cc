@@ -67,7 +67,8 @@ class ManagerKeysTest : public ::testing::Test {
     for (int32_t l = 0; l < kLayers; ++l) {
       layers.push_back(Rows(id, l, 0, kPrompt));
       ASSERT_TRUE(m_->IngestPrompt(id, l, layers.back().data(), nullptr).ok());
-      const Bytes keys = testing::KeysOf(layers.back().data(), kPrompt, LayerShape{kRow, kRow}, kKey);
+      const Bytes keys =
+          testing::KeysOf(layers.back().data(), kPrompt, LayerShape{kRow, kRow}, kKey);
       ASSERT_TRUE(m_->IngestIndexerKeys(id, l, keys.data(), nullptr).ok());
     }
     model_->Add(id, layers, kPrompt);
@@ -89,9 +90,8 @@ class ManagerKeysTest : public ::testing::Test {
     }
     const std::vector<testing::LayerResult> result = driver.Step(batch, appended, topk);
     for (int32_t l = 0; l < kLayers; ++l) {
-      EXPECT_EQ(testing::CheckLayer(*model_, m_->options().geometry, l, batch, topk[l], result[l],
-                                    2),
-                0);
+      EXPECT_EQ(
+          testing::CheckLayer(*model_, m_->options().geometry, l, batch, topk[l], result[l], 2), 0);
     }
     EXPECT_EQ(testing::CheckKeys(*model_, *m_, batch, nullptr), 0);
   }
@@ -158,8 +158,7 @@ TEST_F(ManagerKeysTest, RefusalsChangeNothing) {
   ASSERT_TRUE(m_->PlanStep(std::vector<RequestId>{1}, nullptr).ok());
   const Bytes row = Rows(1, 0, kPrompt, 1);
   EXPECT_EQ(m_->AppendToken(0, row.data(), nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(m_->AppendToken(0, row.data(), nullptr, nullptr).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(m_->AppendToken(0, row.data(), nullptr, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(m_->IndexerKeys(0).key_bytes, kKey);
   EXPECT_EQ(m_->IndexerKeys(kLayers).keys, nullptr);
 
@@ -180,8 +179,7 @@ TEST_F(ManagerKeysTest, BudgetTooSmallForTheKeysIsRefused) {
   o.device_budget_bytes += 4 * 7 * page - 1;
   auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
   EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(m.status().message().find("indexer keys"), std::string::npos)
-      << m.status().message();
+  EXPECT_NE(m.status().message().find("indexer keys"), std::string::npos) << m.status().message();
   o.device_budget_bytes += 1;
   EXPECT_TRUE(SparseKVCacheManager::Create(o, CreateCpuBackend()).ok());
 }

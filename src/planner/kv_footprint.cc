@@ -121,8 +121,10 @@ BudgetedHotCache PlanBudgetedHotCache(const RequestShape& shape, int64_t hbm_bud
                                       int64_t host_budget_bytes, int32_t cap) {
   const KVGeometry geometry = KVGeometry::Uniform(shape.layers, shape.row_bytes);
   BudgetedHotCache out;
+  // The manager keeps the blocks and the indexer keys in its own budget.
   out.per_request_bytes = Footprint(KVVariant::kSparseKV, shape).hbm_bytes -
-                          HotCache::BlockBytes(geometry, shape.hot_slots, shape.window);
+                          HotCache::BlockBytes(geometry, shape.hot_slots, shape.window) -
+                          shape.tokens * shape.layers * shape.indexer_key_bytes;
   // The host-capped batch, then smaller ones until the hot cache holds a block per request.
   RequestShape unbounded = shape;
   const int32_t host_batch =
@@ -134,6 +136,9 @@ BudgetedHotCache PlanBudgetedHotCache(const RequestShape& shape, int64_t hbm_bud
     o.top_k = shape.top_k;
     o.window = shape.window;
     o.max_requests = batch;
+    o.max_context = static_cast<int32_t>(shape.tokens);
+    o.hybrid_residency = true;
+    o.indexer_key_bytes = shape.indexer_key_bytes;
     o.hot_slots = 0;
     o.device_budget_bytes = hbm_budget_bytes - int64_t{batch} * out.per_request_bytes;
     if (o.device_budget_bytes <= 0) continue;

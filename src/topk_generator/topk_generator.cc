@@ -100,12 +100,18 @@ void LayerTopKGenerator::TakeShared(std::span<const int32_t> lower, int32_t seq_
 int32_t LayerTopKGenerator::PopularPosition(size_t b) {
   const double u = std::uniform_real_distribution<double>(0, 1)(rng_);
   const double a = options_.zipf_exponent;
-  // Inverse CDF of the continuous power law on [1, R + 1), rank = floor(x) - 1.
-  const double x =
-      ExponentIsOne(a) ? std::exp(u * zipf_scale_) : std::pow(1 + u * zipf_scale_, 1 / (1 - a));
+  // Inverse CDF of the continuous power law on [1, R + 1), rank = floor(x) - 1. The presets'
+  // exponents (1.5, 2) make the power -2 or -1, computed without pow (most of the generator's
+  // time otherwise; a rank can differ from pow's only where x is within an ulp of an integer).
+  const double base = 1 + u * zipf_scale_;
+  const double x = ExponentIsOne(a)            ? std::exp(u * zipf_scale_)
+                   : std::abs(a - 1.5) < 1e-12 ? 1 / (base * base)
+                   : std::abs(a - 2) < 1e-12   ? 1 / base
+                                               : std::pow(base, 1 / (1 - a));
   const size_t range = ranking_.size();
   const size_t rank = std::min(range - 1, static_cast<size_t>(std::max(0.0, x - 1)));
-  return ranking_[(rank + rotation_[b]) % range];
+  const size_t at = rank + rotation_[b];  // both < range
+  return ranking_[at >= range ? at - range : at];
 }
 
 void LayerTopKGenerator::LocalityRow(size_t b, int32_t seq_len) {

@@ -1,5 +1,6 @@
 #include "tools/sparsekv/bench/gpu_variants.h"
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -121,8 +122,10 @@ class SparseKVVariant final : public StepVariant {
     o.share_repeated_positions = s_.queries > 1;
     o.hybrid_residency = s_.hybrid;
     o.device_budget_bytes = s_.device_budget_bytes;
+    // With hybrid residency the manager keeps the indexer keys too, so that the memory of the
+    // requests that are not running is not tied up in their keys.
+    if (s_.hybrid) o.indexer_key_bytes = r.indexer_key_bytes;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
-    live_.assign(s_.max_batch, true);
     SPARSEKV_ASSIGN_OR_RETURN(
         slots_, DeviceBuffer::Allocate(Int32s(int64_t{s_.max_batch} * r.top_k), kBenchMemory));
     if (s_.overlap || s_.prefetch > 0) {
@@ -164,25 +167,48 @@ class SparseKVVariant final : public StepVariant {
         }
       }
     }
-    // The prompt goes through the manager's own ingestion, one (request, layer) at a time from
-    // a device buffer holding its FillKVRows content.
+    if (o.indexer_key_bytes > 0) {
+      // The new tokens' keys (their content is not read by the benchmark).
+      SPARSEKV_ASSIGN_OR_RETURN(
+          new_keys_, DeviceBuffer::Allocate(size_t(s_.max_batch) * o.indexer_key_bytes * r.layers,
+                                            kBenchMemory));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(new_keys_.get(), 0x3c, new_keys_.bytes(), stream));
+    }
+    for (int32_t b = 0; b < s_.max_batch; ++b) ids_.push_back(RequestId(b + 1));
+    // With hybrid residency requests are admitted as the batch grows (SetLiveBatch), as an engine
+    // admits them; otherwise all at once.
+    return s_.hybrid ? Status::Ok() : AdmitRequests(s_.max_batch, stream);
+  }
+
+  // Admits and ingests requests [admitted_, n): the prompt goes through the manager's own
+  // ingestion, one (request, layer) at a time from a device buffer holding its FillKVRows
+  // content (and, with indexer keys, some of its bytes as the keys).
+  Status AdmitRequests(int32_t n, cudaStream_t stream) {
+    if (n <= admitted_) return Status::Ok();
+    const RequestShape& r = s_.shape;
     SPARSEKV_ASSIGN_OR_RETURN(
         DeviceBuffer prompt,
         DeviceBuffer::Allocate(size_t(s_.context) * r.row_bytes, kBenchMemory));
     const int32_t max_new = static_cast<int32_t>(r.tokens - s_.context);
-    for (int32_t b = 0; b < s_.max_batch; ++b) {
-      ids_.push_back(RequestId(b + 1));
+    const bool keys = manager_->options().indexer_key_bytes > 0;
+    for (int32_t b = admitted_; b < n; ++b) {
       SPARSEKV_RETURN_IF_ERROR(manager_->Admit(ids_[b], s_.context, max_new, stream));
     }
     for (int32_t l = 0; l < r.layers; ++l) {
-      for (int32_t b = 0; b < s_.max_batch; ++b) {
+      for (int32_t b = admitted_; b < n; ++b) {
         SPARSEKV_RETURN_IF_ERROR(
             CudaStatus(gpu::FillKVRows(prompt.get<std::byte>(), r.row_bytes, 0, s_.context,
                                        r.row_bytes, b, l, 0, s_.seed, stream),
                        kFill));
         SPARSEKV_RETURN_IF_ERROR(manager_->IngestPrompt(ids_[b], l, prompt.get(), stream));
+        if (keys) {
+          SPARSEKV_RETURN_IF_ERROR(manager_->IngestIndexerKeys(ids_[b], l, prompt.get(), stream));
+        }
       }
     }
+    live_.resize(n, true);
+    admitted_ = n;
     return CudaStatus(cudaStreamSynchronize(stream), "ingest");
   }
 
@@ -204,7 +230,12 @@ class SparseKVVariant final : public StepVariant {
   }
   Status RunLayer(int32_t layer, int32_t, const int32_t* topk, const std::byte* new_rows,
                   cudaStream_t stream) override {
-    SPARSEKV_RETURN_IF_ERROR(manager_->AppendToken(layer, new_rows, stream));
+    const std::byte* keys =
+        new_keys_.get() == nullptr
+            ? nullptr
+            : new_keys_.get<std::byte>() +
+                  size_t(layer) * s_.max_batch * manager_->options().indexer_key_bytes;
+    SPARSEKV_RETURN_IF_ERROR(manager_->AppendToken(layer, new_rows, keys, stream));
     const int32_t n = s_.layers_per_index;
     const bool leader = layer % n == 0;
     if (leader) group_ = layer / n;
@@ -274,14 +305,17 @@ class SparseKVVariant final : public StepVariant {
   const int32_t* Indices() const override { return slots_.get<int32_t>(); }
   Status SetLiveBatch(int32_t batch, cudaStream_t stream) override {
     if (!s_.hybrid) return Status::Ok();
-    for (int32_t b = batch; b < s_.max_batch; ++b) {
+    // Requests past the batch are retracted (they keep only their indexer keys on the device)
+    // and resumed when the batch grows again; requests never admitted yet join last.
+    for (int32_t b = batch; b < admitted_; ++b) {
       if (live_[b]) SPARSEKV_RETURN_IF_ERROR(manager_->Retract(ids_[b]));
       live_[b] = false;
     }
-    for (int32_t b = 0; b < batch; ++b) {
+    for (int32_t b = 0; b < std::min(batch, admitted_); ++b) {
       if (!live_[b]) SPARSEKV_RETURN_IF_ERROR(manager_->Resume(ids_[b], stream));
       live_[b] = true;
     }
+    SPARSEKV_RETURN_IF_ERROR(AdmitRequests(batch, stream));
     // Resumed requests are resident where their pages fit; earlier ones may be promoted now
     // that idle ones gave their blocks back.
     for (int32_t b = 0; b < batch; ++b) {
@@ -306,7 +340,9 @@ class SparseKVVariant final : public StepVariant {
   VariantSetup s_;
   std::unique_ptr<SparseKVCacheManager> manager_;
   std::vector<RequestId> ids_;
-  std::vector<bool> live_;  // per request: on the device (not retracted by SetLiveBatch)
+  int32_t admitted_ = 0;    // requests [0, admitted_) were admitted and ingested
+  std::vector<bool> live_;  // per admitted request: on the device (not retracted)
+  DeviceBuffer new_keys_;   // with indexer keys: [layers, max_batch, indexer_key_bytes]
   DeviceBuffer slots_;      // [max_batch, top_k] layer-wide hot-cache slots
   // Overlap or prefetch: ResolveLayer's fill masks, [max_batch, top_k] each; one per index group
   // with prefetch, else one.

@@ -31,13 +31,16 @@ class TopKFeed {
     return f;
   }
 
-  // Generates the rows of requests [0, seq_lens.size()) for every layer; layers in parallel
-  // (each generator owns its layer, so the result does not depend on the thread count). With
-  // several queries per request, query q's row is the generator's next row after query q - 1's.
-  void Generate(std::span<const int32_t> seq_lens) {
+  // Generates the rows of requests [0, seq_lens.size()) for every layer; layers in parallel on
+  // every core but `spare_cores` (each generator owns its layer, so the result does not depend on
+  // the thread count). With several queries per request, query q's row is the generator's next
+  // row after query q - 1's.
+  void Generate(std::span<const int32_t> seq_lens, int32_t spare_cores = 0) {
     const int32_t layers = static_cast<int32_t>(generators_.size());
+    const int32_t cores = std::max<int32_t>(
+        1, static_cast<int32_t>(std::thread::hardware_concurrency()) - spare_cores);
     if (cross_layer_) {  // each layer's rows take shared positions of the layer below's
-      GenerateChained(seq_lens);
+      GenerateChained(seq_lens, cores);
       return;
     }
     auto run = [&](int32_t first, int32_t every) {
@@ -56,8 +59,7 @@ class TopKFeed {
         }
       }
     };
-    const int32_t threads =
-        std::clamp<int32_t>(static_cast<int32_t>(std::thread::hardware_concurrency()), 1, layers);
+    const int32_t threads = std::min(cores, layers);
     std::vector<std::jthread> pool;
     for (int32_t t = 0; t < threads; ++t) pool.emplace_back(run, t, threads);
   }
@@ -71,14 +73,13 @@ class TopKFeed {
   }
   // Each layer given the rows of the layer below (queries == 1: --mtp runs uncorrelated), as a
   // pipeline over the layers on every core (the rows do not depend on the thread count).
-  void GenerateChained(std::span<const int32_t> seq_lens) {
+  void GenerateChained(std::span<const int32_t> seq_lens, int32_t threads) {
     const size_t rows = seq_lens.size() * top_k_;
     std::vector<std::span<int32_t>> out;
     for (size_t l = 0; l < generators_.size(); ++l) {
       out.emplace_back(host_.data() + l * layer_elems_, rows);
     }
-    NextChained(generators_, seq_lens, out,
-                std::max<int32_t>(1, static_cast<int32_t>(std::thread::hardware_concurrency())));
+    NextChained(generators_, seq_lens, out, threads);
   }
   void SetMissRate(double rate) {
     for (LayerTopKGenerator& g : generators_) g.set_miss_rate(rate);

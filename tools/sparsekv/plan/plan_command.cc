@@ -207,9 +207,10 @@ std::string PlanTable(const std::vector<PlanCase>& cases, double slo_ms) {
 Json BudgetedHotCaches(const ModelShape& model, const GpuSpec& gpu,
                        const std::vector<MemoryTier>& tiers, const std::vector<int32_t>& contexts,
                        int32_t hot_slots, std::ostream& out) {
-  out << "Hot cache sized by the budget (hot_slots = 0; docs/residency.md): the batch the tier "
-         "holds, the KV budget less that batch's other device state, then the most slots per "
-         "request and layer with which that batch's blocks fit:\n";
+  out << "Hot cache sized by the budget (hot_slots = 0, the manager keeping the indexer keys; "
+         "docs/residency.md): the batch the tier holds, the KV budget less that batch's other "
+         "device state for the manager, then the most slots per request and layer with which "
+         "that batch's blocks and keys fit:\n";
   Json json = Json::array();
   const int64_t kv_budget =
       static_cast<int64_t>((gpu.hbm_gb - model.weights_gb - gpu.reserved_gb) * 1e9);
@@ -219,7 +220,7 @@ Json BudgetedHotCaches(const ModelShape& model, const GpuSpec& gpu,
       const BudgetedHotCache b =
           PlanBudgetedHotCache(RequestOf(model, context, hot_slots), kv_budget,
                                static_cast<int64_t>(tier.capacity_gb * 1e9), kMaxSearchBatch);
-      out << Format("  %-12s %6dK: batch %4d, hot cache %6.1f GB, %6d slots (vs %d fixed)\n",
+      out << Format("  %-12s %6dK: batch %4d, manager %6.1f GB, %6d slots (vs %d fixed)\n",
                     tier.name.c_str(), context / 1024, b.max_batch, b.hot_cache_bytes / 1e9,
                     b.hot_slots, hot_slots);
       json.push_back({{"tier", tier.name},

@@ -131,7 +131,8 @@ struct IndexCopyView {
 // Fused miss copy (copy_dst not null; performance only). In a launch whose *batch_size is at least
 // fused_copy_min_batch, each hot-cache row copies its own filled misses instead of appending them:
 // for every (host row r, slot s) that the row would append to the miss list,
-//   copy_dst[s * copy_dst_stride, + copy_row_bytes) = copy_src[r * copy_src_stride, + copy_row_bytes)
+//   copy_dst[s * copy_dst_stride, + copy_row_bytes) = copy_src[r * copy_src_stride, +
+//   copy_row_bytes)
 // if 0 <= r < copy_src_rows and 0 <= s < copy_dst_rows; otherwise that copy is skipped and counted
 // in *copy_invalid (if not null). Such a launch appends nothing to the miss list and leaves
 // *miss_count as it was, so that an IndexCopy of the list enqueued after it copies nothing; every
@@ -141,6 +142,9 @@ struct IndexCopyView {
 // *batch_size >= sort_min_batch) each row copies its misses in host-row order. copy_src and
 // copy_dst may each be device memory or host memory the device can address.
 // REQUIRES (not checked): no slot the launch fills lies in memory that any copy reads.
+// Supported (CUDA: checked, else an invalid-argument error): copy_row_bytes in
+// [1, kMaxFusedCopyRowBytes], non-negative copy strides and row counts.
+inline constexpr int32_t kMaxFusedCopyRowBytes = 1 << 24;
 struct ResolveView {
   const int32_t* batch_size;   // device scalar: rows in use this step
   const BatchEntry* batch;     // [max_batch]
@@ -180,7 +184,7 @@ struct ResolveView {
   int64_t copy_src_rows = 0;
   int64_t copy_dst_rows = 0;
   unsigned long long* copy_invalid = nullptr;  // device scalar or nullptr; += skipped copies
-  int32_t fused_copy_min_batch = 0;            // fused in launches whose *batch_size is at least this
+  int32_t fused_copy_min_batch = 0;  // fused in launches whose *batch_size is at least this
 };
 
 // out[b, k] = hot[slots[b, k]] for b < *batch_size and k < top_k; a row whose slot is kNullSlot

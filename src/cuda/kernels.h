@@ -22,12 +22,10 @@ cudaError_t LaunchIndexCopy(const IndexCopyView& view, cudaStream_t stream);
 
 // Unsupported: top_k > kMaxResolveTopK, hot_slots outside [1, kMaxResolveHotSlots], window < 0,
 // topk_stride < top_k, page_tokens < 1, a residency table with resident_page_rows < 1, a fused
-// miss copy (copy_dst set) with copy_row_bytes outside [1, kMaxFusedCopyRowBytes] or a negative
-// copy stride or row count, or a shared-memory need above the device's limit.
+// miss copy (copy_dst set) with copy_row_bytes outside [1, kMaxFusedCopyRowBytes] (kernel_views.h)
+// or a negative copy stride or row count, or a shared-memory need above the device's limit.
 inline constexpr int32_t kMaxResolveTopK = 4096;
 inline constexpr int32_t kMaxResolveHotSlots = 65536;
-// A fused copy's batch of 32 rows counts its accesses in 32 bits.
-inline constexpr int32_t kMaxFusedCopyRowBytes = 1 << 24;
 static_assert(kMaxResolveHotSlots == kMaxHotSlots, "options.h states the kernels' limit");
 cudaError_t LaunchResolve(const ResolveView& view, int32_t max_batch, cudaStream_t stream);
 

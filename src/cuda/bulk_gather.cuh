@@ -8,8 +8,9 @@
 //   1. each lane waits until its own bulk store of batch b - 2 (stage s) has read the stage
 //      (cp.async.bulk.wait_group.read 0: the bulk-group state is per thread, and the lane that
 //      stores a row is the lane that next loads into its place);
-//   2. lane 0 arms stage s's mbarrier with the batch's byte count (arrive.expect_tx), and each lane
-//      with a valid row issues its row's bulk load host -> shared, completing on that mbarrier;
+//   2. lane 0 arms stage s's mbarrier with the batch's byte count (arrive.expect_tx); after a
+//      __syncwarp, each lane with a valid row issues its row's bulk load host -> shared, completing
+//      on that mbarrier;
 //   3. every lane waits for stage s ^ 1's mbarrier (batch b - 1 has landed), then each lane with a
 //      row in it issues the bulk store shared -> destination and commits a bulk group.
 // So one batch loads while the previous one is stored, and no barrier spans more than the warp.
@@ -178,6 +179,7 @@ __device__ __forceinline__ int32_t GatherRows(const Rows& rows, int64_t n, int32
       const bool copies = src != nullptr && dst4 != nullptr;
       const uint32_t loading = __ballot_sync(0xffffffffu, copies);
       if (lane == 0) ArriveExpectBytes(&bar[s], __popc(loading) * static_cast<uint32_t>(row_bytes));
+      __syncwarp();  // the stage is armed before any of its bytes can land
       if (copies) {
         LoadBulk(slot(s), src, row_bytes, &bar[s]);
         dst = reinterpret_cast<std::byte*>(dst4);

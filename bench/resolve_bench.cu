@@ -26,12 +26,13 @@
 //   sort    misses sorted by host row as the library does by default (CacheOptions: sort_misses,
 //           from batch sort_misses_min_batch = 32); --sort_misses and --sort_min_batch change it.
 //   copy    --strategies, each timed as its own captured graph of Resolve + IndexCopy:
-//             separate   IndexCopy's default gather (CopyStrategy::kLattice), as the library runs
-//             it; separate8  kLatticeWide;  warp  kWarpRows;  bulk  kBulk
-//             (IndexCopyView::strategy); fused      Resolve copies each row's misses itself in
-//             launches of at least
-//                        --fused_min_batch rows (ResolveView's fused copy); below that it appends
-//                        them and the IndexCopy (kLattice) copies them;
+//             separate   IndexCopy's default gather (kLattice), as the library runs it;
+//             separate8  IndexCopyView::strategy = kLatticeWide;
+//             warp       kWarpRows;
+//             bulk       kBulk;
+//             fused      Resolve copies each row's misses itself (ResolveView's fused copy) in
+//                        launches of at least --fused_min_batch rows; below that it appends them
+//                        and the IndexCopy (kLattice) copies them;
 //           a "_nosort" suffix (e.g. fused_nosort) never sorts. "resolve" is always the plain
 //           Resolve alone (no copy, sorted as above); "resolve_copy" is the strategy's graph.
 // Before timing, one eager step per configuration and strategy is checked against the CPU

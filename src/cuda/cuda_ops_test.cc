@@ -492,7 +492,7 @@ class ResolveHarness {
 
   // Misses and invalid copies so far (the reference's counts, which the GPU's matched).
   uint64_t misses() const { return counters_.misses; }
-  uint64_t copy_invalid() const { return copy_invalid_; }
+  uint64_t copy_invalid() const { return copy_invalid_ - kInvalidStart; }
 
   // From now on the GPU side runs one CUDA graph, captured at the next Step, on `stream`: Resolve
   // and (with a fused copy) the IndexCopy of the miss list. Every later Step must pass the same
@@ -742,7 +742,8 @@ class ResolveHarness {
   std::unique_ptr<Buffer> g_pool_;
   std::vector<std::byte> hot_;
   std::unique_ptr<Buffer> g_hot_;
-  unsigned long long copy_invalid_ = 2;  // counters accumulate: start from a nonzero value
+  static constexpr unsigned long long kInvalidStart = 2;  // counters accumulate: start nonzero
+  unsigned long long copy_invalid_ = kInvalidStart;
   std::unique_ptr<Buffer> g_copy_invalid_;
 
   // Graph replay (ReplayCapturedOn).

@@ -9,12 +9,15 @@
 //   * no lane idles on a ragged row (a warp per 41-chunk row leaves 23 of 64 lanes idle), and a
 //     warp's 32 accesses are contiguous runs within at most two rows once rows have >= 32 chunks;
 //   * there is no division per element: a thread's chunk is fixed, only its row advances;
-//   * each thread resolves kUnroll rows, issues all of their loads, then all of their stores, so
-//     every thread keeps kUnroll independent reads in flight. A read of pinned host memory takes
-//     on the order of a microsecond, so ~55 GB/s needs ~100 KB in flight: a few thousand threads
-//     with four 16-B reads each; the resident grid (4 x 256 threads per SM) has ample margin.
+//   * each thread resolves kRowsInFlight rows (kUnroll = 4 by default), issues all of their loads,
+//     then all of their stores, so every thread keeps that many independent reads in flight. A
+//     read of pinned host memory takes on the order of a microsecond, so ~55 GB/s needs ~100 KB in
+//     flight: a few thousand threads with four 16-B reads each; the resident grid (4 x 256
+//     threads per SM) has ample margin.
 // Rows far longer than the grid (chunks > T) fall out of the same loop: lanes = T and each thread
 // walks several chunks of the row.
+// WarpCopyRows (below) is the other decomposition: a warp per batch of whole rows, used by
+// IndexCopy's kWarpRows and by Resolve's fused miss copy.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -95,7 +98,6 @@ inline cudaError_t GridBlocks(int64_t rows, int64_t chunks, int max_blocks, int*
 // kRowsInFlight rows are issued before their stores, by many threads at once).
 template <int kVecBytes, int kRowsInFlight = kUnroll, typename Rows>
 __device__ __forceinline__ int32_t GatherRows(const Rows& rows, int64_t n, int64_t chunks) {
-  constexpr int kUnroll = kRowsInFlight;
   using V = typename Vec<kVecBytes>::Type;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -105,19 +107,19 @@ __device__ __forceinline__ int32_t GatherRows(const Rows& rows, int64_t n, int64
   // Threads past the last full group of `lanes` have no row.
   const int64_t first_row = t < row_step * lanes ? t / lanes : n;
   int32_t invalid = 0;
-  for (int64_t row0 = first_row; row0 < n; row0 += kUnroll * row_step) {
+  for (int64_t row0 = first_row; row0 < n; row0 += kRowsInFlight * row_step) {
     // All index loads first, unconditionally (rows past n read row0's), so that they issue back to
     // back; the rows past n are dropped afterwards.
-    typename Rows::Entry entry[kUnroll];
+    typename Rows::Entry entry[kRowsInFlight];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kRowsInFlight; ++u) {
       const int64_t i = row0 + u * row_step;
       entry[u] = rows.Load(i < n ? i : row0);
     }
-    const V* src[kUnroll];
-    V* dst[kUnroll];
+    const V* src[kRowsInFlight];
+    V* dst[kRowsInFlight];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kRowsInFlight; ++u) {
       const int64_t i = row0 + u * row_step;
       const bool valid = rows.Locate(i, entry[u], src[u], dst[u]);
       if (i >= n) {
@@ -128,24 +130,20 @@ __device__ __forceinline__ int32_t GatherRows(const Rows& rows, int64_t n, int64
       }
     }
     for (int64_t c = first_chunk; c < chunks; c += lanes) {
-      V v[kUnroll];
+      V v[kRowsInFlight];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kRowsInFlight; ++u) {
         // Streaming loads: every source byte is read once.
         v[u] = src[u] != nullptr ? __ldcs(src[u] + c) : V{};
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kRowsInFlight; ++u) {
         if (dst[u] != nullptr) dst[u][c] = v[u];
       }
     }
   }
   return invalid;
 }
-
-}  // namespace sparsekv::row_gather
-
-namespace sparsekv::row_gather {
 
 // Copies rows [first, first + count) of `rows` (the interface of GatherRows), count <= 32, with the
 // calling warp, which must be converged and call it with the same arguments in every lane. Lane u
@@ -187,7 +185,10 @@ __device__ __forceinline__ int32_t WarpCopyRows(const Rows& rows, int64_t first,
           __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_src), from));
       dst[u] =
           reinterpret_cast<V*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_dst), from));
-      if (!in_batch) src[u] = nullptr, dst[u] = nullptr;
+      if (!in_batch) {
+        src[u] = nullptr;
+        dst[u] = nullptr;
+      }
       at[u] = chunk;
       row += step_rows;
       chunk += step_chunks;

@@ -123,7 +123,8 @@ struct IndexCopyView {
 // (its least recently used entries) is demoted to the probationary part's most recent end, after
 // the fills. With no slot filled, both policies give the same order.
 // Miss entries of all rows are appended at miss_count (atomically); their order in the list is
-// unspecified (the CUDA backend sorts each row's misses by host row).
+// unspecified (the CUDA backend sorts each row's misses by host row). A launch with the fused miss
+// copy (below) copies them instead.
 // If fill_mask is not null, fill_mask[b * top_k + k] = 1 where out names a slot that this step's
 // miss list fills (a miss given a victim, or with share_duplicates a repeat of one), else 0: the
 // entries whose rows are not in the hot cache until the miss copy has run.
@@ -131,8 +132,7 @@ struct IndexCopyView {
 // Fused miss copy (copy_dst not null; performance only). In a launch whose *batch_size is at least
 // fused_copy_min_batch, each hot-cache row copies its own filled misses instead of appending them:
 // for every (host row r, slot s) that the row would append to the miss list,
-//   copy_dst[s * copy_dst_stride, + copy_row_bytes) = copy_src[r * copy_src_stride, +
-//   copy_row_bytes)
+//   copy_dst[s * copy_dst_stride + i] = copy_src[r * copy_src_stride + i] for i < copy_row_bytes
 // if 0 <= r < copy_src_rows and 0 <= s < copy_dst_rows; otherwise that copy is skipped and counted
 // in *copy_invalid (if not null). Such a launch appends nothing to the miss list and leaves
 // *miss_count as it was, so that an IndexCopy of the list enqueued after it copies nothing; every

@@ -1,8 +1,8 @@
 // resolve_bench: one layer's decode-step work through the Backend interface, Resolve alone and
 // Resolve + IndexCopy of the misses, against the PCIe floor measured in the same run.
 //
-// For every context (--contexts), batch size (--batches), miss rate (--miss_rates) and row size
-// (--row_bytes), with K = --top_k, C = --hot_slots, W = --window:
+// For every context (--contexts), batch size (--batches), miss rate (--miss_rates), row size
+// (--row_bytes) and copy strategy (--strategies), with K = --top_k, C = --hot_slots, W = --window:
 //   state   each request b owns block b of the hot cache; its C LRU slots hold C distinct random
 //           positions of [0, ctx - W) (slot_token written directly, hot rows filled from the pool
 //           with IndexCopy) in a random LRU order; seq_len = ctx. --eviction slru: segmented
@@ -23,9 +23,21 @@
 //           count and counters are zeroed. After each run the counters are read back: every run
 //           must see exactly the intended hits and misses.
 //   floor   miss bytes / the pinned cudaMemcpy host->device bandwidth of this run.
-// Before timing, one eager Resolve + IndexCopy per configuration is checked against the CPU
-// reference (slots, LRU state, counters, miss list) and a sample of delivered rows against the
-// pool.
+//   sort    misses sorted by host row as the library does by default (CacheOptions: sort_misses,
+//           from batch sort_misses_min_batch = 32); --sort_misses and --sort_min_batch change it.
+//   copy    --strategies, each timed as its own captured graph of Resolve + IndexCopy:
+//             separate   IndexCopy's default gather (kLattice), as the library runs it;
+//             separate8  IndexCopyView::strategy = kLatticeWide;
+//             warp       kWarpRows;
+//             bulk       kBulk;
+//             fused      Resolve copies each row's misses itself (ResolveView's fused copy) in
+//                        launches of at least --fused_min_batch rows; below that it appends them
+//                        and the IndexCopy (kLattice) copies them;
+//           a "_nosort" suffix (e.g. fused_nosort) never sorts. "resolve" is always the plain
+//           Resolve alone (no copy, sorted as above); "resolve_copy" is the strategy's graph.
+// Before timing, one eager step per configuration and strategy is checked against the CPU
+// reference (slots, LRU state, counters, miss list, which a fused launch leaves empty) and a sample
+// of delivered rows against the pool.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,18 +51,30 @@
 #include "bench_util.h"
 #include "cpu/reference_ops.h"
 #include "sparsekv/backend.h"
+#include "sparsekv/options.h"
 
 namespace sparsekv::bench {
 namespace {
 
 constexpr double kGiB = double(size_t{1} << 30);
 
+// How a step copies its misses (--strategies).
+struct Strategy {
+  std::string name;
+  CopyStrategy copy;  // IndexCopyView::strategy
+  bool fused;         // ResolveView's fused copy
+  bool sort;          // false: never sort the misses (a "_nosort" name)
+};
+
 struct Options {
   std::vector<int64_t> batches, contexts, row_bytes;
   std::vector<double> miss_rates;
+  std::vector<Strategy> strategies;
   int32_t top_k, hot_slots, window, page_tokens;
   int warmup, reps, verify_samples;
   bool sort_misses;
+  int32_t sort_min_batch;     // sort in steps of at least this many requests
+  int32_t fused_min_batch;    // fused strategies: ResolveView::fused_copy_min_batch
   bool segmented;             // --eviction slru
   int32_t protected_percent;  // segmented: the protected part's capacity, % of C
   double max_pool_gib;
@@ -60,6 +84,7 @@ struct Options {
 };
 
 struct Result {
+  std::string strategy;
   int32_t context, batch, row_bytes;
   double miss_rate;         // intended
   double actual_miss_rate;  // misses / (batch * top_k), over all timed runs
@@ -102,25 +127,43 @@ class Bench {
   // [runs, batch, K] top-k sets with `misses` non-resident positions per row.
   void MakeTopK(int32_t misses, int runs);
   void FillHotCache(int32_t row_bytes);
+  // The plain Resolve (no fused copy, sorted as the options say); with a strategy, its Resolve.
   ResolveView View() const;
-  IndexCopyView CopyView(int32_t row_bytes) const;
+  ResolveView View(const Strategy& strategy, int32_t row_bytes) const;
+  IndexCopyView CopyView(int32_t row_bytes, CopyStrategy strategy = CopyStrategy::kLattice) const;
+  // Whether the strategy's Resolve copies the misses itself at the current batch size.
+  bool FusedNow(const Strategy& strategy) const {
+    return strategy.fused && state_.batch >= o_.fused_min_batch;
+  }
   // Enqueues the untimed per-run preparation: state restore, top-k set `set`, zeroed counters.
   void Prepare(int set);
   // Each check records what it finds wrong in errors_.
-  void VerifyAgainstReference(int32_t row_bytes, int32_t misses);
+  void VerifyAgainstReference(int32_t row_bytes, int32_t misses, const Strategy& strategy);
   void VerifyRows(int32_t row_bytes);
   // Checks that the last step saw exactly `misses` misses per request and no other outcome than
-  // hits; returns the misses counted.
-  uint64_t CheckCounters(int32_t misses, const char* what);
+  // hits, and a miss list of `listed` entries; returns the misses counted.
+  uint64_t CheckCounters(int32_t misses, int64_t listed, const char* what);
   // "context C batch B miss R row N: ", the prefix of error messages.
   std::string Where(int32_t row_bytes, int32_t misses) const;
-  cudaGraphExec_t Capture(bool with_copy, int32_t row_bytes);
+  // Resolve alone (strategy null), or the strategy's Resolve + IndexCopy, as one graph.
+  cudaGraphExec_t Capture(const Strategy* strategy, int32_t row_bytes);
   int32_t HostRowOf(int32_t b, int32_t p) const {
     return state_.page_table[size_t(b) * state_.pages_per_request + p / o_.page_tokens] *
                o_.page_tokens +
            p % o_.page_tokens;
   }
   void Report();
+  // Whether the misses are sorted as CacheOptions sorts them by default.
+  bool LibraryDefaults() const {
+    const CacheOptions defaults;
+    return o_.sort_misses == defaults.sort_misses &&
+           o_.sort_min_batch == defaults.sort_misses_min_batch;
+  }
+  std::string StrategyNames() const {
+    std::string names;
+    for (const Strategy& s : o_.strategies) names += (names.empty() ? "" : ",") + s.name;
+    return names;
+  }
 
   const Options o_;
   Backend* backend_;
@@ -333,12 +376,30 @@ ResolveView Bench::View() const {
   v.miss_capacity = state_.batch * k_;
   v.counters = d_counters_;
   v.sort_misses = o_.sort_misses;
-  v.sort_min_batch = 0;  // --sort_misses decides alone
+  v.sort_min_batch = o_.sort_min_batch;
   return v;
 }
 
-IndexCopyView Bench::CopyView(int32_t row_bytes) const {
+ResolveView Bench::View(const Strategy& strategy, int32_t row_bytes) const {
+  ResolveView v = View();
+  v.sort_misses = o_.sort_misses && strategy.sort;
+  if (strategy.fused) {
+    v.copy_src = pool_;
+    v.copy_dst = hot_;
+    v.copy_row_bytes = row_bytes;
+    v.copy_src_stride = row_bytes;
+    v.copy_dst_stride = row_bytes;
+    v.copy_src_rows = int64_t(state_.ctx) * state_.batch;
+    v.copy_dst_rows = int64_t(state_.batch) * (c_ + o_.window);
+    v.copy_invalid = d_invalid_;
+    v.fused_copy_min_batch = o_.fused_min_batch;
+  }
+  return v;
+}
+
+IndexCopyView Bench::CopyView(int32_t row_bytes, CopyStrategy strategy) const {
   IndexCopyView v{};
+  v.strategy = strategy;
   v.src = pool_;
   v.dst = hot_;
   v.src_index = d_miss_row_;
@@ -380,7 +441,7 @@ std::string Bench::Where(int32_t row_bytes, int32_t misses) const {
          " misses/row " + std::to_string(misses) + " row " + std::to_string(row_bytes) + " B: ";
 }
 
-uint64_t Bench::CheckCounters(int32_t misses, const char* what) {
+uint64_t Bench::CheckCounters(int32_t misses, int64_t listed, const char* what) {
   ResolveCounters c{};
   int32_t miss_count = 0;
   unsigned long long invalid = 0;
@@ -391,7 +452,7 @@ uint64_t Bench::CheckCounters(int32_t misses, const char* what) {
   BENCH_CUDA(cudaStreamSynchronize(stream_));
   const uint64_t want_misses = uint64_t(state_.batch) * misses;
   const uint64_t want_hits = uint64_t(state_.batch) * (k_ - misses);
-  if (c.misses != want_misses || uint64_t(miss_count) != want_misses || c.hits != want_hits ||
+  if (c.misses != want_misses || miss_count != listed || c.hits != want_hits ||
       c.window_hits != 0 || c.padding != 0 || c.duplicates != 0 || c.out_of_range != 0 ||
       invalid != 0) {
     errors_.Add(
@@ -400,20 +461,22 @@ uint64_t Bench::CheckCounters(int32_t misses, const char* what) {
         " window=" + std::to_string(c.window_hits) + " padding=" + std::to_string(c.padding) +
         " dup=" + std::to_string(c.duplicates) + " oor=" + std::to_string(c.out_of_range) +
         " invalid=" + std::to_string(invalid) + "; expected hits=" + std::to_string(want_hits) +
-        " misses=" + std::to_string(want_misses));
+        " misses=" + std::to_string(want_misses) + " miss_count=" + std::to_string(listed));
     BENCH_CUDA(cudaMemsetAsync(d_invalid_, 0, sizeof(invalid), stream_));
   }
   return c.misses;
 }
 
-void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses) {
+void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses, const Strategy& strategy) {
   const State& s = state_;
   const size_t bk = size_t(s.batch) * k_;
+  const bool fused = FusedNow(strategy);
   // Device: one eager step on a fresh state with top-k set 0.
   Prepare(0);
-  CheckOk(backend_->Resolve(View(), s.batch, stream_), "Resolve");
-  CheckOk(backend_->IndexCopy(CopyView(row_bytes), stream_), "IndexCopy");
-  CheckCounters(misses, (Where(row_bytes, misses) + "eager step").c_str());
+  CheckOk(backend_->Resolve(View(strategy, row_bytes), s.batch, stream_), "Resolve");
+  CheckOk(backend_->IndexCopy(CopyView(row_bytes, strategy.copy), stream_), "IndexCopy");
+  CheckCounters(misses, fused ? 0 : int64_t(s.batch) * misses,
+                (Where(row_bytes, misses) + strategy.name + " eager step").c_str());
   std::vector<int32_t> slots(bk), tokens(s.slot_token.size()), lru(s.lru.size());
   std::vector<int32_t> lru_protected(s.lru_protected.size());
   std::vector<int32_t> miss_row(size_t(s.batch) * misses), miss_slot(miss_row.size());
@@ -427,13 +490,15 @@ void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses) {
   down(miss_row, d_miss_row_);
   down(miss_slot, d_miss_slot_);
 
-  // Reference: the same step on host copies of the initial state.
+  // Reference: the same step on host copies of the initial state, without the fused copy (whose
+  // rows VerifyRows checks); a fused launch leaves the miss list empty.
   std::vector<int32_t> ref_slots(bk), ref_tokens = s.slot_token, ref_lru = s.lru;
   std::vector<int32_t> ref_lru_protected = s.lru_protected;
   std::vector<int32_t> ref_miss_row(bk), ref_miss_slot(bk);
   int32_t ref_miss_count = 0;
   ResolveCounters ref_counters{};
   ResolveView v = View();
+  v.sort_misses = false;  // the order of the list is not compared
   v.batch_size = &s.batch;
   v.batch = s.entries.data();
   v.topk = topk_.data();
@@ -448,20 +513,25 @@ void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses) {
   v.counters = &ref_counters;
   reference::Resolve(v);
 
-  const std::string where = Where(row_bytes, misses);
+  const std::string where = Where(row_bytes, misses) + strategy.name + ": ";
   if (slots != ref_slots) errors_.Add(where + "slots_out differs from the CPU reference");
   if (tokens != ref_tokens) errors_.Add(where + "slot_token differs from the CPU reference");
   if (lru != ref_lru) errors_.Add(where + "lru_order differs from the CPU reference");
   if (lru_protected != ref_lru_protected) {
     errors_.Add(where + "lru_protected differs from the CPU reference");
   }
-  // The miss list's order is unspecified: compare it as a set of (host row, slot) pairs.
-  std::vector<std::pair<int32_t, int32_t>> got, want;
-  for (size_t i = 0; i < miss_row.size(); ++i) got.emplace_back(miss_row[i], miss_slot[i]);
-  for (int32_t i = 0; i < ref_miss_count; ++i) want.emplace_back(ref_miss_row[i], ref_miss_slot[i]);
-  std::sort(got.begin(), got.end());
-  std::sort(want.begin(), want.end());
-  if (got != want) errors_.Add(where + "the miss list differs from the CPU reference");
+  // The miss list's order is unspecified: compare it as a set of (host row, slot) pairs. A fused
+  // launch copied them instead (its count was checked above).
+  if (!fused) {
+    std::vector<std::pair<int32_t, int32_t>> got, want;
+    for (size_t i = 0; i < miss_row.size(); ++i) got.emplace_back(miss_row[i], miss_slot[i]);
+    for (int32_t i = 0; i < ref_miss_count; ++i) {
+      want.emplace_back(ref_miss_row[i], ref_miss_slot[i]);
+    }
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    if (got != want) errors_.Add(where + "the miss list differs from the CPU reference");
+  }
   VerifyRows(row_bytes);
 }
 
@@ -501,11 +571,17 @@ void Bench::VerifyRows(int32_t row_bytes) {
   }
 }
 
-cudaGraphExec_t Bench::Capture(bool with_copy, int32_t row_bytes) {
+cudaGraphExec_t Bench::Capture(const Strategy* strategy, int32_t row_bytes) {
   cudaGraph_t graph;
   BENCH_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  CheckOk(backend_->Resolve(View(), state_.batch, stream_), "Resolve (capture)");
-  if (with_copy) CheckOk(backend_->IndexCopy(CopyView(row_bytes), stream_), "IndexCopy (capture)");
+  if (strategy == nullptr) {
+    CheckOk(backend_->Resolve(View(), state_.batch, stream_), "Resolve (capture)");
+  } else {
+    CheckOk(backend_->Resolve(View(*strategy, row_bytes), state_.batch, stream_),
+            "Resolve (capture)");
+    CheckOk(backend_->IndexCopy(CopyView(row_bytes, strategy->copy), stream_),
+            "IndexCopy (capture)");
+  }
   BENCH_CUDA(cudaStreamEndCapture(stream_, &graph));
   cudaGraphExec_t exec;
   BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
@@ -525,46 +601,55 @@ int Bench::Run() {
         MakeTopK(misses, runs_);
         Timing resolve_only;
         for (size_t r = 0; r < o_.row_bytes.size(); ++r) {
+          const int errors_at_row = errors_.count();  // the first strategy owns the resolve's
           const int32_t row_bytes = static_cast<int32_t>(o_.row_bytes[r]);
-          const int errors_before = errors_.count();
-          FillHotCache(row_bytes);
-          VerifyAgainstReference(row_bytes, misses);
           const std::string timed_run = Where(row_bytes, misses) + "timed run";
-          uint64_t total_misses = 0;
-          auto check = [&](int rep) {
-            const uint64_t counted = CheckCounters(misses, timed_run.c_str());
-            if (rep >= o_.warmup) total_misses += counted;
-          };
           // Resolve alone does not depend on the row size: time it with the first one.
           if (r == 0) {
-            cudaGraphExec_t g = Capture(false, row_bytes);
+            cudaGraphExec_t g = Capture(nullptr, row_bytes);
+            const int64_t listed = int64_t(batch) * misses;
             resolve_only = TimeOnStream(
                 stream_, o_.warmup, o_.reps, [&](int rep) { Prepare(rep % runs_); },
-                [&](int) { BENCH_CUDA(cudaGraphLaunch(g, stream_)); }, check);
+                [&](int) { BENCH_CUDA(cudaGraphLaunch(g, stream_)); },
+                [&](int) { CheckCounters(misses, listed, timed_run.c_str()); });
             BENCH_CUDA(cudaGraphExecDestroy(g));
-            total_misses = 0;
           }
-          cudaGraphExec_t g = Capture(true, row_bytes);
-          const Timing rc = TimeOnStream(
-              stream_, o_.warmup, o_.reps, [&](int rep) { Prepare(rep % runs_); },
-              [&](int) { BENCH_CUDA(cudaGraphLaunch(g, stream_)); }, check);
-          BENCH_CUDA(cudaGraphExecDestroy(g));
+          for (const Strategy& strategy : o_.strategies) {
+            const int errors_before =
+                &strategy == &o_.strategies.front() ? errors_at_row : errors_.count();
+            // Every strategy starts from the same hot rows: earlier runs overwrote victims' rows.
+            FillHotCache(row_bytes);
+            VerifyAgainstReference(row_bytes, misses, strategy);
+            const int64_t listed = FusedNow(strategy) ? 0 : int64_t(batch) * misses;
+            uint64_t total_misses = 0;
+            cudaGraphExec_t g = Capture(&strategy, row_bytes);
+            const Timing rc = TimeOnStream(
+                stream_, o_.warmup, o_.reps, [&](int rep) { Prepare(rep % runs_); },
+                [&](int) { BENCH_CUDA(cudaGraphLaunch(g, stream_)); },
+                [&](int rep) {
+                  const uint64_t counted =
+                      CheckCounters(misses, listed, (strategy.name + " " + timed_run).c_str());
+                  if (rep >= o_.warmup) total_misses += counted;
+                });
+            BENCH_CUDA(cudaGraphExecDestroy(g));
 
-          Result res;
-          res.context = static_cast<int32_t>(ctx);
-          res.batch = static_cast<int32_t>(batch);
-          res.row_bytes = row_bytes;
-          res.miss_rate = rate;
-          res.actual_miss_rate = double(total_misses) / (double(batch) * k_ * o_.reps);
-          res.misses_per_step = int64_t(batch) * misses;
-          res.resolve = resolve_only;
-          res.resolve_copy = rc;
-          const double miss_bytes = double(res.misses_per_step) * row_bytes;
-          res.floor_us = miss_bytes / (h2d_gbps_ * 1e3);
-          res.to_floor = misses > 0 ? rc.median_ms * 1e3 / res.floor_us : std::nan("");
-          res.effective_gbps = miss_bytes / (rc.median_ms * 1e6);
-          res.verified = errors_.count() == errors_before;
-          results_.push_back(res);
+            Result res;
+            res.strategy = strategy.name;
+            res.context = static_cast<int32_t>(ctx);
+            res.batch = static_cast<int32_t>(batch);
+            res.row_bytes = row_bytes;
+            res.miss_rate = rate;
+            res.actual_miss_rate = double(total_misses) / (double(batch) * k_ * o_.reps);
+            res.misses_per_step = int64_t(batch) * misses;
+            res.resolve = resolve_only;
+            res.resolve_copy = rc;
+            const double miss_bytes = double(res.misses_per_step) * row_bytes;
+            res.floor_us = miss_bytes / (h2d_gbps_ * 1e3);
+            res.to_floor = misses > 0 ? rc.median_ms * 1e3 / res.floor_us : std::nan("");
+            res.effective_gbps = miss_bytes / (rc.median_ms * 1e6);
+            res.verified = errors_.count() == errors_before;
+            results_.push_back(res);
+          }
         }
       }
       std::printf("context %lld batch %lld: done\n", static_cast<long long>(ctx),
@@ -577,31 +662,43 @@ int Bench::Run() {
 }
 
 void Bench::Report() {
-  auto find = [&](int32_t ctx, int32_t batch, double rate, int32_t row) -> const Result* {
+  auto find = [&](const std::string& strategy, int32_t ctx, int32_t batch, double rate,
+                  int32_t row) -> const Result* {
     for (const Result& r : results_) {
-      if (r.context == ctx && r.batch == batch && std::abs(r.miss_rate - rate) < 1e-9 &&
-          (row == 0 || r.row_bytes == row) && r.verified) {
+      if (r.strategy == strategy && r.context == ctx && r.batch == batch &&
+          std::abs(r.miss_rate - rate) < 1e-9 && (row == 0 || r.row_bytes == row) && r.verified) {
         return &r;
       }
     }
     return nullptr;
   };
   const auto nan = std::nan("");
-  const Result* hits64 = find(32768, 64, 0.0, 0);
-  const Result* b100_656 = find(32768, 100, 0.2, 656);
-  const Result* b100_1152 = find(32768, 100, 0.2, 1152);
-  const Result* b1 = find(32768, 1, 0.2, 656);
+  // The keys without a suffix measure the library's path ("separate", with its defaults unless
+  // flags changed them); every other strategy gets the copy keys with "_<strategy>" appended.
   Json summary = Json::Object();
-  summary.Add("resolve_hits_only_us_b64", hits64 ? hits64->resolve.median_ms * 1e3 : nan)
-      .Add("resolve_copy_to_floor_b100_m20_656", b100_656 ? b100_656->to_floor : nan)
-      .Add("resolve_copy_to_floor_b100_m20_1152", b100_1152 ? b100_1152->to_floor : nan)
-      .Add("resolve_copy_us_b1_m20", b1 ? b1->resolve_copy.median_ms * 1e3 : nan)
-      .Add("resolve_h2d_gbps", h2d_gbps_)
-      .Add("resolve_wrong_results", errors_.count());
+  for (const Strategy& strategy : o_.strategies) {
+    const bool library = strategy.name == "separate";
+    const std::string suffix = library ? "" : "_" + strategy.name;
+    const Result* b100_656 = find(strategy.name, 32768, 100, 0.2, 656);
+    const Result* b100_1152 = find(strategy.name, 32768, 100, 0.2, 1152);
+    const Result* b64_656_128k = find(strategy.name, 131072, 64, 0.2, 656);
+    const Result* b1 = find(strategy.name, 32768, 1, 0.2, 656);
+    summary.Add("resolve_copy_to_floor_b100_m20_656" + suffix, b100_656 ? b100_656->to_floor : nan)
+        .Add("resolve_copy_to_floor_b100_m20_1152" + suffix, b100_1152 ? b100_1152->to_floor : nan)
+        .Add("resolve_copy_to_floor_b64_m20_656_128k" + suffix,
+             b64_656_128k ? b64_656_128k->to_floor : nan)
+        .Add("resolve_copy_us_b1_m20" + suffix, b1 ? b1->resolve_copy.median_ms * 1e3 : nan);
+    if (library) {
+      const Result* hits64 = find(strategy.name, 32768, 64, 0.0, 0);
+      summary.Add("resolve_hits_only_us_b64", hits64 ? hits64->resolve.median_ms * 1e3 : nan);
+    }
+  }
+  summary.Add("resolve_h2d_gbps", h2d_gbps_).Add("resolve_wrong_results", errors_.count());
 
   Json results = Json::Array();
   for (const Result& r : results_) {
     results.Push(Json::Object()
+                     .Add("strategy", r.strategy)
                      .Add("context", r.context)
                      .Add("batch", r.batch)
                      .Add("row_bytes", r.row_bytes)
@@ -624,6 +721,10 @@ void Bench::Report() {
                          .Add("window", o_.window)
                          .Add("page_tokens", o_.page_tokens)
                          .Add("sort_misses", o_.sort_misses)
+                         .Add("sort_min_batch", o_.sort_min_batch)
+                         .Add("library_defaults", LibraryDefaults())
+                         .Add("strategies", StrategyNames())
+                         .Add("fused_min_batch", o_.fused_min_batch)
                          .Add("eviction", o_.segmented ? "slru" : "lru")
                          .Add("protected_percent", o_.protected_percent)
                          .Add("warmup", o_.warmup)
@@ -637,16 +738,20 @@ void Bench::Report() {
   if (!o_.json.empty()) WriteFile(o_.json, root.str() + "\n");
 
   std::printf(
-      "\nResolve (+ IndexCopy) per layer on %s, K=%d C=%d W=%d, graph replay medians; "
-      "floor = miss bytes / H2D %.1f GB/s\n",
-      backend_->name().c_str(), k_, c_, o_.window, h2d_gbps_);
-  std::printf("%7s %4s %5s %5s %7s %10s %10s %9s %7s %7s %s\n", "context", "B", "miss", "row_B",
-              "misses", "resolve_us", "r+copy_us", "floor_us", "x_floor", "GB/s", "check");
+      "\nResolve (+ copy) per layer on %s, K=%d C=%d W=%d, graph replay medians; "
+      "floor = miss bytes / H2D %.1f GB/s\nsort: sort_misses=%d from batch %d (%s)\n",
+      backend_->name().c_str(), k_, c_, o_.window, h2d_gbps_, o_.sort_misses ? 1 : 0,
+      o_.sort_min_batch,
+      LibraryDefaults() ? "the library's defaults" : "not the library's defaults");
+  std::printf("%-13s %7s %4s %5s %5s %7s %10s %10s %9s %7s %7s %s\n", "strategy", "context", "B",
+              "miss", "row_B", "misses", "resolve_us", "r+copy_us", "floor_us", "x_floor", "GB/s",
+              "check");
   for (const Result& r : results_) {
-    std::printf("%7d %4d %5.3f %5d %7lld %10.1f %10.1f %9.1f %7.2f %7.1f %s\n", r.context, r.batch,
-                r.actual_miss_rate, r.row_bytes, static_cast<long long>(r.misses_per_step),
-                r.resolve.median_ms * 1e3, r.resolve_copy.median_ms * 1e3, r.floor_us, r.to_floor,
-                r.effective_gbps, r.verified ? "ok" : "WRONG");
+    std::printf("%-13s %7d %4d %5.3f %5d %7lld %10.1f %10.1f %9.1f %7.2f %7.1f %s\n",
+                r.strategy.c_str(), r.context, r.batch, r.actual_miss_rate, r.row_bytes,
+                static_cast<long long>(r.misses_per_step), r.resolve.median_ms * 1e3,
+                r.resolve_copy.median_ms * 1e3, r.floor_us, r.to_floor, r.effective_gbps,
+                r.verified ? "ok" : "WRONG");
   }
   if (errors_.count() > 0) std::printf("WRONG RESULTS: %d (see above)\n", errors_.count());
 }
@@ -656,25 +761,29 @@ void Bench::Report() {
 
 int main(int argc, char** argv) {
   using namespace sparsekv::bench;
-  const Flags flags(argc, argv,
-                    {{"batches", "1,8,64,100"},
-                     {"contexts", "32768,131072"},
-                     {"miss_rates", "0,0.01,0.05,0.2,0.4"},
-                     {"row_bytes", "656,1152"},
-                     {"top_k", "2048"},
-                     {"hot_slots", "4096"},
-                     {"window", "1"},
-                     {"page_tokens", "64"},
-                     {"sort_misses", "1"},
-                     {"eviction", "lru"},
-                     {"protected_percent", "80"},
-                     {"warmup", "3"},
-                     {"reps", "20"},
-                     {"verify_samples", "8192"},
-                     {"max_pool_gib", "40"},
-                     {"seed", "1"},
-                     {"device", "0"},
-                     {"json", ""}});
+  const Flags flags(
+      argc, argv,
+      {{"batches", "1,8,64,100"},
+       {"contexts", "32768,131072"},
+       {"miss_rates", "0,0.01,0.05,0.2,0.4"},
+       {"row_bytes", "656,1152"},
+       {"top_k", "2048"},
+       {"hot_slots", "4096"},
+       {"window", "1"},
+       {"page_tokens", "64"},
+       {"sort_misses", sparsekv::CacheOptions{}.sort_misses ? "1" : "0"},
+       {"sort_min_batch", std::to_string(sparsekv::CacheOptions{}.sort_misses_min_batch)},
+       {"strategies", "separate"},
+       {"fused_min_batch", "1"},
+       {"eviction", "lru"},
+       {"protected_percent", "80"},
+       {"warmup", "3"},
+       {"reps", "20"},
+       {"verify_samples", "8192"},
+       {"max_pool_gib", "40"},
+       {"seed", "1"},
+       {"device", "0"},
+       {"json", ""}});
   Options o;
   o.batches = flags.IntList("batches");
   o.contexts = flags.IntList("contexts");
@@ -685,6 +794,28 @@ int main(int argc, char** argv) {
   o.window = static_cast<int32_t>(flags.Int("window"));
   o.page_tokens = static_cast<int32_t>(flags.Int("page_tokens"));
   o.sort_misses = flags.Int("sort_misses") != 0;
+  o.sort_min_batch = static_cast<int32_t>(flags.Int("sort_min_batch"));
+  o.fused_min_batch = static_cast<int32_t>(flags.Int("fused_min_batch"));
+  for (const std::string& name : flags.StrList("strategies")) {
+    const std::string kNoSort = "_nosort";
+    const bool no_sort = name.size() > kNoSort.size() &&
+                         name.compare(name.size() - kNoSort.size(), kNoSort.size(), kNoSort) == 0;
+    const std::string base = no_sort ? name.substr(0, name.size() - kNoSort.size()) : name;
+    Strategy strategy{name, sparsekv::CopyStrategy::kLattice, false, !no_sort};
+    if (base == "separate8") {
+      strategy.copy = sparsekv::CopyStrategy::kLatticeWide;
+    } else if (base == "warp") {
+      strategy.copy = sparsekv::CopyStrategy::kWarpRows;
+    } else if (base == "bulk") {
+      strategy.copy = sparsekv::CopyStrategy::kBulk;
+    } else if (base == "fused") {
+      strategy.fused = true;
+    } else if (base != "separate") {
+      Fail("--strategies: unknown strategy '" + name +
+           "' (separate, separate8, warp, bulk, fused, each optionally with _nosort)");
+    }
+    o.strategies.push_back(strategy);
+  }
   const std::string eviction = flags.Str("eviction");
   if (eviction != "lru" && eviction != "slru") Fail("--eviction must be lru or slru");
   o.segmented = eviction == "slru";
@@ -699,8 +830,9 @@ int main(int argc, char** argv) {
   o.seed = static_cast<uint64_t>(flags.Int("seed"));
   o.device = static_cast<int>(flags.Int("device"));
   o.json = flags.Str("json");
-  if (o.batches.empty() || o.contexts.empty() || o.miss_rates.empty() || o.row_bytes.empty()) {
-    Fail("--batches, --contexts, --miss_rates and --row_bytes must be non-empty");
+  if (o.batches.empty() || o.contexts.empty() || o.miss_rates.empty() || o.row_bytes.empty() ||
+      o.strategies.empty()) {
+    Fail("--batches, --contexts, --miss_rates, --row_bytes and --strategies must be non-empty");
   }
   for (const int64_t rb : o.row_bytes) {
     if (rb <= 0 || rb % 16 != 0) Fail("--row_bytes must be positive multiples of 16");

@@ -48,6 +48,22 @@ struct BatchEntry {
   SPARSEKV_HD bool in_use() const { return block >= 0 || resident >= 0; }
 };
 
+// How the CUDA IndexCopy moves its rows (performance only: every strategy writes the same bytes
+// and counts the same invalid entries; docs/index-copy.md compares them). Other backends ignore it.
+enum class CopyStrategy : int32_t {
+  // Threads in fixed (row, 16-B chunk) lanes over the whole grid, 4 rows in flight per thread.
+  kLattice = 0,
+  // The same lattice with 8 rows in flight per thread (fewer threads per SM, as registers allow).
+  kLatticeWide = 1,
+  // Each warp copies a batch of up to 32 whole rows, its lanes over the batch's chunks in order,
+  // 4 chunks in flight per lane.
+  kWarpRows = 2,
+  // Hopper's bulk copy engine (cp.async.bulk): each warp stages batches of rows in shared memory,
+  // one batch loading while the previous one is stored. Needs compute capability 9.0, 16-B
+  // aligned rows and row_bytes <= 4096; a launch that lacks any of them runs kLattice.
+  kBulk = 3,
+};
+
 // dst[dst_index[i]] = src[src_index[i]] for i < min(*count, capacity), `row_bytes` bytes each.
 // An entry whose source or destination index is outside [0, src_rows) / [0, dst_rows) is skipped
 // and counted in *invalid (if not null). Distinct valid entries must not share a destination.
@@ -67,6 +83,7 @@ struct IndexCopyView {
   unsigned long long* invalid;  // device scalar or nullptr; += skipped entries
   int32_t max_blocks;           // CUDA: largest grid, in blocks of 256 threads; 0 = as many as
                                 // the device holds resident. Other backends ignore it.
+  CopyStrategy strategy = CopyStrategy::kLattice;  // CUDA: see above. Other backends ignore it.
 };
 
 // Resolve one layer's top-k for the whole batch against the hot cache.
@@ -109,10 +126,28 @@ struct IndexCopyView {
 // (its least recently used entries) is demoted to the probationary part's most recent end, after
 // the fills. With no slot filled, both policies give the same order.
 // Miss entries of all rows are appended at miss_count (atomically); their order in the list is
-// unspecified (the CUDA backend sorts each row's misses by host row).
+// unspecified (the CUDA backend sorts each row's misses by host row). A launch with the fused miss
+// copy (below) copies them instead.
 // If fill_mask is not null, fill_mask[b * top_k + k] = 1 where out names a slot that this step's
 // miss list fills (a miss given a victim, or with share_duplicates a repeat of one), else 0: the
 // entries whose rows are not in the hot cache until the miss copy has run.
+//
+// Fused miss copy (copy_dst not null; performance only). In a launch whose *batch_size is at least
+// fused_copy_min_batch, each hot-cache row copies its own filled misses instead of appending them:
+// for every (host row r, slot s) that the row would append to the miss list,
+//   copy_dst[s * copy_dst_stride + i] = copy_src[r * copy_src_stride + i] for i < copy_row_bytes
+// if 0 <= r < copy_src_rows and 0 <= s < copy_dst_rows; otherwise that copy is skipped and counted
+// in *copy_invalid (if not null). Such a launch appends nothing to the miss list and leaves
+// *miss_count as it was, so that an IndexCopy of the list enqueued after it copies nothing; every
+// other output (slots, fill_mask, slot_token, LRU state, counters) is as without the fused copy,
+// and the copied rows are in place when the launch completes. A launch below the threshold, or with
+// copy_dst null, ignores the copy fields and appends its misses as above. With sort_misses (and
+// *batch_size >= sort_min_batch) each row copies its misses in host-row order. copy_src and
+// copy_dst may each be device memory or host memory the device can address.
+// REQUIRES (not checked): no slot the launch fills lies in memory that any copy reads.
+// Supported (CUDA: checked, else an invalid-argument error): copy_row_bytes in
+// [1, kMaxFusedCopyRowBytes], non-negative copy strides and row counts.
+inline constexpr int32_t kMaxFusedCopyRowBytes = 1 << 24;
 struct ResolveView {
   const int32_t* batch_size;   // device scalar: rows in use this step
   const BatchEntry* batch;     // [max_batch]
@@ -145,9 +180,19 @@ struct ResolveView {
   int32_t resident_page_rows;     // R: positions per page
   // Where each block's slots are (see slot(s) above); null: block b is slots
   // [b * (C + W), (b + 1) * (C + W)).
-  const int32_t* block_pages;  // [num_blocks, pages_per_block] first slot of each page
-  int32_t pages_per_block;
-  int32_t block_page_rows;  // slots per page
+  const int32_t* block_pages = nullptr;  // [num_blocks, pages_per_block] first slot of each page
+  int32_t pages_per_block = 0;
+  int32_t block_page_rows = 0;  // slots per page
+  // Fused miss copy (see above); copy_dst null: never.
+  const std::byte* copy_src = nullptr;  // [copy_src_rows, copy_src_stride] the host pool's layer
+  std::byte* copy_dst = nullptr;        // [copy_dst_rows, copy_dst_stride] the hot cache's layer
+  int32_t copy_row_bytes = 0;           // bytes copied per row, >= 1 when copy_dst is set
+  int64_t copy_src_stride = 0;          // bytes between source rows
+  int64_t copy_dst_stride = 0;          // bytes between destination rows
+  int64_t copy_src_rows = 0;
+  int64_t copy_dst_rows = 0;
+  unsigned long long* copy_invalid = nullptr;  // device scalar or nullptr; += skipped copies
+  int32_t fused_copy_min_batch = 0;  // fused in launches whose *batch_size is at least this
 };
 
 // The indexer keys of one layer that the manager keeps (CacheOptions::indexer_key_bytes), for an

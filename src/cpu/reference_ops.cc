@@ -49,9 +49,20 @@ void ResolveResidentRow(const ResolveView& v, int32_t b) {
   }
 }
 
-// Resolves one batch row. Invariant kept: slot_token/lru_order of the block describe exactly the
-// positions resident in its C LRU slots, and lru_order is a permutation of [0, C).
-void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
+// Copies one filled miss in place (the fused miss copy): the IndexCopy of that single entry.
+void CopyMiss(const ResolveView& v, int64_t host_row, int64_t slot) {
+  if (host_row < 0 || host_row >= v.copy_src_rows || slot < 0 || slot >= v.copy_dst_rows) {
+    if (v.copy_invalid != nullptr) ++*v.copy_invalid;
+    return;
+  }
+  std::memcpy(v.copy_dst + slot * v.copy_dst_stride, v.copy_src + host_row * v.copy_src_stride,
+              v.copy_row_bytes);
+}
+
+// Resolves one batch row; with `fused`, copies its filled misses instead of appending them.
+// Invariant kept: slot_token/lru_order of the block describe exactly the positions resident in its
+// C LRU slots, and lru_order is a permutation of [0, C).
+void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t>& misses) {
   const BatchEntry e = v.batch[b];
   const int32_t c = v.hot_slots;
   const int32_t w = v.window;
@@ -114,8 +125,13 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
     if (fill != nullptr) fill[k] = 1;
     const int32_t page = v.page_table[static_cast<int64_t>(e.page_table_row) * v.pages_per_request +
                                       p / v.page_tokens];
+    const int32_t host_row = page * v.page_tokens + p % v.page_tokens;
+    if (fused) {
+      CopyMiss(v, host_row, out[k]);
+      continue;
+    }
     const int32_t slot_index = (*v.miss_count)++;
-    v.miss_host_row[slot_index] = page * v.page_tokens + p % v.page_tokens;
+    v.miss_host_row[slot_index] = host_row;
     v.miss_slot[slot_index] = out[k];
   }
   n.misses += misses.size();
@@ -148,12 +164,13 @@ void ResolveRow(const ResolveView& v, int32_t b, std::vector<int32_t>& misses) {
 }  // namespace
 
 void Resolve(const ResolveView& v) {
+  const bool fused = v.copy_dst != nullptr && *v.batch_size >= v.fused_copy_min_batch;
   std::vector<int32_t> misses;
   for (int32_t b = 0; b < *v.batch_size; ++b) {
     if (v.batch[b].resident >= 0) {
       ResolveResidentRow(v, b);
     } else if (v.batch[b].block >= 0) {
-      ResolveRow(v, b, misses);
+      ResolveRow(v, b, fused, misses);
     }
   }
 }

@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <vector>
 
 namespace sparsekv {
@@ -80,8 +82,40 @@ class ReferenceResolveTest : public ::testing::Test {
     v.share_duplicates = share_duplicates_;
     fill_.assign(kK, 0xEE);
     v.fill_mask = fill_.data();
+    if (fused_) {
+      v.copy_src = pool_.data();
+      v.copy_dst = hot_.data();
+      v.copy_row_bytes = kRowBytes;
+      v.copy_src_stride = kPoolStride;
+      v.copy_dst_stride = kHotStride;
+      v.copy_src_rows = kPoolRows;
+      v.copy_dst_rows = kC + 1;
+      v.copy_invalid = &copy_invalid_;
+      v.fused_copy_min_batch = fused_min_batch_;
+    }
     reference::Resolve(v);
     return out;
+  }
+  // A fused copy from pool_ (kPoolRows rows; row r's bytes are r + 1, r + 2, r + 3, then 0xBB)
+  // into hot_ (its C + W rows start as 0xCC).
+  void EnableFusedCopy(int32_t min_batch) {
+    fused_ = true;
+    fused_min_batch_ = min_batch;
+    pool_.assign(kPoolRows * kPoolStride, std::byte{0xBB});
+    for (int32_t r = 0; r < kPoolRows; ++r) {
+      for (int32_t i = 0; i < kRowBytes; ++i) pool_[r * kPoolStride + i] = std::byte(r + 1 + i);
+    }
+    hot_.assign((kC + 1) * kHotStride, std::byte{0xCC});
+  }
+  // Whether hot row `slot` holds pool row `host_row` (and its padding is untouched).
+  bool HotRowHolds(int32_t slot, int32_t host_row) const {
+    return std::memcmp(hot_.data() + slot * kHotStride, pool_.data() + host_row * kPoolStride,
+                       kRowBytes) == 0 &&
+           hot_[slot * kHotStride + kRowBytes] == std::byte{0xCC};
+  }
+  bool HotRowUntouched(int32_t slot) const {
+    return std::all_of(hot_.begin() + slot * kHotStride, hot_.begin() + (slot + 1) * kHotStride,
+                       [](std::byte b) { return b == std::byte{0xCC}; });
   }
   static constexpr int32_t kC = 4, kK = 3;
   std::vector<int32_t> slot_token_, lru_, page_table_, miss_rows_, miss_slots_;
@@ -91,6 +125,12 @@ class ReferenceResolveTest : public ::testing::Test {
   int32_t protected_capacity_ = -1;  // >= 0: segmented LRU
   int32_t lru_protected_ = 0;
   std::vector<uint8_t> fill_;
+  // The fused miss copy (EnableFusedCopy): 3-byte rows, pool stride 4, hot stride 5.
+  static constexpr int32_t kRowBytes = 3, kPoolStride = 4, kHotStride = 5, kPoolRows = 48;
+  bool fused_ = false;
+  int32_t fused_min_batch_ = 0;
+  std::vector<std::byte> pool_, hot_;
+  unsigned long long copy_invalid_ = 0;
 };
 
 TEST_F(ReferenceResolveTest, MissesFillLeastRecentlyUsedSlotsInOrder) {
@@ -173,6 +213,152 @@ TEST_F(ReferenceResolveTest, HostRowComesFromThePageTable) {
   EXPECT_EQ(miss_rows_[0], 0 * 16 + 1);
   EXPECT_EQ(miss_rows_[1], 3 * 16 + 2);
   EXPECT_EQ(miss_rows_[2], 2 * 16 + 1);
+}
+
+TEST_F(ReferenceResolveTest, FusedCopyFillsTheRowsAndAppendsNothing) {
+  EnableFusedCopy(/*min_batch=*/1);
+  page_table_ = {2, 0, 1, 9};  // page 0 -> host page 2, page 1 -> 0
+  EXPECT_EQ(Run({17, 3, 39}, 40), (std::vector<int32_t>{0, 1, 4}));  // 39: the window
+  EXPECT_EQ(miss_count_, 0);
+  EXPECT_EQ(miss_rows_, std::vector<int32_t>(kK, -7));  // nothing appended
+  EXPECT_EQ(miss_slots_, std::vector<int32_t>(kK, -7));
+  EXPECT_EQ(counters_.misses, 2u);
+  EXPECT_EQ(fill_, (std::vector<uint8_t>{1, 1, 0}));
+  EXPECT_TRUE(HotRowHolds(0, 0 * 16 + 1));  // 17: page 1 -> host page 0
+  EXPECT_TRUE(HotRowHolds(1, 2 * 16 + 3));  // 3: page 0 -> host page 2
+  for (int32_t slot : {2, 3, 4}) EXPECT_TRUE(HotRowUntouched(slot)) << slot;
+  EXPECT_EQ(copy_invalid_, 0u);
+}
+
+TEST_F(ReferenceResolveTest, FusedCopyBelowItsBatchThresholdAppendsAsBefore) {
+  EnableFusedCopy(/*min_batch=*/2);  // the batch has one row
+  EXPECT_EQ(Run({10, 20, 30}, 40), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(miss_count_, 3);
+  EXPECT_EQ(miss_rows_, (std::vector<int32_t>{10, 20, 30}));
+  for (int32_t slot = 0; slot <= kC; ++slot) EXPECT_TRUE(HotRowUntouched(slot)) << slot;
+}
+
+TEST_F(ReferenceResolveTest, FusedCopyCountsAndSkipsRowsOutsideThePool) {
+  EnableFusedCopy(/*min_batch=*/0);
+  page_table_ = {0, 3, -1, 1};  // host page 3 ends past the pool's 48 rows; -1 is before it
+  // 20 -> host row 3 * 16 + 4 = 52 (invalid); 33 -> -16 + 1 (invalid); 50 -> 16 + 2.
+  EXPECT_EQ(Run({20, 33, 50}, 60), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(copy_invalid_, 2u);
+  EXPECT_TRUE(HotRowUntouched(0));
+  EXPECT_TRUE(HotRowUntouched(1));
+  EXPECT_TRUE(HotRowHolds(2, 16 + 2));
+  EXPECT_EQ(miss_count_, 0);
+  EXPECT_EQ(slot_token_, (std::vector<int32_t>{20, 33, 50, -1}));  // the slots are taken anyway
+}
+
+// Over random steps of a batch: a fused launch leaves exactly the state that the same launch
+// without the fused copy, followed by an IndexCopy of its miss list, leaves.
+TEST(ReferenceFusedCopyTest, EqualsResolveThenIndexCopy) {
+  constexpr int32_t kBatch = 6, kTopK = 24, kC = 32, kW = 2, kPageTokens = 8, kPages = 40;
+  constexpr int32_t kRowBytes = 6, kSrcStride = 8, kDstStride = 7;
+  constexpr int32_t kSrcRows = kBatch * kPages * kPageTokens - 20;  // the last pages are cut off
+  constexpr int32_t kDstRows = kBatch * (kC + kW);
+  std::mt19937_64 rng(11);
+  std::vector<BatchEntry> batch(kBatch);
+  std::vector<int32_t> page_table(kBatch * kPages);
+  std::iota(page_table.begin(), page_table.end(), 0);
+  std::shuffle(page_table.begin(), page_table.end(), rng);
+  page_table[5] = -1;  // an unmapped page: its rows are invalid copies
+  for (int32_t b = 0; b < kBatch; ++b) batch[b] = {b, 200, b};
+  batch[4].block = -1;  // an unused row
+  std::vector<std::byte> src(kSrcRows * kSrcStride);
+  for (auto& x : src) x = static_cast<std::byte>(rng());
+
+  struct Side {
+    std::vector<int32_t> slot_token = std::vector<int32_t>(kBatch * kC, -1);
+    std::vector<int32_t> lru = std::vector<int32_t>(kBatch * kC);
+    std::vector<std::byte> hot = std::vector<std::byte>(kDstRows * kDstStride, std::byte{0x5A});
+    ResolveCounters counters{};
+    unsigned long long invalid = 0;
+  };
+  Side plain, fused;
+  for (Side* side : {&plain, &fused}) {
+    for (int32_t b = 0; b < kBatch; ++b) {
+      std::iota(side->lru.begin() + b * kC, side->lru.begin() + (b + 1) * kC, 0);
+    }
+  }
+  for (int step = 0; step < 8; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const int32_t batch_size = step == 3 ? 2 : kBatch;  // step 3: below the threshold
+    std::vector<int32_t> topk(kBatch * kTopK);
+    for (int32_t b = 0; b < kBatch; ++b) {
+      batch[b].seq_len = std::min(batch[b].seq_len + 7, kPages * kPageTokens);
+      for (int32_t k = 0; k < kTopK; ++k) {
+        const uint64_t pick = rng() % 10;
+        topk[b * kTopK + k] = pick == 0   ? kPaddingPosition
+                              : pick == 1 ? batch[b].seq_len + 3
+                                          : static_cast<int32_t>(rng() % batch[b].seq_len);
+      }
+    }
+    const auto run = [&](Side& side, bool with_fused_copy, std::vector<int32_t>& out,
+                         std::vector<uint8_t>& fill) {
+      out.assign(kBatch * kTopK, 12345);
+      fill.assign(kBatch * kTopK, 7);
+      std::vector<int32_t> miss_row(kBatch * kTopK, -3), miss_slot(kBatch * kTopK, -3);
+      int32_t miss_count = 0;
+      ResolveView v{};
+      v.batch_size = &batch_size;
+      v.batch = batch.data();
+      v.topk = topk.data();
+      v.top_k = kTopK;
+      v.topk_stride = kTopK;
+      v.slots_out = out.data();
+      v.slot_token = side.slot_token.data();
+      v.lru_order = side.lru.data();
+      v.hot_slots = kC;
+      v.window = kW;
+      v.page_table = page_table.data();
+      v.pages_per_request = kPages;
+      v.page_tokens = kPageTokens;
+      v.miss_host_row = miss_row.data();
+      v.miss_slot = miss_slot.data();
+      v.miss_count = &miss_count;
+      v.miss_capacity = kBatch * kTopK;
+      v.counters = &side.counters;
+      v.fill_mask = fill.data();
+      v.sort_misses = true;
+      v.share_duplicates = step % 2 == 1;
+      if (with_fused_copy) {
+        v.copy_src = src.data();
+        v.copy_dst = side.hot.data();
+        v.copy_row_bytes = kRowBytes;
+        v.copy_src_stride = kSrcStride;
+        v.copy_dst_stride = kDstStride;
+        v.copy_src_rows = kSrcRows;
+        v.copy_dst_rows = kDstRows;
+        v.copy_invalid = &side.invalid;
+        v.fused_copy_min_batch = 3;
+      }
+      reference::Resolve(v);
+      if (with_fused_copy && batch_size >= 3) {
+        EXPECT_EQ(miss_count, 0);
+      }
+      IndexCopyView copy{src.data(),      side.hot.data(), miss_row.data(), miss_slot.data(),
+                         &miss_count,     kBatch * kTopK,  kRowBytes,       kSrcStride,
+                         kDstStride,      kSrcRows,        kDstRows,        &side.invalid,
+                         /*max_blocks=*/0};
+      reference::IndexCopy(copy);
+    };
+    std::vector<int32_t> plain_out, fused_out;
+    std::vector<uint8_t> plain_fill, fused_fill;
+    run(plain, false, plain_out, plain_fill);
+    run(fused, true, fused_out, fused_fill);
+    EXPECT_EQ(fused_out, plain_out);
+    EXPECT_EQ(fused_fill, plain_fill);
+    EXPECT_EQ(fused.slot_token, plain.slot_token);
+    EXPECT_EQ(fused.lru, plain.lru);
+    EXPECT_TRUE(fused.hot == plain.hot);
+    EXPECT_EQ(fused.invalid, plain.invalid);
+    EXPECT_EQ(fused.counters.misses, plain.counters.misses);
+    EXPECT_EQ(fused.counters.hits, plain.counters.hits);
+  }
+  EXPECT_GT(plain.invalid, 0u);  // the unmapped page and the cut-off pages were hit
+  EXPECT_GT(plain.counters.misses, 100u);
 }
 
 TEST(ReferenceAssembleTest, GathersRowsAndZeroFillsSkippedEntries) {

@@ -1,10 +1,11 @@
 // Differential tests of the CUDA operators against the reference (src/cpu/reference_ops.h).
 //
-// Compiled by the host compiler against the Backend interface only, so that it builds without CUDA;
-// every test skips where no device is present. Inputs are random with fixed seeds and include the
-// bad cases the contract names (padding, duplicates, out-of-range indices). Output buffers are
-// poisoned identically on both sides and compared whole, so a write outside what the contract
-// allows shows up as a difference.
+// Compiled by the host compiler against the Backend interface only (plus, where CUDA is built, the
+// runtime's graph calls for the captured-replay tests), so that it builds without CUDA; every test
+// skips where no device is present. Inputs are random with fixed seeds and include the bad cases
+// the contract names (padding, duplicates, out-of-range indices). Output buffers are poisoned
+// identically on both sides and compared whole, so a write outside what the contract allows shows
+// up as a difference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +25,10 @@
 #include "testing/cuda_test_util.h"
 #include "testing/harness.h"
 
+#if defined(SPARSEKV_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
 namespace sparsekv {
 namespace {
 
@@ -38,6 +43,31 @@ std::vector<std::byte> RandomBytes(std::mt19937_64& rng, size_t bytes) {
   std::vector<std::byte> out(bytes);
   for (auto& b : out) b = static_cast<std::byte>(rng());
   return out;
+}
+
+// Fills `bytes` bytes at p with random bytes, eight per draw (for buffers of many megabytes).
+void FillRandom(std::mt19937_64& rng, std::byte* p, size_t bytes) {
+  for (size_t i = 0; i < bytes; i += 8) {
+    const uint64_t word = rng();
+    std::memcpy(p + i, &word, std::min<size_t>(8, bytes - i));
+  }
+}
+
+constexpr CopyStrategy kAllStrategies[] = {CopyStrategy::kLattice, CopyStrategy::kLatticeWide,
+                                           CopyStrategy::kWarpRows, CopyStrategy::kBulk};
+
+std::string StrategyName(CopyStrategy strategy) {
+  switch (strategy) {
+    case CopyStrategy::kLattice:
+      return "lattice";
+    case CopyStrategy::kLatticeWide:
+      return "lattice-wide";
+    case CopyStrategy::kWarpRows:
+      return "warp-rows";
+    case CopyStrategy::kBulk:
+      return "bulk";
+  }
+  return "?";
 }
 
 template <typename T>
@@ -79,13 +109,15 @@ struct IndexCopyCase {
   int32_t stride_pad;      // stride = row_bytes + pad (8: forces 8-byte or narrower accesses)
   int32_t count;           // > capacity: clamped; < 0: nothing
   int32_t max_blocks = 0;  // IndexCopyView::max_blocks
+  CopyStrategy strategy = CopyStrategy::kLattice;
 };
 
 std::string CaseName(const IndexCopyCase& c) {
   const auto where = [](Where w) { return w == Where::kHost ? "host" : "device"; };
   return std::string(where(c.src_where)) + "->" + where(c.dst_where) +
          " row_bytes=" + std::to_string(c.row_bytes) + " pad=" + std::to_string(c.stride_pad) +
-         " count=" + std::to_string(c.count) + " max_blocks=" + std::to_string(c.max_blocks);
+         " count=" + std::to_string(c.count) + " max_blocks=" + std::to_string(c.max_blocks) +
+         " strategy=" + StrategyName(c.strategy);
 }
 
 void RunIndexCopyCase(Backend& gpu, const IndexCopyCase& c, uint64_t seed) {
@@ -149,7 +181,7 @@ void RunIndexCopyCase(Backend& gpu, const IndexCopyCase& c, uint64_t seed) {
   ExpectOk(gpu.IndexCopy(
       {gpu_src.get(), gpu_dst.get(), gpu_src_index.get<int32_t>(), gpu_dst_index.get<int32_t>(),
        gpu_count.get<int32_t>(), kCapacity, c.row_bytes, stride, stride, kSrcRows, kDstRows,
-       gpu_invalid.get<unsigned long long>(), c.max_blocks},
+       gpu_invalid.get<unsigned long long>(), c.max_blocks, c.strategy},
       nullptr));
   ExpectOk(gpu.Synchronize(nullptr));
 
@@ -188,6 +220,36 @@ TEST(CudaIndexCopyTest, SmallGridMatchesReference) {
     }
   }
   RunIndexCopyCase(*gpu, {Where::kDevice, Where::kHost, 656, 8, 4096, 2}, seed++);
+}
+
+// Every strategy, in every direction, at the access widths 1, 8 and 16, with rows past the bulk
+// copy's limit (4112 B: its fallback) and grids capped to a few blocks.
+TEST(CudaIndexCopyTest, EveryStrategyMatchesReference) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const std::pair<Where, Where> directions[] = {{Where::kHost, Where::kDevice},
+                                                {Where::kDevice, Where::kHost},
+                                                {Where::kDevice, Where::kDevice}};
+  uint64_t seed = 500;
+  for (const CopyStrategy strategy : kAllStrategies) {
+    for (const auto& [from, to] : directions) {
+      for (int32_t row_bytes : {3, 656, 1152}) {
+        for (int32_t pad : {0, 8}) {
+          RunIndexCopyCase(*gpu, {from, to, row_bytes, pad, 3001, 0, strategy}, seed++);
+        }
+      }
+    }
+    for (int32_t row_bytes : {16, 4096, 4112}) {
+      RunIndexCopyCase(*gpu, {Where::kHost, Where::kDevice, row_bytes, 0, 4096, 0, strategy},
+                       seed++);
+    }
+    for (int32_t max_blocks : {1, 3}) {
+      RunIndexCopyCase(*gpu, {Where::kHost, Where::kDevice, 656, 0, 3001, max_blocks, strategy},
+                       seed++);
+    }
+    RunIndexCopyCase(*gpu, {Where::kHost, Where::kDevice, 656, 0, 0, 0, strategy}, seed++);
+    RunIndexCopyCase(*gpu, {Where::kHost, Where::kDevice, 1152, 0, 1 << 30, 0, strategy}, seed++);
+    RunIndexCopyCase(*gpu, {Where::kHost, Where::kDevice, 656, 0, 5, 0, strategy}, seed++);
+  }
 }
 
 TEST(CudaIndexCopyTest, NegativeMaxBlocksIsInvalidArgument) {
@@ -258,30 +320,43 @@ std::string ShapeName(const ResolveShape& s) {
          (s.protected_capacity >= 0 ? " P=" + std::to_string(s.protected_capacity) : "");
 }
 
+// The fused miss copy of a ResolveHarness (ResolveView's copy fields).
+struct FusedCopyShape {
+  int32_t row_bytes = 0;   // 0: no fused copy and no rows (the resolve state alone)
+  int32_t stride_pad = 0;  // row stride = row_bytes + stride_pad
+  int32_t min_batch = 0;   // fused_copy_min_batch
+};
+
 // One layer's resolve state and inputs, held twice: in host vectors for the reference and in the
-// backend's device memory for the GPU, and stepped in lockstep.
+// backend's device memory for the GPU, and stepped in lockstep. With a FusedCopyShape the layer
+// also has rows: a pool in pinned host memory (read by both sides; some of its pages unmapped or
+// cut off, so that some copies are invalid) and a hot cache on each side, filled by the fused copy
+// and by an IndexCopy of the miss list after each Resolve (as a step enqueues them), and compared
+// whole after every step.
 class ResolveHarness {
  public:
   static constexpr int32_t kPageTokens = 64;
   static constexpr int32_t kResidentRows = 48;   // R of the resident rows
   static constexpr int32_t kBlockPageRows = 40;  // odd seeds: blocks in pages of this many slots
 
-  ResolveHarness(Backend& gpu, const ResolveShape& shape, uint64_t seed)
+  ResolveHarness(Backend& gpu, const ResolveShape& shape, uint64_t seed,
+                 const FusedCopyShape& fused = {})
       : gpu_(gpu),
         s_(shape),
+        fused_(fused),
         rng_(seed),
         topk_stride_(shape.top_k + 3),
         num_blocks_(shape.max_batch + 5),
         // Each step grows a row by at most top_k + window + 64 tokens.
         pages_per_request_(
             (InitialSeqLen() + shape.steps * (shape.top_k + shape.window + 64)) / kPageTokens + 2),
+        resident_pages_(pages_per_request_ * kPageTokens / kResidentRows + 1),
         slot_token_(static_cast<size_t>(num_blocks_) * shape.hot_slots, -1),
         lru_order_(static_cast<size_t>(num_blocks_) * shape.hot_slots),
         lru_protected_(num_blocks_, 0),
         batch_(shape.max_batch),
         topk_(static_cast<size_t>(shape.max_batch) * topk_stride_, kPaddingPosition),
         page_table_(static_cast<size_t>(shape.max_batch) * pages_per_request_),
-        resident_pages_(pages_per_request_ * kPageTokens / kResidentRows + 1),
         resident_table_(static_cast<size_t>(shape.max_batch) * resident_pages_),
         paged_(seed % 2 == 1),
         pages_per_block_((shape.hot_slots + shape.window + kBlockPageRows - 1) / kBlockPageRows),
@@ -323,6 +398,7 @@ class ResolveHarness {
     g_lru_order_.Upload(lru_order_);
     g_lru_protected_.Upload(lru_protected_);
     g_page_table_.Upload(page_table_);
+    if (fused_.row_bytes > 0) InitRows();
     // Any slots will do: the mapping is checked, not the rows.
     for (int32_t& first_slot : resident_table_) first_slot = static_cast<int32_t>(rng_() % 1000000);
     g_resident_table_.Upload(resident_table_);
@@ -358,11 +434,14 @@ class ResolveHarness {
     std::vector<int32_t> want_miss_slot = Poisoned<int32_t>(MissCapacity());
     std::vector<uint8_t> want_fill = Poisoned<uint8_t>(MissCapacity());
     int32_t want_miss_count = 0;
-    reference::Resolve(View(&batch_size, batch_.data(), topk_.data(), want_out.data(),
-                            slot_token_.data(), lru_order_.data(), lru_protected_.data(),
-                            page_table_.data(), resident_table_.data(), block_pages_.data(),
-                            want_miss_row.data(), want_miss_slot.data(), &want_miss_count,
-                            &counters_, flags.fill_mask ? want_fill.data() : nullptr, flags));
+    const ResolveView want_view =
+        View(&batch_size, batch_.data(), topk_.data(), want_out.data(), slot_token_.data(),
+             lru_order_.data(), lru_protected_.data(), page_table_.data(), resident_table_.data(),
+             block_pages_.data(), want_miss_row.data(), want_miss_slot.data(), &want_miss_count,
+             &counters_, flags.fill_mask ? want_fill.data() : nullptr, flags, hot_.data(),
+             &copy_invalid_);
+    reference::Resolve(want_view);
+    if (fused_.row_bytes > 0) reference::IndexCopy(ListCopy(want_view));
 
     // GPU.
     g_batch_size_.Upload(std::vector<int32_t>{batch_size});
@@ -373,16 +452,8 @@ class ResolveHarness {
     g_miss_slot_.Fill(kPoison);
     g_miss_count_.Fill(0);
     g_fill_mask_.Fill(kPoison);
-    ExpectOk(gpu_.Resolve(
-        View(g_batch_size_.get<int32_t>(), g_batch_.get<BatchEntry>(), g_topk_.get<int32_t>(),
-             g_slots_out_.get<int32_t>(), g_slot_token_.get<int32_t>(), g_lru_order_.get<int32_t>(),
-             g_lru_protected_.get<int32_t>(), g_page_table_.get<int32_t>(),
-             g_resident_table_.get<int32_t>(), g_block_pages_.get<int32_t>(),
-             g_miss_host_row_.get<int32_t>(), g_miss_slot_.get<int32_t>(),
-             g_miss_count_.get<int32_t>(), g_counters_.get<ResolveCounters>(),
-             flags.fill_mask ? g_fill_mask_.get<uint8_t>() : nullptr, flags),
-        s_.max_batch, nullptr));
-    ExpectOk(gpu_.Synchronize(nullptr));
+    RunGpu(flags);
+    if (::testing::Test::HasFatalFailure()) return;
 
     EXPECT_EQ(g_slots_out_.Download<int32_t>(), want_out);
     EXPECT_EQ(g_fill_mask_.Download<uint8_t>(),
@@ -417,19 +488,129 @@ class ResolveHarness {
     std::sort(want_misses.begin(), want_misses.end());
     EXPECT_EQ(got_misses, want_misses);
 
+    if (fused_.row_bytes > 0) {
+      const std::vector<std::byte> got_hot = g_hot_->Download<std::byte>();
+      ASSERT_EQ(got_hot.size(), hot_.size());
+      for (int64_t row = 0; row < HotRows(); ++row) {
+        ASSERT_EQ(std::memcmp(got_hot.data() + row * RowStride(), hot_.data() + row * RowStride(),
+                              RowStride()),
+                  0)
+            << "hot row " << row;
+      }
+      EXPECT_EQ(g_copy_invalid_->Download<unsigned long long>()[0], copy_invalid_);
+    }
     last_topk_ = topk_;
+  }
+
+  // Misses and invalid copies so far (the reference's counts, which the GPU's matched).
+  uint64_t misses() const { return counters_.misses; }
+  uint64_t copy_invalid() const { return copy_invalid_ - kInvalidStart; }
+
+  // From now on the GPU side runs one CUDA graph, captured at the next Step, on `stream`: Resolve
+  // and (with a fused copy) the IndexCopy of the miss list. Every later Step must pass the same
+  // flags (the views are captured by value); batch size and inputs change freely.
+  void ReplayCapturedOn(StreamHandle stream) { stream_ = stream; }
+
+  ~ResolveHarness() {
+#if defined(SPARSEKV_WITH_CUDA)
+    if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+#endif
   }
 
  private:
   static int32_t InitialSeqLen() { return 3000; }
   int64_t MissCapacity() const { return static_cast<int64_t>(s_.max_batch) * s_.top_k; }
+  int64_t RowStride() const { return fused_.row_bytes + fused_.stride_pad; }
+  // Paged blocks name the slots of num_blocks * pages_per_block pages.
+  int64_t HotRows() const {
+    return paged_ ? int64_t{num_blocks_} * pages_per_block_ * kBlockPageRows
+                  : int64_t{num_blocks_} * (s_.hot_slots + s_.window);
+  }
+  int64_t PoolRows() const { return int64_t{s_.max_batch} * pages_per_request_ * kPageTokens; }
+  // The pool's rows the copies may read: the last two pages and a few rows are cut off.
+  int64_t ValidPoolRows() const { return PoolRows() - 2 * kPageTokens - 5; }
+
+  // The rows of a harness with a fused copy; every 17th host page unmapped (-1).
+  void InitRows() {
+    for (size_t p = 0; p < page_table_.size(); p += 17) page_table_[p] = -1;
+    g_page_table_.Upload(page_table_);
+    g_pool_ = std::make_unique<Buffer>(gpu_, PoolRows() * RowStride(), Where::kHost);
+    FillRandom(rng_, g_pool_->get(), PoolRows() * RowStride());
+    hot_.assign(HotRows() * RowStride(), std::byte{kPoison});
+    g_hot_ = std::make_unique<Buffer>(gpu_, hot_.size());
+    g_hot_->Fill(kPoison);
+    g_copy_invalid_ = std::make_unique<Buffer>(gpu_, sizeof(unsigned long long));
+    g_copy_invalid_->Upload(std::vector<unsigned long long>{copy_invalid_});
+  }
+
+  // The IndexCopy of a resolve view's miss list into its copy destination (strategies in turn).
+  IndexCopyView ListCopy(const ResolveView& v) const {
+    return {v.copy_src,        v.copy_dst,
+            v.miss_host_row,   v.miss_slot,
+            v.miss_count,      v.miss_capacity,
+            v.copy_row_bytes,  v.copy_src_stride,
+            v.copy_dst_stride, v.copy_src_rows,
+            v.copy_dst_rows,   v.copy_invalid,
+            /*max_blocks=*/0,  kAllStrategies[step_ % std::size(kAllStrategies)]};
+  }
+
+  ResolveView GpuView(Flags flags) const {
+    return View(
+        g_batch_size_.get<int32_t>(), g_batch_.get<BatchEntry>(), g_topk_.get<int32_t>(),
+        g_slots_out_.get<int32_t>(), g_slot_token_.get<int32_t>(), g_lru_order_.get<int32_t>(),
+        g_lru_protected_.get<int32_t>(), g_page_table_.get<int32_t>(),
+        g_resident_table_.get<int32_t>(), g_block_pages_.get<int32_t>(),
+        g_miss_host_row_.get<int32_t>(), g_miss_slot_.get<int32_t>(), g_miss_count_.get<int32_t>(),
+        g_counters_.get<ResolveCounters>(), flags.fill_mask ? g_fill_mask_.get<uint8_t>() : nullptr,
+        flags, g_hot_ ? g_hot_->get() : nullptr,
+        g_copy_invalid_ ? g_copy_invalid_->get<unsigned long long>() : nullptr);
+  }
+
+  // Enqueues the GPU side's Resolve and (with a fused copy) IndexCopy on `stream`.
+  void EnqueueGpu(Flags flags, StreamHandle stream) {
+    const ResolveView v = GpuView(flags);
+    ExpectOk(gpu_.Resolve(v, s_.max_batch, stream));
+    if (fused_.row_bytes > 0) ExpectOk(gpu_.IndexCopy(ListCopy(v), stream));
+  }
+
+  // Runs the GPU side: directly, or by replaying the captured graph (capturing it first).
+  void RunGpu(Flags flags) {
+    if (stream_ == nullptr) {
+      EnqueueGpu(flags, nullptr);
+      ExpectOk(gpu_.Synchronize(nullptr));
+      return;
+    }
+#if defined(SPARSEKV_WITH_CUDA)
+    const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+    if (exec_ == nullptr) {
+      captured_flags_ = flags;
+      cudaGraph_t graph = nullptr;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      EnqueueGpu(flags, stream_);
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      cudaGraphDestroy(graph);
+      exec_ = exec;
+    }
+    ASSERT_TRUE(flags.sort_misses == captured_flags_.sort_misses &&
+                flags.share_duplicates == captured_flags_.share_duplicates &&
+                flags.fill_mask == captured_flags_.fill_mask)
+        << "a captured harness steps with the flags it was captured with";
+    ASSERT_EQ(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream), cudaSuccess);
+    ExpectOk(gpu_.Synchronize(stream_));
+#else
+    FAIL() << "graph replay needs the CUDA runtime";
+#endif
+  }
 
   ResolveView View(const int32_t* batch_size, const BatchEntry* batch, const int32_t* topk,
                    int32_t* slots_out, int32_t* slot_token, int32_t* lru_order,
                    int32_t* lru_protected, const int32_t* page_table, const int32_t* resident_table,
                    const int32_t* block_pages, int32_t* miss_host_row, int32_t* miss_slot,
-                   int32_t* miss_count, ResolveCounters* counters, uint8_t* fill_mask,
-                   Flags flags) const {
+                   int32_t* miss_count, ResolveCounters* counters, uint8_t* fill_mask, Flags flags,
+                   std::byte* hot, unsigned long long* copy_invalid) const {
+    const bool fused = fused_.row_bytes > 0;
     return {.batch_size = batch_size,
             .batch = batch,
             .topk = topk,
@@ -459,7 +640,16 @@ class ResolveHarness {
             .resident_page_rows = kResidentRows,
             .block_pages = paged_ ? block_pages : nullptr,
             .pages_per_block = pages_per_block_,
-            .block_page_rows = kBlockPageRows};
+            .block_page_rows = kBlockPageRows,
+            .copy_src = fused ? g_pool_->get() : nullptr,
+            .copy_dst = fused ? hot : nullptr,
+            .copy_row_bytes = fused_.row_bytes,
+            .copy_src_stride = RowStride(),
+            .copy_dst_stride = RowStride(),
+            .copy_src_rows = fused ? ValidPoolRows() : 0,
+            .copy_dst_rows = fused ? HotRows() : 0,
+            .copy_invalid = copy_invalid,
+            .fused_copy_min_batch = fused_.min_batch};
   }
 
   // The next top-k of row b. kMixed: about half from the row's last top-k, the rest anywhere in
@@ -531,6 +721,7 @@ class ResolveHarness {
 
   Backend& gpu_;
   const ResolveShape s_;
+  const FusedCopyShape fused_;
   std::mt19937_64 rng_;
   const int32_t topk_stride_;
   const int32_t num_blocks_;
@@ -568,12 +759,25 @@ class ResolveHarness {
   Buffer g_miss_count_;
   Buffer g_counters_;
   Buffer g_fill_mask_;
+
+  // The rows (with a fused copy): the pool, read by both sides; each side's hot cache and count
+  // of invalid copies.
+  std::unique_ptr<Buffer> g_pool_;
+  std::vector<std::byte> hot_;
+  std::unique_ptr<Buffer> g_hot_;
+  static constexpr unsigned long long kInvalidStart = 2;  // counters accumulate: start nonzero
+  unsigned long long copy_invalid_ = kInvalidStart;
+  std::unique_ptr<Buffer> g_copy_invalid_;
+
+  // Graph replay (ReplayCapturedOn).
+  StreamHandle stream_ = nullptr;
+  void* exec_ = nullptr;  // cudaGraphExec_t
+  Flags captured_flags_{};
 };
 
 // A fixed schedule of steps: cold start, mixed, full hit, full miss, shrinking and growing batch.
-void RunResolveSchedule(Backend& gpu, const ResolveShape& shape, uint64_t seed) {
+void RunResolveSchedule(ResolveHarness& h, const ResolveShape& shape) {
   using Mode = ResolveHarness::Mode;
-  ResolveHarness h(gpu, shape, seed);
   const int32_t b = shape.max_batch;
   // Flags: sort misses, share duplicates, fill mask.
   const std::tuple<Mode, int32_t, ResolveHarness::Flags> schedule[] = {
@@ -593,6 +797,34 @@ void RunResolveSchedule(Backend& gpu, const ResolveShape& shape, uint64_t seed) 
     h.Step(mode, batch_size, flags);
     if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+void RunResolveSchedule(Backend& gpu, const ResolveShape& shape, uint64_t seed) {
+  ResolveHarness h(gpu, shape, seed);
+  RunResolveSchedule(h, shape);
+}
+
+struct FusedCase {
+  ResolveShape shape;
+  FusedCopyShape copy;
+};
+
+// Runs the schedule with a fused copy for each case; returns the invalid copies and misses seen.
+std::pair<uint64_t, uint64_t> RunFusedCases(Backend& gpu, const std::vector<FusedCase>& cases,
+                                            uint64_t seed) {
+  uint64_t invalid = 0;
+  uint64_t misses = 0;
+  for (const FusedCase& c : cases) {
+    SCOPED_TRACE(ShapeName(c.shape) + " row_bytes=" + std::to_string(c.copy.row_bytes) +
+                 " pad=" + std::to_string(c.copy.stride_pad) +
+                 " fused_copy_min_batch=" + std::to_string(c.copy.min_batch));
+    ResolveHarness h(gpu, c.shape, seed++, c.copy);
+    RunResolveSchedule(h, c.shape);
+    if (::testing::Test::HasFatalFailure()) break;
+    invalid += h.copy_invalid();
+    misses += h.misses();
+  }
+  return {invalid, misses};
 }
 
 TEST(CudaResolveTest, MatchesReferenceOverManySteps) {
@@ -634,6 +866,86 @@ TEST(CudaResolveTest, LargestShapes) {
   RunResolveSchedule(*gpu, {4, 4096, 65536, 1, 6}, 3000);
   RunResolveSchedule(*gpu, {4, 3000, 3000, 2, 6}, 3001);
   RunResolveSchedule(*gpu, {4, 1500, 50000, 1, 6}, 3002);
+}
+
+// The fused miss copy against the reference: rows copied by their own CTA in launches of at least
+// fused_copy_min_batch rows (the schedule's batch sizes fall on both sides of it), by the IndexCopy
+// of the miss list otherwise; access widths 16 (656, 1152 B), 8 (stride pad 8), 4 and 1; sorted and
+// unsorted, LRU and segmented LRU, invalid copies (unmapped and cut-off pool pages) included.
+TEST(CudaResolveTest, FusedCopyMatchesReference) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const auto [invalid, misses] = RunFusedCases(*gpu,
+                                               {{{6, 2048, 4096, 1, 10}, {656, 0, 5}},
+                                                {{6, 2048, 2048, 1, 10}, {656, 8, 1}},
+                                                {{16, 600, 1200, 4, 10}, {20, 0, 15}},
+                                                {{24, 64, 4096, 1, 10}, {3, 2, 20}},
+                                                {{12, 600, 4096, 1, 10, 3276}, {1152, 0, 11}}},
+                                               6000);
+  EXPECT_GT(invalid, 10u);
+  EXPECT_GT(misses, 10000u);
+}
+
+// Small fused shapes, quick enough for racecheck (scripts/gpu-check.sh runs it there).
+TEST(CudaResolveTest, FusedCopySmallShapes) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const auto [invalid, misses] = RunFusedCases(*gpu,
+                                               {{{4, 7, 7, 1, 10}, {64, 0, 0}},
+                                                {{5, 64, 128, 2, 10}, {656, 0, 4}},
+                                                {{3, 300, 600, 1, 10, 300}, {48, 16, 2}}},
+                                               6100);
+  EXPECT_GT(misses, 100u);
+  (void)invalid;  // few pages: an unmapped one is not certain to be hit
+}
+
+#if defined(SPARSEKV_WITH_CUDA)
+// Resolve with a fused copy and the IndexCopy of its miss list, captured once into a CUDA graph
+// and replayed with new inputs at batch sizes above and below fused_copy_min_batch (8): each replay
+// matches the reference.
+TEST(CudaResolveTest, CapturedFusedCopyReplaysAtEveryBatchSize) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  using Mode = ResolveHarness::Mode;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const bool sort : {true, false}) {
+    SCOPED_TRACE(sort ? "sorted" : "unsorted");
+    const ResolveShape shape{12, 600, 1200, 1, 9};
+    ResolveHarness h(*gpu, shape, sort ? 7000 : 7001, {656, 0, 8});
+    h.ReplayCapturedOn(stream);
+    const ResolveHarness::Flags flags{sort, false, true};
+    const std::pair<Mode, int32_t> steps[] = {
+        {Mode::kMixed, 12}, {Mode::kMixed, 4},  {Mode::kFresh, 12},
+        {Mode::kMixed, 8},  {Mode::kRepeat, 7}, {Mode::kMixed, 10},
+        {Mode::kFresh, 3},  {Mode::kMixed, 0},  {Mode::kMixed, 12}};
+    for (const auto& [mode, batch_size] : steps) {
+      h.Step(mode, batch_size, flags);
+      if (HasFatalFailure()) break;
+    }
+    EXPECT_GT(h.misses(), 1000u);
+  }
+  cudaStreamDestroy(stream);
+}
+#endif
+
+TEST(CudaResolveTest, UnsupportedFusedCopyIsInvalidArgument) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  Buffer rows(*gpu, 64);
+  ResolveView view{};
+  view.top_k = 8;
+  view.topk_stride = 8;
+  view.hot_slots = 16;
+  view.window = 1;
+  view.page_tokens = 64;
+  view.copy_src = rows.get();
+  view.copy_dst = rows.get();
+  view.copy_src_stride = view.copy_dst_stride = 16;
+  for (const int32_t row_bytes : {0, kMaxFusedCopyRowBytes + 1}) {
+    view.copy_row_bytes = row_bytes;
+    const Status status = gpu->Resolve(view, 1, nullptr);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << row_bytes;
+  }
+  view.copy_row_bytes = 16;
+  view.copy_src_rows = -1;
+  EXPECT_EQ(gpu->Resolve(view, 1, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(CudaResolveTest, UnsupportedShapeIsInvalidArgument) {

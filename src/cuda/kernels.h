@@ -16,12 +16,14 @@ namespace sparsekv {
 // What every launcher returns for a shape no instantiation covers.
 inline constexpr cudaError_t kUnsupported = cudaErrorInvalidValue;
 
-// Unsupported: capacity < 0, row_bytes < 1, negative strides or row counts.
+// Unsupported: capacity < 0, row_bytes < 1, negative strides or row counts. view.strategy picks the
+// kernel (CopyStrategy); one that does not apply to the view runs kLattice.
 cudaError_t LaunchIndexCopy(const IndexCopyView& view, cudaStream_t stream);
 
 // Unsupported: top_k > kMaxResolveTopK, hot_slots outside [1, kMaxResolveHotSlots], window < 0,
-// topk_stride < top_k, page_tokens < 1, a residency table with resident_page_rows < 1, or a
-// shared-memory need above the device's limit.
+// topk_stride < top_k, page_tokens < 1, a residency table with resident_page_rows < 1, a fused
+// miss copy (copy_dst set) with copy_row_bytes outside [1, kMaxFusedCopyRowBytes] (kernel_views.h)
+// or a negative copy stride or row count, or a shared-memory need above the device's limit.
 inline constexpr int32_t kMaxResolveTopK = 4096;
 inline constexpr int32_t kMaxResolveHotSlots = 65536;
 static_assert(kMaxResolveHotSlots == kMaxHotSlots, "options.h states the kernels' limit");

@@ -58,6 +58,7 @@
 
 #include "cuda/kernels.h"
 #include "cuda/resolve_primitives.cuh"
+#include "cuda/row_gather.cuh"
 #include "cuda_common/smem_limit.h"
 
 namespace sparsekv {
@@ -292,15 +293,17 @@ __device__ __forceinline__ void AddCounters(ResolveCounters* n,
   }
 }
 
-// Step 5's global reads (the filled misses' host pages) and the miss list's atomicAdd, issued
-// before step 4 so that its barriers hide them. Returns thread 0's place in the list.
+// Step 5's global reads (the filled misses' host pages) and, when the row appends its misses, the
+// miss list's atomicAdd, issued before step 4 so that its barriers hide them. Returns thread 0's
+// place in the list.
 template <int kItems>
 __device__ __forceinline__ int32_t IssueMissReads(const ResolveView& v, int32_t page_table_row,
                                                   const int32_t (&pos)[kItems],
                                                   const int32_t (&miss_rank)[kItems],
-                                                  int32_t n_filled, int32_t (&page)[kItems]) {
+                                                  int32_t n_filled, bool append,
+                                                  int32_t (&page)[kItems]) {
   int32_t list_base = 0;  // thread 0's
-  if (threadIdx.x == 0) list_base = atomicAdd(v.miss_count, n_filled);
+  if (threadIdx.x == 0 && append) list_base = atomicAdd(v.miss_count, n_filled);
   const int32_t* page_row =
       v.page_table + static_cast<int64_t>(page_table_row) * v.pages_per_request;
 #pragma unroll
@@ -398,10 +401,33 @@ __device__ __forceinline__ void AppendMisses(const ResolveView& v, int32_t miss_
   }
 }
 
-// Step 5, sorted: the row's filled misses go to the list in host-row order. Keys are relative to
-// the row's smallest host row, over just the bits its range needs; the ranks past n_filled get
-// the largest such key and, the sort being stable and their ranks the highest, stay behind every
-// real miss.
+// Step 5, sorted: the row's filled misses in host-row order, striped (rank r = j * kThreads + tid
+// of the order in key[j], victim[j]). Keys are relative to the row's smallest host row, over just
+// the bits its range needs; the ranks past n_filled get the largest such key and, the sort being
+// stable and their ranks the highest, stay behind every real miss. Ends with the sort's storage
+// (which overlays host_row_by_rank) possibly still being read by other threads.
+template <int kItems>
+__device__ __forceinline__ void SortMisses(int32_t n_filled, int32_t lowest, int32_t highest,
+                                           const int32_t* host_row_by_rank, const int32_t* victims,
+                                           typename Sort<kItems>::TempStorage& storage,
+                                           uint32_t (&key)[kItems], int32_t (&victim)[kItems]) {
+  const int32_t tid = threadIdx.x;
+  const uint32_t span = static_cast<uint32_t>(highest) - static_cast<uint32_t>(lowest);
+  const int32_t bits = max(1, 32 - __clz(span));
+  const uint32_t filler = bits == 32 ? UINT32_MAX : (1u << bits) - 1;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int32_t r = tid * kItems + j;
+    const bool real = r < n_filled;
+    key[j] =
+        real ? static_cast<uint32_t>(host_row_by_rank[r]) - static_cast<uint32_t>(lowest) : filler;
+    victim[j] = real ? victims[r] : kNullSlot;
+  }
+  __syncthreads();  // host_row_by_rank is read; the sort may take the region
+  Sort<kItems>(storage).SortBlockedToStriped(key, victim, 0, bits);
+}
+
+// Step 5, sorted: the row's filled misses go to the list in host-row order.
 template <int kItems>
 __device__ __forceinline__ void AppendMissesSorted(const ResolveView& v, int32_t miss_list_base,
                                                    int32_t n_filled, const BlockSlots& block,
@@ -410,28 +436,104 @@ __device__ __forceinline__ void AppendMissesSorted(const ResolveView& v, int32_t
                                                    const int32_t* victims,
                                                    typename Sort<kItems>::TempStorage& storage) {
   const int32_t tid = threadIdx.x;
-  const uint32_t span = static_cast<uint32_t>(highest) - static_cast<uint32_t>(lowest);
-  const int32_t bits = max(1, 32 - __clz(span));
-  const uint32_t filler = bits == 32 ? UINT32_MAX : (1u << bits) - 1;
   uint32_t key[kItems];
-  int32_t slot[kItems];
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    const int32_t r = tid * kItems + j;
-    const bool real = r < n_filled;
-    key[j] =
-        real ? static_cast<uint32_t>(host_row_by_rank[r]) - static_cast<uint32_t>(lowest) : filler;
-    slot[j] = real ? block(victims[r]) : kNullSlot;
-  }
-  __syncthreads();  // host_row_by_rank is read; the sort may take the region
-  Sort<kItems>(storage).SortBlockedToStriped(key, slot, 0, bits);
+  int32_t victim[kItems];
+  SortMisses<kItems>(n_filled, lowest, highest, host_row_by_rank, victims, storage, key, victim);
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     const int32_t r = j * kThreads + tid;
     const int32_t at = miss_list_base + r;
     if (r >= n_filled || at >= v.miss_capacity) continue;
     v.miss_host_row[at] = static_cast<int32_t>(key[j] + static_cast<uint32_t>(lowest));
-    v.miss_slot[at] = slot[j];
+    v.miss_slot[at] = block(victim[j]);
+  }
+}
+
+// The fused copy's rows: rank i of the row's filled misses, host_row_by_rank[i] of the pool into
+// the block's slot victims[i] of the hot cache (both in shared memory); invalid outside the view's
+// row ranges.
+struct OwnMisses {
+  const ResolveView& v;
+  const int32_t* host_row_by_rank;
+  const int32_t* victims;
+  BlockSlots block;
+
+  using Entry = int2;  // (host row, slot)
+
+  __device__ __forceinline__ Entry Load(int64_t i) const {
+    return {host_row_by_rank[i], block(victims[i])};
+  }
+
+  template <typename V>
+  __device__ __forceinline__ bool Locate(int64_t, Entry e, const V*& src, V*& dst) const {
+    const int64_t s = e.x;
+    const int64_t d = e.y;
+    const bool valid = s >= 0 && s < v.copy_src_rows && d >= 0 && d < v.copy_dst_rows;
+    src = valid ? reinterpret_cast<const V*>(v.copy_src + s * v.copy_src_stride) : nullptr;
+    dst = valid ? reinterpret_cast<V*>(v.copy_dst + d * v.copy_dst_stride) : nullptr;
+    return valid;
+  }
+};
+
+// Chunks in flight per lane in the fused copy: with 4 x 16 B the copy fits the kernel's 64
+// registers, and 32 warps keep 64 KB in flight per row.
+constexpr int kFusedCopyLoads = 4;
+
+// Step 5, fused: the row's n_filled misses (rank i: host_row_by_rank[i], victims[i], written and
+// made visible by the caller's barrier) are copied by the CTA's warps, each taking batches of
+// whole rows (row_gather::WarpCopyRows), as many per batch as spread the rows over every warp.
+// Invalid copies are skipped and counted by one atomic per lane that found any.
+template <int kVecBytes>
+__device__ __forceinline__ void CopyOwnMisses(const ResolveView& v, int32_t n_filled,
+                                              const int32_t* host_row_by_rank,
+                                              const int32_t* victims, const BlockSlots& block) {
+  const OwnMisses rows{v, host_row_by_rank, victims, block};
+  const int32_t warp = threadIdx.x / 32;
+  const int32_t g = row_gather::WarpBatchRows(n_filled, kWarps);
+  const int32_t chunks = v.copy_row_bytes / kVecBytes;
+  int32_t invalid = 0;
+  for (int32_t first = warp * g; first < n_filled; first += kWarps * g) {
+    invalid += row_gather::WarpCopyRows<kVecBytes, kFusedCopyLoads>(
+        rows, first, min(g, n_filled - first), chunks);
+  }
+  if (invalid != 0 && v.copy_invalid != nullptr) {
+    atomicAdd(v.copy_invalid, static_cast<unsigned long long>(invalid));
+  }
+}
+
+// Step 5, fused: sorts the filled misses by host row when asked (back into host_row_by_rank and
+// victims, by their new rank), then copies them. Called after the barrier that completes
+// host_row_by_rank, victims and (sorting) the host-row range.
+template <int kItems>
+__device__ __forceinline__ void CopyMissesFused(const ResolveView& v, int32_t copy_vec,
+                                                int32_t n_filled, const BlockSlots& block,
+                                                bool sort_misses, int32_t lowest, int32_t highest,
+                                                int32_t* host_row_by_rank, int32_t* victims,
+                                                typename Sort<kItems>::TempStorage& storage) {
+  if (sort_misses) {
+    const int32_t tid = threadIdx.x;
+    uint32_t key[kItems];
+    int32_t victim[kItems];
+    SortMisses<kItems>(n_filled, lowest, highest, host_row_by_rank, victims, storage, key, victim);
+    __syncthreads();  // every thread is done with the sort's storage (and with victims)
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int32_t r = j * kThreads + tid;
+      if (r >= n_filled) continue;
+      host_row_by_rank[r] = static_cast<int32_t>(key[j] + static_cast<uint32_t>(lowest));
+      victims[r] = victim[j];
+    }
+    __syncthreads();  // the sorted list is complete
+  }
+  switch (copy_vec) {
+    case 16:
+      return CopyOwnMisses<16>(v, n_filled, host_row_by_rank, victims, block);
+    case 8:
+      return CopyOwnMisses<8>(v, n_filled, host_row_by_rank, victims, block);
+    case 4:
+      return CopyOwnMisses<4>(v, n_filled, host_row_by_rank, victims, block);
+    default:
+      return CopyOwnMisses<1>(v, n_filled, host_row_by_rank, victims, block);
   }
 }
 
@@ -452,13 +554,13 @@ __device__ __forceinline__ void ShareDuplicates(const Kind (&kind)[kItems],
 }
 
 // Step 5, first part: filled miss j takes victim miss_rank[j]: slot_token, (segmented) its place
-// in lru_order, the output; host_row[j] = its host row, also by rank with `sort_misses`, and the
-// thread's host-row range folded into row_min / row_max.
+// in lru_order, the output; host_row[j] = its host row, also by rank with `by_rank` (to sort or
+// copy them), and the thread's host-row range folded into row_min / row_max.
 template <int kItems>
 __device__ __forceinline__ void TakeVictims(
     const ResolveView& v, const int32_t (&pos)[kItems], const int32_t (&miss_rank)[kItems],
     const int32_t (&page)[kItems], int32_t n_filled, const int32_t* victims,
-    const int32_t& victims_at, int32_t c, const BlockSlots& block, bool segmented, bool sort_misses,
+    const int32_t& victims_at, int32_t c, const BlockSlots& block, bool segmented, bool by_rank,
     int32_t* slot_token, int32_t* lru, int32_t* out_row, int32_t* host_row_by_rank,
     int32_t (&out)[kItems], int32_t (&host_row)[kItems], int32_t& row_min, int32_t& row_max) {
   const int32_t tid = threadIdx.x;
@@ -473,7 +575,7 @@ __device__ __forceinline__ void TakeVictims(
     out[j] = block(victim);
     out_row[tid * kItems + j] = out[j];
     host_row[j] = page[j] * v.page_tokens + p % v.page_tokens;
-    if (sort_misses) {
+    if (by_rank) {
       host_row_by_rank[miss_rank[j]] = host_row[j];
       row_min = min(row_min, host_row[j]);
       row_max = max(row_max, host_row[j]);
@@ -542,9 +644,10 @@ __device__ __forceinline__ void ResolveResidentRow(const ResolveView& v, const B
   if (v.share_duplicates) ShareDuplicates(kind, first_of, out_row, fill_row);
 }
 
-template <int kItems>
+// kFused: the view has a fused miss copy (copy_dst set), whose access width is copy_vec bytes.
+template <int kItems, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1)
-    ResolveKernel(const ResolveView v, const SmemLayout layout) {
+    ResolveKernel(const ResolveView v, const SmemLayout layout, const int32_t copy_vec) {
   const int32_t b = blockIdx.x;
   const int32_t tid = threadIdx.x;
   const int32_t lane = tid % 32;
@@ -554,11 +657,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t batch_size = *v.batch_size;
   const BatchEntry e = v.batch[b];
   const bool sort_misses = v.sort_misses && batch_size >= v.sort_min_batch;
+  // This launch's rows copy their own misses instead of appending them (kernel_views.h).
+  const bool fused = kFused && batch_size >= v.fused_copy_min_batch;
 
   extern __shared__ int4 smem[];
   std::byte* const smem_bytes = reinterpret_cast<std::byte*>(smem);
   // Region, in turn: the hash (steps 1-3), the LRU copy past the first chunk (step 4), host rows
-  // by miss rank and the sort's storage (step 5).
+  // by miss rank and the sort's storage (step 5; fused, the sorted host rows again).
   const int32_t cells = 1 << layout.hash_bits;
   int32_t* const keys = reinterpret_cast<int32_t*>(smem_bytes);
   int32_t* const first_k = keys + cells;      // smallest k holding the cell's key (step 1)
@@ -660,7 +765,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Step 5's global reads and the miss list's atomicAdd, issued now and consumed after step 4.
   int32_t page[kItems];
   const int32_t list_base =
-      n_filled > 0 ? IssueMissReads(v, e.page_table_row, pos, miss_rank, n_filled, page) : 0;
+      n_filled > 0 ? IssueMissReads(v, e.page_table_row, pos, miss_rank, n_filled, !fused, page)
+                   : 0;
 
   // Step 4. Nothing changes when no slot is hit or filled.
   if (n_hit + n_filled > 0) {
@@ -684,8 +790,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     int32_t row_min = INT32_MAX;
     int32_t row_max = INT32_MIN;
     TakeVictims(v, pos, miss_rank, page, n_filled, victims, victims_at, c, block, segmented,
-                sort_misses, slot_token, lru, out_row, host_row_by_rank, out, host_row, row_min,
-                row_max);
+                sort_misses || fused, slot_token, lru, out_row, host_row_by_rank, out, host_row,
+                row_min, row_max);
     if (sort_misses) {
       row_min = __reduce_min_sync(0xffffffffu, row_min);
       row_max = __reduce_max_sync(0xffffffffu, row_max);
@@ -694,9 +800,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         atomicMax(&max_host_row, row_max);
       }
     }
-    __syncthreads();
+    __syncthreads();  // host_row_by_rank and the host-row range are complete
     const int32_t miss_list_base = miss_base;
-    if (!sort_misses) {
+    if (fused) {
+      CopyMissesFused<kItems>(v, copy_vec, n_filled, block, sort_misses, min_host_row, max_host_row,
+                              host_row_by_rank, victims, sort_storage);
+    } else if (!sort_misses) {
       AppendMisses(v, miss_list_base, n_filled, miss_rank, host_row, out);
     } else {
       AppendMissesSorted<kItems>(v, miss_list_base, n_filled, block, min_host_row, max_host_row,
@@ -707,18 +816,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (v.share_duplicates) ShareDuplicates(kind, first_of, out_row, fill_row);  // step 7
 }
 
-template <int kItems>
-cudaError_t Launch(const ResolveView& view, int32_t max_batch, cudaStream_t stream) {
+template <int kItems, bool kFused>
+cudaError_t LaunchKernel(const ResolveView& view, int32_t max_batch, int32_t copy_vec,
+                         cudaStream_t stream) {
   const SmemLayout layout = MakeLayout<kItems>(view.top_k, view.hot_slots);
   int32_t limit = 0;
   if (cudaError_t err = cuda_common::OptInMaxDynamicSmem(
-          reinterpret_cast<const void*>(ResolveKernel<kItems>), &limit);
+          reinterpret_cast<const void*>(ResolveKernel<kItems, kFused>), &limit);
       err != cudaSuccess) {
     return err;
   }
   if (layout.total() > limit) return kUnsupported;
-  ResolveKernel<kItems><<<max_batch, kThreads, layout.total(), stream>>>(view, layout);
+  ResolveKernel<kItems, kFused>
+      <<<max_batch, kThreads, layout.total(), stream>>>(view, layout, copy_vec);
   return cudaGetLastError();
+}
+
+template <int kItems>
+cudaError_t Launch(const ResolveView& view, int32_t max_batch, cudaStream_t stream) {
+  if (view.copy_dst == nullptr) return LaunchKernel<kItems, false>(view, max_batch, 0, stream);
+  const int copy_vec = row_gather::VectorBytes(view.copy_src, view.copy_dst, view.copy_row_bytes,
+                                               view.copy_src_stride, view.copy_dst_stride);
+  return LaunchKernel<kItems, true>(view, max_batch, copy_vec, stream);
 }
 
 }  // namespace
@@ -728,7 +847,11 @@ cudaError_t LaunchResolve(const ResolveView& view, int32_t max_batch, cudaStream
       view.hot_slots > kMaxResolveHotSlots || view.window < 0 || view.topk_stride < view.top_k ||
       view.page_tokens < 1 || max_batch < 0 ||
       (view.resident_table != nullptr && view.resident_page_rows < 1) ||
-      (view.block_pages != nullptr && (view.block_page_rows < 1 || view.pages_per_block < 1))) {
+      (view.block_pages != nullptr && (view.block_page_rows < 1 || view.pages_per_block < 1)) ||
+      (view.copy_dst != nullptr &&
+       (view.copy_row_bytes < 1 || view.copy_row_bytes > kMaxFusedCopyRowBytes ||
+        view.copy_src_stride < 0 || view.copy_dst_stride < 0 || view.copy_src_rows < 0 ||
+        view.copy_dst_rows < 0))) {
     return kUnsupported;
   }
   if (view.top_k == 0 || max_batch == 0) return cudaSuccess;

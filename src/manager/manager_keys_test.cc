@@ -117,7 +117,9 @@ TEST_F(ManagerKeysTest, KeysAndResidentRowsShareTheMemory) {
   ASSERT_TRUE(m_->Release(4).ok());
   model_->Remove(4);
   for (RequestId id : {1, 2, 3}) {
-    if (!m_->IsResident(id)) ASSERT_TRUE(m_->Promote(id, nullptr).ok());
+    if (!m_->IsResident(id)) {
+      ASSERT_TRUE(m_->Promote(id, nullptr).ok());
+    }
   }
   Step({1, 2, 3});
 }

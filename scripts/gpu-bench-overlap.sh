@@ -17,11 +17,16 @@
 #   mtpN        --mtp N: N query tokens per request and step, one resolve of all their top-k
 #   locality    no --miss-rate: the generator's locality parameters decide the misses
 #   blocksN     --copy-blocks N: the miss and prefetch copies on a grid of at most N blocks
+#   xlN         --cross-layer-overlap 0.N: adjacent layers' top-k share that share (0: none)
+#   clN         the same and --crosslayer-prefetch: each layer's top-k prefetched into the next
+#   smsN        --compute-sms N: sparsekv's attention and proxy GEMMs planned for N SMs
+#   fusedN      --fused-copy-min-batch N: steps of N requests or more copy misses in the resolve
+#   wide, warp, bulk  --copy-strategy lattice-wide / warp-rows / bulk
 # Each run measures its own full-hbm, so every overhead is a ratio within one run. Writes
 # overlap-<name>.json and overlap.txt to $OUT; scripts/overlap_summary.py turns the JSONs into the
 # table of docs/overlap.md and the summary keys.
 # Knobs: OVERLAP_HOST_POOL_GB [90], OVERLAP_STEPS [8], OVERLAP_WARMUP [2], OVERLAP_RUNS (names),
-# OVERLAP_MAX_BATCH [64],
+# OVERLAP_MAX_BATCH [64], OVERLAP_EXTRA (more flags for every run, e.g. "--batch 59"),
 # OVERLAP_BUILD [build-e2e] (a build directory with the tool, e.g. gpu-check.sh's build-gpu).
 set -u -o pipefail
 
@@ -34,6 +39,7 @@ STEPS=${OVERLAP_STEPS:-8}
 WARMUP=${OVERLAP_WARMUP:-2}
 RUNS=${OVERLAP_RUNS:-"base gather merge share4 share4-copies share4-gather"}
 MAX_BATCH=${OVERLAP_MAX_BATCH:-64}
+EXTRA=${OVERLAP_EXTRA:-}
 mkdir -p "$OUT"
 
 flags_of() {
@@ -47,6 +53,20 @@ flags_of() {
     locality-*) flags_of "${1#locality-}" | sed 's/--miss-rate 0.2//' ;;
     blocks*-*) local rest=${1#blocks}; echo "--copy-blocks ${rest%%-*} $(flags_of "${rest#*-}")" ;;
     blocks*) echo "--miss-rate 0.2 --copy-blocks ${1#blocks}" ;;
+    xl*-*) local rest=${1#xl}; echo "--cross-layer-overlap 0.${rest%%-*} $(flags_of "${rest#*-}")" ;;
+    xl*) echo "--miss-rate 0.2 --cross-layer-overlap 0.${1#xl}" ;;
+    cl*-*)
+      local rest=${1#cl}
+      echo "--cross-layer-overlap 0.${rest%%-*} --crosslayer-prefetch $(flags_of "${rest#*-}")"
+      ;;
+    cl*) echo "--miss-rate 0.2 --cross-layer-overlap 0.${1#cl} --crosslayer-prefetch" ;;
+    sms*-*) local rest=${1#sms}; echo "--compute-sms ${rest%%-*} $(flags_of "${rest#*-}")" ;;
+    sms*) echo "--miss-rate 0.2 --compute-sms ${1#sms}" ;;
+    fused*-*) local rest=${1#fused}; echo "--fused-copy-min-batch ${rest%%-*} $(flags_of "${rest#*-}")" ;;
+    fused*) echo "--miss-rate 0.2 --fused-copy-min-batch ${1#fused}" ;;
+    wide-*) echo "--copy-strategy lattice-wide $(flags_of "${1#wide-}")" ;;
+    warp-*) echo "--copy-strategy warp-rows $(flags_of "${1#warp-}")" ;;
+    bulk-*) echo "--copy-strategy bulk $(flags_of "${1#bulk-}")" ;;
     prefetch*) echo "--miss-rate 0.2 --prefetch ${1#prefetch}" ;;
     mtp*) echo "--miss-rate 0.2 --mtp ${1#mtp}" ;;
     gather | merge) echo "--miss-rate 0.2 --overlap $1" ;;
@@ -75,7 +95,7 @@ main() {
     # shellcheck disable=SC2046 # the flags are meant to split
     "$tool" bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024 \
       --contexts 32768 --variants full-hbm,sparsekv --max-batch "$MAX_BATCH" \
-      --steps "$STEPS" --warmup "$WARMUP" $(flags_of "$run") \
+      --steps "$STEPS" --warmup "$WARMUP" $(flags_of "$run") $EXTRA \
       --json "$OUT/overlap-$run.json" || failed=1
   done
   echo "=== done in ${SECONDS}s"

@@ -23,6 +23,7 @@
 #   GPU_CHECK_ONLY_BENCH=1        build (incrementally) and run the benchmarks only
 #   GPU_CHECK_SKIP_BUILD=1        reuse an existing build directory as it is
 #   GPU_CHECK_SKIP_TESTS=1        no ctest
+#   GPU_CHECK_TESTS               ctest -R regex: only the tests it matches (e.g. "Cuda")
 #   GPU_CHECK_SKIP_BENCH=1        no benchmarks
 #   GPU_CHECK_SKIP_SANITIZER=1    no compute-sanitizer
 #   GPU_CHECK_SKIP_PYTHON=1       no Python package build, tests and example
@@ -49,6 +50,7 @@ mkdir -p "$OUT"
 ONLY_BENCH=${GPU_CHECK_ONLY_BENCH:-0}
 SKIP_BUILD=${GPU_CHECK_SKIP_BUILD:-0}
 SKIP_TESTS=${GPU_CHECK_SKIP_TESTS:-$ONLY_BENCH}
+TESTS=${GPU_CHECK_TESTS:-}
 SKIP_BENCH=${GPU_CHECK_SKIP_BENCH:-0}
 SKIP_SANITIZER=${GPU_CHECK_SKIP_SANITIZER:-$ONLY_BENCH}
 MEMCHECK_FILTER=${GPU_CHECK_MEMCHECK_FILTER:-"-CudaResolveTest.MatchesReferenceOverManySteps:CudaResolveTest.FusedCopyMatchesReference:ManagerCudaTest.RandomOperationsMatchTheCpuBackend:ManagerCudaTest.ProductionShapesMatchTheCpuBackend"}
@@ -181,8 +183,10 @@ main() {
       echo "no redis-server here: ControlPlane* and ScaleOut* tests left out (they run in CI)"
       exclude=(-E "ControlPlane|ScaleOut")
     fi
+    local only=()
+    [[ -n $TESTS ]] && only=(-R "$TESTS")
     step "ctest" "$OUT/ctest.log" 300 \
-      ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 240 "${exclude[@]}"
+      ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 240 "${exclude[@]}" "${only[@]}"
     grep -E "tests passed|tests failed|Total Test time" "$OUT/ctest.log" | tail -n 3
   fi
 

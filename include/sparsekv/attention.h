@@ -112,6 +112,11 @@ class SparseMLAAttention {
                                   int64_t row_stride, const int32_t* indices, const uint8_t* fill,
                                   void* out, StreamHandle stream) = 0;
 
+  // The SMs cuBLAS plans this object's GEMMs for (cublasSetSmCountTarget), so that kernels
+  // running beside them (a miss copy on a side stream) keep the others; 0: all. Takes effect for
+  // later runs (and captures). InvalidArgument for sms < 0; Internal if cuBLAS refuses.
+  virtual Status SetSmCountTarget(int32_t sms) = 0;
+
   // Device bytes held for the work buffers (compact keys, scores, probabilities, cuBLAS).
   virtual int64_t workspace_bytes() const = 0;
   virtual const SparseMLAOptions& options() const = 0;

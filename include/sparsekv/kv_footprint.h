@@ -93,11 +93,12 @@ struct VariantPlan {
   RequestFootprint footprint;    // per request, at context + headroom positions
 };
 // `shape.tokens` is the context. `rates`: the miss rates swept where DependsOnMissRate (1 for the
-// others);
-// `batch` > 0 asks for that one batch size instead of the sweep.
+// others); `batch` > 0 asks for that one batch size instead of the sweep; `also` (if > 0 and
+// within the max batch) is swept too (another variant's max batch, so that both are measured at
+// it).
 VariantPlan PlanVariant(KVVariant variant, RequestShape shape, int64_t hbm_budget_bytes,
                         int64_t host_budget_bytes, int32_t cap, int32_t rates, int32_t steps,
-                        int32_t check_steps, int32_t batch);
+                        int32_t check_steps, int32_t batch, int32_t also = 0);
 
 // sparsekv with a hot cache sized by the budget (CacheOptions::device_budget_bytes with
 // hot_slots = 0, as hybrid residency runs it, the manager keeping the indexer keys in pages of
@@ -121,7 +122,7 @@ BudgetedHotCache PlanBudgetedHotCache(const RequestShape& shape, int64_t hbm_bud
 VariantPlan PlanBudgetedVariant(RequestShape shape, int64_t hbm_budget_bytes,
                                 int64_t host_budget_bytes, int32_t cap, int32_t rates,
                                 int32_t steps, int32_t check_steps, int32_t batch,
-                                BudgetedHotCache* budgeted);
+                                BudgetedHotCache* budgeted, int32_t also = 0);
 
 // Bytes a step moves besides what attention and the proxy move:
 //   pcie: rows crossing PCIe (host -> HBM fetches, HBM -> host write-back of the new token);

@@ -40,6 +40,9 @@ class WeightStreamProxy {
   // Thread safety: runs share the output buffer; runs on different streams must not overlap.
   virtual Status Run(int32_t batch, int32_t layer, StreamHandle stream) = 0;
 
+  // As SparseMLAAttention::SetSmCountTarget: the SMs cuBLAS plans the GEMM for; 0: all.
+  virtual Status SetSmCountTarget(int32_t sms) = 0;
+
   // Weight bytes one Run streams: out_features() * in_features() * 2.
   virtual int64_t bytes_per_layer() const = 0;
   // Device bytes held: all weight buffers plus input and output.

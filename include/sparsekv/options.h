@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "sparsekv/kernel_views.h"
 #include "sparsekv/status.h"
 
 namespace sparsekv {
@@ -156,6 +157,16 @@ struct CacheOptions {
   // per request) and cost larger page tables. With hybrid_residency or indexer keys: in
   // [1, hot_slots + window].
   int32_t resident_page_rows = 64;
+
+  // In steps of at least this many requests, each request's resolve copies its own misses (the
+  // CTA that resolved the row, right after taking the victims), so that early rows' copies overlap
+  // later rows' resolves and CopyMisses has nothing left to do; below it the resolve emits the
+  // miss list and CopyMisses copies it on the whole grid. 0: never. Only for layers_per_index = 1
+  // (a group's other layers need the list) and steps without an extension (the remote tier reads
+  // the list). CUDA only.
+  int32_t fused_copy_min_batch = 0;
+  // How CopyMisses and PrefetchLayer move their rows (IndexCopyView::strategy). CUDA only.
+  CopyStrategy copy_strategy = CopyStrategy::kLattice;
 
   int32_t effective_max_batch() const { return max_batch > 0 ? max_batch : max_requests; }
   int32_t effective_max_host_requests() const {

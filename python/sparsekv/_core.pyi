@@ -55,6 +55,21 @@ class EvictionPolicy:
     @property
     def value(self) -> int: ...
 
+class CopyStrategy:
+    # A pybind11 enum: its values are instances, and convert to int.
+    LATTICE: ClassVar[CopyStrategy]
+    LATTICE_WIDE: ClassVar[CopyStrategy]
+    WARP_ROWS: ClassVar[CopyStrategy]
+    BULK: ClassVar[CopyStrategy]
+    __members__: ClassVar[Dict[str, CopyStrategy]]
+    def __init__(self, value: int) -> None: ...
+    def __int__(self) -> int: ...
+    def __index__(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
+
 class CacheOptions:
     geometry: KVGeometry
     top_k: int
@@ -78,6 +93,8 @@ class CacheOptions:
     device_budget_bytes: int
     resident_page_rows: int
     indexer_key_bytes: int
+    fused_copy_min_batch: int
+    copy_strategy: CopyStrategy
     def __init__(
         self,
         *,
@@ -103,6 +120,8 @@ class CacheOptions:
         device_budget_bytes: int = 0,
         resident_page_rows: int = 64,
         indexer_key_bytes: int = 0,
+        fused_copy_min_batch: int = 0,
+        copy_strategy: CopyStrategy = CopyStrategy.LATTICE,
     ) -> None: ...
     @property
     def protected_capacity(self) -> int: ...

@@ -54,6 +54,12 @@ void RegisterCacheOptions(py::module_& m) {
       .value("LRU", EvictionPolicy::kLru, "Least recently used slot first.")
       .value("SEGMENTED_LRU", EvictionPolicy::kSegmentedLru,
              "Segmented LRU: slots hit again are protected; new fills are evicted first.");
+  py::enum_<CopyStrategy>(m, "CopyStrategy",
+                          "How the CUDA miss copy moves its rows (performance only).")
+      .value("LATTICE", CopyStrategy::kLattice, "Fixed (row, chunk) lanes, 4 rows in flight.")
+      .value("LATTICE_WIDE", CopyStrategy::kLatticeWide, "The lattice with 8 rows in flight.")
+      .value("WARP_ROWS", CopyStrategy::kWarpRows, "Each warp copies batches of whole rows.")
+      .value("BULK", CopyStrategy::kBulk, "Hopper's bulk copies through shared memory.");
 
   const CacheOptions defaults;
   py::class_<CacheOptions>(m, "CacheOptions",
@@ -66,7 +72,8 @@ void RegisterCacheOptions(py::module_& m) {
                        EvictionPolicy eviction, int32_t protected_percent, int32_t layers_per_index,
                        bool share_repeated_positions, int32_t max_prefetch, int32_t copy_blocks,
                        bool hybrid_residency, int64_t device_budget_bytes,
-                       int32_t resident_page_rows, int32_t indexer_key_bytes) {
+                       int32_t resident_page_rows, int32_t indexer_key_bytes,
+                       int32_t fused_copy_min_batch, CopyStrategy copy_strategy) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -90,6 +97,8 @@ void RegisterCacheOptions(py::module_& m) {
              o.device_budget_bytes = device_budget_bytes;
              o.resident_page_rows = resident_page_rows;
              o.indexer_key_bytes = indexer_key_bytes;
+             o.fused_copy_min_batch = fused_copy_min_batch;
+             o.copy_strategy = copy_strategy;
              return o;
            }),
            py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
@@ -110,6 +119,8 @@ void RegisterCacheOptions(py::module_& m) {
            py::arg("device_budget_bytes") = defaults.device_budget_bytes,
            py::arg("resident_page_rows") = defaults.resident_page_rows,
            py::arg("indexer_key_bytes") = defaults.indexer_key_bytes,
+           py::arg("fused_copy_min_batch") = defaults.fused_copy_min_batch,
+           py::arg("copy_strategy") = defaults.copy_strategy,
            "Keyword arguments only; geometry, host_capacity_tokens, max_requests and max_context "
            "are required. Checked when a manager is created (or by validate()).")
       .def_readwrite("geometry", &CacheOptions::geometry, "The KV rows of every layer.")
@@ -161,6 +172,11 @@ void RegisterCacheOptions(py::module_& m) {
       .def_readwrite("indexer_key_bytes", &CacheOptions::indexer_key_bytes,
                      "Indexer key bytes per position and layer that the manager keeps in its "
                      "device memory (0: the engine keeps its own).")
+      .def_readwrite("fused_copy_min_batch", &CacheOptions::fused_copy_min_batch,
+                     "Steps of at least this many requests copy each row's misses in its "
+                     "resolve (0: never).")
+      .def_readwrite("copy_strategy", &CacheOptions::copy_strategy,
+                     "How the CUDA miss copy moves its rows (CopyStrategy).")
       .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity,
                              "SEGMENTED_LRU: the protected part's capacity in slots.")
       .def_property_readonly("effective_max_batch", &CacheOptions::effective_max_batch,

@@ -74,6 +74,13 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
     return Status::Ok();
   }
 
+  Status SetSmCountTarget(int32_t sms) override {
+    if (sms < 0) return InvalidArgument("SetSmCountTarget: sms must be >= 0");
+    DeviceGuard guard(device_);
+    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasSetSmCountTarget(cublas_, sms));
+    return Status::Ok();
+  }
+
   Status Run(int32_t batch, int32_t layer, StreamHandle stream_handle) override {
     if (batch < 0 || batch > max_batch_ || layer < 0) {
       return InvalidArgument("WeightStreamProxy::Run: batch " + std::to_string(batch) +

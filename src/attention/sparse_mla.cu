@@ -70,6 +70,13 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     return Status::Ok();
   }
 
+  Status SetSmCountTarget(int32_t sms) override {
+    if (sms < 0) return InvalidArgument("SetSmCountTarget: sms must be >= 0");
+    DeviceGuard guard(device_);
+    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasSetSmCountTarget(cublas_, sms));
+    return Status::Ok();
+  }
+
   Status Run(int32_t batch, const void* q, const std::byte* kv_rows, int64_t row_stride,
              const int32_t* indices, void* out, StreamHandle stream) override {
     return RunPart(mla_cuda::FillPart::kAll, batch, q, kv_rows, row_stride, indices, nullptr, out,

@@ -225,10 +225,12 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   int32_t FirstUncopied(int32_t group) const;
   // "layer 3 (index group 1)": how the run-phase errors name a layer.
   std::string DescribeLayer(int32_t layer) const;
-  // Resolves [max_batch, top_k] positions against `layer`'s replacement state into `list`.
+  // Resolves [max_batch, top_k] positions against `layer`'s replacement state into `list`; with
+  // `own_copy` (a step's resolve) the rows may copy their own misses instead
+  // (CacheOptions::fused_copy_min_batch).
   Status Resolve(int32_t layer, const int32_t* topk, int32_t top_k, int32_t topk_stride,
                  int32_t* slots, uint8_t* fill_mask, const MissList& list,
-                 ResolveCounters* counters, StreamHandle stream);
+                 ResolveCounters* counters, bool own_copy, StreamHandle stream);
   // Copies `list` (of `capacity` entries) from the host pool into `layer`'s rows, between the
   // extension's BeforeCopy and AfterCopy in an active step.
   Status Copy(int32_t layer, const MissList& list, int32_t capacity, StreamHandle stream);

@@ -256,7 +256,8 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
                               " has no CopyMisses in this step yet");
   }
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask,
-                                   StepMissList(layer), counters_ + layer, stream));
+                                   StepMissList(layer), counters_ + layer, /*own_copy=*/true,
+                                   stream));
   groups_resolved_ = group + 1;
   if (!extension_active_) return Status::Ok();
   return extension_->AfterResolve(layer, slots, stream);
@@ -265,7 +266,7 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
 Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, int32_t top_k,
                                            int32_t topk_stride, int32_t* slots, uint8_t* fill_mask,
                                            const MissList& list, ResolveCounters* counters,
-                                           StreamHandle stream) {
+                                           bool own_copy, StreamHandle stream) {
   const int32_t max_batch = options_.effective_max_batch();
   const PlanLayout layout(options_);
   ResolveView resolve{};
@@ -301,6 +302,20 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.block_pages = hot_->block_pages();
   resolve.pages_per_block = hot_->pages_per_block();
   resolve.block_page_rows = hot_->page_rows();
+  // A step's resolve may copy its own misses; the list then stays empty.
+  if (own_copy && options_.fused_copy_min_batch > 0 && options_.layers_per_index == 1 &&
+      !extension_active_) {
+    const IndexCopyView copy = PoolToHotCopy(layer, list, max_batch * top_k);
+    resolve.copy_src = copy.src;
+    resolve.copy_dst = copy.dst;
+    resolve.copy_row_bytes = copy.row_bytes;
+    resolve.copy_src_stride = copy.src_stride;
+    resolve.copy_dst_stride = copy.dst_stride;
+    resolve.copy_src_rows = copy.src_rows;
+    resolve.copy_dst_rows = copy.dst_rows;
+    resolve.copy_invalid = invalid_copies_;
+    resolve.fused_copy_min_batch = options_.fused_copy_min_batch;
+  }
   return backend_->Resolve(resolve, max_batch, stream);
 }
 
@@ -330,6 +345,7 @@ Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int
   }
   IndexCopyView copy = PoolToHotCopy(layer, list, capacity);
   copy.max_blocks = options_.copy_blocks;
+  copy.strategy = options_.copy_strategy;
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
   if (!extension_active_) return Status::Ok();
   return extension_->AfterCopy(layer, stream);
@@ -410,7 +426,8 @@ Status SparseKVCacheManager::Impl::PrefetchLayer(int32_t layer, const int32_t* p
   SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(prefetch_list_.count, 0, sizeof(int32_t), stream));
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, prefetch_slots_, nullptr,
                                    prefetch_list_,
-                                   counters_ + options_.geometry.num_layers() + layer, stream));
+                                   counters_ + options_.geometry.num_layers() + layer,
+                                   /*own_copy=*/false, stream));
   const int32_t capacity = options_.effective_max_batch() * count;
   const int32_t last = std::min(layer + options_.layers_per_index, options_.geometry.num_layers());
   for (int32_t l = layer; l < last; ++l) {

@@ -59,6 +59,10 @@ Status ValidateOptions(const CacheOptions& o) {
     return Field("sort_misses_min_batch (" + std::to_string(o.sort_misses_min_batch) +
                  ") must be >= 0");
   }
+  if (o.fused_copy_min_batch < 0) return Field("fused_copy_min_batch must be >= 0");
+  if (o.copy_strategy < CopyStrategy::kLattice || o.copy_strategy > CopyStrategy::kBulk) {
+    return Field("copy_strategy is not a known CopyStrategy");
+  }
   if (o.copy_blocks < 0) {
     return Field("copy_blocks (" + std::to_string(o.copy_blocks) + ") must be >= 0");
   }

@@ -94,16 +94,30 @@ std::vector<int32_t> SweepBatches(int32_t max_batch) {
   return out;
 }
 
+namespace {
+
+// The sweep up to max_batch, with `also` in it if it is within.
+std::vector<int32_t> SweepWith(int32_t max_batch, int32_t also) {
+  std::vector<int32_t> batches = SweepBatches(max_batch);
+  if (also > 0 && also <= max_batch &&
+      std::find(batches.begin(), batches.end(), also) == batches.end()) {
+    batches.insert(std::upper_bound(batches.begin(), batches.end(), also), also);
+  }
+  return batches;
+}
+
+}  // namespace
+
 VariantPlan PlanVariant(KVVariant variant, RequestShape shape, int64_t hbm_budget_bytes,
                         int64_t host_budget_bytes, int32_t cap, int32_t rates, int32_t steps,
-                        int32_t check_steps, int32_t batch) {
+                        int32_t check_steps, int32_t batch, int32_t also) {
   const int64_t context = shape.tokens;
   const int32_t points_per_batch = DependsOnMissRate(variant) ? std::max(rates, 1) : 1;
   // The headroom depends on the number of points, which depends on the batch the budget admits:
   // bound the points with the batch admitted without headroom (more headroom only lowers it).
   const int32_t upper = MaxBatch(variant, shape, hbm_budget_bytes, host_budget_bytes, cap);
   const int64_t points =
-      batch > 0 ? points_per_batch : int64_t{points_per_batch} * SweepBatches(upper).size();
+      batch > 0 ? points_per_batch : int64_t{points_per_batch} * SweepWith(upper, also).size();
   VariantPlan plan;
   plan.headroom = check_steps + points * steps;
   shape.tokens = context + plan.headroom;
@@ -112,7 +126,7 @@ VariantPlan PlanVariant(KVVariant variant, RequestShape shape, int64_t hbm_budge
   if (batch > 0) {
     if (batch <= plan.max_batch) plan.batches = {batch};
   } else {
-    plan.batches = SweepBatches(plan.max_batch);
+    plan.batches = SweepWith(plan.max_batch, also);
   }
   return plan;
 }
@@ -155,13 +169,13 @@ BudgetedHotCache PlanBudgetedHotCache(const RequestShape& shape, int64_t hbm_bud
 VariantPlan PlanBudgetedVariant(RequestShape shape, int64_t hbm_budget_bytes,
                                 int64_t host_budget_bytes, int32_t cap, int32_t rates,
                                 int32_t steps, int32_t check_steps, int32_t batch,
-                                BudgetedHotCache* budgeted) {
+                                BudgetedHotCache* budgeted, int32_t also) {
   const int64_t context = shape.tokens;
   // As PlanVariant: the headroom from the points the batch admitted without it allows.
   const int32_t upper =
       PlanBudgetedHotCache(shape, hbm_budget_bytes, host_budget_bytes, cap).max_batch;
   const int64_t points = int64_t{std::max(rates, 1)} *
-                         (batch > 0 ? 1 : static_cast<int64_t>(SweepBatches(upper).size()));
+                         (batch > 0 ? 1 : static_cast<int64_t>(SweepWith(upper, also).size()));
   VariantPlan plan;
   plan.headroom = check_steps + points * steps;
   shape.tokens = context + plan.headroom;
@@ -174,7 +188,7 @@ VariantPlan PlanBudgetedVariant(RequestShape shape, int64_t hbm_budget_bytes,
   if (batch > 0) {
     if (batch <= plan.max_batch) plan.batches = {batch};
   } else {
-    plan.batches = SweepBatches(plan.max_batch);
+    plan.batches = SweepWith(plan.max_batch, also);
   }
   if (budgeted != nullptr) *budgeted = b;
   return plan;

@@ -60,6 +60,9 @@ CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch) {
   o.max_prefetch = std::min(o.hot_slots, prefetch + static_cast<int32_t>(rng() % 3));
   // Half the seeds copy with a grid of 1-4 blocks, so that a thread walks many rows.
   o.copy_blocks = rng() % 2 == 0 ? 0 : 1 + static_cast<int32_t>(rng() % 4);
+  // A third of the seeds copy misses in the resolve from batch 1-3 on; every copy strategy.
+  o.fused_copy_min_batch = rng() % 3 == 0 ? 1 + static_cast<int32_t>(rng() % 3) : 0;
+  o.copy_strategy = static_cast<CopyStrategy>(rng() % 4);
   return o;
 }
 
@@ -96,6 +99,7 @@ CacheOptions RandomHybridOptions(uint64_t seed) {
                              ((o.max_context + keys_per_page - 1) / keys_per_page) * page_bytes;
   }
   if (rng() % 2 == 0) o.hot_slots = 0;
+  o.fused_copy_min_batch = rng() % 3 == 0 ? 1 + static_cast<int32_t>(rng() % 3) : 0;
   return o;
 }
 

@@ -78,6 +78,15 @@ struct BenchConfig {
   // sparsekv: largest grid of the miss and prefetch copies (CacheOptions::copy_blocks; 0: fill the
   // GPU).
   int32_t copy_blocks = CacheOptions{}.copy_blocks;
+  // sparsekv: steps of at least this many requests copy each row's misses inside its resolve
+  // (CacheOptions::fused_copy_min_batch; 0: never), and how the other copies move their rows
+  // (CacheOptions::copy_strategy: lattice, lattice-wide, warp-rows, bulk).
+  int32_t fused_copy_min_batch = CacheOptions{}.fused_copy_min_batch;
+  std::string copy_strategy = "lattice";
+  // sparsekv: the SMs cuBLAS plans the attention's and the proxy's GEMMs for
+  // (SetSmCountTarget), leaving the rest to the copies that run beside them; 0: all. full-hbm
+  // always runs on all of them.
+  int32_t compute_sms = 0;
   // sparsekv: hybrid residency with a hot cache sized by the HBM budget (CacheOptions::
   // hybrid_residency, device_budget_bytes with hot_slots = 0): the batch the host pool allows,
   // the slots chosen by the library (--hot-slots is then unused), requests resident while

@@ -172,6 +172,20 @@ void BenchCommand::AddGpuOptions() {
                    "threads (0: as many as the GPU holds)")
       ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
+  app_->add_option("--fused-copy-min-batch", config_.fused_copy_min_batch,
+                   "GPU: in steps of at least this many requests, sparsekv copies each request's "
+                   "misses inside its resolve (0: never)")
+      ->check(AtLeast<int64_t>(0))
+      ->capture_default_str();
+  app_->add_option("--copy-strategy", config_.copy_strategy,
+                   "GPU: how sparsekv's miss copies move their rows")
+      ->check(CLI::IsMember({"lattice", "lattice-wide", "warp-rows", "bulk"}))
+      ->capture_default_str();
+  app_->add_option("--compute-sms", config_.compute_sms,
+                   "GPU: sparsekv's attention and proxy GEMMs are planned for this many SMs, the "
+                   "rest left to copies beside them (0: all; full-hbm always uses all)")
+      ->check(AtLeast<int64_t>(0))
+      ->capture_default_str();
   app_->add_flag("--hybrid", config_.hybrid,
                  "GPU: sparsekv keeps requests resident in HBM while they fit and sizes its hot "
                  "cache by the HBM budget at the batch the host pool allows (the library chooses "

@@ -343,15 +343,24 @@ Status E2ERun::Plan(const ModelPreset& preset) {
     shape.tokens = context;
     bool full = false;
     cp.check_batch = kCheckBatch;
+    // sparsekv is also measured at full-hbm's largest batch, so that the two compare at every
+    // batch full-hbm holds.
+    int32_t full_max = 0;
+    if (std::find(c_.variants.begin(), c_.variants.end(), "full-hbm") != c_.variants.end()) {
+      full_max = PlanVariant(KVVariant::kFullHbm, shape, hbm, host,
+                             BatchCap(c_, KVVariant::kFullHbm), rates, c_.steps, kCheckSteps, batch)
+                     .max_batch;
+    }
     for (const std::string& name : c_.variants) {
       SPARSEKV_ASSIGN_OR_RETURN(const KVVariant kind, ParseVariant(name));
       const bool budgeted = c_.hybrid && kind == KVVariant::kSparseKV;
+      const int32_t also = kind == KVVariant::kSparseKV ? full_max : 0;
       BudgetedHotCache hot;
       const VariantPlan vp = budgeted
                                  ? PlanBudgetedVariant(shape, hbm, host, BatchCap(c_, kind), rates,
-                                                       c_.steps, kCheckSteps, batch, &hot)
+                                                       c_.steps, kCheckSteps, batch, &hot, also)
                                  : PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates,
-                                               c_.steps, kCheckSteps, batch);
+                                               c_.steps, kCheckSteps, batch, also);
       if (budgeted) {
         cp.budgeted = hot;
         char note[200];
@@ -461,6 +470,11 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.sort_misses = c_.sort_misses;
   setup.sort_misses_min_batch = c_.sort_misses_min_batch;
   setup.copy_blocks = c_.copy_blocks;
+  setup.fused_copy_min_batch = c_.fused_copy_min_batch;
+  setup.copy_strategy = c_.copy_strategy == "lattice-wide" ? CopyStrategy::kLatticeWide
+                        : c_.copy_strategy == "warp-rows"  ? CopyStrategy::kWarpRows
+                        : c_.copy_strategy == "bulk"       ? CopyStrategy::kBulk
+                                                           : CopyStrategy::kLattice;
   setup.prefetch = c_.prefetch;
   setup.crosslayer_prefetch = c_.crosslayer_prefetch;
   setup.queries = c_.mtp;
@@ -470,6 +484,10 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
     setup.device_budget_bytes = plan.budgeted.hot_cache_bytes;
     setup.shape.hot_slots = plan.budgeted.hot_slots;  // what the manager chooses, for Traffic()
   }
+  // Only sparsekv has copies to leave SMs to.
+  const int32_t sms = kind == KVVariant::kSparseKV ? c_.compute_sms : 0;
+  SPARSEKV_RETURN_IF_ERROR(shared_.attention->SetSmCountTarget(sms));
+  if (shared_.proxy) SPARSEKV_RETURN_IF_ERROR(shared_.proxy->SetSmCountTarget(sms));
   Log(label + ": filling " + std::to_string(vp.max_batch) + " requests");
   SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<StepVariant> v,
                             CreateVariant(kind, setup, arena_, stream_));

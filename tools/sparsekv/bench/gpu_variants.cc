@@ -117,6 +117,8 @@ class SparseKVVariant final : public StepVariant {
     o.sort_misses = s_.sort_misses;
     o.sort_misses_min_batch = s_.sort_misses_min_batch;
     o.copy_blocks = s_.copy_blocks;
+    o.fused_copy_min_batch = s_.fused_copy_min_batch;
+    o.copy_strategy = s_.copy_strategy;
     // A cross-layer prefetch passes a whole top-k row per request.
     o.max_prefetch = s_.crosslayer_prefetch ? std::max(s_.prefetch, r.top_k) : s_.prefetch;
     o.share_repeated_positions = s_.queries > 1;

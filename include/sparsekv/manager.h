@@ -341,6 +341,17 @@ class SparseKVCacheManager {
   // rows in the step (a victim may be a row the step used), and the group's next resolve is
   // ordered after this call's copies.
   Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count, StreamHandle stream);
+  // The parts of PrefetchLayer, for engines that copy on another stream than they resolve on:
+  // ResolvePrefetch decides (on `stream`) which of `positions` become resident and where, as
+  // PrefetchLayer does, with the same checks; CopyPrefetch copies those rows into every layer of
+  // the group on its own stream. One prefetch is pending at a time: ResolvePrefetch refuses
+  // (FailedPrecondition) while an earlier one has no CopyPrefetch, CopyPrefetch without one
+  // pending. REQUIRES (not checked: stream ordering): the copy's stream is ordered after the
+  // resolve, and the group's later reads of those rows (its attention) and its later miss copies
+  // (CopyMisses: a victim may be a prefetched slot) are ordered after the copy.
+  Status ResolvePrefetch(int32_t layer, const int32_t* positions, int32_t count,
+                         StreamHandle stream);
+  Status CopyPrefetch(int32_t layer, StreamHandle stream);
   // Ends the step: joins the write-back side stream into `stream`. FailedPrecondition (the step
   // stays open) outside a step, or unless every layer was appended, every index group resolved and
   // every layer copied in it.

@@ -150,6 +150,11 @@ struct CacheOptions {
   // Copies on the critical path gain nothing from it below batch 64 (0.1-0.35 ms per step
   // slower), hence the default (bench/results/overlap-copy-blocks, docs/overlap.md). CUDA only.
   int32_t copy_blocks = 0;
+  // The same bound for the prefetch copies alone (PrefetchLayer, CopyPrefetch), which run ahead
+  // of their turn beside other work while the miss copies wait on the critical path: e.g. the
+  // whole GPU for the miss copies (copy_blocks = 0) and 16 blocks for a cross-layer prefetch.
+  // 0: copy_blocks. CUDA only.
+  int32_t prefetch_copy_blocks = 0;
   // Rows per page of the device memory with hybrid residency or indexer keys (HotCache): a
   // resident request takes ceil(reserved / resident_page_rows) pages, a hot-cache block
   // ceil((hot_slots + window) / resident_page_rows), a request's indexer keys

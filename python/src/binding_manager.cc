@@ -240,13 +240,26 @@ class PyManager {
   }
 
   void PrefetchLayer(int32_t layer, const py::object& positions, const py::object& stream) {
+    const TensorArg t = Positions(positions);
+    Check(manager_->PrefetchLayer(layer, static_cast<const int32_t*>(t.data),
+                                  static_cast<int32_t>(t.shape[1]), Stream(stream)));
+  }
+  void ResolvePrefetch(int32_t layer, const py::object& positions, const py::object& stream) {
+    const TensorArg t = Positions(positions);
+    Check(manager_->ResolvePrefetch(layer, static_cast<const int32_t*>(t.data),
+                                    static_cast<int32_t>(t.shape[1]), Stream(stream)));
+  }
+  void CopyPrefetch(int32_t layer, const py::object& stream) {
+    Check(manager_->CopyPrefetch(layer, Stream(stream)));
+  }
+  // positions: int32 [>= batch, count].
+  TensorArg Positions(const py::object& positions) const {
     TensorRules pr{"positions"};
     pr.int32 = true;
     pr.min_rows = manager_->batch_size();
     const TensorArg t = CheckTensor(positions, pr, backend_);
     if (t.shape.size() != 2) throw py::value_error("positions: must be [batch, count]");
-    Check(manager_->PrefetchLayer(layer, static_cast<const int32_t*>(t.data),
-                                  static_cast<int32_t>(t.shape[1]), Stream(stream)));
+    return t;
   }
 
   void FinishStep(const py::object& stream) { Check(manager_->FinishStep(Stream(stream))); }
@@ -501,6 +514,12 @@ void RegisterManager(py::module_& m) {
            no_stream,
            "Brings positions (int32 [>= batch, count], -1 = padding, count <= max_prefetch) into "
            "the hot cache of `layer`'s index group for a later step.")
+      .def("resolve_prefetch", &PyManager::ResolvePrefetch, py::arg("layer"), py::arg("positions"),
+           no_stream,
+           "The first part of prefetch_layer: decides where the positions go (on `stream`).")
+      .def("copy_prefetch", &PyManager::CopyPrefetch, py::arg("layer"), no_stream,
+           "The second part: copies the rows resolve_prefetch chose (on its own stream, ordered "
+           "after the resolve; the group's reads and miss copies after it).")
       .def("finish_step", &PyManager::FinishStep, no_stream,
            "Ends the step: joins the write-back side stream into `stream`.")
       .def("finish_replayed_step", &PyManager::FinishReplayedStep,

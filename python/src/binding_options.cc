@@ -73,7 +73,8 @@ void RegisterCacheOptions(py::module_& m) {
                        bool share_repeated_positions, int32_t max_prefetch, int32_t copy_blocks,
                        bool hybrid_residency, int64_t device_budget_bytes,
                        int32_t resident_page_rows, int32_t indexer_key_bytes,
-                       int32_t fused_copy_min_batch, CopyStrategy copy_strategy) {
+                       int32_t fused_copy_min_batch, CopyStrategy copy_strategy,
+                       int32_t prefetch_copy_blocks) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -99,6 +100,7 @@ void RegisterCacheOptions(py::module_& m) {
              o.indexer_key_bytes = indexer_key_bytes;
              o.fused_copy_min_batch = fused_copy_min_batch;
              o.copy_strategy = copy_strategy;
+             o.prefetch_copy_blocks = prefetch_copy_blocks;
              return o;
            }),
            py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
@@ -121,6 +123,7 @@ void RegisterCacheOptions(py::module_& m) {
            py::arg("indexer_key_bytes") = defaults.indexer_key_bytes,
            py::arg("fused_copy_min_batch") = defaults.fused_copy_min_batch,
            py::arg("copy_strategy") = defaults.copy_strategy,
+           py::arg("prefetch_copy_blocks") = defaults.prefetch_copy_blocks,
            "Keyword arguments only; geometry, host_capacity_tokens, max_requests and max_context "
            "are required. Checked when a manager is created (or by validate()).")
       .def_readwrite("geometry", &CacheOptions::geometry, "The KV rows of every layer.")
@@ -175,6 +178,8 @@ void RegisterCacheOptions(py::module_& m) {
       .def_readwrite("fused_copy_min_batch", &CacheOptions::fused_copy_min_batch,
                      "Steps of at least this many requests copy each row's misses in its "
                      "resolve (0: never).")
+      .def_readwrite("prefetch_copy_blocks", &CacheOptions::prefetch_copy_blocks,
+                     "The same bound for the prefetch copies alone (0: copy_blocks).")
       .def_readwrite("copy_strategy", &CacheOptions::copy_strategy,
                      "How the CUDA miss copy moves its rows (CopyStrategy).")
       .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity,

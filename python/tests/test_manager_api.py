@@ -96,7 +96,8 @@ class Driver:
              split: bool = False, prefetch: Optional[np.ndarray] = None) -> None:
         """One decode step over `batch`, every layer checked. split: resolve_layer +
         copy_misses + assemble_layer instead of run_layer; prefetch: positions ([max_batch,
-        count]) prefetch_layer brings into every layer after the step's reads."""
+        count]) prefetch_layer (or resolve_prefetch + copy_prefetch) brings into every layer after
+        the step's reads."""
         self.m.plan_step(batch, token_ids=token_ids)
         assert self.m.batch_size == len(batch)
         for layer in range(len(LAYERS)):
@@ -127,7 +128,11 @@ class Driver:
                              self.a.to_numpy(assembled))
         if prefetch is not None:
             for layer in range(len(LAYERS)):
-                self.m.prefetch_layer(layer, self.a.to_device(prefetch))
+                if layer % 2 == 0:
+                    self.m.prefetch_layer(layer, self.a.to_device(prefetch))
+                else:  # in two parts, as an engine that copies on another stream
+                    self.m.resolve_prefetch(layer, self.a.to_device(prefetch))
+                    self.m.copy_prefetch(layer)
         self.m.finish_step()
         self.entries += len(batch) * TOP_K * len(LAYERS)
         self.appended_tokens += len(batch)

@@ -122,6 +122,13 @@ Status SparseKVCacheManager::AssembleLayer(int32_t layer, const int32_t* slots, 
                                            StreamHandle stream) {
   return impl_->AssembleLayer(layer, slots, assembled, stream);
 }
+Status SparseKVCacheManager::ResolvePrefetch(int32_t layer, const int32_t* positions, int32_t count,
+                                             StreamHandle stream) {
+  return impl_->ResolvePrefetch(layer, positions, count, stream);
+}
+Status SparseKVCacheManager::CopyPrefetch(int32_t layer, StreamHandle stream) {
+  return impl_->CopyPrefetch(layer, stream);
+}
 Status SparseKVCacheManager::PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count,
                                            StreamHandle stream) {
   return impl_->PrefetchLayer(layer, positions, count, stream);

@@ -75,6 +75,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status CopyMisses(int32_t layer, StreamHandle stream);
   Status AssembleLayer(int32_t layer, const int32_t* slots, void* assembled, StreamHandle stream);
   Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count, StreamHandle stream);
+  Status ResolvePrefetch(int32_t layer, const int32_t* positions, int32_t count,
+                         StreamHandle stream);
+  Status CopyPrefetch(int32_t layer, StreamHandle stream);
   Status FinishStep(StreamHandle stream);
   Status FinishReplayedStep();
 
@@ -231,9 +234,11 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status Resolve(int32_t layer, const int32_t* topk, int32_t top_k, int32_t topk_stride,
                  int32_t* slots, uint8_t* fill_mask, const MissList& list,
                  ResolveCounters* counters, bool own_copy, StreamHandle stream);
-  // Copies `list` (of `capacity` entries) from the host pool into `layer`'s rows, between the
-  // extension's BeforeCopy and AfterCopy in an active step.
-  Status Copy(int32_t layer, const MissList& list, int32_t capacity, StreamHandle stream);
+  // Copies `list` (of `capacity` entries) from the host pool into `layer`'s rows on a grid of at
+  // most `max_blocks` blocks (0: the whole GPU), between the extension's BeforeCopy and AfterCopy
+  // in an active step.
+  Status Copy(int32_t layer, const MissList& list, int32_t capacity, int32_t max_blocks,
+              StreamHandle stream);
   // The miss list of `layer`'s index group in the open step: index groups alternate between two
   // lists, and each group's count is its own, in the plan region (zeroed by every PlanStep).
   MissList StepMissList(int32_t layer) const;
@@ -276,6 +281,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   std::vector<bool> appended_;   // per layer
   std::vector<bool> copied_;     // per layer: CopyMisses ran
   int32_t groups_resolved_ = 0;  // index groups [0, groups_resolved_) were resolved
+  // The group whose ResolvePrefetch has no CopyPrefetch yet (-1: none), and its list's capacity.
+  int32_t prefetch_pending_ = -1;
+  int32_t prefetch_capacity_ = 0;
   // Bytes one request of a step moves, as recorded by the last complete run phase (replays).
   uint64_t step_bytes_to_host_per_request_ = 0;
   uint64_t step_bytes_assembled_per_request_ = 0;

@@ -214,6 +214,34 @@ TEST_F(ManagerRefusalTest, PrefetchBetweenAResolveAndItsCopiesIsRefused) {
   CompleteStep(1);
 }
 
+TEST_F(ManagerRefusalTest, OnePrefetchIsPendingAtATime) {
+  Plan();
+  AppendAll();
+  const std::vector<int32_t> positions = {5, 6};
+  ExpectRefused(m_->CopyPrefetch(2, nullptr), StatusCode::kFailedPrecondition,
+                "no prefetch of layer 2 (index group 1) is pending");
+  ASSERT_TRUE(m_->ResolvePrefetch(2, positions.data(), 2, nullptr).ok());
+  ExpectRefused(m_->ResolvePrefetch(0, positions.data(), 2, nullptr),
+                StatusCode::kFailedPrecondition,
+                "the prefetch of index group 1 has no CopyPrefetch");
+  ExpectRefused(m_->CopyPrefetch(0, nullptr), StatusCode::kFailedPrecondition,
+                "no prefetch of layer 0 (index group 0) is pending");
+  ASSERT_TRUE(Resolve(0).ok());
+  ASSERT_TRUE(Copy(0).ok());
+  ASSERT_TRUE(Copy(1).ok());
+  ASSERT_TRUE(Resolve(1).ok());
+  ASSERT_TRUE(Copy(2).ok());
+  ASSERT_TRUE(Copy(3).ok());
+  ASSERT_TRUE(Resolve(2).ok());
+  ASSERT_TRUE(Copy(4).ok());
+  ASSERT_TRUE(Copy(5).ok());
+  ExpectRefused(m_->FinishStep(nullptr), StatusCode::kFailedPrecondition,
+                "the prefetch of index group 1 has no CopyPrefetch");
+  ASSERT_TRUE(m_->CopyPrefetch(3, nullptr).ok());
+  ASSERT_TRUE(m_->FinishStep(nullptr).ok());
+  EXPECT_EQ(m_->ReadStats(nullptr)->prefetch_lookups, 2u);
+}
+
 TEST_F(ManagerRefusalTest, FinishStepIsRefusedUntilEveryGroupIsResolvedAndEveryLayerCopied) {
   Plan();
   AppendAll();

@@ -331,20 +331,21 @@ Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream
     return FailedPrecondition("CopyMisses: " + DescribeLayer(layer) +
                               " was already copied in this step");
   }
-  SPARSEKV_RETURN_IF_ERROR(
-      Copy(layer, StepMissList(layer), options_.effective_max_batch() * options_.top_k, stream));
+  SPARSEKV_RETURN_IF_ERROR(Copy(layer, StepMissList(layer),
+                                options_.effective_max_batch() * options_.top_k,
+                                options_.copy_blocks, stream));
   copied_[layer] = true;
   if (!extension_active_) return Status::Ok();
   return extension_->AfterMissCopy(layer, stream);
 }
 
 Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int32_t capacity,
-                                        StreamHandle stream) {
+                                        int32_t max_blocks, StreamHandle stream) {
   if (extension_active_) {
     SPARSEKV_RETURN_IF_ERROR(extension_->BeforeCopy(layer, list, capacity, stream));
   }
   IndexCopyView copy = PoolToHotCopy(layer, list, capacity);
-  copy.max_blocks = options_.copy_blocks;
+  copy.max_blocks = max_blocks;
   copy.strategy = options_.copy_strategy;
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
   if (!extension_active_) return Status::Ok();
@@ -404,6 +405,12 @@ Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* s
 
 Status SparseKVCacheManager::Impl::PrefetchLayer(int32_t layer, const int32_t* positions,
                                                  int32_t count, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(ResolvePrefetch(layer, positions, count, stream));
+  return CopyPrefetch(layer, stream);
+}
+
+Status SparseKVCacheManager::Impl::ResolvePrefetch(int32_t layer, const int32_t* positions,
+                                                   int32_t count, StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "PrefetchLayer"));
   if (layer % options_.layers_per_index != 0) {
     return FailedPrecondition("PrefetchLayer: layer " + std::to_string(layer) +
@@ -423,16 +430,37 @@ Status SparseKVCacheManager::Impl::PrefetchLayer(int32_t layer, const int32_t* p
                               " has no CopyMisses yet; a prefetch after the resolve must follow "
                               "the group's copies (its victims may be rows the step reads)");
   }
+  if (prefetch_pending_ >= 0) {
+    return FailedPrecondition("ResolvePrefetch: the prefetch of index group " +
+                              std::to_string(prefetch_pending_) +
+                              " has no CopyPrefetch yet (one prefetch list)");
+  }
   SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(prefetch_list_.count, 0, sizeof(int32_t), stream));
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, prefetch_slots_, nullptr,
                                    prefetch_list_,
                                    counters_ + options_.geometry.num_layers() + layer,
                                    /*own_copy=*/false, stream));
-  const int32_t capacity = options_.effective_max_batch() * count;
-  const int32_t last = std::min(layer + options_.layers_per_index, options_.geometry.num_layers());
-  for (int32_t l = layer; l < last; ++l) {
-    SPARSEKV_RETURN_IF_ERROR(Copy(l, prefetch_list_, capacity, stream));
+  prefetch_pending_ = group;
+  prefetch_capacity_ = options_.effective_max_batch() * count;
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::CopyPrefetch(int32_t layer, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "CopyPrefetch"));
+  const int32_t group = layer / options_.layers_per_index;
+  if (prefetch_pending_ != group) {
+    return FailedPrecondition("CopyPrefetch: no prefetch of " + DescribeLayer(layer) +
+                              " is pending");
   }
+  const int32_t first = group * options_.layers_per_index;
+  const int32_t last = std::min(first + options_.layers_per_index, options_.geometry.num_layers());
+  for (int32_t l = first; l < last; ++l) {
+    SPARSEKV_RETURN_IF_ERROR(Copy(
+        l, prefetch_list_, prefetch_capacity_,
+        options_.prefetch_copy_blocks > 0 ? options_.prefetch_copy_blocks : options_.copy_blocks,
+        stream));
+  }
+  prefetch_pending_ = -1;
   return Status::Ok();
 }
 
@@ -453,6 +481,10 @@ Status SparseKVCacheManager::Impl::FinishStep(StreamHandle stream) {
       return FailedPrecondition("FinishStep: " + DescribeLayer(l) +
                                 " has no CopyMisses in this step");
     }
+  }
+  if (prefetch_pending_ >= 0) {
+    return FailedPrecondition("FinishStep: the prefetch of index group " +
+                              std::to_string(prefetch_pending_) + " has no CopyPrefetch");
   }
   SPARSEKV_RETURN_IF_ERROR(backend_->Join(stream));
   step_bytes_to_host_per_request_ = open_bytes_to_host_per_request_;

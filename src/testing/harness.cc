@@ -191,8 +191,15 @@ Status StepDriver::RunPhase() {
     // A prefetch before the resolve (an engine would issue it during the previous step, after
     // the group's last read): the resolve must find the prefetched rows intact.
     if (mode_.prefetch > 0 && l == Leader(l)) {
-      SPARSEKV_RETURN_IF_ERROR(
-          m_.PrefetchLayer(l, prefetch_[l]->get<int32_t>(), mode_.prefetch, stream_));
+      // Every other group in two parts (ResolvePrefetch + CopyPrefetch), as an engine that
+      // copies on another stream calls them.
+      const int32_t* positions = prefetch_[l]->get<int32_t>();
+      if (l / m_.options().layers_per_index % 2 == 0) {
+        SPARSEKV_RETURN_IF_ERROR(m_.PrefetchLayer(l, positions, mode_.prefetch, stream_));
+      } else {
+        SPARSEKV_RETURN_IF_ERROR(m_.ResolvePrefetch(l, positions, mode_.prefetch, stream_));
+        SPARSEKV_RETURN_IF_ERROR(m_.CopyPrefetch(l, stream_));
+      }
     }
     if (mode_.split) {
       if (l == Leader(l)) {

@@ -63,6 +63,7 @@ CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch) {
   // A third of the seeds copy misses in the resolve from batch 1-3 on; every copy strategy.
   o.fused_copy_min_batch = rng() % 3 == 0 ? 1 + static_cast<int32_t>(rng() % 3) : 0;
   o.copy_strategy = static_cast<CopyStrategy>(rng() % 4);
+  o.prefetch_copy_blocks = static_cast<int32_t>(rng() % 3);
   return o;
 }
 

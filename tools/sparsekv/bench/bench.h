@@ -82,6 +82,7 @@ struct BenchConfig {
   // (CacheOptions::fused_copy_min_batch; 0: never), and how the other copies move their rows
   // (CacheOptions::copy_strategy: lattice, lattice-wide, warp-rows, bulk).
   int32_t fused_copy_min_batch = CacheOptions{}.fused_copy_min_batch;
+  int32_t prefetch_copy_blocks = 0;  // sparsekv: CacheOptions::prefetch_copy_blocks
   std::string copy_strategy = "lattice";
   // sparsekv: the SMs cuBLAS plans the attention's and the proxy's GEMMs for
   // (SetSmCountTarget), leaving the rest to the copies that run beside them; 0: all. full-hbm

@@ -177,6 +177,11 @@ void BenchCommand::AddGpuOptions() {
                    "misses inside its resolve (0: never)")
       ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
+  app_->add_option("--prefetch-copy-blocks", config_.prefetch_copy_blocks,
+                   "GPU: sparsekv's prefetch copies use at most this many blocks of 256 threads "
+                   "(0: as --copy-blocks)")
+      ->check(AtLeast<int64_t>(0))
+      ->capture_default_str();
   app_->add_option("--copy-strategy", config_.copy_strategy,
                    "GPU: how sparsekv's miss copies move their rows")
       ->check(CLI::IsMember({"lattice", "lattice-wide", "warp-rows", "bulk"}))

@@ -471,6 +471,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.sort_misses_min_batch = c_.sort_misses_min_batch;
   setup.copy_blocks = c_.copy_blocks;
   setup.fused_copy_min_batch = c_.fused_copy_min_batch;
+  setup.prefetch_copy_blocks = c_.prefetch_copy_blocks;
   setup.copy_strategy = c_.copy_strategy == "lattice-wide" ? CopyStrategy::kLatticeWide
                         : c_.copy_strategy == "warp-rows"  ? CopyStrategy::kWarpRows
                         : c_.copy_strategy == "bulk"       ? CopyStrategy::kBulk

@@ -118,6 +118,7 @@ class SparseKVVariant final : public StepVariant {
     o.sort_misses_min_batch = s_.sort_misses_min_batch;
     o.copy_blocks = s_.copy_blocks;
     o.fused_copy_min_batch = s_.fused_copy_min_batch;
+    o.prefetch_copy_blocks = s_.prefetch_copy_blocks;
     o.copy_strategy = s_.copy_strategy;
     // A cross-layer prefetch passes a whole top-k row per request.
     o.max_prefetch = s_.crosslayer_prefetch ? std::max(s_.prefetch, r.top_k) : s_.prefetch;
@@ -244,9 +245,9 @@ class SparseKVVariant final : public StepVariant {
     if (leader && s_.prefetch > 0) group_topk_[group_] = topk;
     if (!s_.overlap) {
       if (leader) {
-        SPARSEKV_RETURN_IF_ERROR(WaitForCrossLayerPrefetch(group_, stream));
         SPARSEKV_RETURN_IF_ERROR(
             manager_->ResolveLayer(layer, topk, slots_.get<int32_t>(), FillOf(group_), stream));
+        SPARSEKV_RETURN_IF_ERROR(WaitForCrossLayerPrefetch(group_, stream));
         SPARSEKV_RETURN_IF_ERROR(CrossLayerPrefetch(group_, topk, stream));
       }
       return manager_->CopyMisses(layer, stream);
@@ -255,9 +256,9 @@ class SparseKVVariant final : public StepVariant {
     // Resolve on the main stream; every layer of the group copies on the side stream at once,
     // each copy recording when its layer's rows are complete.
     const int32_t group = layer / n;
-    SPARSEKV_RETURN_IF_ERROR(WaitForCrossLayerPrefetch(group, stream));
     SPARSEKV_RETURN_IF_ERROR(
         manager_->ResolveLayer(layer, topk, slots_.get<int32_t>(), FillOf(group), stream));
+    SPARSEKV_RETURN_IF_ERROR(WaitForCrossLayerPrefetch(group, stream));
     SPARSEKV_RETURN_IF_ERROR(CrossLayerPrefetch(group, topk, stream));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(resolved_[group], stream));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, resolved_[group]));
@@ -355,30 +356,30 @@ class SparseKVVariant final : public StepVariant {
     const int64_t mask = int64_t{s_.max_batch} * s_.shape.top_k;
     return fill_.get<uint8_t>() + (s_.prefetch > 0 ? group * mask : 0);
   }
-  // Cross-layer prefetch. Group g's resolve waits for the prefetch of its rows, issued on the
-  // prefetch stream right after group g - 1's resolve.
+  // Cross-layer prefetch. Right after group g's resolve, on the main stream, its top-k is
+  // resolved against group g + 1's hot cache (ResolvePrefetch: short, and a resolve occupies a
+  // whole SM per request, which a side stream would only get once the layer's other kernels
+  // drain); the copy of the predicted rows runs on the prefetch stream, beside group g's miss
+  // copy, attention and rest of the model. Group g + 1's resolve needs only the state, not the
+  // rows; its miss copy (a victim may be a prefetched slot) and the next ResolvePrefetch (the one
+  // prefetch list) wait for the copy.
   Status WaitForCrossLayerPrefetch(int32_t group, cudaStream_t stream) {
     if (!s_.crosslayer_prefetch || group == 0) return Status::Ok();
     return CudaStatus(cudaStreamWaitEvent(stream, crosslayer_prefetched_),
                       "wait for the cross-layer prefetch");
   }
-  // After group g's resolve: its top-k into group g + 1's hot cache, on the prefetch stream. The
-  // event recorded after the resolve orders the prefetch after the top-k is known and after every
-  // read of group g + 1's rows in the previous step (its attention ran earlier on `stream`, after
-  // its copies); this step reads them only after g + 1's resolve, which waits for the prefetch.
-  // The prefetch stream runs the manager's prefetches one after the other, so that they never
-  // share its prefetch list at once; its copies are bounded by copy_blocks like the miss copies.
   Status CrossLayerPrefetch(int32_t group, const int32_t* topk, cudaStream_t stream) {
     const int32_t next = (group + 1) * s_.layers_per_index;
     if (!s_.crosslayer_prefetch || next >= s_.shape.layers) return Status::Ok();
+    SPARSEKV_RETURN_IF_ERROR(manager_->ResolvePrefetch(next, topk, s_.shape.top_k, stream));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(below_resolved_, stream));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(prefetch_stream_, below_resolved_));
-    SPARSEKV_RETURN_IF_ERROR(manager_->PrefetchLayer(next, topk, s_.shape.top_k, prefetch_stream_));
+    SPARSEKV_RETURN_IF_ERROR(manager_->CopyPrefetch(next, prefetch_stream_));
     return CudaStatus(cudaEventRecord(crosslayer_prefetched_, prefetch_stream_),
                       "cross-layer prefetch");
   }
-  cudaEvent_t below_resolved_ = nullptr;         // the last group's resolve is enqueued
-  cudaEvent_t crosslayer_prefetched_ = nullptr;  // the next group's prefetch is done
+  cudaEvent_t below_resolved_ = nullptr;         // the next group's prefetch is resolved
+  cudaEvent_t crosslayer_prefetched_ = nullptr;  // its copy is done
   // Overlap only.
   cudaStream_t copy_stream_ = nullptr;  // the miss copies
   std::vector<cudaEvent_t> resolved_;   // per index group: its resolve is done

@@ -45,6 +45,7 @@ struct VariantSetup {
   int32_t sort_misses_min_batch = 0;  // sparsekv only: CacheOptions::sort_misses_min_batch
   int32_t copy_blocks = 0;            // sparsekv only: CacheOptions::copy_blocks
   int32_t fused_copy_min_batch = 0;   // sparsekv only: CacheOptions::fused_copy_min_batch
+  int32_t prefetch_copy_blocks = 0;   // sparsekv only: CacheOptions::prefetch_copy_blocks
   CopyStrategy copy_strategy = CopyStrategy::kLattice;  // sparsekv only
   // sparsekv only: positions per request predicted and prefetched after each index group's last
   // attention (AfterAttention), on a side stream joined at FinishStep. 0 = none.

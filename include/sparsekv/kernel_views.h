@@ -125,8 +125,9 @@ struct IndexCopyView {
 // slots): hits are promoted, fills enter the probationary part, and the protected part's overflow
 // (its least recently used entries) is demoted to the probationary part's most recent end, after
 // the fills. With no slot filled, both policies give the same order.
-// Miss entries of all rows are appended at miss_count (atomically); their order in the list is
-// unspecified (the CUDA backend sorts each row's misses by host row). A launch with the fused miss
+// Miss entries of all rows are appended at miss_count (atomically; with chunk_rows, to their
+// chunk's part of the list and count); their order in the list is unspecified (the CUDA backend
+// sorts each row's misses by host row). A launch with the fused miss
 // copy (below) copies them instead.
 // If fill_mask is not null, fill_mask[b * top_k + k] = 1 where out names a slot that this step's
 // miss list fills (a miss given a victim, or with share_duplicates a repeat of one), else 0: the
@@ -164,10 +165,15 @@ struct ResolveView {
   const int32_t* page_table;   // [max_requests, pages_per_request] host page of each page
   int32_t pages_per_request;
   int32_t page_tokens;
-  int32_t* miss_host_row;     // [miss_capacity] source row in the host pool layer
-  int32_t* miss_slot;         // [miss_capacity] destination layer-wide slot
-  int32_t* miss_count;        // device scalar, zeroed before the launch
-  int32_t miss_capacity;      // >= max_batch * top_k
+  int32_t* miss_host_row;  // [miss_capacity] source row in the host pool layer
+  int32_t* miss_slot;      // [miss_capacity] destination layer-wide slot
+  // Device scalar, zeroed before the launch; with chunk_rows, one per chunk.
+  int32_t* miss_count;
+  int32_t miss_capacity;  // >= max_batch * top_k (with chunk_rows: rounded up to whole chunks)
+  // 0: one miss list. Otherwise row b's misses go to chunk c = b / chunk_rows: list entries from
+  // c * chunk_rows * top_k on, counted in miss_count[c] (so that the rows of a chunk can be
+  // copied, and attended, before the others).
+  int32_t chunk_rows = 0;
   ResolveCounters* counters;  // this layer's counters
   uint8_t* fill_mask;         // [max_batch, top_k] or nullptr; see above
   bool sort_misses;           // sort each row's misses by host row (performance only),

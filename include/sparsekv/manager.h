@@ -320,6 +320,14 @@ class SparseKVCacheManager {
   // REQUIRES (not checked: stream ordering): every copy of group g is complete on the device
   // before the resolve of group g + 2 runs.
   Status CopyMisses(int32_t layer, StreamHandle stream);
+  // With copy_chunk_rows = R: copies the misses of batch rows [chunk R, (chunk + 1) R) of the
+  // resolve of `layer`'s group, on `stream`, so that attention over those rows may start before
+  // the other chunks are copied. A layer is copied whole (CopyMisses) or by chunks, once each; it
+  // counts as copied (for FinishStep and the list's reuse by group g + 2) once every chunk that
+  // holds a row of the batch (chunk < ceil(batch / R)) is. Errors as CopyMisses, and
+  // FailedPrecondition without copy_chunk_rows, InvalidArgument for a chunk outside
+  // [0, ceil(max_batch / R)).
+  Status CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream);
   // Gathers the rows of `slots` ([max_batch, top_k], as ResolveLayer wrote them) of `layer`
   // into `assembled` ([max_batch, top_k, row_stride(layer)]; skipped entries are zero rows).
   // May run before CopyMisses(layer) (then only the rows with fill 0 are meaningful) and more

@@ -170,6 +170,10 @@ struct CacheOptions {
   // (a group's other layers need the list) and steps without an extension (the remote tier reads
   // the list). CUDA only.
   int32_t fused_copy_min_batch = 0;
+  // Batch rows per copy chunk: with R > 0, the misses of rows [c R, (c + 1) R) of a step form
+  // chunk c, which CopyMissChunk copies on its own, so that an engine can attend over a chunk's
+  // rows while the next chunk is still being copied (a pipelined layer). 0: one miss list.
+  int32_t copy_chunk_rows = 0;
   // How CopyMisses and PrefetchLayer move their rows (IndexCopyView::strategy). CUDA only.
   CopyStrategy copy_strategy = CopyStrategy::kLattice;
 

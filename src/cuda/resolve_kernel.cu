@@ -297,13 +297,15 @@ __device__ __forceinline__ void AddCounters(ResolveCounters* n,
 // miss list's atomicAdd, issued before step 4 so that its barriers hide them. Returns thread 0's
 // place in the list.
 template <int kItems>
-__device__ __forceinline__ int32_t IssueMissReads(const ResolveView& v, int32_t page_table_row,
-                                                  const int32_t (&pos)[kItems],
-                                                  const int32_t (&miss_rank)[kItems],
-                                                  int32_t n_filled, bool append,
-                                                  int32_t (&page)[kItems]) {
+__device__ __forceinline__ int32_t IssueMissReads(
+    const ResolveView& v, int32_t b, int32_t page_table_row, const int32_t (&pos)[kItems],
+    const int32_t (&miss_rank)[kItems], int32_t n_filled, bool append, int32_t (&page)[kItems]) {
   int32_t list_base = 0;  // thread 0's
-  if (threadIdx.x == 0 && append) list_base = atomicAdd(v.miss_count, n_filled);
+  if (threadIdx.x == 0 && append) {
+    // With chunks, the row's chunk: its part of the list and its own count.
+    const int32_t chunk = v.chunk_rows > 0 ? b / v.chunk_rows : 0;
+    list_base = chunk * v.chunk_rows * v.top_k + atomicAdd(v.miss_count + chunk, n_filled);
+  }
   const int32_t* page_row =
       v.page_table + static_cast<int64_t>(page_table_row) * v.pages_per_request;
 #pragma unroll
@@ -765,7 +767,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Step 5's global reads and the miss list's atomicAdd, issued now and consumed after step 4.
   int32_t page[kItems];
   const int32_t list_base =
-      n_filled > 0 ? IssueMissReads(v, e.page_table_row, pos, miss_rank, n_filled, !fused, page)
+      n_filled > 0 ? IssueMissReads(v, b, e.page_table_row, pos, miss_rank, n_filled, !fused, page)
                    : 0;
 
   // Step 4. Nothing changes when no slot is hit or filled.
@@ -848,6 +850,7 @@ cudaError_t LaunchResolve(const ResolveView& view, int32_t max_batch, cudaStream
       view.page_tokens < 1 || max_batch < 0 ||
       (view.resident_table != nullptr && view.resident_page_rows < 1) ||
       (view.block_pages != nullptr && (view.block_page_rows < 1 || view.pages_per_block < 1)) ||
+      view.chunk_rows < 0 ||
       (view.copy_dst != nullptr &&
        (view.copy_row_bytes < 1 || view.copy_row_bytes > kMaxFusedCopyRowBytes ||
         view.copy_src_stride < 0 || view.copy_dst_stride < 0 || view.copy_src_rows < 0 ||

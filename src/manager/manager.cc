@@ -122,6 +122,9 @@ Status SparseKVCacheManager::AssembleLayer(int32_t layer, const int32_t* slots, 
                                            StreamHandle stream) {
   return impl_->AssembleLayer(layer, slots, assembled, stream);
 }
+Status SparseKVCacheManager::CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream) {
+  return impl_->CopyMissChunk(layer, chunk, stream);
+}
 Status SparseKVCacheManager::ResolvePrefetch(int32_t layer, const int32_t* positions, int32_t count,
                                              StreamHandle stream) {
   return impl_->ResolvePrefetch(layer, positions, count, stream);

@@ -17,7 +17,8 @@ SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Ba
       backend_(std::move(backend)),
       pool_(std::move(pool)),
       appended_(options.geometry.num_layers()),
-      copied_(options.geometry.num_layers()) {}
+      copied_(options.geometry.num_layers()),
+      chunk_copied_(options.geometry.num_layers()) {}
 
 Status SparseKVCacheManager::Impl::Allocate() {
   const CacheOptions& o = options_;
@@ -69,8 +70,10 @@ Status SparseKVCacheManager::Impl::Allocate() {
     return list;
   };
   for (MissList& list : miss_lists_) {  // their counts are the plan's
-    SPARSEKV_ASSIGN_OR_RETURN(list, miss_list(static_cast<size_t>(max_batch) * o.top_k, false));
+    SPARSEKV_ASSIGN_OR_RETURN(list,
+                              miss_list(static_cast<size_t>(MaxChunks()) * ChunkEntries(), false));
   }
+  for (std::vector<bool>& chunks : chunk_copied_) chunks.assign(MaxChunks(), false);
   SPARSEKV_ASSIGN_OR_RETURN(void* counters,
                             device(sizeof(ResolveCounters) * 2 * o.geometry.num_layers()));
   counters_ = static_cast<ResolveCounters*>(counters);

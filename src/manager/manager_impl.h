@@ -73,6 +73,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots, uint8_t* fill_mask,
                       StreamHandle stream, int32_t topk_stride);
   Status CopyMisses(int32_t layer, StreamHandle stream);
+  Status CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream);
   Status AssembleLayer(int32_t layer, const int32_t* slots, void* assembled, StreamHandle stream);
   Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count, StreamHandle stream);
   Status ResolvePrefetch(int32_t layer, const int32_t* positions, int32_t count,
@@ -240,8 +241,17 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status Copy(int32_t layer, const MissList& list, int32_t capacity, int32_t max_blocks,
               StreamHandle stream);
   // The miss list of `layer`'s index group in the open step: index groups alternate between two
-  // lists, and each group's count is its own, in the plan region (zeroed by every PlanStep).
+  // lists, and each group's counts (one per chunk) are its own, in the plan region (zeroed by
+  // every PlanStep).
   MissList StepMissList(int32_t layer) const;
+  // Copy chunks of a step's miss list: ceil(max_batch / copy_chunk_rows), or 1 without chunks;
+  // and the entries of one (the whole list without chunks).
+  int32_t MaxChunks() const;
+  int32_t ChunkEntries() const;
+  // The part of `list` chunk c holds.
+  MissList Chunk(const MissList& list, int32_t c) const;
+  // Copies `layer`'s chunk c and marks the layer copied once every chunk of the batch is.
+  Status CopyChunk(int32_t layer, int32_t c, StreamHandle stream);
 
   CacheOptions options_;
   std::shared_ptr<Backend> backend_;
@@ -278,9 +288,10 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // What the open step's run phase has done, so that every order the API forbids is refused:
   // index groups resolve in order, each layer copies once, and group g + 2 resolves (into the
   // miss list group g copies from) only after every copy of group g.
-  std::vector<bool> appended_;   // per layer
-  std::vector<bool> copied_;     // per layer: CopyMisses ran
-  int32_t groups_resolved_ = 0;  // index groups [0, groups_resolved_) were resolved
+  std::vector<bool> appended_;  // per layer
+  std::vector<bool> copied_;    // per layer: CopyMisses ran (or every chunk of the batch)
+  std::vector<std::vector<bool>> chunk_copied_;  // per layer and chunk: CopyMissChunk ran
+  int32_t groups_resolved_ = 0;                  // index groups [0, groups_resolved_) were resolved
   // The group whose ResolvePrefetch has no CopyPrefetch yet (-1: none), and its list's capacity.
   int32_t prefetch_pending_ = -1;
   int32_t prefetch_capacity_ = 0;
@@ -299,19 +310,23 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
 //   [append_row: int32 x max_batch]   host row of the newest token
 //   [append_key: int32 x max_batch]   with indexer keys: where the newest token's key goes, in
 //                                     4-byte words of a layer's device memory
-//   [miss_count: int32 x index groups] each group's miss count, 0 until its resolve (so that no
-//                                     resolve needs a memset before it)
+//   [miss_count: int32 x index groups x chunks] each group's miss count (per copy chunk), 0
+//                                     until its resolve (so that no resolve needs a memset)
 struct SparseKVCacheManager::Impl::PlanLayout {
-  PlanLayout(int32_t max_batch, int32_t groups)
+  PlanLayout(int32_t max_batch, int32_t counts)
       : batch(16),
         append_src(batch + sizeof(BatchEntry) * max_batch),
         append_slot(append_src + sizeof(int32_t) * max_batch),
         append_row(append_slot + sizeof(int32_t) * max_batch),
         append_key(append_row + sizeof(int32_t) * max_batch),
         miss_count(append_key + sizeof(int32_t) * max_batch),
-        bytes(miss_count + sizeof(int32_t) * groups) {}
+        bytes(miss_count + sizeof(int32_t) * counts) {}
   explicit PlanLayout(const CacheOptions& o)
-      : PlanLayout(o.effective_max_batch(), o.index_groups()) {}
+      : PlanLayout(o.effective_max_batch(),
+                   o.index_groups() *
+                       (o.copy_chunk_rows > 0
+                            ? (o.effective_max_batch() + o.copy_chunk_rows - 1) / o.copy_chunk_rows
+                            : 1)) {}
   size_t batch_size = 0;
   size_t batch;
   size_t append_src;

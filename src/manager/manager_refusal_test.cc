@@ -214,6 +214,47 @@ TEST_F(ManagerRefusalTest, PrefetchBetweenAResolveAndItsCopiesIsRefused) {
   CompleteStep(1);
 }
 
+TEST(ManagerChunkTest, ChunksAreCopiedOnceAndTheLayerOnlyWhenEveryChunkOfTheBatchIs) {
+  CacheOptions o = testing::SmallOptions();
+  o.max_requests = 5;
+  o.host_capacity_tokens = 5 * 32;
+  o.copy_chunk_rows = 2;  // chunks {0, 1}, {2, 3}, {4}
+  auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  ASSERT_TRUE(m.ok());
+  std::vector<RequestId> batch;
+  for (RequestId id = 1; id <= 3; ++id) {
+    ASSERT_TRUE((*m)->Admit(id, 4, 4, nullptr).ok());
+    const Bytes rows = Bytes(4 * 8, std::byte(id));
+    ASSERT_TRUE((*m)->IngestPrompt(id, 0, rows.data(), nullptr).ok());
+    batch.push_back(id);
+  }
+  ASSERT_TRUE((*m)->PlanStep(batch, nullptr).ok());
+  const Bytes new_rows(5 * 8, std::byte{9});
+  ASSERT_TRUE((*m)->AppendToken(0, new_rows.data(), nullptr).ok());
+  const std::vector<int32_t> topk(5 * 2, 0);
+  std::vector<int32_t> slots(5 * 2);
+  ExpectRefused((*m)->CopyMissChunk(0, 0, nullptr), StatusCode::kFailedPrecondition,
+                "was not resolved");
+  ASSERT_TRUE((*m)->ResolveLayer(0, topk.data(), slots.data(), nullptr, nullptr).ok());
+  ExpectRefused((*m)->CopyMissChunk(0, 3, nullptr), StatusCode::kInvalidArgument,
+                "chunk 3 outside [0, 3)");
+  ASSERT_TRUE((*m)->CopyMissChunk(0, 1, nullptr).ok());
+  ExpectRefused((*m)->CopyMissChunk(0, 1, nullptr), StatusCode::kFailedPrecondition,
+                "chunk 1 of layer 0 (index group 0) was already copied");
+  ExpectRefused((*m)->CopyMisses(0, nullptr), StatusCode::kFailedPrecondition,
+                "chunk 1 of layer 0 (index group 0) was already copied");
+  // Rows 0-2 are chunks 0 and 1: the layer is not copied until chunk 0 is.
+  ExpectRefused((*m)->FinishStep(nullptr), StatusCode::kFailedPrecondition, "no CopyMisses");
+  ASSERT_TRUE((*m)->CopyMissChunk(0, 0, nullptr).ok());
+  ASSERT_TRUE((*m)->FinishStep(nullptr).ok());
+
+  CacheOptions plain = testing::SmallOptions();
+  auto unchunked = SparseKVCacheManager::Create(plain, CreateCpuBackend());
+  ASSERT_TRUE(unchunked.ok());
+  ExpectRefused((*unchunked)->CopyMissChunk(0, 0, nullptr), StatusCode::kFailedPrecondition,
+                "no step is planned");
+}
+
 TEST_F(ManagerRefusalTest, OnePrefetchIsPendingAtATime) {
   Plan();
   AppendAll();

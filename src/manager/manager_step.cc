@@ -80,7 +80,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
   auto* append_slot = At<int32_t>(plan, layout.append_slot);
   auto* append_row = At<int32_t>(plan, layout.append_row);
   auto* append_key = At<int32_t>(plan, layout.append_key);
-  std::fill_n(At<int32_t>(plan, layout.miss_count), options_.index_groups(), 0);
+  std::fill_n(At<int32_t>(plan, layout.miss_count), options_.index_groups() * MaxChunks(), 0);
   for (int32_t b = 0; b < max_batch; ++b) {
     if (b >= static_cast<int32_t>(batch.size())) {
       entries[b] = BatchEntry{-1, 0, 0};
@@ -103,6 +103,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
   step_open_ = true;
   std::fill(appended_.begin(), appended_.end(), false);
   std::fill(copied_.begin(), copied_.end(), false);
+  for (std::vector<bool>& chunks : chunk_copied_) std::fill(chunks.begin(), chunks.end(), false);
   groups_resolved_ = 0;
   open_bytes_to_host_per_request_ = open_bytes_assembled_per_request_ = 0;
   return backend_->CopyAsync(plan_device_, plan, layout.bytes, stream);
@@ -172,8 +173,24 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
 MissList SparseKVCacheManager::Impl::StepMissList(int32_t layer) const {
   const int32_t group = layer / options_.layers_per_index;
   MissList list = miss_lists_[group % 2];
-  list.count = At<int32_t>(plan_device_, PlanLayout(options_).miss_count) + group;
+  list.count = At<int32_t>(plan_device_, PlanLayout(options_).miss_count) + group * MaxChunks();
   return list;
+}
+
+int32_t SparseKVCacheManager::Impl::MaxChunks() const {
+  const int32_t rows = options_.copy_chunk_rows;
+  return rows > 0 ? (options_.effective_max_batch() + rows - 1) / rows : 1;
+}
+
+int32_t SparseKVCacheManager::Impl::ChunkEntries() const {
+  const int32_t rows =
+      options_.copy_chunk_rows > 0 ? options_.copy_chunk_rows : options_.effective_max_batch();
+  return rows * options_.top_k;
+}
+
+MissList SparseKVCacheManager::Impl::Chunk(const MissList& list, int32_t c) const {
+  const int64_t first = int64_t{c} * ChunkEntries();
+  return MissList{list.host_row + first, list.slot + first, list.count + c};
 }
 
 int32_t SparseKVCacheManager::Impl::KeyWord(const Request& r, int32_t position) const {
@@ -290,7 +307,8 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.miss_host_row = list.host_row;
   resolve.miss_slot = list.slot;
   resolve.miss_count = list.count;
-  resolve.miss_capacity = max_batch * top_k;
+  resolve.miss_capacity = own_copy ? MaxChunks() * ChunkEntries() : max_batch * top_k;
+  resolve.chunk_rows = own_copy ? options_.copy_chunk_rows : 0;
   resolve.counters = counters;
   resolve.fill_mask = fill_mask;
   resolve.sort_misses = options_.sort_misses;
@@ -331,9 +349,51 @@ Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream
     return FailedPrecondition("CopyMisses: " + DescribeLayer(layer) +
                               " was already copied in this step");
   }
-  SPARSEKV_RETURN_IF_ERROR(Copy(layer, StepMissList(layer),
-                                options_.effective_max_batch() * options_.top_k,
-                                options_.copy_blocks, stream));
+  for (int32_t c = 0; c < MaxChunks(); ++c) {
+    if (chunk_copied_[layer][c]) {
+      return FailedPrecondition("CopyMisses: chunk " + std::to_string(c) + " of " +
+                                DescribeLayer(layer) + " was already copied in this step");
+    }
+  }
+  for (int32_t c = 0; c < MaxChunks(); ++c) {
+    SPARSEKV_RETURN_IF_ERROR(CopyChunk(layer, c, stream));
+  }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::CopyMissChunk(int32_t layer, int32_t chunk,
+                                                 StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "CopyMissChunk"));
+  if (options_.copy_chunk_rows == 0) {
+    return FailedPrecondition("CopyMissChunk: copy_chunk_rows is 0 (one miss list)");
+  }
+  if (chunk < 0 || chunk >= MaxChunks()) {
+    return InvalidArgument("CopyMissChunk: chunk " + std::to_string(chunk) + " outside [0, " +
+                           std::to_string(MaxChunks()) + ")");
+  }
+  if (layer / options_.layers_per_index >= groups_resolved_) {
+    return FailedPrecondition("CopyMissChunk: the top-k of " + DescribeLayer(layer) +
+                              " was not resolved in this step");
+  }
+  if (copied_[layer] || chunk_copied_[layer][chunk]) {
+    return FailedPrecondition("CopyMissChunk: chunk " + std::to_string(chunk) + " of " +
+                              DescribeLayer(layer) + " was already copied in this step");
+  }
+  return CopyChunk(layer, chunk, stream);
+}
+
+Status SparseKVCacheManager::Impl::CopyChunk(int32_t layer, int32_t c, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(
+      Copy(layer, Chunk(StepMissList(layer), c), ChunkEntries(), options_.copy_blocks, stream));
+  chunk_copied_[layer][c] = true;
+  // Copied once every chunk holding a row of the batch is.
+  const int32_t rows =
+      options_.copy_chunk_rows > 0 ? options_.copy_chunk_rows : options_.effective_max_batch();
+  const int32_t needed = (batch_size() + rows - 1) / rows;
+  for (int32_t i = 0; i < needed; ++i) {
+    if (!chunk_copied_[layer][i]) return Status::Ok();
+  }
+  if (copied_[layer]) return Status::Ok();
   copied_[layer] = true;
   if (!extension_active_) return Status::Ok();
   return extension_->AfterMissCopy(layer, stream);

@@ -64,6 +64,7 @@ Status ValidateOptions(const CacheOptions& o) {
     return Field("copy_strategy is not a known CopyStrategy");
   }
   if (o.prefetch_copy_blocks < 0) return Field("prefetch_copy_blocks must be >= 0");
+  if (o.copy_chunk_rows < 0) return Field("copy_chunk_rows must be >= 0");
   if (o.copy_blocks < 0) {
     return Field("copy_blocks (" + std::to_string(o.copy_blocks) + ") must be >= 0");
   }

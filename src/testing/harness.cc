@@ -208,7 +208,14 @@ Status StepDriver::RunPhase() {
       }
       // Before the copy: what an attention over the rows with fill 0 would read.
       SPARSEKV_RETURN_IF_ERROR(m_.AssembleLayer(l, slots, assembled_[l]->get(), stream_));
-      SPARSEKV_RETURN_IF_ERROR(m_.CopyMisses(l, stream_));
+      if (const int32_t rows = m_.options().copy_chunk_rows; rows > 0) {
+        // By chunks, the last first (any order will do).
+        for (int32_t c = (m_.batch_size() + rows - 1) / rows - 1; c >= 0; --c) {
+          SPARSEKV_RETURN_IF_ERROR(m_.CopyMissChunk(l, c, stream_));
+        }
+      } else {
+        SPARSEKV_RETURN_IF_ERROR(m_.CopyMisses(l, stream_));
+      }
     } else if (l == Leader(l)) {
       SPARSEKV_RETURN_IF_ERROR(
           m_.RunLayer(l, topk_[l]->get<const int32_t>(), slots, assembled_[l]->get(), stream_));

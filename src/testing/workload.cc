@@ -64,6 +64,8 @@ CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch) {
   o.fused_copy_min_batch = rng() % 3 == 0 ? 1 + static_cast<int32_t>(rng() % 3) : 0;
   o.copy_strategy = static_cast<CopyStrategy>(rng() % 4);
   o.prefetch_copy_blocks = static_cast<int32_t>(rng() % 3);
+  // A third of the seeds copy by chunks of 1-3 batch rows.
+  o.copy_chunk_rows = rng() % 3 == 0 ? 1 + static_cast<int32_t>(rng() % 3) : 0;
   return o;
 }
 

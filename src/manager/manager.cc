@@ -72,6 +72,10 @@ Status SparseKVCacheManager::Promote(RequestId id, StreamHandle stream) {
   return impl_->Promote(id, stream);
 }
 bool SparseKVCacheManager::IsResident(RequestId id) const { return impl_->IsResident(id); }
+Status SparseKVCacheManager::AdmitSealedPrompt(RequestId id, int32_t owner, uint64_t seal,
+                                               int32_t max_new_tokens, StreamHandle stream) {
+  return impl_->AdmitSealedPrompt(id, owner, seal, max_new_tokens, stream);
+}
 StatusOr<int32_t> SparseKVCacheManager::AdmitWithPrefix(RequestId id,
                                                         std::span<const int32_t> token_ids,
                                                         int32_t max_new_tokens,

@@ -209,12 +209,14 @@ TEST(NodePoolWorkloadTest, RandomSharingWorkloadOnANodePool) {
     ASSERT_TRUE(pool.ok()) << pool.status().ToString();
     auto manager = SparseKVCacheManager::Create(o, CreateCpuBackend(), *pool);
     ASSERT_TRUE(manager.ok()) << manager.status().ToString();
-    testing::WorkloadShape shape;
-    shape.sharing = true;
-    testing::RandomWorkload w(o, seed, {manager->get()}, shape);
-    EXPECT_GT(w.Run(600), 0);
-    w.CheckStats();
-    w.ReleaseAll();
+    {
+      testing::WorkloadShape shape;
+      shape.sharing = true;
+      testing::RandomWorkload w(o, seed, {manager->get()}, shape);
+      EXPECT_GT(w.Run(600), 0);
+      w.CheckStats();
+      w.ReleaseAll();
+    }
     manager->reset();
     EXPECT_EQ((*pool)->free_pages(), (*pool)->total_pages());
     EXPECT_EQ((*pool)->free_owners(), (*pool)->max_owners());

@@ -173,6 +173,8 @@ class HostKVPool {
   // Sum over pages of (references - 1): the page copies that sharing avoids storing.
   int64_t extra_references() const;
   const KVGeometry& geometry() const { return geometry_; }
+  // The backend that allocated the rows (a node pool: registered them in this process).
+  Backend& backend() const { return *backend_; }
   // Bytes of one page over all layers: page_tokens * token_stride_bytes.
   int64_t page_bytes() const { return int64_t{page_tokens_} * geometry_.token_stride_bytes(); }
   int64_t bytes() const { return static_cast<int64_t>(rows_) * geometry_.token_stride_bytes(); }

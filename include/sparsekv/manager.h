@@ -141,9 +141,11 @@ class SparseKVCacheManager {
   // device buffers of the run phase.
   static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
                                                                 std::shared_ptr<Backend> backend);
-  // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared)
-  // instead of a pool of its own. The pool's geometry, page size, capacity and max_context must
-  // match `options` (InvalidArgument otherwise). options.max_host_requests bounds this manager's
+  // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared, or
+  // a node pool shared with other processes: node_pool.h) instead of a pool of its own. The
+  // pool's geometry, page size, capacity and max_context must match `options` (InvalidArgument
+  // otherwise), and a CUDA manager's pool must have been allocated (a node pool: attached) with a
+  // CUDA backend (InvalidArgument otherwise). options.max_host_requests bounds this manager's
   // live requests (retracted ones included), and the pool's owners those of all its managers
   // together, so that no manager takes another's share of owners. The device page table has a
   // row per owner of the pool. Admissions evict only this manager's retained conversations and fail

@@ -46,6 +46,11 @@ StatusOr<std::unique_ptr<SparseKVCacheManager>> SparseKVCacheManager::Create(
         "SparseKVCacheManager: the pool's host_page_tokens, host_capacity_tokens or max_context "
         "differ from options'");
   }
+  if (backend->kind() == BackendKind::kCuda && pool->backend().kind() != BackendKind::kCuda) {
+    return InvalidArgument(
+        "SparseKVCacheManager: the pool's rows were not allocated (or, for a node pool, "
+        "registered) by a CUDA backend, so the device cannot read them");
+  }
   auto impl = std::make_unique<Impl>(options, std::move(backend), std::move(pool));
   SPARSEKV_RETURN_IF_ERROR(impl->Allocate());
   return std::unique_ptr<SparseKVCacheManager>(new SparseKVCacheManager(std::move(impl)));

@@ -113,8 +113,8 @@ int main(int argc, char** argv) {
   for (int64_t n64 : sizes) {
     const int32_t n = static_cast<int32_t>(n64);
     if (2 * n64 > span_rows) Fail("--rows " + std::to_string(n) + " is too many for the span");
-    IndexSets sets = MakeIndexSets(*cuda, stream, rng, static_cast<int>(flags.Int("index-sets")),
-                                   n, span_rows);
+    IndexSets sets =
+        MakeIndexSets(*cuda, stream, rng, static_cast<int>(flags.Int("index-sets")), n, span_rows);
     CopySync(d_count, &n, sizeof(n), stream);
     for (const bool sorted : {false, true}) {
       // Own and node pool alternate within each size, so that both see the same machine state.
@@ -195,8 +195,8 @@ int main(int argc, char** argv) {
   }
 
   BENCH_CUDA(cudaStreamSynchronize(stream));
-  for (void* p : {static_cast<void*>(dst), static_cast<void*>(d_count),
-                  static_cast<void*>(d_invalid)}) {
+  for (void* p :
+       {static_cast<void*>(dst), static_cast<void*>(d_count), static_cast<void*>(d_invalid)}) {
     cuda->FreeDevice(p);
   }
   cuda->FreeHost(own);

@@ -17,6 +17,10 @@
 
 #include "host_pool/pool_state.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
 namespace sparsekv {
 namespace {
 
@@ -144,15 +148,24 @@ StatusOr<std::unique_ptr<NodeSegment>> NodeSegment::Create(const std::string& pa
     return ResourceExhausted(
         Errno("node pool: cannot size " + temp + " to " + std::to_string(o.bytes) + " bytes"));
   }
-  // Reserves every page now: a file system that is too small fails here, not with a SIGBUS on
-  // the first write to a row.
-  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(o.bytes)); err != 0) {
-    errno = err;
-    return ResourceExhausted(
-        Errno("node pool: cannot reserve " + std::to_string(o.bytes) + " bytes for " + path));
-  }
   void* p = mmap(nullptr, o.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return ResourceExhausted(Errno("node pool: cannot map " + temp));
+  // Every page is allocated now, so that a file system that is too small fails here and not with
+  // a SIGBUS on the first write to a row: through the mapping (after the huge page advice, which
+  // a tmpfs honours only for pages faulted through an advised mapping), or with posix_fallocate
+  // where the kernel cannot populate a mapping.
+  if (huge_pages) madvise(static_cast<std::byte*>(p) + o.rows, o.bytes - o.rows, MADV_HUGEPAGE);
+  if (madvise(p, o.bytes, MADV_POPULATE_WRITE) != 0) {
+    const int populate_error = errno;
+    const int err = populate_error == EINVAL ? posix_fallocate(fd, 0, static_cast<off_t>(o.bytes))
+                                             : populate_error;
+    if (err != 0) {
+      munmap(p, o.bytes);
+      errno = err;
+      return ResourceExhausted(
+          Errno("node pool: cannot reserve " + std::to_string(o.bytes) + " bytes for " + path));
+    }
+  }
   s->base_ = static_cast<std::byte*>(p);
   s->bytes_ = o.bytes;
   auto* h = new (s->base_) SegmentHeader();
@@ -174,7 +187,6 @@ StatusOr<std::unique_ptr<NodeSegment>> NodeSegment::Create(const std::string& pa
   }
   h->magic.store(kMagic, std::memory_order_release);
   SPARSEKV_RETURN_IF_ERROR(s->ReadHeader());
-  if (huge_pages) madvise(s->rows_begin(), s->rows_bytes(), MADV_HUGEPAGE);
   return s;
 }
 

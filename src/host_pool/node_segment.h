@@ -34,11 +34,12 @@ class NodeSegment {
     int32_t total_pages() const { return rows / page_tokens; }
   };
 
-  // Creates a file next to `path` under a temporary name, sized for `shape` with its memory
-  // reserved (posix_fallocate: ResourceExhausted if the file system is too small, rather than a
-  // SIGBUS on the first write), maps it and writes the header with a fresh random id. The
-  // bookkeeping block is zero; the caller initialises it, then calls Publish. With `huge_pages`,
-  // the rows are advised MADV_HUGEPAGE (a tmpfs honours it when its shmem_enabled setting allows).
+  // Creates a file next to `path` under a temporary name, sized for `shape`, maps it with every
+  // page allocated (ResourceExhausted if the file system is too small, rather than a SIGBUS on
+  // the first write) and writes the header with a fresh random id. The bookkeeping block is zero;
+  // the caller initialises it, then calls Publish. With `huge_pages`, the rows are advised
+  // MADV_HUGEPAGE before they are allocated (a tmpfs honours it when its shmem_enabled setting is
+  // "advise", "within_size" or "always").
   static StatusOr<std::unique_ptr<NodeSegment>> Create(const std::string& path, const Shape& shape,
                                                        bool huge_pages);
   // Opens and maps the segment at `path`. NotFound if there is none; FailedPrecondition if it is

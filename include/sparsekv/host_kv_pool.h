@@ -251,6 +251,7 @@ class HostKVPool {
   // with the backend.
   std::unique_ptr<NodeSegment> segment_;
   int32_t self_ = -1;
+  int attached_pid_ = 0;  // a copy of this object in a forked child must not detach the parent
   bool registered_ = false;
 };
 

@@ -111,8 +111,8 @@ HostKVPool::HostKVPool(const KVGeometry& geometry, int32_t rows, int32_t page_to
 
 HostKVPool::~HostKVPool() {
   if (segment_ != nullptr) {
-    if (header_ != nullptr && self_ >= 0) Detach();
-    if (registered_) backend_->UnregisterHost(segment_->rows_begin());
+    if (header_ != nullptr && self_ >= 0 && getpid() == attached_pid_) Detach();
+    if (registered_ && getpid() == attached_pid_) backend_->UnregisterHost(segment_->rows_begin());
     return;  // the rows are the segment's; its destructor unmaps them
   }
   if (header_ != nullptr) pthread_mutex_destroy(&header_->mutex);
@@ -554,6 +554,7 @@ Status HostKVPool::Attach() {
     processes_[p] = {1, static_cast<int32_t>(pid), start};
     ++header_->live_processes;
     self_ = p;
+    attached_pid_ = pid;
     return Status::Ok();
   }
   return ResourceExhausted("node pool " + segment_->path() + ": all " +

@@ -210,9 +210,16 @@ TEST_P(NodePoolProcessTest, DecodeAdmitsPrefillsPromptsWithoutCopyingAndOutlives
   EXPECT_EQ(Count(log, "WRONG"), 0) << log;
   EXPECT_EQ(Count(log, "failed: "), 0) << log;
   EXPECT_EQ(Count(log, "admitted "), 3) << log;
-  // Nothing of the prompts was copied into the pool again; 1000 tokens end in a partial page of
-  // 16, which each request copied at its first append while prefill still shared it.
-  EXPECT_NE(log.find("stats bytes_ingested 0 copy_on_write_pages 3 "), std::string::npos) << log;
+  // Nothing of the prompts was copied into the pool again. 1000 tokens end in a partial page of
+  // 16: a request copies it at its first append if prefill still shares it then, and writes into
+  // it if prefill has released it already (whichever came first).
+  std::istringstream stats(LastLineAfter(log, "stats bytes_ingested "));
+  int64_t ingested = -1, copied = -1;
+  std::string word;
+  stats >> ingested >> word >> copied;
+  EXPECT_EQ(ingested, 0) << log;
+  EXPECT_GE(copied, 0) << log;
+  EXPECT_LE(copied, 3) << log;
   ExpectPoolEmpty(log);
   EXPECT_FALSE(FileExists(SegmentPath()));  // the last process to detach removed it
 }

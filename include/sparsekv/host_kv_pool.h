@@ -10,7 +10,9 @@
 // (cudaHostAllocPortable / cudaHostRegisterPortable), one address for the host and every GPU
 // (UVA), so that the managers of several GPUs of one machine can share one pool (node-level
 // sharing, docs/scale-out.md). HostMemoryKind::kCudaVmm is the exception: its mapping is
-// accessible from the allocating GPU only, so a pool shared by several GPUs must not use it.
+// accessible from the allocating GPU only, so a pool shared by several GPUs must not use it. A
+// node pool's memory is its shared segment's instead, registered the same way in each process
+// (Backend::RegisterHost).
 //
 // Sharing: the pool hands out owners (rows of the page table) with AcquireOwner, so that every
 // manager uses rows of its own; a page's reference count is global. Page numbers and owner ids

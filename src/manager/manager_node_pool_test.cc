@@ -197,29 +197,42 @@ TEST_F(NodePoolManagerTest, AnEndedSealOrABadAdmissionChangesNothing) {
   EXPECT_EQ(reader_->free_pages(), reader_->total_pages());
 }
 
-// The random workload, prefix sharing included, on a manager whose pool is a node pool: every
+// Runs the random workload on a manager whose pool is a node pool: every
 // reference it takes is counted for its process, and the pool is empty when it is done.
+void RunWorkloadOnANodePool(const CacheOptions& o, uint64_t seed, testing::WorkloadShape shape) {
+  NodePoolOptions node;
+  node.name = UniqueName();
+  auto pool = CreateNodePool(o, o.effective_max_host_requests(), node, CreateCpuBackend());
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto manager = SparseKVCacheManager::Create(o, CreateCpuBackend(), *pool);
+  ASSERT_TRUE(manager.ok()) << manager.status().ToString();
+  {
+    testing::RandomWorkload w(o, seed, {manager->get()}, shape);
+    EXPECT_GT(w.Run(600), 0);
+    w.CheckStats();
+    w.ReleaseAll();
+  }
+  manager->reset();
+  EXPECT_EQ((*pool)->free_pages(), (*pool)->total_pages());
+  EXPECT_EQ((*pool)->free_owners(), (*pool)->max_owners());
+}
+
 TEST(NodePoolWorkloadTest, RandomSharingWorkloadOnANodePool) {
   for (uint64_t seed : testing::TestSeeds(3)) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    const CacheOptions o = testing::RandomSmallOptions(seed);
-    NodePoolOptions node;
-    node.name = UniqueName();
-    auto pool = CreateNodePool(o, o.effective_max_host_requests(), node, CreateCpuBackend());
-    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-    auto manager = SparseKVCacheManager::Create(o, CreateCpuBackend(), *pool);
-    ASSERT_TRUE(manager.ok()) << manager.status().ToString();
-    {
-      testing::WorkloadShape shape;
-      shape.sharing = true;
-      testing::RandomWorkload w(o, seed, {manager->get()}, shape);
-      EXPECT_GT(w.Run(600), 0);
-      w.CheckStats();
-      w.ReleaseAll();
-    }
-    manager->reset();
-    EXPECT_EQ((*pool)->free_pages(), (*pool)->total_pages());
-    EXPECT_EQ((*pool)->free_owners(), (*pool)->max_owners());
+    testing::WorkloadShape shape;
+    shape.sharing = true;
+    RunWorkloadOnANodePool(testing::RandomSmallOptions(seed), seed, shape);
+  }
+}
+
+// Hybrid residency (resident requests, demotions, deferred ingestion) over a node pool.
+TEST(NodePoolWorkloadTest, RandomHybridWorkloadOnANodePool) {
+  for (uint64_t seed : testing::TestSeeds(3)) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    testing::WorkloadShape shape;
+    shape.deferred_ingest = true;
+    RunWorkloadOnANodePool(testing::RandomHybridOptions(seed), seed, shape);
   }
 }
 

@@ -180,8 +180,8 @@ main() {
     # leaves them to CI (where scripts/install-deps.sh installs it) rather than failing them.
     local exclude=()
     if ! command -v redis-server >/dev/null; then
-      echo "no redis-server here: ControlPlane* and ScaleOut* tests left out (they run in CI)"
-      exclude=(-E "ControlPlane|ScaleOut")
+      echo "no redis-server here: ControlPlane*, ScaleOut* and NodePoolProcess* tests left out (they run in CI)"
+      exclude=(-E "ControlPlane|ScaleOut|NodePoolProcess")
     fi
     local only=()
     [[ -n $TESTS ]] && only=(-R "$TESTS")

@@ -37,6 +37,18 @@ class Backend {
   // Host memory for the KV pool: pinned and addressable by the device where there is one.
   virtual StatusOr<void*> AllocateHost(size_t bytes) = 0;
   virtual void FreeHost(void* ptr) = 0;
+  // Makes `bytes` of host memory at `ptr` that the caller mapped (e.g. a node pool's segment,
+  // shared with other processes: node_pool.h) pinned and addressable by the operators at its host
+  // address, as AllocateHost's memory is: the CUDA backend registers it (cudaHostRegister,
+  // portable and mapped); the CPU backend has nothing to do. Unavailable from a backend that
+  // cannot (the default). REQUIRES (not checked): the range stays mapped until UnregisterHost.
+  virtual Status RegisterHost(void* ptr, size_t bytes) {
+    (void)ptr;
+    (void)bytes;
+    return Unavailable("backend " + name() + " cannot register host memory");
+  }
+  // Undoes RegisterHost(ptr, ...). REQUIRES (not checked): nothing enqueued still reads it.
+  virtual void UnregisterHost(void* ptr) { (void)ptr; }
   // Memory the operators use as "device" memory: HBM for CUDA, ordinary memory for the CPU.
   virtual StatusOr<void*> AllocateDevice(size_t bytes) = 0;
   virtual void FreeDevice(void* ptr) = 0;

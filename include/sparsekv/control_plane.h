@@ -73,7 +73,10 @@ struct NodeInfo {
 // Where a request's prompt rows live. The row of (layer, position) is at byte offset
 //   base_offset + layer * layer_stride + position * row_stride
 // of region `region_id` of node `node_id`, for layer < layers and position < tokens, and is
-// row_bytes long. The control plane stores these fields; it does not interpret them.
+// row_bytes long. Or, for a prompt in a node pool (node_pool.h; node_pool_owner >= 0): region
+// `region_id` of node `node_id` is the node pool (its descriptor is NodePoolDescriptor's), and
+// the rows are the pages owner node_pool_owner sealed as node_pool_seal (the offsets and strides
+// are then 0). The control plane stores these fields; it does not interpret them.
 struct RequestLocation {
   std::string node_id;            // the node whose registered memory holds the rows
   uint64_t node_incarnation = 0;  // the incarnation of node_id that holds them; Bind checks it
@@ -84,6 +87,10 @@ struct RequestLocation {
   int32_t row_bytes = 0;
   int32_t layers = 0;
   int32_t tokens = 0;  // the prompt length
+  // A prompt sealed in a node pool: the writer's owner and seal (HostKVPool::Seal); -1 and 0 for
+  // any other location.
+  int32_t node_pool_owner = -1;
+  uint64_t node_pool_seal = 0;
 
   bool operator==(const RequestLocation&) const = default;
 };
@@ -156,8 +163,8 @@ class ControlPlane {
   // Writer: records where request `request_key`'s rows are and makes it ready; returns its new
   // generation. FailedPrecondition if a record for the key exists (Release it first);
   // FailedPrecondition if location.node_id is not a live member of incarnation
-  // location.node_incarnation; InvalidArgument for an empty key or node id, or layers/tokens/
-  // row_bytes < 1.
+  // location.node_incarnation; InvalidArgument for an empty key or node id, layers/tokens/
+  // row_bytes < 1, or a node pool owner without a seal (or a seal without an owner).
   StatusOr<uint64_t> Publish(const std::string& request_key, const RequestLocation& location);
   // Reader: binds `reader` (a name unique among the key's readers, e.g. "<node>/<request>") to
   // the ready record for `lease`. Binding again while bound renews the lease and returns the same

@@ -10,26 +10,36 @@
 // (cudaHostAllocPortable / cudaHostRegisterPortable), one address for the host and every GPU
 // (UVA), so that the managers of several GPUs of one machine can share one pool (node-level
 // sharing, docs/scale-out.md). HostMemoryKind::kCudaVmm is the exception: its mapping is
-// accessible from the allocating GPU only, so a pool shared by several GPUs must not use it.
+// accessible from the allocating GPU only, so a pool shared by several GPUs must not use it. A
+// node pool's memory is its shared segment's instead, registered the same way in each process
+// (Backend::RegisterHost).
 //
 // Sharing: the pool hands out owners (rows of the page table) with AcquireOwner, so that every
 // manager uses rows of its own; a page's reference count is global. Page numbers and owner ids
 // are pool-wide.
 //
+// Node pool (node_pool.h): a pool whose rows and bookkeeping (page tables, reference counts, free
+// pages, owners) live in a shared-memory segment that several processes of one machine attach
+// to, each with a HostKVPool of its own over the same segment. Page numbers, owner ids and
+// references are then machine-wide; every reference and owner is held by the attached process
+// that took it, so that the survivors can drop those of a process that died
+// (ReclaimDeadProcesses). A writer hands pages to readers without copying them with Seal and
+// ShareSealed (below), in one process or across processes.
+//
 // Thread safety: every method that reads or changes page references, the free list or owner
-// state takes an internal mutex, so that several managers, each driven by its own thread, may
-// call them at once. page_table_row(owner) and the layer memory are read without the mutex: an
-// owner's row is changed only by calls for that owner, and the bytes of a page only by the holder
-// of its only reference, so the one thread that holds an owner (or page) must order its reads
-// after its own changes. The layout accessors (rows(), layer_base(), ...) are immutable.
+// state takes an internal mutex (in a node pool, a robust process-shared mutex in the segment),
+// so that several managers, each driven by its own thread or process, may call them at once.
+// page_table_row(owner) and the layer memory are read without the mutex: an owner's row is
+// changed only by calls for that owner, and the bytes of a page only by the holder of its only
+// reference, so the one thread that holds an owner (or page) must order its reads after its own
+// changes. The layout accessors (rows(), layer_base(), ...) are immutable.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <set>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "sparsekv/backend.h"
@@ -37,6 +47,13 @@
 #include "sparsekv/status.h"
 
 namespace sparsekv {
+
+class NodeSegment;
+namespace pool_state {
+struct Header;
+struct Owner;
+struct Process;
+}  // namespace pool_state
 
 class HostKVPool {
  public:
@@ -59,19 +76,21 @@ class HostKVPool {
   HostKVPool& operator=(const HostKVPool&) = delete;
 
   // A free owner (row of the page table), lowest first; ResourceExhausted if all max_owners are
-  // taken. The caller holds it until ReleaseOwner.
+  // taken. The caller holds it until ReleaseOwner (in a node pool: this process holds it, until
+  // it releases it or is found dead).
   StatusOr<int32_t> AcquireOwner();
   // REQUIRES (not checked, asserted in debug builds): the caller acquired `owner` and it holds no
   // pages (Release first).
   void ReleaseOwner(int32_t owner);
-  int32_t max_owners() const { return static_cast<int32_t>(owner_pages_.size()); }
+  int32_t max_owners() const { return max_owners_; }
   int32_t free_owners() const;
 
   // Gives owner `owner` pages for `tokens` positions, all or nothing: table entry i is
   // shared_prefix[i] (which gains a reference) for i < shared_prefix.size(), a fresh page after;
   // and appends `spare_pages` more free pages, one reference each held by the caller, to
   // `spares`. ResourceExhausted if the pool has too few free pages (nothing is changed then);
-  // FailedPrecondition if the owner already holds pages; OutOfRange if tokens exceeds
+  // FailedPrecondition if the owner already holds pages (or, in a node pool, is not held by this
+  // process); OutOfRange if tokens exceeds
   // max_tokens_per_owner; InvalidArgument for a bad owner, if shared_prefix has more pages than
   // `tokens` need or a page of it that is out of range or free (every page of shared_prefix must
   // hold a reference), or if spare_pages < 0 or spares is null with spare_pages > 0.
@@ -95,6 +114,47 @@ class HostKVPool {
   int32_t SwapPage(int32_t owner, int32_t index, int32_t page);
   int32_t RefCount(int32_t page) const;
 
+  // ---- Hand-off of sealed pages ----
+  //
+  // A writer (e.g. a prefill process) reserves pages for an owner, writes a prompt's rows into
+  // them and seals them; readers (managers in this process, or in another process attached to the
+  // same node pool) then take references to the sealed pages instead of copying the rows
+  // (SparseKVCacheManager::AdmitFromPages). A seal ends when its owner's pages are released
+  // (Release, or the reclaim of the owner's dead process): the readers' references keep the pages
+  // and their bytes, but no new reader can share them. Sealed pages must not be written again.
+
+  // Seals the pages that hold positions [0, tokens) of `owner` and returns the seal: >= 1, never
+  // handed out twice by this pool (nor by any process of a node pool). Sealing again replaces the
+  // seal. InvalidArgument for a bad owner or tokens < 1; OutOfRange if tokens exceeds the owner's
+  // reserved tokens; FailedPrecondition in a node pool for an owner this process does not hold.
+  StatusOr<uint64_t> Seal(int32_t owner, int32_t tokens);
+  struct SealedPages {
+    std::vector<int32_t> pages;  // in position order
+    int32_t tokens = 0;          // the sealed positions: [0, tokens)
+  };
+  // Adds one reference, held by the caller (drop it with Unref), to each page of `owner`'s seal
+  // and returns them. NotFound if `seal` is not the owner's current seal (never sealed, released,
+  // sealed again, or its process died and was reclaimed); InvalidArgument for a bad owner.
+  StatusOr<SealedPages> ShareSealed(int32_t owner, uint64_t seal);
+
+  // ---- Node pool (node_pool.h) ----
+
+  bool is_node_pool() const { return segment_ != nullptr; }
+  // The segment's file and its id (a new one each time a segment is created under a path);
+  // "" and 0 for a private pool.
+  const std::string& node_pool_path() const;
+  uint64_t node_pool_id() const;
+  // Processes attached to the segment and not known to have exited (this one included); 1 for a
+  // private pool.
+  int32_t live_processes() const;
+  // Finds the attached processes that have exited (killed or not, without detaching) and drops
+  // every page reference and owner they held; pages whose last reference that was are free
+  // again, and the dead processes' seals end. Returns how many processes it reclaimed (0 for a
+  // private pool). Also run by attaching, detaching and by any reservation that finds the pool
+  // short of pages or owners. Cost: O(pages) per dead process, one liveness check
+  // (/proc/<pid>/stat) per attached process.
+  int32_t ReclaimDeadProcesses();
+
   // REQUIRES (not checked: called per request and step): position < the tokens reserved by
   // owner.
   int32_t HostRow(int32_t owner, int32_t position) const;
@@ -115,48 +175,86 @@ class HostKVPool {
   // Sum over pages of (references - 1): the page copies that sharing avoids storing.
   int64_t extra_references() const;
   const KVGeometry& geometry() const { return geometry_; }
+  // The backend that allocated the rows (a node pool: registered them in this process).
+  Backend& backend() const { return *backend_; }
   // Bytes of one page over all layers: page_tokens * token_stride_bytes.
   int64_t page_bytes() const { return int64_t{page_tokens_} * geometry_.token_stride_bytes(); }
   int64_t bytes() const { return static_cast<int64_t>(rows_) * geometry_.token_stride_bytes(); }
   // [max_owners, pages_per_owner] host page index of each page of each owner, -1 = none. Not
   // synchronised: for its size, or while no other thread uses the pool.
-  std::span<const int32_t> page_table() const { return page_table_; }
+  std::span<const int32_t> page_table() const {
+    return {page_table_, static_cast<size_t>(max_owners_) * pages_per_owner_};
+  }
   std::span<const int32_t> page_table_row(int32_t owner) const {
-    return {page_table_.data() + static_cast<size_t>(owner) * pages_per_owner_,
+    return {page_table_ + static_cast<size_t>(owner) * pages_per_owner_,
             static_cast<size_t>(pages_per_owner_)};
   }
 
  private:
+  friend class NodePoolAccess;  // node_pool.cc: creates, opens and checks node pools
+  class Lock;                   // the bookkeeping's mutex, held for its scope (host_kv_pool.cc)
+
   HostKVPool(const KVGeometry& geometry, int32_t rows, int32_t page_tokens, int32_t max_owners,
              int32_t pages_per_owner, Backend* backend);
-  // The public methods of the same names without the mutex. REQUIRES: mutex_ is held.
+  // Points the bookkeeping at `block` (pool_state.h), `max_processes` = 0 for a private pool.
+  void BindBook(std::byte* block, int32_t max_processes);
+  // Initialises a zeroed block: every page and owner free; the mutex robust and process-shared
+  // for a node pool.
+  void InitBook();
+  // Node pool: takes a process slot for this process, after reclaiming dead processes.
+  // FailedPrecondition if the segment was closed; ResourceExhausted if every slot is live.
+  Status Attach();
+  // Node pool: drops what this process still holds, frees its slot and, if no live process
+  // remains, closes the segment and removes its file.
+  void Detach();
+
+  // Node pool, not attached: reclaims dead processes and, if no live process remains, closes the
+  // segment (no one may attach any more). True if it closed it.
+  bool CloseIfAbandoned();
+
+  // The public methods of the same names without the mutex. REQUIRES: the mutex is held.
   int32_t AllocatePageLocked();
   void AddRefLocked(int32_t page);
   bool UnrefLocked(int32_t page);
   int32_t FreePagesLocked() const;
+  void ReleaseLocked(int32_t owner, std::vector<int32_t>* freed);
+  // Adds `delta` to this process's loose references to `page` (node pool only).
+  void CountLoose(int32_t page, int32_t delta);
+  // Rebuilds the derived state from the primary state (pool_state.h), after a process died
+  // holding the mutex.
+  void RepairLocked();
+  // ReclaimDeadProcesses with the mutex held.
+  int32_t ReclaimDeadLocked();
+  // Reclaims dead processes if a reservation of `pages` fresh pages (or an owner, with pages = 0
+  // and `owner` set) would fail; true if that freed anything.
+  bool ReclaimIfShortLocked(int64_t pages, bool owner);
+  // Node pool: whether `owner` may be used by this process (held by it).
+  bool HoldsOwner(int32_t owner) const;
 
   KVGeometry geometry_;
   int32_t rows_;
   int32_t page_tokens_;
   int32_t pages_per_owner_;
+  int32_t max_owners_;
   Backend* backend_;
-  std::shared_ptr<Backend> backend_owner_;  // CreateShared: keeps backend_ alive
+  std::shared_ptr<Backend> backend_owner_;  // CreateShared, node pools: keeps backend_ alive
   std::vector<std::byte*> layer_base_;
-  // Guards page_table_, owner_pages_, refs_, shared_pages_, extra_references_, returned_pages_,
-  // next_fresh_page_ and free_owners_.
-  mutable std::mutex mutex_;
-  std::vector<int32_t> page_table_;
-  std::vector<int32_t> owner_pages_;  // pages held by each owner
-  std::vector<int32_t> refs_;         // references per page; 0 = free
-  int32_t shared_pages_ = 0;          // pages with refs_ > 1
-  int64_t extra_references_ = 0;      // sum of max(refs_ - 1, 0)
-  // The free pages are returned_pages_ and every page from next_fresh_page_ on; every returned
-  // page is below next_fresh_page_. Pages are handed out lowest first, so that an owner's rows are
-  // as contiguous as the pool allows. Pages never used cost no bookkeeping, so that creating a
-  // pool is O(layers + owners), not O(pages).
-  std::set<int32_t> returned_pages_;
-  int32_t next_fresh_page_ = 0;
-  std::vector<int32_t> free_owners_;  // highest first: AcquireOwner takes from the back
+  // The bookkeeping (pool_state.h): in private_book_ for a private pool, in the segment for a node
+  // pool. Everything it holds is guarded by header_->mutex.
+  std::unique_ptr<std::byte[]> private_book_;
+  pool_state::Header* header_ = nullptr;
+  pool_state::Owner* owners_ = nullptr;
+  pool_state::Process* processes_ = nullptr;  // [max_processes]; node pool only
+  int32_t* page_table_ = nullptr;
+  int32_t* refs_ = nullptr;        // references per page; 0 = free
+  uint64_t* used_bits_ = nullptr;  // bit set: page in use; pages are handed out lowest first
+  int32_t* loose_ = nullptr;       // [max_processes, total_pages]; node pool only
+  // Node pool: the mapped segment, this process's slot in it, and whether the rows are registered
+  // with the backend.
+  std::unique_ptr<NodeSegment> segment_;
+  int32_t self_ = -1;
+  int attached_pid_ = 0;  // a copy of this object in a forked child must not detach the parent
+  bool registered_ = false;
 };
 
 }  // namespace sparsekv

@@ -29,8 +29,8 @@
 // nothing out; their new block is seeded from the pool with their most recent rows (the window
 // and the hot_cache slots before it). Resident and hot-cache requests mix freely in one step and
 // one captured graph (the batch table says which is which). Promote() brings a request back.
-// Forked children, remote-backed requests and requests resumed without room are in hot-cache
-// mode. See docs/residency.md.
+// Forked children, requests admitted from a sealed prompt, remote-backed requests and requests
+// resumed without room are in hot-cache mode. See docs/residency.md.
 //
 // Host pages are reference-counted and may be shared between requests (a common prompt, the next
 // turn of a conversation, forked branches) and retained conversations that have no device state;
@@ -141,9 +141,11 @@ class SparseKVCacheManager {
   // device buffers of the run phase.
   static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
                                                                 std::shared_ptr<Backend> backend);
-  // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared)
-  // instead of a pool of its own. The pool's geometry, page size, capacity and max_context must
-  // match `options` (InvalidArgument otherwise). options.max_host_requests bounds this manager's
+  // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared, or
+  // a node pool shared with other processes: node_pool.h) instead of a pool of its own. The
+  // pool's geometry, page size, capacity and max_context must match `options` (InvalidArgument
+  // otherwise), and a CUDA manager's pool must have been allocated (a node pool: attached) with a
+  // CUDA backend (InvalidArgument otherwise). options.max_host_requests bounds this manager's
   // live requests (retracted ones included), and the pool's owners those of all its managers
   // together, so that no manager takes another's share of owners. The device page table has a
   // row per owner of the pool. Admissions evict only this manager's retained conversations and fail
@@ -245,6 +247,18 @@ class SparseKVCacheManager {
   // FailedPrecondition (parent not fully ingested or in the open step), OutOfRange
   // (parent length + max_new_tokens > max_context), ResourceExhausted as Admit.
   Status Fork(RequestId parent, RequestId child, int32_t max_new_tokens, StreamHandle stream);
+  // Admits `id` with the prompt that owner `owner` of this manager's host pool sealed as `seal`
+  // (HostKVPool::Seal: by a writer in this process or, in a node pool, in another one; see
+  // node_pool.h), and room for max_new_tokens more. The request's page table takes the sealed
+  // pages (one reference each: they outlive the writer's release) and its prompt is complete in
+  // every layer at once: nothing is ingested or copied but the window into the hot cache, on
+  // `stream`; it can join a step at once and runs as any request does. A partially filled last
+  // page stays shared until the request appends into it (copy on write; the spare is reserved
+  // now). The request is in hot-cache mode (as forked children are). Errors: NotFound if the
+  // seal has ended (released, sealed again, or its writer died and was reclaimed); InvalidArgument
+  // for a bad owner or max_new_tokens < 0; as Admit otherwise. Nothing changes on error.
+  Status AdmitSealedPrompt(RequestId id, int32_t owner, uint64_t seal, int32_t max_new_tokens,
+                           StreamHandle stream);
   // Ends a request like Release, but keeps the full pages of its history whose token ids are
   // known in the pool as the retained conversation `id`: no device state, still indexed, so that
   // a later AdmitWithPrefix (the next turn) shares them. Returns the tokens retained (0: nothing

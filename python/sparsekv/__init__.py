@@ -45,6 +45,18 @@ requests keep their whole KV in HBM while the budget allows and are demoted to h
 an admission needs the room; ``mgr.promote(rid)`` brings one back, ``mgr.is_resident(rid)`` tells,
 ``choose_hot_cache_shape(options)`` says which slots per request the library picks.
 
+A node pool (``NodePool``) is a host pool in a shared-memory segment that the processes of one
+machine attach to: a prefill process writes and seals a prompt in it, and a decode process whose
+manager was created over the same pool admits the prompt without copying it::
+
+    pool = sparsekv.NodePool.create(options, max_owners, "my-pool", backend)  # or NodePool.open
+    owner = pool.acquire_owner(); pool.reserve(owner, prompt_len)
+    for layer in range(num_layers):
+        pool.write_prompt_layer(owner, layer, prompt_kv[layer], prompt_len)
+    seal = pool.seal(owner, prompt_len)                   # (owner, seal) go to the reader
+    mgr = sparsekv.SparseKVCacheManager(pool.with_shape(options), backend, pool=pool)
+    mgr.admit_from_node_pool(rid, owner, seal, max_new_tokens)
+
 Request ids are Python ints in [0, 2**64); anything else raises ``TypeError`` or
 ``InvalidArgumentError``. Type stubs (``_core.pyi``) describe every call.
 
@@ -68,6 +80,7 @@ from sparsekv._core import (
     KVGeometry,
     LayerShape,
     LayerStats,
+    NodePool,
     NotFoundError,
     OutOfRangeError,
     ResourceExhaustedError,
@@ -98,6 +111,7 @@ __all__ = [
     "KVGeometry",
     "LayerShape",
     "LayerStats",
+    "NodePool",
     "NotFoundError",
     "OutOfRangeError",
     "ResourceExhaustedError",

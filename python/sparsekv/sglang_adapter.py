@@ -20,6 +20,11 @@ enqueues on the caller's current stream, allocates nothing and reads the batch f
 After replaying a captured forward, the engine calls ``finish_replayed_step`` (the host-side
 bookkeeping the replay skipped).
 
+Prefill on the same machine. When ``RequestInfo.node_pool_prompt`` is given, the manager's host
+pool is a node pool (``sparsekv.NodePool``) in which a prefill process wrote and sealed the
+prompt: the request is admitted from the sealed pages (``admit_from_node_pool``), without copying
+the prompt and without calling ``prompt_kv``.
+
 Prefix reuse. When ``RequestInfo.token_ids`` is given, a request is admitted with
 ``admit_with_prefix``: the longest prefix of full host pages already in the pool (another
 request's prompt, or an earlier turn of the same conversation) is shared, and only the rest of the
@@ -32,7 +37,7 @@ room (least recently used first).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -50,6 +55,10 @@ class RequestInfo(NamedTuple):
     # req.output_ids), at least prompt_len of them; None: no prefix reuse for this request.
     # Read at admission ([:prompt_len]) and when a step is planned (the id at the new length - 1).
     token_ids: Optional[Sequence[int]] = None
+    # (owner, seal) of the prompt a prefill process sealed in the manager's node pool
+    # (sparsekv.NodePool): admitted from its pages, without copying, instead of through
+    # prompt_kv; None: ingested as usual. Such a prompt is not indexed for prefix reuse.
+    node_pool_prompt: Optional[Tuple[int, int]] = None
 
 
 class SparseKVCoordinator:
@@ -125,6 +134,9 @@ class SparseKVCoordinator:
             self._end(self._forget(info.key), retain=True)
         request_id = self._next_request_id
         stream = self._producer_stream
+        if info.node_pool_prompt is not None:
+            self._admit_from_node_pool(req, info, request_id)
+            return
         if info.token_ids is None:
             cached = 0
             self.manager.admit(request_id, info.prompt_len, info.max_new_tokens, stream=stream)
@@ -155,6 +167,23 @@ class SparseKVCoordinator:
         self._ids_by_pool_idx[info.req_pool_idx] = request_id
         if info.token_ids is not None:
             self._reqs_by_id[request_id] = req
+        self._ready.append(req)
+
+    def _admit_from_node_pool(self, req: Any, info: RequestInfo, request_id: int) -> None:
+        owner, seal = info.node_pool_prompt
+        self.manager.admit_from_node_pool(
+            request_id, owner, seal, info.max_new_tokens, stream=self._producer_stream
+        )
+        sealed = self.manager.sequence_length(request_id)
+        if sealed != info.prompt_len:
+            self.manager.release(request_id)
+            raise ValueError(
+                f"request {info.key!r}: the node pool prompt holds {sealed} tokens, the request "
+                f"{info.prompt_len}"
+            )
+        self._next_request_id += 1
+        self._ids_by_key[info.key] = request_id
+        self._ids_by_pool_idx[info.req_pool_idx] = request_id
         self._ready.append(req)
 
     def collect_ready_reqs(self) -> List[Any]:

@@ -6,6 +6,7 @@
 //   binding_options.cc  LayerShape, KVGeometry, EvictionPolicy, CacheOptions, HotCacheShape
 //   binding_stats.cc    LayerStats, CacheStats
 //   binding_manager.cc  Backend and its factories, HotLayer, SparseKVCacheManager
+//   binding_node_pool.cc NodePool
 //   binding_util.cc     Status to exception, tensor views, stream arguments
 #include <pybind11/pybind11.h>
 
@@ -71,5 +72,6 @@ PYBIND11_MODULE(_core, m) {
   RegisterOptions(m);
   RegisterStats(m);
   RegisterBackends(m);
+  RegisterNodePool(m);
   RegisterManager(m);
 }

@@ -54,8 +54,17 @@ int32_t RowStride(const CacheOptions& o, int32_t layer, const char* op) {
 
 class PyManager {
  public:
-  PyManager(const CacheOptions& options, PyBackend backend) : backend_(std::move(backend)) {
-    manager_ = Check(SparseKVCacheManager::Create(options, backend_.backend));
+  PyManager(const CacheOptions& options, PyBackend backend, const PyNodePool* pool)
+      : backend_(std::move(backend)) {
+    manager_ = Check(pool == nullptr
+                         ? SparseKVCacheManager::Create(options, backend_.backend)
+                         : SparseKVCacheManager::Create(options, backend_.backend, pool->pool));
+  }
+
+  void AdmitFromNodePool(PyRequestId id, int32_t owner, uint64_t seal, int32_t max_new_tokens,
+                         const py::object& stream) {
+    Check(manager_->AdmitSealedPrompt(id.value, owner, seal, max_new_tokens, Stream(stream)));
+    cached_.erase(id.value);
   }
 
   void Admit(PyRequestId id, int32_t prompt_len, int32_t max_new_tokens, const py::object& stream) {
@@ -414,9 +423,11 @@ void RegisterManager(py::module_& m) {
   py::class_<PyManager>(m, "SparseKVCacheManager",
                         "The request lifecycle and per-step entry points "
                         "(include/sparsekv/manager.h). Request ids are ints in [0, 2**64).")
-      .def(py::init<const CacheOptions&, PyBackend>(), py::arg("options"), py::arg("backend"),
-           "Validates `options` and allocates the host pool, the hot cache and the device "
-           "buffers of the run phase on `backend`.")
+      .def(py::init<const CacheOptions&, PyBackend, const PyNodePool*>(), py::arg("options"),
+           py::arg("backend"), py::arg("pool") = py::none(),
+           "Validates `options` and allocates the host pool (or uses `pool`, a NodePool whose "
+           "shape options must have: NodePool.with_shape), the hot cache and the device buffers "
+           "of the run phase on `backend`.")
       // ---- Lifecycle ----
       .def("admit", &PyManager::Admit, py::arg("request_id"), py::arg("prompt_len"),
            py::arg("max_new_tokens"), no_stream,
@@ -452,6 +463,12 @@ void RegisterManager(py::module_& m) {
            "positions [0, cached) were found (a multiple of host_page_tokens, less than the "
            "prompt length, 0 on a miss); ingest only [cached, prompt_len) with "
            "ingest_prompt_suffix. Errors as admit(); nothing changes on error.")
+      .def("admit_from_node_pool", &PyManager::AdmitFromNodePool, py::arg("request_id"),
+           py::arg("owner"), py::arg("seal"), py::arg("max_new_tokens"), no_stream,
+           "Admits the prompt `owner` sealed as `seal` in the manager's node pool (by this or "
+           "another process), with room for max_new_tokens more: its pages are shared, nothing "
+           "is ingested or copied but the window. NotFoundError if the seal has ended (released, "
+           "or its writer died): recompute the request.")
       .def("ingest_prompt_suffix", &PyManager::IngestPromptSuffix, py::arg("request_id"),
            py::arg("layer"), py::arg("rows"), no_stream,
            "ingest_prompt() for a request admitted with admit_with_prefix: rows is "

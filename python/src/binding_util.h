@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/host_kv_pool.h"
 #include "sparsekv/status.h"
 #include "sparsekv/types.h"
 
@@ -37,6 +38,7 @@ void RegisterErrors(py::module_& m);    // binding.cc
 void RegisterOptions(py::module_& m);   // binding_options.cc
 void RegisterStats(py::module_& m);     // binding_stats.cc
 void RegisterBackends(py::module_& m);  // binding_manager.cc: Backend, the backend factories
+void RegisterNodePool(py::module_& m);  // binding_node_pool.cc: NodePool
 void RegisterManager(py::module_& m);   // binding_manager.cc: HotLayer, SparseKVCacheManager
 
 // ---- Errors ----
@@ -168,6 +170,16 @@ class StreamResolver {
 
  private:
   std::optional<py::object> torch_current_stream_;  // torch.cuda.current_stream, or None
+};
+
+// ---- Node pools ----
+
+// A node pool attached by this process, the backend its rows are registered with, and the stream
+// rules of its calls.
+struct PyNodePool {
+  std::shared_ptr<HostKVPool> pool;
+  PyBackend backend;
+  StreamResolver streams{};
 };
 
 }  // namespace sparsekv

@@ -90,7 +90,8 @@ StatusOr<Binding> ParseRecord(const redisReply* reply, std::string_view what) {
   if (!ReplyInt(e[0], &b.generation) || !ReplyInt(e[2], &l.node_incarnation) ||
       !ReplyInt(e[3], &l.region_id) || !ReplyInt(e[4], &l.base_offset) ||
       !ReplyInt(e[5], &l.layer_stride) || !ReplyInt(e[6], &l.row_stride) ||
-      !ReplyInt(e[7], &l.row_bytes) || !ReplyInt(e[8], &l.layers) || !ReplyInt(e[9], &l.tokens)) {
+      !ReplyInt(e[7], &l.row_bytes) || !ReplyInt(e[8], &l.layers) || !ReplyInt(e[9], &l.tokens) ||
+      !ReplyInt(e[10], &l.node_pool_owner) || !ReplyInt(e[11], &l.node_pool_seal)) {
     return Unexpected(what);
   }
   return b;
@@ -378,6 +379,12 @@ StatusOr<uint64_t> ControlPlane::Publish(const std::string& request_key,
     return InvalidArgument("control plane: request " + request_key +
                            ": layers, tokens and row_bytes must be >= 1");
   }
+  if (location.node_pool_owner < -1 ||
+      (location.node_pool_owner >= 0) != (location.node_pool_seal > 0)) {
+    return InvalidArgument("control plane: request " + request_key +
+                           ": a node pool location has an owner >= 0 and a seal >= 1, any other "
+                           "location owner -1 and seal 0");
+  }
   const std::string& p = options_.key_prefix;
   const std::string values[kRecordFieldCount] = {location.node_id,
                                                  std::to_string(location.node_incarnation),
@@ -387,7 +394,9 @@ StatusOr<uint64_t> ControlPlane::Publish(const std::string& request_key,
                                                  std::to_string(location.row_stride),
                                                  std::to_string(location.row_bytes),
                                                  std::to_string(location.layers),
-                                                 std::to_string(location.tokens)};
+                                                 std::to_string(location.tokens),
+                                                 std::to_string(location.node_pool_owner),
+                                                 std::to_string(location.node_pool_seal)};
   const std::string script = Script(kPublishScript);
   const std::string record = RecordKey(p, request_key), readers = ReadersKey(p, request_key),
                     generations = GenerationKey(p, request_key), node_prefix = NodeKeyPrefix(p);

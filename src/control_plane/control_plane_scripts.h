@@ -154,16 +154,17 @@ return generation
 )lua";
 
 // The record's fields, in the order the read scripts return them (after the generation).
-constexpr const char* kRecordFields[] = {"node",      "incarnation",  "region",
-                                         "base",      "layer_stride", "row_stride",
-                                         "row_bytes", "layers",       "tokens"};
+constexpr const char* kRecordFields[] = {"node",         "incarnation", "region",    "base",
+                                         "layer_stride", "row_stride",  "row_bytes", "layers",
+                                         "tokens",       "pool_owner",  "pool_seal"};
 constexpr int kRecordFieldCount = sizeof(kRecordFields) / sizeof(kRecordFields[0]);
 
 // KEYS: record, readers, generation counter. ARGV: node key prefix, request, reader, lease ms.
 // Returns [generation, kRecordFields...].
 constexpr std::string_view kBindScript = R"lua(
 local record = redis.call('HMGET', KEYS[1], 'generation', 'node', 'incarnation', 'region', 'base',
-                          'layer_stride', 'row_stride', 'row_bytes', 'layers', 'tokens')
+                          'layer_stride', 'row_stride', 'row_bytes', 'layers', 'tokens',
+                          'pool_owner', 'pool_seal')
 if not record[1] then
   return refuse('NOTFOUND', 'no location record for request ' .. ARGV[2])
 end
@@ -231,7 +232,8 @@ return 1
 // KEYS: record, readers. Returns [generation, kRecordFields..., live readers, done readers].
 constexpr std::string_view kLookupScript = R"lua(
 local record = redis.call('HMGET', KEYS[1], 'generation', 'node', 'incarnation', 'region', 'base',
-                          'layer_stride', 'row_stride', 'row_bytes', 'layers', 'tokens')
+                          'layer_stride', 'row_stride', 'row_bytes', 'layers', 'tokens',
+                          'pool_owner', 'pool_seal')
 if not record[1] then return record end
 table.insert(record, redis.call('ZCOUNT', KEYS[2], '(' .. now_ms(), '+inf'))
 table.insert(record, tonumber(redis.call('HGET', KEYS[1], 'done') or '0'))

@@ -287,6 +287,42 @@ TEST_F(ControlPlaneTest, PublishBindDoneRelease) {
   EXPECT_EQ(*generation, 2u);
 }
 
+// A prompt sealed in a node pool: the record carries the owner and seal (node_pool.h) through
+// Bind and Lookup; an owner without a seal, or a seal without an owner, is refused.
+TEST_F(ControlPlaneTest, NodePoolLocationsKeepTheirOwnerAndSeal) {
+  auto plane = Connect();
+  ASSERT_NE(plane, nullptr);
+  ASSERT_TRUE(plane->RegisterNode("node-a", "", kLongLease).ok());
+  RequestLocation location;
+  location.node_id = "node-a";
+  location.node_incarnation = 1;
+  location.region_id = 1;
+  location.row_bytes = 656;
+  location.layers = 61;
+  location.tokens = 32768;
+  location.node_pool_owner = 17;
+  location.node_pool_seal = uint64_t{3} << 40;  // beyond 32 bits
+  ASSERT_TRUE(plane->Publish("np-1", location).ok());
+  auto binding = plane->Bind("np-1", "decode", kLongLease);
+  ASSERT_TRUE(binding.ok()) << binding.status().ToString();
+  EXPECT_EQ(binding->location, location);
+  auto looked_up = plane->Lookup("np-1");
+  ASSERT_TRUE(looked_up.ok());
+  EXPECT_EQ(looked_up->location.node_pool_seal, location.node_pool_seal);
+  // An affine location keeps -1 and 0.
+  ASSERT_TRUE(plane->Publish("affine", Location("node-a", 1)).ok());
+  auto affine = plane->Lookup("affine");
+  ASSERT_TRUE(affine.ok());
+  EXPECT_EQ(affine->location.node_pool_owner, -1);
+  EXPECT_EQ(affine->location.node_pool_seal, 0u);
+  RequestLocation bad = location;
+  bad.node_pool_seal = 0;
+  EXPECT_EQ(plane->Publish("np-2", bad).status().code(), StatusCode::kInvalidArgument);
+  bad = location;
+  bad.node_pool_owner = -1;
+  EXPECT_EQ(plane->Publish("np-2", bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(ControlPlaneTest, StaleGenerationsAreRefused) {
   auto plane = Connect();
   ASSERT_NE(plane, nullptr);

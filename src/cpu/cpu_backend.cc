@@ -17,6 +17,8 @@ class CpuBackend final : public Backend {
 
   StatusOr<void*> AllocateHost(size_t bytes) override { return Allocate(bytes); }
   void FreeHost(void* ptr) override { std::free(ptr); }
+  Status RegisterHost(void*, size_t) override { return Status::Ok(); }
+  void UnregisterHost(void*) override {}
   StatusOr<void*> AllocateDevice(size_t bytes) override { return Allocate(bytes); }
   void FreeDevice(void* ptr) override { std::free(ptr); }
 

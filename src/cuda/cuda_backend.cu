@@ -128,6 +128,27 @@ class CudaBackend final : public Backend {
     Release(ptr, block);
   }
 
+  Status RegisterHost(void* ptr, size_t bytes) override {
+    DeviceGuard guard(device_);
+    SPARSEKV_CUDA_RETURN_IF_ERROR(
+        cudaHostRegister(ptr, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    // The kernels address host memory by its host pointer (UVA).
+    void* device_ptr = nullptr;
+    const cudaError_t err = cudaHostGetDevicePointer(&device_ptr, ptr, 0);
+    if (err != cudaSuccess || device_ptr != ptr) {
+      cudaGetLastError();
+      cudaHostUnregister(ptr);
+      return err != cudaSuccess
+                 ? CudaError(err, "cudaHostGetDevicePointer")
+                 : Internal("host memory is mapped at a different device address (no UVA)");
+    }
+    return Status::Ok();
+  }
+  void UnregisterHost(void* ptr) override {
+    DeviceGuard guard(device_);
+    if (cudaHostUnregister(ptr) != cudaSuccess) cudaGetLastError();
+  }
+
   StatusOr<void*> AllocateDevice(size_t bytes) override {
     DeviceGuard guard(device_);
     void* ptr = nullptr;

@@ -46,6 +46,11 @@ StatusOr<std::unique_ptr<SparseKVCacheManager>> SparseKVCacheManager::Create(
         "SparseKVCacheManager: the pool's host_page_tokens, host_capacity_tokens or max_context "
         "differ from options'");
   }
+  if (backend->kind() == BackendKind::kCuda && pool->backend().kind() != BackendKind::kCuda) {
+    return InvalidArgument(
+        "SparseKVCacheManager: the pool's rows were not allocated (or, for a node pool, "
+        "registered) by a CUDA backend, so the device cannot read them");
+  }
   auto impl = std::make_unique<Impl>(options, std::move(backend), std::move(pool));
   SPARSEKV_RETURN_IF_ERROR(impl->Allocate());
   return std::unique_ptr<SparseKVCacheManager>(new SparseKVCacheManager(std::move(impl)));
@@ -72,6 +77,10 @@ Status SparseKVCacheManager::Promote(RequestId id, StreamHandle stream) {
   return impl_->Promote(id, stream);
 }
 bool SparseKVCacheManager::IsResident(RequestId id) const { return impl_->IsResident(id); }
+Status SparseKVCacheManager::AdmitSealedPrompt(RequestId id, int32_t owner, uint64_t seal,
+                                               int32_t max_new_tokens, StreamHandle stream) {
+  return impl_->AdmitSealedPrompt(id, owner, seal, max_new_tokens, stream);
+}
 StatusOr<int32_t> SparseKVCacheManager::AdmitWithPrefix(RequestId id,
                                                         std::span<const int32_t> token_ids,
                                                         int32_t max_new_tokens,

@@ -13,11 +13,13 @@
 #include "sparsekv/host_kv_pool.h"
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/manager.h"
+#include "sparsekv/node_pool.h"
 #include "testing/cuda_test_util.h"
 #include "testing/workload.h"
 
 #if defined(SPARSEKV_WITH_CUDA)
 #include <cuda_runtime.h>
+#include <unistd.h>
 #endif
 
 namespace sparsekv {
@@ -186,12 +188,32 @@ TEST(ManagerCudaTest, TwoGpusShareOneHostPool) {
 // captured once and replayed for many steps whose batch composition and top-k change; every
 // replay must equal the CPU backend running the same steps eagerly. `o` has three layers and
 // room for 6 requests of up to 512 tokens; a step runs 1-4 of them. With `change_residency`
-// (hybrid residency), requests are promoted, retracted and resumed between some replays.
+// (hybrid residency), requests are promoted, retracted and resumed between some replays. With
+// `node_pool`, the CUDA manager's pool is a node pool (its rows registered with the GPU): a
+// writer attached to the same segment writes and seals each prompt, the manager admits it from
+// the sealed pages (AdmitFromNodePool), and the writer releases them after 30 steps.
 void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions& o,
-                         const testing::RunMode& mode, bool change_residency = false) {
+                         const testing::RunMode& mode, bool change_residency = false,
+                         bool node_pool = false) {
   auto cpu = MustCreate(o, CreateCpuBackend());
-  auto dev = MustCreate(o, gpu);
+  std::shared_ptr<HostKVPool> writer;
+  std::unique_ptr<SparseKVCacheManager> dev;
+  if (node_pool) {
+    NodePoolOptions node;
+    node.name = "sparsekv-cuda-test-" + std::to_string(getpid());
+    auto created = CreateNodePool(o, 16, node, CreateCpuBackend());
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    writer = *created;
+    auto pool = OpenNodePool(writer->node_pool_path(), node, gpu);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    auto m = SparseKVCacheManager::Create(o, gpu, *pool);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    dev = std::move(*m);
+  } else {
+    dev = MustCreate(o, gpu);
+  }
   ASSERT_TRUE(cpu && dev);
+  std::vector<int32_t> written_owners;
 
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -208,6 +230,22 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
       rows.push_back(testing::RandomRows(rng, prompt, l.row_stride));
     }
     for (SparseKVCacheManager* m : {cpu.get(), dev.get()}) {
+      if (m == dev.get() && node_pool) {
+        StatusOr<int32_t> owner = writer->AcquireOwner();
+        ASSERT_TRUE(owner.ok());
+        ASSERT_TRUE(writer->Reserve(*owner, prompt).ok());
+        for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
+          ASSERT_TRUE(WritePromptLayer(*writer, *CreateCpuBackend(), *owner, l, rows[l].data(),
+                                       prompt, nullptr)
+                          .ok());
+        }
+        StatusOr<uint64_t> seal = writer->Seal(*owner, prompt);
+        ASSERT_TRUE(seal.ok());
+        const Status admitted = AdmitFromNodePool(*dev, id, {*owner, *seal}, 200, stream);
+        ASSERT_TRUE(admitted.ok()) << admitted.ToString();
+        written_owners.push_back(*owner);
+        continue;
+      }
       ASSERT_TRUE(m->Admit(id, prompt, 200, stream).ok());
       for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
         ASSERT_TRUE(m->IngestPrompt(id, l, rows[l].data(), stream).ok());
@@ -221,6 +259,13 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
   const int32_t group = o.layers_per_index;
   cudaGraphExec_t exec = nullptr;
   for (int step = 0; step < 60; ++step) {
+    if (node_pool && step == 30) {
+      // The writer lets go; the manager's references keep the pages its graph reads.
+      for (int32_t owner : written_owners) {
+        writer->Release(owner);
+        writer->ReleaseOwner(owner);
+      }
+    }
     if (change_residency && step % 10 == 5) {
       // Between replays: the graph reads the batch table, so a request's mode may change.
       const RequestId promoted = ids[rng() % ids.size()];
@@ -312,6 +357,11 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
     EXPECT_GT(b->total.resident_hits, 0u);
     EXPECT_GT(b->demotions + b->promotions, 0u);
   }
+  if (node_pool) {
+    // Copy on write of the partial last pages, shared with the writer at the first appends.
+    EXPECT_GT(b->copy_on_write_pages, 0u);
+    EXPECT_EQ(b->bytes_ingested, 0u);
+  }
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaStreamDestroy(stream));
 }
@@ -333,6 +383,16 @@ CacheOptions ReplayOptions() {
 TEST(ManagerCudaTest, CapturedStepReplaysExactly) {
   SPARSEKV_REQUIRE_GPU(gpu);
   ReplayCapturedSteps(gpu, ReplayOptions(), testing::RunMode());
+}
+
+// Requests whose prompts another process's writer sealed in a node pool (here a second attach to
+// the segment), admitted without copying, in one captured graph: replays read their rows from the
+// segment registered with the GPU like any pool row, before and after the writer releases them.
+TEST(ManagerCudaTest, CapturedStepOverANodePoolReplaysExactly) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  CacheOptions o = ReplayOptions();
+  o.host_capacity_tokens = 8 * 512;  // the writer's prompts and the manager's new tokens
+  ReplayCapturedSteps(gpu, o, testing::RunMode(), /*change_residency=*/false, /*node_pool=*/true);
 }
 
 // The transfer-hiding paths in one captured step: split runs (fill masks), index groups, shared

@@ -351,6 +351,31 @@ Status SparseKVCacheManager::Impl::IngestIndexerKeys(RequestId id, int32_t layer
   return Status::Ok();
 }
 
+Status SparseKVCacheManager::Impl::AdmitSealedPrompt(RequestId id, int32_t owner, uint64_t seal,
+                                                     int32_t max_new_tokens, StreamHandle stream) {
+  if (max_new_tokens < 0) return InvalidArgument("AdmitSealedPrompt: max_new_tokens must be >= 0");
+  if (requests_.contains(id) || ledger_->IsRetained(id)) {
+    return AlreadyExists("AdmitSealedPrompt: " + Describe(id) + " already exists");
+  }
+  // Our own references, held while admission may evict and then dropped: the request's table
+  // takes references of its own.
+  SPARSEKV_ASSIGN_OR_RETURN(HostKVPool::SealedPages sealed, pool_->ShareSealed(owner, seal));
+  const int32_t prompt_len = sealed.tokens;
+  // As a fork: a shared, partially filled last page is copied by the first append into it.
+  const bool spare = prompt_len % options_.host_page_tokens != 0 && max_new_tokens > 0;
+  std::vector<int32_t> spares;
+  StatusOr<Request*> r =
+      AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, sealed.pages,
+                  int32_t{spare}, spares, /*may_be_resident=*/false, stream);
+  for (int32_t page : sealed.pages) ledger_->Unref(page);
+  if (!r.ok()) return r.status();
+  if (spare) (*r)->cow_page = spares[0];
+  (*r)->cached = prompt_len;
+  (*r)->ingested.assign(options_.geometry.num_layers(), true);
+  (*r)->ingested_layers = options_.geometry.num_layers();
+  return LoadIngestedWindows(**r, stream);
+}
+
 Status SparseKVCacheManager::Impl::LoadIngestedWindows(const Request& r, StreamHandle stream) {
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
     if (r.ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, l, nullptr, 0, stream));

@@ -60,6 +60,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
                                     int32_t max_new_tokens, StreamHandle stream);
   Status IngestPromptSuffix(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
   Status Fork(RequestId parent, RequestId child, int32_t max_new_tokens, StreamHandle stream);
+  Status AdmitSealedPrompt(RequestId id, int32_t owner, uint64_t seal, int32_t max_new_tokens,
+                           StreamHandle stream);
   StatusOr<int32_t> Retain(RequestId id);
   int32_t EvictRetained() { return ledger_->DropAll(); }
   bool IsRetained(RequestId id) const { return ledger_->IsRetained(id); }
@@ -126,7 +128,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
     // Resident mode: the first slots of the resident pages holding positions [i * R, (i + 1) * R);
     // empty in hot-cache mode.
     std::vector<int32_t> resident_pages{};
-    // Forked children and remote-backed requests stay in hot-cache mode.
+    // Forked children, sealed prompts and remote-backed requests stay in hot-cache mode.
     bool may_be_resident = true;
     // Indexer keys (CacheOptions::indexer_key_bytes): the first slots of the pages holding
     // positions [i * keys_per_page, (i + 1) * keys_per_page), and the layers whose prompt keys
@@ -150,7 +152,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // LoadWindow from the host pool for every layer of `r` already ingested (the others get their
   // window at their ingestion).
   Status LoadIngestedWindows(const Request& r, StreamHandle stream);
-  // Admission shared by Admit, AdmitWithPrefix, Fork and AdmitWithPages: checks, makes room,
+  // Admission shared by Admit, AdmitWithPrefix, Fork, AdmitSealedPrompt and AdmitWithPages:
+  // checks, makes room,
   // reserves `tokens` with `shared` as the first pages plus `spare_pages` private pages (returned
   // in `spares`), and places the request on the device (PlaceOnDevice). REQUIRES: the caller
   // holds a reference to every page of `shared`.

@@ -3,9 +3,11 @@
 #include "tools/sparsekv/cli.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -476,6 +478,11 @@ TEST(CliTest, RangeErrorsSayTheRangeInWords) {
       {{"multi-turn", "--preset", "llama"}, "--preset"},
       {{"pool", "--node-id", "a", "--lease-ms", "10"}, "--lease-ms: must be in [30, 600000]"},
       {{"pool", "--node-id", ""}, "--node-id: must not be empty"},
+      {{"pool", "--node-id", "a", "--layers", "4"}, "--layers requires --node-pool"},
+      {{"pool", "--node-id", "a", "--node-pool", "x", "--transports", "tcp"},
+       "--transports excludes --node-pool"},
+      {{"pool", "--node-id", "a", "--node-pool", "x", "--max-processes", "0"},
+       "--max-processes: must be in [1, 4096]"},
   };
   for (const auto& [args, expected] : cases) {
     const CliRun r = Cli(args);
@@ -484,6 +491,19 @@ TEST(CliTest, RangeErrorsSayTheRangeInWords) {
     EXPECT_EQ(r.err.find("1797"), std::string::npos) << r.err;  // no DBL_MAX in full
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
+}
+
+// A node pool whose shape cannot be (the library's refusal) is a usage error too, and leaves no
+// segment behind.
+TEST(CliTest, PoolRefusesANodePoolShapeItCannotHave) {
+  const std::string name = "sparsekv-cli-test-" + std::to_string(getpid());
+  const CliRun r = Cli({"pool", "--node-id", "a", "--control-plane", "127.0.0.1:1", "--node-pool",
+                        name, "--capacity-tokens", "64", "--page-tokens", "128", "--layers", "2"});
+  EXPECT_EQ(r.code, kExitUsage) << r.err;
+  EXPECT_NE(r.err.find("--node-pool '" + name + "'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("host_capacity_tokens must hold at least one page"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + name));
 }
 
 TEST(CliTest, WindowBeyondTheContextIsRefused) {

@@ -1,5 +1,6 @@
 #include "tools/sparsekv/pool/pool_command.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <memory>
 
 #include "sparsekv/control_plane.h"
+#include "sparsekv/node_pool.h"
 #include "sparsekv/transport.h"
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/validators.h"
@@ -94,18 +96,72 @@ PoolCommand::PoolCommand(CLI::App& parent) {
   app_->add_option("--key-prefix", key_prefix_, "Prefix of every control-plane key")
       ->check(NonEmpty())
       ->capture_default_str();
-  app_->add_option("--region-mib", region_mib_, "Size of the contributed region, MiB")
-      ->capture_default_str()
-      ->check(Between<int64_t>(1, int64_t{1} << 30));
-  app_->add_option("--transports", transports_,
-                   "UCX transports (UCX_TLS), e.g. tcp or shm; empty = UCX's choice");
-  app_->add_option("--net-devices", net_devices_, "UCX network devices, e.g. lo; empty = all");
+  CLI::Option* region_mib =
+      app_->add_option("--region-mib", region_mib_, "Size of the contributed region, MiB")
+          ->capture_default_str()
+          ->check(Between<int64_t>(1, int64_t{1} << 30));
+  CLI::Option* transports =
+      app_->add_option("--transports", transports_,
+                       "UCX transports (UCX_TLS), e.g. tcp or shm; empty = UCX's choice");
+  CLI::Option* net_devices =
+      app_->add_option("--net-devices", net_devices_, "UCX network devices, e.g. lo; empty = all");
   app_->add_option("--lease-ms", lease_ms_, "Membership lease; heartbeats every third of it")
       ->capture_default_str()
       ->check(Between<int64_t>(30, 600000));
   app_->add_option("--timeout-ms", timeout_ms_, "Deadline of every control-plane call and transfer")
       ->capture_default_str()
       ->check(Between<int64_t>(1, 600000));
+  const std::string group = "Node pool (instead of a UCX region; docs/scale-out.md)";
+  CLI::Option* node_pool =
+      app_->add_option("--node-pool", node_pool_,
+                       "Create and serve the node pool NAME (a shared-memory segment the processes "
+                       "of this machine attach to) instead of a UCX region")
+          ->excludes(region_mib)
+          ->excludes(transports)
+          ->excludes(net_devices)
+          ->group(group);
+  app_->add_option("--node-pool-dir", node_pool_dir_,
+                   "Directory of the node pool's file: a tmpfs, or a hugetlbfs mount")
+      ->capture_default_str()
+      ->check(NonEmpty())
+      ->needs(node_pool)
+      ->group(group);
+  app_->add_option("--layers", layers_, "Node pool: layers of the KV geometry")
+      ->capture_default_str()
+      ->check(Between<int32_t>(1, 4096))
+      ->needs(node_pool)
+      ->group(group);
+  app_->add_option("--row-bytes", row_bytes_, "Node pool: bytes of a row (every layer)")
+      ->capture_default_str()
+      ->check(Between<int32_t>(1, 1 << 20))
+      ->needs(node_pool)
+      ->group(group);
+  app_->add_option("--page-tokens", page_tokens_, "Node pool: tokens per host page")
+      ->capture_default_str()
+      ->check(Between<int32_t>(1, 1 << 20))
+      ->needs(node_pool)
+      ->group(group);
+  app_->add_option("--capacity-tokens", capacity_tokens_, "Node pool: tokens the pool holds")
+      ->capture_default_str()
+      ->check(Between<int64_t>(1, INT32_MAX))
+      ->needs(node_pool)
+      ->group(group);
+  app_->add_option("--max-context", max_context_, "Node pool: most tokens of one request")
+      ->capture_default_str()
+      ->check(Between<int32_t>(1, INT32_MAX))
+      ->needs(node_pool)
+      ->group(group);
+  app_->add_option("--max-owners", max_owners_,
+                   "Node pool: page-table rows (live requests and prompts of every process)")
+      ->capture_default_str()
+      ->check(Between<int32_t>(1, 1 << 20))
+      ->needs(node_pool)
+      ->group(group);
+  app_->add_option("--max-processes", max_processes_, "Node pool: processes attached at once")
+      ->capture_default_str()
+      ->check(Between<int32_t>(1, 4096))
+      ->needs(node_pool)
+      ->group(group);
 }
 
 bool PoolCommand::selected() const { return app_->parsed(); }
@@ -128,22 +184,75 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
 
   stop_requested = 0;
   StopSignals signals;
-  const uint64_t bytes = static_cast<uint64_t>(region_mib_) << 20;
-  Mapping memory(bytes);
-  if (memory.base() == nullptr) {
-    return fail("allocating the region", ResourceExhausted(std::to_string(bytes) + " bytes"));
+  // What this server serves as region 0: a UCX region of anonymous memory, or a node pool.
+  std::unique_ptr<Mapping> memory;
+  std::unique_ptr<Transport> transport;
+  RegionHandle region{};
+  std::shared_ptr<HostKVPool> pool;
+  std::string descriptor;
+  std::string serves;  // for the log line
+  if (node_pool_.empty()) {
+    const uint64_t bytes = static_cast<uint64_t>(region_mib_) << 20;
+    memory = std::make_unique<Mapping>(bytes);
+    if (memory->base() == nullptr) {
+      return fail("allocating the region", ResourceExhausted(std::to_string(bytes) + " bytes"));
+    }
+    UcxTransportOptions transport_options;
+    transport_options.transports = transports_;
+    transport_options.net_devices = net_devices_;
+    transport_options.operation_timeout = milliseconds(timeout_ms_);
+    auto created = CreateUcxTransport(transport_options);
+    if (!created.ok()) return fail("creating the UCX transport", created.status());
+    transport = std::move(created).value();
+    signals.Unblock();
+    auto registered = transport->RegisterRegion(memory->base(), bytes);
+    if (!registered.ok()) return fail("registering the region", registered.status());
+    region = *registered;
+    auto exported = transport->ExportRegion(region);
+    if (!exported.ok()) return fail("exporting the region", exported.status());
+    descriptor = *exported;
+    serves = "region 0 (" + std::to_string(bytes) + " bytes, transports '" + transports_ + "')";
+  } else {
+    signals.Unblock();
+    // The node pool's shape; the hot-cache fields are the manager's (each process's own).
+    CacheOptions o;
+    o.geometry = KVGeometry::Uniform(layers_, row_bytes_);
+    o.host_page_tokens = page_tokens_;
+    o.host_capacity_tokens = capacity_tokens_;
+    o.max_context = max_context_;
+    o.top_k = o.hot_slots = o.max_requests = 1;
+    NodePoolOptions node;
+    node.name = node_pool_;
+    node.directory = node_pool_dir_;
+    node.max_processes = max_processes_;
+    auto created = CreateNodePool(o, max_owners_, node, CreateCpuBackend());
+    if (created.status().code() == StatusCode::kInvalidArgument) {
+      // A shape the pool cannot have (e.g. --max-context above --capacity-tokens, a bad name).
+      fail("--node-pool '" + node_pool_ + "'", created.status());
+      return kExitUsage;
+    }
+    if (!created.ok()) return fail("creating node pool '" + node_pool_ + "'", created.status());
+    pool = *created;
+    descriptor = DescribeNodePool(*pool).Serialize();
+    serves = "node pool " + pool->node_pool_path() + " as region 0 (" +
+             std::to_string(pool->total_pages()) + " pages of " + std::to_string(page_tokens_) +
+             " tokens, " + std::to_string(pool->bytes()) + " bytes of rows)";
   }
-  UcxTransportOptions transport_options;
-  transport_options.transports = transports_;
-  transport_options.net_devices = net_devices_;
-  transport_options.operation_timeout = milliseconds(timeout_ms_);
-  auto transport = CreateUcxTransport(transport_options);
-  if (!transport.ok()) return fail("creating the UCX transport", transport.status());
-  signals.Unblock();
-  auto region = (*transport)->RegisterRegion(memory.base(), bytes);
-  if (!region.ok()) return fail("registering the region", region.status());
-  auto descriptor = (*transport)->ExportRegion(*region);
-  if (!descriptor.ok()) return fail("exporting the region", descriptor.status());
+  // The node pool's occupancy, printed when it changes.
+  std::string occupancy;
+  auto report_pool = [&](int32_t reclaimed) {
+    if (pool == nullptr) return;
+    const std::string now = "free pages " + std::to_string(pool->free_pages()) + " of " +
+                            std::to_string(pool->total_pages()) + ", free owners " +
+                            std::to_string(pool->free_owners()) + " of " +
+                            std::to_string(pool->max_owners()) + ", live processes " +
+                            std::to_string(pool->live_processes());
+    if (reclaimed > 0) {
+      out << "pool: reclaimed " << reclaimed << " dead process(es)" << std::endl;
+    }
+    if (now != occupancy || reclaimed > 0) out << "pool: " << now << std::endl;
+    occupancy = now;
+  };
   auto plane = ControlPlane::Connect(plane_options);
   if (!plane.ok()) return fail("connecting to the control plane", plane.status());
 
@@ -157,11 +266,12 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
     // A live id is refused (AlreadyExists): the message names the id and who holds it.
     return fail("joining the pool as node '" + node_id_ + "'", registered.status());
   }
-  if (Status s = (*plane)->PublishRegion(node_id_, incarnation, 0, *descriptor); !s.ok()) {
+  if (Status s = (*plane)->PublishRegion(node_id_, incarnation, 0, descriptor); !s.ok()) {
     return fail("publishing region 0", s);
   }
-  out << "pool: node " << node_id_ << " incarnation " << incarnation << " serves region 0 ("
-      << bytes << " bytes, transports '" << transports_ << "') via " << control_plane_ << std::endl;
+  out << "pool: node " << node_id_ << " incarnation " << incarnation << " serves " << serves
+      << " via " << control_plane_ << std::endl;
+  report_pool(0);
 
   // Exit code once serving ends: kExitOk on a stop signal, kExitFailure if the id was taken.
   int code = kExitOk;
@@ -171,10 +281,15 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
     const auto wait =
         std::clamp(std::chrono::duration_cast<milliseconds>(next_heartbeat - Clock::now()),
                    milliseconds(0), heartbeat_period);
-    if (Status s = (*transport)->WaitForEvents(wait); !s.ok()) {
-      return fail("progressing the transport", s);
+    if (transport != nullptr) {
+      if (Status s = transport->WaitForEvents(wait); !s.ok()) {
+        return fail("progressing the transport", s);
+      }
+    } else {
+      poll(nullptr, 0, static_cast<int>(wait.count()));  // a stop signal ends it early
     }
     if (Clock::now() < next_heartbeat) continue;
+    if (pool != nullptr) report_pool(pool->ReclaimDeadProcesses());
     next_heartbeat = Clock::now() + heartbeat_period;
     Status beat = (*plane)->Heartbeat(node_id_, incarnation, lease);
     if (beat.code() == StatusCode::kNotFound) {
@@ -189,7 +304,7 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
       }
     }
     if (beat.ok() && !region_published) {
-      beat = (*plane)->PublishRegion(node_id_, incarnation, 0, *descriptor);
+      beat = (*plane)->PublishRegion(node_id_, incarnation, 0, descriptor);
       region_published = beat.ok();
     }
     if (beat.code() == StatusCode::kFailedPrecondition ||
@@ -201,16 +316,20 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
     }
     if (!beat.ok()) err << "sparsekv pool: heartbeat failed: " << beat.ToString() << "\n";
   }
+  // Deregistered once, and only by the live member (an id taken over belongs to another).
   if (code == kExitOk) {
     if (Status s = (*plane)->Deregister(node_id_, incarnation); !s.ok()) {
       err << "sparsekv pool: deregistering: " << s.ToString() << "\n";
     }
   }
-  if (Status s = (*plane)->Deregister(node_id_, incarnation); !s.ok()) {
-    err << "sparsekv pool: deregistering: " << s.ToString() << "\n";
+  if (transport != nullptr) {
+    if (Status s = transport->UnregisterRegion(region); !s.ok()) {
+      return fail("unregistering the region", s);
+    }
   }
-  if (Status s = (*transport)->UnregisterRegion(*region); !s.ok()) {
-    return fail("unregistering the region", s);
+  if (pool != nullptr) {
+    report_pool(pool->ReclaimDeadProcesses());
+    pool.reset();  // detaches; the last process to detach removes the segment's file
   }
   out << "pool: node " << node_id_ << " incarnation " << incarnation << " stopped" << std::endl;
   return code;

@@ -5,6 +5,13 @@
 // 0 (docs/scale-out.md). If its lease lapses it rejoins as the same incarnation. Peers read and
 // write the region with one-sided operations; which bytes belong to which request is decided by the
 // writers and recorded in the control plane.
+//
+// With --node-pool NAME it serves a node pool instead (sparsekv/node_pool.h; no transport): it
+// creates the segment NAME for the geometry given (--layers, --row-bytes, --page-tokens,
+// --capacity-tokens, --max-context, --max-owners, --max-processes), publishes its descriptor as
+// region 0, and every heartbeat reclaims the pages of attached processes that died, printing the
+// pool's occupancy when it changes. On SIGTERM or SIGINT it detaches (the last process to detach
+// removes the segment's file).
 #pragma once
 
 #include <chrono>
@@ -24,7 +31,8 @@ class PoolCommand {
   explicit PoolCommand(CLI::App& parent);
   bool selected() const;
   // Serves until SIGTERM or SIGINT (it installs handlers for both). Returns an exit code (cli.h):
-  // kExitFailure if the transport, the region or the control plane cannot be set up, if the node
+  // kExitFailure if the transport, the region (or node pool) or the control plane cannot be set
+  // up, if the node
   // id is already a live member (refused at once, the live one keeps it), or if another process
   // took the id while this one's lease had lapsed (it then stops serving).
   // REQUIRES: the command line was parsed successfully and selected() is true.
@@ -40,6 +48,16 @@ class PoolCommand {
   std::string net_devices_;
   int64_t lease_ms_ = 3000;
   int64_t timeout_ms_ = 2000;
+  // --node-pool
+  std::string node_pool_;
+  std::string node_pool_dir_ = "/dev/shm";
+  int32_t layers_ = 61;
+  int32_t row_bytes_ = 656;
+  int32_t page_tokens_ = 64;
+  int64_t capacity_tokens_ = 1 << 20;
+  int32_t max_context_ = 1 << 17;
+  int32_t max_owners_ = 256;
+  int32_t max_processes_ = 16;
 };
 
 }  // namespace sparsekv::tools

@@ -1,0 +1,212 @@
+// Node pools (sparsekv/node_pool.h): creating and opening the segment, its descriptor, and the
+// helpers of the hand-off.
+#include "sparsekv/node_pool.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "host_pool/node_segment.h"
+#include "host_pool/pool_state.h"
+
+namespace sparsekv {
+namespace {
+
+constexpr std::string_view kDescriptorPrefix = "sparsekv-node-pool/1 ";
+constexpr int32_t kMaxProcesses = 4096;
+
+Status CheckName(const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 200 && name[0] != '.';
+  for (char c : name) {
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '.' || c == '_' || c == '-');
+  }
+  if (ok) return Status::Ok();
+  return InvalidArgument("node pool: name '" + name +
+                         "' must be 1-200 characters of [A-Za-z0-9._-], not starting with '.'");
+}
+
+}  // namespace
+
+// A HostKVPool over `segment`, not yet attached (self_ = -1) nor registered with a backend.
+// (A friend's helper: the constructor is private.)
+class NodePoolAccess {
+ public:
+  static std::shared_ptr<HostKVPool> Wrap(std::unique_ptr<NodeSegment> segment,
+                                          std::shared_ptr<Backend> backend) {
+    const NodeSegment::Shape& shape = segment->shape();
+    std::shared_ptr<HostKVPool> pool(new HostKVPool(shape.geometry, shape.rows, shape.page_tokens,
+                                                    shape.max_owners, shape.pages_per_owner,
+                                                    backend.get()));
+    pool->backend_owner_ = std::move(backend);
+    for (int32_t l = 0; l < shape.geometry.num_layers(); ++l) {
+      pool->layer_base_.push_back(segment->layer_base(l));
+    }
+    std::byte* book = segment->book();
+    const int32_t processes = shape.max_processes;
+    pool->segment_ = std::move(segment);
+    pool->BindBook(book, processes);
+    return pool;
+  }
+  static void Init(HostKVPool& pool) { pool.InitBook(); }
+  static Status Attach(HostKVPool& pool) { return pool.Attach(); }
+  static NodeSegment& Segment(HostKVPool& pool) { return *pool.segment_; }
+  static bool Holds(const HostKVPool& pool, int32_t owner) { return pool.HoldsOwner(owner); }
+  static Status Register(HostKVPool& pool) {
+    NodeSegment& s = *pool.segment_;
+    SPARSEKV_RETURN_IF_ERROR(pool.backend_->RegisterHost(s.rows_begin(), s.rows_bytes()));
+    pool.registered_ = true;
+    return Status::Ok();
+  }
+  // For a segment that exists under the path we want: if no process attached to it is alive,
+  // closes it (no one may attach any more) and removes its file. True if it did.
+  static bool ClearIfStale(HostKVPool& pool) {
+    if (!pool.CloseIfAbandoned()) return false;
+    pool.segment_->Unlink();
+    return true;
+  }
+};
+
+StatusOr<std::shared_ptr<HostKVPool>> CreateNodePool(const CacheOptions& options,
+                                                     int32_t max_owners,
+                                                     const NodePoolOptions& node,
+                                                     std::shared_ptr<Backend> backend) {
+  SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options));
+  SPARSEKV_RETURN_IF_ERROR(CheckName(node.name));
+  if (backend == nullptr) return InvalidArgument("node pool: backend is null");
+  if (max_owners < 1) return InvalidArgument("node pool: max_owners must be >= 1");
+  if (node.max_processes < 1 || node.max_processes > kMaxProcesses) {
+    return InvalidArgument("node pool: max_processes must be in [1, " +
+                           std::to_string(kMaxProcesses) + "]");
+  }
+  const int32_t pt = options.host_page_tokens;
+  const int64_t pages = (options.host_capacity_tokens + pt - 1) / pt;
+  if (pages * pt > INT32_MAX) return InvalidArgument("node pool: capacity overflows 32-bit rows");
+  NodeSegment::Shape shape;
+  shape.geometry = options.geometry;
+  shape.rows = static_cast<int32_t>(pages * pt);
+  shape.page_tokens = pt;
+  shape.pages_per_owner = (options.max_context + pt - 1) / pt;
+  shape.max_owners = max_owners;
+  shape.max_processes = node.max_processes;
+  const std::string path = node.directory + "/" + node.name;
+  SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<NodeSegment> segment,
+                            NodeSegment::Create(path, shape, node.huge_pages));
+  std::shared_ptr<HostKVPool> pool = NodePoolAccess::Wrap(std::move(segment), backend);
+  NodePoolAccess::Init(*pool);
+  // Attached before it is published: a process that opens it at once cannot find it stale.
+  SPARSEKV_RETURN_IF_ERROR(NodePoolAccess::Attach(*pool));
+  Status published = NodePoolAccess::Segment(*pool).Publish();
+  if (published.code() == StatusCode::kAlreadyExists) {
+    // A segment of that name exists: replace it if all its processes have exited.
+    StatusOr<std::unique_ptr<NodeSegment>> existing = NodeSegment::Open(path, false);
+    if (existing.ok()) {
+      std::shared_ptr<HostKVPool> other = NodePoolAccess::Wrap(std::move(*existing), nullptr);
+      if (!NodePoolAccess::ClearIfStale(*other)) {
+        return AlreadyExists("node pool: " + path + " is in use by " +
+                             std::to_string(other->live_processes()) + " live process(es)");
+      }
+    } else if (existing.status().code() == StatusCode::kFailedPrecondition) {
+      return AlreadyExists("node pool: " + path + " exists and is not a node pool segment: " +
+                           existing.status().ToString());
+    }
+    published = NodePoolAccess::Segment(*pool).Publish();
+  }
+  SPARSEKV_RETURN_IF_ERROR(published);
+  SPARSEKV_RETURN_IF_ERROR(NodePoolAccess::Register(*pool));
+  return pool;
+}
+
+StatusOr<std::shared_ptr<HostKVPool>> OpenNodePool(const std::string& path,
+                                                   const NodePoolOptions& node,
+                                                   std::shared_ptr<Backend> backend) {
+  if (backend == nullptr) return InvalidArgument("node pool: backend is null");
+  SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<NodeSegment> segment,
+                            NodeSegment::Open(path, node.huge_pages));
+  std::shared_ptr<HostKVPool> pool = NodePoolAccess::Wrap(std::move(segment), std::move(backend));
+  SPARSEKV_RETURN_IF_ERROR(NodePoolAccess::Attach(*pool));
+  SPARSEKV_RETURN_IF_ERROR(NodePoolAccess::Register(*pool));
+  return pool;
+}
+
+NodePoolDescriptor DescribeNodePool(const HostKVPool& pool) {
+  return {pool.node_pool_path(), pool.node_pool_id()};
+}
+
+std::string NodePoolDescriptor::Serialize() const {
+  char id_text[17];
+  std::snprintf(id_text, sizeof(id_text), "%016" PRIx64, id);
+  return std::string(kDescriptorPrefix) + "id=" + id_text + " path=" + path;
+}
+
+StatusOr<NodePoolDescriptor> NodePoolDescriptor::Parse(std::string_view text) {
+  const auto bad = [&] {
+    return InvalidArgument("node pool descriptor: '" + std::string(text.substr(0, 200)) +
+                           "' is not of the form \"sparsekv-node-pool/1 id=<16 hex digits> "
+                           "path=<path>\"");
+  };
+  if (!text.starts_with(kDescriptorPrefix)) return bad();
+  text.remove_prefix(kDescriptorPrefix.size());
+  if (!text.starts_with("id=") || text.size() < 3 + 16 + 6) return bad();
+  const std::string_view hex = text.substr(3, 16);
+  NodePoolDescriptor d;
+  for (char c : hex) {
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (digit < 0) return bad();
+    d.id = d.id << 4 | static_cast<uint64_t>(digit);
+  }
+  text.remove_prefix(3 + 16);
+  if (!text.starts_with(" path=") || text.size() == 6) return bad();
+  d.path = std::string(text.substr(6));
+  return d;
+}
+
+void UseNodePoolShape(const HostKVPool& pool, CacheOptions& options) {
+  options.geometry = pool.geometry();
+  options.host_page_tokens = pool.page_tokens();
+  options.host_capacity_tokens = int64_t{pool.rows()};
+  options.max_context = pool.pages_per_owner() * pool.page_tokens();
+}
+
+Status WritePromptLayer(HostKVPool& pool, Backend& backend, int32_t owner, int32_t layer,
+                        const void* rows, int32_t tokens, StreamHandle stream) {
+  if (layer < 0 || layer >= pool.geometry().num_layers()) {
+    return InvalidArgument("WritePromptLayer: layer " + std::to_string(layer) + " out of range");
+  }
+  if (rows == nullptr || tokens < 1) {
+    return InvalidArgument("WritePromptLayer: rows is null or tokens < 1");
+  }
+  if (owner < 0 || owner >= pool.max_owners()) {
+    return InvalidArgument("WritePromptLayer: owner " + std::to_string(owner) + " out of range");
+  }
+  if (!NodePoolAccess::Holds(pool, owner)) {
+    return FailedPrecondition("WritePromptLayer: owner " + std::to_string(owner) +
+                              " is not held by this process");
+  }
+  if (tokens > pool.ReservedTokens(owner)) {
+    return OutOfRange("WritePromptLayer: " + std::to_string(tokens) + " tokens exceed the " +
+                      std::to_string(pool.ReservedTokens(owner)) + " reserved by owner " +
+                      std::to_string(owner));
+  }
+  const int32_t pt = pool.page_tokens();
+  const int64_t stride = pool.geometry().layers[layer].row_stride;
+  const auto* src = static_cast<const std::byte*>(rows);
+  const std::span<const int32_t> table = pool.page_table_row(owner);
+  for (int32_t p = 0; p < tokens; p += pt) {
+    const int32_t n = std::min(pt, tokens - p);
+    SPARSEKV_RETURN_IF_ERROR(backend.CopyAsync(pool.row(layer, table[p / pt] * pt),
+                                               src + p * stride, static_cast<size_t>(n * stride),
+                                               stream));
+  }
+  return Status::Ok();
+}
+
+Status AdmitFromNodePool(SparseKVCacheManager& manager, RequestId id, const NodePoolPrompt& prompt,
+                         int32_t max_new_tokens, StreamHandle stream) {
+  return manager.AdmitSealedPrompt(id, prompt.owner, prompt.seal, max_new_tokens, stream);
+}
+
+}  // namespace sparsekv

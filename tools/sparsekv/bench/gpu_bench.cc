@@ -622,8 +622,8 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
       Log(line);
       report_.points.push_back(p);
       if (t.trace) {
-        Log(label + " batch " + std::to_string(batch) +
-            ": traced step: " + FormatStepTraceLine(*t.trace));
+        Log(label + " miss " + (p.miss_rate_target ? Pct(rate) : "-") + " batch " +
+            std::to_string(batch) + ": traced step: " + FormatStepTraceLine(*t.trace));
         report_.step_traces.push_back({std::string(VariantName(kind)), plan.context, batch,
                                        p.miss_rate_target, p.tpot_ms, *t.trace});
       }

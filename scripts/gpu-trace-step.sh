@@ -14,7 +14,8 @@
 # and plain-<run>.json (the two runs' reports), profile-<run>.txt (step_profile.py), timelines
 # under timeline-<run>/ when matplotlib is there, and gpu-trace-step.txt (all that is printed).
 # Knobs: TRACE_BUILD [build-e2e], TRACE_RUNS ["base overlap"], TRACE_ARGS (replaces the common
-# flags below), TRACE_EXTRA (added to every run).
+# flags below), TRACE_EXTRA (added to every run), TRACE_TIMEOUT [300] (seconds per command: a
+# CUPTI older than 13.0 Update 1 can deadlock when kernel tracing is disabled, per its notes).
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -24,6 +25,7 @@ BUILD=${TRACE_BUILD:-build-e2e}
 RUNS=${TRACE_RUNS:-"base overlap"}
 ARGS=${TRACE_ARGS:-"--preset deepseek-v3.2 --contexts 32768 --batch 4 --miss-rate 0.2 --steps 4 --warmup 2 --host-pool-gb 8 --variants full-hbm,sparsekv"}
 EXTRA=${TRACE_EXTRA:-}
+LIMIT=${TRACE_TIMEOUT:-300}
 mkdir -p "$OUT"
 
 flags_of() {
@@ -58,7 +60,8 @@ main() {
   echo "=== built in ${SECONDS}s"
   local failed=0
   if [[ $tests == ON ]]; then
-    "$BUILD/tools/sparsekv/gpu_trace_test" >"$OUT/gpu_trace_test.log" 2>&1 || failed=1
+    timeout "$LIMIT" "$BUILD/tools/sparsekv/gpu_trace_test" >"$OUT/gpu_trace_test.log" 2>&1 ||
+      failed=1
     tail -n 3 "$OUT/gpu_trace_test.log"
   fi
   local tool=$BUILD/tools/sparsekv/sparsekv
@@ -67,11 +70,11 @@ main() {
     flags=$(flags_of "$run") || { failed=1; continue; }
     echo "=== $run: $ARGS $flags $EXTRA"
     # shellcheck disable=SC2086 # the flags are meant to split
-    "$tool" bench --backend cuda $ARGS $flags $EXTRA --json "$OUT/plain-$run.json" >/dev/null ||
-      failed=1
+    timeout "$LIMIT" "$tool" bench --backend cuda $ARGS $flags $EXTRA \
+      --json "$OUT/plain-$run.json" >/dev/null || failed=1
     # shellcheck disable=SC2086
-    "$tool" bench --backend cuda $ARGS $flags $EXTRA --json "$OUT/bench-$run.json" \
-      --trace-step "$OUT/trace-$run.json" || failed=1
+    timeout "$LIMIT" "$tool" bench --backend cuda $ARGS $flags $EXTRA \
+      --json "$OUT/bench-$run.json" --trace-step "$OUT/trace-$run.json" || failed=1
     [[ -f $OUT/trace-$run.json ]] || continue
     local timeline=()
     python3 -c 'import matplotlib' 2>/dev/null && timeline=(--timeline "$OUT/timeline-$run")

@@ -287,7 +287,9 @@ StatusOr<std::unique_ptr<StepTracer>> StepTracer::Create() {
     s.alive = true;
   }
   std::unique_ptr<StepTracer> tracer(new StepTracer);  // from here, its destructor cleans up
-  SPARSEKV_CUPTI_RETURN_IF_ERROR(cuptiSubscribe(&s.subscriber, OnCallback, nullptr));
+  CUpti_SubscriberHandle subscriber = nullptr;
+  SPARSEKV_CUPTI_RETURN_IF_ERROR(cuptiSubscribe(&subscriber, OnCallback, nullptr));
+  s.subscriber = subscriber;
   SPARSEKV_CUPTI_RETURN_IF_ERROR(cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_RESOURCE,
                                                      CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED));
   SPARSEKV_CUPTI_RETURN_IF_ERROR(cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_RESOURCE,

@@ -411,7 +411,9 @@ TEST(CliTest, GpuOnlyFlagsAreRefusedOnTheCpuNamingThem) {
                                              "--layers-per-index",
                                              "2",
                                              "--offload-page-tokens",
-                                             "32"};
+                                             "32",
+                                             "--trace-step",
+                                             "trace.json"};
   for (const std::string backend : {"cpu", "auto"}) {
     if (backend == "auto" && CreateCudaBackend(0).ok()) continue;  // auto would pick the GPU
     std::vector<std::string> args = SmallCpuArgs();

@@ -29,6 +29,7 @@ covered=(
   "sparsekv replay --synthetic-locality calibrated --cross-layer-overlap 0 --layer-overlap"
   "sparsekv replay --trace my.skvt --hot-slots 64,128,256 --policies lru --layer-overlap --fit-locality"
   "sparsekv bench --locality calibrated [--cross-layer-overlap 0.85]"
+  "build/tools/sparsekv/sparsekv bench --contexts 32768 --batch 4 --miss-rate 0.2 --variants full-hbm,sparsekv --host-pool-gb 8 --trace-step trace.json"
 )
 while IFS= read -r line; do
   line="${line#"${line%%[![:space:]]*}"}"
@@ -86,6 +87,8 @@ grep -qx "[0-9]*\.[0-9]*\.[0-9]*" "$out/last.txt" || { echo "--version printed: 
 gpu_only "docs/benchmark.md" --sweep bench --sweep --page-tokens 1024 --json "$out/e2e.json" \
   --csv "$out/e2e.csv"
 gpu_only "docs/benchmark.md" --contexts bench --contexts 32768 --miss-rate 0.05,0.2 --batch 16
+gpu_only "docs/benchmark.md" --trace-step bench --contexts 32768 --batch 4 --miss-rate 0.2 \
+  --variants full-hbm,sparsekv --host-pool-gb 8 --trace-step "$out/trace.json"
 
 # docs/planning.md.
 run "docs/planning.md" replay --trace "$trace" --hot-slots 4096,6144 --json "$out/replay.json"

@@ -114,6 +114,9 @@ struct BenchConfig {
   bool proxy = true;          // run the weight-streaming proxy for the rest of the model
   double weights_gb = 84;     // proxy weights streamed per step (per-GPU weight bytes)
   double time_limit_s = 0;    // stop starting new points after this long; 0 = no limit
+  // --trace-step: after each point's timed steps, one more replay of its step under a CUPTI
+  // activity trace (gpu_trace.h), kept in E2EReport::step_traces; planned as one more step.
+  bool trace_step = false;
 };
 
 // The cap on `variant`'s batch: max_batch, and for page-offload also offload_max_batch (0 = no

@@ -223,6 +223,11 @@ void BenchCommand::AddGpuOptions() {
       ->capture_default_str();
   app_->add_option("--csv", csv_path_, "GPU: also write one CSV line per point to PATH")
       ->option_text("PATH");
+  app_->add_option("--trace-step", trace_step_path_,
+                   "GPU: after each point's timed steps, trace one more replay of its step "
+                   "(CUPTI: every kernel's start, end and stream) and write the timelines and "
+                   "their summaries as JSON to PATH (scripts/step_profile.py reads it)")
+      ->option_text("PATH");
 }
 
 bool BenchCommand::selected() const { return app_->parsed(); }
@@ -246,6 +251,7 @@ BenchConfig BenchCommand::Resolve(BackendKind kind) const {
   c.row_format = precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656;
   c.proxy = !no_proxy_;
   c.batch_given = batch_->count() > 0;
+  c.trace_step = !trace_step_path_.empty();
   if (kind != BackendKind::kCpu) return c;
   const CpuScaleDown cpu;
   auto scale = [&](const CLI::Option* given, int32_t& field, int32_t value) {
@@ -267,7 +273,9 @@ int BenchCommand::Run(const std::string& command, std::ostream& out, std::ostrea
                       bool progress_bar) {
   // Usage errors first, so that they do not wait for a GPU to come up or for the run to end.
   // The CPU shape is the smaller one; the backend's own shape is validated again below.
-  for (const auto& [option, path] : {std::pair{"--json", &json_path_}, {"--csv", &csv_path_}}) {
+  for (const auto& [option, path] : {std::pair{"--json", &json_path_},
+                                     {"--csv", &csv_path_},
+                                     {"--trace-step", &trace_step_path_}}) {
     if (Status s = CheckOutputPath(option, *path); !s.ok()) return UsageError(err, s.message());
   }
   if (Status s = ValidateBenchConfig(Resolve(BackendKind::kCuda)); !s.ok()) {
@@ -341,8 +349,10 @@ int BenchCommand::RunOnGpu(const BenchConfig& config, std::shared_ptr<Backend> b
     return kExitFailure;
   }
   report->command = command;
-  for (const auto& [path, text, what] : {std::tuple{&json_path_, FormatE2EJson(*report), "JSON"},
-                                         std::tuple{&csv_path_, FormatE2ECsv(*report), "CSV"}}) {
+  for (const auto& [path, text, what] :
+       {std::tuple{&json_path_, FormatE2EJson(*report), "JSON"},
+        std::tuple{&csv_path_, FormatE2ECsv(*report), "CSV"},
+        std::tuple{&trace_step_path_, FormatStepTraceJson(*report), "step trace JSON"}}) {
     if (path->empty()) continue;
     if (Status s = WriteOutputFile(*path, text, what); !s.ok()) {
       err << "sparsekv bench: " << s.message() << "\n";

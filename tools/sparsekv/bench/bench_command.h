@@ -59,6 +59,7 @@ class BenchCommand {
   std::string backend_ = "auto";
   std::string json_path_;
   std::string csv_path_;
+  std::string trace_step_path_;  // --trace-step
   bool sweep_ = false;
   bool no_proxy_ = false;
   CLI::Option* layers_;

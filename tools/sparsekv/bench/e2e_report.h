@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sparsekv/kv_footprint.h"
+#include "tools/sparsekv/bench/step_trace.h"
 
 namespace sparsekv::tools {
 
@@ -97,7 +98,8 @@ struct E2EReport {
   Ceilings ceilings;
   std::vector<E2EPoint> points;
   std::vector<E2ECheck> checks;
-  std::vector<std::string> notes;  // what was skipped, and why
+  std::vector<std::string> notes;      // what was skipped, and why
+  std::vector<StepTrace> step_traces;  // --trace-step: one traced step per point, in their order
 };
 
 // The flat summary keys (docs/benchmark.md), computed from the points at 32K context; a key whose

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "sparsekv/attention.h"
@@ -19,6 +20,7 @@
 #include "tools/sparsekv/bench/arena_backend.h"
 #include "tools/sparsekv/bench/gpu_kernels.h"
 #include "tools/sparsekv/bench/gpu_timing.h"
+#include "tools/sparsekv/bench/gpu_trace.h"
 #include "tools/sparsekv/bench/gpu_variants.h"
 #include "tools/sparsekv/bench/topk_feed.h"
 
@@ -164,12 +166,33 @@ struct PointTiming {
   VariantStats stats;
   double attention_us_per_layer = 0;
   double proxy_us_per_layer = 0;
+  std::optional<TraceCapture> trace;  // --trace-step
 };
 
+// --trace-step: one more step after the timed ones (and their statistics), its replay traced, so
+// that the trace's cost stays out of the timed steps. Only the graph's work is in the trace.
+StatusOr<TraceCapture> TracedReplay(StepVariant& v, TopKFeed& feed, Requests& req, int32_t batch,
+                                    const Graph& step_graph, StepTracer& tracer, cudaStream_t s) {
+  req.Prepare(batch);
+  feed.Generate(req.seq_lens);
+  SPARSEKV_RETURN_IF_ERROR(feed.Upload(batch, s));
+  SPARSEKV_RETURN_IF_ERROR(v.Plan(req.positions, s));
+  SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  SPARSEKV_RETURN_IF_ERROR(tracer.Start());
+  SPARSEKV_RETURN_IF_ERROR(step_graph.Launch(s));
+  SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  SPARSEKV_ASSIGN_OR_RETURN(TraceCapture capture, tracer.Stop());
+  SPARSEKV_RETURN_IF_ERROR(v.AfterReplay());
+  req.Advance(batch);
+  return capture;
+}
+
 // `steps` steps of `batch` requests: the first is captured as a graph (and replayed); steps
-// before `warmup` are untimed. Then the attention and the proxy alone, as graphs of all layers.
+// before `warmup` are untimed. Then, with a tracer, one traced step (TracedReplay). Then the
+// attention and the proxy alone, as graphs of all layers.
 StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Requests& req,
-                               int32_t batch, int32_t steps, int32_t warmup, cudaStream_t s) {
+                               int32_t batch, int32_t steps, int32_t warmup, cudaStream_t s,
+                               StepTracer* tracer) {
   PointTiming t;
   Graph step_graph;
   EventPair step_ev, upload_ev;
@@ -191,8 +214,10 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
     if (step == 0) {
       // Capturing enqueues nothing: the launch runs the step, and the captured calls have
       // already closed it on the host.
-      SPARSEKV_RETURN_IF_ERROR(step_graph.Capture(
-          s, [&] { return StepBody(v, sh, feed, batch, s, /*check_out=*/nullptr); }));
+      SPARSEKV_RETURN_IF_ERROR(LabelledCapture(tracer, s, [&] {
+        return step_graph.Capture(
+            s, [&] { return StepBody(v, sh, feed, batch, s, /*check_out=*/nullptr); });
+      }));
       SPARSEKV_RETURN_IF_ERROR(step_ev.Start(s));
       SPARSEKV_RETURN_IF_ERROR(step_graph.Launch(s));
       SPARSEKV_RETURN_IF_ERROR(step_ev.Stop(s));
@@ -224,6 +249,9 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
     t.topk_upload_ms.push_back(upload_ms);
   }
   SPARSEKV_ASSIGN_OR_RETURN(t.stats, v.ReadStats(s));
+  if (tracer != nullptr) {
+    SPARSEKV_ASSIGN_OR_RETURN(t.trace, TracedReplay(v, feed, req, batch, step_graph, *tracer, s));
+  }
 
   const int32_t layers = sh.shape.layers;
   Graph attention;
@@ -296,7 +324,8 @@ class E2ERun {
   std::vector<ContextPlan> plans_;
   std::shared_ptr<ArenaBackend> arena_;
   int64_t skipped_points_ = 0;
-  std::vector<std::byte> reference_;  // full-hbm's check output at the current context
+  std::vector<std::byte> reference_;    // full-hbm's check output at the current context
+  std::unique_ptr<StepTracer> tracer_;  // --trace-step
 };
 
 TopKGeneratorOptions E2ERun::GeneratorOptions(int32_t context, bool miss_rate_mode,
@@ -336,6 +365,7 @@ Status E2ERun::Plan(const ModelPreset& preset) {
   const int64_t host = static_cast<int64_t>(c_.host_pool_gb * 1e9);
   const int32_t rates = std::max<int32_t>(1, static_cast<int32_t>(c_.miss_rates.size()));
   const int32_t batch = c_.batch_given ? c_.batch : 0;
+  const int32_t steps = c_.steps + (c_.trace_step ? 1 : 0);  // per point: the traced one too
   std::vector<int32_t> contexts = c_.contexts.empty() ? std::vector{c_.context} : c_.contexts;
   for (int32_t context : contexts) {
     ContextPlan cp;
@@ -348,7 +378,7 @@ Status E2ERun::Plan(const ModelPreset& preset) {
     int32_t full_max = 0;
     if (std::find(c_.variants.begin(), c_.variants.end(), "full-hbm") != c_.variants.end()) {
       full_max = PlanVariant(KVVariant::kFullHbm, shape, hbm, host,
-                             BatchCap(c_, KVVariant::kFullHbm), rates, c_.steps, kCheckSteps, batch)
+                             BatchCap(c_, KVVariant::kFullHbm), rates, steps, kCheckSteps, batch)
                      .max_batch;
     }
     for (const std::string& name : c_.variants) {
@@ -358,9 +388,9 @@ Status E2ERun::Plan(const ModelPreset& preset) {
       BudgetedHotCache hot;
       const VariantPlan vp = budgeted
                                  ? PlanBudgetedVariant(shape, hbm, host, BatchCap(c_, kind), rates,
-                                                       c_.steps, kCheckSteps, batch, &hot, also)
+                                                       steps, kCheckSteps, batch, &hot, also)
                                  : PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates,
-                                               c_.steps, kCheckSteps, batch, also);
+                                               steps, kCheckSteps, batch, also);
       if (budgeted) {
         cp.budgeted = hot;
         char note[200];
@@ -549,7 +579,8 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
       }
       SPARSEKV_RETURN_IF_ERROR(v->SetLiveBatch(batch, stream_));
       SPARSEKV_ASSIGN_OR_RETURN(
-          const PointTiming t, RunPoint(*v, shared_, *feed, req, batch, c_.steps, warmup, stream_));
+          const PointTiming t,
+          RunPoint(*v, shared_, *feed, req, batch, c_.steps, warmup, stream_, tracer_.get()));
       E2EPoint p;
       p.preset = report_.preset;
       p.variant = kind;
@@ -591,6 +622,12 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
                     p.tokens_per_s, 100 * p.hit_rate, p.step_to_floor);
       Log(line);
       report_.points.push_back(p);
+      if (t.trace) {
+        Log(label + " miss " + (p.miss_rate_target ? Pct(rate) : "-") + " batch " +
+            std::to_string(batch) + ": traced step: " + FormatStepTraceLine(*t.trace));
+        report_.step_traces.push_back({std::string(VariantName(kind)), plan.context, batch,
+                                       p.miss_rate_target, p.tpot_ms, *t.trace});
+      }
     }
   }
   return Status::Ok();
@@ -653,6 +690,12 @@ StatusOr<E2EReport> E2ERun::Run() {
                             " (tools/sparsekv/bench.h BenchConfig::overlap)");
   }
   report_.warmup_steps = std::max(1, c_.warmup_steps);
+  if (c_.trace_step) {
+    SPARSEKV_ASSIGN_OR_RETURN(tracer_, StepTracer::Create());
+    report_.notes.push_back(
+        "--trace-step: each point ran one more step after its timed ones, traced with CUPTI; "
+        "the timed steps of later points ran with CUPTI attached but recording nothing");
+  }
 
   SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   Status s = Setup(preset);

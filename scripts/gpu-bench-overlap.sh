@@ -22,6 +22,8 @@
 #   smsN        --compute-sms N: sparsekv's attention and proxy GEMMs planned for N SMs
 #   fusedN      --fused-copy-min-batch N: steps of N requests or more copy misses in the resolve
 #   wide, warp, bulk  --copy-strategy lattice-wide / warp-rows / bulk
+#   chunkN      --copy-chunk-rows N: a pipelined layer, chunks of N rows copied and attended in turn
+#   pcbN        --prefetch-copy-blocks N: the prefetch copies alone on at most N blocks
 # Each run measures its own full-hbm, so every overhead is a ratio within one run. Writes
 # overlap-<name>.json and overlap.txt to $OUT; scripts/overlap_summary.py turns the JSONs into the
 # table of docs/overlap.md and the summary keys.
@@ -64,6 +66,9 @@ flags_of() {
     sms*) echo "--miss-rate 0.2 --compute-sms ${1#sms}" ;;
     fused*-*) local rest=${1#fused}; echo "--fused-copy-min-batch ${rest%%-*} $(flags_of "${rest#*-}")" ;;
     fused*) echo "--miss-rate 0.2 --fused-copy-min-batch ${1#fused}" ;;
+    chunk*-*) local rest=${1#chunk}; echo "--copy-chunk-rows ${rest%%-*} $(flags_of "${rest#*-}")" ;;
+    chunk*) echo "--miss-rate 0.2 --copy-chunk-rows ${1#chunk}" ;;
+    pcb*-*) local rest=${1#pcb}; echo "--prefetch-copy-blocks ${rest%%-*} $(flags_of "${rest#*-}")" ;;
     wide-*) echo "--copy-strategy lattice-wide $(flags_of "${1#wide-}")" ;;
     warp-*) echo "--copy-strategy warp-rows $(flags_of "${1#warp-}")" ;;
     bulk-*) echo "--copy-strategy bulk $(flags_of "${1#bulk-}")" ;;

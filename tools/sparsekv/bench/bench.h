@@ -83,6 +83,10 @@ struct BenchConfig {
   // (CacheOptions::copy_strategy: lattice, lattice-wide, warp-rows, bulk).
   int32_t fused_copy_min_batch = CacheOptions{}.fused_copy_min_batch;
   int32_t prefetch_copy_blocks = 0;  // sparsekv: CacheOptions::prefetch_copy_blocks
+  // sparsekv: a pipelined layer: each chunk of this many batch rows is copied on its own and
+  // attended as soon as it is in (CacheOptions::copy_chunk_rows; 0: off). Not with --mtp,
+  // --overlap or --layers-per-index.
+  int32_t copy_chunk_rows = 0;
   std::string copy_strategy = "lattice";
   // sparsekv: the SMs cuBLAS plans the attention's and the proxy's GEMMs for
   // (SetSmCountTarget), leaving the rest to the copies that run beside them; 0: all. full-hbm

@@ -182,6 +182,11 @@ void BenchCommand::AddGpuOptions() {
                    "(0: as --copy-blocks)")
       ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
+  app_->add_option("--copy-chunk-rows", config_.copy_chunk_rows,
+                   "GPU: a pipelined layer: sparsekv copies each chunk of this many batch rows on "
+                   "its own, and attention starts on a chunk as soon as it is in (0: off)")
+      ->check(AtLeast<int64_t>(0))
+      ->capture_default_str();
   app_->add_option("--copy-strategy", config_.copy_strategy,
                    "GPU: how sparsekv's miss copies move their rows")
       ->check(CLI::IsMember({"lattice", "lattice-wide", "warp-rows", "bulk"}))

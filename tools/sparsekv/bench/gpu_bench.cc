@@ -78,6 +78,16 @@ Status StepBody(StepVariant& v, const Shared& sh, const TopKFeed& feed, int32_t 
       SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
       SPARSEKV_RETURN_IF_ERROR(sh.attention->RunFillsAndMerge(
           rows, sh.q.get(), v.Rows(l), sh.shape.row_bytes, v.Indices(), fill, sh.out.get(), s));
+    } else if (const int32_t chunk = v.ChunkRows(); chunk > 0) {
+      // A pipelined layer: attention over each chunk of rows as soon as its copy is in.
+      for (int32_t first = 0, c = 0; first < batch; first += chunk, ++c) {
+        const int32_t n = std::min(chunk, batch - first);
+        SPARSEKV_RETURN_IF_ERROR(v.WaitForChunk(l, c, s));
+        SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(
+            n, sh.q.get<std::byte>() + size_t(first) * sh.heads * kMLAQKDim * 2, v.Rows(l),
+            sh.shape.row_bytes, v.Indices() + int64_t{first} * sh.shape.top_k,
+            sh.out.get<std::byte>() + size_t(first) * sh.heads * kMLAValueDim * 2, s));
+      }
     } else {
       SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
       SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(rows, sh.q.get(), v.Rows(l), sh.shape.row_bytes,
@@ -502,6 +512,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.copy_blocks = c_.copy_blocks;
   setup.fused_copy_min_batch = c_.fused_copy_min_batch;
   setup.prefetch_copy_blocks = c_.prefetch_copy_blocks;
+  setup.copy_chunk_rows = c_.copy_chunk_rows;
   setup.copy_strategy = c_.copy_strategy == "lattice-wide" ? CopyStrategy::kLatticeWide
                         : c_.copy_strategy == "warp-rows"  ? CopyStrategy::kWarpRows
                         : c_.copy_strategy == "bulk"       ? CopyStrategy::kBulk

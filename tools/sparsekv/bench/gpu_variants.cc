@@ -93,7 +93,9 @@ class SparseKVVariant final : public StepVariant {
   ~SparseKVVariant() override {
     for (cudaEvent_t e : resolved_) cudaEventDestroy(e);
     for (cudaEvent_t e : copied_) cudaEventDestroy(e);
-    for (cudaEvent_t e : {attended_, prefetched_, below_resolved_, crosslayer_prefetched_}) {
+    for (cudaEvent_t e : chunk_copied_) cudaEventDestroy(e);
+    for (cudaEvent_t e :
+         {attended_, prefetched_, below_resolved_, crosslayer_prefetched_, chunks_resolved_}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
     for (cudaStream_t s : {copy_stream_, prefetch_stream_}) {
@@ -119,6 +121,7 @@ class SparseKVVariant final : public StepVariant {
     o.copy_blocks = s_.copy_blocks;
     o.fused_copy_min_batch = s_.fused_copy_min_batch;
     o.prefetch_copy_blocks = s_.prefetch_copy_blocks;
+    o.copy_chunk_rows = s_.copy_chunk_rows;
     o.copy_strategy = s_.copy_strategy;
     // A cross-layer prefetch passes a whole top-k row per request.
     o.max_prefetch = s_.crosslayer_prefetch ? std::max(s_.prefetch, r.top_k) : s_.prefetch;
@@ -157,6 +160,17 @@ class SparseKVVariant final : public StepVariant {
     if (s_.crosslayer_prefetch) {
       for (cudaEvent_t* e : {&below_resolved_, &crosslayer_prefetched_}) {
         SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      }
+    }
+    if (s_.copy_chunk_rows > 0) {
+      SPARSEKV_CUDA_RETURN_IF_ERROR(
+          cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+      chunk_copied_.resize((s_.max_batch + s_.copy_chunk_rows - 1) / s_.copy_chunk_rows);
+      for (cudaEvent_t* e : {&chunks_resolved_}) {
+        SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      }
+      for (cudaEvent_t& e : chunk_copied_) {
+        SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       }
     }
     if (s_.overlap) {
@@ -231,7 +245,7 @@ class SparseKVVariant final : public StepVariant {
     }
     return manager_->PlanStep(std::span(ids_.data(), positions.size()), stream);
   }
-  Status RunLayer(int32_t layer, int32_t, const int32_t* topk, const std::byte* new_rows,
+  Status RunLayer(int32_t layer, int32_t batch, const int32_t* topk, const std::byte* new_rows,
                   cudaStream_t stream) override {
     const std::byte* keys =
         new_keys_.get() == nullptr
@@ -250,7 +264,17 @@ class SparseKVVariant final : public StepVariant {
         SPARSEKV_RETURN_IF_ERROR(WaitForCrossLayerPrefetch(group_, stream));
         SPARSEKV_RETURN_IF_ERROR(CrossLayerPrefetch(group_, topk, stream));
       }
-      return manager_->CopyMisses(layer, stream);
+      if (s_.copy_chunk_rows == 0) return manager_->CopyMisses(layer, stream);
+      // A pipelined layer: the chunks' copies one after the other on the copy stream, each
+      // recording when its rows are in; attention over chunk c waits only for chunk c.
+      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunks_resolved_, stream));
+      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, chunks_resolved_));
+      const int32_t chunks = (batch + s_.copy_chunk_rows - 1) / s_.copy_chunk_rows;
+      for (int32_t c = 0; c < chunks; ++c) {
+        SPARSEKV_RETURN_IF_ERROR(manager_->CopyMissChunk(layer, c, copy_stream_));
+        SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_copied_[c], copy_stream_));
+      }
+      return Status::Ok();
     }
     if (!leader) return Status::Ok();  // its copy was issued with the group's resolve
     // Resolve on the main stream; every layer of the group copies on the side stream at once,
@@ -269,6 +293,10 @@ class SparseKVVariant final : public StepVariant {
     return Status::Ok();
   }
   const uint8_t* FillMask() const override { return s_.overlap ? FillOf(group_) : nullptr; }
+  int32_t ChunkRows() const override { return s_.copy_chunk_rows; }
+  Status WaitForChunk(int32_t, int32_t chunk, cudaStream_t stream) override {
+    return CudaStatus(cudaStreamWaitEvent(stream, chunk_copied_[chunk]), "wait for a chunk");
+  }
   Status WaitForRows(int32_t layer, cudaStream_t stream) override {
     if (!s_.overlap) return Status::Ok();
     return CudaStatus(cudaStreamWaitEvent(stream, copied_[layer]), "wait for the miss copy");
@@ -380,7 +408,10 @@ class SparseKVVariant final : public StepVariant {
   }
   cudaEvent_t below_resolved_ = nullptr;         // the next group's prefetch is resolved
   cudaEvent_t crosslayer_prefetched_ = nullptr;  // its copy is done
-  // Overlap only.
+  // Copy chunks only: the resolve is done (the chunks' copies wait for it), chunk c is copied.
+  cudaEvent_t chunks_resolved_ = nullptr;
+  std::vector<cudaEvent_t> chunk_copied_;
+  // Overlap and copy chunks.
   cudaStream_t copy_stream_ = nullptr;  // the miss copies
   std::vector<cudaEvent_t> resolved_;   // per index group: its resolve is done
   std::vector<cudaEvent_t> copied_;     // per layer: its miss copy is done

@@ -46,6 +46,7 @@ struct VariantSetup {
   int32_t copy_blocks = 0;            // sparsekv only: CacheOptions::copy_blocks
   int32_t fused_copy_min_batch = 0;   // sparsekv only: CacheOptions::fused_copy_min_batch
   int32_t prefetch_copy_blocks = 0;   // sparsekv only: CacheOptions::prefetch_copy_blocks
+  int32_t copy_chunk_rows = 0;        // sparsekv only: CacheOptions::copy_chunk_rows
   CopyStrategy copy_strategy = CopyStrategy::kLattice;  // sparsekv only
   // sparsekv only: positions per request predicted and prefetched after each index group's last
   // attention (AfterAttention), on a side stream joined at FinishStep. 0 = none.
@@ -93,6 +94,13 @@ class StepVariant {
   virtual const uint8_t* FillMask() const { return nullptr; }
   // Makes `stream` wait for the copies that bring `layer`'s rows (no-op if there are none).
   virtual Status WaitForRows(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
+  // With copy chunks (sparsekv with copy_chunk_rows R > 0): RunLayer leaves each chunk of R
+  // batch rows its own miss copy, on a side stream; the rows of chunk c are ready for attention
+  // once WaitForChunk(layer, c) has run on its stream. 0: no chunks.
+  virtual int32_t ChunkRows() const { return 0; }
+  virtual Status WaitForChunk(int32_t /*layer*/, int32_t /*chunk*/, cudaStream_t /*stream*/) {
+    return Status::Ok();
+  }
   // After `layer`'s attention has been enqueued on `stream` (cross-step prefetch).
   virtual Status AfterAttention(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
   // Host side, before the steps of a batch size: the requests [0, batch) are the live ones, the

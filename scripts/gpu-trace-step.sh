@@ -10,6 +10,10 @@
 #             miss copies on the main stream; write-back on the manager's side stream)
 #   overlap   the same with --overlap copies --layers-per-index 4 (copies on a side stream, a
 #             group's later layers ahead of their turn)
+#   xl85      adjacent layers' top-k share 85% (--cross-layer-overlap 0.85), nothing hidden
+#   cl85-pcb16  the same with the cross-layer prefetch, its copies on 16 blocks
+#   chunk16-blocks16  a pipelined layer: chunks of 16 rows copied (on 16 blocks) and attended in
+#             turn, uncorrelated layers
 # Writes to $OUT: build.log, gpu_trace_test.log, trace-<run>.json (the traces), bench-<run>.json
 # and plain-<run>.json (the two runs' reports), profile-<run>.txt (step_profile.py), timelines
 # under timeline-<run>/ when matplotlib is there, and gpu-trace-step.txt (all that is printed).
@@ -32,6 +36,9 @@ flags_of() {
   case $1 in
     base) echo "" ;;
     overlap) echo "--overlap copies --layers-per-index 4" ;;
+    xl85) echo "--cross-layer-overlap 0.85" ;;
+    cl85-pcb16) echo "--cross-layer-overlap 0.85 --crosslayer-prefetch --prefetch-copy-blocks 16" ;;
+    chunk16-blocks16) echo "--cross-layer-overlap 0 --copy-chunk-rows 16 --copy-blocks 16" ;;
     *) echo "unknown run $1" >&2; return 1 ;;
   esac
 }

@@ -69,6 +69,7 @@ flags_of() {
     chunk*-*) local rest=${1#chunk}; echo "--copy-chunk-rows ${rest%%-*} $(flags_of "${rest#*-}")" ;;
     chunk*) echo "--miss-rate 0.2 --copy-chunk-rows ${1#chunk}" ;;
     pcb*-*) local rest=${1#pcb}; echo "--prefetch-copy-blocks ${rest%%-*} $(flags_of "${rest#*-}")" ;;
+    pcb*) echo "--miss-rate 0.2 --prefetch-copy-blocks ${1#pcb}" ;;
     wide-*) echo "--copy-strategy lattice-wide $(flags_of "${1#wide-}")" ;;
     warp-*) echo "--copy-strategy warp-rows $(flags_of "${1#warp-}")" ;;
     bulk-*) echo "--copy-strategy bulk $(flags_of "${1#bulk-}")" ;;

@@ -26,7 +26,9 @@
 //   sort    misses sorted by host row as the library does by default (CacheOptions: sort_misses,
 //           from batch sort_misses_min_batch = 32); --sort_misses and --sort_min_batch change it.
 //   copy    --strategies, each timed as its own captured graph of Resolve + IndexCopy:
-//             separate   IndexCopy's default gather (kLattice), as the library runs it;
+//             library    as the library runs it by default: fused (below) from
+//                        CacheOptions::fused_copy_min_batch, else separate;
+//             separate   IndexCopy's default gather (kLattice);
 //             separate8  IndexCopyView::strategy = kLatticeWide;
 //             warp       kWarpRows;
 //             bulk       kBulk;
@@ -64,6 +66,9 @@ struct Strategy {
   CopyStrategy copy;  // IndexCopyView::strategy
   bool fused;         // ResolveView's fused copy
   bool sort;          // false: never sort the misses (a "_nosort" name)
+  // Fused: in launches of at least this many rows ("library": CacheOptions' default, "fused":
+  // --fused_min_batch).
+  int32_t fused_min_batch = 0;
 };
 
 struct Options {
@@ -133,7 +138,7 @@ class Bench {
   IndexCopyView CopyView(int32_t row_bytes, CopyStrategy strategy = CopyStrategy::kLattice) const;
   // Whether the strategy's Resolve copies the misses itself at the current batch size.
   bool FusedNow(const Strategy& strategy) const {
-    return strategy.fused && state_.batch >= o_.fused_min_batch;
+    return strategy.fused && state_.batch >= strategy.fused_min_batch;
   }
   // Enqueues the untimed per-run preparation: state restore, top-k set `set`, zeroed counters.
   void Prepare(int set);
@@ -392,7 +397,7 @@ ResolveView Bench::View(const Strategy& strategy, int32_t row_bytes) const {
     v.copy_src_rows = int64_t(state_.ctx) * state_.batch;
     v.copy_dst_rows = int64_t(state_.batch) * (c_ + o_.window);
     v.copy_invalid = d_invalid_;
-    v.fused_copy_min_batch = o_.fused_min_batch;
+    v.fused_copy_min_batch = strategy.fused_min_batch;
   }
   return v;
 }
@@ -673,11 +678,11 @@ void Bench::Report() {
     return nullptr;
   };
   const auto nan = std::nan("");
-  // The keys without a suffix measure the library's path ("separate", with its defaults unless
-  // flags changed them); every other strategy gets the copy keys with "_<strategy>" appended.
+  // The keys without a suffix measure the library's path ("library": its defaults, unless flags
+  // changed the sort); every other strategy gets the copy keys with "_<strategy>" appended.
   Json summary = Json::Object();
   for (const Strategy& strategy : o_.strategies) {
-    const bool library = strategy.name == "separate";
+    const bool library = strategy.name == "library";
     const std::string suffix = library ? "" : "_" + strategy.name;
     const Result* b100_656 = find(strategy.name, 32768, 100, 0.2, 656);
     const Result* b100_1152 = find(strategy.name, 32768, 100, 0.2, 1152);
@@ -773,7 +778,7 @@ int main(int argc, char** argv) {
        {"page_tokens", "64"},
        {"sort_misses", sparsekv::CacheOptions{}.sort_misses ? "1" : "0"},
        {"sort_min_batch", std::to_string(sparsekv::CacheOptions{}.sort_misses_min_batch)},
-       {"strategies", "separate"},
+       {"strategies", "library"},
        {"fused_min_batch", "1"},
        {"eviction", "lru"},
        {"protected_percent", "80"},
@@ -802,7 +807,12 @@ int main(int argc, char** argv) {
                          name.compare(name.size() - kNoSort.size(), kNoSort.size(), kNoSort) == 0;
     const std::string base = no_sort ? name.substr(0, name.size() - kNoSort.size()) : name;
     Strategy strategy{name, sparsekv::CopyStrategy::kLattice, false, !no_sort};
-    if (base == "separate8") {
+    if (base == "library") {
+      // The library's defaults (CacheOptions): fused from its threshold, else separate.
+      strategy.copy = sparsekv::CacheOptions{}.copy_strategy;
+      strategy.fused_min_batch = sparsekv::CacheOptions{}.fused_copy_min_batch;
+      strategy.fused = strategy.fused_min_batch > 0;
+    } else if (base == "separate8") {
       strategy.copy = sparsekv::CopyStrategy::kLatticeWide;
     } else if (base == "warp") {
       strategy.copy = sparsekv::CopyStrategy::kWarpRows;
@@ -810,9 +820,10 @@ int main(int argc, char** argv) {
       strategy.copy = sparsekv::CopyStrategy::kBulk;
     } else if (base == "fused") {
       strategy.fused = true;
+      strategy.fused_min_batch = static_cast<int32_t>(flags.Int("fused_min_batch"));
     } else if (base != "separate") {
       Fail("--strategies: unknown strategy '" + name +
-           "' (separate, separate8, warp, bulk, fused, each optionally with _nosort)");
+           "' (library, separate, separate8, warp, bulk, fused, each optionally with _nosort)");
     }
     o.strategies.push_back(strategy);
   }

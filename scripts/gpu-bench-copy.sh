@@ -16,7 +16,7 @@
 # benchmark checks its results against the CPU reference; "WRONG" in the table marks a failure.
 #
 # Environment (all optional):
-#   COPY_BENCH_STRATEGIES   strategies (separate,separate8,warp,bulk,fused,fused_nosort)
+#   COPY_BENCH_STRATEGIES   strategies (library,separate,separate8,warp,bulk,fused,fused_nosort)
 #   COPY_BENCH_REPS         timed replays per point (20)
 #   COPY_BENCH_BUILD_DIR    build directory (build-gpu; configured here if it has no CMakeCache.txt)
 #   COPY_BENCH_SKIP_BUILD=1 use the resolve_bench already built there
@@ -26,7 +26,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-bench-copy-out}
 BUILD=${COPY_BENCH_BUILD_DIR:-build-gpu}
-STRATEGIES=${COPY_BENCH_STRATEGIES:-separate,separate8,warp,bulk,fused,fused_nosort}
+STRATEGIES=${COPY_BENCH_STRATEGIES:-library,separate,separate8,warp,bulk,fused,fused_nosort}
 REPS=${COPY_BENCH_REPS:-20}
 mkdir -p "$OUT"
 

@@ -10,7 +10,10 @@
 # Writes to $OUT: hybrid.txt (everything printed), e2e-hybrid-calibrated.json,
 # e2e-hybrid-missrate.json, hybrid.csv, summary.json (the summary keys of both runs).
 # Environment: HYBRID_HOST_POOL_GB [80], HYBRID_DEADLINE [540] seconds for the whole script,
-# HYBRID_CONTEXTS [16384,32768,65536,131072]; steps per point, warm-up included: calibrated
+# HYBRID_CONTEXTS [16384,32768,65536,131072], HYBRID_EXTRA (more flags for sparsekv bench, e.g.
+# the transfer hiding: "--crosslayer-prefetch --prefetch-copy-blocks 16"), HYBRID_BUILD
+# [build-e2e] (e.g. gpu-check.sh's build-gpu), HYBRID_SKIP_CALIBRATED=1 / HYBRID_SKIP_WORST=1 (one
+# of the two runs only); steps per point, warm-up included: calibrated
 # workload HYBRID_CALIBRATED_STEPS [64] with HYBRID_CALIBRATED_WARMUP [48], miss-rate mode
 # HYBRID_STEPS [6] with HYBRID_WARMUP [2]. The miss-rate mode's rate holds from the first step; the
 # calibrated one's does not: a hot cache of ~14,000 slots misses ~20% in its first steps and ~4-5%
@@ -23,7 +26,7 @@ set -u -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-bench-hybrid-out}
-BUILD=build-e2e
+BUILD=${HYBRID_BUILD:-build-e2e}
 DEADLINE=${HYBRID_DEADLINE:-540}
 POOL=${HYBRID_HOST_POOL_GB:-80}
 STEPS=${HYBRID_STEPS:-6}
@@ -31,6 +34,9 @@ WARMUP=${HYBRID_WARMUP:-2}
 CAL_STEPS=${HYBRID_CALIBRATED_STEPS:-64}
 CAL_WARMUP=${HYBRID_CALIBRATED_WARMUP:-48}
 CONTEXTS=${HYBRID_CONTEXTS:-16384,32768,65536,131072}
+EXTRA=${HYBRID_EXTRA:-}
+SKIP_WORST=${HYBRID_SKIP_WORST:-0}
+SKIP_CALIBRATED=${HYBRID_SKIP_CALIBRATED:-0}
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -51,21 +57,27 @@ main() {
   fi
   echo "=== built in ${SECONDS}s"
   local tool=$BUILD/tools/sparsekv/sparsekv failed=0
+  # shellcheck disable=SC2206 # HYBRID_EXTRA's flags are meant to split
   local common=(bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL"
-    --page-tokens 1024 --variants full-hbm,sparsekv --hybrid)
+    --page-tokens 1024 --variants full-hbm,sparsekv --hybrid $EXTRA)
   local left=$((DEADLINE - SECONDS - 20))
   local worst_share=$((left * 25 / 100))
-  echo "=== calibrated workload, contexts $CONTEXTS (limit $((left - worst_share))s)"
-  "$tool" "${common[@]}" --steps "$CAL_STEPS" --warmup "$CAL_WARMUP" --locality calibrated \
-    --contexts "$CONTEXTS" \
-    --time-limit $((left - worst_share - 30)) --json "$OUT/e2e-hybrid-calibrated.json" \
-    --csv "$TMP/calibrated.csv" >"$TMP/calibrated.txt" || failed=1
+  ((SKIP_WORST)) && worst_share=0
+  if ((!SKIP_CALIBRATED)); then
+    echo "=== calibrated workload, contexts $CONTEXTS (limit $((left - worst_share))s)"
+    "$tool" "${common[@]}" --steps "$CAL_STEPS" --warmup "$CAL_WARMUP" --locality calibrated \
+      --contexts "$CONTEXTS" \
+      --time-limit $((left - worst_share - 30)) --json "$OUT/e2e-hybrid-calibrated.json" \
+      --csv "$TMP/calibrated.csv" >"$TMP/calibrated.txt" || failed=1
+  fi
   left=$((DEADLINE - SECONDS - 20))
-  echo "=== worst case: miss-rate mode 5% and 20% at 32K (limit ${left}s)"
-  "$tool" "${common[@]}" --steps "$STEPS" --warmup "$WARMUP" --miss-rate 0.05,0.2 \
-    --contexts 32768 --time-limit $((left - 30)) \
-    --json "$OUT/e2e-hybrid-missrate.json" --csv "$TMP/missrate.csv" >"$TMP/missrate.txt" ||
-    failed=1
+  if ((!SKIP_WORST)); then
+    echo "=== worst case: miss-rate mode 5% and 20% at 32K (limit ${left}s)"
+    "$tool" "${common[@]}" --steps "$STEPS" --warmup "$WARMUP" --miss-rate 0.05,0.2 \
+      --contexts 32768 --time-limit $((left - 30)) \
+      --json "$OUT/e2e-hybrid-missrate.json" --csv "$TMP/missrate.csv" >"$TMP/missrate.txt" ||
+      failed=1
+  fi
   cat "$TMP/calibrated.csv" >"$OUT/hybrid.csv" 2>/dev/null
   [[ -f $TMP/missrate.csv ]] && tail -n +2 "$TMP/missrate.csv" >>"$OUT/hybrid.csv"
   python3 - "$OUT" <<'PY' || failed=1

@@ -18,14 +18,15 @@
 # where it is writable (and restores it), and records the setting in the JSONs.
 # Writes to $OUT: nodepool.txt (everything printed), node_pool_gather.json, node_pool_step.json,
 # tests.log, summary.json (both summary keys, scripts/merge_summary.py).
-# Environment: NODEPOOL_DEADLINE [280] seconds for the measurements, NODEPOOL_GATHER_ARGS and
+# Environment: NODEPOOL_BUILD [build-nodepool] (e.g. gpu-check.sh's build-gpu, reused),
+# NODEPOOL_DEADLINE [280] seconds for the measurements, NODEPOOL_GATHER_ARGS and
 # NODEPOOL_STEP_ARGS (extra flags), NODEPOOL_SKIP_TESTS=1.
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-bench-nodepool-out}
-BUILD=build-nodepool
+BUILD=${NODEPOOL_BUILD:-build-nodepool}
 DEADLINE=${NODEPOOL_DEADLINE:-280}
 mkdir -p "$OUT"
 TMP=$(mktemp -d)

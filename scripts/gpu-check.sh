@@ -33,7 +33,8 @@
 #   GPU_CHECK_RESOLVE_ARGS        extra flags for resolve_bench (e.g. "--contexts 32768"); its
 #                                 standard sweep sorts misses as the library does by default (from
 #                                 batch 32) and copies them as the library does (strategy
-#                                 "separate"); scripts/gpu-bench-copy.sh compares the strategies
+#                                 "library": fused from CacheOptions::fused_copy_min_batch);
+#                                 scripts/gpu-bench-copy.sh compares the strategies
 #   GPU_CHECK_COPY_OVERLAP_ARGS   extra flags for copy_overlap_bench (e.g. "--blocks 8,16,0")
 #   GPU_CHECK_MEMCHECK_FILTER     gtest filter for memcheck (default: all but the three longest)
 #   GPU_CHECK_RACECHECK_FILTER    gtest filter for racecheck (default: the kernel tests)

@@ -121,7 +121,7 @@ class CacheOptions:
         device_budget_bytes: int = 0,
         resident_page_rows: int = 64,
         indexer_key_bytes: int = 0,
-        fused_copy_min_batch: int = 0,
+        fused_copy_min_batch: int = 80,
         copy_strategy: CopyStrategy = CopyStrategy.LATTICE,
         prefetch_copy_blocks: int = 0,
     ) -> None: ...

@@ -157,6 +157,7 @@ class SparseKVVariant final : public StepVariant {
         SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
       }
     }
+    crosslayer_active_ = s_.crosslayer_prefetch;  // SetLiveBatch decides with hybrid residency
     if (s_.crosslayer_prefetch) {
       for (cudaEvent_t* e : {&below_resolved_, &crosslayer_prefetched_}) {
         SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
@@ -355,6 +356,12 @@ class SparseKVVariant final : public StepVariant {
       if (promoted.code() == StatusCode::kResourceExhausted) break;
       SPARSEKV_RETURN_IF_ERROR(promoted);
     }
+    // The cross-layer prefetch pays where hot-cache requests miss enough for the copies it hides
+    // to outweigh its resolve (about a resolve's time per layer, whatever the batch): an engine
+    // would capture its step with and without it and pick per step; here, per batch size.
+    int32_t hot = 0;
+    for (int32_t b = 0; b < batch; ++b) hot += !manager_->IsResident(ids_[b]);
+    crosslayer_active_ = s_.crosslayer_prefetch && hot >= kCrossLayerMinHotRequests;
     return CudaStatus(cudaStreamSynchronize(stream), "residency");
   }
   Status ResetStats(cudaStream_t stream) override { return manager_->ResetStats(stream); }
@@ -392,13 +399,13 @@ class SparseKVVariant final : public StepVariant {
   // rows; its miss copy (a victim may be a prefetched slot) and the next ResolvePrefetch (the one
   // prefetch list) wait for the copy.
   Status WaitForCrossLayerPrefetch(int32_t group, cudaStream_t stream) {
-    if (!s_.crosslayer_prefetch || group == 0) return Status::Ok();
+    if (!crosslayer_active_ || group == 0) return Status::Ok();
     return CudaStatus(cudaStreamWaitEvent(stream, crosslayer_prefetched_),
                       "wait for the cross-layer prefetch");
   }
   Status CrossLayerPrefetch(int32_t group, const int32_t* topk, cudaStream_t stream) {
     const int32_t next = (group + 1) * s_.layers_per_index;
-    if (!s_.crosslayer_prefetch || next >= s_.shape.layers) return Status::Ok();
+    if (!crosslayer_active_ || next >= s_.shape.layers) return Status::Ok();
     SPARSEKV_RETURN_IF_ERROR(manager_->ResolvePrefetch(next, topk, s_.shape.top_k, stream));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(below_resolved_, stream));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(prefetch_stream_, below_resolved_));
@@ -406,7 +413,11 @@ class SparseKVVariant final : public StepVariant {
     return CudaStatus(cudaEventRecord(crosslayer_prefetched_, prefetch_stream_),
                       "cross-layer prefetch");
   }
-  cudaEvent_t below_resolved_ = nullptr;         // the next group's prefetch is resolved
+  // With hybrid residency, the cross-layer prefetch runs only in steps with at least this many
+  // requests in hot-cache mode (SetLiveBatch).
+  static constexpr int32_t kCrossLayerMinHotRequests = 16;
+  bool crosslayer_active_ = false;        // crosslayer_prefetch, and (hybrid) enough hot requests
+  cudaEvent_t below_resolved_ = nullptr;  // the next group's prefetch is resolved
   cudaEvent_t crosslayer_prefetched_ = nullptr;  // its copy is done
   // Copy chunks only: the resolve is done (the chunks' copies wait for it), chunk c is copied.
   cudaEvent_t chunks_resolved_ = nullptr;

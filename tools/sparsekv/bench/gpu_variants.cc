@@ -326,7 +326,9 @@ class SparseKVVariant final : public StepVariant {
     return manager_->PrefetchLayer(group * n, predicted, s_.prefetch, prefetch_stream_);
   }
   Status FinishStep(cudaStream_t stream) override {
-    if (prefetch_stream_ != nullptr) {
+    // Joins the prefetch stream if this step used it (a captured step may only wait for work it
+    // captured).
+    if (s_.prefetch > 0 || crosslayer_active_) {
       SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(prefetched_, prefetch_stream_));
       SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, prefetched_));
     }

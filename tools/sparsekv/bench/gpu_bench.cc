@@ -316,6 +316,9 @@ class E2ERun {
   Status Setup(const ModelPreset& preset);
   Status RunContext(const ContextPlan& plan);
   Status RunVariant(const ContextPlan& plan, KVVariant kind, const VariantPlan& vp);
+  // StepVariant::SetLiveBatch, and the lengths of the requests it admits anew.
+  Status SetLiveBatch(StepVariant& v, const VariantSetup& setup, int32_t batch, Requests& req,
+                      int32_t& live);
   void Log(const std::string& line) {
     char stamp[32];
     std::snprintf(stamp, sizeof(stamp), "[%6.1fs] ", Seconds(start_));
@@ -535,13 +538,14 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
                             CreateVariant(kind, setup, arena_, stream_));
   Requests req;
   req.lens.assign(vp.max_batch, plan.context);
+  int32_t live = setup.hybrid ? 0 : vp.max_batch;  // hybrid: requests [0, live) are admitted
 
   if (plan.check_batch > 0) {
     SPARSEKV_ASSIGN_OR_RETURN(auto feed,
                               TopKFeed::Create(GeneratorOptions(plan.context, true, kCheckMissRate),
                                                shared_.shape.layers, plan.check_batch, c_.mtp));
     feed->set_layers_per_index(c_.layers_per_index);
-    SPARSEKV_RETURN_IF_ERROR(v->SetLiveBatch(plan.check_batch, stream_));
+    SPARSEKV_RETURN_IF_ERROR(SetLiveBatch(*v, setup, plan.check_batch, req, live));
     SPARSEKV_ASSIGN_OR_RETURN(std::vector<std::byte> out,
                               RunCheck(*v, shared_, *feed, req, plan.check_batch, stream_));
     if (kind == KVVariant::kFullHbm) {
@@ -588,7 +592,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
         ++skipped_points_;
         continue;
       }
-      SPARSEKV_RETURN_IF_ERROR(v->SetLiveBatch(batch, stream_));
+      SPARSEKV_RETURN_IF_ERROR(SetLiveBatch(*v, setup, batch, req, live));
       SPARSEKV_ASSIGN_OR_RETURN(
           const PointTiming t,
           RunPoint(*v, shared_, *feed, req, batch, c_.steps, warmup, stream_, tracer_.get()));
@@ -642,6 +646,17 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
     }
   }
   return Status::Ok();
+}
+
+Status E2ERun::SetLiveBatch(StepVariant& v, const VariantSetup& setup, int32_t batch, Requests& req,
+                            int32_t& live) {
+  // With hybrid residency the variant releases the requests past the batch and admits new ones
+  // as it grows: those start again at the context length.
+  if (setup.hybrid) {
+    for (int32_t b = std::min(live, batch); b < batch; ++b) req.lens[b] = setup.context;
+    live = batch;
+  }
+  return v.SetLiveBatch(batch, stream_);
 }
 
 Status E2ERun::RunContext(const ContextPlan& plan) {

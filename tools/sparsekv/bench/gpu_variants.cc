@@ -225,7 +225,6 @@ class SparseKVVariant final : public StepVariant {
         }
       }
     }
-    live_.resize(n, true);
     admitted_ = n;
     return CudaStatus(cudaStreamSynchronize(stream), "ingest");
   }
@@ -339,16 +338,11 @@ class SparseKVVariant final : public StepVariant {
   const int32_t* Indices() const override { return slots_.get<int32_t>(); }
   Status SetLiveBatch(int32_t batch, cudaStream_t stream) override {
     if (!s_.hybrid) return Status::Ok();
-    // Requests past the batch are retracted (they keep only their indexer keys on the device)
-    // and resumed when the batch grows again; requests never admitted yet join last.
-    for (int32_t b = batch; b < admitted_; ++b) {
-      if (live_[b]) SPARSEKV_RETURN_IF_ERROR(manager_->Retract(ids_[b]));
-      live_[b] = false;
-    }
-    for (int32_t b = 0; b < std::min(batch, admitted_); ++b) {
-      if (!live_[b]) SPARSEKV_RETURN_IF_ERROR(manager_->Resume(ids_[b], stream));
-      live_[b] = true;
-    }
+    // Requests past the batch end (released, as finished requests are); when the batch grows,
+    // new ones are admitted (the bench starts them at the context length again).
+    for (int32_t b = batch; b < admitted_; ++b)
+      SPARSEKV_RETURN_IF_ERROR(manager_->Release(ids_[b]));
+    admitted_ = std::min(admitted_, batch);
     SPARSEKV_RETURN_IF_ERROR(AdmitRequests(batch, stream));
     // Resumed requests are resident where their pages fit; earlier ones may be promoted now
     // that idle ones gave their blocks back.

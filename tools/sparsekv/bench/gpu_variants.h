@@ -103,9 +103,10 @@ class StepVariant {
   }
   // After `layer`'s attention has been enqueued on `stream` (cross-step prefetch).
   virtual Status AfterAttention(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
-  // Host side, before the steps of a batch size: the requests [0, batch) are the live ones, the
-  // others idle (sparsekv with hybrid residency retracts them, so that the live ones take the
-  // memory, and makes the live ones resident where they fit). Synchronises `stream`.
+  // Host side, before the steps of a batch size: the requests [0, batch) are the live ones
+  // (sparsekv with hybrid residency releases the others, as finished requests, and admits new
+  // ones when the batch grows: those start again at the context length; it makes the live ones
+  // resident where they fit). Synchronises `stream`.
   virtual Status SetLiveBatch(int32_t /*batch*/, cudaStream_t /*stream*/) { return Status::Ok(); }
   virtual Status ResetStats(cudaStream_t stream) = 0;
   virtual StatusOr<VariantStats> ReadStats(cudaStream_t stream) = 0;

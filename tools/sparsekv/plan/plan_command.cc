@@ -322,8 +322,10 @@ PlanCommand::PlanCommand(CLI::App& parent) {
       ->capture_default_str();
   app_->add_option("--hidden-fraction", hidden_fraction_,
                    "share of the miss transfer hidden behind attention and the rest of the "
-                   "model: 0 = serial (an indexer in every layer, as measured); 0.6-0.77 measured "
-                   "with one top-k per 4 layers and copies ahead on 16 blocks; 1 = the ideal")
+                   "model: 0 = serial (an indexer in every layer, copies inline); 0.50 measured "
+                   "with an indexer per layer and a pipelined layer (copies by chunks of 16 "
+                   "rows), 0.34 with the cross-layer prefetch; 0.6-0.77 with one top-k per 4 "
+                   "layers and copies ahead on 16 blocks; 1 = the ideal")
       ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--calibration", calibration_paths_,
@@ -439,8 +441,8 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
               ? Format("  --hidden-fraction %.2f: that share of the transfer hidden behind "
                        "compute.\n",
                        hidden_fraction_)
-              : std::string("  Copies serial with compute, as measured with an indexer per layer "
-                            "(--hidden-fraction for shared indexers).\n"));
+              : std::string("  Copies serial with compute, as with an indexer per layer and "
+                            "copies inline (--hidden-fraction for the overlap paths).\n"));
 
   json["budgeted_hot_cache"] = BudgetedHotCaches(model, gpu_, tiers, contexts_, hot_slots_, out);
 

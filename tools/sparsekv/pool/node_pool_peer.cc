@@ -37,7 +37,6 @@
 #include <iostream>
 #include <map>
 #include <random>
-#include <set>
 #include <thread>
 
 #include "sparsekv/backend.h"
@@ -45,6 +44,7 @@
 #include "sparsekv/manager.h"
 #include "sparsekv/node_pool.h"
 #include "testing/harness.h"
+#include "tools/sparsekv/pool/peer_common.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -52,8 +52,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-volatile std::sig_atomic_t stop_requested = 0;
-extern "C" void OnStop(int) { stop_requested = 1; }
+using peer::Check;
+using peer::OnStop;
+using peer::PickTopK;
+using peer::Request;
+using peer::stop_requested;
 
 struct Common {
   std::string host = "127.0.0.1";
@@ -67,34 +70,8 @@ struct Common {
   std::vector<std::string> requests;  // "KEY:SEED"
 };
 
-struct Request {
-  std::string key;
-  uint64_t seed = 0;
-};
-
-std::vector<Request> ParseRequests(const std::vector<std::string>& specs) {
-  std::vector<Request> out;
-  for (const std::string& s : specs) {
-    const size_t colon = s.rfind(':');
-    out.push_back({s.substr(0, colon), std::stoull(s.substr(colon + 1))});
-  }
-  return out;
-}
-
-// The prompt rows of a request: one [tokens][row_bytes] block per layer.
 std::vector<testing::Bytes> PromptLayers(const Common& c, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<testing::Bytes> layers;
-  for (int32_t l = 0; l < c.layers; ++l) {
-    layers.push_back(testing::RandomRows(rng, c.tokens, c.row_bytes));
-  }
-  return layers;
-}
-
-void Check(const Status& s, const std::string& what) {
-  if (s.ok()) return;
-  std::cerr << what << ": " << s.ToString() << std::endl;
-  std::exit(2);
+  return peer::PromptLayers(c.layers, c.tokens, c.row_bytes, seed);
 }
 
 std::unique_ptr<ControlPlane> ConnectOrDie(const Common& c) {
@@ -102,14 +79,12 @@ std::unique_ptr<ControlPlane> ConnectOrDie(const Common& c) {
   o.host = c.host;
   o.port = c.port;
   o.key_prefix = c.key_prefix;
-  auto plane = ControlPlane::Connect(o);
-  Check(plane.status(), "control plane");
-  return std::move(plane).value();
+  return peer::ConnectOrDie(o);
 }
 
 int RunPrefill(const Common& c, const std::string& node_id, const std::string& serve,
                const std::string& pool_node, int64_t hold_ms) {
-  const std::vector<Request> requests = ParseRequests(c.requests);
+  const std::vector<Request> requests = peer::ParseRequests(c.requests);
   auto plane = ConnectOrDie(c);
   std::shared_ptr<Backend> backend = CreateCpuBackend();
   const milliseconds lease(c.lease_ms);
@@ -249,27 +224,6 @@ std::vector<T> Download(Backend& backend, const void* src, size_t count) {
   return out;
 }
 
-// `top_k` positions of a request of `len` tokens of which `prompt` are prompt rows: a run of
-// adjacent prompt positions, a few generated positions, random positions anywhere, then -1.
-std::vector<int32_t> PickTopK(std::mt19937_64& rng, int32_t top_k, int32_t prompt, int32_t len) {
-  std::set<int32_t> chosen;
-  const int32_t start = static_cast<int32_t>(rng() % prompt);
-  for (int32_t p = start; p < prompt && static_cast<int32_t>(chosen.size()) < top_k / 4; ++p) {
-    chosen.insert(p);
-  }
-  for (int32_t i = 0; i < top_k / 8 && len > prompt; ++i) {
-    chosen.insert(prompt + static_cast<int32_t>(rng() % (len - prompt)));
-  }
-  for (int tries = 0; tries < 4 * top_k && static_cast<int32_t>(chosen.size()) < top_k - 2;
-       ++tries) {
-    chosen.insert(static_cast<int32_t>(rng() % len));
-  }
-  std::vector<int32_t> out(chosen.begin(), chosen.end());
-  std::shuffle(out.begin(), out.end(), rng);
-  out.resize(static_cast<size_t>(top_k), -1);
-  return out;
-}
-
 struct Decoding {
   Request request;
   RequestId id = 0;
@@ -279,7 +233,7 @@ struct Decoding {
 int RunDecode(const Common& c, const std::string& reader, const std::string& backend_name,
               int32_t top_k, int64_t step_ms) {
   const int32_t max_new_tokens = c.max_new_tokens;
-  const std::vector<Request> requests = ParseRequests(c.requests);
+  const std::vector<Request> requests = peer::ParseRequests(c.requests);
   auto plane = ConnectOrDie(c);
   std::shared_ptr<Backend> backend;
   if (backend_name == "cuda") {

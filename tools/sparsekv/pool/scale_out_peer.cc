@@ -37,7 +37,6 @@
 #include <iostream>
 #include <map>
 #include <random>
-#include <set>
 #include <thread>
 
 #include "sparsekv/backend.h"
@@ -46,6 +45,7 @@
 #include "sparsekv/remote_tier.h"
 #include "sparsekv/transport.h"
 #include "testing/harness.h"
+#include "tools/sparsekv/pool/peer_common.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -53,8 +53,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-volatile std::sig_atomic_t stop_requested = 0;
-extern "C" void OnStop(int) { stop_requested = 1; }
+using peer::Check;
+using peer::OnStop;
+using peer::PickTopK;
+using peer::Request;
+using peer::stop_requested;
 
 struct Common {
   std::string host = "127.0.0.1";
@@ -69,27 +72,8 @@ struct Common {
   std::vector<std::string> requests;  // "KEY:SEED"
 };
 
-struct Request {
-  std::string key;
-  uint64_t seed = 0;
-};
-
-std::vector<Request> ParseRequests(const std::vector<std::string>& specs) {
-  std::vector<Request> out;
-  for (const std::string& s : specs) {
-    const size_t colon = s.rfind(':');
-    out.push_back({s.substr(0, colon), std::stoull(s.substr(colon + 1))});
-  }
-  return out;
-}
-
-// The prompt rows of a request: one [tokens][row_bytes] block per layer.
 std::vector<testing::Bytes> PromptLayers(const Common& c, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<testing::Bytes> layers;
-  for (int32_t l = 0; l < c.layers; ++l)
-    layers.push_back(testing::RandomRows(rng, c.tokens, c.row_bytes));
-  return layers;
+  return peer::PromptLayers(c.layers, c.tokens, c.row_bytes, seed);
 }
 
 uint64_t RequestBytes(const Common& c) {
@@ -102,12 +86,7 @@ std::unique_ptr<ControlPlane> ConnectOrDie(const Common& c) {
   o.port = c.port;
   o.key_prefix = c.key_prefix;
   o.connect_timeout = o.command_timeout = milliseconds(c.timeout_ms);
-  auto plane = ControlPlane::Connect(o);
-  if (!plane.ok()) {
-    std::cerr << "control plane: " << plane.status().ToString() << std::endl;
-    std::exit(2);
-  }
-  return std::move(plane).value();
+  return peer::ConnectOrDie(o);
 }
 
 std::unique_ptr<Transport> TransportOrDie(const Common& c) {
@@ -116,22 +95,13 @@ std::unique_ptr<Transport> TransportOrDie(const Common& c) {
   if (c.transports == "tcp") o.net_devices = "lo";
   o.operation_timeout = milliseconds(c.timeout_ms);
   auto transport = CreateUcxTransport(o);
-  if (!transport.ok()) {
-    std::cerr << "transport: " << transport.status().ToString() << std::endl;
-    std::exit(2);
-  }
+  Check(transport.status(), "transport");
   return std::move(transport).value();
-}
-
-void Check(const Status& s, const std::string& what) {
-  if (s.ok()) return;
-  std::cerr << what << ": " << s.ToString() << std::endl;
-  std::exit(2);
 }
 
 int RunPrefill(const Common& c, const std::string& node_id, const std::string& pool,
                uint64_t pool_offset, int64_t release_deadline_ms) {
-  const std::vector<Request> requests = ParseRequests(c.requests);
+  const std::vector<Request> requests = peer::ParseRequests(c.requests);
   auto plane = ConnectOrDie(c);
   auto transport = TransportOrDie(c);
   const uint64_t request_bytes = RequestBytes(c);
@@ -277,28 +247,6 @@ struct Decoding {
   Clock::time_point bound_until;
 };
 
-// `top_k` positions of a request of `len` tokens (this step's included) of which `prompt` are
-// remote prompt rows: a run of adjacent prompt positions (one merged read), a few generated
-// positions (local rows), random positions anywhere, then -1 padding.
-std::vector<int32_t> PickTopK(std::mt19937_64& rng, int32_t top_k, int32_t prompt, int32_t len) {
-  std::set<int32_t> chosen;
-  const int32_t start = static_cast<int32_t>(rng() % prompt);
-  for (int32_t p = start; p < prompt && static_cast<int32_t>(chosen.size()) < top_k / 4; ++p) {
-    chosen.insert(p);
-  }
-  for (int32_t i = 0; i < top_k / 8 && len > prompt; ++i) {
-    chosen.insert(prompt + static_cast<int32_t>(rng() % (len - prompt)));
-  }
-  for (int tries = 0; tries < 4 * top_k && static_cast<int32_t>(chosen.size()) < top_k - 2;
-       ++tries) {
-    chosen.insert(static_cast<int32_t>(rng() % len));
-  }
-  std::vector<int32_t> out(chosen.begin(), chosen.end());
-  std::shuffle(out.begin(), out.end(), rng);
-  out.resize(static_cast<size_t>(top_k), -1);
-  return out;
-}
-
 // How one request's entries of one layer came back.
 struct LayerCheck {
   int exact = 0;    // slot >= 0, the row (assembled and in the hot cache) equals the oracle's
@@ -340,7 +288,7 @@ LayerCheck CheckEntries(const SparseKVCacheManager& manager, const testing::Dens
 
 int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t max_new_tokens,
               int64_t step_ms) {
-  const std::vector<Request> requests = ParseRequests(c.requests);
+  const std::vector<Request> requests = peer::ParseRequests(c.requests);
   auto plane = ConnectOrDie(c);
   auto transport = TransportOrDie(c);
   auto created_tier = RemoteTier::Create(transport.get());

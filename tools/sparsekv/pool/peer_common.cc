@@ -1,0 +1,61 @@
+#include "tools/sparsekv/pool/peer_common.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <set>
+
+namespace sparsekv::tools::peer {
+
+volatile std::sig_atomic_t stop_requested = 0;
+extern "C" void OnStop(int) { stop_requested = 1; }
+
+std::vector<Request> ParseRequests(const std::vector<std::string>& specs) {
+  std::vector<Request> out;
+  for (const std::string& s : specs) {
+    const size_t colon = s.rfind(':');
+    out.push_back({s.substr(0, colon), std::stoull(s.substr(colon + 1))});
+  }
+  return out;
+}
+
+std::vector<testing::Bytes> PromptLayers(int32_t layers, int32_t tokens, int32_t row_bytes,
+                                         uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<testing::Bytes> out;
+  for (int32_t l = 0; l < layers; ++l) out.push_back(testing::RandomRows(rng, tokens, row_bytes));
+  return out;
+}
+
+std::vector<int32_t> PickTopK(std::mt19937_64& rng, int32_t top_k, int32_t prompt, int32_t len) {
+  std::set<int32_t> chosen;
+  const int32_t start = static_cast<int32_t>(rng() % prompt);
+  for (int32_t p = start; p < prompt && static_cast<int32_t>(chosen.size()) < top_k / 4; ++p) {
+    chosen.insert(p);
+  }
+  for (int32_t i = 0; i < top_k / 8 && len > prompt; ++i) {
+    chosen.insert(prompt + static_cast<int32_t>(rng() % (len - prompt)));
+  }
+  for (int tries = 0; tries < 4 * top_k && static_cast<int32_t>(chosen.size()) < top_k - 2;
+       ++tries) {
+    chosen.insert(static_cast<int32_t>(rng() % len));
+  }
+  std::vector<int32_t> out(chosen.begin(), chosen.end());
+  std::shuffle(out.begin(), out.end(), rng);
+  out.resize(static_cast<size_t>(top_k), -1);
+  return out;
+}
+
+void Check(const Status& s, const std::string& what) {
+  if (s.ok()) return;
+  std::cerr << what << ": " << s.ToString() << std::endl;
+  std::exit(2);
+}
+
+std::unique_ptr<ControlPlane> ConnectOrDie(const ControlPlaneOptions& options) {
+  auto plane = ControlPlane::Connect(options);
+  Check(plane.status(), "control plane");
+  return std::move(plane).value();
+}
+
+}  // namespace sparsekv::tools::peer

@@ -49,4 +49,9 @@ class Subprocess {
   std::optional<int> exit_code_;  // set once reaped
 };
 
+// A child's log: the whole file at `path` ("" if it cannot be read), and how often `what` occurs
+// in `text` (overlapping occurrences counted).
+std::string ReadFile(const std::string& path);
+int Count(const std::string& text, const std::string& what);
+
 }  // namespace sparsekv::testing

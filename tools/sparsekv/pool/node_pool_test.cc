@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "sparsekv/backend.h"
@@ -24,25 +23,14 @@ namespace sparsekv {
 namespace {
 
 using std::chrono::milliseconds;
+using testing::Count;
+using testing::ReadFile;
 using testing::RedisServer;
 using testing::Subprocess;
 using testing::WaitUntil;
 
 constexpr milliseconds kDeadline{20000};
 constexpr int64_t kLeaseMs = 1500;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-int Count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
 
 // The rest of the last line of `log` that starts with `prefix` ("" if none).
 std::string LastLineAfter(const std::string& log, const std::string& prefix) {

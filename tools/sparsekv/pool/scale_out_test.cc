@@ -7,8 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <tuple>
 
 #include "sparsekv/control_plane.h"
@@ -21,6 +19,8 @@ namespace sparsekv {
 namespace {
 
 using std::chrono::milliseconds;
+using testing::Count;
+using testing::ReadFile;
 using testing::RedisServer;
 using testing::Subprocess;
 using testing::WaitUntil;
@@ -32,19 +32,6 @@ constexpr int64_t kBindingLeaseMs = 5000;  // of decode's bindings: > a failed r
 // after the dead one's deadline and close (up to 2 x this): the margin keeps a loaded machine
 // from failing it too.
 constexpr int64_t kTimeoutMs = 2000;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-int Count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
 
 // The value of counter `name` in decode's last line "remote NAME VALUE NAME VALUE ...", or -1.
 int64_t RemoteCounter(const std::string& log, const std::string& name) {

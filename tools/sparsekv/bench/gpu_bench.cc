@@ -120,34 +120,6 @@ struct Requests {
   }
 };
 
-// The largest relative L2 error of a bf16 vector of `n` values of `got` against `want` (the
-// outputs of one request in one layer), over all of them; 1 if the sizes differ.
-double MaxRelativeError(const std::vector<std::byte>& got, const std::vector<std::byte>& want,
-                        int64_t n) {
-  if (got.size() != want.size()) return 1;
-  const auto value = [](const std::vector<std::byte>& v, int64_t i) {
-    uint32_t bits = 0;
-    std::memcpy(&bits, v.data() + 2 * i, 2);
-    bits <<= 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return double{f};
-  };
-  double worst = 0;
-  const int64_t values = static_cast<int64_t>(got.size() / 2);
-  for (int64_t first = 0; first + n <= values; first += n) {
-    double diff = 0, norm = 0;
-    for (int64_t i = first; i < first + n; ++i) {
-      const double g = value(got, i), w = value(want, i);
-      diff += (g - w) * (g - w);
-      norm += w * w;
-    }
-    const double error = norm > 0 ? std::sqrt(diff / norm) : (diff > 0 ? 1.0 : 0.0);
-    worst = std::isfinite(error) ? std::max(worst, error) : 1e30;  // NaN or inf: a failure
-  }
-  return worst;
-}
-
 // The eager check steps; returns every layer's attention output of every step.
 StatusOr<std::vector<std::byte>> RunCheck(StepVariant& v, const Shared& sh, TopKFeed& feed,
                                           Requests& req, int32_t batch, cudaStream_t s) {

@@ -1,6 +1,8 @@
 #include "tools/sparsekv/bench/gpu_timing.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 namespace sparsekv::tools {
 
@@ -9,6 +11,32 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double MaxRelativeError(const std::vector<std::byte>& got, const std::vector<std::byte>& want,
+                        int64_t n) {
+  if (got.size() != want.size()) return 1;
+  const auto value = [](const std::vector<std::byte>& v, int64_t i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, v.data() + 2 * i, 2);
+    bits <<= 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return double{f};
+  };
+  double worst = 0;
+  const int64_t values = static_cast<int64_t>(got.size() / 2);
+  for (int64_t first = 0; first + n <= values; first += n) {
+    double diff = 0, norm = 0;
+    for (int64_t i = first; i < first + n; ++i) {
+      const double g = value(got, i), w = value(want, i);
+      diff += (g - w) * (g - w);
+      norm += w * w;
+    }
+    const double error = norm > 0 ? std::sqrt(diff / norm) : (diff > 0 ? 1.0 : 0.0);
+    worst = std::isfinite(error) ? std::max(worst, error) : 1e30;  // NaN or inf: a failure
+  }
+  return worst;
 }
 
 StatusOr<double> TimeGraph(const Graph& graph, cudaStream_t stream, int reps) {

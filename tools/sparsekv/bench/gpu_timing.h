@@ -1,11 +1,12 @@
 // Timing pieces of the end-to-end benchmark on the CUDA runtime: a pair of events, an
 // instantiated graph of a captured stream, the median replay time of a graph, and the copy
-// ceilings a step is compared with (docs/benchmark.md).
+// ceilings a step is compared with (docs/benchmark.md); and how two runs' outputs are compared.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "sparsekv/kv_footprint.h"
@@ -16,6 +17,12 @@ namespace sparsekv::tools {
 
 // The median of `v`; 0 if empty.
 double Median(std::vector<double> v);
+
+// The largest relative L2 error of `got` against `want`, bf16 vectors of `n` values each (the
+// outputs of one request in one layer), over all of them; 1 if the sizes differ, 1e30 if an
+// error is not finite.
+double MaxRelativeError(const std::vector<std::byte>& got, const std::vector<std::byte>& want,
+                        int64_t n);
 
 // A start and a stop event; Ms is the time between them once the stop has completed.
 class EventPair {

@@ -54,8 +54,8 @@ using std::chrono::milliseconds;
 
 using peer::Check;
 using peer::OnStop;
-using peer::PickTopK;
 using peer::Request;
+using peer::StepBuffers;
 using peer::stop_requested;
 
 struct Common {
@@ -194,27 +194,6 @@ int RunPrefill(const Common& c, const std::string& node_id, const std::string& s
   return lost > 0 ? 3 : 0;
 }
 
-// A block of the backend's device memory, freed on destruction.
-class DeviceBlock {
- public:
-  DeviceBlock(Backend& backend, size_t bytes) : backend_(backend) {
-    auto p = backend.AllocateDevice(bytes);
-    Check(p.status(), "allocate");
-    ptr_ = *p;
-  }
-  ~DeviceBlock() { backend_.FreeDevice(ptr_); }
-  DeviceBlock(const DeviceBlock&) = delete;
-  DeviceBlock& operator=(const DeviceBlock&) = delete;
-  template <typename T = std::byte>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  Backend& backend_;
-  void* ptr_ = nullptr;
-};
-
 // Device (or host) memory -> a host vector, synchronously.
 template <typename T>
 std::vector<T> Download(Backend& backend, const void* src, size_t count) {
@@ -314,15 +293,8 @@ int RunDecode(const Common& c, const std::string& reader, const std::string& bac
   bool wrong = false;
   if (manager != nullptr) {
     const int32_t max_batch = o.effective_max_batch();
-    const size_t stride = static_cast<size_t>(c.row_bytes);
-    const size_t entries = static_cast<size_t>(max_batch) * top_k;
-    std::vector<std::unique_ptr<DeviceBlock>> new_rows, topk, slots, assembled;
-    for (int32_t l = 0; l < c.layers; ++l) {
-      new_rows.push_back(std::make_unique<DeviceBlock>(*backend, max_batch * stride));
-      topk.push_back(std::make_unique<DeviceBlock>(*backend, entries * sizeof(int32_t)));
-      slots.push_back(std::make_unique<DeviceBlock>(*backend, entries * sizeof(int32_t)));
-      assembled.push_back(std::make_unique<DeviceBlock>(*backend, entries * stride));
-    }
+    StepBuffers buffers(*backend, c.layers, max_batch, top_k, c.row_bytes);
+    const size_t stride = buffers.stride, entries = buffers.entries;
     std::mt19937_64 rng(42);
     auto next_reclaim = Clock::now() + lease / 3;
     for (int64_t step = 1; stop_requested == 0; ++step) {
@@ -341,33 +313,12 @@ int RunDecode(const Common& c, const std::string& reader, const std::string& bac
         ids.push_back(d.id);
       }
       if (!batch.empty()) {
-        Check(manager->PlanStep(ids, nullptr), "plan step");
-        std::vector<std::vector<int32_t>> picks(c.layers);
+        const std::vector<std::vector<int32_t>> picks =
+            peer::RunStep(*manager, *backend, *oracle, ids, c.tokens, rng, buffers);
         for (int32_t l = 0; l < c.layers; ++l) {
-          const testing::Bytes rows =
-              testing::RandomRows(rng, static_cast<int64_t>(ids.size()), c.row_bytes);
-          for (size_t b = 0; b < ids.size(); ++b) {
-            oracle->Append(ids[b], l, rows.data() + b * stride);
-            const std::vector<int32_t> p =
-                PickTopK(rng, top_k, c.tokens, oracle->Length(ids[b], l));
-            picks[l].insert(picks[l].end(), p.begin(), p.end());
-          }
-          Check(backend->CopyAsync(new_rows[l]->get(), rows.data(), rows.size(), nullptr),
-                "upload");
-          Check(backend->CopyAsync(topk[l]->get(), picks[l].data(),
-                                   picks[l].size() * sizeof(int32_t), nullptr),
-                "upload");
-          Check(manager->AppendToken(l, new_rows[l]->get(), nullptr), "append token");
-          Check(manager->RunLayer(l, topk[l]->get<int32_t>(), slots[l]->get<int32_t>(),
-                                  assembled[l]->get(), nullptr),
-                "run layer");
-        }
-        Check(manager->FinishStep(nullptr), "finish step");
-        Check(backend->Synchronize(nullptr), "synchronize");
-        for (int32_t l = 0; l < c.layers; ++l) {
-          const auto got_slots = Download<int32_t>(*backend, slots[l]->get(), entries);
+          const auto got_slots = Download<int32_t>(*backend, buffers.slots[l]->get(), entries);
           const auto got_rows =
-              Download<std::byte>(*backend, assembled[l]->get(), entries * stride);
+              Download<std::byte>(*backend, buffers.assembled[l]->get(), entries * stride);
           const auto hot =
               Download<std::byte>(*backend, manager->HotLayer(l), manager->HotLayerRows() * stride);
           for (size_t b = 0; b < batch.size(); ++b) {

@@ -58,4 +58,53 @@ std::unique_ptr<ControlPlane> ConnectOrDie(const ControlPlaneOptions& options) {
   return std::move(plane).value();
 }
 
+DeviceBlock::DeviceBlock(Backend& backend, size_t bytes) : backend_(backend) {
+  auto p = backend.AllocateDevice(bytes);
+  Check(p.status(), "allocate");
+  ptr_ = *p;
+}
+
+StepBuffers::StepBuffers(Backend& backend, int32_t layers, int32_t max_batch, int32_t top_k,
+                         int32_t row_bytes)
+    : stride(static_cast<size_t>(row_bytes)), entries(static_cast<size_t>(max_batch) * top_k) {
+  for (int32_t l = 0; l < layers; ++l) {
+    new_rows.push_back(std::make_unique<DeviceBlock>(backend, max_batch * stride));
+    topk.push_back(std::make_unique<DeviceBlock>(backend, entries * sizeof(int32_t)));
+    slots.push_back(std::make_unique<DeviceBlock>(backend, entries * sizeof(int32_t)));
+    assembled.push_back(std::make_unique<DeviceBlock>(backend, entries * stride));
+  }
+}
+
+std::vector<std::vector<int32_t>> RunStep(SparseKVCacheManager& manager, Backend& backend,
+                                          testing::DenseModel& oracle,
+                                          const std::vector<RequestId>& ids, int32_t prompt,
+                                          std::mt19937_64& rng, StepBuffers& buffers) {
+  const int32_t top_k = manager.options().top_k;
+  const int32_t row_bytes = static_cast<int32_t>(buffers.stride);
+  Check(manager.PlanStep(ids, nullptr), "plan step");
+  std::vector<std::vector<int32_t>> picks(buffers.new_rows.size());
+  for (size_t l = 0; l < buffers.new_rows.size(); ++l) {
+    const int32_t layer = static_cast<int32_t>(l);
+    const testing::Bytes rows =
+        testing::RandomRows(rng, static_cast<int64_t>(ids.size()), row_bytes);
+    for (size_t b = 0; b < ids.size(); ++b) {
+      oracle.Append(ids[b], layer, rows.data() + b * buffers.stride);
+      const std::vector<int32_t> p = PickTopK(rng, top_k, prompt, oracle.Length(ids[b], layer));
+      picks[l].insert(picks[l].end(), p.begin(), p.end());
+    }
+    Check(backend.CopyAsync(buffers.new_rows[l]->get(), rows.data(), rows.size(), nullptr),
+          "upload");
+    Check(backend.CopyAsync(buffers.topk[l]->get(), picks[l].data(),
+                            picks[l].size() * sizeof(int32_t), nullptr),
+          "upload");
+    Check(manager.AppendToken(layer, buffers.new_rows[l]->get(), nullptr), "append token");
+    Check(manager.RunLayer(layer, buffers.topk[l]->get<int32_t>(), buffers.slots[l]->get<int32_t>(),
+                           buffers.assembled[l]->get(), nullptr),
+          "run layer");
+  }
+  Check(manager.FinishStep(nullptr), "finish step");
+  Check(backend.Synchronize(nullptr), "synchronize");
+  return picks;
+}
+
 }  // namespace sparsekv::tools::peer

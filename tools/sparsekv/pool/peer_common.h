@@ -1,17 +1,20 @@
 // What the prefill and decode processes of the multi-process tests (scale_out_peer,
 // node_pool_peer) share: the stop flag SIGTERM sets, the requests they are given as "KEY:SEED",
 // the prompt rows a seed stands for, the positions a decode step selects, and how they exit on an
-// error they cannot go on from.
+// error they cannot go on from; and a decode step of the manager with the buffers it runs on.
 #pragma once
 
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "sparsekv/backend.h"
 #include "sparsekv/control_plane.h"
+#include "sparsekv/manager.h"
 #include "sparsekv/status.h"
 #include "testing/harness.h"
 
@@ -44,5 +47,44 @@ void Check(const Status& s, const std::string& what);
 
 // Connects to the control plane or exits as Check does ("control plane: ...").
 std::unique_ptr<ControlPlane> ConnectOrDie(const ControlPlaneOptions& options);
+
+// A block of the backend's device memory (host memory on the CPU backend), freed on destruction.
+// Not cuda_common::DeviceBuffer: it allocates through the Backend, and exits as Check does on
+// failure.
+class DeviceBlock {
+ public:
+  DeviceBlock(Backend& backend, size_t bytes);
+  ~DeviceBlock() { backend_.FreeDevice(ptr_); }
+  DeviceBlock(const DeviceBlock&) = delete;
+  DeviceBlock& operator=(const DeviceBlock&) = delete;
+  template <typename T = std::byte>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  Backend& backend_;
+  void* ptr_ = nullptr;
+};
+
+// The fixed buffers of a decode process's steps, one of each per layer: the new rows
+// ([max_batch, row_bytes]), the top-k and the slots ([max_batch, top_k] int32) and the assembled
+// rows ([max_batch, top_k, row_bytes]).
+struct StepBuffers {
+  StepBuffers(Backend& backend, int32_t layers, int32_t max_batch, int32_t top_k,
+              int32_t row_bytes);
+  size_t stride = 0;   // bytes per row
+  size_t entries = 0;  // max_batch * top_k
+  std::vector<std::unique_ptr<DeviceBlock>> new_rows, topk, slots, assembled;
+};
+
+// One decode step of `ids` (their order is the batch's): PlanStep, then per layer a new random row
+// per request (appended to `oracle` too) and PickTopK positions over its `prompt` prompt rows,
+// AppendToken and RunLayer into `buffers`; FinishStep; then waits for the backend. Returns each
+// layer's top-k ([ids.size(), top_k]).
+std::vector<std::vector<int32_t>> RunStep(SparseKVCacheManager& manager, Backend& backend,
+                                          testing::DenseModel& oracle,
+                                          const std::vector<RequestId>& ids, int32_t prompt,
+                                          std::mt19937_64& rng, StepBuffers& buffers);
 
 }  // namespace sparsekv::tools::peer

@@ -55,8 +55,8 @@ using std::chrono::milliseconds;
 
 using peer::Check;
 using peer::OnStop;
-using peer::PickTopK;
 using peer::Request;
+using peer::StepBuffers;
 using peer::stop_requested;
 
 struct Common {
@@ -212,28 +212,6 @@ int RunPrefill(const Common& c, const std::string& node_id, const std::string& p
   return lost > 0 ? 3 : 0;
 }
 
-// A block of the backend's device memory (host memory on the CPU backend), freed on destruction.
-// Not cuda_common::DeviceBuffer: it allocates through the Backend, and aborts on failure.
-class DeviceBlock {
- public:
-  DeviceBlock(Backend& backend, size_t bytes) : backend_(backend) {
-    auto p = backend.AllocateDevice(bytes);
-    Check(p.status(), "allocate");
-    ptr_ = *p;
-  }
-  ~DeviceBlock() { backend_.FreeDevice(ptr_); }
-  DeviceBlock(const DeviceBlock&) = delete;
-  DeviceBlock& operator=(const DeviceBlock&) = delete;
-  template <typename T = std::byte>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  Backend& backend_;
-  void* ptr_ = nullptr;
-};
-
 // One request of the decode process.
 struct Decoding {
   Request request;
@@ -368,15 +346,8 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
 
   // The run phase's fixed buffers, per layer.
   const int32_t max_batch = o.effective_max_batch();
-  const size_t stride = static_cast<size_t>(c.row_bytes);
-  const size_t entries = static_cast<size_t>(max_batch) * top_k;
-  std::vector<std::unique_ptr<DeviceBlock>> new_rows, topk, slots, assembled;
-  for (int32_t l = 0; l < c.layers; ++l) {
-    new_rows.push_back(std::make_unique<DeviceBlock>(*backend, max_batch * stride));
-    topk.push_back(std::make_unique<DeviceBlock>(*backend, entries * sizeof(int32_t)));
-    slots.push_back(std::make_unique<DeviceBlock>(*backend, entries * sizeof(int32_t)));
-    assembled.push_back(std::make_unique<DeviceBlock>(*backend, entries * stride));
-  }
+  StepBuffers buffers(*backend, c.layers, max_batch, top_k, c.row_bytes);
+  const size_t stride = buffers.stride;
   std::mt19937_64 rng(42);
   signal(SIGTERM, OnStop);
   bool wrong = false;
@@ -394,27 +365,8 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
       // A request that failed in an earlier step stays for this one: every entry must be skipped.
       std::vector<bool> failed_before;
       for (Decoding* d : batch) failed_before.push_back(d->failed);
-      Check(manager->PlanStep(ids, nullptr), "plan step");
-      std::vector<std::vector<int32_t>> picks(c.layers);
-      for (int32_t l = 0; l < c.layers; ++l) {
-        const testing::Bytes rows =
-            testing::RandomRows(rng, static_cast<int64_t>(ids.size()), c.row_bytes);
-        for (size_t b = 0; b < ids.size(); ++b) {
-          oracle.Append(ids[b], l, rows.data() + b * stride);
-          const std::vector<int32_t> p = PickTopK(rng, top_k, c.tokens, oracle.Length(ids[b], l));
-          picks[l].insert(picks[l].end(), p.begin(), p.end());
-        }
-        Check(backend->CopyAsync(new_rows[l]->get(), rows.data(), rows.size(), nullptr), "upload");
-        Check(backend->CopyAsync(topk[l]->get(), picks[l].data(), picks[l].size() * sizeof(int32_t),
-                                 nullptr),
-              "upload");
-        Check(manager->AppendToken(l, new_rows[l]->get(), nullptr), "append token");
-        Check(manager->RunLayer(l, topk[l]->get<int32_t>(), slots[l]->get<int32_t>(),
-                                assembled[l]->get(), nullptr),
-              "run layer");
-      }
-      Check(manager->FinishStep(nullptr), "finish step");
-      Check(backend->Synchronize(nullptr), "synchronize");
+      const std::vector<std::vector<int32_t>> picks =
+          peer::RunStep(*manager, *backend, oracle, ids, c.tokens, rng, buffers);
 
       for (size_t b = 0; b < batch.size(); ++b) {
         Decoding& d = *batch[b];
@@ -423,9 +375,9 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
         bool skipping = failed_before[b];
         for (int32_t l = 0; l < c.layers; ++l) {
           const size_t first = b * static_cast<size_t>(top_k);
-          const LayerCheck check =
-              CheckEntries(*manager, oracle, d.id, l, picks[l].data() + first,
-                           slots[l]->get<int32_t>() + first, assembled[l]->get() + first * stride);
+          const LayerCheck check = CheckEntries(*manager, oracle, d.id, l, picks[l].data() + first,
+                                                buffers.slots[l]->get<int32_t>() + first,
+                                                buffers.assembled[l]->get() + first * stride);
           if (check.skipped > 0 && check.exact == 0 && !remote.ok()) skipping = true;
           const bool as_expected =
               check.wrong == 0 && (skipping ? check.exact == 0 : check.skipped == 0);

@@ -15,21 +15,17 @@
 #include "sparsekv/backend.h"
 #include "sparsekv/control_plane.h"
 #include "testing/harness.h"
-#include "testing/redis_server.h"
 #include "testing/subprocess.h"
 #include "testing/wait_until.h"
+#include "tools/sparsekv/pool/processes_fixture.h"
 
 namespace sparsekv {
 namespace {
 
-using std::chrono::milliseconds;
 using testing::Count;
-using testing::ReadFile;
-using testing::RedisServer;
 using testing::Subprocess;
 using testing::WaitUntil;
 
-constexpr milliseconds kDeadline{20000};
 constexpr int64_t kLeaseMs = 1500;
 
 // The rest of the last line of `log` that starts with `prefix` ("" if none).
@@ -46,25 +42,17 @@ bool FileExists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
-class NodePoolProcessTest : public ::testing::TestWithParam<std::string> {
+class NodePoolProcessTest : public testing::ProcessesTest {
  protected:
+  NodePoolProcessTest() : ProcessesTest("node-pool") {}
+
   void SetUp() override {
     if (GetParam() == "cuda" && !CreateCudaBackend().ok()) {
       GTEST_SKIP() << "decode on the CUDA backend needs a GPU: "
                    << CreateCudaBackend().status().ToString();
     }
-    auto server = RedisServer::Start();
-    ASSERT_TRUE(server.ok()) << server.status().ToString();
-    redis_ = std::move(server).value();
-    auto dir = testing::MakeTempDir("node-pool");
-    ASSERT_TRUE(dir.ok());
-    dir_ = *dir;
-    ControlPlaneOptions options;
-    options.port = redis_->port();
-    options.key_prefix = key_prefix_;
-    auto plane = ControlPlane::Connect(options);
-    ASSERT_TRUE(plane.ok()) << plane.status().ToString();
-    plane_ = std::move(plane).value();
+    ProcessesTest::SetUp();
+    if (HasFatalFailure()) return;
     segment_ = "sparsekv-np-test-" + std::to_string(getpid()) + "-" +
                std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
                ::testing::UnitTest::GetInstance()->current_test_info()->name();
@@ -73,28 +61,12 @@ class NodePoolProcessTest : public ::testing::TestWithParam<std::string> {
     }
   }
   void TearDown() override {
-    processes_.clear();  // kills and reaps whatever is still running
-    if (HasFailure()) {
-      for (const std::string& log : logs_) std::cerr << "---- " << log << "\n" << ReadFile(log);
-    }
+    ProcessesTest::TearDown();
     std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
     std::filesystem::remove(SegmentPath(), ignored);
   }
 
-  std::string ControlPlaneAddress() const { return "127.0.0.1:" + std::to_string(redis_->port()); }
-  std::string LogPath(const std::string& name) const { return dir_ + "/" + name + ".log"; }
   std::string SegmentPath() const { return "/dev/shm/" + segment_; }
-  std::string Log(const std::string& name) const { return ReadFile(LogPath(name)); }
-
-  Subprocess* Start(const std::string& name, const std::vector<std::string>& argv) {
-    auto process = Subprocess::Start(argv, {}, LogPath(name));
-    EXPECT_TRUE(process.ok()) << process.status().ToString();
-    if (!process.ok()) return nullptr;
-    logs_.push_back(LogPath(name));
-    processes_.push_back(std::move(process).value());
-    return processes_.back().get();
-  }
 
   std::vector<std::string> PeerArgs(const std::string& mode,
                                     const std::vector<std::string>& requests) const {
@@ -141,16 +113,6 @@ class NodePoolProcessTest : public ::testing::TestWithParam<std::string> {
     return Start(name, argv);
   }
 
-  bool WaitForLog(const std::string& name, const std::string& what, int times = 1) {
-    return WaitUntil([&] { return Count(Log(name), what) >= times; }, kDeadline);
-  }
-
-  // Sends SIGTERM and returns the exit code (-1 if it did not exit in time).
-  static int Terminate(Subprocess* process) {
-    process->Signal(SIGTERM);
-    auto code = process->WaitFor(kDeadline);
-    return code.ok() ? *code : -1;
-  }
   static int ExitCode(Subprocess* process) {
     auto code = process->WaitFor(kDeadline);
     return code.ok() ? *code : -1;
@@ -168,13 +130,7 @@ class NodePoolProcessTest : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(shared, 0) << line;
   }
 
-  const std::string key_prefix_ = "node-pool";
-  std::unique_ptr<RedisServer> redis_;
-  std::string dir_;
   std::string segment_;
-  std::unique_ptr<ControlPlane> plane_;
-  std::vector<std::unique_ptr<Subprocess>> processes_;
-  std::vector<std::string> logs_;
 };
 
 TEST_P(NodePoolProcessTest, DecodeAdmitsPrefillsPromptsWithoutCopyingAndOutlivesIt) {

@@ -6,14 +6,13 @@
 // Every process is in its own process group and is killed and reaped by the test's destructors.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <tuple>
 
 #include "sparsekv/control_plane.h"
 #include "testing/harness.h"
-#include "testing/redis_server.h"
 #include "testing/subprocess.h"
 #include "testing/wait_until.h"
+#include "tools/sparsekv/pool/processes_fixture.h"
 
 namespace sparsekv {
 namespace {
@@ -21,11 +20,9 @@ namespace {
 using std::chrono::milliseconds;
 using testing::Count;
 using testing::ReadFile;
-using testing::RedisServer;
 using testing::Subprocess;
 using testing::WaitUntil;
 
-constexpr milliseconds kDeadline{20000};
 constexpr int64_t kLeaseMs = 1500;         // of the pool servers' membership
 constexpr int64_t kBindingLeaseMs = 5000;  // of decode's bindings: > a failed read's deadline
 // Remote operations' deadline. A healthy peer's read issued with a dead peer's is waited on only
@@ -50,43 +47,9 @@ std::string LineAfter(const std::string& log, const std::string& prefix) {
   return log.substr(from, log.find('\n', from) - from);
 }
 
-class ScaleOutTest : public ::testing::TestWithParam<std::string> {
+class ScaleOutTest : public testing::ProcessesTest {
  protected:
-  void SetUp() override {
-    auto server = RedisServer::Start();
-    ASSERT_TRUE(server.ok()) << server.status().ToString();
-    redis_ = std::move(server).value();
-    auto dir = testing::MakeTempDir("scale-out");
-    ASSERT_TRUE(dir.ok());
-    dir_ = *dir;
-    ControlPlaneOptions options;
-    options.port = redis_->port();
-    options.key_prefix = key_prefix_;
-    auto plane = ControlPlane::Connect(options);
-    ASSERT_TRUE(plane.ok()) << plane.status().ToString();
-    plane_ = std::move(plane).value();
-  }
-  void TearDown() override {
-    processes_.clear();  // kills and reaps whatever is still running
-    if (HasFailure()) {
-      for (const std::string& log : logs_) std::cerr << "---- " << log << "\n" << ReadFile(log);
-    }
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-
-  std::string ControlPlaneAddress() const { return "127.0.0.1:" + std::to_string(redis_->port()); }
-  std::string LogPath(const std::string& name) const { return dir_ + "/" + name + ".log"; }
-
-  // Starts `argv` with its output in LogPath(name); the test owns the process.
-  Subprocess* Start(const std::string& name, std::vector<std::string> argv) {
-    auto process = Subprocess::Start(argv, {}, LogPath(name));
-    EXPECT_TRUE(process.ok()) << process.status().ToString();
-    if (!process.ok()) return nullptr;
-    logs_.push_back(LogPath(name));
-    processes_.push_back(std::move(process).value());
-    return processes_.back().get();
-  }
+  ScaleOutTest() : ProcessesTest("scale-out") {}
 
   // A pool server; returns once its region is published under `incarnation`.
   Subprocess* StartPool(const std::string& node, uint64_t incarnation) {
@@ -161,25 +124,6 @@ class ScaleOutTest : public ::testing::TestWithParam<std::string> {
     for (const std::string& r : requests) argv.insert(argv.end(), {"--request", r});
     return Start(name, argv);
   }
-
-  // Waits until `name`'s log holds `what` at least `times` times.
-  bool WaitForLog(const std::string& name, const std::string& what, int times = 1) {
-    return WaitUntil([&] { return Count(ReadFile(LogPath(name)), what) >= times; }, kDeadline);
-  }
-
-  // Sends SIGTERM and returns the exit code (-1 if it did not exit in time).
-  static int Terminate(Subprocess* process) {
-    process->Signal(SIGTERM);
-    auto code = process->WaitFor(kDeadline);
-    return code.ok() ? *code : -1;
-  }
-
-  const std::string key_prefix_ = "scale-out";
-  std::unique_ptr<RedisServer> redis_;
-  std::string dir_;
-  std::unique_ptr<ControlPlane> plane_;
-  std::vector<std::unique_ptr<Subprocess>> processes_;
-  std::vector<std::string> logs_;
 };
 
 TEST_P(ScaleOutTest, DecodeReadsPromptsFromPrefillMemoryAndPoolServers) {

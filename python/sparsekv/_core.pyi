@@ -96,6 +96,7 @@ class CacheOptions:
     fused_copy_min_batch: int
     copy_strategy: CopyStrategy
     prefetch_copy_blocks: int
+    copy_chunk_rows: int
     def __init__(
         self,
         *,
@@ -124,6 +125,7 @@ class CacheOptions:
         fused_copy_min_batch: int = 80,
         copy_strategy: CopyStrategy = CopyStrategy.LATTICE,
         prefetch_copy_blocks: int = 0,
+        copy_chunk_rows: int = 0,
     ) -> None: ...
     @property
     def protected_capacity(self) -> int: ...
@@ -382,6 +384,7 @@ class SparseKVCacheManager:
         stream: _Stream = None,
     ) -> None: ...
     def copy_misses(self, layer: int, stream: _Stream = None) -> None: ...
+    def copy_miss_chunk(self, layer: int, chunk: int, stream: _Stream = None) -> None: ...
     def assemble_layer(
         self, layer: int, slots: _Tensor, assembled: _Tensor, stream: _Stream = None
     ) -> None: ...

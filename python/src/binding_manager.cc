@@ -230,6 +230,10 @@ class PyManager {
     Check(manager_->CopyMisses(layer, Stream(stream)));
   }
 
+  void CopyMissChunk(int32_t layer, int32_t chunk, const py::object& stream) {
+    Check(manager_->CopyMissChunk(layer, chunk, Stream(stream)));
+  }
+
   void AssembleLayer(int32_t layer, const py::object& slots, const py::object& assembled,
                      const py::object& stream) {
     TensorRules sr{"slots"};
@@ -523,6 +527,11 @@ void RegisterManager(py::module_& m) {
       .def("copy_misses", &PyManager::CopyMisses, py::arg("layer"), no_stream,
            "Copies the misses of the last resolve_layer of `layer`'s group into `layer`'s "
            "rows; once per layer and step.")
+      .def("copy_miss_chunk", &PyManager::CopyMissChunk, py::arg("layer"), py::arg("chunk"),
+           no_stream,
+           "With copy_chunk_rows = R: copies only the misses of batch rows [chunk R, (chunk + 1) "
+           "R), so that attention over them may start before the other chunks are in. A layer is "
+           "copied whole or by chunks, each once.")
       .def("assemble_layer", &PyManager::AssembleLayer, py::arg("layer"), py::arg("slots"),
            py::arg("assembled"), no_stream,
            "Gathers the rows of slots (as resolve_layer wrote them) of `layer` into assembled "

@@ -74,7 +74,7 @@ void RegisterCacheOptions(py::module_& m) {
                        bool hybrid_residency, int64_t device_budget_bytes,
                        int32_t resident_page_rows, int32_t indexer_key_bytes,
                        int32_t fused_copy_min_batch, CopyStrategy copy_strategy,
-                       int32_t prefetch_copy_blocks) {
+                       int32_t prefetch_copy_blocks, int32_t copy_chunk_rows) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -101,6 +101,7 @@ void RegisterCacheOptions(py::module_& m) {
              o.fused_copy_min_batch = fused_copy_min_batch;
              o.copy_strategy = copy_strategy;
              o.prefetch_copy_blocks = prefetch_copy_blocks;
+             o.copy_chunk_rows = copy_chunk_rows;
              return o;
            }),
            py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
@@ -124,6 +125,7 @@ void RegisterCacheOptions(py::module_& m) {
            py::arg("fused_copy_min_batch") = defaults.fused_copy_min_batch,
            py::arg("copy_strategy") = defaults.copy_strategy,
            py::arg("prefetch_copy_blocks") = defaults.prefetch_copy_blocks,
+           py::arg("copy_chunk_rows") = defaults.copy_chunk_rows,
            "Keyword arguments only; geometry, host_capacity_tokens, max_requests and max_context "
            "are required. Checked when a manager is created (or by validate()).")
       .def_readwrite("geometry", &CacheOptions::geometry, "The KV rows of every layer.")
@@ -180,6 +182,9 @@ void RegisterCacheOptions(py::module_& m) {
                      "resolve (0: never).")
       .def_readwrite("prefetch_copy_blocks", &CacheOptions::prefetch_copy_blocks,
                      "The same bound for the prefetch copies alone (0: copy_blocks).")
+      .def_readwrite("copy_chunk_rows", &CacheOptions::copy_chunk_rows,
+                     "Batch rows per copy chunk (copy_miss_chunk), for a pipelined layer; 0: one "
+                     "miss list.")
       .def_readwrite("copy_strategy", &CacheOptions::copy_strategy,
                      "How the CUDA miss copy moves its rows (CopyStrategy).")
       .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity,

@@ -95,7 +95,8 @@ class Driver:
     def step(self, batch: List[int], token_ids: Optional[List[int]] = None,
              split: bool = False, prefetch: Optional[np.ndarray] = None) -> None:
         """One decode step over `batch`, every layer checked. split: resolve_layer +
-        copy_misses + assemble_layer instead of run_layer; prefetch: positions ([max_batch,
+        copy_misses (copy_miss_chunk per chunk with copy_chunk_rows) + assemble_layer instead of
+        run_layer; prefetch: positions ([max_batch,
         count]) prefetch_layer (or resolve_prefetch + copy_prefetch) brings into every layer after
         the step's reads."""
         self.m.plan_step(batch, token_ids=token_ids)
@@ -117,7 +118,12 @@ class Driver:
                 fill = self.a.to_device(np.zeros((self.max_batch, TOP_K), np.uint8))
                 misses_before = self.m.read_stats().layers[layer].misses
                 self.m.resolve_layer(layer, self.a.to_device(topk), slots, fill_mask=fill)
-                self.m.copy_misses(layer)
+                rows = self.options.copy_chunk_rows
+                if rows > 0:  # a pipelined layer: chunk by chunk, the last first
+                    for chunk in reversed(range((len(batch) + rows - 1) // rows)):
+                        self.m.copy_miss_chunk(layer, chunk)
+                else:
+                    self.m.copy_misses(layer)
                 self.m.assemble_layer(layer, slots, assembled)
                 misses = self.m.read_stats().layers[layer].misses - misses_before
                 fill = self.a.to_numpy(fill)[:len(batch)]
@@ -194,6 +200,41 @@ def test_lifecycle(arrays):
         m.sequence_length(1)
     stats = m.read_stats()
     assert stats.hot_blocks_used == 0 and stats.host_pages_used == 0
+
+
+def test_copy_by_chunks(arrays):
+    """copy_chunk_rows: a layer copied chunk by chunk delivers the same rows; a chunk outside
+    [0, ceil(max_batch / R)) or copied twice, or copy_miss_chunk without chunks, is refused."""
+    d = Driver(arrays, seed=5, copy_chunk_rows=2)
+    assert d.options.copy_chunk_rows == 2
+    for rid in (1, 2, 3):
+        d.admit(rid, d.prompt(6 + rid), max_new_tokens=8)
+    for _ in range(3):
+        d.step([3, 1, 2], split=True)
+    d.step([2], split=True)
+    assert d.m.read_stats().total.misses > 0
+
+    m = d.m
+    m.plan_step([1, 2, 3])
+    topk = d.a.to_device(np.zeros((d.max_batch, TOP_K), np.int32))
+    slots = d.a.to_device(np.zeros((d.max_batch, TOP_K), np.int32))
+    for layer in range(len(LAYERS)):
+        m.append_token(layer, d.a.to_device(d.rows(d.max_batch, layer)))
+    m.resolve_layer(0, topk, slots)
+    with pytest.raises(sparsekv.InvalidArgumentError, match="outside"):
+        m.copy_miss_chunk(0, 2)
+    m.copy_miss_chunk(0, 1)
+    with pytest.raises(sparsekv.FailedPreconditionError, match="already copied"):
+        m.copy_miss_chunk(0, 1)
+
+    whole = Driver(arrays, seed=5)
+    whole.admit(1, whole.prompt(4), max_new_tokens=4)
+    whole.m.plan_step([1])
+    for layer in range(len(LAYERS)):
+        whole.m.append_token(layer, whole.a.to_device(whole.rows(whole.max_batch, layer)))
+    whole.m.resolve_layer(0, topk, slots)
+    with pytest.raises(sparsekv.FailedPreconditionError, match="copy_chunk_rows"):
+        whole.m.copy_miss_chunk(0, 0)
 
 
 def test_prefix_reuse_and_retained_conversations(arrays):

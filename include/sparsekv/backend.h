@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "sparsekv/kernel_views.h"
 #include "sparsekv/status.h"
@@ -71,6 +72,27 @@ class Backend {
   virtual Status IndexCopy(const IndexCopyView& view, StreamHandle stream) = 0;
   virtual Status Resolve(const ResolveView& view, int32_t max_batch, StreamHandle stream) = 0;
   virtual Status Assemble(const AssembleView& view, int32_t max_batch, StreamHandle stream) = 0;
+  // InvalidArgument for places outside [1, kMaxRoutePlaces] or page_rows < 1.
+  virtual Status RouteRows(const RouteRowsView& view, StreamHandle stream) = 0;
+
+  // ---- Device memory shared between processes (the peer tier, peer_tier.h) ----
+
+  // A handle to AllocateDevice's allocation at `ptr` (its start) that ImportDevice of a backend in
+  // another process of the machine (or in this one) maps. CUDA: a CUDA IPC handle; the CPU backend
+  // shares within its own process only. Unavailable from a backend that cannot (the default).
+  virtual StatusOr<std::string> ExportDevice(void* ptr) {
+    (void)ptr;
+    return Unavailable("backend " + name() + " cannot share device memory");
+  }
+  // Maps the allocation that `handle` names, readable by this backend's operators (under CUDA from
+  // another GPU of the machine too, over peer access). InvalidArgument for a handle of another
+  // kind of backend; Unavailable if it cannot be mapped here (e.g. GPUs without peer access).
+  virtual StatusOr<void*> ImportDevice(std::string_view handle) {
+    (void)handle;
+    return Unavailable("backend " + name() + " cannot share device memory");
+  }
+  // Unmaps what ImportDevice returned. REQUIRES (not checked): nothing enqueued still reads it.
+  virtual void CloseImported(void* ptr) { (void)ptr; }
 };
 
 // The reference backend. Never fails to create.

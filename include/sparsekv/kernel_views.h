@@ -86,6 +86,34 @@ struct IndexCopyView {
   CopyStrategy strategy = CopyStrategy::kLattice;  // CUDA: see above. Other backends ignore it.
 };
 
+// Splits an index list by where each source row lives, so that the rows of each place are copied
+// by an IndexCopy from that place's memory (the peer tier, peer_tier.h, reads this way the rows
+// that another GPU also holds). Source rows are grouped in pages of page_rows rows; page q lives
+// at place page_place[q] (0: the list's own source) from row page_row[q] on. For i <
+// min(*count, capacity), entry (r = src_index[i], d = dst_index[i]) with q = r / page_rows goes to
+//   * list t = page_place[q] as (page_row[q] + r % page_rows, d) if 0 <= r < pages * page_rows
+//     and 1 <= t < places;
+//   * list 0 unchanged otherwise (a row out of range is left for the copy to skip and count).
+// List t is out_src[t * capacity + j], out_dst[t * capacity + j] for j < out_count[t]. Every
+// out_count[t], t < places, is set; list entries past the counts are not touched. The order of
+// a list's entries is unspecified (the CPU backend keeps the input's).
+inline constexpr int32_t kMaxRoutePlaces = 8;
+struct RouteRowsView {
+  const int32_t* src_index;   // [capacity]
+  const int32_t* dst_index;   // [capacity]
+  const int32_t* count;       // device scalar; entries to route
+  int32_t capacity;           // size of the index arrays and of each output list
+  const int32_t* page_place;  // [pages] place of each source page, 0 = the list's own source
+  const int32_t* page_row;    // [pages] row of the page's first row in its place
+  int64_t pages;
+  int32_t page_rows;
+  int32_t places;                        // output lists, in [1, kMaxRoutePlaces]
+  int32_t* out_src;                      // [places, capacity]
+  int32_t* out_dst;                      // [places, capacity]
+  int32_t* out_count;                    // [places] device scalars, set by the operator
+  unsigned long long* routed = nullptr;  // device scalar or nullptr; += entries put in lists >= 1
+};
+
 // Resolve one layer's top-k for the whole batch against the hot cache.
 //
 // Resident rows. A row with e.resident >= 0 (its request's whole KV is in HBM) has no replacement

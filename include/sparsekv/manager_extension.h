@@ -1,10 +1,11 @@
 // ManagerExtension: where a SparseKVCacheManager's miss rows may come from besides its host pool.
 //
-// The manager copies a step's misses from its host pool into the hot cache. An extension (the
-// remote tier's RemoteRowSource, remote_tier.h, is one) may stand in for some rows: before a miss
-// copy it may rewrite the miss list (drop entries, fill host rows) and stage rows to copy after
-// it; after a resolve or a copy it may blank the slots of requests it failed. It also hears when a
-// request is dropped and may refuse to fork one.
+// The manager copies a step's misses from its host pool into the hot cache. An extension may
+// stand in for some rows: before a miss copy it may rewrite the miss list (drop entries, fill host
+// rows) or hand the manager another list to copy from the pool, and copy rows of its own after it;
+// after a resolve or a copy it may blank the slots of requests it failed. It also hears when a
+// request is dropped and may refuse to fork one. The remote tier (remote_tier.h: rows read over a
+// transport) and the peer tier (peer_tier.h: rows read from another GPU's memory) are extensions.
 //
 // Cost. The manager asks BeginStep once per PlanStep whether the extension is active for the
 // batch; the per-layer hooks are called only in active steps, so a step without requests the
@@ -54,6 +55,13 @@ class ExtensionHost {
   virtual bool IsLive(RequestId id) const = 0;
   // The device counter of IndexCopy entries skipped as out of bounds (CacheStats).
   virtual unsigned long long* invalid_copy_counter() const = 0;
+  // Every miss list BeforeCopy is handed lies in one of miss_list_lanes() lanes of at most
+  // miss_list_lane_capacity() entries each; copies that may run at once (on different streams:
+  // the chunks of a layer, a cross-layer prefetch) never share a lane, so that an extension can
+  // keep a buffer per lane. REQUIRES (not checked): `list` was handed to BeforeCopy.
+  virtual int32_t miss_list_lanes() const = 0;
+  virtual int32_t miss_list_lane_capacity() const = 0;
+  virtual int32_t MissListLane(const MissList& list) const = 0;
 
   // Admits `id` as SparseKVCacheManager::Admit does (same errors), with page-table entries
   // [0, shared.size()) set to `shared` (each gains a reference; the caller holds one): positions
@@ -79,15 +87,19 @@ class ManagerExtension {
  public:
   virtual ~ManagerExtension() = default;
 
-  // PlanStep, after the batch is fixed: whether the per-layer hooks below run in this step.
-  virtual bool BeginStep(std::span<const RequestId> batch) = 0;
+  // PlanStep, after the batch is fixed: whether the per-layer hooks below run in this step. May
+  // enqueue work on `stream` (PlanStep's), before the step's; cannot fail the step (an error is
+  // for the extension to report from a later hook).
+  virtual bool BeginStep(std::span<const RequestId> batch, StreamHandle stream) = 0;
 
   // ---- Called only in active steps ----
 
   // Before the copy of `list` (`capacity` entries; written by the resolve enqueued on `stream`)
-  // into `layer`: may rewrite the list and stage rows for AfterCopy. May synchronise `stream`.
-  virtual Status BeforeCopy(int32_t layer, const MissList& list, int32_t capacity,
-                            StreamHandle stream) = 0;
+  // into `layer`: may rewrite the list and stage rows for AfterCopy, and returns the list the
+  // manager then copies from its host pool (`list`, or one of the extension's with at most
+  // `capacity` entries, valid until AfterCopy). May synchronise `stream`.
+  virtual StatusOr<MissList> BeforeCopy(int32_t layer, const MissList& list, int32_t capacity,
+                                        StreamHandle stream) = 0;
   // After that copy, on `stream`.
   virtual Status AfterCopy(int32_t layer, StreamHandle stream) = 0;
   // After ResolveLayer(layer) wrote `slots` ([max_batch, top_k] device memory, valid until the

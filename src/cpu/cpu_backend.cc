@@ -1,8 +1,13 @@
 // The CPU reference backend: ordinary memory stands for both host and device memory, and every
 // operation completes before it returns.
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <sstream>
+#include <string>
 
 #include "cpu/reference_ops.h"
 #include "sparsekv/backend.h"
@@ -48,6 +53,34 @@ class CpuBackend final : public Backend {
     reference::Assemble(view);
     return Status::Ok();
   }
+  Status RouteRows(const RouteRowsView& view, StreamHandle) override {
+    if (view.places < 1 || view.places > kMaxRoutePlaces || view.page_rows < 1) {
+      return InvalidArgument("RouteRows: places outside [1, kMaxRoutePlaces] or page_rows < 1");
+    }
+    reference::RouteRows(view);
+    return Status::Ok();
+  }
+
+  // "Device" memory is ordinary memory of this process: its handle is its address, and only this
+  // process may import it.
+  StatusOr<std::string> ExportDevice(void* ptr) override {
+    return "cpu " + std::to_string(getpid()) + " " +
+           std::to_string(reinterpret_cast<uintptr_t>(ptr));
+  }
+  StatusOr<void*> ImportDevice(std::string_view handle) override {
+    std::istringstream in{std::string(handle)};
+    std::string tag;
+    long pid = 0;
+    uintptr_t address = 0;
+    if (!(in >> tag >> pid >> address) || tag != "cpu") {
+      return InvalidArgument("ImportDevice: not a handle of the cpu backend");
+    }
+    if (pid != getpid()) {
+      return Unavailable("ImportDevice: the cpu backend shares device memory within one process");
+    }
+    return reinterpret_cast<void*>(address);
+  }
+  void CloseImported(void*) override {}
 
  private:
   static StatusOr<void*> Allocate(size_t bytes) {

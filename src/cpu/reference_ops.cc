@@ -191,4 +191,24 @@ void Assemble(const AssembleView& v) {
   }
 }
 
+void RouteRows(const RouteRowsView& v) {
+  std::fill_n(v.out_count, v.places, 0);
+  const int32_t n = std::clamp(*v.count, 0, v.capacity);
+  for (int32_t i = 0; i < n; ++i) {
+    int64_t r = v.src_index[i];
+    int32_t place = 0;
+    if (r >= 0 && r < v.pages * v.page_rows) {
+      const int64_t q = r / v.page_rows;
+      if (v.page_place[q] >= 1 && v.page_place[q] < v.places) {
+        place = v.page_place[q];
+        r = v.page_row[q] + r % v.page_rows;
+      }
+    }
+    if (place > 0 && v.routed != nullptr) ++*v.routed;
+    const int64_t j = int64_t{place} * v.capacity + v.out_count[place]++;
+    v.out_src[j] = static_cast<int32_t>(r);
+    v.out_dst[j] = v.dst_index[i];
+  }
+}
+
 }  // namespace sparsekv::reference

@@ -9,5 +9,6 @@ namespace sparsekv::reference {
 void IndexCopy(const IndexCopyView& view);
 void Resolve(const ResolveView& view);
 void Assemble(const AssembleView& view);
+void RouteRows(const RouteRowsView& view);
 
 }  // namespace sparsekv::reference

@@ -7,12 +7,16 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "cuda/kernels.h"
@@ -237,7 +241,92 @@ class CudaBackend final : public Backend {
     });
   }
 
+  Status RouteRows(const RouteRowsView& view, StreamHandle stream) override {
+    DeviceGuard guard(device_);
+    return LaunchStatus(LaunchRouteRows(view, ToCuda(stream)), "LaunchRouteRows", [&] {
+      return "places=" + std::to_string(view.places) + " (max " + std::to_string(kMaxRoutePlaces) +
+             ") page_rows=" + std::to_string(view.page_rows) +
+             " capacity=" + std::to_string(view.capacity) + " pages=" + std::to_string(view.pages);
+    });
+  }
+
+  // A handle names the exporting process, its device and the allocation's address there (so that
+  // the exporter's own process, which CUDA IPC cannot open, maps it directly), then the CUDA IPC
+  // handle: "cuda <pid> <device> <address> <64 hex bytes>".
+  StatusOr<std::string> ExportDevice(void* ptr) override {
+    DeviceGuard guard(device_);
+    cudaIpcMemHandle_t handle{};
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, ptr));
+    std::string text = "cuda " + std::to_string(getpid()) + " " + std::to_string(device_) + " " +
+                       std::to_string(reinterpret_cast<uintptr_t>(ptr)) + " ";
+    static constexpr char kHex[] = "0123456789abcdef";
+    for (char c : handle.reserved) {
+      const auto byte = static_cast<unsigned char>(c);
+      text += kHex[byte >> 4];
+      text += kHex[byte & 15];
+    }
+    return text;
+  }
+
+  StatusOr<void*> ImportDevice(std::string_view handle) override {
+    std::istringstream in{std::string(handle)};
+    std::string tag, hex;
+    long pid = 0;
+    int device = 0;
+    uintptr_t address = 0;
+    cudaIpcMemHandle_t ipc{};
+    if (!(in >> tag >> pid >> device >> address >> hex) || tag != "cuda" ||
+        hex.size() != 2 * sizeof(ipc.reserved)) {
+      return InvalidArgument("ImportDevice: not a handle of the cuda backend");
+    }
+    for (size_t i = 0; i < sizeof(ipc.reserved); ++i) {
+      ipc.reserved[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    }
+    DeviceGuard guard(device_);
+    if (pid == getpid()) {
+      // This process's own allocation, on this or another of its devices.
+      if (device != device_) SPARSEKV_RETURN_IF_ERROR(EnablePeerAccess(device));
+      return reinterpret_cast<void*>(address);
+    }
+    void* ptr = nullptr;
+    if (cudaError_t err = cudaIpcOpenMemHandle(&ptr, ipc, cudaIpcMemLazyEnablePeerAccess);
+        err != cudaSuccess) {
+      cudaGetLastError();
+      return Unavailable(std::string("ImportDevice: cudaIpcOpenMemHandle: ") +
+                         cudaGetErrorString(err));
+    }
+    std::lock_guard<std::mutex> lock(host_mu_);
+    imported_.insert(ptr);
+    return ptr;
+  }
+
+  void CloseImported(void* ptr) override {
+    {
+      std::lock_guard<std::mutex> lock(host_mu_);
+      if (imported_.erase(ptr) == 0) return;  // this process's own memory: nothing was mapped
+    }
+    DeviceGuard guard(device_);
+    if (cudaIpcCloseMemHandle(ptr) != cudaSuccess) cudaGetLastError();
+  }
+
  private:
+  // Lets this device read `peer`'s memory (once per pair; already enabled is success).
+  Status EnablePeerAccess(int peer) {
+    int can = 0;
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, device_, peer));
+    if (can == 0) {
+      return Unavailable("ImportDevice: device " + std::to_string(device_) +
+                         " has no peer access to device " + std::to_string(peer));
+    }
+    const cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+      return Status::Ok();
+    }
+    SPARSEKV_CUDA_RETURN_IF_ERROR(err);
+    return Status::Ok();
+  }
+
   struct HostBlock {
     enum Kind { kHostAlloc, kRegistered, kVmm } kind;
     size_t mapped_bytes;                      // kRegistered, kVmm: the length of the mapping
@@ -407,6 +496,7 @@ class CudaBackend final : public Backend {
   std::mutex fork_join_mu_;
   std::mutex host_mu_;
   std::unordered_map<void*, HostBlock> host_blocks_;
+  std::unordered_set<void*> imported_;  // ImportDevice mappings of other processes' memory
 };
 
 }  // namespace

@@ -32,4 +32,8 @@ cudaError_t LaunchResolve(const ResolveView& view, int32_t max_batch, cudaStream
 // Unsupported: top_k < 0, row_bytes < 1, stride < row_bytes, hot_rows < 0.
 cudaError_t LaunchAssemble(const AssembleView& view, int32_t max_batch, cudaStream_t stream);
 
+// Unsupported: places outside [1, kMaxRoutePlaces], page_rows < 1, capacity < 0 or pages < 0.
+// Enqueues a memset of the counts before the kernel.
+cudaError_t LaunchRouteRows(const RouteRowsView& view, cudaStream_t stream);
+
 }  // namespace sparsekv

@@ -105,6 +105,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   int32_t OwnerOf(RequestId id) const override { return requests_.at(id).owner; }
   bool IsLive(RequestId id) const override { return requests_.contains(id); }
   unsigned long long* invalid_copy_counter() const override { return invalid_copies_; }
+  int32_t miss_list_lanes() const override { return 2 * MaxChunks() + 1; }
+  int32_t miss_list_lane_capacity() const override;
+  int32_t MissListLane(const MissList& list) const override;
   Status AdmitWithPages(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
                         std::span<const int32_t> shared, StreamHandle stream) override;
   Status CompleteLayer(RequestId id, int32_t layer, StreamHandle stream) override;

@@ -367,9 +367,9 @@ TEST(ManagerRefusalOrderTest, RunLayerOfALaterLayerFirstIsRefused) {
 // An extension that only hands out the manager's ExtensionHost.
 class HostGrabber final : public ManagerExtension {
  public:
-  bool BeginStep(std::span<const RequestId>) override { return false; }
-  Status BeforeCopy(int32_t, const MissList&, int32_t, StreamHandle) override {
-    return Status::Ok();
+  bool BeginStep(std::span<const RequestId>, StreamHandle) override { return false; }
+  StatusOr<MissList> BeforeCopy(int32_t, const MissList& list, int32_t, StreamHandle) override {
+    return list;
   }
   Status AfterCopy(int32_t, StreamHandle) override { return Status::Ok(); }
   Status AfterResolve(int32_t, int32_t*, StreamHandle) override { return Status::Ok(); }

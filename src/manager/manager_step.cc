@@ -99,7 +99,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     append_key[b] = keys_per_page_ > 0 ? KeyWord(r, position) : -1;
   }
   batch_.assign(batch.begin(), batch.end());
-  extension_active_ = extension_ != nullptr && extension_->BeginStep(batch_);
+  extension_active_ = extension_ != nullptr && extension_->BeginStep(batch_, stream);
   step_open_ = true;
   std::fill(appended_.begin(), appended_.end(), false);
   std::fill(copied_.begin(), copied_.end(), false);
@@ -191,6 +191,25 @@ int32_t SparseKVCacheManager::Impl::ChunkEntries() const {
 MissList SparseKVCacheManager::Impl::Chunk(const MissList& list, int32_t c) const {
   const int64_t first = int64_t{c} * ChunkEntries();
   return MissList{list.host_row + first, list.slot + first, list.count + c};
+}
+
+int32_t SparseKVCacheManager::Impl::miss_list_lane_capacity() const {
+  return std::max(ChunkEntries(), options_.effective_max_batch() * options_.max_prefetch);
+}
+
+// Lanes: the chunks of the two step lists, then the prefetch list.
+int32_t SparseKVCacheManager::Impl::MissListLane(const MissList& list) const {
+  for (int32_t i = 0; i < 2; ++i) {
+    // Compared as addresses: the list may lie in another allocation.
+    const int64_t offset =
+        (static_cast<int64_t>(reinterpret_cast<uintptr_t>(list.host_row)) -
+         static_cast<int64_t>(reinterpret_cast<uintptr_t>(miss_lists_[i].host_row))) /
+        static_cast<int64_t>(sizeof(int32_t));
+    if (offset >= 0 && offset < int64_t{MaxChunks()} * ChunkEntries()) {
+      return i * MaxChunks() + static_cast<int32_t>(offset / ChunkEntries());
+    }
+  }
+  return 2 * MaxChunks();
 }
 
 int32_t SparseKVCacheManager::Impl::KeyWord(const Request& r, int32_t position) const {
@@ -401,10 +420,11 @@ Status SparseKVCacheManager::Impl::CopyChunk(int32_t layer, int32_t c, StreamHan
 
 Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int32_t capacity,
                                         int32_t max_blocks, StreamHandle stream) {
+  MissList from_pool = list;
   if (extension_active_) {
-    SPARSEKV_RETURN_IF_ERROR(extension_->BeforeCopy(layer, list, capacity, stream));
+    SPARSEKV_ASSIGN_OR_RETURN(from_pool, extension_->BeforeCopy(layer, list, capacity, stream));
   }
-  IndexCopyView copy = PoolToHotCopy(layer, list, capacity);
+  IndexCopyView copy = PoolToHotCopy(layer, from_pool, capacity);
   copy.max_blocks = max_blocks;
   copy.strategy = options_.copy_strategy;
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));

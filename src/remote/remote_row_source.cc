@@ -103,7 +103,7 @@ Status RemoteRowSource::CheckFork(RequestId parent) const {
   return FailedPrecondition("Fork: request " + std::to_string(parent) + " is remote-backed");
 }
 
-bool RemoteRowSource::BeginStep(std::span<const RequestId> batch) {
+bool RemoteRowSource::BeginStep(std::span<const RequestId> batch, StreamHandle) {
   // A staged copy belongs to the copy before it, in its step.
   staged_ = 0;
   if (!tier_->HasBoundRequests()) return false;
@@ -111,8 +111,8 @@ bool RemoteRowSource::BeginStep(std::span<const RequestId> batch) {
                      [this](RequestId id) { return tier_->IsBound(id); });
 }
 
-Status RemoteRowSource::BeforeCopy(int32_t layer, const MissList& list, int32_t capacity,
-                                   StreamHandle stream) {
+StatusOr<MissList> RemoteRowSource::BeforeCopy(int32_t layer, const MissList& list,
+                                               int32_t capacity, StreamHandle stream) {
   const CacheOptions& options = host_.options();
   const HotCache& hot = host_.hot_cache();
   Backend& backend = host_.backend();
@@ -124,7 +124,7 @@ Status RemoteRowSource::BeforeCopy(int32_t layer, const MissList& list, int32_t 
   SPARSEKV_RETURN_IF_ERROR(backend.CopyAsync(&count, list.count, sizeof(count), stream));
   SPARSEKV_RETURN_IF_ERROR(backend.Synchronize(stream));
   count = std::clamp(count, 0, capacity);
-  if (count == 0) return Status::Ok();
+  if (count == 0) return list;
   std::vector<int32_t> rows(static_cast<size_t>(count));
   std::vector<int32_t> slots(static_cast<size_t>(count));
   const size_t bytes = rows.size() * sizeof(int32_t);
@@ -171,7 +171,7 @@ Status RemoteRowSource::BeforeCopy(int32_t layer, const MissList& list, int32_t 
     fetches.push_back(f);
     entry_of.push_back(i);
   }
-  if (fetches.empty()) return Status::Ok();
+  if (fetches.empty()) return list;
   // Staging rows in (request, position) order, so that adjacent remote rows land in adjacent
   // staging rows and are merged into one read (the miss list is in host-row order, which for
   // remote pages is the placeholder page's, not the positions').
@@ -219,7 +219,8 @@ Status RemoteRowSource::BeforeCopy(int32_t layer, const MissList& list, int32_t 
   SPARSEKV_RETURN_IF_ERROR(backend.CopyAsync(dst_index_, staged_dst.data(), staged_bytes, stream));
   SPARSEKV_RETURN_IF_ERROR(backend.CopyAsync(count_, &staged_, sizeof(int32_t), stream));
   // The uploads read these host vectors.
-  return backend.Synchronize(stream);
+  SPARSEKV_RETURN_IF_ERROR(backend.Synchronize(stream));
+  return list;
 }
 
 Status RemoteRowSource::AfterCopy(int32_t layer, StreamHandle stream) {

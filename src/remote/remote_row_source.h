@@ -31,9 +31,9 @@ class RemoteRowSource final : public ManagerExtension {
                int32_t max_new_tokens, StreamHandle stream);
   Status RequestStatus(RequestId id) const;
 
-  bool BeginStep(std::span<const RequestId> batch) override;
-  Status BeforeCopy(int32_t layer, const MissList& list, int32_t capacity,
-                    StreamHandle stream) override;
+  bool BeginStep(std::span<const RequestId> batch, StreamHandle stream) override;
+  StatusOr<MissList> BeforeCopy(int32_t layer, const MissList& list, int32_t capacity,
+                                StreamHandle stream) override;
   Status AfterCopy(int32_t layer, StreamHandle stream) override;
   Status AfterResolve(int32_t layer, int32_t* slots, StreamHandle stream) override;
   Status AfterMissCopy(int32_t layer, StreamHandle stream) override;

@@ -57,6 +57,14 @@ class ArenaBackend final : public Backend {
   Status Assemble(const AssembleView& view, int32_t max_batch, StreamHandle stream) override {
     return base_->Assemble(view, max_batch, stream);
   }
+  Status RouteRows(const RouteRowsView& view, StreamHandle stream) override {
+    return base_->RouteRows(view, stream);
+  }
+  StatusOr<std::string> ExportDevice(void* ptr) override { return base_->ExportDevice(ptr); }
+  StatusOr<void*> ImportDevice(std::string_view handle) override {
+    return base_->ImportDevice(handle);
+  }
+  void CloseImported(void* ptr) override { base_->CloseImported(ptr); }
 
  private:
   ArenaBackend(std::shared_ptr<Backend> base, std::byte* arena, size_t bytes)

@@ -150,8 +150,7 @@ StatusOr<uint64_t> PeerRowsRead(const SparseKVCacheManager& manager, StreamHandl
 // prompt_len) of `region`: Admit, an IngestPrompt of every layer from the region (device to host
 // memory), then MapPeerRows. Errors: those of Admit, IngestPrompt and MapPeerRows; on any, nothing
 // is left admitted.
-Status AdmitFromPeer(SparseKVCacheManager& manager, RequestId id, int32_t region,
-                     int32_t first_row, int32_t prompt_len, int32_t max_new_tokens,
-                     StreamHandle stream);
+Status AdmitFromPeer(SparseKVCacheManager& manager, RequestId id, int32_t region, int32_t first_row,
+                     int32_t prompt_len, int32_t max_new_tokens, StreamHandle stream);
 
 }  // namespace sparsekv

@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(kThreads) RouteRowsKernel(const RouteRowsView 
 }  // namespace
 
 cudaError_t LaunchRouteRows(const RouteRowsView& view, cudaStream_t stream) {
-  if (view.places < 1 || view.places > kMaxRoutePlaces || view.page_rows < 1 ||
-      view.capacity < 0 || view.pages < 0) {
+  if (view.places < 1 || view.places > kMaxRoutePlaces || view.page_rows < 1 || view.capacity < 0 ||
+      view.pages < 0) {
     return kUnsupported;
   }
   if (cudaError_t err = cudaMemsetAsync(view.out_count, 0, sizeof(int32_t) * view.places, stream);

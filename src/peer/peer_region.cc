@@ -49,10 +49,11 @@ std::vector<int64_t> peer_layout::LayerOffsets(int32_t rows, std::span<const int
 std::string PeerRegionDescriptor::Serialize() const {
   std::string strides;
   for (size_t i = 0; i < row_strides.size(); ++i) {
-    strides += (i == 0 ? "" : ",") + std::to_string(row_strides[i]);
+    if (i > 0) strides += ',';
+    strides += std::to_string(row_strides[i]);
   }
-  return std::string(kTag) + " pid=" + std::to_string(pid) + " start=" +
-         std::to_string(start_time) + " generation=" + std::to_string(generation) +
+  return std::string(kTag) + " pid=" + std::to_string(pid) +
+         " start=" + std::to_string(start_time) + " generation=" + std::to_string(generation) +
          " rows=" + std::to_string(rows) + " strides=" + strides + " handle=" + handle;
 }
 
@@ -72,10 +73,10 @@ StatusOr<PeerRegionDescriptor> PeerRegionDescriptor::Parse(std::string_view text
     return std::string_view(field).substr(key.size());
   };
   PeerRegionDescriptor d;
-  if (!ParseNumber(value(pid, "pid="), &d.pid) || !ParseNumber(value(start, "start="), &d.start_time) ||
+  if (!ParseNumber(value(pid, "pid="), &d.pid) ||
+      !ParseNumber(value(start, "start="), &d.start_time) ||
       !ParseNumber(value(generation, "generation="), &d.generation) ||
-      !ParseNumber(value(rows, "rows="), &d.rows) || d.generation == 0 || d.rows < 1 ||
-      d.pid < 1) {
+      !ParseNumber(value(rows, "rows="), &d.rows) || d.generation == 0 || d.rows < 1 || d.pid < 1) {
     return bad();
   }
   std::string_view list = value(strides, "strides=");

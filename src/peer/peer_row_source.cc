@@ -199,7 +199,8 @@ Status PeerRowSource::UploadTables(StreamHandle stream) {
   if (!tables_dirty_) return Status::Ok();
   Backend& backend = host_.backend();
   const size_t bytes = sizeof(int32_t) * page_place_.size();
-  SPARSEKV_RETURN_IF_ERROR(backend.CopyAsync(page_place_device_, page_place_.data(), bytes, stream));
+  SPARSEKV_RETURN_IF_ERROR(
+      backend.CopyAsync(page_place_device_, page_place_.data(), bytes, stream));
   SPARSEKV_RETURN_IF_ERROR(backend.CopyAsync(page_row_device_, page_row_.data(), bytes, stream));
   tables_dirty_ = false;
   return Status::Ok();
@@ -349,19 +350,17 @@ StatusOr<uint64_t> PeerRowsRead(const SparseKVCacheManager& manager, StreamHandl
   return source->RowsRead(stream);
 }
 
-Status AdmitFromPeer(SparseKVCacheManager& manager, RequestId id, int32_t region,
-                     int32_t first_row, int32_t prompt_len, int32_t max_new_tokens,
-                     StreamHandle stream) {
+Status AdmitFromPeer(SparseKVCacheManager& manager, RequestId id, int32_t region, int32_t first_row,
+                     int32_t prompt_len, int32_t max_new_tokens, StreamHandle stream) {
   PeerRowSource* source = SourceOf(manager);
   if (source == nullptr) return FailedPrecondition("AdmitFromPeer: no peer tier is attached");
   // Checked before admitting, so that a bad region or range leaves nothing behind.
   SPARSEKV_RETURN_IF_ERROR(source->RegionRow(region, 0, 0).status());
   if (prompt_len < 1) return InvalidArgument("AdmitFromPeer: prompt_len must be >= 1");
-  if (first_row < 0 ||
-      int64_t{first_row} + prompt_len > source->RegionRows(region)) {
+  if (first_row < 0 || int64_t{first_row} + prompt_len > source->RegionRows(region)) {
     return OutOfRange("AdmitFromPeer: rows [" + std::to_string(first_row) + ", " +
-                      std::to_string(int64_t{first_row} + prompt_len) +
-                      ") outside peer region " + std::to_string(region));
+                      std::to_string(int64_t{first_row} + prompt_len) + ") outside peer region " +
+                      std::to_string(region));
   }
   SPARSEKV_RETURN_IF_ERROR(manager.Admit(id, prompt_len, max_new_tokens, stream));
   Status status;

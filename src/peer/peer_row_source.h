@@ -30,8 +30,7 @@ class PeerRowSource final : public ManagerExtension {
   StatusOr<int32_t> Import(std::string_view descriptor, StreamHandle stream);
   Status Detach(int32_t region, StreamHandle stream);
   Status RegionStatus(int32_t region) const;
-  Status Map(RequestId id, int32_t region, int32_t first_row, int32_t tokens,
-             StreamHandle stream);
+  Status Map(RequestId id, int32_t region, int32_t first_row, int32_t tokens, StreamHandle stream);
   // The address of a row of an imported region in this process.
   StatusOr<const std::byte*> RegionRow(int32_t region, int32_t layer, int32_t row) const;
   // Rows per layer of an imported region. REQUIRES (not checked): RegionRow(region, ...) is OK.
@@ -54,7 +53,7 @@ class PeerRowSource final : public ManagerExtension {
   struct Region {
     RegionState state = RegionState::kFree;
     PeerRegionDescriptor descriptor;
-    std::byte* memory = nullptr;         // the mapping; kept open while lost, until reused
+    std::byte* memory = nullptr;        // the mapping; kept open while lost, until reused
     std::vector<int64_t> layer_offset;  // bytes from memory to each layer's row 0
   };
   // What a request mapped: (page, region) pairs, one mapping reference each.
@@ -80,7 +79,7 @@ class PeerRowSource final : public ManagerExtension {
   int32_t* page_place_device_ = nullptr;
   int32_t* page_row_device_ = nullptr;
   bool tables_dirty_ = false;
-  Status upload_error_;     // an upload BeginStep could not report; returned by BeforeCopy
+  Status upload_error_;  // an upload BeginStep could not report; returned by BeforeCopy
   int64_t mapped_pages_ = 0;
   std::unordered_map<RequestId, Mappings> mappings_;
   // Per lane: [places, lane capacity] (source row, slot) lists and [places] counts.

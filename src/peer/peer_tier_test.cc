@@ -78,9 +78,9 @@ TEST_P(RouteRowsTest, MatchesTheReferenceWithOutOfRangeRowsAndClampedCounts) {
   std::mt19937_64 rng(7);
   const int32_t page_rows = 16;
   const int64_t pages = 40;
-  for (const RouteCase& c : {RouteCase{5000, 4999, 4}, RouteCase{5000, 1 << 30, 8},
-                             RouteCase{37, 37, 2}, RouteCase{100, 0, 3}, RouteCase{100, -4, 3},
-                             RouteCase{3001, 3001, 1}}) {
+  for (const RouteCase& c :
+       {RouteCase{5000, 4999, 4}, RouteCase{5000, 1 << 30, 8}, RouteCase{37, 37, 2},
+        RouteCase{100, 0, 3}, RouteCase{100, -4, 3}, RouteCase{3001, 3001, 1}}) {
     std::vector<int32_t> place(pages), first(pages), src(c.capacity), dst(c.capacity);
     for (int64_t q = 0; q < pages; ++q) {
       // Places outside [1, places) (0, too large, negative) keep the page in list 0.
@@ -186,10 +186,10 @@ TEST(PeerRegionDescriptorTest, RoundTripsAndRejectsOtherText) {
   EXPECT_EQ(back->handle, d.handle);
   for (const std::string& bad : std::vector<std::string>{
            "", "sparsekv-node-pool/1 id=1 path=/dev/shm/x", d.Serialize().substr(0, 40),
-        "sparsekv-peer-region/1 pid=1 start=2 generation=0 rows=4 strides=656 handle=x",
-        "sparsekv-peer-region/1 pid=1 start=2 generation=3 rows=0 strides=656 handle=x",
-        "sparsekv-peer-region/1 pid=1 start=2 generation=3 rows=4 strides=656,-1 handle=x",
-        "sparsekv-peer-region/1 pid=1 start=2 generation=3 rows=4 strides=656 handle="}) {
+           "sparsekv-peer-region/1 pid=1 start=2 generation=0 rows=4 strides=656 handle=x",
+           "sparsekv-peer-region/1 pid=1 start=2 generation=3 rows=0 strides=656 handle=x",
+           "sparsekv-peer-region/1 pid=1 start=2 generation=3 rows=4 strides=656,-1 handle=x",
+           "sparsekv-peer-region/1 pid=1 start=2 generation=3 rows=4 strides=656 handle="}) {
     EXPECT_EQ(PeerRegionDescriptor::Parse(bad).status().code(), StatusCode::kInvalidArgument)
         << bad;
   }
@@ -201,7 +201,9 @@ TEST(PeerRegionDescriptorTest, RoundTripsAndRejectsOtherText) {
 class Decoder {
  public:
   Decoder(SparseKVCacheManager& manager, uint64_t seed, testing::RunMode mode = {})
-      : m_(manager), model_(manager.options().geometry), driver_(manager, nullptr, mode),
+      : m_(manager),
+        model_(manager.options().geometry),
+        driver_(manager, nullptr, mode),
         rng_(seed) {}
 
   testing::DenseModel& model() { return model_; }
@@ -238,9 +240,9 @@ class Decoder {
     }
     const std::vector<testing::LayerResult> results = driver_.Step(batch, new_rows, topk);
     for (int32_t l = 0; l < kLayers; ++l) {
-      EXPECT_EQ(testing::CheckLayer(model_, m_.options().geometry, l, batch, topk[l], results[l],
-                                    kTopK),
-                0)
+      EXPECT_EQ(
+          testing::CheckLayer(model_, m_.options().geometry, l, batch, topk[l], results[l], kTopK),
+          0)
           << "layer " << l;
     }
   }
@@ -430,14 +432,11 @@ TEST_P(PeerTierTest, RefusesWhatItCannotServe) {
 
   EXPECT_EQ(MapPeerRows(*manager_, 9, region, 0, 64, nullptr).code(), StatusCode::kNotFound);
   ASSERT_TRUE(manager_->Admit(1, 100, 10, nullptr).ok());
-  EXPECT_EQ(MapPeerRows(*manager_, 1, region + 1, 0, 64, nullptr).code(),
-            StatusCode::kNotFound);
-  EXPECT_EQ(MapPeerRows(*manager_, 1, region, 0, 0, nullptr).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(MapPeerRows(*manager_, 1, region + 1, 0, 64, nullptr).code(), StatusCode::kNotFound);
+  EXPECT_EQ(MapPeerRows(*manager_, 1, region, 0, 0, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MapPeerRows(*manager_, 1, region, 0, 4096, nullptr).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(MapPeerRows(*manager_, 1, region, 1000, 100, nullptr).code(),
-            StatusCode::kOutOfRange);
+  EXPECT_EQ(MapPeerRows(*manager_, 1, region, 1000, 100, nullptr).code(), StatusCode::kOutOfRange);
   // A refused admission leaves nothing behind.
   EXPECT_EQ(AdmitFromPeer(*manager_, 2, region, 1000, 100, 10, nullptr).code(),
             StatusCode::kOutOfRange);
@@ -460,8 +459,7 @@ TEST_P(PeerTierTest, RefusesWhatItCannotServe) {
   EXPECT_EQ(AttachPeerTier(*manager_).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(PeerRegion::Create(SmallOptions().geometry, 0, backend_).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(region_->WriteRows(0, 1000, text.data(), 100, nullptr).code(),
-            StatusCode::kOutOfRange);
+  EXPECT_EQ(region_->WriteRows(0, 1000, text.data(), 100, nullptr).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(region_->WriteRows(kLayers, 0, text.data(), 1, nullptr).code(),
             StatusCode::kInvalidArgument);
 }

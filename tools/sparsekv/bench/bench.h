@@ -92,6 +92,10 @@ struct BenchConfig {
   // (SetSmCountTarget), leaving the rest to the copies that run beside them; 0: all. full-hbm
   // always runs on all of them.
   int32_t compute_sms = 0;
+  // sparsekv: the peer tier: every request's prompt rows are also lent by a region on this CUDA
+  // device, and misses on them are read from there instead of host memory (peer_tier.h); the
+  // decode device itself stands in for a peer on a one-GPU machine. -1: off.
+  int32_t peer_device = -1;
   // sparsekv: hybrid residency with a hot cache sized by the HBM budget (CacheOptions::
   // hybrid_residency, device_budget_bytes with hot_slots = 0): the batch the host pool allows,
   // the slots chosen by the library (--hot-slots is then unused), requests resident while

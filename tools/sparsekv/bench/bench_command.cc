@@ -196,6 +196,11 @@ void BenchCommand::AddGpuOptions() {
                    "rest left to copies beside them (0: all; full-hbm always uses all)")
       ->check(AtLeast<int64_t>(0))
       ->capture_default_str();
+  app_->add_option("--peer-device", config_.peer_device,
+                   "GPU: the peer tier: sparsekv reads misses on prompt rows from a region on "
+                   "this CUDA device (the decode device: a same-GPU stand-in; -1: off)")
+      ->check(AtLeast<int64_t>(-1))
+      ->capture_default_str();
   app_->add_flag("--hybrid", config_.hybrid,
                  "GPU: sparsekv keeps requests resident in HBM while they fit and sizes its hot "
                  "cache by the HBM budget at the batch the host pool allows (the library chooses "

@@ -496,6 +496,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.crosslayer_prefetch = c_.crosslayer_prefetch;
   setup.queries = c_.mtp;
   setup.overlap = c_.overlap != "off";
+  if (kind == KVVariant::kSparseKV) setup.peer_device = c_.peer_device;
   if (c_.hybrid && kind == KVVariant::kSparseKV) {
     setup.hybrid = true;
     setup.device_budget_bytes = plan.budgeted.hot_cache_bytes;
@@ -655,6 +656,15 @@ StatusOr<E2EReport> E2ERun::Run() {
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c_.preset, c_.row_format));
   SPARSEKV_RETURN_IF_ERROR(Plan(preset));
   report_.device = cuda_->name();
+  if (c_.peer_device >= 0) {
+    int device = 0;
+    SPARSEKV_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+    report_.notes.push_back(
+        "sparsekv reads misses on prompt rows from a peer region on CUDA device " +
+        std::to_string(c_.peer_device) +
+        (c_.peer_device == device ? " (the decode GPU itself: a same-GPU stand-in, not a peer link)"
+                                  : ""));
+  }
   report_.preset = c_.preset;
   report_.precision = PrecisionName(c_.row_format);
   report_.layers = shared_.shape.layers;

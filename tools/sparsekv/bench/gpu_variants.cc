@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "sparsekv/manager.h"
+#include "sparsekv/peer_tier.h"
 #include "sparsekv/prefetch.h"
 #include "tools/sparsekv/bench/gpu_kernels.h"
 #include "tools/sparsekv/bench/page_offload_variant.h"
@@ -132,6 +133,19 @@ class SparseKVVariant final : public StepVariant {
     // requests that are not running is not tied up in their keys.
     if (s_.hybrid) o.indexer_key_bytes = r.indexer_key_bytes;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
+    if (s_.peer_device >= 0) {
+      // Every request's prompt rows are also lent by a region on the peer device, at rows
+      // [b * context, (b + 1) * context) for request b (AdmitRequests).
+      SPARSEKV_RETURN_IF_ERROR(AttachPeerTier(*manager_));
+      int device = 0;
+      SPARSEKV_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+      SPARSEKV_ASSIGN_OR_RETURN(peer_backend_, CreateCudaBackend(s_.peer_device));
+      SPARSEKV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+      SPARSEKV_ASSIGN_OR_RETURN(
+          region_, PeerRegion::Create(o.geometry, s_.max_batch * s_.context, peer_backend_));
+      SPARSEKV_ASSIGN_OR_RETURN(
+          region_index_, ImportPeerRegion(*manager_, region_->descriptor().Serialize(), stream));
+    }
     SPARSEKV_ASSIGN_OR_RETURN(
         slots_, DeviceBuffer::Allocate(Int32s(int64_t{s_.max_batch} * r.top_k), kBenchMemory));
     if (s_.overlap || s_.prefetch > 0) {
@@ -220,10 +234,19 @@ class SparseKVVariant final : public StepVariant {
                                        r.row_bytes, b, l, 0, s_.seed, stream),
                        kFill));
         SPARSEKV_RETURN_IF_ERROR(manager_->IngestPrompt(ids_[b], l, prompt.get(), stream));
+        if (region_ != nullptr) {
+          SPARSEKV_RETURN_IF_ERROR(
+              manager_->backend().CopyAsync(region_->row(l, b * s_.context), prompt.get(),
+                                            size_t(s_.context) * r.row_bytes, stream));
+        }
         if (keys) {
           SPARSEKV_RETURN_IF_ERROR(manager_->IngestIndexerKeys(ids_[b], l, prompt.get(), stream));
         }
       }
+    }
+    for (int32_t b = admitted_; region_ != nullptr && b < n; ++b) {
+      SPARSEKV_RETURN_IF_ERROR(
+          MapPeerRows(*manager_, ids_[b], region_index_, b * s_.context, s_.context, stream));
     }
     admitted_ = n;
     return CudaStatus(cudaStreamSynchronize(stream), "ingest");
@@ -372,6 +395,11 @@ class SparseKVVariant final : public StepVariant {
 
  private:
   VariantSetup s_;
+  // The peer tier (peer_device >= 0): the lender's backend and region, destroyed after the
+  // manager (members are destroyed in reverse order).
+  std::shared_ptr<Backend> peer_backend_;
+  std::unique_ptr<PeerRegion> region_;
+  int32_t region_index_ = -1;
   std::unique_ptr<SparseKVCacheManager> manager_;
   std::vector<RequestId> ids_;
   int32_t admitted_ = 0;    // requests [0, admitted_) were admitted and ingested

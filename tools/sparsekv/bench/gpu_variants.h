@@ -63,6 +63,9 @@ struct VariantSetup {
   // shape.hot_slots = 0, the slots per request are chosen from it).
   bool hybrid = false;
   int64_t device_budget_bytes = 0;
+  // sparsekv only, the peer tier (peer_tier.h): every request's prompt rows are also lent by a
+  // PeerRegion on this CUDA device and misses on them are read from there; -1: off.
+  int32_t peer_device = -1;
 };
 
 // Lookups of the steps since ResetStats: all top-k entries of all layers, and those fetched from

@@ -57,6 +57,16 @@ manager was created over the same pool admits the prompt without copying it::
     mgr = sparsekv.SparseKVCacheManager(pool.with_shape(options), backend, pool=pool)
     mgr.admit_from_node_pool(rid, owner, seal, max_new_tokens)
 
+The peer tier reads misses from another GPU's memory instead of host memory: a lender process
+creates a ``PeerRegion`` and writes rows into it; a decoder maps the region and the requests whose
+rows it holds (the host pool keeps every row, so a dead lender costs speed, not rows)::
+
+    region = sparsekv.PeerRegion.create(options.geometry, rows, backend)   # the lender
+    region.write_rows(layer, first_row, kv[layer], tokens)                 # per layer
+    mgr.attach_peer_tier()                                                 # the decoder
+    r = mgr.import_peer_region(region.descriptor)
+    mgr.admit_from_peer(rid, r, first_row, prompt_len, max_new_tokens)
+
 Request ids are Python ints in [0, 2**64); anything else raises ``TypeError`` or
 ``InvalidArgumentError``. Type stubs (``_core.pyi``) describe every call.
 
@@ -82,6 +92,7 @@ from sparsekv._core import (
     LayerStats,
     NodePool,
     NotFoundError,
+    PeerRegion,
     OutOfRangeError,
     ResourceExhaustedError,
     SparseKVCacheManager,
@@ -113,6 +124,7 @@ __all__ = [
     "LayerStats",
     "NodePool",
     "NotFoundError",
+    "PeerRegion",
     "OutOfRangeError",
     "ResourceExhaustedError",
     "SparseKVCacheManager",

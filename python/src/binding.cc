@@ -7,6 +7,7 @@
 //   binding_stats.cc    LayerStats, CacheStats
 //   binding_manager.cc  Backend and its factories, HotLayer, SparseKVCacheManager
 //   binding_node_pool.cc NodePool
+//   binding_peer.cc     PeerRegion
 //   binding_util.cc     Status to exception, tensor views, stream arguments
 #include <pybind11/pybind11.h>
 
@@ -73,5 +74,6 @@ PYBIND11_MODULE(_core, m) {
   RegisterStats(m);
   RegisterBackends(m);
   RegisterNodePool(m);
+  RegisterPeerRegion(m);
   RegisterManager(m);
 }

@@ -16,6 +16,7 @@
 #include "sparsekv/backend.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/options.h"
+#include "sparsekv/peer_tier.h"
 
 namespace sparsekv {
 namespace {
@@ -65,6 +66,35 @@ class PyManager {
                          const py::object& stream) {
     Check(manager_->AdmitSealedPrompt(id.value, owner, seal, max_new_tokens, Stream(stream)));
     cached_.erase(id.value);
+  }
+
+  // ---- The peer tier (peer_tier.h) ----
+  void AttachPeerTier(int32_t max_regions) {
+    PeerTierOptions options;
+    options.max_regions = max_regions;
+    Check(sparsekv::AttachPeerTier(*manager_, options));
+  }
+  int32_t ImportPeerRegion(const std::string& descriptor, const py::object& stream) {
+    return Check(sparsekv::ImportPeerRegion(*manager_, descriptor, Stream(stream)));
+  }
+  void DetachPeerRegion(int32_t region, const py::object& stream) {
+    Check(sparsekv::DetachPeerRegion(*manager_, region, Stream(stream)));
+  }
+  void CheckPeerRegion(int32_t region) const {
+    Check(sparsekv::PeerRegionStatus(*manager_, region));
+  }
+  void MapPeerRows(PyRequestId id, int32_t region, int32_t first_row, int32_t tokens,
+                   const py::object& stream) {
+    Check(sparsekv::MapPeerRows(*manager_, id.value, region, first_row, tokens, Stream(stream)));
+  }
+  void AdmitFromPeer(PyRequestId id, int32_t region, int32_t first_row, int32_t prompt_len,
+                     int32_t max_new_tokens, const py::object& stream) {
+    Check(sparsekv::AdmitFromPeer(*manager_, id.value, region, first_row, prompt_len,
+                                  max_new_tokens, Stream(stream)));
+    cached_.erase(id.value);
+  }
+  uint64_t PeerRowsRead(const py::object& stream) {
+    return Check(sparsekv::PeerRowsRead(*manager_, Stream(stream)));
   }
 
   void Admit(PyRequestId id, int32_t prompt_len, int32_t max_new_tokens, const py::object& stream) {
@@ -473,6 +503,34 @@ void RegisterManager(py::module_& m) {
            "another process), with room for max_new_tokens more: its pages are shared, nothing "
            "is ingested or copied but the window. NotFoundError if the seal has ended (released, "
            "or its writer died): recompute the request.")
+      // ---- The peer tier ----
+      .def("attach_peer_tier", &PyManager::AttachPeerTier, py::arg("max_regions") = 1,
+           "Installs the peer tier: misses on host pages that a peer region also holds are read "
+           "from that region (another GPU's memory) instead of host memory. "
+           "FailedPreconditionError if the manager has an extension (a tier) already.")
+      .def("import_peer_region", &PyManager::ImportPeerRegion, py::arg("descriptor"), no_stream,
+           "Maps the region a PeerRegion.descriptor names and returns its index. NotFoundError "
+           "if its lender is gone or the region no longer exists; ResourceExhaustedError if "
+           "max_regions are imported. Capture a step graph again after importing.")
+      .def("detach_peer_region", &PyManager::DetachPeerRegion, py::arg("region"), no_stream,
+           "Sends the region's pages back to the host pool and unmaps it (synchronises the "
+           "stream).")
+      .def("check_peer_region", &PyManager::CheckPeerRegion, py::arg("region"),
+           "Returns if the region is imported and its lender alive; UnavailableError once the "
+           "lender was found gone (its rows are read from the host pool since), NotFoundError "
+           "for an index not imported.")
+      .def("map_peer_rows", &PyManager::MapPeerRows, py::arg("request_id"), py::arg("region"),
+           py::arg("first_row"), py::arg("tokens"), no_stream,
+           "Declares that rows [first_row, first_row + tokens) of the region hold the request's "
+           "positions [0, tokens) in every layer: misses on its whole pages among them are read "
+           "from the region until the request is released or the region detached.")
+      .def("admit_from_peer", &PyManager::AdmitFromPeer, py::arg("request_id"), py::arg("region"),
+           py::arg("first_row"), py::arg("prompt_len"), py::arg("max_new_tokens"), no_stream,
+           "admit() with the prompt in rows [first_row, first_row + prompt_len) of the region: "
+           "ingested into the host pool from there, then mapped (map_peer_rows). Nothing is "
+           "left admitted on error.")
+      .def("peer_rows_read", &PyManager::PeerRowsRead, no_stream,
+           "Rows copied from peer regions since attach_peer_tier (synchronises the stream).")
       .def("ingest_prompt_suffix", &PyManager::IngestPromptSuffix, py::arg("request_id"),
            py::arg("layer"), py::arg("rows"), no_stream,
            "ingest_prompt() for a request admitted with admit_with_prefix: rows is "

@@ -39,6 +39,7 @@ void RegisterOptions(py::module_& m);   // binding_options.cc
 void RegisterStats(py::module_& m);     // binding_stats.cc
 void RegisterBackends(py::module_& m);  // binding_manager.cc: Backend, the backend factories
 void RegisterNodePool(py::module_& m);  // binding_node_pool.cc: NodePool
+void RegisterPeerRegion(py::module_& m);  // binding_peer.cc: PeerRegion
 void RegisterManager(py::module_& m);   // binding_manager.cc: HotLayer, SparseKVCacheManager
 
 // ---- Errors ----

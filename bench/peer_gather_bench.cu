@@ -58,8 +58,8 @@ struct Link {
 };
 
 struct Gather {
-  std::string source;   // "host" or "peer"
-  std::string order;    // "sorted" or "unsorted"
+  std::string source;  // "host" or "peer"
+  std::string order;   // "sorted" or "unsorted"
   int32_t row_bytes;
   Timing timing;
   double rows_per_s;
@@ -99,11 +99,10 @@ int Run(const Options& o) {
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const Link link = DescribeLink(o.device, o.peer_device);
-  std::printf("decode device %d (%s, %s), peer device %d (%s)%s\n", o.device,
-              DeviceName(o.device).c_str(), link.bus_id.c_str(), o.peer_device,
-              link.peer_bus_id.c_str(),
-              link.same_device ? ": the same GPU, a stand-in for a peer (no peer link measured)"
-                               : "");
+  std::printf(
+      "decode device %d (%s, %s), peer device %d (%s)%s\n", o.device, DeviceName(o.device).c_str(),
+      link.bus_id.c_str(), o.peer_device, link.peer_bus_id.c_str(),
+      link.same_device ? ": the same GPU, a stand-in for a peer (no peer link measured)" : "");
   if (!link.same_device) {
     std::printf("peer access %d -> %d: %d, back: %d; P2P performance rank %d, native atomics %d\n",
                 o.device, o.peer_device, link.can_access, link.can_access_back,
@@ -179,7 +178,8 @@ int Run(const Options& o) {
         const std::vector<int32_t>& dsts = sorted ? sets.sorted_dst : sets.dst;
         const std::string wrong = CheckGather(stream, out, src.data(), dsts.data(), o.rows,
                                               row_bytes, [&] { launch(0); });
-        if (!wrong.empty()) errors.Add(std::string(source) + " " + std::to_string(rb) + ": " + wrong);
+        if (!wrong.empty())
+          errors.Add(std::string(source) + " " + std::to_string(rb) + ": " + wrong);
         const Timing t =
             TimeOnStream(stream, o.warmup, o.reps, [&](int rep) { launch(rep % sets.count); });
         const double rows_per_s = o.rows / (t.median_ms * 1e-3);

@@ -32,7 +32,8 @@ void WriteRows(PyPeerRegion& p, int32_t layer, int32_t first_row, const py::obje
   r.exact_rows = tokens;
   r.host_ok_on_cuda = true;
   const TensorArg t = CheckTensor(rows, r, p.backend);
-  Check(p.region->WriteRows(layer, first_row, t.data, tokens, p.streams.Resolve(stream, p.backend)));
+  Check(
+      p.region->WriteRows(layer, first_row, t.data, tokens, p.streams.Resolve(stream, p.backend)));
 }
 
 }  // namespace
@@ -47,8 +48,8 @@ void RegisterPeerRegion(py::module_& m) {
       .def_static(
           "create",
           [](const KVGeometry& geometry, int32_t rows, const PyBackend& backend) {
-            return PyPeerRegion{Check(PeerRegion::Create(geometry, rows, backend.backend)),
-                                backend, geometry};
+            return PyPeerRegion{Check(PeerRegion::Create(geometry, rows, backend.backend)), backend,
+                                geometry};
           },
           py::arg("geometry"), py::arg("rows"), py::arg("backend"),
           "A region of `rows` rows per layer of `geometry` in `backend`'s device memory "

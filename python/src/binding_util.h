@@ -34,13 +34,13 @@ namespace sparsekv {
 
 // ---- Registration, one function per file, called in this order by the module ----
 
-void RegisterErrors(py::module_& m);    // binding.cc
-void RegisterOptions(py::module_& m);   // binding_options.cc
-void RegisterStats(py::module_& m);     // binding_stats.cc
-void RegisterBackends(py::module_& m);  // binding_manager.cc: Backend, the backend factories
-void RegisterNodePool(py::module_& m);  // binding_node_pool.cc: NodePool
+void RegisterErrors(py::module_& m);      // binding.cc
+void RegisterOptions(py::module_& m);     // binding_options.cc
+void RegisterStats(py::module_& m);       // binding_stats.cc
+void RegisterBackends(py::module_& m);    // binding_manager.cc: Backend, the backend factories
+void RegisterNodePool(py::module_& m);    // binding_node_pool.cc: NodePool
 void RegisterPeerRegion(py::module_& m);  // binding_peer.cc: PeerRegion
-void RegisterManager(py::module_& m);   // binding_manager.cc: HotLayer, SparseKVCacheManager
+void RegisterManager(py::module_& m);     // binding_manager.cc: HotLayer, SparseKVCacheManager
 
 // ---- Errors ----
 

@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -41,19 +43,23 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   std::string node_id = "lender", key_prefix = "sparsekv";
   // "--name value" pairs; the test is its only caller.
+  const std::map<std::string, std::function<void(const std::string&)>> flags = {
+      {"--device", [&](const std::string& v) { device = std::stoi(v); }},
+      {"--rows", [&](const std::string& v) { rows = std::stoi(v); }},
+      {"--layers", [&](const std::string& v) { layers = std::stoi(v); }},
+      {"--row-bytes", [&](const std::string& v) { row_bytes = std::stoi(v); }},
+      {"--tokens", [&](const std::string& v) { tokens = std::stoi(v); }},
+      {"--seed", [&](const std::string& v) { seed = std::stoull(v); }},
+      {"--redis-port", [&](const std::string& v) { redis_port = std::stoi(v); }},
+      {"--node-id", [&](const std::string& v) { node_id = v; }},
+      {"--key-prefix", [&](const std::string& v) { key_prefix = v; }},
+  };
   for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string name = argv[i];
-    const std::string value = argv[i + 1];
-    if (name == "--device") device = std::stoi(value);
-    else if (name == "--rows") rows = std::stoi(value);
-    else if (name == "--layers") layers = std::stoi(value);
-    else if (name == "--row-bytes") row_bytes = std::stoi(value);
-    else if (name == "--tokens") tokens = std::stoi(value);
-    else if (name == "--seed") seed = std::stoull(value);
-    else if (name == "--redis-port") redis_port = std::stoi(value);
-    else if (name == "--node-id") node_id = value;
-    else if (name == "--key-prefix") key_prefix = value;
-    else Die("unknown option " + name, InvalidArgument("usage: see peer_lender.cc"));
+    auto flag = flags.find(argv[i]);
+    if (flag == flags.end()) {
+      Die(std::string("unknown option ") + argv[i], InvalidArgument("see peer_lender.cc"));
+    }
+    flag->second(argv[i + 1]);
   }
   if (rows < 1 || layers < 1 || row_bytes < 1 || tokens < 1 || tokens > rows) {
     Die("options", InvalidArgument("--rows, --layers, --row-bytes and --tokens <= rows needed"));
@@ -66,7 +72,8 @@ int main(int argc, char** argv) {
   const KVGeometry geometry = KVGeometry::Uniform(layers, row_bytes);
   std::vector<sparsekv::testing::Bytes> prompt;
   std::mt19937_64 rng(seed);
-  for (int l = 0; l < layers; ++l) prompt.push_back(sparsekv::testing::RandomRows(rng, tokens, row_bytes));
+  for (int l = 0; l < layers; ++l)
+    prompt.push_back(sparsekv::testing::RandomRows(rng, tokens, row_bytes));
 
   std::unique_ptr<ControlPlane> plane;
   uint64_t incarnation = 0;

@@ -82,21 +82,14 @@ class Lender {
     auto lender = std::unique_ptr<Lender>(new Lender);
     lender->log_ = ::testing::TempDir() + "peer_lender_" + name + "_" + std::to_string(getpid());
     std::remove(lender->log_.c_str());
-    std::vector<std::string> argv = {SPARSEKV_PEER_LENDER,
-                                     "--rows",
-                                     std::to_string(kLenderRows),
-                                     "--layers",
-                                     std::to_string(kLayers),
-                                     "--row-bytes",
-                                     std::to_string(kRowBytes),
-                                     "--tokens",
-                                     std::to_string(kLenderTokens),
-                                     "--seed",
-                                     std::to_string(kLenderSeed)};
+    std::vector<std::string> argv = {
+        SPARSEKV_PEER_LENDER,          "--rows",      std::to_string(kLenderRows), "--layers",
+        std::to_string(kLayers),       "--row-bytes", std::to_string(kRowBytes),   "--tokens",
+        std::to_string(kLenderTokens), "--seed",      std::to_string(kLenderSeed)};
     if (redis != nullptr) {
       lender->prefix_ = "peer-test-" + name + "-" + std::to_string(getpid());
-      argv.insert(argv.end(), {"--redis-port", std::to_string(redis->port()), "--node-id",
-                               "lender", "--key-prefix", lender->prefix_});
+      argv.insert(argv.end(), {"--redis-port", std::to_string(redis->port()), "--node-id", "lender",
+                               "--key-prefix", lender->prefix_});
       ControlPlaneOptions o;
       o.port = redis->port();
       o.key_prefix = lender->prefix_;
@@ -127,8 +120,7 @@ class Lender {
           return true;
         },
         kDeadline);
-    EXPECT_TRUE(found) << "no descriptor " << n << " from peer_lender: "
-                       << testing::ReadFile(log_);
+    EXPECT_TRUE(found) << "no descriptor " << n << " from peer_lender: " << testing::ReadFile(log_);
     if (found && plane_ != nullptr) {
       StatusOr<std::string> published = plane_->GetRegion("lender", 0);
       EXPECT_TRUE(published.ok()) << published.status().ToString();

@@ -6,9 +6,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <sstream>
 #include <string>
+#include <string_view>
+#include <vector>
 
+#include "common/text.h"
 #include "cpu/reference_ops.h"
 #include "sparsekv/backend.h"
 
@@ -68,11 +70,11 @@ class CpuBackend final : public Backend {
            std::to_string(reinterpret_cast<uintptr_t>(ptr));
   }
   StatusOr<void*> ImportDevice(std::string_view handle) override {
-    std::istringstream in{std::string(handle)};
-    std::string tag;
+    const std::vector<std::string_view> words = text::Words(handle);
     long pid = 0;
     uintptr_t address = 0;
-    if (!(in >> tag >> pid >> address) || tag != "cpu") {
+    if (words.size() != 3 || words[0] != "cpu" || !text::ParseNumber(words[1], &pid) ||
+        !text::ParseNumber(words[2], &address)) {
       return InvalidArgument("ImportDevice: not a handle of the cpu backend");
     }
     if (pid != getpid()) {

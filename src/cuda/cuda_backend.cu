@@ -12,13 +12,14 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
+#include "common/text.h"
 #include "cuda/kernels.h"
 #include "cuda_common/cuda_check.h"
 #include "sparsekv/backend.h"
@@ -269,18 +270,22 @@ class CudaBackend final : public Backend {
   }
 
   StatusOr<void*> ImportDevice(std::string_view handle) override {
-    std::istringstream in{std::string(handle)};
-    std::string tag, hex;
+    const std::vector<std::string_view> words = text::Words(handle);
     long pid = 0;
     int device = 0;
     uintptr_t address = 0;
     cudaIpcMemHandle_t ipc{};
-    if (!(in >> tag >> pid >> device >> address >> hex) || tag != "cuda" ||
-        hex.size() != 2 * sizeof(ipc.reserved)) {
+    if (words.size() != 5 || words[0] != "cuda" || !text::ParseNumber(words[1], &pid) ||
+        !text::ParseNumber(words[2], &device) || !text::ParseNumber(words[3], &address) ||
+        words[4].size() != 2 * sizeof(ipc.reserved)) {
       return InvalidArgument("ImportDevice: not a handle of the cuda backend");
     }
     for (size_t i = 0; i < sizeof(ipc.reserved); ++i) {
-      ipc.reserved[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+      unsigned byte = 0;
+      if (!text::ParseNumber(words[4].substr(2 * i, 2), &byte, 16)) {
+        return InvalidArgument("ImportDevice: not a handle of the cuda backend");
+      }
+      ipc.reserved[i] = static_cast<char>(byte);
     }
     DeviceGuard guard(device_);
     if (pid == getpid()) {

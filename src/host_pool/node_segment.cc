@@ -8,11 +8,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
-#include <fstream>
 #include <optional>
 #include <random>
-#include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "host_pool/pool_state.h"
@@ -88,22 +88,38 @@ uint64_t RandomId() {
 namespace {
 
 // Field 22 of /proc/<pid>/stat, 0 for a process that exited (zombie), nullopt if unreadable.
+// Read with read(2) and parsed by hand: the process may be a host (a Python interpreter, say)
+// whose iostreams' global locale is not the classic one.
 std::optional<uint64_t> StartTime(const std::string& stat_path) {
-  std::ifstream in(stat_path);
-  std::string line;
-  if (!std::getline(in, line)) return std::nullopt;
+  const int fd = open(stat_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char buffer[4096];
+  const ssize_t n = read(fd, buffer, sizeof(buffer));
+  close(fd);
+  if (n <= 0) return std::nullopt;
+  const std::string_view line(buffer, static_cast<size_t>(n));
   // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields after the last ')'.
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos) return std::nullopt;
-  std::istringstream fields(line.substr(close + 1));
-  std::string state;
-  fields >> state;
-  if (state == "Z" || state == "X" || state == "x") return 0;  // exited, not yet reaped
-  std::string field;
-  for (int i = 4; i < 22 && fields >> field; ++i) {
+  const size_t close_paren = line.rfind(')');
+  if (close_paren == std::string_view::npos) return std::nullopt;
+  std::string_view rest = line.substr(close_paren + 1);
+  std::string_view field;
+  const auto next = [&]() {
+    const size_t begin = rest.find_first_not_of(" \n");
+    if (begin == std::string_view::npos) return false;
+    const size_t end = rest.find_first_of(" \n", begin);
+    field =
+        rest.substr(begin, end == std::string_view::npos ? std::string_view::npos : end - begin);
+    rest = end == std::string_view::npos ? std::string_view() : rest.substr(end);
+    return true;
+  };
+  if (!next()) return std::nullopt;                            // field 3: the state
+  if (field == "Z" || field == "X" || field == "x") return 0;  // exited, not yet reaped
+  for (int i = 4; i <= 22; ++i) {
+    if (!next()) return std::nullopt;
   }
   uint64_t start = 0;
-  if (!(fields >> start)) return std::nullopt;
+  const auto [end, error] = std::from_chars(field.data(), field.data() + field.size(), start);
+  if (error != std::errc() || end != field.data() + field.size()) return std::nullopt;
   return start;
 }
 

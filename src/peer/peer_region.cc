@@ -2,14 +2,13 @@
 // of the machine, and its descriptor.
 #include <unistd.h>
 
-#include <charconv>
 #include <cstring>
 #include <random>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/text.h"
 #include "host_pool/node_segment.h"
 #include "peer/peer_layout.h"
 #include "sparsekv/peer_tier.h"
@@ -25,12 +24,6 @@ uint64_t NewGeneration() {
   uint64_t g = 0;
   while (g == 0) g = (uint64_t{random()} << 32) ^ random();
   return g;
-}
-
-template <typename T>
-bool ParseNumber(std::string_view text, T* out) {
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *out);
-  return error == std::errc() && end == text.data() + text.size();
 }
 
 }  // namespace
@@ -65,25 +58,25 @@ StatusOr<PeerRegionDescriptor> PeerRegionDescriptor::Parse(std::string_view text
   // The handle is last and may hold spaces.
   const size_t handle_at = text.find(" handle=");
   if (handle_at == std::string_view::npos) return bad();
-  std::istringstream in{std::string(text.substr(0, handle_at))};
-  std::string tag, pid, start, generation, rows, strides;
-  if (!(in >> tag >> pid >> start >> generation >> rows >> strides) || tag != kTag) return bad();
-  const auto value = [](const std::string& field, std::string_view key) -> std::string_view {
-    if (field.size() <= key.size() || field.compare(0, key.size(), key) != 0) return {};
-    return std::string_view(field).substr(key.size());
+  const std::vector<std::string_view> words = text::Words(text.substr(0, handle_at));
+  if (words.size() != 6 || words[0] != kTag) return bad();
+  const auto value = [](std::string_view field, std::string_view key) -> std::string_view {
+    if (field.size() <= key.size() || field.substr(0, key.size()) != key) return {};
+    return field.substr(key.size());
   };
   PeerRegionDescriptor d;
-  if (!ParseNumber(value(pid, "pid="), &d.pid) ||
-      !ParseNumber(value(start, "start="), &d.start_time) ||
-      !ParseNumber(value(generation, "generation="), &d.generation) ||
-      !ParseNumber(value(rows, "rows="), &d.rows) || d.generation == 0 || d.rows < 1 || d.pid < 1) {
+  if (!text::ParseNumber(value(words[1], "pid="), &d.pid) ||
+      !text::ParseNumber(value(words[2], "start="), &d.start_time) ||
+      !text::ParseNumber(value(words[3], "generation="), &d.generation) ||
+      !text::ParseNumber(value(words[4], "rows="), &d.rows) || d.generation == 0 || d.rows < 1 ||
+      d.pid < 1) {
     return bad();
   }
-  std::string_view list = value(strides, "strides=");
+  std::string_view list = value(words[5], "strides=");
   while (!list.empty()) {
     const size_t comma = list.find(',');
     int32_t stride = 0;
-    if (!ParseNumber(list.substr(0, comma), &stride) || stride < 1) return bad();
+    if (!text::ParseNumber(list.substr(0, comma), &stride) || stride < 1) return bad();
     d.row_strides.push_back(stride);
     list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
   }

@@ -14,7 +14,8 @@
 //         the backend's ExportDevice / ImportDevice (peer access), as the peer tier maps a region;
 // rotating over --index_sets index sets. Every gather's output is checked row by row against the
 // data pattern before it is timed. Rows/s and GB/s count useful bytes only; the summary's
-// peer_gather_to_host_gather_<row> is rows/s from the peer over rows/s from the host (sorted).
+// peer_gather_to_host_gather_<row> is rows/s from the peer over rows/s from the host (sorted);
+// with the same-GPU stand-in, the keys end in _same_gpu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -207,14 +208,17 @@ int Run(const Options& o) {
                 g.row_bytes, g.timing.median_ms * 1e3, g.rows_per_s / 1e6, g.gbps,
                 g.verified ? "ok" : "WRONG");
   }
+  // A same-GPU stand-in measures no peer link: its keys say so, so that they are never read as
+  // a peer's figures.
+  const std::string suffix = link.same_device ? "_same_gpu" : "";
   Json summary = Json::Object();
   for (const int64_t rb : o.row_bytes) {
-    summary.Add("peer_gather_to_host_gather_" + std::to_string(rb), ratio(int32_t(rb)));
+    summary.Add("peer_gather_to_host_gather_" + std::to_string(rb) + suffix, ratio(int32_t(rb)));
     std::printf("peer / host rows/s at %lld B: %.2f\n", static_cast<long long>(rb),
                 ratio(int32_t(rb)));
   }
   summary.Add("peer_gather_same_device", link.same_device)
-      .Add("peer_memcpy_gbps", peer_gbps)
+      .Add("peer_memcpy_gbps" + suffix, peer_gbps)
       .Add("peer_h2d_gbps", h2d_gbps)
       .Add("peer_gather_wrong_results", errors.count());
   Json rows = Json::Array();

@@ -8,7 +8,8 @@ HOST_JSON and PEER_JSON are `sparsekv bench --json` reports of the same sweep, w
 largest batch both measured, writes
   e2e_tpot_reduction_peer_vs_host_<ctx>k_m<pct> = 1 - TPOT(peer) / TPOT(host)
 (and the batch and both TPOTs beside it) into OUT_JSON's "summary", with every common point in
-"points". With PLOT_PNG (and matplotlib), plots TPOT against batch, host memory against the peer,
+"points". When the peer run's notes say its region was on the decode GPU itself (a same-GPU
+stand-in, which measures no peer link), every key ends in _same_gpu and the plot says so. With PLOT_PNG (and matplotlib), plots TPOT against batch, host memory against the peer,
 one panel per context and miss rate.
 """
 import json
@@ -32,6 +33,8 @@ def main(argv):
         return 2
     host, _ = points(argv[1])
     peer, notes = points(argv[2])
+    same_gpu = any("same-GPU stand-in" in n for n in notes)
+    suffix = "_same_gpu" if same_gpu else ""
     common = sorted(set(host) & set(peer))
     summary, rows, series = {}, [], {}
     for ctx, miss, batch in common:
@@ -41,7 +44,7 @@ def main(argv):
         series.setdefault((ctx, miss), []).append(rows[-1])
     for (ctx, miss), rs in sorted(series.items()):
         last = max(rs, key=lambda r: r["batch"])
-        key = "e2e_tpot_reduction_peer_vs_host_%dk_m%d" % (ctx // 1024, round(miss * 100))
+        key = "e2e_tpot_reduction_peer_vs_host_%dk_m%d%s" % (ctx // 1024, round(miss * 100), suffix)
         summary[key] = 1 - last["tpot_peer_ms"] / last["tpot_host_ms"]
         summary[key + "_batch"] = last["batch"]
         print("%s = %.3f (batch %d: host %.2f ms, peer %.2f ms)" %
@@ -49,7 +52,8 @@ def main(argv):
     if not common:
         print("peer_summary: no common sparsekv points", file=sys.stderr)
     with open(argv[3], "w") as f:
-        json.dump({"summary": summary, "points": rows, "peer_run_notes": notes}, f, indent=1)
+        json.dump({"summary": summary, "points": rows, "same_gpu": same_gpu,
+                   "peer_run_notes": notes}, f, indent=1)
         f.write("\n")
     if len(argv) == 5 and series:
         try:
@@ -65,7 +69,9 @@ def main(argv):
             rs = sorted(series[key], key=lambda r: r["batch"])
             b = [r["batch"] for r in rs]
             ax.plot(b, [r["tpot_host_ms"] for r in rs], "o-", label="misses from host DRAM (PCIe)")
-            ax.plot(b, [r["tpot_peer_ms"] for r in rs], "s-", label="misses from a peer GPU")
+            peer_label = ("misses from a region on the same GPU (stand-in, no peer link)"
+                          if same_gpu else "misses from a peer GPU")
+            ax.plot(b, [r["tpot_peer_ms"] for r in rs], "s-", label=peer_label)
             ax.set_title("%dK context, %d%% misses" % (key[0] // 1024, round(key[1] * 100)))
             ax.set_xlabel("batch")
             ax.set_ylabel("TPOT (ms)")

@@ -387,17 +387,20 @@ class SparseKVCacheManager {
   // launched.
   Status FinishReplayedStep();
 
-  // ---- Extension (manager_extension.h) ----
+  // ---- Extensions (manager_extension.h) ----
   //
-  // An extension stands in for some miss rows (the remote tier's, remote_tier.h: AttachRemoteTier
-  // installs it). Its per-layer hooks run only in steps whose batch it declares active at
-  // PlanStep; other steps are unchanged and graph-capturable.
+  // An extension stands in for some miss rows: the remote tier's (remote_tier.h:
+  // AttachRemoteTier installs it) reads rows over a transport, the peer tier's (peer_tier.h:
+  // AttachPeerTier) from another GPU's memory. A manager may have several; their hooks run in
+  // installation order. An extension's per-layer hooks run only in steps whose batch it declares
+  // active at PlanStep; a step no extension is active in is unchanged and graph-capturable.
 
-  // Installs the extension `make` returns (given this manager's ExtensionHost); `make`'s error
-  // otherwise. FailedPrecondition if one is installed already. The manager owns it.
+  // Installs the extension `make` returns (given this manager's ExtensionHost) after those
+  // installed before; `make`'s error otherwise. FailedPrecondition while a step is open. The
+  // manager owns it.
   Status InstallExtension(const ExtensionFactory& make);
-  // The installed extension, or null.
-  ManagerExtension* extension() const;
+  // The installed extensions, in installation order.
+  std::vector<ManagerExtension*> extensions() const;
 
   // ---- Introspection ----
 

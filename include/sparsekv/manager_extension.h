@@ -7,13 +7,19 @@
 // request is dropped and may refuse to fork one. The remote tier (remote_tier.h: rows read over a
 // transport) and the peer tier (peer_tier.h: rows read from another GPU's memory) are extensions.
 //
-// Cost. The manager asks BeginStep once per PlanStep whether the extension is active for the
-// batch; the per-layer hooks are called only in active steps, so a step without requests the
-// extension cares about makes no virtual call and stays graph-capturable.
+// Several extensions. A manager may have several (the remote tier's and the peer tier's, say);
+// each hook runs for each of them in installation order. Before a copy, each one's BeforeCopy gets
+// the list the one before it returned (the first gets the manager's), and the manager copies
+// from its pool the list the last one returned; the AfterCopy hooks then run in the same order.
 //
-// Lifetime and threads: the manager owns its extension (SparseKVCacheManager::InstallExtension)
-// and destroys it after releasing its requests and retained conversations, while the pool, the hot
-// cache and the backend still exist. Hooks run on the thread that drives the manager.
+// Cost. The manager asks BeginStep once per PlanStep whether an extension is active for the
+// batch; its per-layer hooks are called only in active steps, so a step without requests the
+// extensions care about makes no virtual call and stays graph-capturable.
+//
+// Lifetime and threads: the manager owns its extensions (SparseKVCacheManager::InstallExtension)
+// and destroys them, the last installed first, after releasing its requests and retained
+// conversations, while the pool, the hot cache and the backend still exist. Hooks run on the
+// thread that drives the manager.
 #pragma once
 
 #include <cstdint>
@@ -55,13 +61,12 @@ class ExtensionHost {
   virtual bool IsLive(RequestId id) const = 0;
   // The device counter of IndexCopy entries skipped as out of bounds (CacheStats).
   virtual unsigned long long* invalid_copy_counter() const = 0;
-  // Every miss list BeforeCopy is handed lies in one of miss_list_lanes() lanes of at most
-  // miss_list_lane_capacity() entries each; copies that may run at once (on different streams:
-  // the chunks of a layer, a cross-layer prefetch) never share a lane, so that an extension can
-  // keep a buffer per lane. REQUIRES (not checked): `list` was handed to BeforeCopy.
+  // Every copy BeforeCopy hears of belongs to one of miss_list_lanes() lanes, its list at most
+  // miss_list_lane_capacity() entries; copies that may run at once (on different streams: the
+  // chunks of a layer, a cross-layer prefetch) never share a lane, so that an extension can keep
+  // a buffer per lane.
   virtual int32_t miss_list_lanes() const = 0;
   virtual int32_t miss_list_lane_capacity() const = 0;
-  virtual int32_t MissListLane(const MissList& list) const = 0;
 
   // Admits `id` as SparseKVCacheManager::Admit does (same errors), with page-table entries
   // [0, shared.size()) set to `shared` (each gains a reference; the caller holds one): positions
@@ -94,12 +99,13 @@ class ManagerExtension {
 
   // ---- Called only in active steps ----
 
-  // Before the copy of `list` (`capacity` entries; written by the resolve enqueued on `stream`)
-  // into `layer`: may rewrite the list and stage rows for AfterCopy, and returns the list the
-  // manager then copies from its host pool (`list`, or one of the extension's with at most
-  // `capacity` entries, valid until AfterCopy). May synchronise `stream`.
+  // Before the copy of `list` (`capacity` entries; written by the resolve enqueued on `stream`,
+  // or handed on by the extension before this one) into `layer`, in lane `lane`: may rewrite the
+  // list and stage rows for AfterCopy, and returns the list to copy from the host pool (`list`,
+  // or one of the extension's with at most `capacity` entries, valid until AfterCopy). May
+  // synchronise `stream`.
   virtual StatusOr<MissList> BeforeCopy(int32_t layer, const MissList& list, int32_t capacity,
-                                        StreamHandle stream) = 0;
+                                        int32_t lane, StreamHandle stream) = 0;
   // After that copy, on `stream`.
   virtual Status AfterCopy(int32_t layer, StreamHandle stream) = 0;
   // After ResolveLayer(layer) wrote `slots` ([max_batch, top_k] device memory, valid until the

@@ -109,10 +109,10 @@ struct PeerTierOptions {
   int32_t max_regions = 1;
 };
 
-// Installs the peer tier as `manager`'s extension (manager_extension.h). Device memory: two
-// tables of the host pool's pages (4 bytes each per page) and, per miss-list lane
-// (ExtensionHost::miss_list_lanes), a list for the host pool and one per region
-// (options.max_regions): 8 bytes per entry. FailedPrecondition if the manager has an extension;
+// Installs the peer tier as an extension of `manager` (manager_extension.h; beside a remote tier,
+// say). Device memory: two tables of the host pool's pages (4 bytes each per page) and, per
+// miss-list lane (ExtensionHost::miss_list_lanes), a list for the host pool and one per region
+// (options.max_regions): 8 bytes per entry. FailedPrecondition if it has a peer tier already;
 // InvalidArgument for max_regions out of range.
 Status AttachPeerTier(SparseKVCacheManager& manager, const PeerTierOptions& options = {});
 

@@ -218,10 +218,10 @@ class RemoteTier {
 // eagerly. A failed request's slots are -1 from the failure on (its ResolveLayer slots after
 // the CopyMisses that failed it, for the split API). Fork refuses a remote-backed parent.
 
-// Attaches `tier` (which must outlive the manager) to `manager` as its extension: takes the
-// placeholder page from the host pool, allocates the staging area ([max_batch * max(top_k,
-// max_prefetch)] rows of the largest stride, host memory) and registers both with the tier's
-// transport. FailedPrecondition if the manager has a tier (or another extension) already.
+// Attaches `tier` (which must outlive the manager) to `manager` as an extension (beside a peer
+// tier, say): takes the placeholder page from the host pool, allocates the staging area
+// ([max_batch * max(top_k, max_prefetch)] rows of the largest stride, host memory) and registers
+// both with the tier's transport. FailedPrecondition if the manager has a remote tier already.
 Status AttachRemoteTier(SparseKVCacheManager& manager, RemoteTier* tier);
 // Admits request `id` for layout.tokens prompt positions plus max_new_tokens, with its prompt
 // KV in region `region` of the attached tier (RemoteTier::ImportRegion), laid out as `layout`

@@ -1,5 +1,6 @@
 """Shared fixtures: a small geometry that exercises padded rows, paging, eviction and the window."""
 
+import numpy as np
 import pytest
 
 import sparsekv
@@ -37,3 +38,17 @@ def options() -> sparsekv.CacheOptions:
 @pytest.fixture
 def manager(options) -> sparsekv.SparseKVCacheManager:
     return sparsekv.SparseKVCacheManager(options, sparsekv.cpu_backend())
+
+
+def run_step(manager, rid, topk):
+    """One step of request `rid` with the same top-k in every layer; returns the assembled rows."""
+    manager.plan_step([rid])
+    out = []
+    for layer, (_, stride) in enumerate(LAYERS):
+        manager.append_token(layer, np.zeros((1, stride), np.uint8))
+        slots = np.zeros((1, TOP_K), np.int32)
+        assembled = np.zeros((1, TOP_K, stride), np.uint8)
+        manager.run_layer(layer, topk, slots, assembled)
+        out.append(assembled[0])
+    manager.finish_step()
+    return out

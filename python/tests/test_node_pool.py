@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sparsekv
-from conftest import LAYERS, TOP_K, make_options
+from conftest import LAYERS, TOP_K, make_options, run_step
 
 PROMPT = 13  # 3 full pages of 4 tokens and a partial one
 
@@ -61,20 +61,6 @@ def start_writer(name, seed):
         text=True,
     )
     return child, json.loads(child.stdout.readline())
-
-
-def run_step(manager, rid, topk):
-    """One step of request `rid` with the same top-k in every layer; returns the assembled rows."""
-    manager.plan_step([rid])
-    out = []
-    for layer, (_, stride) in enumerate(LAYERS):
-        manager.append_token(layer, np.zeros((1, stride), np.uint8))
-        slots = np.zeros((1, TOP_K), np.int32)
-        assembled = np.zeros((1, TOP_K, stride), np.uint8)
-        manager.run_layer(layer, topk, slots, assembled)
-        out.append(assembled[0])
-    manager.finish_step()
-    return out
 
 
 def test_a_prompt_sealed_by_another_process_is_admitted_without_copying():

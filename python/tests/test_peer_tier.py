@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import sparsekv
-from conftest import LAYERS, TOP_K, make_options
+from conftest import LAYERS, TOP_K, make_options, run_step
 
 PROMPT = 21  # 5 full pages of 4 tokens and a partial one
 REGION_ROWS = 48
@@ -16,20 +16,6 @@ REGION_ROWS = 48
 def prompt_rows(seed):
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, (PROMPT, stride), dtype=np.uint8) for _, stride in LAYERS]
-
-
-def run_step(manager, rid, topk):
-    """One step of `rid` with the same top-k in every layer; returns the assembled rows."""
-    manager.plan_step([rid])
-    out = []
-    for layer, (_, stride) in enumerate(LAYERS):
-        manager.append_token(layer, np.zeros((1, stride), np.uint8))
-        slots = np.zeros((1, TOP_K), np.int32)
-        assembled = np.zeros((1, TOP_K, stride), np.uint8)
-        manager.run_layer(layer, topk, slots, assembled)
-        out.append(assembled[0])
-    manager.finish_step()
-    return out
 
 
 def test_a_request_admitted_from_a_peer_region_reads_its_rows():

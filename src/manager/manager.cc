@@ -150,7 +150,9 @@ Status SparseKVCacheManager::FinishReplayedStep() { return impl_->FinishReplayed
 Status SparseKVCacheManager::InstallExtension(const ExtensionFactory& make) {
   return impl_->InstallExtension(make);
 }
-ManagerExtension* SparseKVCacheManager::extension() const { return impl_->extension(); }
+std::vector<ManagerExtension*> SparseKVCacheManager::extensions() const {
+  return impl_->extensions();
+}
 StatusOr<CacheStats> SparseKVCacheManager::ReadStats(StreamHandle stream) {
   return impl_->ReadStats(stream);
 }

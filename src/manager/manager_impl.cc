@@ -113,8 +113,9 @@ SparseKVCacheManager::Impl::~Impl() {
     if (r.cow_page >= 0) pool_->Unref(r.cow_page);
     pool_->ReleaseOwner(r.owner);
   }
-  ledger_.reset();     // drops the retained conversations' references
-  extension_.reset();  // while the pool, the hot cache and the backend still exist
+  ledger_.reset();  // drops the retained conversations' references
+  // While the pool, the hot cache and the backend still exist; the last installed first.
+  while (!extensions_.empty()) extensions_.pop_back();
   std::vector<void*> buffers = {plan_device_,      page_table_device_,  counters_,
                                 invalid_copies_,   prefetch_slots_,     resident_table_device_,
                                 key_table_device_, load_list_.host_row, load_list_.slot,
@@ -269,7 +270,7 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
                                         StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * p, Find(parent, "Fork"));
   if (max_new_tokens < 0) return InvalidArgument("Fork: max_new_tokens must be >= 0");
-  if (extension_ != nullptr) SPARSEKV_RETURN_IF_ERROR(extension_->CheckFork(parent));
+  for (const auto& extension : extensions_) SPARSEKV_RETURN_IF_ERROR(extension->CheckFork(parent));
   if (p->ingested_layers != options_.geometry.num_layers()) {
     return FailedPrecondition("Fork: " + Describe(parent) + " has layers not yet ingested");
   }
@@ -475,7 +476,7 @@ void SparseKVCacheManager::Impl::ReleaseDevice(Request& r) {
 }
 
 void SparseKVCacheManager::Impl::Forget(RequestId id, Request& r) {
-  if (extension_ != nullptr) extension_->OnDrop(id);
+  for (const auto& extension : extensions_) extension->OnDrop(id);
   ReleaseDevice(r);
   ledger_->ReleaseOwnerPages(r.owner);
   if (r.cow_page >= 0) ledger_->Unref(r.cow_page);
@@ -548,11 +549,16 @@ Status SparseKVCacheManager::Impl::Resume(RequestId id, StreamHandle stream) {
 // ---- Extension ----
 
 Status SparseKVCacheManager::Impl::InstallExtension(const ExtensionFactory& make) {
-  if (extension_ != nullptr) {
-    return FailedPrecondition("InstallExtension: an extension is installed already");
-  }
-  SPARSEKV_ASSIGN_OR_RETURN(extension_, make(*this));
+  if (step_open_) return FailedPrecondition("InstallExtension: a step is open");
+  SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<ManagerExtension> extension, make(*this));
+  extensions_.push_back(std::move(extension));
   return Status::Ok();
+}
+
+std::vector<ManagerExtension*> SparseKVCacheManager::Impl::extensions() const {
+  std::vector<ManagerExtension*> out;
+  for (const auto& extension : extensions_) out.push_back(extension.get());
+  return out;
 }
 
 Status SparseKVCacheManager::Impl::AdmitWithPages(RequestId id, int32_t prompt_len,

@@ -11,8 +11,9 @@
 //   requests_ the live requests: owner (page-table row), block, lengths, ingest state.
 //   the run-phase device buffers: the plan region, the device page table, two miss lists (index
 //   groups alternate between them), the prefetch list and the resolve counters.
-//   extension_ an optional ManagerExtension (the remote tier's); its per-layer hooks run only in
-//   steps it declared itself active for at PlanStep (extension_active_).
+//   extensions_ the installed ManagerExtensions (the remote tier's, the peer tier's), in
+//   installation order; each one's per-layer hooks run only in steps it declared itself active
+//   for at PlanStep (active_extensions_).
 //
 // manager.cc creates it and forwards the public API; the code is in three files:
 // manager_impl.cc (creation, request lifecycle, prefix sharing, the extension host),
@@ -85,7 +86,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status FinishReplayedStep();
 
   Status InstallExtension(const ExtensionFactory& make);
-  ManagerExtension* extension() const { return extension_.get(); }
+  std::vector<ManagerExtension*> extensions() const;
 
   StatusOr<CacheStats> ReadStats(StreamHandle stream);
   Status ResetStats(StreamHandle stream);
@@ -107,7 +108,6 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   unsigned long long* invalid_copy_counter() const override { return invalid_copies_; }
   int32_t miss_list_lanes() const override { return 2 * MaxChunks() + 1; }
   int32_t miss_list_lane_capacity() const override;
-  int32_t MissListLane(const MissList& list) const override;
   Status AdmitWithPages(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
                         std::span<const int32_t> shared, StreamHandle stream) override;
   Status CompleteLayer(RequestId id, int32_t layer, StreamHandle stream) override;
@@ -256,6 +256,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   int32_t ChunkEntries() const;
   // The part of `list` chunk c holds.
   MissList Chunk(const MissList& list, int32_t c) const;
+  // The lane (ExtensionHost::miss_list_lanes) of one of the manager's miss lists or chunks.
+  int32_t MissListLane(const MissList& list) const;
   // Copies `layer`'s chunk c and marks the layer copied once every chunk of the batch is.
   Status CopyChunk(int32_t layer, int32_t c, StreamHandle stream);
 
@@ -265,8 +267,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   std::unique_ptr<HotCache> hot_;
   std::unordered_map<RequestId, Request> requests_;
   std::unique_ptr<PageLedger> ledger_;
-  std::unique_ptr<ManagerExtension> extension_;  // null without one
-  bool extension_active_ = false;                // its per-layer hooks run in the open step
+  std::vector<std::unique_ptr<ManagerExtension>> extensions_;  // in installation order
+  // The extensions whose per-layer hooks run in the open step, in installation order.
+  std::vector<ManagerExtension*> active_extensions_;
 
   // Device buffers.
   std::byte* plan_device_ = nullptr;      // see PlanLayout

@@ -368,7 +368,8 @@ TEST(ManagerRefusalOrderTest, RunLayerOfALaterLayerFirstIsRefused) {
 class HostGrabber final : public ManagerExtension {
  public:
   bool BeginStep(std::span<const RequestId>, StreamHandle) override { return false; }
-  StatusOr<MissList> BeforeCopy(int32_t, const MissList& list, int32_t, StreamHandle) override {
+  StatusOr<MissList> BeforeCopy(int32_t, const MissList& list, int32_t, int32_t,
+                                StreamHandle) override {
     return list;
   }
   Status AfterCopy(int32_t, StreamHandle) override { return Status::Ok(); }

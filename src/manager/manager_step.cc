@@ -99,7 +99,10 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     append_key[b] = keys_per_page_ > 0 ? KeyWord(r, position) : -1;
   }
   batch_.assign(batch.begin(), batch.end());
-  extension_active_ = extension_ != nullptr && extension_->BeginStep(batch_, stream);
+  active_extensions_.clear();
+  for (const auto& extension : extensions_) {
+    if (extension->BeginStep(batch_, stream)) active_extensions_.push_back(extension.get());
+  }
   step_open_ = true;
   std::fill(appended_.begin(), appended_.end(), false);
   std::fill(copied_.begin(), copied_.end(), false);
@@ -295,8 +298,10 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
                                    StepMissList(layer), counters_ + layer, /*own_copy=*/true,
                                    stream));
   groups_resolved_ = group + 1;
-  if (!extension_active_) return Status::Ok();
-  return extension_->AfterResolve(layer, slots, stream);
+  for (ManagerExtension* extension : active_extensions_) {
+    SPARSEKV_RETURN_IF_ERROR(extension->AfterResolve(layer, slots, stream));
+  }
+  return Status::Ok();
 }
 
 Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, int32_t top_k,
@@ -341,7 +346,7 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.block_page_rows = hot_->page_rows();
   // A step's resolve may copy its own misses; the list then stays empty.
   if (own_copy && options_.fused_copy_min_batch > 0 && options_.layers_per_index == 1 &&
-      !extension_active_) {
+      active_extensions_.empty()) {
     const IndexCopyView copy = PoolToHotCopy(layer, list, max_batch * top_k);
     resolve.copy_src = copy.src;
     resolve.copy_dst = copy.dst;
@@ -414,22 +419,29 @@ Status SparseKVCacheManager::Impl::CopyChunk(int32_t layer, int32_t c, StreamHan
   }
   if (copied_[layer]) return Status::Ok();
   copied_[layer] = true;
-  if (!extension_active_) return Status::Ok();
-  return extension_->AfterMissCopy(layer, stream);
+  for (ManagerExtension* extension : active_extensions_) {
+    SPARSEKV_RETURN_IF_ERROR(extension->AfterMissCopy(layer, stream));
+  }
+  return Status::Ok();
 }
 
 Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int32_t capacity,
                                         int32_t max_blocks, StreamHandle stream) {
+  // Each extension may hand the next one (and the copy from the pool) a list of its own.
   MissList from_pool = list;
-  if (extension_active_) {
-    SPARSEKV_ASSIGN_OR_RETURN(from_pool, extension_->BeforeCopy(layer, list, capacity, stream));
+  const int32_t lane = active_extensions_.empty() ? 0 : MissListLane(list);
+  for (ManagerExtension* extension : active_extensions_) {
+    SPARSEKV_ASSIGN_OR_RETURN(from_pool,
+                              extension->BeforeCopy(layer, from_pool, capacity, lane, stream));
   }
   IndexCopyView copy = PoolToHotCopy(layer, from_pool, capacity);
   copy.max_blocks = max_blocks;
   copy.strategy = options_.copy_strategy;
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
-  if (!extension_active_) return Status::Ok();
-  return extension_->AfterCopy(layer, stream);
+  for (ManagerExtension* extension : active_extensions_) {
+    SPARSEKV_RETURN_IF_ERROR(extension->AfterCopy(layer, stream));
+  }
+  return Status::Ok();
 }
 
 IndexCopyView SparseKVCacheManager::Impl::PoolToHotCopy(int32_t layer, const MissList& list,

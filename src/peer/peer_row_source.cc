@@ -221,9 +221,8 @@ bool PeerRowSource::BeginStep(std::span<const RequestId>, StreamHandle stream) {
 }
 
 StatusOr<MissList> PeerRowSource::BeforeCopy(int32_t, const MissList& list, int32_t capacity,
-                                             StreamHandle stream) {
+                                             int32_t lane, StreamHandle stream) {
   if (!upload_error_.ok()) return std::exchange(upload_error_, Status::Ok());
-  const int32_t lane = host_.MissListLane(list);
   const int64_t first = int64_t{lane} * places() * lane_capacity_;
   RouteRowsView route{};
   route.src_index = list.host_row;
@@ -301,14 +300,17 @@ StatusOr<uint64_t> PeerRowSource::RowsRead(StreamHandle stream) const {
 namespace {
 
 PeerRowSource* SourceOf(const SparseKVCacheManager& manager) {
-  return dynamic_cast<PeerRowSource*>(manager.extension());
+  for (ManagerExtension* extension : manager.extensions()) {
+    if (auto* source = dynamic_cast<PeerRowSource*>(extension)) return source;
+  }
+  return nullptr;
 }
 
 }  // namespace
 
 Status AttachPeerTier(SparseKVCacheManager& manager, const PeerTierOptions& options) {
-  if (manager.extension() != nullptr) {
-    return FailedPrecondition("AttachPeerTier: the manager has an extension already");
+  if (SourceOf(manager) != nullptr) {
+    return FailedPrecondition("AttachPeerTier: a peer tier is attached already");
   }
   return manager.InstallExtension(
       [options](ExtensionHost& host) -> StatusOr<std::unique_ptr<ManagerExtension>> {

@@ -39,7 +39,7 @@ class PeerRowSource final : public ManagerExtension {
   StatusOr<uint64_t> RowsRead(StreamHandle stream) const;
 
   bool BeginStep(std::span<const RequestId> batch, StreamHandle stream) override;
-  StatusOr<MissList> BeforeCopy(int32_t layer, const MissList& list, int32_t capacity,
+  StatusOr<MissList> BeforeCopy(int32_t layer, const MissList& list, int32_t capacity, int32_t lane,
                                 StreamHandle stream) override;
   Status AfterCopy(int32_t layer, StreamHandle stream) override;
   Status AfterResolve(int32_t, int32_t*, StreamHandle) override { return Status::Ok(); }

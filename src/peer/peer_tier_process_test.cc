@@ -160,6 +160,27 @@ std::vector<int32_t> TopK(std::mt19937_64& rng, int32_t len) {
   return row;
 }
 
+// `steps` eager steps of request `id` alone, each checked against the model.
+void DecodeAlone(SparseKVCacheManager& m, testing::DenseModel& model, RequestId id, int steps,
+                 uint64_t seed) {
+  testing::StepDriver driver(m);
+  std::mt19937_64 rng(seed);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<Bytes> new_rows;
+    std::vector<std::vector<int32_t>> topk;
+    for (int32_t l = 0; l < kLayers; ++l) {
+      new_rows.push_back(testing::RandomRows(rng, 1, kRowBytes));
+      model.Append(id, l, new_rows[l].data());
+      topk.push_back(TopK(rng, model.Length(id, l)));
+    }
+    const auto got = driver.Step({id}, new_rows, topk);
+    for (int32_t l = 0; l < kLayers; ++l) {
+      EXPECT_EQ(testing::CheckLayer(model, m.options().geometry, l, {id}, topk[l], got[l], kTopK),
+                0);
+    }
+  }
+}
+
 #if defined(SPARSEKV_WITH_CUDA)
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
@@ -288,21 +309,7 @@ TEST(PeerTierProcessTest, ARegionLentAgainHasANewGenerationAndTheOldDescriptorIs
   ASSERT_TRUE(AdmitFromPeer(*dev, 1, *region, 100, 300, 50, nullptr).ok());
   testing::DenseModel model(o.geometry);
   model.Add(1, Slice(LenderRows(), 100, 300), 300);
-  testing::StepDriver driver(*dev);
-  std::mt19937_64 rng(9);
-  for (int step = 0; step < 5; ++step) {
-    std::vector<Bytes> new_rows;
-    std::vector<std::vector<int32_t>> topk;
-    for (int32_t l = 0; l < kLayers; ++l) {
-      new_rows.push_back(testing::RandomRows(rng, 1, kRowBytes));
-      model.Append(1, l, new_rows[l].data());
-      topk.push_back(TopK(rng, model.Length(1, l)));
-    }
-    const auto got = driver.Step({1}, new_rows, topk);
-    for (int32_t l = 0; l < kLayers; ++l) {
-      EXPECT_EQ(testing::CheckLayer(model, o.geometry, l, {1}, topk[l], got[l], kTopK), 0);
-    }
-  }
+  DecodeAlone(*dev, model, 1, 5, 9);
   EXPECT_GT(PeerRowsRead(*dev, nullptr).value(), 0u);
   ASSERT_TRUE(dev->Release(1).ok());
   ASSERT_TRUE(DetachPeerRegion(*dev, *region, nullptr).ok());
@@ -343,21 +350,7 @@ TEST(PeerTierControlPlaneTest, ADescriptorPublishedThroughTheControlPlaneIsImpor
   ASSERT_TRUE(AdmitFromPeer(*dev, 1, index, 0, kLenderTokens, 20, nullptr).ok());
   testing::DenseModel model(o.geometry);
   model.Add(1, lent, kLenderTokens);
-  testing::StepDriver driver(*dev);
-  std::mt19937_64 rng(3);
-  for (int step = 0; step < 5; ++step) {
-    std::vector<Bytes> new_rows;
-    std::vector<std::vector<int32_t>> topk;
-    for (int32_t l = 0; l < kLayers; ++l) {
-      new_rows.push_back(testing::RandomRows(rng, 1, kRowBytes));
-      model.Append(1, l, new_rows[l].data());
-      topk.push_back(TopK(rng, model.Length(1, l)));
-    }
-    const auto got = driver.Step({1}, new_rows, topk);
-    for (int32_t l = 0; l < kLayers; ++l) {
-      EXPECT_EQ(testing::CheckLayer(model, o.geometry, l, {1}, topk[l], got[l], kTopK), 0);
-    }
-  }
+  DecodeAlone(*dev, model, 1, 5, 3);
   EXPECT_GT(PeerRowsRead(*dev, nullptr).value(), 0u);
   dev.reset();
 }

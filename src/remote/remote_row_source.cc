@@ -112,7 +112,8 @@ bool RemoteRowSource::BeginStep(std::span<const RequestId> batch, StreamHandle) 
 }
 
 StatusOr<MissList> RemoteRowSource::BeforeCopy(int32_t layer, const MissList& list,
-                                               int32_t capacity, StreamHandle stream) {
+                                               int32_t capacity, int32_t /*lane*/,
+                                               StreamHandle stream) {
   const CacheOptions& options = host_.options();
   const HotCache& hot = host_.hot_cache();
   Backend& backend = host_.backend();
@@ -270,15 +271,18 @@ Status RemoteRowSource::BlankFailedSlots(int32_t layer, StreamHandle stream) {
 namespace {
 
 RemoteRowSource* SourceOf(const SparseKVCacheManager& manager) {
-  return dynamic_cast<RemoteRowSource*>(manager.extension());
+  for (ManagerExtension* extension : manager.extensions()) {
+    if (auto* source = dynamic_cast<RemoteRowSource*>(extension)) return source;
+  }
+  return nullptr;
 }
 
 }  // namespace
 
 Status AttachRemoteTier(SparseKVCacheManager& manager, RemoteTier* tier) {
   if (tier == nullptr) return InvalidArgument("AttachRemoteTier: tier is null");
-  if (manager.extension() != nullptr) {
-    return FailedPrecondition("AttachRemoteTier: a tier is attached already");
+  if (SourceOf(manager) != nullptr) {
+    return FailedPrecondition("AttachRemoteTier: a remote tier is attached already");
   }
   return manager.InstallExtension(
       [tier](ExtensionHost& host) -> StatusOr<std::unique_ptr<ManagerExtension>> {

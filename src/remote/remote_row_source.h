@@ -32,7 +32,7 @@ class RemoteRowSource final : public ManagerExtension {
   Status RequestStatus(RequestId id) const;
 
   bool BeginStep(std::span<const RequestId> batch, StreamHandle stream) override;
-  StatusOr<MissList> BeforeCopy(int32_t layer, const MissList& list, int32_t capacity,
+  StatusOr<MissList> BeforeCopy(int32_t layer, const MissList& list, int32_t capacity, int32_t lane,
                                 StreamHandle stream) override;
   Status AfterCopy(int32_t layer, StreamHandle stream) override;
   Status AfterResolve(int32_t layer, int32_t* slots, StreamHandle stream) override;

@@ -13,6 +13,7 @@
 
 #include "sparsekv/host_kv_pool.h"
 #include "sparsekv/manager.h"
+#include "sparsekv/peer_tier.h"
 #include "testing/cuda_test_util.h"
 #include "testing/harness.h"
 #include "testing/ucx_servers.h"
@@ -246,6 +247,43 @@ TEST_P(RemoteTierTest, RemoteAndLocalRequestsDecodeByteExactly) {
   ASSERT_TRUE(manager_->Release(3).ok());
   EXPECT_FALSE(tier_->IsBound(2));
   EXPECT_TRUE(tier_->ReleaseRegion(*region).ok());
+}
+
+// Both tiers in one manager: where each missed row is read from (the host pool, a peer region
+// or a remote region) is decided per row, and every row is exact.
+TEST_P(RemoteTierTest, RemoteAndPeerTiersServeOneBatch) {
+  ASSERT_TRUE(AttachPeerTier(*manager_).ok());
+  EXPECT_EQ(AttachPeerTier(*manager_).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AttachRemoteTier(*manager_, tier_.get()).code(), StatusCode::kFailedPrecondition);
+  ThreadServer server(Transports(), 1 << 20);
+  auto region = tier_->ImportRegion("pool-a", server.descriptor());
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  auto lent = PeerRegion::Create(manager_->options().geometry, 512, backend_);
+  ASSERT_TRUE(lent.ok()) << lent.status().ToString();
+  auto peer = ImportPeerRegion(*manager_, (*lent)->descriptor().Serialize(), nullptr);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+
+  Decoder d(*manager_, 3);
+  std::mt19937_64 rng(4);
+  AdmitLocal(d, 1, 70, rng);
+  AdmitRemote(d, 2, *region, RemotePromptLayout::Dense(kLayers, 150, kRowBytes));
+  std::vector<Bytes> prompt;
+  for (int32_t l = 0; l < kLayers; ++l) {
+    prompt.push_back(testing::RandomRows(rng, 200, kRowBytes));
+    ASSERT_TRUE((*lent)->WriteRows(l, 100, prompt.back().data(), 200, nullptr).ok());
+  }
+  ASSERT_TRUE(backend_->Synchronize(nullptr).ok());
+  const Status admitted = AdmitFromPeer(*manager_, 3, *peer, 100, 200, 64, nullptr);
+  ASSERT_TRUE(admitted.ok()) << admitted.ToString();
+  d.model().Add(3, prompt, 200);
+  for (int step = 0; step < 30 && !HasFailure(); ++step) d.Step({1, 2, 3});
+
+  EXPECT_GT(tier_->stats().rows_staged, 0u);
+  EXPECT_GT(PeerRowsRead(*manager_, nullptr).value(), 0u);
+  EXPECT_EQ(manager_->ReadStats(nullptr)->invalid_copy_entries, 0u);
+  ASSERT_TRUE(manager_->Release(2).ok());
+  ASSERT_TRUE(manager_->Release(3).ok());
+  manager_.reset();  // before the region it maps
 }
 
 // A prefill instance writes a prompt into a pool server's region (WritePromptLayer); a decode

@@ -58,6 +58,9 @@ class ExtensionHost {
   virtual int32_t BlockOf(RequestId id) const = 0;
   // The host pool owner (page-table row) of a live request. REQUIRES (not checked): `id` is live.
   virtual int32_t OwnerOf(RequestId id) const = 0;
+  // The positions a live request has KV for (its sequence length, the open step's token
+  // included). REQUIRES (not checked): `id` is live.
+  virtual int32_t LengthOf(RequestId id) const = 0;
   virtual bool IsLive(RequestId id) const = 0;
   // The device counter of IndexCopy entries skipped as out of bounds (CacheStats).
   virtual unsigned long long* invalid_copy_counter() const = 0;

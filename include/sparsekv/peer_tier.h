@@ -13,20 +13,26 @@
 // kernel_views.h): a miss in a mapped page is copied by a second IndexCopy whose source is the
 // region's address in this process, all other misses by the usual copy from the host pool. Both
 // are enqueued on the step's stream, with no host synchronisation, so a step that reads a region
-// can be captured into a CUDA graph; the kernels know nothing of peers but an address. A step
-// whose batch maps nothing takes the plain path.
+// can be captured into a CUDA graph; the kernels know nothing of peers but an address. While no
+// page is mapped, steps take the plain path. A captured graph holds the copies of the regions
+// imported when it was captured (their addresses): capture again after ImportPeerRegion or
+// DetachPeerRegion (a graph that missed an import skips and counts, in CacheStats::
+// invalid_copy_entries, the misses routed to the new region; one that missed a detach and a new
+// import into the same slot reads the closed mapping). The tables are read on the device, so
+// mapping and unmapping pages between replays needs no new capture.
 //
 // The host pool stays complete: a region holds copies. So a lender that exits or is killed costs
 // speed, never rows: at each PlanStep the tier checks every imported region's lender (its pid and
 // start time) and, finding it gone, unmaps the region's pages (their misses are read from the
-// host pool again, the same bytes) and closes its mapping once the stream is past every read of
-// it; PeerRegionStatus says Unavailable from then on. A step already running when the lender dies
-// still reads the mapping, which CUDA keeps valid until it is closed.
+// host pool again, the same bytes); PeerRegionStatus says Unavailable from then on. A step
+// already running when the lender dies still reads the region: the mapping stays open, and CUDA
+// keeps the memory valid, until the region's slot is reused by an import or the tier is
+// destroyed.
 //
-// Generations. A region's descriptor carries its generation, a number no other region of the
-// machine is given; the region's memory starts with a header holding it. ImportPeerRegion reads
-// the header and refuses (NotFound) a descriptor whose region is gone or whose memory now holds
-// another region.
+// Generations. A region's descriptor carries its generation, a random 64-bit number; the region's
+// memory starts with a header holding it, cleared before the memory is freed. ImportPeerRegion
+// reads the header and refuses (NotFound) a descriptor whose region is gone or whose memory now
+// holds another region.
 //
 // REQUIRES of the lender (not checked): rows a decoder has mapped are not rewritten while it maps
 // them, and a region is destroyed only after every decoder released it (DetachPeerRegion), or by
@@ -55,7 +61,7 @@ namespace sparsekv {
 struct PeerRegionDescriptor {
   int pid = 0;              // the lender's process
   uint64_t start_time = 0;  // and its start time (/proc/<pid>/stat), so that a reused pid is known
-  uint64_t generation = 0;  // the region's, >= 1, unique on the machine
+  uint64_t generation = 0;  // the region's: random, >= 1
   int32_t rows = 0;         // rows per layer
   std::vector<int32_t> row_strides;  // per layer
   std::string handle;                // Backend::ExportDevice's
@@ -129,7 +135,7 @@ StatusOr<int32_t> ImportPeerRegion(SparseKVCacheManager& manager, std::string_vi
 Status DetachPeerRegion(SparseKVCacheManager& manager, int32_t region, StreamHandle stream);
 
 // OK while `region` is imported and its lender alive; Unavailable once the lender is found gone
-// (the region was detached then); NotFound for an index never imported or detached.
+// (its pages were unmapped then); NotFound for an index never imported or detached.
 Status PeerRegionStatus(const SparseKVCacheManager& manager, int32_t region);
 
 // Declares that rows [first_row, first_row + tokens) of every layer of `region` hold the rows of
@@ -137,12 +143,14 @@ Status PeerRegionStatus(const SparseKVCacheManager& manager, int32_t region);
 // positions are partly past `tokens` stays read from the host pool): misses on them are read from
 // the region until the request is released or the region detached. The table is updated on
 // `stream`. FailedPrecondition without the peer tier; NotFound for an unknown request or region;
-// InvalidArgument for tokens < 1 or beyond the request's length; OutOfRange if the rows do not fit
-// in the region. REQUIRES (not checked): the region holds those bytes.
+// InvalidArgument for tokens < 1 or beyond the request's length (positions it has KV for);
+// OutOfRange if the rows do not fit in the region. REQUIRES (not checked): the region holds those
+// bytes.
 Status MapPeerRows(SparseKVCacheManager& manager, RequestId id, int32_t region, int32_t first_row,
                    int32_t tokens, StreamHandle stream);
 
-// Rows copied from regions since the tier was attached (synchronises `stream`).
+// Rows copied from regions since the tier was attached (synchronises `stream`). CacheStats counts
+// every miss, from wherever it was read, in its misses and bytes_host_to_device.
 // FailedPrecondition without the peer tier.
 StatusOr<uint64_t> PeerRowsRead(const SparseKVCacheManager& manager, StreamHandle stream);
 

@@ -15,7 +15,6 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -301,14 +300,17 @@ class CudaBackend final : public Backend {
                          cudaGetErrorString(err));
     }
     std::lock_guard<std::mutex> lock(host_mu_);
-    imported_.insert(ptr);
+    ++imported_[ptr];  // a handle opened again in this process maps to the same address
     return ptr;
   }
 
   void CloseImported(void* ptr) override {
     {
       std::lock_guard<std::mutex> lock(host_mu_);
-      if (imported_.erase(ptr) == 0) return;  // this process's own memory: nothing was mapped
+      auto it = imported_.find(ptr);
+      if (it == imported_.end()) return;  // this process's own memory: nothing was mapped
+      if (--it->second > 0) return;       // still imported by another caller
+      imported_.erase(it);
     }
     DeviceGuard guard(device_);
     if (cudaIpcCloseMemHandle(ptr) != cudaSuccess) cudaGetLastError();
@@ -501,7 +503,8 @@ class CudaBackend final : public Backend {
   std::mutex fork_join_mu_;
   std::mutex host_mu_;
   std::unordered_map<void*, HostBlock> host_blocks_;
-  std::unordered_set<void*> imported_;  // ImportDevice mappings of other processes' memory
+  // ImportDevice's mappings of other processes' memory, with the imports not yet closed.
+  std::unordered_map<void*, int> imported_;
 };
 
 }  // namespace

@@ -104,6 +104,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   std::span<const RequestId> batch() const override { return batch_; }
   int32_t BlockOf(RequestId id) const override { return requests_.at(id).block; }
   int32_t OwnerOf(RequestId id) const override { return requests_.at(id).owner; }
+  int32_t LengthOf(RequestId id) const override { return requests_.at(id).seq_len; }
   bool IsLive(RequestId id) const override { return requests_.contains(id); }
   unsigned long long* invalid_copy_counter() const override { return invalid_copies_; }
   int32_t miss_list_lanes() const override { return 2 * MaxChunks() + 1; }

@@ -142,9 +142,10 @@ Status PeerRowSource::Map(RequestId id, int32_t region, int32_t first_row, int32
   }
   HostKVPool& pool = host_.pool();
   const int32_t owner = host_.OwnerOf(id);
-  if (tokens < 1 || tokens > pool.ReservedTokens(owner)) {
+  // Positions without KV yet are written by appends into the host pool, never into a region.
+  if (tokens < 1 || tokens > host_.LengthOf(id)) {
     return InvalidArgument("MapPeerRows: tokens " + std::to_string(tokens) + " outside [1, " +
-                           std::to_string(pool.ReservedTokens(owner)) + "]");
+                           std::to_string(host_.LengthOf(id)) + "] (the request's length)");
   }
   if (first_row < 0 || int64_t{first_row} + tokens > regions_[region].descriptor.rows) {
     return OutOfRange("MapPeerRows: rows [" + std::to_string(first_row) + ", " +
@@ -252,12 +253,15 @@ Status PeerRowSource::AfterCopy(int32_t layer, StreamHandle stream) {
   const LayerShape shape = options.geometry.layers[layer];
   const HotCache& hot = host_.hot_cache();
   const int64_t first = int64_t{lane} * places() * lane_capacity_;
+  // A copy for every slot, imported or not: a graph captured now has one for a slot imported
+  // later, and that copy, sourceless (no rows), skips and counts what is routed to it rather than
+  // leaving it uncopied.
   for (int32_t region = 0; region < options_.max_regions; ++region) {
     const Region& r = regions_[region];
-    if (r.state != RegionState::kImported) continue;
+    const bool imported = r.state == RegionState::kImported;
     const int64_t list = first + int64_t{region + 1} * pending_capacity_;
     IndexCopyView copy{};
-    copy.src = r.memory + r.layer_offset[layer];
+    copy.src = imported ? r.memory + r.layer_offset[layer] : nullptr;
     copy.dst = hot.layer_data(layer);
     copy.src_index = lane_src_ + list;
     copy.dst_index = lane_dst_ + list;
@@ -265,7 +269,7 @@ Status PeerRowSource::AfterCopy(int32_t layer, StreamHandle stream) {
     copy.capacity = pending_capacity_;
     copy.row_bytes = shape.row_bytes;
     copy.src_stride = copy.dst_stride = shape.row_stride;
-    copy.src_rows = r.descriptor.rows;
+    copy.src_rows = imported ? r.descriptor.rows : 0;
     copy.dst_rows = hot.layer_rows();
     copy.invalid = host_.invalid_copy_counter();
     copy.max_blocks = options.copy_blocks;

@@ -264,9 +264,11 @@ class PeerTierTest : public ::testing::TestWithParam<std::string> {
     region_.reset();
   }
 
-  void Create(const CacheOptions& options, int32_t region_rows = 2048) {
+  void Create(const CacheOptions& options, int32_t region_rows = 2048, int32_t max_regions = 1) {
     manager_ = SparseKVCacheManager::Create(options, backend_).value();
-    ASSERT_TRUE(AttachPeerTier(*manager_).ok());
+    PeerTierOptions tier;
+    tier.max_regions = max_regions;
+    ASSERT_TRUE(AttachPeerTier(*manager_, tier).ok());
     region_ = PeerRegion::Create(options.geometry, region_rows, backend_).value();
   }
   StatusOr<int32_t> Import(std::string_view descriptor) {
@@ -334,7 +336,7 @@ TEST_P(PeerTierTest, SplitRunsChunksPrefetchesAndIndexGroupsReadPeerRows) {
   o.copy_chunk_rows = 2;
   o.max_prefetch = 8;
   o.layers_per_index = 2;
-  Create(o);
+  Create(o, 2048, /*max_regions=*/3);  // and two slots without a region
   const int32_t region = Import(region_->descriptor().Serialize()).value();
   Decoder d(*manager_, 12, testing::RunMode{.split = true, .prefetch = 6, .seed = 5});
   AdmitPeer(d, 1, region, 0, 260);
@@ -434,7 +436,7 @@ TEST_P(PeerTierTest, RefusesWhatItCannotServe) {
   ASSERT_TRUE(manager_->Admit(1, 100, 10, nullptr).ok());
   EXPECT_EQ(MapPeerRows(*manager_, 1, region + 1, 0, 64, nullptr).code(), StatusCode::kNotFound);
   EXPECT_EQ(MapPeerRows(*manager_, 1, region, 0, 0, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(MapPeerRows(*manager_, 1, region, 0, 4096, nullptr).code(),
+  EXPECT_EQ(MapPeerRows(*manager_, 1, region, 0, 101, nullptr).code(),  // past its 100 tokens
             StatusCode::kInvalidArgument);
   EXPECT_EQ(MapPeerRows(*manager_, 1, region, 1000, 100, nullptr).code(), StatusCode::kOutOfRange);
   // A refused admission leaves nothing behind.

@@ -296,7 +296,9 @@ TEST(TopKGeneratorTest, CrossLayerOverlapMatchesTheParameter) {
     const LayerPair p = Pair(o, 32768, 16);
     double mean = 0;
     for (size_t s = 0; s < p.lower.size(); ++s) mean += Overlap(p.lower[s], p.upper[s]);
-    if (overlap == 1.0) EXPECT_EQ(p.lower, p.upper);
+    if (overlap == 1.0) {
+      EXPECT_EQ(p.lower, p.upper);
+    }
     return mean / static_cast<double>(p.lower.size());
   };
   // Uncorrelated layers still share the newest position, the sinks and a few recent positions.

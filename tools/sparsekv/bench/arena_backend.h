@@ -4,7 +4,8 @@
 // host pool for every (variant, context) it runs. Wrapping the CUDA backend in an ArenaBackend
 // pins the largest pool once per process: AllocateHost hands out consecutive, 2 MB-aligned pieces
 // of the arena, and once every piece has been freed the next allocation starts at its beginning
-// again. Everything else is forwarded to the wrapped backend.
+// again. Everything else (RegisterHost for a node pool's segment included) is forwarded to the
+// wrapped backend.
 //
 // It lives with `sparsekv bench`, not in the library: the end-to-end benchmark is its only user
 // (the operator benchmarks under bench/ allocate their pinned buffers directly).
@@ -36,6 +37,8 @@ class ArenaBackend final : public Backend {
   // ResourceExhausted if the rest of the arena is too small.
   StatusOr<void*> AllocateHost(size_t bytes) override;
   void FreeHost(void* ptr) override;
+  Status RegisterHost(void* ptr, size_t bytes) override { return base_->RegisterHost(ptr, bytes); }
+  void UnregisterHost(void* ptr) override { base_->UnregisterHost(ptr); }
   StatusOr<void*> AllocateDevice(size_t bytes) override { return base_->AllocateDevice(bytes); }
   void FreeDevice(void* ptr) override { base_->FreeDevice(ptr); }
   Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) override {

@@ -257,7 +257,7 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
   ASSERT_TRUE(dev->backend().Synchronize(stream).ok());
 
   const int32_t group = o.layers_per_index;
-  cudaGraphExec_t exec = nullptr;
+  testing::CapturedRunPhase run_phase(*dev, dev_driver, stream);
   for (int step = 0; step < 60; ++step) {
     if (node_pool && step == 30) {
       // The writer lets go; the manager's references keep the pages its graph reads.
@@ -312,19 +312,8 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
     std::vector<int32_t> seq_lens;  // as StepDriver::Step passes them (the prefetch draws)
     for (RequestId id : batch) seq_lens.push_back(*dev->SequenceLength(id) + 1);
     dev_driver.UploadInputs(static_cast<int32_t>(batch.size()), new_rows, topk, seq_lens);
-    if (exec == nullptr) {
-      cudaGraph_t graph;
-      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      const Status s = dev_driver.RunPhase();
-      CUDA_OK(cudaStreamEndCapture(stream, &graph));
-      ASSERT_TRUE(s.ok()) << s.ToString();
-      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-      CUDA_OK(cudaGraphDestroy(graph));
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-    } else {
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      ASSERT_TRUE(dev->FinishReplayedStep().ok());
-    }
+    const Status ran = run_phase.Run();
+    ASSERT_TRUE(ran.ok()) << ran.ToString();
     auto got = dev_driver.DownloadOutputs(static_cast<int32_t>(batch.size()));
     for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
       SCOPED_TRACE("step " + std::to_string(step) + " layer " + std::to_string(l));
@@ -362,7 +351,6 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
     EXPECT_GT(b->copy_on_write_pages, 0u);
     EXPECT_EQ(b->bytes_ingested, 0u);
   }
-  CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaStreamDestroy(stream));
 }
 

@@ -64,16 +64,6 @@ std::vector<Bytes> LenderRows() {
   return rows;
 }
 
-// Rows [first, first + len) of each layer of `rows`.
-std::vector<Bytes> Slice(const std::vector<Bytes>& rows, int32_t first, int32_t len) {
-  std::vector<Bytes> out;
-  for (const Bytes& layer : rows) {
-    out.emplace_back(layer.begin() + int64_t{first} * kRowBytes,
-                     layer.begin() + int64_t{first + len} * kRowBytes);
-  }
-  return out;
-}
-
 // A lender process and the descriptors it published.
 class Lender {
  public:
@@ -182,6 +172,16 @@ void DecodeAlone(SparseKVCacheManager& m, testing::DenseModel& model, RequestId 
 }
 
 #if defined(SPARSEKV_WITH_CUDA)
+// Rows [first, first + len) of each layer of `rows`.
+std::vector<Bytes> Slice(const std::vector<Bytes>& rows, int32_t first, int32_t len) {
+  std::vector<Bytes> out;
+  for (const Bytes& layer : rows) {
+    out.emplace_back(layer.begin() + int64_t{first} * kRowBytes,
+                     layer.begin() + int64_t{first + len} * kRowBytes);
+  }
+  return out;
+}
+
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
 TEST(PeerTierProcessTest, CapturedStepsReadALenderProcessExactlyAndOutliveIt) {
@@ -233,7 +233,7 @@ TEST(PeerTierProcessTest, CapturedStepsReadALenderProcessExactlyAndOutliveIt) {
   testing::StepDriver cpu_driver(*cpu);
   testing::StepDriver dev_driver(*dev, stream);
   const std::vector<RequestId> batch = {1, 2, 3};
-  cudaGraphExec_t exec = nullptr;
+  auto run_phase = std::make_unique<testing::CapturedRunPhase>(*dev, dev_driver, stream);
   uint64_t read_before_kill = 0;
   for (int step = 0; step < 40; ++step) {
     std::vector<Bytes> new_rows;
@@ -249,19 +249,8 @@ TEST(PeerTierProcessTest, CapturedStepsReadALenderProcessExactlyAndOutliveIt) {
     const auto want = cpu_driver.Step(batch, new_rows, topk);
     ASSERT_TRUE(dev->PlanStep(batch, stream).ok());
     dev_driver.UploadInputs(static_cast<int32_t>(batch.size()), new_rows, topk);
-    if (exec == nullptr) {
-      cudaGraph_t graph;
-      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      const Status s = dev_driver.RunPhase();
-      CUDA_OK(cudaStreamEndCapture(stream, &graph));
-      ASSERT_TRUE(s.ok()) << s.ToString();
-      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-      CUDA_OK(cudaGraphDestroy(graph));
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-    } else {
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      ASSERT_TRUE(dev->FinishReplayedStep().ok());
-    }
+    const Status ran = run_phase->Run();
+    ASSERT_TRUE(ran.ok()) << ran.ToString();
     if (step == 20) lender->Kill();  // while (or just after) this step reads its region
     const auto got = dev_driver.DownloadOutputs(static_cast<int32_t>(batch.size()));
     for (int32_t l = 0; l < kLayers; ++l) {
@@ -281,7 +270,7 @@ TEST(PeerTierProcessTest, CapturedStepsReadALenderProcessExactlyAndOutliveIt) {
   EXPECT_EQ(dev->ReadStats(stream).value().invalid_copy_entries, 0u);
   EXPECT_EQ(cpu->ReadStats(nullptr).value().total.misses,
             dev->ReadStats(stream).value().total.misses);
-  CUDA_OK(cudaGraphExecDestroy(exec));
+  run_phase.reset();
   dev.reset();
   CUDA_OK(cudaStreamDestroy(stream));
 }

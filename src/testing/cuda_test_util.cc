@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 namespace sparsekv::testing {
 
 namespace {
@@ -16,5 +18,35 @@ std::shared_ptr<Backend> CudaBackendOrSkip() {
   }
   return *gpu;
 }
+
+#if defined(SPARSEKV_WITH_CUDA)
+CapturedRunPhase::~CapturedRunPhase() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+}
+
+Status CapturedRunPhase::Run() {
+  const auto cuda = [](cudaError_t err, const char* what) {
+    return err == cudaSuccess ? Status::Ok()
+                              : Internal(std::string(what) + ": " + cudaGetErrorString(err));
+  };
+  if (exec_ != nullptr) {
+    SPARSEKV_RETURN_IF_ERROR(cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch"));
+    return manager_.FinishReplayedStep();
+  }
+  cudaGraph_t graph = nullptr;
+  SPARSEKV_RETURN_IF_ERROR(cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                                "cudaStreamBeginCapture"));
+  const Status captured = driver_.RunPhase();
+  SPARSEKV_RETURN_IF_ERROR(cuda(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture"));
+  if (!captured.ok()) {
+    cudaGraphDestroy(graph);
+    return captured;
+  }
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec_, graph, 0);
+  cudaGraphDestroy(graph);
+  SPARSEKV_RETURN_IF_ERROR(cuda(instantiated, "cudaGraphInstantiate"));
+  return cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+}
+#endif
 
 }  // namespace sparsekv::testing

@@ -6,10 +6,10 @@
 // are zeroed by a memset enqueued before the kernel.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cuda/kernels.h"
+#include "cuda/row_gather.cuh"
 
 namespace sparsekv {
 namespace {
@@ -75,16 +75,14 @@ cudaError_t LaunchRouteRows(const RouteRowsView& view, cudaStream_t stream) {
     return err;
   }
   if (view.capacity == 0) return cudaSuccess;
-  int device = 0;
-  int sms = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  // The grid is sized from the capacity (the count is read on the device), at most 4 blocks of
+  // kThreads per SM.
+  int blocks = 0;
+  if (cudaError_t err = row_gather::CappedBlocks((int64_t{view.capacity} + kThreads - 1) / kThreads,
+                                                 0, 4, &blocks);
       err != cudaSuccess) {
     return err;
   }
-  // The grid is sized from the capacity (the count is read on the device), at most 4 blocks per SM.
-  const int64_t needed = (int64_t{view.capacity} + kThreads - 1) / kThreads;
-  const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t{sms} * 4));
   RouteRowsKernel<<<blocks, kThreads, 0, stream>>>(view);
   return cudaGetLastError();
 }

@@ -217,6 +217,27 @@ inline void FreeIndexSets(Backend& backend, IndexSets& s) {
   s = IndexSets{};
 }
 
+// The IndexCopy of index set `set` of `sets` (in the order sorted by source row, or as drawn):
+// rows of row_bytes packed at row_bytes, from `src` (span_rows rows) into `dst` (sets.n rows).
+inline IndexCopyView SetGather(const IndexSets& sets, bool sorted, int set, const std::byte* src,
+                               int64_t span_rows, std::byte* dst, int32_t row_bytes,
+                               const int32_t* d_count, unsigned long long* d_invalid) {
+  const size_t offset = size_t(set) * sets.n;
+  IndexCopyView v{};
+  v.src = src;
+  v.dst = dst;
+  v.src_index = (sorted ? sets.d_sorted_src : sets.d_src) + offset;
+  v.dst_index = (sorted ? sets.d_sorted_dst : sets.d_dst) + offset;
+  v.count = d_count;
+  v.capacity = sets.n;
+  v.row_bytes = row_bytes;
+  v.src_stride = v.dst_stride = row_bytes;
+  v.src_rows = span_rows;
+  v.dst_rows = sets.n;
+  v.invalid = d_invalid;
+  return v;
+}
+
 // ---- Checking a gather ------------------------------------------------------------------------
 
 // Where a gather under check writes, on the device, and what the check needs beside it.

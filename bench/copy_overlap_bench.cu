@@ -96,19 +96,8 @@ class Bench {
 };
 
 void Bench::Copy(const IndexSets& sets, bool sorted, int set, int max_blocks, cudaStream_t stream) {
-  const size_t offset = size_t(set) * sets.n;
-  IndexCopyView v{};
-  v.src = pool_;
-  v.dst = dst_;
-  v.src_index = (sorted ? sets.d_sorted_src : sets.d_src) + offset;
-  v.dst_index = (sorted ? sets.d_sorted_dst : sets.d_dst) + offset;
-  v.count = d_count_;
-  v.capacity = sets.n;
-  v.row_bytes = o_.row_bytes;
-  v.src_stride = v.dst_stride = o_.row_bytes;
-  v.src_rows = span_rows_;
-  v.dst_rows = sets.n;
-  v.invalid = d_invalid_;
+  IndexCopyView v =
+      SetGather(sets, sorted, set, pool_, span_rows_, dst_, o_.row_bytes, d_count_, d_invalid_);
   v.max_blocks = max_blocks;
   CheckOk(backend_->IndexCopy(v, stream), "IndexCopy");
 }

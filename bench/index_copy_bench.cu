@@ -182,21 +182,11 @@ void Bench::MeasureGathers(int32_t row_bytes, int64_t span_bytes, std::vector<Va
   const int32_t n = o_.rows;
   CopySync(d_count_, &n, sizeof(n), stream_);
 
-  auto index_copy = [&](const int32_t* d_src, const int32_t* d_dst, int set) {
-    IndexCopyView v{};
-    v.src = pool_;
-    v.dst = dst_;
-    v.src_index = d_src + size_t(set) * n;
-    v.dst_index = d_dst + size_t(set) * n;
-    v.count = d_count_;
-    v.capacity = n;
-    v.row_bytes = row_bytes;
-    v.src_stride = row_bytes;
-    v.dst_stride = row_bytes;
-    v.src_rows = span_rows;
-    v.dst_rows = n;
-    v.invalid = d_invalid_;
-    CheckOk(backend_->IndexCopy(v, stream_), "IndexCopy");
+  auto index_copy = [&](bool sorted, int set) {
+    CheckOk(backend_->IndexCopy(SetGather(sets, sorted, set, pool_, span_rows, dst_, row_bytes,
+                                          d_count_, d_invalid_),
+                                stream_),
+            "IndexCopy");
   };
   auto naive = [&](int set) {
     LaunchWarpPerRowGather(pool_, row_bytes, dst_, row_bytes, sets.d_src + size_t(set) * n,
@@ -209,9 +199,8 @@ void Bench::MeasureGathers(int32_t row_bytes, int64_t span_bytes, std::vector<Va
     const std::vector<int32_t>* dst;
   };
   const Case cases[] = {
-      {"sorted", [&](int s) { index_copy(sets.d_sorted_src, sets.d_sorted_dst, s); },
-       &sets.sorted_src, &sets.sorted_dst},
-      {"unsorted", [&](int s) { index_copy(sets.d_src, sets.d_dst, s); }, &sets.src, &sets.dst},
+      {"sorted", [&](int s) { index_copy(true, s); }, &sets.sorted_src, &sets.sorted_dst},
+      {"unsorted", [&](int s) { index_copy(false, s); }, &sets.src, &sets.dst},
       {"naive", naive, &sets.src, &sets.dst},
   };
   for (const Case& c : cases) {

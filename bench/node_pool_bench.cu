@@ -119,23 +119,11 @@ int main(int argc, char** argv) {
     for (const bool sorted : {false, true}) {
       // Own and node pool alternate within each size, so that both see the same machine state.
       for (int p = 0; p < 2; ++p) {
-        const int32_t* d_src = sorted ? sets.d_sorted_src : sets.d_src;
-        const int32_t* d_dst = sorted ? sets.d_sorted_dst : sets.d_dst;
         auto launch = [&](int set) {
-          IndexCopyView v{};
-          v.src = pools[p];
-          v.dst = dst;
-          v.src_index = d_src + size_t(set) * n;
-          v.dst_index = d_dst + size_t(set) * n;
-          v.count = d_count;
-          v.capacity = n;
-          v.row_bytes = row_bytes;
-          v.src_stride = row_bytes;
-          v.dst_stride = row_bytes;
-          v.src_rows = span_rows;
-          v.dst_rows = n;
-          v.invalid = d_invalid;
-          CheckOk(cuda->IndexCopy(v, stream), "IndexCopy");
+          CheckOk(cuda->IndexCopy(SetGather(sets, sorted, set, pools[p], span_rows, dst, row_bytes,
+                                            d_count, d_invalid),
+                                  stream),
+                  "IndexCopy");
         };
         const std::vector<int32_t>& src = sorted ? sets.sorted_src : sets.src;
         const std::vector<int32_t>& dsts = sorted ? sets.sorted_dst : sets.dst;

@@ -157,22 +157,12 @@ int Run(const Options& o) {
     IndexSets sets = MakeIndexSets(*backend, stream, rng, o.index_sets, o.rows, span_rows);
     for (const char* source : {"host", "peer"}) {
       for (const bool sorted : {true, false}) {
-        const int32_t* d_src = sorted ? sets.d_sorted_src : sets.d_src;
-        const int32_t* d_dst = sorted ? sets.d_sorted_dst : sets.d_dst;
+        const std::byte* rows = std::string(source) == "host" ? pool : region;
         const auto launch = [&](int set) {
-          IndexCopyView v{};
-          v.src = std::string(source) == "host" ? pool : region;
-          v.dst = dst;
-          v.src_index = d_src + size_t(set) * o.rows;
-          v.dst_index = d_dst + size_t(set) * o.rows;
-          v.count = d_count;
-          v.capacity = o.rows;
-          v.row_bytes = row_bytes;
-          v.src_stride = v.dst_stride = row_bytes;
-          v.src_rows = span_rows;
-          v.dst_rows = o.rows;
-          v.invalid = d_invalid;
-          CheckOk(backend->IndexCopy(v, stream), "IndexCopy");
+          CheckOk(backend->IndexCopy(SetGather(sets, sorted, set, rows, span_rows, dst, row_bytes,
+                                               d_count, d_invalid),
+                                     stream),
+                  "IndexCopy");
         };
         const GatherOutput out{dst, size_t(o.rows) * row_bytes, d_invalid, &host_dst};
         const std::vector<int32_t>& src = sorted ? sets.sorted_src : sets.src;

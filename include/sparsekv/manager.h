@@ -50,6 +50,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <vector>
@@ -81,8 +82,11 @@ struct LayerStats {
 // copies the struct, ResetStats sets it to {}): a new counter is a field here and the line that
 // adds to it.
 struct HostCounters {
-  // Window rows loaded at ingest and resume, * row_bytes. CacheStats::bytes_host_to_device adds
-  // the miss and prefetch copies (device counters) to it.
+  // Rows loaded into HBM outside the run phase, * row_bytes: the window rows of a hot-cache
+  // request at ingest, resume, fork and sealed admission; every row of a resident request's
+  // prompt at ingest (from the caller's rows) and at resume (from the host pool, only for the
+  // layers ingested so far); the rows demotion and promotion load. CacheStats::
+  // bytes_host_to_device adds the miss and prefetch copies (device counters) to it.
   uint64_t bytes_host_to_device = 0;
   // bytes_device_to_host = appended tokens * row_bytes (write-back of the newest token).
   uint64_t bytes_device_to_host = 0;
@@ -212,8 +216,10 @@ class SparseKVCacheManager {
 
   // Makes a hot-cache request resident again: takes its pages, loads its whole history from the
   // host pool on `stream` and gives back its block. Errors: NotFound; FailedPrecondition without
-  // hybrid_residency, for a retracted or remote-backed request, one in the open step, or one
-  // resident already; ResourceExhausted if its pages are not free (nothing is demoted for it).
+  // hybrid_residency, for a retracted or remote-backed request, one in the open step, one
+  // resident already, or one whose prompt is not yet ingested in every layer (its history is
+  // not complete in the pool); ResourceExhausted if its pages are not free (nothing is demoted
+  // for it).
   Status Promote(RequestId id, StreamHandle stream);
   // Whether `id` is a live request in resident mode.
   bool IsResident(RequestId id) const;
@@ -243,7 +249,8 @@ class SparseKVCacheManager {
   // max_new_tokens more: an agent branch. The child gets its own hot-cache block, whose window is
   // loaded from the pool on `stream`; it can join a step at once. A partially filled last page
   // stays shared until the first of them appends into it; the copy it will need is reserved now,
-  // so appends never fail for lack of pages. Errors: NotFound (parent), AlreadyExists (child),
+  // so appends never fail for lack of pages. The parent may be retracted (its history is in the
+  // pool, its indexer keys in HBM). Errors: NotFound (parent), AlreadyExists (child),
   // FailedPrecondition (parent not fully ingested or in the open step), OutOfRange
   // (parent length + max_new_tokens > max_context), ResourceExhausted as Admit.
   Status Fork(RequestId parent, RequestId child, int32_t max_new_tokens, StreamHandle stream);
@@ -282,6 +289,10 @@ class SparseKVCacheManager {
   // position 0 on (AdmitWithPrefix, Fork) keeps them, so that its pages can be shared once full;
   // a step planned without ids ends that for the requests of its batch.
   Status PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
+                  StreamHandle stream);
+  // The same with braced lists (`PlanStep({1, 2}, stream)`), which a span does not take.
+  Status PlanStep(std::initializer_list<RequestId> batch, StreamHandle stream);
+  Status PlanStep(std::initializer_list<RequestId> batch, std::initializer_list<int32_t> token_ids,
                   StreamHandle stream);
 
   // ---- Run (device side; graph-capturable) ----

@@ -149,8 +149,10 @@ Status PeerRegionStatus(const SparseKVCacheManager& manager, int32_t region);
 Status MapPeerRows(SparseKVCacheManager& manager, RequestId id, int32_t region, int32_t first_row,
                    int32_t tokens, StreamHandle stream);
 
-// Rows copied from regions since the tier was attached (synchronises `stream`). CacheStats counts
-// every miss, from wherever it was read, in its misses and bytes_host_to_device.
+// Rows the run phase copied from regions (misses and prefetches) since the tier was attached
+// (synchronises `stream`). AdmitFromPeer's ingest of a prompt from a region is not counted here:
+// it is a prompt copy, counted in CacheStats::bytes_ingested. CacheStats counts every miss, from
+// wherever it was read, in its misses and bytes_host_to_device.
 // FailedPrecondition without the peer tier.
 StatusOr<uint64_t> PeerRowsRead(const SparseKVCacheManager& manager, StreamHandle stream);
 

@@ -171,7 +171,8 @@ class PyManager {
     r.min_rows = manager_->batch_size();
     const TensorArg t = CheckTensor(new_rows, r, backend_);
     const void* keys = nullptr;
-    if (!new_keys.is_none()) {
+    // As in C++, new_keys is ignored by a manager that keeps no indexer keys.
+    if (!new_keys.is_none() && options().indexer_key_bytes > 0) {
       TensorRules kr{"new_keys"};
       kr.row_bytes = options().indexer_key_bytes;
       kr.min_rows = manager_->batch_size();

@@ -99,11 +99,21 @@ StatusOr<int32_t> SparseKVCacheManager::Retain(RequestId id) { return impl_->Ret
 int32_t SparseKVCacheManager::EvictRetained() { return impl_->EvictRetained(); }
 bool SparseKVCacheManager::IsRetained(RequestId id) const { return impl_->IsRetained(id); }
 Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch, StreamHandle stream) {
-  return impl_->PlanStep(batch, {}, stream);
+  return impl_->PlanStep(batch, nullptr, stream);
 }
 Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch,
                                       std::span<const int32_t> token_ids, StreamHandle stream) {
-  return impl_->PlanStep(batch, token_ids, stream);
+  return impl_->PlanStep(batch, &token_ids, stream);
+}
+Status SparseKVCacheManager::PlanStep(std::initializer_list<RequestId> batch,
+                                      StreamHandle stream) {
+  return PlanStep(std::span(batch.begin(), batch.size()), stream);
+}
+Status SparseKVCacheManager::PlanStep(std::initializer_list<RequestId> batch,
+                                      std::initializer_list<int32_t> token_ids,
+                                      StreamHandle stream) {
+  return PlanStep(std::span(batch.begin(), batch.size()),
+                  std::span(token_ids.begin(), token_ids.size()), stream);
 }
 Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows, StreamHandle stream) {
   return impl_->AppendToken(layer, new_rows, nullptr, stream);

@@ -387,11 +387,13 @@ Status SparseKVCacheManager::Impl::LoadIngestedWindows(const Request& r, StreamH
 Status SparseKVCacheManager::Impl::LoadWindow(const Request& r, int32_t layer, const void* rows,
                                               int32_t first, StreamHandle stream) {
   // Window positions [max(0, seq_len - W), seq_len). `rows` holds positions from `first` on
-  // (or is null); earlier positions are read from the host pool.
+  // (or is null); earlier positions, and the shared prefix [0, cached) whose pool copy is kept
+  // whatever the caller passes for it, are read from the host pool.
   const int32_t stride = options_.geometry.layers[layer].row_stride;
+  const int32_t from_rows = std::max(first, r.cached);
   for (int32_t p = std::max(0, r.seq_len - options_.window); p < r.seq_len; ++p) {
     const std::byte* src =
-        rows != nullptr && p >= first
+        rows != nullptr && p >= from_rows
             ? static_cast<const std::byte*>(rows) + static_cast<int64_t>(p - first) * stride
             : pool_->row(layer, pool_->HostRow(r.owner, p));
     std::byte* dst =
@@ -538,12 +540,17 @@ Status SparseKVCacheManager::Impl::Resume(RequestId id, StreamHandle stream) {
                              std::to_string(hot_->free_pages()) + " free pages)");
   }
   SPARSEKV_RETURN_IF_ERROR(PlaceOnDevice(*r, 0, stream));
-  if (r->resident()) {
-    // A layer not yet ingested is written at its ingestion; rows of others come from the pool.
-    if (r->ingested_layers > 0) SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->seq_len, stream));
-    return Status::Ok();
+  if (!r->resident()) return LoadIngestedWindows(*r, stream);
+  if (r->ingested_layers == options_.geometry.num_layers()) {
+    return LoadResident(*r, 0, r->seq_len, stream);
   }
-  return LoadIngestedWindows(*r, stream);
+  // Still being ingested: the pool holds the shared prefix in every layer and the rest only in
+  // the ingested layers; a layer not yet ingested gets the rest at its ingestion.
+  if (r->cached > 0) SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->cached, stream));
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    if (r->ingested[l]) SPARSEKV_RETURN_IF_ERROR(PoolToResident(*r, l, stream));
+  }
+  return Status::Ok();
 }
 
 // ---- Extension ----

@@ -67,7 +67,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   int32_t EvictRetained() { return ledger_->DropAll(); }
   bool IsRetained(RequestId id) const { return ledger_->IsRetained(id); }
 
-  Status PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
+  // `token_ids` is null for a step planned without ids.
+  Status PlanStep(std::span<const RequestId> batch, const std::span<const int32_t>* token_ids,
                   StreamHandle stream);
   Status AppendToken(int32_t layer, const void* new_rows, const void* new_keys,
                      StreamHandle stream);
@@ -210,6 +211,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // in host or device memory) into r's resident pages.
   Status CopyToResident(const Request& r, int32_t layer, const void* rows, int32_t rows_first,
                         int32_t first, StreamHandle stream);
+  // One layer's rows of positions [r.cached, r.seq_len) from the host pool into r's resident
+  // pages (a request resumed while its prompt is being ingested).
+  Status PoolToResident(const Request& r, int32_t layer, StreamHandle stream);
   // The layer-wide slot of `position` of a resident request.
   int32_t ResidentSlot(const Request& r, int32_t position) const {
     const int32_t rows = hot_->page_rows();

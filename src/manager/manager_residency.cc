@@ -172,6 +172,26 @@ Status SparseKVCacheManager::Impl::CopyToResident(const Request& r, int32_t laye
         stream));
     p += n;
   }
+  host_counters_.bytes_host_to_device += static_cast<uint64_t>(std::max(0, r.seq_len - first)) *
+                                         options_.geometry.layers[layer].row_bytes;
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::PoolToResident(const Request& r, int32_t layer,
+                                                  StreamHandle stream) {
+  const int32_t stride = options_.geometry.layers[layer].row_stride;
+  const int32_t pt = options_.host_page_tokens;
+  const int32_t page_rows = options_.resident_page_rows;
+  // One copy per run of positions that share a host page and a resident page.
+  for (int32_t p = r.cached; p < r.seq_len;) {
+    const int32_t n = std::min({r.seq_len - p, pt - p % pt, page_rows - p % page_rows});
+    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(
+        hot_->layer_data(layer) + static_cast<int64_t>(ResidentSlot(r, p)) * stride,
+        pool_->row(layer, pool_->HostRow(r.owner, p)), static_cast<size_t>(n) * stride, stream));
+    p += n;
+  }
+  host_counters_.bytes_host_to_device += static_cast<uint64_t>(std::max(0, r.seq_len - r.cached)) *
+                                         options_.geometry.layers[layer].row_bytes;
   return Status::Ok();
 }
 

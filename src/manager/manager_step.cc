@@ -40,11 +40,11 @@ Status SparseKVCacheManager::Impl::PrepareAppend(Request& r, int32_t position,
 }
 
 Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
-                                            std::span<const int32_t> token_ids,
+                                            const std::span<const int32_t>* token_ids,
                                             StreamHandle stream) {
   if (step_open_) return FailedPrecondition("PlanStep: the previous step was not finished");
-  if (!token_ids.empty() && token_ids.size() != batch.size()) {
-    return InvalidArgument("PlanStep: " + std::to_string(token_ids.size()) +
+  if (token_ids != nullptr && token_ids->size() != batch.size()) {
+    return InvalidArgument("PlanStep: " + std::to_string(token_ids->size()) +
                            " token ids for a batch of " + std::to_string(batch.size()));
   }
   const int32_t max_batch = options_.effective_max_batch();
@@ -90,8 +90,8 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     Request& r = requests_.at(batch[b]);
     const int32_t position = r.seq_len++;
     SPARSEKV_RETURN_IF_ERROR(PrepareAppend(r, position, stream));
-    if (r.token_ids.size() == static_cast<size_t>(position) && !token_ids.empty()) {
-      r.token_ids.push_back(token_ids[b]);
+    if (r.token_ids.size() == static_cast<size_t>(position) && token_ids != nullptr) {
+      r.token_ids.push_back((*token_ids)[b]);
     }
     entries[b] = BatchEntry{r.block, r.seq_len, r.owner, r.resident() ? r.owner : kNotResident};
     append_slot[b] = r.resident() ? ResidentSlot(r, position) : hot_->WindowSlot(r.block, position);
@@ -399,7 +399,10 @@ Status SparseKVCacheManager::Impl::CopyMissChunk(int32_t layer, int32_t chunk,
     return FailedPrecondition("CopyMissChunk: the top-k of " + DescribeLayer(layer) +
                               " was not resolved in this step");
   }
-  if (copied_[layer] || chunk_copied_[layer][chunk]) {
+  // A layer that counts as copied may still take the chunks past the batch, once each (a graph
+  // captured at a smaller batch copies them, and they hold nothing): their counts are this
+  // group's own, zero past the batch, even once group g + 2 resolves into the list.
+  if (chunk_copied_[layer][chunk]) {
     return FailedPrecondition("CopyMissChunk: chunk " + std::to_string(chunk) + " of " +
                               DescribeLayer(layer) + " was already copied in this step");
   }

@@ -168,7 +168,7 @@ TEST(CrossLayerPrefetchTest, MatchesTheManagersPrefetchLayer) {
     const std::vector<std::byte> new_row(16);
     std::vector<int32_t> slots(kTopK);
     for (int32_t s = 0; s < kSteps; ++s) {
-      ASSERT_TRUE(m.PlanStep(std::span(&id, 1), {}, nullptr).ok());
+      ASSERT_TRUE(m.PlanStep(std::span(&id, 1), nullptr).ok());
       for (int32_t l = 0; l < kLayers; ++l) {
         ASSERT_TRUE(m.AppendToken(l, new_row.data(), nullptr).ok());
         ASSERT_TRUE(m.ResolveLayer(l, trace.row(s, l).data(), slots.data(), nullptr, nullptr).ok());

@@ -105,8 +105,7 @@ Status SparseKVCacheManager::PlanStep(std::span<const RequestId> batch,
                                       std::span<const int32_t> token_ids, StreamHandle stream) {
   return impl_->PlanStep(batch, &token_ids, stream);
 }
-Status SparseKVCacheManager::PlanStep(std::initializer_list<RequestId> batch,
-                                      StreamHandle stream) {
+Status SparseKVCacheManager::PlanStep(std::initializer_list<RequestId> batch, StreamHandle stream) {
   return PlanStep(std::span(batch.begin(), batch.size()), stream);
 }
 Status SparseKVCacheManager::PlanStep(std::initializer_list<RequestId> batch,

@@ -263,7 +263,8 @@ std::vector<LayerResult> StepDriver::Step(const std::vector<RequestId>& batch,
                                           const std::vector<std::vector<int32_t>>& topk,
                                           const std::vector<int32_t>& token_ids) {
   // No ids: the step is planned without them (an empty list would not match the batch).
-  Status s = token_ids.empty() ? m_.PlanStep(batch, stream_) : m_.PlanStep(batch, token_ids, stream_);
+  Status s =
+      token_ids.empty() ? m_.PlanStep(batch, stream_) : m_.PlanStep(batch, token_ids, stream_);
   EXPECT_TRUE(s.ok()) << s.ToString();
   std::vector<int32_t> seq_lens;
   for (RequestId id : batch) seq_lens.push_back(*m_.SequenceLength(id) + 1);

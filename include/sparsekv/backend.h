@@ -24,6 +24,7 @@
 namespace sparsekv {
 
 using StreamHandle = void*;  // cudaStream_t for the CUDA backend; nullptr = default stream
+using EventHandle = void*;   // cudaEvent_t for the CUDA backend
 
 enum class BackendKind { kCpu, kCuda };
 
@@ -67,6 +68,24 @@ class Backend {
   virtual StreamHandle SideStream() = 0;
   virtual Status Fork(StreamHandle main) = 0;
   virtual Status Join(StreamHandle main) = 0;
+
+  // Streams and events for callers that order work across streams themselves (the step
+  // schedule, step_schedule.h). The CPU backend completes every operation before it returns, so
+  // its streams are plain handles, waits do nothing, and its events record the host's clock.
+  // A stream that runs concurrently with the others (CUDA: non-blocking).
+  virtual StatusOr<StreamHandle> CreateStream() = 0;
+  virtual void DestroyStream(StreamHandle stream) = 0;
+  // With `timing`, ElapsedSeconds can read the time between two of them.
+  virtual StatusOr<EventHandle> CreateEvent(bool timing) = 0;
+  virtual void DestroyEvent(EventHandle event) = 0;
+  // Marks `event` at what `stream` has enqueued so far; WaitEvent makes `stream` wait for the
+  // last mark. Both are legal inside CUDA graph capture.
+  virtual Status RecordEvent(EventHandle event, StreamHandle stream) = 0;
+  virtual Status WaitEvent(StreamHandle stream, EventHandle event) = 0;
+  // Seconds from `start` to `end` (timing events, both recorded); waits until `end` is reached.
+  virtual StatusOr<double> ElapsedSeconds(EventHandle start, EventHandle end) = 0;
+  // Whether `stream` is being captured into a graph (what it enqueues then runs only at a launch).
+  virtual StatusOr<bool> IsCapturing(StreamHandle stream) = 0;
 
   // The operators (semantics in kernel_views.h). They never allocate and never synchronise.
   virtual Status IndexCopy(const IndexCopyView& view, StreamHandle stream) = 0;

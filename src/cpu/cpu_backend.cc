@@ -2,6 +2,7 @@
 // operation completes before it returns.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,8 @@
 
 namespace sparsekv {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 class CpuBackend final : public Backend {
  public:
@@ -42,6 +45,24 @@ class CpuBackend final : public Backend {
   StreamHandle SideStream() override { return nullptr; }
   Status Fork(StreamHandle) override { return Status::Ok(); }
   Status Join(StreamHandle) override { return Status::Ok(); }
+
+  // Every operation completes before it returns: a stream is only a distinct handle, and an
+  // event the host's clock at its last record.
+  StatusOr<StreamHandle> CreateStream() override { return new char; }
+  void DestroyStream(StreamHandle stream) override { delete static_cast<char*>(stream); }
+  StatusOr<EventHandle> CreateEvent(bool) override { return new Clock::time_point(); }
+  void DestroyEvent(EventHandle event) override { delete static_cast<Clock::time_point*>(event); }
+  Status RecordEvent(EventHandle event, StreamHandle) override {
+    *static_cast<Clock::time_point*>(event) = Clock::now();
+    return Status::Ok();
+  }
+  Status WaitEvent(StreamHandle, EventHandle) override { return Status::Ok(); }
+  StatusOr<double> ElapsedSeconds(EventHandle start, EventHandle end) override {
+    return std::chrono::duration<double>(*static_cast<Clock::time_point*>(end) -
+                                         *static_cast<Clock::time_point*>(start))
+        .count();
+  }
+  StatusOr<bool> IsCapturing(StreamHandle) override { return false; }
 
   Status IndexCopy(const IndexCopyView& view, StreamHandle) override {
     reference::IndexCopy(view);

@@ -210,6 +210,52 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  StatusOr<StreamHandle> CreateStream() override {
+    DeviceGuard guard(device_);
+    cudaStream_t stream = nullptr;
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return static_cast<StreamHandle>(stream);
+  }
+  void DestroyStream(StreamHandle stream) override {
+    DeviceGuard guard(device_);
+    cudaStreamDestroy(ToCuda(stream));
+  }
+  StatusOr<EventHandle> CreateEvent(bool timing) override {
+    DeviceGuard guard(device_);
+    cudaEvent_t event = nullptr;
+    SPARSEKV_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return static_cast<EventHandle>(event);
+  }
+  void DestroyEvent(EventHandle event) override {
+    DeviceGuard guard(device_);
+    cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+  Status RecordEvent(EventHandle event, StreamHandle stream) override {
+    DeviceGuard guard(device_);
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(event), ToCuda(stream)));
+    return Status::Ok();
+  }
+  Status WaitEvent(StreamHandle stream, EventHandle event) override {
+    DeviceGuard guard(device_);
+    SPARSEKV_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(ToCuda(stream), static_cast<cudaEvent_t>(event), 0));
+    return Status::Ok();
+  }
+  StatusOr<double> ElapsedSeconds(EventHandle start, EventHandle end) override {
+    DeviceGuard guard(device_);
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+    float ms = 0;
+    SPARSEKV_CUDA_RETURN_IF_ERROR(
+        cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+    return ms * 1e-3;
+  }
+  StatusOr<bool> IsCapturing(StreamHandle stream) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ToCuda(stream), &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
+
   Status IndexCopy(const IndexCopyView& view, StreamHandle stream) override {
     DeviceGuard guard(device_);
     return LaunchStatus(LaunchIndexCopy(view, ToCuda(stream)), "LaunchIndexCopy", [&] {

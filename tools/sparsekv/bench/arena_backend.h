@@ -51,6 +51,20 @@ class ArenaBackend final : public Backend {
   StreamHandle SideStream() override { return base_->SideStream(); }
   Status Fork(StreamHandle main) override { return base_->Fork(main); }
   Status Join(StreamHandle main) override { return base_->Join(main); }
+  StatusOr<StreamHandle> CreateStream() override { return base_->CreateStream(); }
+  void DestroyStream(StreamHandle stream) override { base_->DestroyStream(stream); }
+  StatusOr<EventHandle> CreateEvent(bool timing) override { return base_->CreateEvent(timing); }
+  void DestroyEvent(EventHandle event) override { base_->DestroyEvent(event); }
+  Status RecordEvent(EventHandle event, StreamHandle stream) override {
+    return base_->RecordEvent(event, stream);
+  }
+  Status WaitEvent(StreamHandle stream, EventHandle event) override {
+    return base_->WaitEvent(stream, event);
+  }
+  StatusOr<double> ElapsedSeconds(EventHandle start, EventHandle end) override {
+    return base_->ElapsedSeconds(start, end);
+  }
+  StatusOr<bool> IsCapturing(StreamHandle stream) override { return base_->IsCapturing(stream); }
   Status IndexCopy(const IndexCopyView& view, StreamHandle stream) override {
     return base_->IndexCopy(view, stream);
   }

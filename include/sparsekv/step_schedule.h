@@ -1,0 +1,193 @@
+// StepSchedule: the run phase of a decode step, driven for the engine on streams and events the
+// schedule owns, in the schedule it chooses.
+//
+// An engine plans each step through the schedule and then hands it, layer by layer, its work: the
+// new token's rows, the layer's top-k (from its indexer), and a callback that enqueues attention
+// over a range of the batch's rows. The schedule appends, resolves, copies the misses and calls
+// the engine's attention as soon as the rows it reads are in, in one of these shapes (StepChoice):
+//   * serial: each layer's misses copied on the engine's stream before its attention;
+//   * cross-layer prefetch: right after index group g's resolve, its top-k is resolved against
+//     group g + 1's hot cache and those rows are copied on a side stream, beside group g's copy,
+//     attention and the rest of the model (top-k sets of adjacent layers overlap, so group g + 1
+//     then misses less);
+//   * chunked: each layer's misses copied on a side stream in slices of chunk_rows batch rows,
+//     and attention over a slice starts as soon as its rows are in;
+//   * both.
+// Which one pays depends on the batch, how many requests are in hot-cache mode, how much they
+// miss, and the machine (docs/schedule.md): the schedule measures. For each step shape (the batch
+// and how many of its requests are in hot-cache mode) it times each candidate for a few steps,
+// then keeps the fastest; a step whose requests are all resident has nothing to copy and runs
+// serially at once. ScheduleOptions::fixed forces one choice instead.
+//
+// Graphs. Everything between PlanStep and FinishStep only enqueues, so an engine captures it into
+// a CUDA graph as it would the manager's own run phase (manager.h), with its kernels on its
+// stream. A captured step replays its choice and its attention ranges: capture one graph per
+// batch size and choice (choice() says which the planned step needs), and after each replay call
+// FinishReplayedStep with the replay's time, which is how the schedule measures graph steps. Eager
+// steps (not captured) are timed by the schedule itself.
+//
+// Extensions (the node pool, peer and remote tiers) work under it unchanged: the schedule calls
+// only the manager's public run-phase calls.
+//
+// Thread safety: not thread-safe; one thread drives a schedule and its manager.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sparsekv/backend.h"
+#include "sparsekv/manager.h"
+#include "sparsekv/status.h"
+#include "sparsekv/types.h"
+
+namespace sparsekv {
+
+// How one step runs (see the file comment).
+struct StepChoice {
+  bool crosslayer_prefetch = false;
+  // 0: each layer copied whole before its attention; else attention in slices of this many batch
+  // rows, a multiple of CacheOptions::copy_chunk_rows.
+  int32_t chunk_rows = 0;
+
+  bool operator==(const StepChoice&) const = default;
+  // "serial", "prefetch", "chunks16", "prefetch+chunks16".
+  std::string ToString() const;
+};
+
+struct ScheduleOptions {
+  // ---- Behaviour ----
+  // Runs every step in this choice (the manual override); it must be one the manager allows
+  // (AllowedChoices), InvalidArgument otherwise.
+  std::optional<StepChoice> fixed;
+  // The choices the schedule measures; empty: every choice the manager allows. Each must be
+  // allowed (InvalidArgument otherwise).
+  std::vector<StepChoice> candidates;
+
+  // ---- Performance ----
+  // Timed steps per candidate and step shape before the schedule keeps the fastest (the median of
+  // its steps), in [1, 64].
+  int32_t trials = 3;
+};
+
+// The choices a manager's options allow: cross-layer prefetch needs more than one index group and
+// max_prefetch >= top_k; chunks are multiples 1, 2, 4, ... of copy_chunk_rows below max_batch
+// (none without copy_chunk_rows). Serial first.
+std::vector<StepChoice> AllowedChoices(const CacheOptions& options);
+
+// One layer's work from the engine. Pointers are device memory of the manager's backend and must
+// stay valid until the stream reaches the work (for a captured step, for every replay).
+struct LayerWork {
+  const void* new_rows = nullptr;  // [max_batch, row_stride(layer)], as AppendToken
+  const void* new_keys = nullptr;  // [max_batch, indexer_key_bytes] with indexer keys, else null
+  // [max_batch, topk_stride] positions, -1 = padding: read for the first layer of an index group
+  // (ResolveLayer), ignored for the others. topk_stride 0 means top_k; cross-layer prefetch
+  // needs topk_stride = top_k.
+  const int32_t* topk = nullptr;
+  int32_t topk_stride = 0;
+  // [max_batch, top_k]: the group's first layer writes the layer-wide slots (manager.h), which
+  // every layer of the group reads.
+  int32_t* slots = nullptr;
+};
+
+// Enqueues the engine's attention of `layer` over batch rows [first, first + rows) on `stream`;
+// the rows of their slots are in the hot cache once `stream` reaches the work. An error ends the
+// layer with that error.
+using AttendFn =
+    std::function<Status(int32_t layer, int32_t first, int32_t rows, StreamHandle stream)>;
+
+// What the schedule did since it was created.
+struct ScheduleStats {
+  int64_t steps = 0;              // steps planned
+  int64_t calibration_steps = 0;  // of those, steps that measured a candidate
+  std::map<std::string, int64_t> steps_by_choice;  // StepChoice::ToString -> steps
+  StepChoice last_choice;
+  std::string last_reason;  // why the last planned step runs in last_choice
+};
+
+class ScheduleTuner;
+
+class StepSchedule {
+ public:
+  // A schedule over `manager`, which must outlive it. Creates its streams and events on the
+  // manager's backend. InvalidArgument for options that ScheduleOptions refuses.
+  static StatusOr<std::unique_ptr<StepSchedule>> Create(SparseKVCacheManager& manager,
+                                                        const ScheduleOptions& options = {});
+  ~StepSchedule();
+  StepSchedule(const StepSchedule&) = delete;
+  StepSchedule& operator=(const StepSchedule&) = delete;
+
+  // ---- Plan (host side, between steps) ----
+
+  // SparseKVCacheManager::PlanStep, with its errors, then the choice for the step. Reads the
+  // time of the previous eager step first (waiting for it if it is still running).
+  Status PlanStep(std::span<const RequestId> batch, StreamHandle stream);
+  Status PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
+                  StreamHandle stream);
+  // The planned step's choice, and why it was made.
+  const StepChoice& choice() const { return choice_; }
+  const std::string& reason() const { return reason_; }
+
+  // ---- Run (device side; graph-capturable) ----
+
+  // Layer `layer`'s run phase: AppendToken, the group's ResolveLayer (first layer of a group),
+  // the choice's prefetch and copies, and `attend` over the batch's rows. Layers in order, each
+  // once, every call on the engine's `stream`. Errors: FailedPrecondition outside a step or out
+  // of order; InvalidArgument for missing work pointers or a topk_stride that the choice's
+  // prefetch cannot read; the manager's and `attend`'s errors.
+  Status RunLayer(int32_t layer, const LayerWork& work, const AttendFn& attend,
+                  StreamHandle stream);
+  // Joins the schedule's streams into `stream` and ends the manager's step (FinishStep).
+  Status FinishStep(StreamHandle stream);
+  // After a replay of a step captured through this schedule (in the planned step's choice):
+  // SparseKVCacheManager::FinishReplayedStep, and `seconds`, the replay's time (< 0: not
+  // measured), counts for the choice.
+  Status FinishReplayedStep(double seconds);
+
+  ScheduleStats stats() const { return stats_; }
+
+ private:
+  StepSchedule(SparseKVCacheManager& manager, std::unique_ptr<ScheduleTuner> tuner,
+               std::optional<StepChoice> fixed);
+  Status Allocate();
+  Status Choose();
+  // Reads the previous eager step's time and hands it to the tuner.
+  Status ObservePendingTime();
+  Status CopyAndAttend(int32_t layer, const AttendFn& attend, StreamHandle stream);
+  Status Prefetch(int32_t layer, const int32_t* topk, StreamHandle stream);
+
+  SparseKVCacheManager& manager_;
+  Backend& backend_;
+  std::unique_ptr<ScheduleTuner> tuner_;
+  std::optional<StepChoice> fixed_;
+
+  StreamHandle copy_stream_ = nullptr;      // chunked copies
+  StreamHandle prefetch_stream_ = nullptr;  // cross-layer prefetch copies
+  EventHandle resolved_ = nullptr;          // the layer's resolve (and append) are enqueued
+  std::vector<EventHandle> slice_copied_;   // per attention slice: its chunks are copied
+  EventHandle prefetch_resolved_ = nullptr;  // the next group's prefetch is resolved
+  EventHandle prefetched_ = nullptr;         // the last prefetch copy is done
+  EventHandle step_start_ = nullptr;         // timing of eager steps
+  EventHandle step_end_ = nullptr;
+
+  // The planned step.
+  std::vector<RequestId> batch_;
+  StepChoice choice_;
+  std::string reason_;
+  bool step_open_ = false;
+  int32_t next_layer_ = 0;
+  bool prefetch_used_ = false;  // a prefetch copy was enqueued in the step
+  bool timing_ = false;         // the step's start was recorded (eager)
+  bool time_pending_ = false;   // an eager step ended and its time is not read yet
+  int32_t pending_batch_ = 0, pending_hot_ = 0;
+  StepChoice pending_choice_;
+  int32_t hot_requests_ = 0;  // of the planned batch, in hot-cache mode
+  ScheduleStats stats_;
+};
+
+}  // namespace sparsekv

@@ -1,0 +1,84 @@
+#include "schedule/schedule_tuner.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+
+namespace sparsekv {
+
+int32_t StepShape::hot_class() const {
+  return hot_requests <= 0 ? 0 : static_cast<int32_t>(std::bit_width(uint32_t(hot_requests)));
+}
+
+ScheduleTuner::ScheduleTuner(std::vector<StepChoice> candidates, int32_t trials)
+    : candidates_(std::move(candidates)), trials_(trials) {}
+
+std::vector<StepChoice> ScheduleTuner::Fitting(const StepShape& shape) const {
+  std::vector<StepChoice> out;
+  for (const StepChoice& c : candidates_) {
+    if (c.chunk_rows < shape.batch) out.push_back(c);
+  }
+  return out;
+}
+
+double ScheduleTuner::Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+namespace {
+std::string Ms(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.3f ms", seconds * 1e3);
+  return text;
+}
+}  // namespace
+
+ScheduleDecision ScheduleTuner::Choose(const StepShape& shape) const {
+  if (shape.hot_requests == 0) {
+    return {StepChoice{}, "every request is resident: nothing to copy or prefetch", false};
+  }
+  const std::vector<StepChoice> fitting = Fitting(shape);
+  if (fitting.size() == 1) return {fitting[0], "the only candidate for this batch", false};
+  const auto shape_it = times_.find(shape);
+  auto times_of = [&](size_t i) -> const std::vector<double>* {
+    if (shape_it == times_.end()) return nullptr;
+    const auto it = shape_it->second.find(i);
+    return it == shape_it->second.end() ? nullptr : &it->second;
+  };
+  auto index_of = [&](const StepChoice& c) {
+    return static_cast<size_t>(std::find(candidates_.begin(), candidates_.end(), c) -
+                               candidates_.begin());
+  };
+  for (const StepChoice& c : fitting) {
+    const std::vector<double>* t = times_of(index_of(c));
+    const int32_t done = t == nullptr ? 0 : static_cast<int32_t>(t->size());
+    if (done < trials_) {
+      return {c,
+              "measuring " + c.ToString() + " (" + std::to_string(done + 1) + " of " +
+                  std::to_string(trials_) + ") at batch " + std::to_string(shape.batch) + ", " +
+                  std::to_string(shape.hot_requests) + " hot-cache requests",
+              true};
+    }
+  }
+  std::vector<std::pair<double, StepChoice>> ranked;
+  for (const StepChoice& c : fitting) ranked.emplace_back(Median(*times_of(index_of(c))), c);
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string reason = "fastest of " + std::to_string(ranked.size()) + " measured at batch " +
+                       std::to_string(shape.batch) + " (" + Ms(ranked[0].first);
+  reason += "; next " + ranked[1].second.ToString() + " " + Ms(ranked[1].first) + ")";
+  return {ranked[0].second, reason, false};
+}
+
+void ScheduleTuner::Observe(const StepShape& shape, const StepChoice& choice, double seconds) {
+  const auto it = std::find(candidates_.begin(), candidates_.end(), choice);
+  if (it == candidates_.end() || seconds < 0) return;
+  std::vector<double>& t = times_[shape][static_cast<size_t>(it - candidates_.begin())];
+  // Only the latest trials count: a shape measured again (the mix drifted) keeps a window.
+  t.push_back(seconds);
+  if (t.size() > static_cast<size_t>(trials_)) t.erase(t.begin());
+}
+
+}  // namespace sparsekv

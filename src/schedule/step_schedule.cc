@@ -1,0 +1,279 @@
+// StepSchedule: the manager's run-phase calls in the order and on the streams of the step's
+// choice. The orderings it keeps (manager.h states them; docs/schedule.md draws them):
+//   * a group's miss copies and the next prefetch resolve reuse state the last prefetch copy
+//     writes (its victims, the one prefetch list), so the engine's stream waits for that copy
+//     right after the group's resolve;
+//   * a chunk's copy waits for its layer's resolve and append; attention over a slice waits for
+//     its chunks; every copy of a layer is therefore complete before the engine's stream moves on
+//     to the next layer (group g + 2 resolves into group g's miss list);
+//   * FinishStep joins the prefetch stream, so that the step ends with every copy it enqueued.
+#include "sparsekv/step_schedule.h"
+
+#include <algorithm>
+#include <string>
+
+#include "schedule/schedule_tuner.h"
+
+namespace sparsekv {
+
+std::string StepChoice::ToString() const {
+  std::string chunks = chunk_rows > 0 ? "chunks" + std::to_string(chunk_rows) : "";
+  if (crosslayer_prefetch) return chunks.empty() ? "prefetch" : "prefetch+" + chunks;
+  return chunks.empty() ? "serial" : chunks;
+}
+
+std::vector<StepChoice> AllowedChoices(const CacheOptions& o) {
+  const bool prefetch = o.index_groups() > 1 && o.max_prefetch >= o.top_k;
+  std::vector<int32_t> chunks = {0};
+  if (o.copy_chunk_rows > 0) {
+    for (int32_t rows = o.copy_chunk_rows; rows < o.effective_max_batch(); rows *= 2) {
+      chunks.push_back(rows);
+    }
+  }
+  std::vector<StepChoice> out;
+  for (bool p : {false, true}) {
+    if (p && !prefetch) continue;
+    for (int32_t c : chunks) out.push_back(StepChoice{p, c});
+  }
+  return out;
+}
+
+StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManager& manager,
+                                                             const ScheduleOptions& options) {
+  const std::vector<StepChoice> allowed = AllowedChoices(manager.options());
+  auto is_allowed = [&](const StepChoice& c) {
+    return std::find(allowed.begin(), allowed.end(), c) != allowed.end();
+  };
+  auto refuse = [&](const StepChoice& c, const char* what) {
+    std::string list;
+    for (const StepChoice& a : allowed) list += (list.empty() ? "" : ", ") + a.ToString();
+    return InvalidArgument(std::string("StepSchedule: ") + what + " " + c.ToString() +
+                           " is not one the manager's options allow (" + list + ")");
+  };
+  if (options.fixed.has_value() && !is_allowed(*options.fixed)) {
+    return refuse(*options.fixed, "fixed choice");
+  }
+  std::vector<StepChoice> candidates = options.candidates.empty() ? allowed : options.candidates;
+  for (const StepChoice& c : candidates) {
+    if (!is_allowed(c)) return refuse(c, "candidate");
+  }
+  if (std::find(candidates.begin(), candidates.end(), StepChoice{}) == candidates.end()) {
+    candidates.insert(candidates.begin(), StepChoice{});  // a step with nothing to copy
+  }
+  if (options.trials < 1 || options.trials > 64) {
+    return InvalidArgument("StepSchedule: trials " + std::to_string(options.trials) +
+                           " outside [1, 64]");
+  }
+  auto tuner = std::make_unique<ScheduleTuner>(std::move(candidates), options.trials);
+  std::unique_ptr<StepSchedule> schedule(
+      new StepSchedule(manager, std::move(tuner), options.fixed));
+  SPARSEKV_RETURN_IF_ERROR(schedule->Allocate());
+  return schedule;
+}
+
+StepSchedule::StepSchedule(SparseKVCacheManager& manager, std::unique_ptr<ScheduleTuner> tuner,
+                           std::optional<StepChoice> fixed)
+    : manager_(manager),
+      backend_(manager.backend()),
+      tuner_(std::move(tuner)),
+      fixed_(std::move(fixed)) {}
+
+Status StepSchedule::Allocate() {
+  SPARSEKV_ASSIGN_OR_RETURN(copy_stream_, backend_.CreateStream());
+  SPARSEKV_ASSIGN_OR_RETURN(prefetch_stream_, backend_.CreateStream());
+  for (EventHandle* e : {&resolved_, &prefetch_resolved_, &prefetched_}) {
+    SPARSEKV_ASSIGN_OR_RETURN(*e, backend_.CreateEvent(false));
+  }
+  for (EventHandle* e : {&step_start_, &step_end_}) {
+    SPARSEKV_ASSIGN_OR_RETURN(*e, backend_.CreateEvent(true));
+  }
+  const CacheOptions& o = manager_.options();
+  const int32_t slices =
+      o.copy_chunk_rows > 0 ? (o.effective_max_batch() + o.copy_chunk_rows - 1) / o.copy_chunk_rows
+                            : 0;
+  for (int32_t i = 0; i < slices; ++i) {
+    SPARSEKV_ASSIGN_OR_RETURN(EventHandle e, backend_.CreateEvent(false));
+    slice_copied_.push_back(e);
+  }
+  return Status::Ok();
+}
+
+StepSchedule::~StepSchedule() {
+  for (StreamHandle s : {copy_stream_, prefetch_stream_}) {
+    if (s != nullptr) backend_.Synchronize(s).IgnoreError();
+  }
+  for (EventHandle e : slice_copied_) backend_.DestroyEvent(e);
+  for (EventHandle e : {resolved_, prefetch_resolved_, prefetched_, step_start_, step_end_}) {
+    if (e != nullptr) backend_.DestroyEvent(e);
+  }
+  for (StreamHandle s : {copy_stream_, prefetch_stream_}) {
+    if (s != nullptr) backend_.DestroyStream(s);
+  }
+}
+
+Status StepSchedule::PlanStep(std::span<const RequestId> batch, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(ObservePendingTime());
+  SPARSEKV_RETURN_IF_ERROR(manager_.PlanStep(batch, stream));
+  batch_.assign(batch.begin(), batch.end());
+  return Choose();
+}
+
+Status StepSchedule::PlanStep(std::span<const RequestId> batch,
+                              std::span<const int32_t> token_ids, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(ObservePendingTime());
+  SPARSEKV_RETURN_IF_ERROR(manager_.PlanStep(batch, token_ids, stream));
+  batch_.assign(batch.begin(), batch.end());
+  return Choose();
+}
+
+Status StepSchedule::Choose() {
+  hot_requests_ = static_cast<int32_t>(std::count_if(
+      batch_.begin(), batch_.end(), [&](RequestId id) { return !manager_.IsResident(id); }));
+  const StepShape shape{static_cast<int32_t>(batch_.size()), hot_requests_};
+  if (fixed_.has_value()) {
+    choice_ = *fixed_;
+    reason_ = "fixed by ScheduleOptions::fixed";
+  } else {
+    const ScheduleDecision d = tuner_->Choose(shape);
+    choice_ = d.choice;
+    reason_ = d.reason;
+    stats_.calibration_steps += d.calibrating;
+  }
+  step_open_ = true;
+  next_layer_ = 0;
+  prefetch_used_ = false;
+  timing_ = false;
+  ++stats_.steps;
+  ++stats_.steps_by_choice[choice_.ToString()];
+  stats_.last_choice = choice_;
+  stats_.last_reason = reason_;
+  return Status::Ok();
+}
+
+Status StepSchedule::ObservePendingTime() {
+  if (!time_pending_) return Status::Ok();
+  time_pending_ = false;
+  SPARSEKV_ASSIGN_OR_RETURN(const double seconds,
+                            backend_.ElapsedSeconds(step_start_, step_end_));
+  tuner_->Observe(StepShape{pending_batch_, pending_hot_}, pending_choice_, seconds);
+  return Status::Ok();
+}
+
+Status StepSchedule::RunLayer(int32_t layer, const LayerWork& work, const AttendFn& attend,
+                              StreamHandle stream) {
+  if (!step_open_) return FailedPrecondition("StepSchedule::RunLayer: no step is planned");
+  if (layer != next_layer_) {
+    return FailedPrecondition("StepSchedule::RunLayer: layer " + std::to_string(layer) +
+                              " out of order (layer " + std::to_string(next_layer_) + " is next)");
+  }
+  const CacheOptions& o = manager_.options();
+  const bool leader = layer % o.layers_per_index == 0;
+  if (work.new_rows == nullptr || work.slots == nullptr || (leader && work.topk == nullptr) ||
+      !attend) {
+    return InvalidArgument(
+        "StepSchedule::RunLayer: new_rows, slots, attend and (for the first layer of an index "
+        "group) topk are required");
+  }
+  if (leader && choice_.crosslayer_prefetch && work.topk_stride != 0 &&
+      work.topk_stride != o.top_k) {
+    return InvalidArgument("StepSchedule::RunLayer: the cross-layer prefetch reads the top-k as "
+                           "[max_batch, top_k]; topk_stride " +
+                           std::to_string(work.topk_stride) + " is not top_k");
+  }
+  if (layer == 0) {
+    SPARSEKV_ASSIGN_OR_RETURN(const bool capturing, backend_.IsCapturing(stream));
+    timing_ = !capturing;
+    if (timing_) SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(step_start_, stream));
+  }
+  SPARSEKV_RETURN_IF_ERROR(manager_.AppendToken(layer, work.new_rows, work.new_keys, stream));
+  if (leader) {
+    SPARSEKV_RETURN_IF_ERROR(
+        manager_.ResolveLayer(layer, work.topk, work.slots, nullptr, stream, work.topk_stride));
+    if (choice_.crosslayer_prefetch) SPARSEKV_RETURN_IF_ERROR(Prefetch(layer, work.topk, stream));
+  }
+  SPARSEKV_RETURN_IF_ERROR(CopyAndAttend(layer, attend, stream));
+  ++next_layer_;
+  return Status::Ok();
+}
+
+Status StepSchedule::Prefetch(int32_t layer, const int32_t* topk, StreamHandle stream) {
+  const CacheOptions& o = manager_.options();
+  // The group's copies (a victim may be a slot the last prefetch filled) and the next prefetch
+  // resolve (the one prefetch list) follow the last prefetch copy.
+  if (prefetch_used_) SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, prefetched_));
+  const int32_t next = layer + o.layers_per_index;
+  if (next >= o.geometry.num_layers()) return Status::Ok();
+  SPARSEKV_RETURN_IF_ERROR(manager_.ResolvePrefetch(next, topk, o.top_k, stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(prefetch_resolved_, stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(prefetch_stream_, prefetch_resolved_));
+  SPARSEKV_RETURN_IF_ERROR(manager_.CopyPrefetch(next, prefetch_stream_));
+  SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(prefetched_, prefetch_stream_));
+  prefetch_used_ = true;
+  return Status::Ok();
+}
+
+Status StepSchedule::CopyAndAttend(int32_t layer, const AttendFn& attend, StreamHandle stream) {
+  const int32_t batch = static_cast<int32_t>(batch_.size());
+  const int32_t slice = choice_.chunk_rows;
+  auto attend_rows = [&](int32_t first, int32_t rows) -> Status {
+    Status s = attend(layer, first, rows, stream);
+    if (!s.ok()) {
+      return Status(s.code(), "StepSchedule: attention of layer " + std::to_string(layer) +
+                                  " over rows [" + std::to_string(first) + ", " +
+                                  std::to_string(first + rows) + "): " + s.message());
+    }
+    return s;
+  };
+  if (slice == 0) {
+    SPARSEKV_RETURN_IF_ERROR(manager_.CopyMisses(layer, stream));
+    return attend_rows(0, batch);
+  }
+  // The chunks of the batch, slice after slice, on the copy stream; attention over each slice
+  // once its chunks are in.
+  const int32_t chunk = manager_.options().copy_chunk_rows;
+  const int32_t chunks = (batch + chunk - 1) / chunk;
+  const int32_t per_slice = slice / chunk;
+  SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(resolved_, stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(copy_stream_, resolved_));
+  for (int32_t s = 0, c = 0; c < chunks; ++s) {
+    for (int32_t end = std::min(chunks, c + per_slice); c < end; ++c) {
+      SPARSEKV_RETURN_IF_ERROR(manager_.CopyMissChunk(layer, c, copy_stream_));
+    }
+    SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(slice_copied_[s], copy_stream_));
+  }
+  for (int32_t s = 0, first = 0; first < batch; ++s, first += slice) {
+    SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, slice_copied_[s]));
+    SPARSEKV_RETURN_IF_ERROR(attend_rows(first, std::min(slice, batch - first)));
+  }
+  return Status::Ok();
+}
+
+Status StepSchedule::FinishStep(StreamHandle stream) {
+  if (!step_open_) return FailedPrecondition("StepSchedule::FinishStep: no step is planned");
+  if (prefetch_used_) SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, prefetched_));
+  SPARSEKV_RETURN_IF_ERROR(manager_.FinishStep(stream));
+  step_open_ = false;
+  if (timing_) {
+    SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(step_end_, stream));
+    time_pending_ = !fixed_.has_value();
+    pending_batch_ = static_cast<int32_t>(batch_.size());
+    pending_hot_ = hot_requests_;
+    pending_choice_ = choice_;
+  }
+  return Status::Ok();
+}
+
+Status StepSchedule::FinishReplayedStep(double seconds) {
+  if (!step_open_) {
+    return FailedPrecondition("StepSchedule::FinishReplayedStep: no step is planned");
+  }
+  SPARSEKV_RETURN_IF_ERROR(manager_.FinishReplayedStep());
+  step_open_ = false;
+  if (!fixed_.has_value()) {
+    tuner_->Observe(StepShape{static_cast<int32_t>(batch_.size()), hot_requests_}, choice_,
+                    seconds);
+  }
+  return Status::Ok();
+}
+
+}  // namespace sparsekv

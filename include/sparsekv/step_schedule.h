@@ -63,7 +63,7 @@ struct StepChoice {
 struct ScheduleOptions {
   // ---- Behaviour ----
   // Runs every step in this choice (the manual override); it must be one the manager allows
-  // (AllowedChoices), InvalidArgument otherwise.
+  // (AllowedChoices, or chunks of any multiple of copy_chunk_rows), InvalidArgument otherwise.
   std::optional<StepChoice> fixed;
   // The choices the schedule measures; empty: every choice the manager allows. Each must be
   // allowed (InvalidArgument otherwise).
@@ -103,8 +103,8 @@ using AttendFn =
 
 // What the schedule did since it was created.
 struct ScheduleStats {
-  int64_t steps = 0;              // steps planned
-  int64_t calibration_steps = 0;  // of those, steps that measured a candidate
+  int64_t steps = 0;                               // steps planned
+  int64_t calibration_steps = 0;                   // of those, steps that measured a candidate
   std::map<std::string, int64_t> steps_by_choice;  // StepChoice::ToString -> steps
   StepChoice last_choice;
   std::string last_reason;  // why the last planned step runs in last_choice
@@ -166,10 +166,10 @@ class StepSchedule {
   std::unique_ptr<ScheduleTuner> tuner_;
   std::optional<StepChoice> fixed_;
 
-  StreamHandle copy_stream_ = nullptr;      // chunked copies
-  StreamHandle prefetch_stream_ = nullptr;  // cross-layer prefetch copies
-  EventHandle resolved_ = nullptr;          // the layer's resolve (and append) are enqueued
-  std::vector<EventHandle> slice_copied_;   // per attention slice: its chunks are copied
+  StreamHandle copy_stream_ = nullptr;       // chunked copies
+  StreamHandle prefetch_stream_ = nullptr;   // cross-layer prefetch copies
+  EventHandle resolved_ = nullptr;           // the layer's resolve (and append) are enqueued
+  std::vector<EventHandle> slice_copied_;    // per attention slice: its chunks are copied
   EventHandle prefetch_resolved_ = nullptr;  // the next group's prefetch is resolved
   EventHandle prefetched_ = nullptr;         // the last prefetch copy is done
   EventHandle step_start_ = nullptr;         // timing of eager steps

@@ -41,8 +41,13 @@ std::vector<StepChoice> AllowedChoices(const CacheOptions& o) {
 StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManager& manager,
                                                              const ScheduleOptions& options) {
   const std::vector<StepChoice> allowed = AllowedChoices(manager.options());
+  const CacheOptions& o = manager.options();
+  // A fixed choice may also take chunks as large as the batch or larger (one slice).
   auto is_allowed = [&](const StepChoice& c) {
-    return std::find(allowed.begin(), allowed.end(), c) != allowed.end();
+    if (std::find(allowed.begin(), allowed.end(), c) != allowed.end()) return true;
+    const bool prefetch_ok = !c.crosslayer_prefetch || allowed.back().crosslayer_prefetch;
+    return prefetch_ok && c.chunk_rows > 0 && o.copy_chunk_rows > 0 &&
+           c.chunk_rows % o.copy_chunk_rows == 0;
   };
   auto refuse = [&](const StepChoice& c, const char* what) {
     std::string list;
@@ -55,7 +60,9 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManage
   }
   std::vector<StepChoice> candidates = options.candidates.empty() ? allowed : options.candidates;
   for (const StepChoice& c : candidates) {
-    if (!is_allowed(c)) return refuse(c, "candidate");
+    if (std::find(allowed.begin(), allowed.end(), c) == allowed.end()) {
+      return refuse(c, "candidate");
+    }
   }
   if (std::find(candidates.begin(), candidates.end(), StepChoice{}) == candidates.end()) {
     candidates.insert(candidates.begin(), StepChoice{});  // a step with nothing to copy
@@ -88,9 +95,9 @@ Status StepSchedule::Allocate() {
     SPARSEKV_ASSIGN_OR_RETURN(*e, backend_.CreateEvent(true));
   }
   const CacheOptions& o = manager_.options();
-  const int32_t slices =
-      o.copy_chunk_rows > 0 ? (o.effective_max_batch() + o.copy_chunk_rows - 1) / o.copy_chunk_rows
-                            : 0;
+  const int32_t slices = o.copy_chunk_rows > 0
+                             ? (o.effective_max_batch() + o.copy_chunk_rows - 1) / o.copy_chunk_rows
+                             : 0;
   for (int32_t i = 0; i < slices; ++i) {
     SPARSEKV_ASSIGN_OR_RETURN(EventHandle e, backend_.CreateEvent(false));
     slice_copied_.push_back(e);
@@ -118,8 +125,8 @@ Status StepSchedule::PlanStep(std::span<const RequestId> batch, StreamHandle str
   return Choose();
 }
 
-Status StepSchedule::PlanStep(std::span<const RequestId> batch,
-                              std::span<const int32_t> token_ids, StreamHandle stream) {
+Status StepSchedule::PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
+                              StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(ObservePendingTime());
   SPARSEKV_RETURN_IF_ERROR(manager_.PlanStep(batch, token_ids, stream));
   batch_.assign(batch.begin(), batch.end());
@@ -153,8 +160,7 @@ Status StepSchedule::Choose() {
 Status StepSchedule::ObservePendingTime() {
   if (!time_pending_) return Status::Ok();
   time_pending_ = false;
-  SPARSEKV_ASSIGN_OR_RETURN(const double seconds,
-                            backend_.ElapsedSeconds(step_start_, step_end_));
+  SPARSEKV_ASSIGN_OR_RETURN(const double seconds, backend_.ElapsedSeconds(step_start_, step_end_));
   tuner_->Observe(StepShape{pending_batch_, pending_hot_}, pending_choice_, seconds);
   return Status::Ok();
 }
@@ -176,9 +182,10 @@ Status StepSchedule::RunLayer(int32_t layer, const LayerWork& work, const Attend
   }
   if (leader && choice_.crosslayer_prefetch && work.topk_stride != 0 &&
       work.topk_stride != o.top_k) {
-    return InvalidArgument("StepSchedule::RunLayer: the cross-layer prefetch reads the top-k as "
-                           "[max_batch, top_k]; topk_stride " +
-                           std::to_string(work.topk_stride) + " is not top_k");
+    return InvalidArgument(
+        "StepSchedule::RunLayer: the cross-layer prefetch reads the top-k as "
+        "[max_batch, top_k]; topk_stride " +
+        std::to_string(work.topk_stride) + " is not top_k");
   }
   if (layer == 0) {
     SPARSEKV_ASSIGN_OR_RETURN(const bool capturing, backend_.IsCapturing(stream));

@@ -181,9 +181,9 @@ TEST(StepScheduleTest, AllowedChoicesFollowTheOptions) {
   CacheOptions o = Options(1, false);
   std::vector<std::string> names;
   for (const StepChoice& c : AllowedChoices(o)) names.push_back(c.ToString());
-  EXPECT_EQ(names, (std::vector<std::string>{"serial", "chunks1", "chunks2", "chunks4", "prefetch",
-                                             "prefetch+chunks1", "prefetch+chunks2",
-                                             "prefetch+chunks4"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"serial", "chunks1", "chunks2", "chunks4", "prefetch",
+                                      "prefetch+chunks1", "prefetch+chunks2", "prefetch+chunks4"}));
   o.copy_chunk_rows = 0;
   o.max_prefetch = 0;
   EXPECT_EQ(AllowedChoices(o), std::vector<StepChoice>{StepChoice{}});

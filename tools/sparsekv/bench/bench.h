@@ -109,6 +109,10 @@ struct BenchConfig {
   // is prefetched into the next group's hot cache on a side stream (PrefetchLayer), ahead of that
   // group's own resolve, which waits for it (docs/prefetch.md).
   bool crosslayer_prefetch = false;
+  // sparsekv: "manual" runs every step in the schedule the flags above name (--crosslayer-prefetch,
+  // --copy-chunk-rows); "auto" lets the library's StepSchedule choose per step (step_schedule.h):
+  // it may prefetch, and copies by chunks of --copy-chunk-rows rows (8 if 0) or multiples of it.
+  std::string schedule = "manual";
   // Query tokens per request and step (multi-token prediction / speculative decoding), each with
   // its own top-k; the T rows of a request follow one another as consecutive steps' rows do.
   // sparsekv resolves a request's T * top_k entries as one row with share_repeated_positions.

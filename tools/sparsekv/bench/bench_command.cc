@@ -213,6 +213,11 @@ void BenchCommand::AddGpuOptions() {
   app_->add_flag("--crosslayer-prefetch", config_.crosslayer_prefetch,
                  "GPU: sparsekv prefetches each layer's top-k into the next layer's hot cache "
                  "on a side stream as soon as it is resolved, ahead of that layer's own resolve");
+  app_->add_option("--schedule", config_.schedule,
+                   "GPU: sparsekv's step schedule: manual (as --crosslayer-prefetch and "
+                   "--copy-chunk-rows say) or auto (the library measures and chooses per step)")
+      ->check(CLI::IsMember({"manual", "auto"}))
+      ->capture_default_str();
   app_->add_option("--mtp", config_.mtp,
                    "GPU: query tokens per request and step (multi-token prediction), each with "
                    "its own top-k; sparsekv resolves them as one row (full-hbm and sparsekv only)")

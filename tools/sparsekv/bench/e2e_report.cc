@@ -168,6 +168,10 @@ Json PointJson(const E2EPoint& p) {
   j["step_to_floor"] = p.step_to_floor;
   j["hot_slots"] = p.hot_slots;
   j["resident_requests"] = p.resident_requests;
+  if (!p.schedule.empty()) {
+    j["schedule"] = p.schedule;
+    j["schedule_reason"] = p.schedule_reason;
+  }
   return j;
 }
 

@@ -26,6 +26,8 @@ struct E2EPoint {
   int32_t timed_steps = 0;
   int32_t hot_slots = 0;  // sparsekv: LRU slots per request and layer (chosen with --hybrid)
   int32_t resident_requests = 0;  // sparsekv --hybrid: of the batch, requests resident in HBM
+  // sparsekv: the step schedule of the timed steps (StepChoice::ToString) and why it was chosen.
+  std::string schedule, schedule_reason;
 
   double tpot_ms = 0;  // step time of the captured graph replay (all layers), median
   double tpot_min_ms = 0;

@@ -69,29 +69,30 @@ struct Shared {
 Status StepBody(StepVariant& v, const Shared& sh, const TopKFeed& feed, int32_t batch,
                 cudaStream_t s, std::byte* check_out) {
   const int32_t rows = batch * sh.queries;  // attention and proxy rows
+  // Attention over requests [first, first + n) (all of them, or a slice the schedule hands it).
+  const AttendFn attend = [&](int32_t l, int32_t first, int32_t n, StreamHandle stream) {
+    auto* st = static_cast<cudaStream_t>(stream);
+    if (first == 0 && n == batch) {
+      return sh.attention->Run(rows, sh.q.get(), v.Rows(l), sh.shape.row_bytes, v.Indices(),
+                               sh.out.get(), st);
+    }
+    return sh.attention->Run(
+        n * sh.queries, sh.q.get<std::byte>() + size_t(first) * sh.heads * kMLAQKDim * 2, v.Rows(l),
+        sh.shape.row_bytes, v.Indices() + int64_t{first} * sh.shape.top_k,
+        sh.out.get<std::byte>() + size_t(first) * sh.heads * kMLAValueDim * 2, st);
+  };
   for (int32_t l = 0; l < sh.shape.layers; ++l) {
-    SPARSEKV_RETURN_IF_ERROR(v.RunLayer(l, batch, feed.layer(l), sh.NewRows(l), s));
     if (const uint8_t* fill = v.FillMask(); fill != nullptr && sh.split_attention) {
+      SPARSEKV_RETURN_IF_ERROR(v.RunLayer(l, batch, feed.layer(l), sh.NewRows(l), s));
       // Split attention: the resident rows while the copy is in flight, then the copied ones.
       SPARSEKV_RETURN_IF_ERROR(sh.attention->RunHits(rows, sh.q.get(), v.Rows(l),
                                                      sh.shape.row_bytes, v.Indices(), fill, s));
       SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
       SPARSEKV_RETURN_IF_ERROR(sh.attention->RunFillsAndMerge(
           rows, sh.q.get(), v.Rows(l), sh.shape.row_bytes, v.Indices(), fill, sh.out.get(), s));
-    } else if (const int32_t chunk = v.ChunkRows(); chunk > 0) {
-      // A pipelined layer: attention over each chunk of rows as soon as its copy is in.
-      for (int32_t first = 0, c = 0; first < batch; first += chunk, ++c) {
-        const int32_t n = std::min(chunk, batch - first);
-        SPARSEKV_RETURN_IF_ERROR(v.WaitForChunk(l, c, s));
-        SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(
-            n, sh.q.get<std::byte>() + size_t(first) * sh.heads * kMLAQKDim * 2, v.Rows(l),
-            sh.shape.row_bytes, v.Indices() + int64_t{first} * sh.shape.top_k,
-            sh.out.get<std::byte>() + size_t(first) * sh.heads * kMLAValueDim * 2, s));
-      }
     } else {
-      SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
-      SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(rows, sh.q.get(), v.Rows(l), sh.shape.row_bytes,
-                                                 v.Indices(), sh.out.get(), s));
+      SPARSEKV_RETURN_IF_ERROR(
+          v.RunLayerAndAttend(l, batch, feed.layer(l), sh.NewRows(l), attend, s));
     }
     SPARSEKV_RETURN_IF_ERROR(v.AfterAttention(l, s));
     if (check_out != nullptr) {
@@ -154,29 +155,36 @@ struct PointTiming {
 // --trace-step: one more step after the timed ones (and their statistics), its replay traced, so
 // that the trace's cost stays out of the timed steps. Only the graph's work is in the trace.
 StatusOr<TraceCapture> TracedReplay(StepVariant& v, TopKFeed& feed, Requests& req, int32_t batch,
-                                    const Graph& step_graph, StepTracer& tracer, cudaStream_t s) {
+                                    const std::map<std::string, Graph>& graphs, StepTracer& tracer,
+                                    cudaStream_t s) {
   req.Prepare(batch);
   feed.Generate(req.seq_lens);
   SPARSEKV_RETURN_IF_ERROR(feed.Upload(batch, s));
   SPARSEKV_RETURN_IF_ERROR(v.Plan(req.positions, s));
+  const auto graph = graphs.find(v.GraphKey());
+  if (graph == graphs.end()) {
+    return FailedPrecondition("--trace-step: the traced step's schedule " + v.GraphKey() +
+                              " was never captured in the timed steps");
+  }
   SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   SPARSEKV_RETURN_IF_ERROR(tracer.Start());
-  SPARSEKV_RETURN_IF_ERROR(step_graph.Launch(s));
+  SPARSEKV_RETURN_IF_ERROR(graph->second.Launch(s));
   SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   SPARSEKV_ASSIGN_OR_RETURN(TraceCapture capture, tracer.Stop());
-  SPARSEKV_RETURN_IF_ERROR(v.AfterReplay());
+  SPARSEKV_RETURN_IF_ERROR(v.AfterReplay(-1));
   req.Advance(batch);
   return capture;
 }
 
-// `steps` steps of `batch` requests: the first is captured as a graph (and replayed); steps
-// before `warmup` are untimed. Then, with a tracer, one traced step (TracedReplay). Then the
-// attention and the proxy alone, as graphs of all layers.
+// `steps` steps of `batch` requests: the first of each schedule (GraphKey) is captured as a graph
+// and launched, the others replay it; steps before `warmup` are untimed (with --schedule auto
+// they are where the schedule measures its candidates). Then, with a tracer, one traced step
+// (TracedReplay). Then the attention and the proxy alone, as graphs of all layers.
 StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Requests& req,
                                int32_t batch, int32_t steps, int32_t warmup, cudaStream_t s,
                                StepTracer* tracer) {
   PointTiming t;
-  Graph step_graph;
+  std::map<std::string, Graph> graphs;  // by GraphKey
   EventPair step_ev, upload_ev;
   // Step s + 1's rows are generated on the host while the GPU runs step s (they depend only on
   // the sequence lengths), on every core but the one that drives the GPU.
@@ -193,22 +201,19 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
     SPARSEKV_RETURN_IF_ERROR(feed.Upload(batch, s));
     SPARSEKV_RETURN_IF_ERROR(upload_ev.Stop(s));
     SPARSEKV_RETURN_IF_ERROR(v.Plan(req.positions, s));
-    if (step == 0) {
+    const bool capture = !graphs.contains(v.GraphKey());
+    Graph& step_graph = graphs[v.GraphKey()];
+    if (capture) {
       // Capturing enqueues nothing: the launch runs the step, and the captured calls have
       // already closed it on the host.
       SPARSEKV_RETURN_IF_ERROR(LabelledCapture(tracer, s, [&] {
         return step_graph.Capture(
             s, [&] { return StepBody(v, sh, feed, batch, s, /*check_out=*/nullptr); });
       }));
-      SPARSEKV_RETURN_IF_ERROR(step_ev.Start(s));
-      SPARSEKV_RETURN_IF_ERROR(step_graph.Launch(s));
-      SPARSEKV_RETURN_IF_ERROR(step_ev.Stop(s));
-    } else {
-      SPARSEKV_RETURN_IF_ERROR(step_ev.Start(s));
-      SPARSEKV_RETURN_IF_ERROR(step_graph.Launch(s));
-      SPARSEKV_RETURN_IF_ERROR(step_ev.Stop(s));
-      SPARSEKV_RETURN_IF_ERROR(v.AfterReplay());
     }
+    SPARSEKV_RETURN_IF_ERROR(step_ev.Start(s));
+    SPARSEKV_RETURN_IF_ERROR(step_graph.Launch(s));
+    SPARSEKV_RETURN_IF_ERROR(step_ev.Stop(s));
     if (step + 1 < steps) {
       std::vector<int32_t> next = req.seq_lens;
       for (int32_t& n : next) ++n;
@@ -219,6 +224,10 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
       });
     }
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    if (!capture) {
+      SPARSEKV_ASSIGN_OR_RETURN(const double replay_ms, step_ev.Ms());
+      SPARSEKV_RETURN_IF_ERROR(v.AfterReplay(1e-3 * replay_ms));
+    }
     if (next_rows.joinable()) next_rows.join();
     const double step_host_ms = host_ms;  // this step's rows, generated during the last one
     host_ms = next_host_ms;
@@ -232,7 +241,7 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
   }
   SPARSEKV_ASSIGN_OR_RETURN(t.stats, v.ReadStats(s));
   if (tracer != nullptr) {
-    SPARSEKV_ASSIGN_OR_RETURN(t.trace, TracedReplay(v, feed, req, batch, step_graph, *tracer, s));
+    SPARSEKV_ASSIGN_OR_RETURN(t.trace, TracedReplay(v, feed, req, batch, graphs, *tracer, s));
   }
 
   const int32_t layers = sh.shape.layers;
@@ -494,6 +503,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
                                                            : CopyStrategy::kLattice;
   setup.prefetch = c_.prefetch;
   setup.crosslayer_prefetch = c_.crosslayer_prefetch;
+  setup.auto_schedule = c_.schedule == "auto";
   setup.queries = c_.mtp;
   setup.overlap = c_.overlap != "off";
   if (kind == KVVariant::kSparseKV) setup.peer_device = c_.peer_device;
@@ -578,6 +588,8 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
       p.max_batch = vp.max_batch;
       p.hot_slots = setup.shape.hot_slots;
       p.resident_requests = t.stats.resident_requests;
+      p.schedule = t.stats.schedule;
+      p.schedule_reason = t.stats.schedule_reason;
       p.timed_steps = static_cast<int32_t>(t.tpot_ms.size());
       p.tpot_ms = Median(t.tpot_ms);
       p.tpot_min_ms = *std::min_element(t.tpot_ms.begin(), t.tpot_ms.end());

@@ -70,7 +70,7 @@ class FullHbmVariant final : public StepVariant {
     return Status::Ok();
   }
   Status FinishStep(cudaStream_t) override { return Status::Ok(); }
-  Status AfterReplay() override { return Status::Ok(); }
+  Status AfterReplay(double) override { return Status::Ok(); }
   const std::byte* Rows(int32_t layer) const override { return kv_[layer].get<std::byte>(); }
   const int32_t* Indices() const override { return rows_.get<int32_t>(); }
   Status ResetStats(cudaStream_t) override {
@@ -94,9 +94,7 @@ class SparseKVVariant final : public StepVariant {
   ~SparseKVVariant() override {
     for (cudaEvent_t e : resolved_) cudaEventDestroy(e);
     for (cudaEvent_t e : copied_) cudaEventDestroy(e);
-    for (cudaEvent_t e : chunk_copied_) cudaEventDestroy(e);
-    for (cudaEvent_t e :
-         {attended_, prefetched_, below_resolved_, crosslayer_prefetched_, chunks_resolved_}) {
+    for (cudaEvent_t e : {attended_, prefetched_}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
     for (cudaStream_t s : {copy_stream_, prefetch_stream_}) {
@@ -122,10 +120,20 @@ class SparseKVVariant final : public StepVariant {
     o.copy_blocks = s_.copy_blocks;
     o.fused_copy_min_batch = s_.fused_copy_min_batch;
     o.prefetch_copy_blocks = s_.prefetch_copy_blocks;
-    o.copy_chunk_rows = s_.copy_chunk_rows;
+    // The step schedule runs every step but those of the overlap and cross-step prefetch
+    // experiments, which keep their own streams below.
+    const bool scheduled = !s_.overlap && s_.prefetch == 0;
+    if (!scheduled && (s_.crosslayer_prefetch || s_.copy_chunk_rows > 0 || s_.auto_schedule)) {
+      return InvalidArgument(
+          "sparsekv bench: --crosslayer-prefetch, --copy-chunk-rows and --schedule auto run "
+          "through the step schedule, which --overlap and --prefetch do not use");
+    }
+    o.copy_chunk_rows =
+        s_.copy_chunk_rows > 0 || !s_.auto_schedule ? s_.copy_chunk_rows : kAutoChunkRows;
     o.copy_strategy = s_.copy_strategy;
     // A cross-layer prefetch passes a whole top-k row per request.
-    o.max_prefetch = s_.crosslayer_prefetch ? std::max(s_.prefetch, r.top_k) : s_.prefetch;
+    o.max_prefetch =
+        s_.crosslayer_prefetch || s_.auto_schedule ? std::max(s_.prefetch, r.top_k) : s_.prefetch;
     o.share_repeated_positions = s_.queries > 1;
     o.hybrid_residency = s_.hybrid;
     o.device_budget_bytes = s_.device_budget_bytes;
@@ -133,6 +141,18 @@ class SparseKVVariant final : public StepVariant {
     // requests that are not running is not tied up in their keys.
     if (s_.hybrid) o.indexer_key_bytes = r.indexer_key_bytes;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
+    if (scheduled) {
+      ScheduleOptions so;
+      if (!s_.auto_schedule) so.fixed = StepChoice{s_.crosslayer_prefetch, s_.copy_chunk_rows};
+      so.trials = 2;  // 8 candidates: 24 steps, within the calibrated run's 26 warm-up steps
+      if (s_.auto_schedule && s_.queries > 1) {
+        // Attention over a slice of requests does not split their query rows.
+        for (const StepChoice& c : AllowedChoices(manager_->options())) {
+          if (c.chunk_rows == 0) so.candidates.push_back(c);
+        }
+      }
+      SPARSEKV_ASSIGN_OR_RETURN(schedule_, StepSchedule::Create(*manager_, so));
+    }
     if (s_.peer_device >= 0) {
       // Every request's prompt rows are also lent by a region on the peer device, at rows
       // [b * context, (b + 1) * context) for request b (AdmitRequests).
@@ -164,28 +184,11 @@ class SparseKVVariant final : public StepVariant {
           batch_, DeviceBuffer::Allocate(sizeof(BatchEntry) * (s_.max_batch + 1), kBenchMemory));
       group_topk_.assign(groups, nullptr);
     }
-    if (s_.prefetch > 0 || s_.crosslayer_prefetch) {
+    if (s_.prefetch > 0) {
       SPARSEKV_CUDA_RETURN_IF_ERROR(
           cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
       for (cudaEvent_t* e : {&attended_, &prefetched_}) {
         SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-      }
-    }
-    crosslayer_active_ = s_.crosslayer_prefetch;  // SetLiveBatch decides with hybrid residency
-    if (s_.crosslayer_prefetch) {
-      for (cudaEvent_t* e : {&below_resolved_, &crosslayer_prefetched_}) {
-        SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-      }
-    }
-    if (s_.copy_chunk_rows > 0) {
-      SPARSEKV_CUDA_RETURN_IF_ERROR(
-          cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-      chunk_copied_.resize((s_.max_batch + s_.copy_chunk_rows - 1) / s_.copy_chunk_rows);
-      for (cudaEvent_t* e : {&chunks_resolved_}) {
-        SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-      }
-      for (cudaEvent_t& e : chunk_copied_) {
-        SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       }
     }
     if (s_.overlap) {
@@ -266,16 +269,28 @@ class SparseKVVariant final : public StepVariant {
                                                     entries.size() * sizeof(BatchEntry),
                                                     cudaMemcpyHostToDevice, stream));
     }
-    return manager_->PlanStep(std::span(ids_.data(), positions.size()), stream);
+    const std::span<const RequestId> batch(ids_.data(), positions.size());
+    if (schedule_ != nullptr) return schedule_->PlanStep(batch, stream);
+    return manager_->PlanStep(batch, stream);
+  }
+  // Through the schedule: it appends, resolves, prefetches, copies and calls `attend` as the
+  // rows come in.
+  Status RunLayerAndAttend(int32_t layer, int32_t batch, const int32_t* topk,
+                           const std::byte* new_rows, const AttendFn& attend,
+                           cudaStream_t stream) override {
+    if (schedule_ == nullptr) {
+      return StepVariant::RunLayerAndAttend(layer, batch, topk, new_rows, attend, stream);
+    }
+    if (layer % s_.layers_per_index == 0) group_ = layer / s_.layers_per_index;
+    const LayerWork work{new_rows, NewKeys(layer), topk, 0, slots_.get<int32_t>()};
+    return schedule_->RunLayer(layer, work, attend, stream);
+  }
+  std::string GraphKey() const override {
+    return schedule_ != nullptr ? schedule_->choice().ToString() : "";
   }
   Status RunLayer(int32_t layer, int32_t batch, const int32_t* topk, const std::byte* new_rows,
                   cudaStream_t stream) override {
-    const std::byte* keys =
-        new_keys_.get() == nullptr
-            ? nullptr
-            : new_keys_.get<std::byte>() +
-                  size_t(layer) * s_.max_batch * manager_->options().indexer_key_bytes;
-    SPARSEKV_RETURN_IF_ERROR(manager_->AppendToken(layer, new_rows, keys, stream));
+    SPARSEKV_RETURN_IF_ERROR(manager_->AppendToken(layer, new_rows, NewKeys(layer), stream));
     const int32_t n = s_.layers_per_index;
     const bool leader = layer % n == 0;
     if (leader) group_ = layer / n;
@@ -284,20 +299,8 @@ class SparseKVVariant final : public StepVariant {
       if (leader) {
         SPARSEKV_RETURN_IF_ERROR(
             manager_->ResolveLayer(layer, topk, slots_.get<int32_t>(), FillOf(group_), stream));
-        SPARSEKV_RETURN_IF_ERROR(WaitForCrossLayerPrefetch(group_, stream));
-        SPARSEKV_RETURN_IF_ERROR(CrossLayerPrefetch(group_, topk, stream));
       }
-      if (s_.copy_chunk_rows == 0) return manager_->CopyMisses(layer, stream);
-      // A pipelined layer: the chunks' copies one after the other on the copy stream, each
-      // recording when its rows are in; attention over chunk c waits only for chunk c.
-      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunks_resolved_, stream));
-      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, chunks_resolved_));
-      const int32_t chunks = (batch + s_.copy_chunk_rows - 1) / s_.copy_chunk_rows;
-      for (int32_t c = 0; c < chunks; ++c) {
-        SPARSEKV_RETURN_IF_ERROR(manager_->CopyMissChunk(layer, c, copy_stream_));
-        SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_copied_[c], copy_stream_));
-      }
-      return Status::Ok();
+      return manager_->CopyMisses(layer, stream);
     }
     if (!leader) return Status::Ok();  // its copy was issued with the group's resolve
     // Resolve on the main stream; every layer of the group copies on the side stream at once,
@@ -305,8 +308,6 @@ class SparseKVVariant final : public StepVariant {
     const int32_t group = layer / n;
     SPARSEKV_RETURN_IF_ERROR(
         manager_->ResolveLayer(layer, topk, slots_.get<int32_t>(), FillOf(group), stream));
-    SPARSEKV_RETURN_IF_ERROR(WaitForCrossLayerPrefetch(group, stream));
-    SPARSEKV_RETURN_IF_ERROR(CrossLayerPrefetch(group, topk, stream));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(resolved_[group], stream));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, resolved_[group]));
     for (int32_t l = layer; l < std::min(layer + n, s_.shape.layers); ++l) {
@@ -316,10 +317,6 @@ class SparseKVVariant final : public StepVariant {
     return Status::Ok();
   }
   const uint8_t* FillMask() const override { return s_.overlap ? FillOf(group_) : nullptr; }
-  int32_t ChunkRows() const override { return s_.copy_chunk_rows; }
-  Status WaitForChunk(int32_t, int32_t chunk, cudaStream_t stream) override {
-    return CudaStatus(cudaStreamWaitEvent(stream, chunk_copied_[chunk]), "wait for a chunk");
-  }
   Status WaitForRows(int32_t layer, cudaStream_t stream) override {
     if (!s_.overlap) return Status::Ok();
     return CudaStatus(cudaStreamWaitEvent(stream, copied_[layer]), "wait for the miss copy");
@@ -350,13 +347,17 @@ class SparseKVVariant final : public StepVariant {
   Status FinishStep(cudaStream_t stream) override {
     // Joins the prefetch stream if this step used it (a captured step may only wait for work it
     // captured).
-    if (s_.prefetch > 0 || crosslayer_active_) {
+    if (schedule_ != nullptr) return schedule_->FinishStep(stream);
+    if (s_.prefetch > 0) {
       SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(prefetched_, prefetch_stream_));
       SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, prefetched_));
     }
     return manager_->FinishStep(stream);
   }
-  Status AfterReplay() override { return manager_->FinishReplayedStep(); }
+  Status AfterReplay(double seconds) override {
+    if (schedule_ != nullptr) return schedule_->FinishReplayedStep(seconds);
+    return manager_->FinishReplayedStep();
+  }
   const std::byte* Rows(int32_t layer) const override { return manager_->HotLayer(layer); }
   const int32_t* Indices() const override { return slots_.get<int32_t>(); }
   Status SetLiveBatch(int32_t batch, cudaStream_t stream) override {
@@ -375,12 +376,6 @@ class SparseKVVariant final : public StepVariant {
       if (promoted.code() == StatusCode::kResourceExhausted) break;
       SPARSEKV_RETURN_IF_ERROR(promoted);
     }
-    // The cross-layer prefetch pays where hot-cache requests miss enough for the copies it hides
-    // to outweigh its resolve (about a resolve's time per layer, whatever the batch): an engine
-    // would capture its step with and without it and pick per step; here, per batch size.
-    int32_t hot = 0;
-    for (int32_t b = 0; b < batch; ++b) hot += !manager_->IsResident(ids_[b]);
-    crosslayer_active_ = s_.crosslayer_prefetch && hot >= kCrossLayerMinHotRequests;
     return CudaStatus(cudaStreamSynchronize(stream), "residency");
   }
   Status ResetStats(cudaStream_t stream) override { return manager_->ResetStats(stream); }
@@ -388,9 +383,13 @@ class SparseKVVariant final : public StepVariant {
     SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, manager_->ReadStats(stream));
     const LayerStats& t = stats.total;
     // Prefetched rows are counted once per index group and copied into each of its layers.
-    return VariantStats{double(t.hits + t.window_hits + t.misses + t.resident_hits),
-                        double(t.misses), double(stats.prefetch_rows) * s_.layers_per_index,
-                        stats.resident_requests};
+    VariantStats out{double(t.hits + t.window_hits + t.misses + t.resident_hits), double(t.misses),
+                     double(stats.prefetch_rows) * s_.layers_per_index, stats.resident_requests};
+    if (schedule_ != nullptr) {
+      out.schedule = schedule_->choice().ToString();
+      out.schedule_reason = schedule_->reason();
+    }
+    return out;
   }
 
  private:
@@ -415,38 +414,15 @@ class SparseKVVariant final : public StepVariant {
     const int64_t mask = int64_t{s_.max_batch} * s_.shape.top_k;
     return fill_.get<uint8_t>() + (s_.prefetch > 0 ? group * mask : 0);
   }
-  // Cross-layer prefetch. Right after group g's resolve, on the main stream, its top-k is
-  // resolved against group g + 1's hot cache (ResolvePrefetch: short, and a resolve occupies a
-  // whole SM per request, which a side stream would only get once the layer's other kernels
-  // drain); the copy of the predicted rows runs on the prefetch stream, beside group g's miss
-  // copy, attention and rest of the model. Group g + 1's resolve needs only the state, not the
-  // rows; its miss copy (a victim may be a prefetched slot) and the next ResolvePrefetch (the one
-  // prefetch list) wait for the copy.
-  Status WaitForCrossLayerPrefetch(int32_t group, cudaStream_t stream) {
-    if (!crosslayer_active_ || group == 0) return Status::Ok();
-    return CudaStatus(cudaStreamWaitEvent(stream, crosslayer_prefetched_),
-                      "wait for the cross-layer prefetch");
+  // With --schedule auto and no --copy-chunk-rows: the chunks the schedule may copy by.
+  static constexpr int32_t kAutoChunkRows = 8;
+  std::unique_ptr<StepSchedule> schedule_;  // null for the overlap and cross-step experiments
+  const std::byte* NewKeys(int32_t layer) const {
+    if (new_keys_.get() == nullptr) return nullptr;
+    return new_keys_.get<std::byte>() +
+           size_t(layer) * s_.max_batch * manager_->options().indexer_key_bytes;
   }
-  Status CrossLayerPrefetch(int32_t group, const int32_t* topk, cudaStream_t stream) {
-    const int32_t next = (group + 1) * s_.layers_per_index;
-    if (!crosslayer_active_ || next >= s_.shape.layers) return Status::Ok();
-    SPARSEKV_RETURN_IF_ERROR(manager_->ResolvePrefetch(next, topk, s_.shape.top_k, stream));
-    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(below_resolved_, stream));
-    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(prefetch_stream_, below_resolved_));
-    SPARSEKV_RETURN_IF_ERROR(manager_->CopyPrefetch(next, prefetch_stream_));
-    return CudaStatus(cudaEventRecord(crosslayer_prefetched_, prefetch_stream_),
-                      "cross-layer prefetch");
-  }
-  // With hybrid residency, the cross-layer prefetch runs only in steps with at least this many
-  // requests in hot-cache mode (SetLiveBatch).
-  static constexpr int32_t kCrossLayerMinHotRequests = 16;
-  bool crosslayer_active_ = false;        // crosslayer_prefetch, and (hybrid) enough hot requests
-  cudaEvent_t below_resolved_ = nullptr;  // the next group's prefetch is resolved
-  cudaEvent_t crosslayer_prefetched_ = nullptr;  // its copy is done
-  // Copy chunks only: the resolve is done (the chunks' copies wait for it), chunk c is copied.
-  cudaEvent_t chunks_resolved_ = nullptr;
-  std::vector<cudaEvent_t> chunk_copied_;
-  // Overlap and copy chunks.
+  // Overlap only.
   cudaStream_t copy_stream_ = nullptr;  // the miss copies
   std::vector<cudaEvent_t> resolved_;   // per index group: its resolve is done
   std::vector<cudaEvent_t> copied_;     // per layer: its miss copy is done
@@ -536,7 +512,7 @@ class NoCacheVariant final : public StepVariant {
     return host_->IndexCopy(v, stream);
   }
   Status FinishStep(cudaStream_t) override { return Status::Ok(); }
-  Status AfterReplay() override { return Status::Ok(); }
+  Status AfterReplay(double) override { return Status::Ok(); }
   const std::byte* Rows(int32_t) const override { return staging_.get<std::byte>(); }
   const int32_t* Indices() const override { return staging_index_.get<int32_t>(); }
   Status ResetStats(cudaStream_t) override {

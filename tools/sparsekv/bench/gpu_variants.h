@@ -20,6 +20,7 @@
 #include "sparsekv/backend.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/status.h"
+#include "sparsekv/step_schedule.h"
 
 namespace sparsekv::tools {
 
@@ -55,6 +56,9 @@ struct VariantSetup {
   // is prefetched into the next group (PrefetchLayer with count top_k) on the prefetch side
   // stream; the next group's resolve waits for it.
   bool crosslayer_prefetch = false;
+  // sparsekv only: the library's StepSchedule chooses each step's prefetch and chunks (chunks of
+  // copy_chunk_rows, 8 if 0); otherwise it runs the choice the two fields above name.
+  bool auto_schedule = false;
   // Query tokens per request (--mtp): shape.top_k holds all of a request's queries' entries;
   // sparsekv then shares repeated positions (CacheOptions::share_repeated_positions).
   int32_t queries = 1;
@@ -75,6 +79,8 @@ struct VariantStats {
   double misses = 0;
   double prefetched = 0;          // rows fetched by prefetches (not counted in lookups or misses)
   int32_t resident_requests = 0;  // sparsekv with hybrid residency: resident now
+  // sparsekv through the StepSchedule: the last step's choice and why it was made.
+  std::string schedule, schedule_reason;
 };
 
 class StepVariant {
@@ -88,8 +94,20 @@ class StepVariant {
   // (topk [max_batch, top_k] positions).
   virtual Status RunLayer(int32_t layer, int32_t batch, const int32_t* topk,
                           const std::byte* new_rows, cudaStream_t stream) = 0;
+  // RunLayer, then `attend` over all `batch` rows once they are ready; a variant whose library
+  // drives the layer (sparsekv through its StepSchedule) calls `attend` as its rows come in.
+  virtual Status RunLayerAndAttend(int32_t layer, int32_t batch, const int32_t* topk,
+                                   const std::byte* new_rows, const AttendFn& attend,
+                                   cudaStream_t stream) {
+    SPARSEKV_RETURN_IF_ERROR(RunLayer(layer, batch, topk, new_rows, stream));
+    SPARSEKV_RETURN_IF_ERROR(WaitForRows(layer, stream));
+    return attend(layer, 0, batch, stream);
+  }
   virtual Status FinishStep(cudaStream_t stream) = 0;
-  virtual Status AfterReplay() = 0;
+  // After a replay of the step's graph, which took `seconds`.
+  virtual Status AfterReplay(double seconds) = 0;
+  // Which captured step the planned step needs: steps of one key replay one graph.
+  virtual std::string GraphKey() const { return ""; }
   virtual const std::byte* Rows(int32_t layer) const = 0;
   virtual const int32_t* Indices() const = 0;  // [max_batch, top_k]
   // With overlap: after RunLayer(layer), the entries of Indices() whose rows are still being
@@ -97,13 +115,6 @@ class StepVariant {
   virtual const uint8_t* FillMask() const { return nullptr; }
   // Makes `stream` wait for the copies that bring `layer`'s rows (no-op if there are none).
   virtual Status WaitForRows(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
-  // With copy chunks (sparsekv with copy_chunk_rows R > 0): RunLayer leaves each chunk of R
-  // batch rows its own miss copy, on a side stream; the rows of chunk c are ready for attention
-  // once WaitForChunk(layer, c) has run on its stream. 0: no chunks.
-  virtual int32_t ChunkRows() const { return 0; }
-  virtual Status WaitForChunk(int32_t /*layer*/, int32_t /*chunk*/, cudaStream_t /*stream*/) {
-    return Status::Ok();
-  }
   // After `layer`'s attention has been enqueued on `stream` (cross-step prefetch).
   virtual Status AfterAttention(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
   // Host side, before the steps of a batch size: the requests [0, batch) are the live ones

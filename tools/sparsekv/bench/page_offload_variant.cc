@@ -60,7 +60,7 @@ class PageOffloadVariant final : public StepVariant {
     return cache_->RunLayer(layer, batch, topk, new_rows, stream);
   }
   Status FinishStep(cudaStream_t) override { return Status::Ok(); }
-  Status AfterReplay() override { return Status::Ok(); }
+  Status AfterReplay(double) override { return Status::Ok(); }
   const std::byte* Rows(int32_t) const override { return cache_->cache_rows(); }
   const int32_t* Indices() const override { return cache_->Indices(); }
   Status ResetStats(cudaStream_t stream) override { return cache_->ResetStats(stream); }

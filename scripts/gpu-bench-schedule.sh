@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The step schedule chosen by the library against every manual schedule, on a GPU machine, from
+# the repository root:
+#   OUT=/some/dir bash scripts/gpu-bench-schedule.sh [auto|manual|all]
+# Builds the tool (Release, sm_90, no tests), then DeepSeek-V3.2 at 32K, the calibrated workload
+# with --hybrid at the host pool's batch (SCHEDULE_BATCH [59]), sparsekv only:
+#   auto:   full-hbm's whole sweep (its peak, for the ratio), then --schedule auto;
+#   manual: --schedule manual, cross-layer prefetch off/on x chunks none/8/16/32;
+#   all:    both.
+# Every run first checks attention against full-hbm bit for bit (the bench's check steps).
+# Writes to $OUT: schedule.txt (everything printed) and one JSON per run.
+# Environment: SCHEDULE_STEPS [40], SCHEDULE_WARMUP [26] (the auto schedule measures its
+# candidates in the warm-up), SCHEDULE_HOST_POOL_GB [80], SCHEDULE_BUILD [build-e2e],
+# SCHEDULE_MISS_RATE (set: the miss-rate mode at that rate instead of the calibrated workload).
+set -u -o pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+ROOT=$PWD
+MODE=${1:-all}
+OUT=${OUT:-$ROOT/gpu-bench-schedule-out}
+BUILD=${SCHEDULE_BUILD:-build-e2e}
+STEPS=${SCHEDULE_STEPS:-40}
+WARMUP=${SCHEDULE_WARMUP:-26}
+POOL=${SCHEDULE_HOST_POOL_GB:-80}
+BATCH=${SCHEDULE_BATCH:-59}
+mkdir -p "$OUT"
+
+main() {
+  echo "=== gpu-bench-schedule $MODE $(date -u +%FT%TZ), tree $(git rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
+  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
+    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || echo "!!! could not install .deps/sysroot"
+  fi
+  if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=OFF \
+    -DSPARSEKV_BUILD_TOOLS=ON >"$OUT/build.log" 2>&1 ||
+    ! cmake --build "$BUILD" -j "$(nproc)" --target sparsekv_tool >>"$OUT/build.log" 2>&1; then
+    tail -n 60 "$OUT/build.log"
+    echo "gpu-bench-schedule: BUILD FAILED"
+    return 1
+  fi
+  echo "=== built in ${SECONDS}s"
+  local tool=$BUILD/tools/sparsekv/sparsekv failed=0
+  local workload=(--locality calibrated)
+  [[ -n ${SCHEDULE_MISS_RATE:-} ]] && workload=(--miss-rate "$SCHEDULE_MISS_RATE")
+  local common=(bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL"
+    --page-tokens 1024 --hybrid --steps "$STEPS" --warmup "$WARMUP" "${workload[@]}"
+    --contexts 32768)
+  run() {
+    local name=$1
+    shift
+    echo "=== $name: $*"
+    "$tool" "${common[@]}" "$@" --json "$OUT/$name.json" >"$OUT/$name.txt" 2>&1 || failed=1
+    grep -E 'sparsekv|full-hbm|check|error|Error' "$OUT/$name.txt" | tail -n 8
+  }
+  if [[ $MODE == auto || $MODE == all ]]; then
+    run full-hbm --variants full-hbm
+    run auto --variants sparsekv --batch "$BATCH" --schedule auto
+  fi
+  if [[ $MODE == manual || $MODE == all ]]; then
+    for prefetch in off on; do
+      for chunk in 0 8 16 32; do
+        local flags=(--variants sparsekv --batch "$BATCH" --schedule manual)
+        [[ $prefetch == on ]] && flags+=(--crosslayer-prefetch)
+        ((chunk > 0)) && flags+=(--copy-chunk-rows "$chunk")
+        run "manual-prefetch-$prefetch-chunks$chunk" "${flags[@]}"
+      done
+    done
+  fi
+  echo "=== done in ${SECONDS}s (failed=$failed)"
+  return "$failed"
+}
+
+main 2>&1 | tee -a "$OUT/schedule.txt"
+exit "${PIPESTATUS[0]}"

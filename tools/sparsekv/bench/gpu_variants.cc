@@ -288,7 +288,7 @@ class SparseKVVariant final : public StepVariant {
   std::string GraphKey() const override {
     return schedule_ != nullptr ? schedule_->choice().ToString() : "";
   }
-  Status RunLayer(int32_t layer, int32_t batch, const int32_t* topk, const std::byte* new_rows,
+  Status RunLayer(int32_t layer, int32_t /*batch*/, const int32_t* topk, const std::byte* new_rows,
                   cudaStream_t stream) override {
     SPARSEKV_RETURN_IF_ERROR(manager_->AppendToken(layer, new_rows, NewKeys(layer), stream));
     const int32_t n = s_.layers_per_index;
@@ -383,8 +383,11 @@ class SparseKVVariant final : public StepVariant {
     SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, manager_->ReadStats(stream));
     const LayerStats& t = stats.total;
     // Prefetched rows are counted once per index group and copied into each of its layers.
-    VariantStats out{double(t.hits + t.window_hits + t.misses + t.resident_hits), double(t.misses),
-                     double(stats.prefetch_rows) * s_.layers_per_index, stats.resident_requests};
+    VariantStats out;
+    out.lookups = double(t.hits + t.window_hits + t.misses + t.resident_hits);
+    out.misses = double(t.misses);
+    out.prefetched = double(stats.prefetch_rows) * s_.layers_per_index;
+    out.resident_requests = stats.resident_requests;
     if (schedule_ != nullptr) {
       out.schedule = schedule_->choice().ToString();
       out.schedule_reason = schedule_->reason();

@@ -67,7 +67,10 @@ class PageOffloadVariant final : public StepVariant {
   // In pages: the distinct pages of the top-k rows looked up, and those copied from the host.
   StatusOr<VariantStats> ReadStats(cudaStream_t stream) override {
     SPARSEKV_ASSIGN_OR_RETURN(const ResolveCounters c, cache_->ReadStats(stream));
-    return VariantStats{double(c.hits + c.window_hits + c.misses), double(c.misses)};
+    VariantStats out;
+    out.lookups = double(c.hits + c.window_hits + c.misses);
+    out.misses = double(c.misses);
+    return out;
   }
 
  private:

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The step schedule chosen by the library against every manual schedule, on a GPU machine, from
-# the repository root:
+# the repository root (sparsekv at the host pool's batch, full-hbm at every batch it holds):
 #   OUT=/some/dir bash scripts/gpu-bench-schedule.sh [auto|manual|all]
 # Builds the tool (Release, sm_90, no tests), then DeepSeek-V3.2 at 32K, the calibrated workload
 # with --hybrid at the host pool's batch (SCHEDULE_BATCH [59]), sparsekv only:
-#   auto:   full-hbm's whole sweep (its peak, for the ratio), then --schedule auto;
+#   auto:   --schedule auto;
 #   manual: --schedule manual, cross-layer prefetch off/on x chunks none/8/16/32;
+# each beside full-hbm's whole sweep (its peak, for the ratio; its attention, for the check).
 #   all:    both.
 # Every run first checks attention against full-hbm bit for bit (the bench's check steps).
 # Writes to $OUT: schedule.txt (everything printed) and one JSON per run.
@@ -54,13 +55,12 @@ main() {
     grep -E 'sparsekv|full-hbm|check|error|Error' "$OUT/$name.txt" | tail -n 8
   }
   if [[ $MODE == auto || $MODE == all ]]; then
-    run full-hbm --variants full-hbm
-    run auto --variants sparsekv --batch "$BATCH" --schedule auto
+    run auto --variants full-hbm,sparsekv --batch "$BATCH" --schedule auto
   fi
   if [[ $MODE == manual || $MODE == all ]]; then
     for prefetch in off on; do
       for chunk in 0 8 16 32; do
-        local flags=(--variants sparsekv --batch "$BATCH" --schedule manual)
+        local flags=(--variants full-hbm,sparsekv --batch "$BATCH" --schedule manual)
         [[ $prefetch == on ]] && flags+=(--crosslayer-prefetch)
         ((chunk > 0)) && flags+=(--copy-chunk-rows "$chunk")
         run "manual-prefetch-$prefetch-chunks$chunk" "${flags[@]}"

@@ -51,16 +51,24 @@ ScheduleDecision ScheduleTuner::Choose(const StepShape& shape) const {
     return static_cast<size_t>(std::find(candidates_.begin(), candidates_.end(), c) -
                                candidates_.begin());
   };
+  // Round robin: the candidate measured least (the first of those), so that a workload that
+  // drifts while they are measured (a cache warming up) weighs on all of them alike.
+  const StepChoice* next = nullptr;
+  int32_t fewest = trials_;
   for (const StepChoice& c : fitting) {
     const std::vector<double>* t = times_of(index_of(c));
     const int32_t done = t == nullptr ? 0 : static_cast<int32_t>(t->size());
-    if (done < trials_) {
-      return {c,
-              "measuring " + c.ToString() + " (" + std::to_string(done + 1) + " of " +
-                  std::to_string(trials_) + ") at batch " + std::to_string(shape.batch) + ", " +
-                  std::to_string(shape.hot_requests) + " hot-cache requests",
-              true};
+    if (done < fewest) {
+      next = &c;
+      fewest = done;
     }
+  }
+  if (next != nullptr) {
+    return {*next,
+            "measuring " + next->ToString() + " (" + std::to_string(fewest + 1) + " of " +
+                std::to_string(trials_) + ") at batch " + std::to_string(shape.batch) + ", " +
+                std::to_string(shape.hot_requests) + " hot-cache requests",
+            true};
   }
   std::vector<std::pair<double, StepChoice>> ranked;
   for (const StepChoice& c : fitting) ranked.emplace_back(Median(*times_of(index_of(c))), c);

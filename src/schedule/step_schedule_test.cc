@@ -214,14 +214,14 @@ TEST(ScheduleTunerTest, ResidentStepsRunSeriallyAtOnce) {
   EXPECT_NE(d.reason.find("resident"), std::string::npos);
 }
 
-TEST(ScheduleTunerTest, CalibratesInOrderAndPicksTheLowestMedian) {
+TEST(ScheduleTunerTest, CalibratesRoundRobinAndPicksTheLowestMedian) {
   const std::vector<StepChoice> c = {StepChoice{}, StepChoice{true, 0}, StepChoice{false, 16},
                                      StepChoice{true, 16}};
   ScheduleTuner tuner(c, 3);
   const StepShape shape{59, 20};
   const std::vector<double> seconds = {5e-3, 4e-3, 4.5e-3, 6e-3};
-  for (size_t i = 0; i < c.size(); ++i) {
-    for (int32_t t = 0; t < 3; ++t) {
+  for (int32_t t = 0; t < 3; ++t) {
+    for (size_t i = 0; i < c.size(); ++i) {
       const ScheduleDecision d = tuner.Choose(shape);
       ASSERT_TRUE(d.calibrating);
       ASSERT_EQ(d.choice, c[i]);

@@ -572,8 +572,7 @@ class Fuzzer {
       const size_t count = mode == 7 ? batch.size() + 1 : batch.size();
       for (size_t i = 0; i < count; ++i) ids.push_back(TokenId());
     }
-    const Status s =
-        with_ids ? m_->PlanStep(batch, ids, nullptr) : m_->PlanStep(batch, nullptr);
+    const Status s = with_ids ? m_->PlanStep(batch, ids, nullptr) : m_->PlanStep(batch, nullptr);
     StatusCode want = StatusCode::kOk;
     if (step_open_) {
       want = StatusCode::kFailedPrecondition;

@@ -146,8 +146,8 @@ TEST_P(NodePoolContractTest, OpenOfASegmentWithAMutatedHeaderIsRefusedOrTheSameS
   }
   EXPECT_GT(harmless, 0);
   const size_t file_bytes = std::filesystem::file_size(path_);
-  for (size_t length : {size_t{0}, size_t{100}, size_t{4095}, size_t{4096}, file_bytes / 2,
-                        file_bytes - 1}) {
+  for (size_t length :
+       {size_t{0}, size_t{100}, size_t{4095}, size_t{4096}, file_bytes / 2, file_bytes - 1}) {
     make_copy();
     std::filesystem::resize_file(copy, length);
     const Status s = OpenNodePool(copy, node_, backend_).status();

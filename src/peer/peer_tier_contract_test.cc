@@ -192,8 +192,7 @@ TEST_P(PeerTierContractTest, ImportIsExhaustedAtMaxRegionsAndRefusedWithoutTheTi
   EXPECT_EQ(PeerRegionStatus(*plain, 0).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(MapPeerRows(*plain, 1, 0, 0, 8, nullptr).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(PeerRowsRead(*plain, nullptr).status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(AdmitFromPeer(*plain, 1, 0, 0, 8, 8, nullptr).code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AdmitFromPeer(*plain, 1, 0, 0, 8, 8, nullptr).code(), StatusCode::kFailedPrecondition);
 }
 
 // AttachPeerTier: "FailedPrecondition if it has a peer tier already; InvalidArgument for
@@ -261,17 +260,18 @@ TEST_P(PeerTierContractTest, AdmitFromPeerLeavesNothingAdmittedOnError) {
   ASSERT_TRUE(manager_->Admit(9, 8, 8, nullptr).ok());
   const int32_t free_after_nine = manager_->host_pool().free_pages();
   EXPECT_LT(free_after_nine, free_pages);
-  for (const Case& c : {Case{1, region + 1, 0, kPrompt, 8, StatusCode::kNotFound},
-                        Case{1, region, kRegionRows - 8, 16, 8, StatusCode::kOutOfRange},
-                        Case{1, region, 0, 0, 8, StatusCode::kInvalidArgument},
-                        Case{9, region, 0, kPrompt, 8, StatusCode::kAlreadyExists},  // Admit's
-                        Case{1, region, 0, kPrompt, 1000, StatusCode::kOutOfRange}}) {  // past max_context
-    SCOPED_TRACE("request " + std::to_string(c.id) + " rows " + std::to_string(c.first_row) +
-                 "+" + std::to_string(c.prompt_len));
-    EXPECT_EQ(AdmitFromPeer(*manager_, c.id, c.region, c.first_row, c.prompt_len, c.max_new,
-                            nullptr)
-                  .code(),
-              c.code);
+  for (const Case& c :
+       {Case{1, region + 1, 0, kPrompt, 8, StatusCode::kNotFound},
+        Case{1, region, kRegionRows - 8, 16, 8, StatusCode::kOutOfRange},
+        Case{1, region, 0, 0, 8, StatusCode::kInvalidArgument},
+        Case{9, region, 0, kPrompt, 8, StatusCode::kAlreadyExists},     // Admit's
+        Case{1, region, 0, kPrompt, 1000, StatusCode::kOutOfRange}}) {  // past max_context
+    SCOPED_TRACE("request " + std::to_string(c.id) + " rows " + std::to_string(c.first_row) + "+" +
+                 std::to_string(c.prompt_len));
+    EXPECT_EQ(
+        AdmitFromPeer(*manager_, c.id, c.region, c.first_row, c.prompt_len, c.max_new, nullptr)
+            .code(),
+        c.code);
     EXPECT_EQ(manager_->SequenceLength(1).status().code(), StatusCode::kNotFound);
     EXPECT_EQ(manager_->host_pool().free_pages(), free_after_nine);
   }
@@ -300,8 +300,7 @@ TEST_P(PeerTierContractTest, RegionCreateAndWriteRowsErrors) {
               StatusCode::kInvalidArgument);
   }
   EXPECT_EQ(region_->WriteRows(0, 0, nullptr, 1, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(region_->WriteRows(0, 0, rows.data(), 0, nullptr).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(region_->WriteRows(0, 0, rows.data(), 0, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(region_->WriteRows(0, kRegionRows - 1, rows.data(), 2, nullptr).code(),
             StatusCode::kOutOfRange);
   EXPECT_EQ(region_->WriteRows(0, -1, rows.data(), 1, nullptr).code(), StatusCode::kOutOfRange);

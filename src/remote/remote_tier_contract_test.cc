@@ -94,8 +94,7 @@ TEST_P(RemoteTierContractTest, WritePromptLayerRefusesALayoutThatDoesNotFit) {
   const RemotePromptLayout huge = RemotePromptLayout::Dense(kLayers, 4096, kRowBytes);
   std::vector<std::byte> rows(static_cast<size_t>(4096) * kRowBytes, std::byte{0x3C});
   const std::vector<std::byte> before = server_->memory();
-  EXPECT_EQ(tier_->WritePromptLayer(region_, huge, 1, rows.data()).code(),
-            StatusCode::kOutOfRange);
+  EXPECT_EQ(tier_->WritePromptLayer(region_, huge, 1, rows.data()).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(server_->memory(), before);  // nothing was written
 }
 
@@ -155,10 +154,8 @@ TEST_P(RemoteTierContractTest, AdmitRemoteLeavesNothingAdmittedOnError) {
                         Case{1, region_, good, 1000, StatusCode::kOutOfRange},  // Admit's
                         Case{1, region_ + 100, good, 8, StatusCode::kNotFound},
                         Case{9, region_, good, 8, StatusCode::kAlreadyExists}}) {
-    SCOPED_TRACE("request " + std::to_string(c.id) + " tokens " +
-                 std::to_string(c.layout.tokens));
-    EXPECT_EQ(AdmitRemote(*manager_, c.id, c.region, c.layout, c.max_new, nullptr).code(),
-              c.code);
+    SCOPED_TRACE("request " + std::to_string(c.id) + " tokens " + std::to_string(c.layout.tokens));
+    EXPECT_EQ(AdmitRemote(*manager_, c.id, c.region, c.layout, c.max_new, nullptr).code(), c.code);
     EXPECT_EQ(manager_->SequenceLength(1).status().code(), StatusCode::kNotFound);
     EXPECT_EQ(RemoteStatus(*manager_, 1).code(), StatusCode::kNotFound);
     EXPECT_EQ(PagesUsed(), used_by_nine);

@@ -563,17 +563,20 @@ class Fuzzer {
         batch.push_back(PickId());
       }
     }
+    // Mode 0: no ids (the overload without them); 6: an empty list, which is a count of 0; 7: one
+    // id too many; otherwise one id per request.
     std::vector<int32_t> ids;
     const int mode = in_.ConsumeIntegralInRange<int>(0, 7);
-    if (mode > 0) {
+    const bool with_ids = mode > 0;
+    if (mode > 0 && mode != 6) {
       const size_t count = mode == 7 ? batch.size() + 1 : batch.size();
       for (size_t i = 0; i < count; ++i) ids.push_back(TokenId());
     }
-    const Status s = m_->PlanStep(batch, ids, nullptr);
+    const Status s = with_ids ? m_->PlanStep(batch, ids, nullptr) : m_->PlanStep(batch, nullptr);
     StatusCode want = StatusCode::kOk;
     if (step_open_) {
       want = StatusCode::kFailedPrecondition;
-    } else if (!ids.empty() && ids.size() != batch.size()) {
+    } else if (with_ids && ids.size() != batch.size()) {
       want = StatusCode::kInvalidArgument;
     } else if (batch.empty() || batch.size() > static_cast<size_t>(max_batch_)) {
       want = StatusCode::kInvalidArgument;

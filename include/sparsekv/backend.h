@@ -104,10 +104,19 @@ class Backend {
     return Unavailable("backend " + name() + " cannot share device memory");
   }
   // Maps the allocation that `handle` names, readable by this backend's operators (under CUDA from
-  // another GPU of the machine too, over peer access). InvalidArgument for a handle of another
-  // kind of backend; Unavailable if it cannot be mapped here (e.g. GPUs without peer access).
+  // another GPU of the machine too, over peer access). A handle is checked before anything is read
+  // through it: InvalidArgument for a handle of another kind of backend or one that does not
+  // parse; NotFound for a handle of this process whose allocation was freed (or never existed);
+  // Unavailable if it cannot be mapped here (e.g. GPUs without peer access, another process's
+  // allocation that CUDA IPC cannot open, or any other process's for the CPU backend).
   virtual StatusOr<void*> ImportDevice(std::string_view handle) {
     (void)handle;
+    return Unavailable("backend " + name() + " cannot share device memory");
+  }
+  // The bytes of the allocation ImportDevice mapped at `ptr`: all that may be read there.
+  // NotFound if `ptr` is not what an ImportDevice not yet closed returned.
+  virtual StatusOr<size_t> ImportedBytes(const void* ptr) {
+    (void)ptr;
     return Unavailable("backend " + name() + " cannot share device memory");
   }
   // Unmaps what ImportDevice returned. REQUIRES (not checked): nothing enqueued still reads it.

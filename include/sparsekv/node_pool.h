@@ -104,12 +104,23 @@ StatusOr<std::shared_ptr<HostKVPool>> CreateNodePool(const CacheOptions& options
                                                      const NodePoolOptions& node,
                                                      std::shared_ptr<Backend> backend);
 // Attaches this process to the node pool at `path` (node.huge_pages applies; the other fields are
-// the creator's). NotFound if there is none; FailedPrecondition if it is not a node pool or was
-// closed by its last process; ResourceExhausted if max_processes live processes are attached; the
+// the creator's). The segment's header is checked (its checksum, then its shape against the
+// file's size) before anything it describes is read. NotFound if there is none; Unavailable if
+// the path cannot be opened (a directory, say); FailedPrecondition if it is not a node pool (not
+// a regular file, too small, another version, a header that fails its checks) or was closed by
+// its last process; ResourceExhausted if max_processes live processes are attached; the
 // backend's error if it cannot register host memory.
 StatusOr<std::shared_ptr<HostKVPool>> OpenNodePool(const std::string& path,
                                                    const NodePoolOptions& node,
                                                    std::shared_ptr<Backend> backend);
+// OpenNodePool of the pool `descriptor` (NodePoolDescriptor::Serialize's text) names, refused
+// before this process attaches unless the segment at its path is the one described: how a reader
+// opens a pool it learnt of through the control plane. InvalidArgument for a descriptor that does
+// not parse or has id 0; NotFound if there is no segment at its path or the segment there has
+// another id (the pool was created again since); otherwise OpenNodePool's errors.
+StatusOr<std::shared_ptr<HostKVPool>> OpenDescribedNodePool(std::string_view descriptor,
+                                                            const NodePoolOptions& node,
+                                                            std::shared_ptr<Backend> backend);
 // The descriptor of a node pool (empty path and id 0 for a private pool).
 NodePoolDescriptor DescribeNodePool(const HostKVPool& pool);
 // Sets options' geometry, host_capacity_tokens, host_page_tokens and max_context to the pool's,
@@ -119,7 +130,8 @@ void UseNodePoolShape(const HostKVPool& pool, CacheOptions& options);
 // Writes the rows of positions [0, tokens) of `layer` ([tokens, row_stride(layer)] at `rows`, in
 // host memory or `backend`'s device memory) into `owner`'s pages, with backend.CopyAsync on
 // `stream`: how a writer fills a prompt before sealing it. `rows` must stay valid until `stream`
-// reaches the copies. InvalidArgument for a bad layer, null rows or tokens < 1; OutOfRange if
+// reaches the copies. InvalidArgument for a bad layer, an owner out of range, null rows or
+// tokens < 1; OutOfRange if
 // tokens exceeds the owner's reserved tokens; FailedPrecondition in a node pool for an owner this
 // process does not hold.
 Status WritePromptLayer(HostKVPool& pool, Backend& backend, int32_t owner, int32_t layer,

@@ -30,9 +30,15 @@
 // destroyed.
 //
 // Generations. A region's descriptor carries its generation, a random 64-bit number; the region's
-// memory starts with a header holding it, cleared before the memory is freed. ImportPeerRegion
-// reads the header and refuses (NotFound) a descriptor whose region is gone or whose memory now
-// holds another region.
+// memory starts with a header holding it and the region's shape, cleared before the memory is
+// freed. A descriptor comes from elsewhere (the control plane, a lender that may have died or
+// restarted) and may be stale, truncated or forged, so ImportPeerRegion reads nothing through it
+// before it is checked: the text, the strides against the manager's geometry, the lender's
+// liveness (its pid and start time), then the handle (Backend::ImportDevice: a handle of this
+// process must name one of its live allocations, known on the host), the mapping's size
+// (Backend::ImportedBytes), and only then the header. It refuses (NotFound) a descriptor whose
+// region is gone or whose memory now holds another region, and (InvalidArgument) one whose shape
+// is not its region's.
 //
 // REQUIRES of the lender (not checked): rows a decoder has mapped are not rewritten while it maps
 // them, and a region is destroyed only after every decoder released it (DetachPeerRegion), or by
@@ -124,9 +130,12 @@ Status AttachPeerTier(SparseKVCacheManager& manager, const PeerTierOptions& opti
 
 // Maps the region `descriptor` names (Parse's text) into this process and returns its index
 // (for MapPeerRows). FailedPrecondition without the peer tier; InvalidArgument for a descriptor
-// that does not parse or whose strides are not the manager's geometry's; NotFound if the lender
-// is gone or the region no longer exists (its header holds another generation); ResourceExhausted
-// if max_regions regions are imported; the backend's error if it cannot map it.
+// that does not parse, whose strides are not the manager's geometry's, or whose rows and strides
+// are not its region's (its header's); NotFound if the lender is gone or the region no longer
+// exists (its handle names no live allocation, or its header holds another generation);
+// ResourceExhausted if max_regions regions are imported; the backend's error if it cannot map it
+// (ImportDevice's: e.g. InvalidArgument for another backend's handle). Nothing changes on error
+// but that a lost region's mapping (PeerRegionStatus Unavailable) in the slot taken is closed.
 StatusOr<int32_t> ImportPeerRegion(SparseKVCacheManager& manager, std::string_view descriptor,
                                    StreamHandle stream);
 

@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/text.h"
@@ -20,6 +22,34 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The "device" allocations of every CPU backend of the process and their sizes: what ImportDevice
+// may map. A handle is an address, so one of freed memory is recognised here, never read.
+class DeviceAllocations {
+ public:
+  static DeviceAllocations& Get() {
+    static DeviceAllocations* all = new DeviceAllocations();  // never destroyed: used at exit
+    return *all;
+  }
+  void Add(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    bytes_[p] = bytes;
+  }
+  void Remove(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    bytes_.erase(p);
+  }
+  // 0 if `p` is not the start of a live allocation.
+  size_t Bytes(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = bytes_.find(p);
+    return it == bytes_.end() ? 0 : it->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<const void*, size_t> bytes_;
+};
+
 class CpuBackend final : public Backend {
  public:
   BackendKind kind() const override { return BackendKind::kCpu; }
@@ -29,8 +59,15 @@ class CpuBackend final : public Backend {
   void FreeHost(void* ptr) override { std::free(ptr); }
   Status RegisterHost(void*, size_t) override { return Status::Ok(); }
   void UnregisterHost(void*) override {}
-  StatusOr<void*> AllocateDevice(size_t bytes) override { return Allocate(bytes); }
-  void FreeDevice(void* ptr) override { std::free(ptr); }
+  StatusOr<void*> AllocateDevice(size_t bytes) override {
+    SPARSEKV_ASSIGN_OR_RETURN(void* p, Allocate(bytes));
+    DeviceAllocations::Get().Add(p, bytes == 0 ? 1 : bytes);
+    return p;
+  }
+  void FreeDevice(void* ptr) override {
+    DeviceAllocations::Get().Remove(ptr);
+    std::free(ptr);
+  }
 
   Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle) override {
     if (bytes != 0) std::memmove(dst, src, bytes);
@@ -101,7 +138,17 @@ class CpuBackend final : public Backend {
     if (pid != getpid()) {
       return Unavailable("ImportDevice: the cpu backend shares device memory within one process");
     }
-    return reinterpret_cast<void*>(address);
+    void* ptr = reinterpret_cast<void*>(address);
+    if (DeviceAllocations::Get().Bytes(ptr) == 0) {
+      return NotFound("ImportDevice: no device allocation of this process at " +
+                      std::string(words[2]) + " (freed, or not a handle ExportDevice wrote)");
+    }
+    return ptr;
+  }
+  StatusOr<size_t> ImportedBytes(const void* ptr) override {
+    const size_t bytes = DeviceAllocations::Get().Bytes(ptr);
+    if (bytes == 0) return NotFound("ImportedBytes: no device allocation at that address");
+    return bytes;
   }
   void CloseImported(void*) override {}
 

@@ -36,6 +36,38 @@ cudaStream_t ToCuda(StreamHandle stream) { return static_cast<cudaStream_t>(stre
 using cuda_common::CudaError;
 using cuda_common::DeviceGuard;
 
+// The device allocations of every CUDA backend of the process, with their size and device: a
+// handle of this process names its allocation by address, so one of freed memory is recognised
+// here, on the host, and never read (the runtime would take an unknown address for host memory).
+class DeviceAllocations {
+ public:
+  struct Allocation {
+    size_t bytes = 0;  // 0: none
+    int device = -1;
+  };
+  static DeviceAllocations& Get() {
+    static DeviceAllocations* all = new DeviceAllocations();  // never destroyed: used at exit
+    return *all;
+  }
+  void Add(const void* p, Allocation a) {
+    std::lock_guard<std::mutex> lock(mu_);
+    allocations_[p] = a;
+  }
+  void Remove(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    allocations_.erase(p);
+  }
+  Allocation Find(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocations_.find(p);
+    return it == allocations_.end() ? Allocation{} : it->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<const void*, Allocation> allocations_;
+};
+
 class CudaBackend final : public Backend {
  public:
   static StatusOr<std::shared_ptr<Backend>> Create(int device, HostMemoryKind host_memory) {
@@ -161,11 +193,13 @@ class CudaBackend final : public Backend {
       return ResourceExhausted("cudaMalloc of " + std::to_string(bytes) +
                                " bytes: " + cudaGetErrorString(err));
     }
+    DeviceAllocations::Get().Add(ptr, {bytes == 0 ? 1 : bytes, device_});
     return ptr;
   }
 
   void FreeDevice(void* ptr) override {
     if (ptr == nullptr) return;
+    DeviceAllocations::Get().Remove(ptr);
     DeviceGuard guard(device_);
     cudaFree(ptr);
   }
@@ -334,9 +368,21 @@ class CudaBackend final : public Backend {
     }
     DeviceGuard guard(device_);
     if (pid == getpid()) {
-      // This process's own allocation, on this or another of its devices.
+      // This process's own allocation, on this or another of its devices: known on the host, or
+      // gone (freed since the handle was written, or a forged address).
+      void* own = reinterpret_cast<void*>(address);
+      const DeviceAllocations::Allocation a = DeviceAllocations::Get().Find(own);
+      if (a.bytes == 0) {
+        return NotFound("ImportDevice: no device allocation of this process at " +
+                        std::string(words[3]) + " (freed, or not a handle ExportDevice wrote)");
+      }
+      if (a.device != device) {
+        return InvalidArgument("ImportDevice: the allocation at " + std::string(words[3]) +
+                               " is on device " + std::to_string(a.device) + ", not " +
+                               std::to_string(device));
+      }
       if (device != device_) SPARSEKV_RETURN_IF_ERROR(EnablePeerAccess(device));
-      return reinterpret_cast<void*>(address);
+      return own;
     }
     void* ptr = nullptr;
     if (cudaError_t err = cudaIpcOpenMemHandle(&ptr, ipc, cudaIpcMemLazyEnablePeerAccess);
@@ -345,9 +391,36 @@ class CudaBackend final : public Backend {
       return Unavailable(std::string("ImportDevice: cudaIpcOpenMemHandle: ") +
                          cudaGetErrorString(err));
     }
+    // The mapping's extent, from the driver: what a reader of it may read.
+    size_t bytes = 0;
+    const auto range = LoadAddressRange();
+    CUdeviceptr base = 0;
+    if (range == nullptr ||
+        range(&base, &bytes, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS ||
+        base != reinterpret_cast<CUdeviceptr>(ptr)) {
+      bytes = 0;
+    }
     std::lock_guard<std::mutex> lock(host_mu_);
-    ++imported_[ptr];  // a handle opened again in this process maps to the same address
+    Imported& imported = imported_[ptr];  // a handle opened again maps to the same address
+    ++imported.refs;
+    imported.bytes = bytes;
     return ptr;
+  }
+
+  StatusOr<size_t> ImportedBytes(const void* ptr) override {
+    {
+      std::lock_guard<std::mutex> lock(host_mu_);
+      auto it = imported_.find(const_cast<void*>(ptr));
+      if (it != imported_.end()) {
+        if (it->second.bytes == 0) {
+          return Unavailable("ImportedBytes: the driver does not say the mapping's size");
+        }
+        return it->second.bytes;
+      }
+    }
+    const DeviceAllocations::Allocation a = DeviceAllocations::Get().Find(ptr);
+    if (a.bytes == 0) return NotFound("ImportedBytes: no imported allocation at that address");
+    return a.bytes;
   }
 
   void CloseImported(void* ptr) override {
@@ -355,7 +428,7 @@ class CudaBackend final : public Backend {
       std::lock_guard<std::mutex> lock(host_mu_);
       auto it = imported_.find(ptr);
       if (it == imported_.end()) return;  // this process's own memory: nothing was mapped
-      if (--it->second > 0) return;       // still imported by another caller
+      if (--it->second.refs > 0) return;  // still imported by another caller
       imported_.erase(it);
     }
     DeviceGuard guard(device_);
@@ -412,6 +485,15 @@ class CudaBackend final : public Backend {
     }
     *fn = reinterpret_cast<Fn>(p);
     return true;
+  }
+
+  // cuMemGetAddressRange, looked up as the VMM calls are; null if the driver lacks it.
+  static decltype(&::cuMemGetAddressRange) LoadAddressRange() {
+    static const decltype(&::cuMemGetAddressRange) range = [] {
+      decltype(&::cuMemGetAddressRange) fn = nullptr;
+      return LoadDriverCall("cuMemGetAddressRange", &fn) ? fn : nullptr;
+    }();
+    return range;
   }
 
   static const Vmm* LoadVmm() {
@@ -549,8 +631,13 @@ class CudaBackend final : public Backend {
   std::mutex fork_join_mu_;
   std::mutex host_mu_;
   std::unordered_map<void*, HostBlock> host_blocks_;
-  // ImportDevice's mappings of other processes' memory, with the imports not yet closed.
-  std::unordered_map<void*, int> imported_;
+  // ImportDevice's mappings of other processes' memory: the imports not yet closed, and the
+  // mapping's size (0 if the driver did not say).
+  struct Imported {
+    int refs = 0;
+    size_t bytes = 0;
+  };
+  std::unordered_map<void*, Imported> imported_;
 };
 
 }  // namespace

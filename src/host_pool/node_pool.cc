@@ -120,16 +120,42 @@ StatusOr<std::shared_ptr<HostKVPool>> CreateNodePool(const CacheOptions& options
   return pool;
 }
 
-StatusOr<std::shared_ptr<HostKVPool>> OpenNodePool(const std::string& path,
-                                                   const NodePoolOptions& node,
-                                                   std::shared_ptr<Backend> backend) {
+namespace {
+
+// OpenNodePool, refused before this process attaches unless the segment has `id` (0: any).
+StatusOr<std::shared_ptr<HostKVPool>> Open(const std::string& path, uint64_t id,
+                                           const NodePoolOptions& node,
+                                           std::shared_ptr<Backend> backend) {
   if (backend == nullptr) return InvalidArgument("node pool: backend is null");
   SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<NodeSegment> segment,
                             NodeSegment::Open(path, node.huge_pages));
+  if (id != 0 && segment->id() != id) {
+    char want[17], have[17];
+    std::snprintf(want, sizeof(want), "%016" PRIx64, id);
+    std::snprintf(have, sizeof(have), "%016" PRIx64, segment->id());
+    return NotFound("node pool: " + path + " holds segment " + have + ", not " + want +
+                    " (the pool was created again)");
+  }
   std::shared_ptr<HostKVPool> pool = NodePoolAccess::Wrap(std::move(segment), std::move(backend));
   SPARSEKV_RETURN_IF_ERROR(NodePoolAccess::Attach(*pool));
   SPARSEKV_RETURN_IF_ERROR(NodePoolAccess::Register(*pool));
   return pool;
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<HostKVPool>> OpenNodePool(const std::string& path,
+                                                   const NodePoolOptions& node,
+                                                   std::shared_ptr<Backend> backend) {
+  return Open(path, 0, node, std::move(backend));
+}
+
+StatusOr<std::shared_ptr<HostKVPool>> OpenDescribedNodePool(std::string_view descriptor,
+                                                            const NodePoolOptions& node,
+                                                            std::shared_ptr<Backend> backend) {
+  SPARSEKV_ASSIGN_OR_RETURN(NodePoolDescriptor d, NodePoolDescriptor::Parse(descriptor));
+  if (d.id == 0) return InvalidArgument("node pool descriptor: id 0 names no segment");
+  return Open(d.path, d.id, node, std::move(backend));
 }
 
 NodePoolDescriptor DescribeNodePool(const HostKVPool& pool) {

@@ -25,9 +25,9 @@ namespace sparsekv {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4f4f5045444f4eull;  // "NODEPOOL"
-constexpr uint32_t kVersion = 1;
-constexpr size_t kRowAlignment = size_t{2} << 20;  // 2 MB: a huge page
-constexpr size_t kHeaderBytes = 4096;              // SegmentHeader, then the layer shapes
+constexpr uint32_t kVersion = 2;                    // 2: the header's checksum
+constexpr size_t kRowAlignment = size_t{2} << 20;   // 2 MB: a huge page
+constexpr size_t kHeaderBytes = 4096;               // SegmentHeader, then the layer shapes
 
 struct SegmentHeader {
   std::atomic<uint64_t> magic;  // kMagic once the segment is ready
@@ -43,6 +43,7 @@ struct SegmentHeader {
   int32_t max_owners;
   int32_t max_processes;
   int32_t pad;
+  uint64_t checksum;  // HeaderChecksum: a header altered after it was written is refused
   // Followed by `layers` pairs (row_bytes, row_stride) at kLayersOffset.
 };
 constexpr size_t kLayersOffset = 256;
@@ -50,6 +51,24 @@ static_assert(sizeof(SegmentHeader) <= kLayersOffset);
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the magic is shared between processes");
 
 size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// FNV-1a over every field of the header but the magic and the checksum, and over the `layers`
+// (row_bytes, row_stride) pairs at `shapes`.
+uint64_t HeaderChecksum(const SegmentHeader& h, const int32_t* shapes) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  const auto mix = [&hash](uint64_t v) {
+    for (int i = 0; i < 8; ++i) hash = (hash ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  };
+  for (uint64_t v :
+       {uint64_t{h.version}, uint64_t(uint32_t(h.layers)), h.id, h.bytes, h.book_offset,
+        h.rows_offset, uint64_t(uint32_t(h.rows)), uint64_t(uint32_t(h.page_tokens)),
+        uint64_t(uint32_t(h.pages_per_owner)), uint64_t(uint32_t(h.max_owners)),
+        uint64_t(uint32_t(h.max_processes)), uint64_t(uint32_t(h.pad))}) {
+    mix(v);
+  }
+  for (int32_t i = 0; i < 2 * h.layers; ++i) mix(uint32_t(shapes[i]));
+  return hash;
+}
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -201,6 +220,7 @@ StatusOr<std::unique_ptr<NodeSegment>> NodeSegment::Create(const std::string& pa
     layers[2 * l] = shape.geometry.layers[l].row_bytes;
     layers[2 * l + 1] = shape.geometry.layers[l].row_stride;
   }
+  h->checksum = HeaderChecksum(*h, layers);
   h->magic.store(kMagic, std::memory_order_release);
   SPARSEKV_RETURN_IF_ERROR(s->ReadHeader());
   return s;
@@ -218,7 +238,8 @@ Status NodeSegment::Publish() {
 }
 
 StatusOr<std::unique_ptr<NodeSegment>> NodeSegment::Open(const std::string& path, bool huge_pages) {
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  // Non-blocking, so that a path naming a FIFO is refused below rather than waited on.
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return NotFound("node pool: no segment " + path);
     return Unavailable(Errno("node pool: cannot open " + path));
@@ -228,7 +249,7 @@ StatusOr<std::unique_ptr<NodeSegment>> NodeSegment::Open(const std::string& path
   s->fd_ = fd;
   struct stat st {};
   if (fstat(fd, &st) != 0) return Unavailable(Errno("node pool: fstat " + path));
-  if (static_cast<size_t>(st.st_size) < kHeaderBytes) {
+  if (!S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) < kHeaderBytes) {
     return FailedPrecondition("node pool: " + path + " is not a node pool segment");
   }
   void* p =
@@ -251,9 +272,15 @@ Status NodeSegment::ReadHeader() {
     return FailedPrecondition("node pool: " + path_ + " has version " + std::to_string(h->version) +
                               ", not " + std::to_string(kVersion));
   }
-  if (h->layers < 1 || kLayersOffset + 8 * static_cast<size_t>(h->layers) > h->book_offset ||
-      h->bytes != bytes_) {
+  // Every field is checked before it sizes a read: the layer count against the mapping, then the
+  // checksum, then the shape.
+  if (h->layers < 1 || h->bytes != bytes_ || h->book_offset > bytes_ ||
+      kLayersOffset + 8 * static_cast<size_t>(h->layers) > h->book_offset) {
     return FailedPrecondition("node pool: " + path_ + " is not a valid segment");
+  }
+  const auto* shapes = reinterpret_cast<const int32_t*>(base_ + kLayersOffset);
+  if (h->checksum != HeaderChecksum(*h, shapes)) {
+    return FailedPrecondition("node pool: " + path_ + " has a corrupt header (checksum)");
   }
   id_ = h->id;
   shape_.rows = h->rows;
@@ -262,11 +289,14 @@ Status NodeSegment::ReadHeader() {
   shape_.max_owners = h->max_owners;
   shape_.max_processes = h->max_processes;
   shape_.geometry.layers.clear();
-  const auto* layers = reinterpret_cast<const int32_t*>(base_ + kLayersOffset);
+  bool valid = shape_.rows > 0 && shape_.page_tokens > 0 && shape_.rows % shape_.page_tokens == 0 &&
+               shape_.pages_per_owner > 0 && shape_.max_owners > 0 && shape_.max_processes > 0;
   for (int32_t l = 0; l < h->layers; ++l) {
-    shape_.geometry.layers.push_back({layers[2 * l], layers[2 * l + 1]});
+    const LayerShape layer{shapes[2 * l], shapes[2 * l + 1]};
+    valid = valid && layer.row_bytes > 0 && layer.row_stride >= layer.row_bytes;
+    shape_.geometry.layers.push_back(layer);
   }
-  if (shape_.page_tokens <= 0 || shape_.rows % shape_.page_tokens != 0) {
+  if (!valid) {
     return FailedPrecondition("node pool: " + path_ + " is not a valid segment");
   }
   const Offsets o = OffsetsOf(shape_);

@@ -1,5 +1,6 @@
 // Sentences of manager.h held to the code: each test is named after what the header promises, and
-// fails if the manager does otherwise (CPU backend).
+// fails if the manager does otherwise (the first on the CPU backend; the error lists, under
+// Backends/, on the CPU and the CUDA backend, the latter skipping without a GPU).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "sparsekv/manager.h"
+#include "testing/cuda_test_util.h"
 #include "testing/harness.h"
 
 namespace sparsekv {
@@ -265,6 +267,267 @@ TEST(ManagerContractTest, PlanStepTakesBracedLists) {
   RunOneLayer(*m, {0, 1, 0, 1, 0, 1, 0, 1});
   EXPECT_EQ(m->PlanStep({1, 2}, {5}, nullptr).code(), StatusCode::kInvalidArgument);
 }
+
+// ---- Error lists, on both backends ----
+
+class ManagerErrorContractTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    backend_ = GetParam() == "cuda" ? testing::CudaBackendOrSkip() : CreateCpuBackend();
+  }
+  std::unique_ptr<SparseKVCacheManager> Create(const CacheOptions& o) {
+    auto m = SparseKVCacheManager::Create(o, backend_);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? std::move(*m) : nullptr;
+  }
+  // What an error must leave as it was: the pool's pages, the live requests' lengths, the stats.
+  struct Snapshot {
+    int32_t free_pages;
+    std::vector<int32_t> lengths;  // of requests 1..8, -1 for an unknown one
+    int32_t live;
+    friend bool operator==(const Snapshot&, const Snapshot&) = default;
+  };
+  static Snapshot Take(SparseKVCacheManager& m) {
+    Snapshot s{m.host_pool().free_pages(), {}, 0};
+    for (RequestId id = 1; id <= 8; ++id) {
+      StatusOr<int32_t> len = m.SequenceLength(id);
+      s.lengths.push_back(len.ok() ? *len : -1);
+      s.live += len.ok() ? 1 : 0;
+    }
+    return s;
+  }
+
+  std::shared_ptr<Backend> backend_;
+};
+
+// Admit: "AlreadyExists for a known id (live or retained); OutOfRange if the length exceeds
+// max_context; ResourceExhausted if the hot cache ... are all in use, or the host pool is full
+// even after evicting every retained conversation (nothing changes then)".
+TEST_P(ManagerErrorContractTest, AdmitErrorsChangeNothing) {
+  if (backend_ == nullptr) return;
+  CacheOptions o = Tiny(1, 4);
+  o.host_capacity_tokens = 40;  // 10 pages
+  auto m = Create(o);
+  ASSERT_NE(m, nullptr);
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(m->AdmitWithPrefix(1, ids, 0, nullptr).ok());
+  const Bytes prompt = Counting(8);
+  ASSERT_TRUE(m->IngestPrompt(1, 0, prompt.data(), nullptr).ok());
+  ASSERT_EQ(m->Retain(1).value(), 8);             // 2 pages retained
+  ASSERT_TRUE(m->Admit(2, 16, 0, nullptr).ok());  // 4 pages
+  const Snapshot before = Take(*m);
+  EXPECT_EQ(m->Admit(2, 4, 4, nullptr).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(m->Admit(1, 4, 4, nullptr).code(), StatusCode::kAlreadyExists);  // retained
+  EXPECT_EQ(m->Admit(3, 30, 3, nullptr).code(), StatusCode::kOutOfRange);
+  // 8 pages > 4 free + 2 retained: refused without evicting the retained conversation.
+  EXPECT_EQ(m->Admit(3, 32, 0, nullptr).code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(m->IsRetained(1));
+  EXPECT_EQ(Take(*m), before);
+  ASSERT_TRUE(m->Admit(3, 16, 0, nullptr).ok());  // 4 pages: fits
+  ASSERT_TRUE(m->Admit(4, 8, 0, nullptr).ok());   // 2 more: evicts the retained conversation
+  EXPECT_FALSE(m->IsRetained(1));
+  const Snapshot full = Take(*m);
+  EXPECT_EQ(m->Admit(5, 4, 0, nullptr).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(Take(*m), full);
+}
+
+// AdmitWithPrefix: "Errors as Admit; nothing changes on error" -- a prefix found in the pool
+// is not shared by a refused admission.
+TEST_P(ManagerErrorContractTest, AdmitWithPrefixErrorsChangeNothing) {
+  if (backend_ == nullptr) return;
+  auto m = Create(Tiny(1, 4));
+  ASSERT_NE(m, nullptr);
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  ASSERT_TRUE(m->AdmitWithPrefix(1, ids, 0, nullptr).ok());
+  const Bytes prompt = Counting(9);
+  ASSERT_TRUE(m->IngestPrompt(1, 0, prompt.data(), nullptr).ok());
+  const Snapshot before = Take(*m);
+  const int32_t shared = m->ReadStats(nullptr).value().pages_shared;
+  EXPECT_EQ(m->AdmitWithPrefix(1, ids, 0, nullptr).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(m->AdmitWithPrefix(2, ids, 30, nullptr).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(Take(*m), before);
+  EXPECT_EQ(m->ReadStats(nullptr).value().pages_shared, shared);
+  EXPECT_EQ(m->AdmitWithPrefix(2, ids, 0, nullptr).value(), 8);
+}
+
+// IngestPrompt: "NotFound unless the request is live; InvalidArgument for a bad layer or null
+// rows; AlreadyExists for a layer ingested already; FailedPrecondition for a retracted request".
+TEST_P(ManagerErrorContractTest, IngestPromptErrors) {
+  if (backend_ == nullptr) return;
+  auto m = Create(Tiny(1, 8));
+  ASSERT_NE(m, nullptr);
+  const Bytes prompt = Counting(8);
+  EXPECT_EQ(m->IngestPrompt(1, 0, prompt.data(), nullptr).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(m->Admit(1, 8, 8, nullptr).ok());
+  EXPECT_EQ(m->IngestPrompt(1, 1, prompt.data(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->IngestPrompt(1, -1, prompt.data(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->IngestPrompt(1, 0, nullptr, nullptr).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m->IngestPrompt(1, 0, prompt.data(), nullptr).ok());
+  EXPECT_EQ(m->IngestPrompt(1, 0, prompt.data(), nullptr).code(), StatusCode::kAlreadyExists);
+  ASSERT_TRUE(m->Admit(2, 8, 8, nullptr).ok());
+  ASSERT_TRUE(m->Retract(2).ok());
+  EXPECT_EQ(m->IngestPrompt(2, 0, prompt.data(), nullptr).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m->Release(2).ok());
+  EXPECT_EQ(m->IngestPrompt(2, 0, prompt.data(), nullptr).code(), StatusCode::kNotFound);
+  // Release: "NotFound for an unknown or released id".
+  EXPECT_EQ(m->Release(2).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m->Release(7).code(), StatusCode::kNotFound);
+}
+
+// IngestIndexerKeys: "FailedPrecondition without indexer keys; NotFound unless the request is
+// live; InvalidArgument for a bad layer or null keys; AlreadyExists for a layer ingested
+// already". IndexerKeys: "With indexer_key_bytes = 0 every pointer is null".
+TEST_P(ManagerErrorContractTest, IngestIndexerKeysErrors) {
+  if (backend_ == nullptr) return;
+  auto plain = Create(Tiny(1, 8));
+  ASSERT_NE(plain, nullptr);
+  ASSERT_TRUE(plain->Admit(1, 8, 8, nullptr).ok());
+  const Bytes keys = Counting(8);
+  EXPECT_EQ(plain->IngestIndexerKeys(1, 0, keys.data(), nullptr).code(),
+            StatusCode::kFailedPrecondition);
+  const IndexerKeyView none = plain->IndexerKeys(0);
+  EXPECT_EQ(none.keys, nullptr);
+  EXPECT_EQ(none.page_table, nullptr);
+  EXPECT_EQ(none.batch, nullptr);
+  CacheOptions o = Tiny(1, 8);
+  o.indexer_key_bytes = kStride;
+  o.hot_slots = 7;
+  o.resident_page_rows = 8;
+  auto m = Create(o);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->IngestIndexerKeys(1, 0, keys.data(), nullptr).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(m->Admit(1, 8, 8, nullptr).ok());
+  EXPECT_EQ(m->IngestIndexerKeys(1, 1, keys.data(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->IngestIndexerKeys(1, 0, nullptr, nullptr).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m->IngestIndexerKeys(1, 0, keys.data(), nullptr).ok());
+  EXPECT_EQ(m->IngestIndexerKeys(1, 0, keys.data(), nullptr).code(), StatusCode::kAlreadyExists);
+}
+
+// Fork: "NotFound (parent), AlreadyExists (child), FailedPrecondition (parent not fully ingested
+// or in the open step), OutOfRange (parent length + max_new_tokens > max_context)".
+TEST_P(ManagerErrorContractTest, ForkErrorsChangeNothing) {
+  if (backend_ == nullptr) return;
+  auto m = Create(Tiny(1, 8));
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(m->Admit(1, 8, 8, nullptr).ok());
+  ASSERT_TRUE(m->Admit(2, 8, 8, nullptr).ok());
+  const Bytes prompt = Counting(8);
+  ASSERT_TRUE(m->IngestPrompt(2, 0, prompt.data(), nullptr).ok());
+  const Snapshot before = Take(*m);
+  EXPECT_EQ(m->Fork(7, 3, 4, nullptr).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m->Fork(2, 1, 4, nullptr).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(m->Fork(1, 3, 4, nullptr).code(), StatusCode::kFailedPrecondition);  // not ingested
+  EXPECT_EQ(m->Fork(2, 3, 25, nullptr).code(), StatusCode::kOutOfRange);         // 8 + 25 > 32
+  EXPECT_EQ(Take(*m), before);
+  ASSERT_TRUE(m->PlanStep({2}, nullptr).ok());
+  EXPECT_EQ(m->Fork(2, 3, 4, nullptr).code(), StatusCode::kFailedPrecondition);  // open step
+  EXPECT_EQ(m->SequenceLength(3).status().code(), StatusCode::kNotFound);
+  RunOneLayer(*m, {0, 1, 0, 1, 0, 1, 0, 1});
+  EXPECT_TRUE(m->Fork(2, 3, 4, nullptr).ok());
+}
+
+// Retain: "Errors: NotFound, FailedPrecondition (in the open step)"; Release:
+// "FailedPrecondition for a request of the open step".
+TEST_P(ManagerErrorContractTest, RetainAndReleaseRefuseTheOpenStep) {
+  if (backend_ == nullptr) return;
+  auto m = Create(Tiny(1, 8));
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->Retain(1).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(m->Admit(1, 8, 8, nullptr).ok());
+  const Bytes prompt = Counting(8);
+  ASSERT_TRUE(m->IngestPrompt(1, 0, prompt.data(), nullptr).ok());
+  ASSERT_TRUE(m->PlanStep({1}, nullptr).ok());
+  EXPECT_EQ(m->Retain(1).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m->Release(1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m->SequenceLength(1).value(), 9);
+  RunOneLayer(*m, {0, 1, 0, 1, 0, 1, 0, 1});
+  EXPECT_TRUE(m->Release(1).ok());
+}
+
+// Promote: "Errors: NotFound; FailedPrecondition without hybrid_residency, for a retracted ...
+// request".
+TEST_P(ManagerErrorContractTest, PromoteErrors) {
+  if (backend_ == nullptr) return;
+  auto plain = Create(Tiny(1, 8));
+  ASSERT_NE(plain, nullptr);
+  ASSERT_TRUE(plain->Admit(1, 8, 8, nullptr).ok());
+  EXPECT_EQ(plain->Promote(1, nullptr).code(), StatusCode::kFailedPrecondition);
+  CacheOptions o = Tiny(1, 8);
+  o.hybrid_residency = true;
+  o.hot_slots = 7;
+  o.resident_page_rows = 8;
+  auto m = Create(o);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->Promote(1, nullptr).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(m->Admit(1, 8, 8, nullptr).ok());
+  const Bytes prompt = Counting(8);
+  ASSERT_TRUE(m->IngestPrompt(1, 0, prompt.data(), nullptr).ok());
+  if (m->IsResident(1)) {
+    EXPECT_EQ(m->Promote(1, nullptr).code(), StatusCode::kFailedPrecondition);  // resident
+  }
+  ASSERT_TRUE(m->Retract(1).ok());
+  EXPECT_EQ(m->Promote(1, nullptr).code(), StatusCode::kFailedPrecondition);
+}
+
+// AdmitSealedPrompt: "NotFound if the seal has ended ...; InvalidArgument for a bad owner or
+// max_new_tokens < 0; as Admit otherwise. Nothing changes on error."
+TEST_P(ManagerErrorContractTest, AdmitSealedPromptErrorsChangeNothing) {
+  if (backend_ == nullptr) return;
+  const CacheOptions o = Tiny(1, 8);
+  auto pool = HostKVPool::CreateShared(o, 4, backend_);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto made = SparseKVCacheManager::Create(o, backend_, *pool);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  SparseKVCacheManager& m = **made;
+  HostKVPool& p = **pool;
+  const int32_t owner = p.AcquireOwner().value();
+  ASSERT_TRUE(p.Reserve(owner, 8).ok());
+  const uint64_t seal = p.Seal(owner, 8).value();
+  ASSERT_TRUE(m.Admit(1, 8, 8, nullptr).ok());
+  const Snapshot before = Take(m);
+  EXPECT_EQ(m.AdmitSealedPrompt(2, owner, seal + 1, 8, nullptr).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.AdmitSealedPrompt(2, -1, seal, 8, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.AdmitSealedPrompt(2, p.max_owners(), seal, 8, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.AdmitSealedPrompt(2, owner, seal, -1, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.AdmitSealedPrompt(1, owner, seal, 8, nullptr).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(m.AdmitSealedPrompt(2, owner, seal, 25, nullptr).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(Take(m), before);
+  EXPECT_TRUE(m.AdmitSealedPrompt(2, owner, seal, 8, nullptr).ok());
+  EXPECT_EQ(m.SequenceLength(2).value(), 8);
+  p.Release(owner);
+  p.ReleaseOwner(owner);
+}
+
+// PlanStep: "Errors: empty or oversized batch, duplicate, unknown, retracted or not fully
+// ingested requests, a request at its reserved length, or a previous step not finished".
+TEST_P(ManagerErrorContractTest, PlanStepErrorsPlanNothing) {
+  if (backend_ == nullptr) return;
+  auto m = Create(Tiny(1, 8));
+  ASSERT_NE(m, nullptr);
+  const Bytes prompt = Counting(8);
+  for (RequestId id : {1, 2, 3}) ASSERT_TRUE(m->Admit(id, 8, id == 3 ? 0 : 8, nullptr).ok());
+  for (RequestId id : {1, 3}) ASSERT_TRUE(m->IngestPrompt(id, 0, prompt.data(), nullptr).ok());
+  ASSERT_TRUE(m->Admit(4, 8, 8, nullptr).ok());
+  ASSERT_TRUE(m->IngestPrompt(4, 0, prompt.data(), nullptr).ok());
+  ASSERT_TRUE(m->Retract(4).ok());
+  const std::vector<std::vector<RequestId>> bad = {{},
+                                                   {1, 1},
+                                                   {1, 9},
+                                                   {1, 2} /* not ingested */,
+                                                   {3} /* at its reserved length */,
+                                                   {4} /* retracted */,
+                                                   {1, 3, 4, 2, 1} /* oversized */};
+  for (const std::vector<RequestId>& batch : bad) {
+    EXPECT_FALSE(m->PlanStep(batch, nullptr).ok()) << batch.size();
+    EXPECT_EQ(m->batch_size(), 0);
+  }
+  ASSERT_TRUE(m->PlanStep({1}, nullptr).ok());
+  EXPECT_FALSE(m->PlanStep({1}, nullptr).ok());  // the step is not finished
+  EXPECT_EQ(m->SequenceLength(1).value(), 9);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ManagerErrorContractTest, ::testing::Values("cpu", "cuda"));
 
 }  // namespace
 }  // namespace sparsekv

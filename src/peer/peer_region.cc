@@ -39,6 +39,19 @@ std::vector<int64_t> peer_layout::LayerOffsets(int32_t rows, std::span<const int
   return offsets;
 }
 
+uint64_t peer_layout::StridesHash(std::span<const int32_t> strides) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (int32_t stride : strides) {
+    hash = (hash ^ static_cast<uint32_t>(stride)) * 0x100000001b3ull;
+  }
+  return hash;
+}
+
+peer_layout::Header peer_layout::HeaderOf(uint64_t generation, int32_t rows,
+                                          std::span<const int32_t> strides) {
+  return {kMagic, generation, rows, static_cast<int64_t>(strides.size()), StridesHash(strides)};
+}
+
 std::string PeerRegionDescriptor::Serialize() const {
   std::string strides;
   for (size_t i = 0; i < row_strides.size(); ++i) {
@@ -109,7 +122,7 @@ StatusOr<std::unique_ptr<PeerRegion>> PeerRegion::Create(const KVGeometry& geome
   d.rows = rows;
   d.row_strides = std::move(strides);
   SPARSEKV_ASSIGN_OR_RETURN(d.handle, backend->ExportDevice(memory));
-  const peer_layout::Header header{peer_layout::kMagic, d.generation};
+  const peer_layout::Header header = peer_layout::HeaderOf(d.generation, rows, d.row_strides);
   SPARSEKV_RETURN_IF_ERROR(backend->MemsetAsync(memory, 0, bytes, nullptr));
   SPARSEKV_RETURN_IF_ERROR(backend->CopyAsync(memory, &header, sizeof(header), nullptr));
   SPARSEKV_RETURN_IF_ERROR(backend->Synchronize(nullptr));

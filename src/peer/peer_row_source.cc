@@ -3,6 +3,7 @@
 #include "peer/peer_row_source.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -74,6 +75,15 @@ StatusOr<int32_t> PeerRowSource::Import(std::string_view text, StreamHandle stre
   if (!same) {
     return InvalidArgument("ImportPeerRegion: the region's row strides are not the manager's");
   }
+  int64_t row_bytes = 0;  // one row of every layer
+  for (int32_t stride : d.row_strides) row_bytes += stride;
+  if (d.rows > (std::numeric_limits<int64_t>::max() - peer_layout::kHeaderBytes) / row_bytes) {
+    return InvalidArgument("ImportPeerRegion: " + std::to_string(d.rows) +
+                           " rows per layer overflow a region's size");
+  }
+  // Validated in an order that reads nothing through the handle before it is known to name a
+  // live allocation large enough: the lender's liveness (/proc), the backend's check of the
+  // handle (its own allocations are known on the host), the mapping's size, then the header.
   if (!ProcessAlive(d.pid, d.start_time)) {
     return NotFound("ImportPeerRegion: the lender (pid " + std::to_string(d.pid) + ") is gone");
   }
@@ -89,18 +99,39 @@ StatusOr<int32_t> PeerRowSource::Import(std::string_view text, StreamHandle stre
     Close(*slot);
   }
   SPARSEKV_ASSIGN_OR_RETURN(void* memory, backend.ImportDevice(d.handle));
-  peer_layout::Header header{};
-  Status read = backend.CopyAsync(&header, memory, sizeof(header), stream);
-  if (read.ok()) read = backend.Synchronize(stream);
-  if (!read.ok() || header.magic != peer_layout::kMagic || header.generation != d.generation) {
+  const std::vector<int64_t> layer_offset = peer_layout::LayerOffsets(d.rows, d.row_strides);
+  const Status checked = [&]() -> Status {
+    SPARSEKV_ASSIGN_OR_RETURN(const size_t bytes, backend.ImportedBytes(memory));
+    if (bytes < sizeof(peer_layout::Header)) {
+      return NotFound("ImportPeerRegion: the handle names " + std::to_string(bytes) +
+                      " bytes, not a region");
+    }
+    peer_layout::Header header{};
+    SPARSEKV_RETURN_IF_ERROR(backend.CopyAsync(&header, memory, sizeof(header), stream));
+    SPARSEKV_RETURN_IF_ERROR(backend.Synchronize(stream));
+    if (header.magic != peer_layout::kMagic || header.generation != d.generation) {
+      return NotFound("ImportPeerRegion: region generation " + std::to_string(d.generation) +
+                      " no longer exists");
+    }
+    const peer_layout::Header want = peer_layout::HeaderOf(d.generation, d.rows, d.row_strides);
+    if (header.rows != want.rows || header.layers != want.layers ||
+        header.strides_hash != want.strides_hash ||
+        static_cast<int64_t>(bytes) < layer_offset.back()) {
+      return InvalidArgument("ImportPeerRegion: the descriptor's shape (" + std::to_string(d.rows) +
+                             " rows of " + std::to_string(d.row_strides.size()) +
+                             " layers) is not region generation " + std::to_string(d.generation) +
+                             "'s (" + std::to_string(header.rows) + " rows of " +
+                             std::to_string(header.layers) + " layers)");
+    }
+    return Status::Ok();
+  }();
+  if (!checked.ok()) {
     backend.CloseImported(memory);
-    if (!read.ok()) return read;
-    return NotFound("ImportPeerRegion: region generation " + std::to_string(d.generation) +
-                    " no longer exists");
+    return checked;
   }
   slot->state = RegionState::kImported;
   slot->memory = static_cast<std::byte*>(memory);
-  slot->layer_offset = peer_layout::LayerOffsets(d.rows, d.row_strides);
+  slot->layer_offset = layer_offset;
   slot->descriptor = std::move(d);
   return static_cast<int32_t>(slot - regions_.begin());
 }

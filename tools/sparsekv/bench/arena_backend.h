@@ -81,6 +81,7 @@ class ArenaBackend final : public Backend {
   StatusOr<void*> ImportDevice(std::string_view handle) override {
     return base_->ImportDevice(handle);
   }
+  StatusOr<size_t> ImportedBytes(const void* ptr) override { return base_->ImportedBytes(ptr); }
   void CloseImported(void* ptr) override { base_->CloseImported(ptr); }
 
  private:

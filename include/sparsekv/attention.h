@@ -19,7 +19,7 @@
 #include <memory>
 
 #include "sparsekv/backend.h"
-#include "sparsekv/options.h"
+#include "sparsekv/kv_format.h"
 #include "sparsekv/status.h"
 
 namespace sparsekv {
@@ -27,7 +27,7 @@ namespace sparsekv {
 inline constexpr int32_t kMLAQKDim = 576;     // query and key dims per head: 512 latent + 64 rope
 inline constexpr int32_t kMLAValueDim = 512;  // value dims: the first 512 of a key
 
-// Meaningful bytes of a row (KVRowFormat, options.h): 1152 or 656.
+// Meaningful bytes of a row (KVRowFormat, kv_format.h): 1152 or 656.
 int32_t KVRowBytes(KVRowFormat format);
 
 struct SparseMLAOptions {

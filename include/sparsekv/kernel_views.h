@@ -177,6 +177,9 @@ struct RouteRowsView {
 // Supported (CUDA: checked, else an invalid-argument error): copy_row_bytes in
 // [1, kMaxFusedCopyRowBytes], non-negative copy strides and row counts.
 inline constexpr int32_t kMaxFusedCopyRowBytes = 1 << 24;
+// The most hot slots per request and layer (hot_slots, C) that the resolve kernels support
+// (CacheOptions::hot_slots is checked against it).
+inline constexpr int32_t kMaxHotSlots = 65536;
 struct ResolveView {
   const int32_t* batch_size;   // device scalar: rows in use this step
   const BatchEntry* batch;     // [max_batch]

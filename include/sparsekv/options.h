@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "sparsekv/kernel_views.h"
+#include "sparsekv/kv_format.h"
 #include "sparsekv/status.h"
 
 namespace sparsekv {
@@ -33,15 +34,6 @@ struct KVGeometry {
   static KVGeometry Uniform(int32_t num_layers, int32_t row_bytes, int32_t row_stride = 0);
 };
 
-// How a KV row is stored: the one row-format enum (the presets, the attention kernels and the
-// tools' --precision flag all name it).
-enum class KVRowFormat {
-  // 1152 B: the 576 key dims as bf16.
-  kBf16Row1152,
-  // 656 B: 512 float8 e4m3 values, then 4 fp32 scales (one per group of 128 of those dims), then
-  // the 64 rope dims as bf16. Dim d < 512 is e4m3[d] * scale[d / 128]; dim 512 + r is rope[r].
-  kFp8Row656,
-};
 // A model's shape (docs/workload-shapes.md has the presets and where their figures come from).
 struct ModelPreset {
   std::string name;           // "deepseek-v3.2" or "glm-5"
@@ -68,7 +60,7 @@ struct CacheOptions {
   // Positions selected per request and layer at every decode step.
   int32_t top_k = 2048;
   // Least-recently-used hot slots per request and layer, in HBM. Must be >= top_k so that any
-  // step's misses always find a victim, and at most kMaxHotSlots. 0: chosen from
+  // step's misses always find a victim, and at most kMaxHotSlots (kernel_views.h). 0: chosen from
   // device_budget_bytes (ChooseHotCacheShape in hot_cache.h).
   int32_t hot_slots = 4096;
   // HBM for the hot cache, in bytes (rows and replacement state; the manager's small plan
@@ -190,9 +182,6 @@ struct CacheOptions {
     return static_cast<int32_t>(int64_t{hot_slots} * protected_percent / 100);
   }
 };
-
-// The most hot slots per request and layer that the resolve kernels support.
-inline constexpr int32_t kMaxHotSlots = 65536;
 
 // Checks every field and their combinations; the message names the field and the rule.
 Status ValidateOptions(const CacheOptions& options);

@@ -9,7 +9,6 @@
 #include <cuda_runtime.h>
 
 #include "sparsekv/kernel_views.h"
-#include "sparsekv/options.h"
 
 namespace sparsekv {
 
@@ -26,7 +25,7 @@ cudaError_t LaunchIndexCopy(const IndexCopyView& view, cudaStream_t stream);
 // or a negative copy stride or row count, or a shared-memory need above the device's limit.
 inline constexpr int32_t kMaxResolveTopK = 4096;
 inline constexpr int32_t kMaxResolveHotSlots = 65536;
-static_assert(kMaxResolveHotSlots == kMaxHotSlots, "options.h states the kernels' limit");
+static_assert(kMaxResolveHotSlots == kMaxHotSlots, "kernel_views.h states the kernels' limit");
 cudaError_t LaunchResolve(const ResolveView& view, int32_t max_batch, cudaStream_t stream);
 
 // Unsupported: top_k < 0, row_bytes < 1, stride < row_bytes, hot_rows < 0.

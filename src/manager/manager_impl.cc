@@ -16,9 +16,10 @@ SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Ba
     : options_(options),
       backend_(std::move(backend)),
       pool_(std::move(pool)),
-      appended_(options.geometry.num_layers()),
-      copied_(options.geometry.num_layers()),
-      chunk_copied_(options.geometry.num_layers()) {}
+      order_({.layers = options.geometry.num_layers(),
+              .layers_per_index = options.layers_per_index,
+              .max_batch = options.effective_max_batch(),
+              .copy_chunk_rows = options.copy_chunk_rows}) {}
 
 Status SparseKVCacheManager::Impl::Allocate() {
   const CacheOptions& o = options_;
@@ -73,7 +74,6 @@ Status SparseKVCacheManager::Impl::Allocate() {
     SPARSEKV_ASSIGN_OR_RETURN(list,
                               miss_list(static_cast<size_t>(MaxChunks()) * ChunkEntries(), false));
   }
-  for (std::vector<bool>& chunks : chunk_copied_) chunks.assign(MaxChunks(), false);
   SPARSEKV_ASSIGN_OR_RETURN(void* counters,
                             device(sizeof(ResolveCounters) * 2 * o.geometry.num_layers()));
   counters_ = static_cast<ResolveCounters*>(counters);
@@ -274,7 +274,7 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
   if (p->ingested_layers != options_.geometry.num_layers()) {
     return FailedPrecondition("Fork: " + Describe(parent) + " has layers not yet ingested");
   }
-  if (step_open_ && std::find(batch_.begin(), batch_.end(), parent) != batch_.end()) {
+  if (InOpenStep(parent)) {
     return FailedPrecondition("Fork: " + Describe(parent) + " is in the open step");
   }
   const int32_t pt = options_.host_page_tokens;
@@ -489,7 +489,7 @@ void SparseKVCacheManager::Impl::Forget(RequestId id, Request& r) {
 Status SparseKVCacheManager::Impl::Release(RequestId id) {
   if (ledger_->Drop(id) >= 0) return Status::Ok();
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Release"));
-  if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
+  if (InOpenStep(id)) {
     return FailedPrecondition("Release: " + Describe(id) + " is in the open step");
   }
   Forget(id, *r);
@@ -498,7 +498,7 @@ Status SparseKVCacheManager::Impl::Release(RequestId id) {
 
 StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retain"));
-  if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
+  if (InOpenStep(id)) {
     return FailedPrecondition("Retain: " + Describe(id) + " is in the open step");
   }
   // The indexed pages: full, complete in every layer, reachable by lookups. The rest (a partial
@@ -518,7 +518,7 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
 Status SparseKVCacheManager::Impl::Retract(RequestId id) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retract"));
   if (!r->on_device()) return FailedPrecondition("Retract: " + Describe(id) + " is retracted");
-  if (step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end()) {
+  if (InOpenStep(id)) {
     return FailedPrecondition("Retract: " + Describe(id) + " is in the open step");
   }
   if (r->resident()) {
@@ -556,7 +556,7 @@ Status SparseKVCacheManager::Impl::Resume(RequestId id, StreamHandle stream) {
 // ---- Extension ----
 
 Status SparseKVCacheManager::Impl::InstallExtension(const ExtensionFactory& make) {
-  if (step_open_) return FailedPrecondition("InstallExtension: a step is open");
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckInstallExtension());
   SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<ManagerExtension> extension, make(*this));
   extensions_.push_back(std::move(extension));
   return Status::Ok();

@@ -9,6 +9,8 @@
 //             from the host pool into a demoted request's new block or a resident request's pages
 //             (manager_residency.cc).
 //   requests_ the live requests: owner (page-table row), block, lengths, ingest state.
+//   order_    StepOrder: whether a step is open and what its run phase has done; every call out
+//             of order is refused there (step_order.h).
 //   the run-phase device buffers: the plan region, the device page table, two miss lists (index
 //   groups alternate between them), the prefetch list and the resolve counters.
 //   extensions_ the installed ManagerExtensions (the remote tier's, the peer tier's), in
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "host_pool/page_ledger.h"
+#include "manager/step_order.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/manager_extension.h"
 
@@ -225,7 +228,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // hot rows, on the whole grid (Copy bounds it with copy_blocks).
   IndexCopyView PoolToHotCopy(int32_t layer, const MissList& list, int32_t capacity) const;
   bool InOpenStep(RequestId id) const {
-    return step_open_ && std::find(batch_.begin(), batch_.end(), id) != batch_.end();
+    return order_.open() && std::find(batch_.begin(), batch_.end(), id) != batch_.end();
   }
 
   // ---- Step (manager_step.cc) ----
@@ -235,11 +238,6 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status PrepareAppend(Request& r, int32_t position, StreamHandle stream);
   // Ends the open step (after its write-back is joined): indexes the pages it filled.
   void CloseStep();
-  Status CheckLayer(int32_t layer, const char* op) const;
-  // The first layer of `group` that has no CopyMisses in the open step, or -1.
-  int32_t FirstUncopied(int32_t group) const;
-  // "layer 3 (index group 1)": how the run-phase errors name a layer.
-  std::string DescribeLayer(int32_t layer) const;
   // Resolves [max_batch, top_k] positions against `layer`'s replacement state into `list`; with
   // `own_copy` (a step's resolve) the rows may copy their own misses instead
   // (CacheOptions::fused_copy_min_batch).
@@ -298,17 +296,10 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // Host mirror of the plan and step state.
   std::vector<std::byte> plan_host_;
   std::vector<RequestId> batch_;
-  bool step_open_ = false;
-  // What the open step's run phase has done, so that every order the API forbids is refused:
-  // index groups resolve in order, each layer copies once, and group g + 2 resolves (into the
-  // miss list group g copies from) only after every copy of group g.
-  std::vector<bool> appended_;  // per layer
-  std::vector<bool> copied_;    // per layer: CopyMisses ran (or every chunk of the batch)
-  std::vector<std::vector<bool>> chunk_copied_;  // per layer and chunk: CopyMissChunk ran
-  int32_t groups_resolved_ = 0;                  // index groups [0, groups_resolved_) were resolved
-  // The group whose ResolvePrefetch has no CopyPrefetch yet (-1: none), and its list's capacity.
-  int32_t prefetch_pending_ = -1;
-  int32_t prefetch_capacity_ = 0;
+  // Whether a step is open, and what its run phase has done (every order the API forbids is
+  // refused there).
+  StepOrder order_;
+  int32_t prefetch_capacity_ = 0;  // the pending prefetch list's capacity
   // Bytes one request of a step moves, as recorded by the last complete run phase (replays).
   uint64_t step_bytes_to_host_per_request_ = 0;
   uint64_t step_bytes_assembled_per_request_ = 0;

@@ -42,7 +42,7 @@ Status SparseKVCacheManager::Impl::PrepareAppend(Request& r, int32_t position,
 Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
                                             const std::span<const int32_t>* token_ids,
                                             StreamHandle stream) {
-  if (step_open_) return FailedPrecondition("PlanStep: the previous step was not finished");
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckPlan());
   if (token_ids != nullptr && token_ids->size() != batch.size()) {
     return InvalidArgument("PlanStep: " + std::to_string(token_ids->size()) +
                            " token ids for a batch of " + std::to_string(batch.size()));
@@ -103,29 +103,19 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
   for (const auto& extension : extensions_) {
     if (extension->BeginStep(batch_, stream)) active_extensions_.push_back(extension.get());
   }
-  step_open_ = true;
-  std::fill(appended_.begin(), appended_.end(), false);
-  std::fill(copied_.begin(), copied_.end(), false);
-  for (std::vector<bool>& chunks : chunk_copied_) std::fill(chunks.begin(), chunks.end(), false);
-  groups_resolved_ = 0;
+  order_.Open(batch_size());
   open_bytes_to_host_per_request_ = open_bytes_assembled_per_request_ = 0;
   return backend_->CopyAsync(plan_device_, plan, layout.bytes, stream);
 }
 
 Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_rows,
                                                const void* new_keys, StreamHandle stream) {
-  if (!step_open_) return FailedPrecondition("AppendToken: no step is planned");
-  if (layer < 0 || layer >= options_.geometry.num_layers()) {
-    return InvalidArgument("AppendToken: layer " + std::to_string(layer) + " out of range");
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "AppendToken"));
   if (new_rows == nullptr) return InvalidArgument("AppendToken: new_rows is null");
   if (keys_per_page_ > 0 && new_keys == nullptr) {
     return InvalidArgument("AppendToken: new_keys is null (the manager keeps indexer keys)");
   }
-  if (appended_[layer]) {
-    return FailedPrecondition("AppendToken: layer " + std::to_string(layer) +
-                              " was already appended in this step");
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckAppend(layer));
   const LayerShape shape = options_.geometry.layers[layer];
   const PlanLayout layout(options_);
   const int32_t max_batch = options_.effective_max_batch();
@@ -167,7 +157,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   to_host.dst_rows = pool_->rows();
   SPARSEKV_RETURN_IF_ERROR(backend_->Fork(stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_host, backend_->SideStream()));
-  appended_[layer] = true;
+  order_.MarkAppended(layer);
   open_bytes_to_host_per_request_ += shape.row_bytes;
   host_counters_.bytes_device_to_host += batch_.size() * static_cast<uint64_t>(shape.row_bytes);
   return Status::Ok();
@@ -237,67 +227,21 @@ IndexerKeyView SparseKVCacheManager::Impl::IndexerKeys(int32_t layer) const {
   return v;
 }
 
-Status SparseKVCacheManager::Impl::CheckLayer(int32_t layer, const char* op) const {
-  if (!step_open_) return FailedPrecondition(std::string(op) + ": no step is planned");
-  if (layer < 0 || layer >= options_.geometry.num_layers()) {
-    return InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) + " out of range");
-  }
-  return Status::Ok();
-}
-
-int32_t SparseKVCacheManager::Impl::FirstUncopied(int32_t group) const {
-  const int32_t n = options_.layers_per_index;
-  const int32_t last = std::min((group + 1) * n, options_.geometry.num_layers());
-  for (int32_t l = group * n; l < last; ++l) {
-    if (!copied_[l]) return l;
-  }
-  return -1;
-}
-
-std::string SparseKVCacheManager::Impl::DescribeLayer(int32_t layer) const {
-  return "layer " + std::to_string(layer) + " (index group " +
-         std::to_string(layer / options_.layers_per_index) + ")";
-}
-
 Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots,
                                                 uint8_t* fill_mask, StreamHandle stream,
                                                 int32_t topk_stride) {
-  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "ResolveLayer"));
-  if (layer % options_.layers_per_index != 0) {
-    return FailedPrecondition("ResolveLayer: layer " + std::to_string(layer) +
-                              " shares the top-k of layer " +
-                              std::to_string(layer - layer % options_.layers_per_index) +
-                              " (layers_per_index); that layer resolves for it");
-  }
-  if (!appended_[layer]) {
-    return FailedPrecondition("ResolveLayer: AppendToken(" + std::to_string(layer) +
-                              ") must come first in the step");
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "ResolveLayer"));
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckResolveLayer(layer));
   if (topk == nullptr || slots == nullptr) {
     return InvalidArgument("ResolveLayer: topk and slots must not be null");
   }
   if (topk_stride == 0) topk_stride = options_.top_k;
   if (topk_stride < options_.top_k) return InvalidArgument("ResolveLayer: topk_stride < top_k");
-  const int32_t group = layer / options_.layers_per_index;
-  if (group < groups_resolved_) {
-    return FailedPrecondition("ResolveLayer: " + DescribeLayer(layer) +
-                              " was already resolved in this step");
-  }
-  if (group > groups_resolved_) {
-    return FailedPrecondition("ResolveLayer: " + DescribeLayer(layer) + " before index group " +
-                              std::to_string(groups_resolved_) +
-                              ": index groups resolve in order within a step");
-  }
-  if (const int32_t uncopied = group >= 2 ? FirstUncopied(group - 2) : -1; uncopied >= 0) {
-    return FailedPrecondition("ResolveLayer: " + DescribeLayer(layer) +
-                              " reuses the miss list of index group " + std::to_string(group - 2) +
-                              ", whose layer " + std::to_string(uncopied) +
-                              " has no CopyMisses in this step yet");
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckResolveOrder(layer));
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask,
                                    StepMissList(layer), counters_ + layer, /*own_copy=*/true,
                                    stream));
-  groups_resolved_ = group + 1;
+  order_.MarkResolved(layer);
   for (ManagerExtension* extension : active_extensions_) {
     SPARSEKV_RETURN_IF_ERROR(extension->AfterResolve(layer, slots, stream));
   }
@@ -362,23 +306,8 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
 }
 
 Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream) {
-  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "CopyMisses"));
-  if (layer / options_.layers_per_index >= groups_resolved_) {
-    return FailedPrecondition("CopyMisses: the top-k of " + DescribeLayer(layer) +
-                              " was not resolved in this step");
-  }
-  // Group g + 2 resolves into this layer's miss list only after this copy, so a second copy is
-  // the only way to read a list that another group's resolve has overwritten.
-  if (copied_[layer]) {
-    return FailedPrecondition("CopyMisses: " + DescribeLayer(layer) +
-                              " was already copied in this step");
-  }
-  for (int32_t c = 0; c < MaxChunks(); ++c) {
-    if (chunk_copied_[layer][c]) {
-      return FailedPrecondition("CopyMisses: chunk " + std::to_string(c) + " of " +
-                                DescribeLayer(layer) + " was already copied in this step");
-    }
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "CopyMisses"));
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyMisses(layer));
   for (int32_t c = 0; c < MaxChunks(); ++c) {
     SPARSEKV_RETURN_IF_ERROR(CopyChunk(layer, c, stream));
   }
@@ -387,41 +316,15 @@ Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream
 
 Status SparseKVCacheManager::Impl::CopyMissChunk(int32_t layer, int32_t chunk,
                                                  StreamHandle stream) {
-  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "CopyMissChunk"));
-  if (options_.copy_chunk_rows == 0) {
-    return FailedPrecondition("CopyMissChunk: copy_chunk_rows is 0 (one miss list)");
-  }
-  if (chunk < 0 || chunk >= MaxChunks()) {
-    return InvalidArgument("CopyMissChunk: chunk " + std::to_string(chunk) + " outside [0, " +
-                           std::to_string(MaxChunks()) + ")");
-  }
-  if (layer / options_.layers_per_index >= groups_resolved_) {
-    return FailedPrecondition("CopyMissChunk: the top-k of " + DescribeLayer(layer) +
-                              " was not resolved in this step");
-  }
-  // A layer that counts as copied may still take the chunks past the batch, once each (a graph
-  // captured at a smaller batch copies them, and they hold nothing): their counts are this
-  // group's own, zero past the batch, even once group g + 2 resolves into the list.
-  if (chunk_copied_[layer][chunk]) {
-    return FailedPrecondition("CopyMissChunk: chunk " + std::to_string(chunk) + " of " +
-                              DescribeLayer(layer) + " was already copied in this step");
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "CopyMissChunk"));
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyMissChunk(layer, chunk));
   return CopyChunk(layer, chunk, stream);
 }
 
 Status SparseKVCacheManager::Impl::CopyChunk(int32_t layer, int32_t c, StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(
       Copy(layer, Chunk(StepMissList(layer), c), ChunkEntries(), options_.copy_blocks, stream));
-  chunk_copied_[layer][c] = true;
-  // Copied once every chunk holding a row of the batch is.
-  const int32_t rows =
-      options_.copy_chunk_rows > 0 ? options_.copy_chunk_rows : options_.effective_max_batch();
-  const int32_t needed = (batch_size() + rows - 1) / rows;
-  for (int32_t i = 0; i < needed; ++i) {
-    if (!chunk_copied_[layer][i]) return Status::Ok();
-  }
-  if (copied_[layer]) return Status::Ok();
-  copied_[layer] = true;
+  if (!order_.MarkChunkCopied(layer, c)) return Status::Ok();
   for (ManagerExtension* extension : active_extensions_) {
     SPARSEKV_RETURN_IF_ERROR(extension->AfterMissCopy(layer, stream));
   }
@@ -467,18 +370,11 @@ IndexCopyView SparseKVCacheManager::Impl::PoolToHotCopy(int32_t layer, const Mis
 
 Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* slots,
                                                  void* assembled, StreamHandle stream) {
-  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "AssembleLayer"));
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "AssembleLayer"));
   if (slots == nullptr || assembled == nullptr) {
     return InvalidArgument("AssembleLayer: slots and assembled must not be null");
   }
-  if (layer / options_.layers_per_index >= groups_resolved_) {
-    return FailedPrecondition("AssembleLayer: the top-k of " + DescribeLayer(layer) +
-                              " was not resolved in this step (its slots would be stale)");
-  }
-  if (!appended_[layer]) {
-    return FailedPrecondition("AssembleLayer: AppendToken(" + std::to_string(layer) +
-                              ") must come first (the newest token's row is not stored yet)");
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckAssemble(layer));
   const LayerShape shape = options_.geometry.layers[layer];
   const int32_t max_batch = options_.effective_max_batch();
   const PlanLayout layout(options_);
@@ -506,47 +402,28 @@ Status SparseKVCacheManager::Impl::PrefetchLayer(int32_t layer, const int32_t* p
 
 Status SparseKVCacheManager::Impl::ResolvePrefetch(int32_t layer, const int32_t* positions,
                                                    int32_t count, StreamHandle stream) {
-  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "PrefetchLayer"));
-  if (layer % options_.layers_per_index != 0) {
-    return FailedPrecondition("PrefetchLayer: layer " + std::to_string(layer) +
-                              " is not the first of its index group");
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "PrefetchLayer"));
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckPrefetchLayer(layer));
   if (positions == nullptr) return InvalidArgument("PrefetchLayer: positions is null");
   if (count < 1 || count > options_.max_prefetch) {
     return InvalidArgument("PrefetchLayer: count " + std::to_string(count) + " outside [1, " +
                            std::to_string(options_.max_prefetch) + "] (max_prefetch)");
   }
-  const int32_t group = layer / options_.layers_per_index;
-  if (const int32_t uncopied = group < groups_resolved_ ? FirstUncopied(group) : -1;
-      uncopied >= 0) {
-    return FailedPrecondition("PrefetchLayer: index group " + std::to_string(group) +
-                              " was resolved in this step and its layer " +
-                              std::to_string(uncopied) +
-                              " has no CopyMisses yet; a prefetch after the resolve must follow "
-                              "the group's copies (its victims may be rows the step reads)");
-  }
-  if (prefetch_pending_ >= 0) {
-    return FailedPrecondition("ResolvePrefetch: the prefetch of index group " +
-                              std::to_string(prefetch_pending_) +
-                              " has no CopyPrefetch yet (one prefetch list)");
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckResolvePrefetch(layer));
   SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(prefetch_list_.count, 0, sizeof(int32_t), stream));
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, prefetch_slots_, nullptr,
                                    prefetch_list_,
                                    counters_ + options_.geometry.num_layers() + layer,
                                    /*own_copy=*/false, stream));
-  prefetch_pending_ = group;
+  order_.MarkPrefetchResolved(layer);
   prefetch_capacity_ = options_.effective_max_batch() * count;
   return Status::Ok();
 }
 
 Status SparseKVCacheManager::Impl::CopyPrefetch(int32_t layer, StreamHandle stream) {
-  SPARSEKV_RETURN_IF_ERROR(CheckLayer(layer, "CopyPrefetch"));
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "CopyPrefetch"));
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyPrefetch(layer));
   const int32_t group = layer / options_.layers_per_index;
-  if (prefetch_pending_ != group) {
-    return FailedPrecondition("CopyPrefetch: no prefetch of " + DescribeLayer(layer) +
-                              " is pending");
-  }
   const int32_t first = group * options_.layers_per_index;
   const int32_t last = std::min(first + options_.layers_per_index, options_.geometry.num_layers());
   for (int32_t l = first; l < last; ++l) {
@@ -555,32 +432,12 @@ Status SparseKVCacheManager::Impl::CopyPrefetch(int32_t layer, StreamHandle stre
         options_.prefetch_copy_blocks > 0 ? options_.prefetch_copy_blocks : options_.copy_blocks,
         stream));
   }
-  prefetch_pending_ = -1;
+  order_.MarkPrefetchCopied();
   return Status::Ok();
 }
 
 Status SparseKVCacheManager::Impl::FinishStep(StreamHandle stream) {
-  if (!step_open_) return FailedPrecondition("FinishStep: no step is planned");
-  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    if (!appended_[l]) {
-      return FailedPrecondition("FinishStep: layer " + std::to_string(l) +
-                                " has no AppendToken in this step");
-    }
-  }
-  if (groups_resolved_ < options_.index_groups()) {
-    return FailedPrecondition("FinishStep: index group " + std::to_string(groups_resolved_) +
-                              " was not resolved in this step");
-  }
-  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    if (!copied_[l]) {
-      return FailedPrecondition("FinishStep: " + DescribeLayer(l) +
-                                " has no CopyMisses in this step");
-    }
-  }
-  if (prefetch_pending_ >= 0) {
-    return FailedPrecondition("FinishStep: the prefetch of index group " +
-                              std::to_string(prefetch_pending_) + " has no CopyPrefetch");
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckFinish());
   SPARSEKV_RETURN_IF_ERROR(backend_->Join(stream));
   step_bytes_to_host_per_request_ = open_bytes_to_host_per_request_;
   step_bytes_assembled_per_request_ = open_bytes_assembled_per_request_;
@@ -592,19 +449,11 @@ void SparseKVCacheManager::Impl::CloseStep() {
   // Pages this step filled are complete once its write-back is joined into the main stream,
   // which every later reader of the pool is ordered after.
   for (RequestId id : batch_) IndexFullPages(requests_.at(id));
-  step_open_ = false;
+  order_.Close();
 }
 
 Status SparseKVCacheManager::Impl::FinishReplayedStep() {
-  if (!step_open_) return FailedPrecondition("FinishReplayedStep: no step is planned");
-  if (step_bytes_to_host_per_request_ == 0) {
-    return FailedPrecondition("FinishReplayedStep: no complete run phase was ever recorded");
-  }
-  if (std::find(appended_.begin(), appended_.end(), true) != appended_.end()) {
-    return FailedPrecondition(
-        "FinishReplayedStep: AppendToken ran on the host in this step; a step whose run phase "
-        "the host called ends with FinishStep");
-  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckFinishReplayed(step_bytes_to_host_per_request_ != 0));
   host_counters_.bytes_device_to_host += batch_.size() * step_bytes_to_host_per_request_;
   host_counters_.bytes_assembled += batch_.size() * step_bytes_assembled_per_request_;
   CloseStep();

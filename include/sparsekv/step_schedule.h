@@ -39,6 +39,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sparsekv/backend.h"
@@ -59,6 +60,11 @@ struct StepChoice {
   // "serial", "prefetch", "chunks16", "prefetch+chunks16".
   std::string ToString() const;
 };
+
+// The choice that ToString names ("serial", "prefetch", "chunks16", "prefetch+chunks16"), for
+// engines that take the schedule from a configuration string; InvalidArgument for other text.
+// Whether the manager allows it is StepSchedule::Create's to check.
+StatusOr<StepChoice> ParseStepChoice(std::string_view text);
 
 struct ScheduleOptions {
   // ---- Behaviour ----

@@ -67,6 +67,17 @@ rows it holds (the host pool keeps every row, so a dead lender costs speed, not 
     r = mgr.import_peer_region(region.descriptor)
     mgr.admit_from_peer(rid, r, first_row, prompt_len, max_new_tokens)
 
+The step schedule (``StepSchedule``) runs the step's run phase for the engine, in the schedule it
+measures and keeps (serial, the cross-layer prefetch, attention in slices fed as their copies land,
+or both; ``fixed=`` forces one), with the engine's attention as a callable that enqueues work::
+
+    sched = sparsekv.StepSchedule(mgr)                    # or fixed="chunks16"
+    sched.plan_step([rid, ...])                          # sched.choice, sched.reason
+    for layer in range(num_layers):
+        sched.run_layer(layer, new_kv[layer], topk[layer], slots[layer],
+                        attend)                          # attend(layer, first, rows, stream)
+    sched.finish_step()
+
 Request ids are Python ints in [0, 2**64); anything else raises ``TypeError`` or
 ``InvalidArgumentError``. Type stubs (``_core.pyi``) describe every call.
 
@@ -96,8 +107,12 @@ from sparsekv._core import (
     OutOfRangeError,
     ResourceExhaustedError,
     SparseKVCacheManager,
+    ScheduleStats,
     SparseKVError,
+    StepChoice,
+    StepSchedule,
     UnavailableError,
+    allowed_choices,
     choose_hot_cache_shape,
     cpu_backend,
     cuda_backend,
@@ -128,8 +143,12 @@ __all__ = [
     "OutOfRangeError",
     "ResourceExhaustedError",
     "SparseKVCacheManager",
+    "ScheduleStats",
     "SparseKVError",
+    "StepChoice",
+    "StepSchedule",
     "UnavailableError",
+    "allowed_choices",
     "choose_hot_cache_shape",
     "cpu_backend",
     "cuda_backend",

@@ -3,7 +3,7 @@
 # its classes, must appear here.
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Union
 
 # A tensor: any object with __array_interface__ (numpy), __dlpack__ (torch, numpy, CuPy) or
 # __cuda_array_interface__ (torch, CuPy, Numba).
@@ -440,3 +440,62 @@ class SparseKVCacheManager:
     def options(self) -> CacheOptions: ...
     @property
     def backend(self) -> Backend: ...
+
+class StepChoice:
+    def __init__(self, crosslayer_prefetch: bool = False, chunk_rows: int = 0) -> None: ...
+    @staticmethod
+    def parse(text: str) -> StepChoice: ...
+    crosslayer_prefetch: bool
+    chunk_rows: int
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+def allowed_choices(options: CacheOptions) -> List[StepChoice]: ...
+
+class ScheduleStats:
+    @property
+    def steps(self) -> int: ...
+    @property
+    def calibration_steps(self) -> int: ...
+    @property
+    def steps_by_choice(self) -> Dict[str, int]: ...
+    @property
+    def last_choice(self) -> StepChoice: ...
+    @property
+    def last_reason(self) -> str: ...
+
+# attend(layer, first, rows, stream): enqueues attention of `layer` over batch rows
+# [first, first + rows) on `stream` (an int cudaStream_t; 0 on the CPU backend).
+_Attend = Callable[[int, int, int, int], None]
+
+class StepSchedule:
+    def __init__(
+        self,
+        manager: SparseKVCacheManager,
+        fixed: Union[StepChoice, str, None] = None,
+        candidates: Optional[Sequence[Union[StepChoice, str]]] = None,
+        trials: int = 3,
+    ) -> None: ...
+    def plan_step(
+        self,
+        batch: Sequence[_RequestId],
+        token_ids: Optional[Sequence[int]] = None,
+        stream: _Stream = None,
+    ) -> None: ...
+    def run_layer(
+        self,
+        layer: int,
+        new_rows: _Tensor,
+        topk: Optional[_Tensor],
+        slots: _Tensor,
+        attend: _Attend,
+        new_keys: Optional[_Tensor] = None,
+        stream: _Stream = None,
+    ) -> None: ...
+    def finish_step(self, stream: _Stream = None) -> None: ...
+    def finish_replayed_step(self, seconds: float = -1.0) -> None: ...
+    @property
+    def choice(self) -> StepChoice: ...
+    @property
+    def reason(self) -> str: ...
+    def stats(self) -> ScheduleStats: ...

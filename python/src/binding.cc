@@ -76,4 +76,5 @@ PYBIND11_MODULE(_core, m) {
   RegisterNodePool(m);
   RegisterPeerRegion(m);
   RegisterManager(m);
+  RegisterSchedule(m);
 }

@@ -324,6 +324,7 @@ class PyManager {
   int32_t batch_size() const { return manager_->batch_size(); }
   const CacheOptions& options() const { return manager_->options(); }
   const PyBackend& backend() const { return backend_; }
+  ManagerRef Ref() { return ManagerRef{manager_.get(), &backend_, &streams_}; }
 
  private:
   // IngestPrompt (rows_first 0: rows of every prompt position) or IngestPromptSuffix (rows_first
@@ -448,6 +449,14 @@ void RegisterBackends(py::module_& m) {
       "without CUDA or the device is absent.");
   m.def("cuda_compiled", &CudaBackendCompiled,
         "True if the library was built with the CUDA backend (a GPU may still be absent).");
+}
+
+ManagerRef ManagerOf(const py::handle& manager) {
+  if (!py::isinstance<PyManager>(manager)) {
+    throw py::type_error("expected a sparsekv.SparseKVCacheManager, got an object of type " +
+                         std::string(py::str(py::type::handle_of(manager).attr("__name__"))));
+  }
+  return manager.cast<PyManager&>().Ref();
 }
 
 void RegisterManager(py::module_& m) {

@@ -41,6 +41,7 @@ void RegisterBackends(py::module_& m);    // binding_manager.cc: Backend, the ba
 void RegisterNodePool(py::module_& m);    // binding_node_pool.cc: NodePool
 void RegisterPeerRegion(py::module_& m);  // binding_peer.cc: PeerRegion
 void RegisterManager(py::module_& m);     // binding_manager.cc: HotLayer, SparseKVCacheManager
+void RegisterSchedule(py::module_& m);    // binding_schedule.cc: StepChoice, StepSchedule
 
 // ---- Errors ----
 
@@ -172,6 +173,21 @@ class StreamResolver {
  private:
   std::optional<py::object> torch_current_stream_;  // torch.cuda.current_stream, or None
 };
+
+// ---- Managers ----
+
+class SparseKVCacheManager;
+
+// What another file's binding reaches of a sparsekv.SparseKVCacheManager object: the manager, its
+// backend and the stream rules of its calls. Valid while the object lives.
+struct ManagerRef {
+  SparseKVCacheManager* manager = nullptr;
+  const PyBackend* backend = nullptr;
+  StreamResolver* streams = nullptr;
+};
+
+// ManagerRef of `manager` (binding_manager.cc); TypeError if it is not a SparseKVCacheManager.
+ManagerRef ManagerOf(const py::handle& manager);
 
 // ---- Node pools ----
 

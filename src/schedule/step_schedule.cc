@@ -10,7 +10,9 @@
 #include "sparsekv/step_schedule.h"
 
 #include <algorithm>
+#include <charconv>
 #include <string>
+#include <string_view>
 
 #include "schedule/schedule_tuner.h"
 
@@ -20,6 +22,32 @@ std::string StepChoice::ToString() const {
   std::string chunks = chunk_rows > 0 ? "chunks" + std::to_string(chunk_rows) : "";
   if (crosslayer_prefetch) return chunks.empty() ? "prefetch" : "prefetch+" + chunks;
   return chunks.empty() ? "serial" : chunks;
+}
+
+StatusOr<StepChoice> ParseStepChoice(std::string_view text) {
+  const auto refuse = [&] {
+    return InvalidArgument("step choice '" + std::string(text.substr(0, 100)) +
+                           "' is not serial, prefetch, chunks<N> or prefetch+chunks<N> (N >= 1)");
+  };
+  StepChoice c;
+  std::string_view rest = text;
+  if (rest == "serial") return c;
+  if (rest.starts_with("prefetch")) {
+    c.crosslayer_prefetch = true;
+    rest.remove_prefix(8);
+    if (rest.empty()) return c;
+    if (!rest.starts_with("+")) return refuse();
+    rest.remove_prefix(1);
+  }
+  if (!rest.starts_with("chunks")) return refuse();
+  rest.remove_prefix(6);
+  int32_t rows = 0;
+  const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), rows);
+  if (error != std::errc() || end != rest.data() + rest.size() || rows < 1) {
+    return refuse();
+  }
+  c.chunk_rows = rows;
+  return c;
 }
 
 std::vector<StepChoice> AllowedChoices(const CacheOptions& o) {

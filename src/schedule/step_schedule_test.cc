@@ -1,12 +1,15 @@
-// StepSchedule on the CPU backend: every choice reads exactly the rows written (the dense model
-// is the oracle), the tuner measures each candidate and keeps the fastest, and bad calls are
-// refused.
+// StepSchedule: every choice reads exactly the rows written (the dense model is the oracle), on
+// the CPU backend and on the CUDA backend eagerly and as replayed graphs (also as the tuner's
+// choice changes between graphs); the tuner measures each candidate and keeps the fastest; bad
+// calls are refused. The CUDA tests skip without a GPU.
 #include "sparsekv/step_schedule.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -14,7 +17,12 @@
 #include <vector>
 
 #include "schedule/schedule_tuner.h"
+#include "testing/cuda_test_util.h"
 #include "testing/harness.h"
+
+#if defined(SPARSEKV_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 namespace sparsekv {
 namespace {
@@ -47,70 +55,178 @@ CacheOptions Options(int32_t layers_per_index, bool hybrid) {
   return o;
 }
 
-// Drives random steps through a schedule and checks, inside the engine's attention callback,
-// every row it may read against the dense model.
+// Drives random steps through a schedule on a backend, eagerly or as captured graphs (CUDA: one
+// graph per choice, replayed for every later step in that choice), and checks every row the
+// engine's attention may read against the dense model. The attention callback enqueues a copy of
+// the layer's hot cache on the engine's stream (a snapshot of what attention would read there);
+// after the step each snapshot is checked for the batch rows of its slice. Inputs live in fixed
+// device buffers (the shape a captured graph needs); slots are poisoned before every step.
 class ScheduleWorkload {
  public:
-  ScheduleWorkload(const CacheOptions& o, const ScheduleOptions& so, uint64_t seed)
-      : rng_(seed), model_(o.geometry) {
-    auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  ScheduleWorkload(const CacheOptions& o, const ScheduleOptions& so, uint64_t seed,
+                   std::shared_ptr<Backend> backend = CreateCpuBackend(), bool captured = false)
+      : rng_(seed), model_(o.geometry), captured_(captured) {
+    auto m = SparseKVCacheManager::Create(o, std::move(backend));
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     manager_ = std::move(*m);
     auto s = StepSchedule::Create(*manager_, so);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     schedule_ = std::move(*s);
+    Backend& b = manager_->backend();
+    if (b.kind() == BackendKind::kCuda) {
+      auto stream = b.CreateStream();
+      EXPECT_TRUE(stream.ok());
+      stream_ = *stream;
+    }
+    const int32_t max_batch = o.effective_max_batch();
+    for (int32_t l = 0; l < kLayers; ++l) {
+      rows_.push_back(std::make_unique<Buffer>(b, size_t(max_batch) * kStride));
+      topk_.push_back(std::make_unique<Buffer>(b, size_t(max_batch) * kTopK * 4));
+      slots_.push_back(std::make_unique<Buffer>(b, size_t(max_batch) * kTopK * 4));
+    }
     for (RequestId id = 1; id <= kRequests; ++id) {
       const int32_t len = std::uniform_int_distribution<int32_t>(1, 40)(rng_);
-      EXPECT_TRUE(manager_->Admit(id, len, 40, nullptr).ok());
+      EXPECT_TRUE(manager_->Admit(id, len, 40, stream_).ok());
       std::vector<Bytes> layers;
       for (int32_t l = 0; l < kLayers; ++l) {
         layers.push_back(testing::RandomRows(rng_, len, kStride));
-        EXPECT_TRUE(manager_->IngestPrompt(id, l, layers.back().data(), nullptr).ok());
+        EXPECT_TRUE(manager_->IngestPrompt(id, l, layers.back().data(), stream_).ok());
       }
       model_.Add(id, layers, len);
     }
   }
+  ~ScheduleWorkload() {
+#if defined(SPARSEKV_WITH_CUDA)
+    for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph.exec);
+#endif
+    if (stream_ != nullptr) {
+      manager_->backend().Synchronize(stream_).IgnoreError();
+      manager_->backend().DestroyStream(stream_);
+    }
+  }
 
-  // One step of a random batch; returns false once a check failed.
-  void Step() {
+  // One step of a random batch (of `batch` requests; 0: a random size).
+  void Step(int32_t batch = 0) {
     std::vector<RequestId> ids;
     for (RequestId id = 1; id <= kRequests; ++id) ids.push_back(id);
     std::shuffle(ids.begin(), ids.end(), rng_);
-    const int32_t batch = std::uniform_int_distribution<int32_t>(1, kRequests)(rng_);
+    if (batch == 0) batch = std::uniform_int_distribution<int32_t>(1, kRequests)(rng_);
     ids.resize(batch);
-    ASSERT_TRUE(schedule_->PlanStep(ids, nullptr).ok());
-    const int32_t max_batch = manager_->options().effective_max_batch();
-    std::vector<int32_t> slots(static_cast<size_t>(max_batch) * kTopK, -7);
-    std::vector<int32_t> topk;
+    ASSERT_TRUE(schedule_->PlanStep(ids, stream_).ok());
+    const CacheOptions& o = manager_->options();
+    // The inputs: the new rows of every layer, the top-k of every index group.
+    std::vector<std::vector<int32_t>> topk(kLayers);
     for (int32_t l = 0; l < kLayers; ++l) {
-      const Bytes rows = testing::RandomRows(rng_, max_batch, kStride);
+      const Bytes rows = testing::RandomRows(rng_, o.effective_max_batch(), kStride);
       for (int32_t b = 0; b < batch; ++b) model_.Append(ids[b], l, rows.data() + b * kStride);
-      if (l % manager_->options().layers_per_index == 0) {
-        topk = RandomTopK(ids, max_batch, l);
-        std::fill(slots.begin(), slots.end(), -7);  // poison
+      rows_[l]->Upload(rows.data(), rows.size(), stream_);
+      if (l % o.layers_per_index == 0) {
+        topk[l] = RandomTopK(ids, o.effective_max_batch(), l);
+        topk_[l]->Upload(topk[l].data(), topk[l].size() * 4, stream_);
+      } else {
+        topk[l] = topk[l - 1];
       }
-      std::vector<int32_t> attended(batch, 0);
-      LayerWork work{rows.data(), nullptr, topk.data(), 0, slots.data()};
-      const Status s = schedule_->RunLayer(
-          l, work,
-          [&](int32_t layer, int32_t first, int32_t n, StreamHandle) {
-            for (int32_t b = first; b < first + n; ++b) {
-              ++attended[b];
-              Check(ids[b], layer, &topk[size_t(b) * kTopK], &slots[size_t(b) * kTopK]);
-            }
-            return Status::Ok();
-          },
-          nullptr);
-      ASSERT_TRUE(s.ok()) << s.ToString();
-      for (int32_t b = 0; b < batch; ++b) ASSERT_EQ(attended[b], 1) << "row " << b;
+      slots_[l]->Fill(0xF9, stream_);  // poison
     }
-    ASSERT_TRUE(schedule_->FinishStep(nullptr).ok());
+    const std::string key = schedule_->choice().ToString() + "/" + std::to_string(batch);
+    std::vector<Slice>* slices = nullptr;
+    if (captured_) {
+      slices = Replay(key);
+      if (::testing::Test::HasFatalFailure()) return;
+    } else {
+      eager_slices_.clear();
+      ASSERT_TRUE(RunPhase(&eager_slices_).ok());
+      slices = &eager_slices_;
+    }
+    ASSERT_TRUE(manager_->backend().Synchronize(stream_).ok());
+    std::vector<std::vector<int32_t>> attended(kLayers, std::vector<int32_t>(batch, 0));
+    for (const Slice& slice : *slices) {
+      const int32_t leader = slice.layer - slice.layer % o.layers_per_index;
+      const Bytes hot = slice.snapshot->Download(stream_);
+      const std::vector<int32_t> slots = slots_[leader]->Download<int32_t>();
+      for (int32_t b = slice.first; b < slice.first + slice.rows && b < batch; ++b) {
+        ++attended[slice.layer][b];
+        Check(ids[b], slice.layer, &topk[slice.layer][size_t(b) * kTopK], &slots[size_t(b) * kTopK],
+              hot.data());
+      }
+    }
+    for (int32_t l = 0; l < kLayers; ++l) {
+      for (int32_t b = 0; b < batch; ++b) {
+        ASSERT_EQ(attended[l][b], 1) << "layer " << l << " row " << b;
+      }
+    }
   }
 
   StepSchedule& schedule() { return *schedule_; }
   SparseKVCacheManager& manager() { return *manager_; }
+  size_t graphs() const { return graphs_.size(); }
 
  private:
+  using Buffer = testing::DeviceBuffer;
+  // What one attention call read: layer, batch rows [first, first + rows), and the hot cache.
+  struct Slice {
+    int32_t layer, first, rows;
+    Buffer* snapshot;
+  };
+
+  // The schedule's run phase, every layer and FinishStep, on stream_ (what a graph captures).
+  Status RunPhase(std::vector<Slice>* slices) {
+    Backend& b = manager_->backend();
+    const size_t hot_bytes = size_t(manager_->HotLayerRows()) * kStride;
+    for (int32_t l = 0; l < kLayers; ++l) {
+      const int32_t leader = l - l % manager_->options().layers_per_index;
+      const LayerWork work{rows_[l]->get(), nullptr, topk_[leader]->get<int32_t>(), 0,
+                           slots_[leader]->get<int32_t>()};
+      SPARSEKV_RETURN_IF_ERROR(schedule_->RunLayer(
+          l, work,
+          [&](int32_t layer, int32_t first, int32_t n, StreamHandle stream) {
+            std::unique_ptr<Buffer>& snapshot = snapshots_[{layer, first}];
+            if (snapshot == nullptr) snapshot = std::make_unique<Buffer>(b, hot_bytes);
+            slices->push_back({layer, first, n, snapshot.get()});
+            return b.CopyAsync(snapshot->get(), manager_->HotLayer(layer), hot_bytes, stream);
+          },
+          stream_));
+    }
+    return schedule_->FinishStep(stream_);
+  }
+
+  // Runs the planned step through the graph of `key` (captured now if there is none yet).
+  std::vector<Slice>* Replay(const std::string& key) {
+#if defined(SPARSEKV_WITH_CUDA)
+    auto cuda = [](cudaError_t err) { return std::string(cudaGetErrorString(err)); };
+    auto* stream = static_cast<cudaStream_t>(stream_);
+    auto found = graphs_.find(key);
+    if (found != graphs_.end()) {
+      const auto start = std::chrono::steady_clock::now();
+      const cudaError_t launched = cudaGraphLaunch(found->second.exec, stream);
+      EXPECT_EQ(launched, cudaSuccess) << cuda(launched);
+      EXPECT_TRUE(manager_->backend().Synchronize(stream_).ok());
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const Status finished = schedule_->FinishReplayedStep(seconds);
+      EXPECT_TRUE(finished.ok()) << finished.ToString();
+      return &found->second.slices;
+    }
+    Graph& g = graphs_[key];
+    cudaGraph_t graph = nullptr;
+    cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    EXPECT_EQ(err, cudaSuccess) << cuda(err);
+    const Status captured = RunPhase(&g.slices);
+    err = cudaStreamEndCapture(stream, &graph);
+    EXPECT_EQ(err, cudaSuccess) << cuda(err);
+    EXPECT_TRUE(captured.ok()) << captured.ToString();
+    err = cudaGraphInstantiate(&g.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    EXPECT_EQ(err, cudaSuccess) << cuda(err);
+    err = cudaGraphLaunch(g.exec, stream);
+    EXPECT_EQ(err, cudaSuccess) << cuda(err);
+    return &g.slices;
+#else
+    ADD_FAILURE() << "captured steps need the CUDA backend (" << key << ")";
+    return &eager_slices_;
+#endif
+  }
+
   // Positions of the request's history with padding, repeats and out-of-range entries.
   std::vector<int32_t> RandomTopK(const std::vector<RequestId>& ids, int32_t max_batch,
                                   int32_t layer) {
@@ -129,9 +245,9 @@ class ScheduleWorkload {
     return topk;
   }
 
-  void Check(RequestId id, int32_t layer, const int32_t* topk, const int32_t* slots) {
+  void Check(RequestId id, int32_t layer, const int32_t* topk, const int32_t* slots,
+             const std::byte* hot) {
     const int32_t len = model_.Length(id, layer);
-    const std::byte* hot = manager_->HotLayer(layer);
     std::set<int32_t> seen;
     for (int32_t k = 0; k < kTopK; ++k) {
       const int32_t p = topk[k];
@@ -141,6 +257,7 @@ class ScheduleWorkload {
         continue;
       }
       ASSERT_GE(slots[k], 0) << "position " << p;
+      ASSERT_LT(slots[k], manager_->HotLayerRows()) << "position " << p;
       EXPECT_EQ(std::memcmp(hot + int64_t{slots[k]} * kStride, model_.Row(id, layer, p), kStride),
                 0)
           << "request " << id << " layer " << layer << " position " << p;
@@ -149,8 +266,22 @@ class ScheduleWorkload {
 
   std::mt19937_64 rng_;
   testing::DenseModel model_;
+  bool captured_;
   std::unique_ptr<SparseKVCacheManager> manager_;
   std::unique_ptr<StepSchedule> schedule_;
+  StreamHandle stream_ = nullptr;
+  std::vector<std::unique_ptr<Buffer>> rows_, topk_, slots_;                  // per layer
+  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<Buffer>> snapshots_;  // (layer, first)
+  std::vector<Slice> eager_slices_;
+#if defined(SPARSEKV_WITH_CUDA)
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<Slice> slices;
+  };
+  std::map<std::string, Graph> graphs_;  // choice/batch -> the captured step
+#else
+  std::map<std::string, int> graphs_;
+#endif
 };
 
 TEST(StepScheduleTest, EveryChoiceReadsTheRowsWritten) {
@@ -187,6 +318,22 @@ TEST(StepScheduleTest, AllowedChoicesFollowTheOptions) {
   o.copy_chunk_rows = 0;
   o.max_prefetch = 0;
   EXPECT_EQ(AllowedChoices(o), std::vector<StepChoice>{StepChoice{}});
+}
+
+TEST(StepScheduleTest, ParseStepChoiceReadsWhatToStringWrites) {
+  for (const StepChoice& c : AllowedChoices(Options(1, false))) {
+    const StatusOr<StepChoice> parsed = ParseStepChoice(c.ToString());
+    ASSERT_TRUE(parsed.ok()) << c.ToString() << ": " << parsed.status().ToString();
+    EXPECT_EQ(*parsed, c) << c.ToString();
+  }
+  EXPECT_EQ(*ParseStepChoice("prefetch+chunks48"), (StepChoice{true, 48}));
+  for (const char* bad :
+       {"", "Serial", "chunks", "chunks0", "chunks-8", "chunks+8", "chunks8x", "prefetch+",
+        "prefetch+serial", "prefetchchunks8", "chunks8+prefetch", "chunks99999999999"}) {
+    const StatusOr<StepChoice> parsed = ParseStepChoice(bad);
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << "'" << bad << "'";
+  }
+  EXPECT_NE(ParseStepChoice("chunk16").status().message().find("chunks<N>"), std::string::npos);
 }
 
 TEST(StepScheduleTest, TheTunerMeasuresEveryCandidateThenKeepsTheFastest) {
@@ -290,6 +437,58 @@ TEST(StepScheduleTest, RefusesRunPhaseCallsOutOfOrderAndReportsAttentionErrors) 
   EXPECT_NE(failed.message().find("layer 0 over rows [2, 3)"), std::string::npos)
       << failed.ToString();
   EXPECT_EQ(s.FinishStep(nullptr).code(), StatusCode::kFailedPrecondition);
+}
+
+// On the GPU: every choice the options allow, eagerly and as one graph per choice replayed with
+// new batches, top-k sets and rows, against the dense model.
+TEST(StepScheduleCudaTest, EveryChoiceReadsTheRowsWrittenEagerlyAndReplayed) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  for (bool captured : {false, true}) {
+    for (int32_t lpi : {1, 2}) {
+      for (bool hybrid : {false, true}) {
+        const CacheOptions o = Options(lpi, hybrid);
+        for (const StepChoice& c : AllowedChoices(o)) {
+          SCOPED_TRACE(c.ToString() + " layers_per_index " + std::to_string(lpi) +
+                       (hybrid ? " hybrid" : "") + (captured ? " captured" : " eager"));
+          ScheduleOptions so;
+          so.fixed = c;
+          ScheduleWorkload w(o, so, 31 + lpi, gpu, captured);
+          for (int32_t step = 0; step < 12; ++step) {
+            // Captured: one batch size, so that every step after the first replays the graph.
+            w.Step(captured ? 4 : 0);
+            if (HasFatalFailure()) return;
+          }
+          EXPECT_EQ(w.schedule().stats().steps_by_choice.at(c.ToString()), 12);
+          if (captured) EXPECT_EQ(w.graphs(), 1u);
+          const StatusOr<CacheStats> stats = w.manager().ReadStats(nullptr);
+          ASSERT_TRUE(stats.ok());
+          EXPECT_GT(stats->total.misses, 0u);
+          if (c.crosslayer_prefetch) EXPECT_GT(stats->prefetch_rows, 0u);
+        }
+      }
+    }
+  }
+}
+
+// On the GPU, the tuner's choice drives which graph replays: the calibration replays a graph per
+// candidate (timed by the replay), then the kept one; every step is checked.
+TEST(StepScheduleCudaTest, ReplayedGraphsFollowTheTunersChoice) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const CacheOptions o = Options(1, true);
+  ScheduleOptions so;
+  so.trials = 2;
+  so.candidates = {StepChoice{}, StepChoice{true, 0}, StepChoice{false, 2}, StepChoice{true, 2}};
+  ScheduleWorkload w(o, so, 77, gpu, /*captured=*/true);
+  for (int32_t step = 0; step < 30; ++step) {
+    w.Step(kRequests);
+    if (HasFatalFailure()) return;
+  }
+  const ScheduleStats stats = w.schedule().stats();
+  EXPECT_GT(stats.calibration_steps, 0);
+  EXPECT_GE(w.graphs(), 2u);  // the choice changed between replays
+  int64_t steps = 0;
+  for (const auto& [choice, n] : stats.steps_by_choice) steps += n;
+  EXPECT_EQ(steps, 30);
 }
 
 }  // namespace

@@ -1,0 +1,203 @@
+// sparsekv._core: StepChoice, ScheduleStats and StepSchedule (include/sparsekv/step_schedule.h).
+//
+// The engine's attention is a Python callable, attend(layer, first, rows, stream), called while
+// run_layer runs (so under a graph capture it is captured too): it enqueues attention of `layer`
+// over batch rows [first, first + rows) on `stream`, an int (the cudaStream_t given to run_layer;
+// 0 on the CPU backend). An exception it raises ends run_layer with that same exception.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "binding_util.h"
+#include "sparsekv/manager.h"
+#include "sparsekv/step_schedule.h"
+
+namespace sparsekv {
+namespace {
+
+// A StepChoice argument: a StepChoice or the text StepChoice.__str__ writes ("chunks16").
+StepChoice ChoiceOf(const py::handle& value) {
+  if (py::isinstance<py::str>(value)) return Check(ParseStepChoice(value.cast<std::string>()));
+  return value.cast<StepChoice>();
+}
+
+class PySchedule {
+ public:
+  PySchedule(const py::object& manager, const py::object& fixed, const py::object& candidates,
+             int32_t trials)
+      : target_(ManagerOf(manager)) {
+    ScheduleOptions options;
+    if (!fixed.is_none()) options.fixed = ChoiceOf(fixed);
+    if (!candidates.is_none()) {
+      for (const py::handle c : candidates) options.candidates.push_back(ChoiceOf(c));
+    }
+    options.trials = trials;
+    schedule_ = Check(StepSchedule::Create(*target_.manager, options));
+  }
+
+  void PlanStep(const std::vector<PyRequestId>& batch, const py::object& token_ids,
+                const py::object& stream) {
+    std::vector<RequestId> ids;
+    ids.reserve(batch.size());
+    for (const PyRequestId& id : batch) ids.push_back(id.value);
+    const StreamHandle s = Stream(stream);
+    if (token_ids.is_none()) {
+      Check(schedule_->PlanStep(ids, s));
+    } else {
+      const auto tokens = token_ids.cast<std::vector<int32_t>>();
+      Check(schedule_->PlanStep(ids, tokens, s));
+    }
+  }
+
+  // new_rows [>= batch, row_stride] bytes; topk int32 [>= batch, >= top_k] (None for a layer
+  // that shares its group's top-k); slots int32 [>= batch, top_k], written; new_keys as
+  // SparseKVCacheManager.append_token's.
+  void RunLayer(int32_t layer, const py::object& new_rows, const py::object& topk,
+                const py::object& slots, const py::function& attend, const py::object& new_keys,
+                const py::object& stream) {
+    const CacheOptions& o = target_.manager->options();
+    if (layer < 0 || layer >= o.geometry.num_layers()) {
+      throw py::value_error("run_layer: layer " + std::to_string(layer) + " out of range [0, " +
+                            std::to_string(o.geometry.num_layers()) + ")");
+    }
+    const PyBackend& backend = *target_.backend;
+    const int32_t batch = target_.manager->batch_size();
+    LayerWork work;
+    TensorRules rr{"new_rows"};
+    rr.row_bytes = o.geometry.layers[layer].row_stride;
+    rr.min_rows = batch;
+    work.new_rows = CheckTensor(new_rows, rr, backend).data;
+    if (!new_keys.is_none() && o.indexer_key_bytes > 0) {
+      TensorRules kr{"new_keys"};
+      kr.row_bytes = o.indexer_key_bytes;
+      kr.min_rows = batch;
+      work.new_keys = CheckTensor(new_keys, kr, backend).data;
+    }
+    if (!topk.is_none()) {
+      TensorRules tr{"topk"};
+      tr.int32 = true;
+      tr.min_rows = batch;
+      tr.min_second = o.top_k;
+      const TensorArg t = CheckTensor(topk, tr, backend);
+      if (t.shape.size() != 2) throw py::value_error("topk: must be [batch, >= top_k]");
+      work.topk = static_cast<const int32_t*>(t.data);
+      work.topk_stride = static_cast<int32_t>(t.shape[1]);
+    }
+    TensorRules sr{"slots"};
+    sr.int32 = true;
+    sr.min_rows = batch;
+    sr.second_dim = o.top_k;
+    sr.output = true;
+    work.slots = static_cast<int32_t*>(CheckTensor(slots, sr, backend).data);
+
+    // The callable's exception, kept to be raised again once run_layer has returned.
+    std::optional<py::error_already_set> raised;
+    const AttendFn attend_fn = [&](int32_t l, int32_t first, int32_t rows, StreamHandle s) {
+      try {
+        attend(l, first, rows, reinterpret_cast<uintptr_t>(s));
+        return Status::Ok();
+      } catch (py::error_already_set& e) {
+        raised.emplace(std::move(e));
+        return Internal("the attention callable raised an exception");
+      }
+    };
+    const Status status = schedule_->RunLayer(layer, work, attend_fn, Stream(stream));
+    if (raised.has_value()) throw std::move(*raised);
+    Check(status);
+  }
+
+  void FinishStep(const py::object& stream) { Check(schedule_->FinishStep(Stream(stream))); }
+  void FinishReplayedStep(double seconds) { Check(schedule_->FinishReplayedStep(seconds)); }
+
+  const StepChoice& choice() const { return schedule_->choice(); }
+  const std::string& reason() const { return schedule_->reason(); }
+  ScheduleStats stats() const { return schedule_->stats(); }
+
+ private:
+  StreamHandle Stream(const py::object& stream) {
+    return target_.streams->Resolve(stream, *target_.backend);
+  }
+
+  ManagerRef target_;
+  std::unique_ptr<StepSchedule> schedule_;
+};
+
+}  // namespace
+
+void RegisterSchedule(py::module_& m) {
+  py::class_<StepChoice>(m, "StepChoice",
+                         "How a step runs: the cross-layer prefetch on or off, and the batch rows "
+                         "of each attention slice (0: each layer copied whole first).")
+      .def(py::init([](bool crosslayer_prefetch, int32_t chunk_rows) {
+             return StepChoice{crosslayer_prefetch, chunk_rows};
+           }),
+           py::arg("crosslayer_prefetch") = false, py::arg("chunk_rows") = 0,
+           "A choice; chunk_rows a multiple of CacheOptions.copy_chunk_rows (0: none).")
+      .def_static(
+          "parse", [](const std::string& text) { return Check(ParseStepChoice(text)); },
+          py::arg("text"),
+          "The choice str() names: 'serial', 'prefetch', 'chunks16', 'prefetch+chunks16'.")
+      .def_readwrite("crosslayer_prefetch", &StepChoice::crosslayer_prefetch,
+                     "The next index group's rows are prefetched on a side stream.")
+      .def_readwrite("chunk_rows", &StepChoice::chunk_rows,
+                     "Batch rows per attention slice, fed as their copies land (0: none).")
+      .def("__str__", &StepChoice::ToString)
+      .def("__repr__",
+           [](const StepChoice& c) { return "sparsekv.StepChoice('" + c.ToString() + "')"; })
+      .def("__eq__", [](const StepChoice& a, const StepChoice& b) { return a == b; })
+      .def("__hash__", [](const StepChoice& c) { return py::hash(py::str(c.ToString())); });
+
+  m.def("allowed_choices", &AllowedChoices, py::arg("options"),
+        "The StepChoices a manager's options allow, serial first.");
+
+  py::class_<ScheduleStats>(m, "ScheduleStats", "What a StepSchedule did since it was created.")
+      .def_readonly("steps", &ScheduleStats::steps, "Steps planned.")
+      .def_readonly("calibration_steps", &ScheduleStats::calibration_steps,
+                    "Of those, steps that measured a candidate.")
+      .def_readonly("steps_by_choice", &ScheduleStats::steps_by_choice, "str(StepChoice) -> steps.")
+      .def_readonly("last_choice", &ScheduleStats::last_choice,
+                    "The StepChoice of the last planned step.")
+      .def_readonly("last_reason", &ScheduleStats::last_reason,
+                    "Why the last planned step runs in last_choice.");
+
+  const py::arg_v no_stream = py::arg("stream") = py::none();
+  py::class_<PySchedule>(m, "StepSchedule",
+                         "The run phase of a decode step in the schedule it measures and chooses "
+                         "(include/sparsekv/step_schedule.h). Keeps its manager alive.")
+      .def(py::init<const py::object&, const py::object&, const py::object&, int32_t>(),
+           py::arg("manager"), py::arg("fixed") = py::none(), py::arg("candidates") = py::none(),
+           py::arg("trials") = 3, py::keep_alive<1, 2>(),
+           "A schedule over `manager`. fixed: a StepChoice (or its text) for every step; "
+           "candidates: the choices it measures (default: allowed_choices); trials: timed steps "
+           "per candidate and step shape, in [1, 64]. InvalidArgumentError for a choice the "
+           "manager's options do not allow.")
+      .def("plan_step", &PySchedule::PlanStep, py::arg("batch"), py::arg("token_ids") = py::none(),
+           no_stream,
+           "SparseKVCacheManager.plan_step, then the choice for the step (choice, reason).")
+      .def("run_layer", &PySchedule::RunLayer, py::arg("layer"), py::arg("new_rows"),
+           py::arg("topk"), py::arg("slots"), py::arg("attend"), py::arg("new_keys") = py::none(),
+           no_stream,
+           "Layer `layer`'s run phase: appends new_rows ([>= batch, row_stride] bytes), resolves "
+           "topk (int32 [>= batch, >= top_k]; None for a layer that shares its group's top-k) "
+           "into slots (int32 [>= batch, top_k]), copies the misses in the step's choice and "
+           "calls attend(layer, first, rows, stream) for slices of the batch once their rows "
+           "are in; attend enqueues the engine's attention on `stream` (an int). Layers in "
+           "order, each once.")
+      .def("finish_step", &PySchedule::FinishStep, no_stream,
+           "Joins the schedule's streams into `stream` and ends the step.")
+      .def("finish_replayed_step", &PySchedule::FinishReplayedStep, py::arg("seconds") = -1.0,
+           "After replaying a step captured through this schedule: closes it, and `seconds` "
+           "(the replay's time; < 0: not measured) counts for the choice.")
+      .def_property_readonly("choice", &PySchedule::choice, "The planned step's StepChoice.")
+      .def_property_readonly("reason", &PySchedule::reason, "Why the step runs in that choice.")
+      .def("stats", &PySchedule::stats, "ScheduleStats.");
+}
+
+}  // namespace sparsekv

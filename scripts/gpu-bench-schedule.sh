@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The step schedule chosen by the library against every manual schedule, on a GPU machine, from
 # the repository root (sparsekv at the host pool's batch, full-hbm at every batch it holds):
-#   OUT=/some/dir bash scripts/gpu-bench-schedule.sh [auto|manual|all]
+#   OUT=/some/dir bash scripts/gpu-bench-schedule.sh [MODE...]   (default: all)
 # Builds the tool (Release, sm_90, no tests), then DeepSeek-V3.2 at 32K, the calibrated workload
 # with --hybrid at the host pool's batch (SCHEDULE_BATCH [59]), sparsekv only:
 #   auto:   --schedule auto;
-#   manual: --schedule manual, cross-layer prefetch off/on x chunks none/8/16/32;
+#   manual: --schedule manual, cross-layer prefetch off/on x chunks none/8/16/32
+#           (manual-off, manual-on: only those with the prefetch off, on);
 # each beside full-hbm's whole sweep (its peak, for the ratio; its attention, for the check).
-#   all:    both.
+#   all:    auto and manual. Several modes run one after the other (e.g. `auto manual-off`).
 # Every run first checks attention against full-hbm bit for bit (the bench's check steps).
 # Writes to $OUT: schedule.txt (everything printed) and one JSON per run.
 # Environment: SCHEDULE_STEPS [40], SCHEDULE_WARMUP [26] (the auto schedule measures its
@@ -17,7 +18,14 @@ set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
-MODE=${1:-all}
+MODES=("$@")
+((${#MODES[@]})) || MODES=(all)
+MODE="${MODES[*]}"
+wants() {  # wants NAME...: true if a mode asked for is one of NAME...
+  local m n
+  for m in "${MODES[@]}"; do for n in "$@"; do [[ $m == "$n" ]] && return 0; done; done
+  return 1
+}
 OUT=${OUT:-$ROOT/gpu-bench-schedule-out}
 BUILD=${SCHEDULE_BUILD:-build-e2e}
 STEPS=${SCHEDULE_STEPS:-40}
@@ -54,11 +62,14 @@ main() {
     "$tool" "${common[@]}" "$@" --json "$OUT/$name.json" >"$OUT/$name.txt" 2>&1 || failed=1
     grep -E 'sparsekv|full-hbm|check|error|Error' "$OUT/$name.txt" | tail -n 8
   }
-  if [[ $MODE == auto || $MODE == all ]]; then
+  if wants auto all; then
     run auto --variants full-hbm,sparsekv --batch "$BATCH" --schedule auto
   fi
-  if [[ $MODE == manual || $MODE == all ]]; then
-    for prefetch in off on; do
+  local prefetches=()
+  wants manual all manual-off && prefetches+=(off)
+  wants manual all manual-on && prefetches+=(on)
+  if ((${#prefetches[@]})); then
+    for prefetch in "${prefetches[@]}"; do
       for chunk in 0 8 16 32; do
         local flags=(--variants full-hbm,sparsekv --batch "$BATCH" --schedule manual)
         [[ $prefetch == on ]] && flags+=(--crosslayer-prefetch)

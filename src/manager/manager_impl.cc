@@ -3,12 +3,10 @@
 #include "manager/manager_impl.h"
 
 #include <algorithm>
-#include <numeric>
 #include <string>
 
 namespace sparsekv {
 
-using manager_internal::At;
 using manager_internal::Describe;
 
 SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Backend> backend,
@@ -16,14 +14,15 @@ SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Ba
     : options_(options),
       backend_(std::move(backend)),
       pool_(std::move(pool)),
+      plan_(options, *backend_),
       order_({.layers = options.geometry.num_layers(),
               .layers_per_index = options.layers_per_index,
               .max_batch = options.effective_max_batch(),
-              .copy_chunk_rows = options.copy_chunk_rows}) {}
+              .copy_chunk_rows = options.copy_chunk_rows}),
+      device_(*backend_) {}
 
 Status SparseKVCacheManager::Impl::Allocate() {
   const CacheOptions& o = options_;
-  const int32_t max_batch = o.effective_max_batch();
   if (pool_ == nullptr) {
     SPARSEKV_ASSIGN_OR_RETURN(
         pool_, HostKVPool::Create(o.geometry, o.host_capacity_tokens, o.host_page_tokens,
@@ -37,71 +36,34 @@ Status SparseKVCacheManager::Impl::Allocate() {
       hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks, shape.pages,
                              shape.page_rows, backend_.get(), o.layers_per_index));
   keys_per_page_ = shape.keys_per_page;
-  device_bytes_ = hot_->device_bytes();
 
-  auto device = [&](size_t bytes) -> StatusOr<void*> {
-    SPARSEKV_ASSIGN_OR_RETURN(void* p, backend_->AllocateDevice(bytes));
-    SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(p, 0, bytes, nullptr));
-    device_bytes_ += static_cast<int64_t>(bytes);
-    return p;
-  };
-  const PlanLayout layout(options_);
-  plan_host_.assign(layout.bytes, std::byte{0});
-  std::iota(At<int32_t>(plan_host_.data(), layout.append_src),
-            At<int32_t>(plan_host_.data(), layout.append_src) + max_batch, 0);
-  SPARSEKV_ASSIGN_OR_RETURN(void* plan, device(layout.bytes));
-  plan_device_ = static_cast<std::byte*>(plan);
-
-  const size_t page_table_bytes = pool_->page_table().size() * sizeof(int32_t);
-  SPARSEKV_ASSIGN_OR_RETURN(void* table, device(page_table_bytes));
-  page_table_device_ = static_cast<int32_t*>(table);
-  SPARSEKV_RETURN_IF_ERROR(
-      backend_->MemsetAsync(page_table_device_, 0xff, page_table_bytes, nullptr));
-
-  auto miss_list = [&](size_t entries, bool count) -> StatusOr<MissList> {
-    MissList list;
-    SPARSEKV_ASSIGN_OR_RETURN(void* rows, device(entries * sizeof(int32_t)));
-    list.host_row = static_cast<int32_t*>(rows);
-    SPARSEKV_ASSIGN_OR_RETURN(void* slots, device(entries * sizeof(int32_t)));
-    list.slot = static_cast<int32_t*>(slots);
-    if (count) {
-      SPARSEKV_ASSIGN_OR_RETURN(void* n, device(sizeof(int32_t)));
-      list.count = static_cast<int32_t*>(n);
-    }
-    return list;
-  };
-  for (MissList& list : miss_lists_) {  // their counts are the plan's
-    SPARSEKV_ASSIGN_OR_RETURN(list,
-                              miss_list(static_cast<size_t>(MaxChunks()) * ChunkEntries(), false));
-  }
-  SPARSEKV_ASSIGN_OR_RETURN(void* counters,
-                            device(sizeof(ResolveCounters) * 2 * o.geometry.num_layers()));
-  counters_ = static_cast<ResolveCounters*>(counters);
-  if (o.max_prefetch > 0) {
-    const size_t entries = static_cast<size_t>(max_batch) * o.max_prefetch;
-    SPARSEKV_ASSIGN_OR_RETURN(prefetch_list_, miss_list(entries, true));
-    SPARSEKV_ASSIGN_OR_RETURN(void* slots, device(entries * sizeof(int32_t)));
-    prefetch_slots_ = static_cast<int32_t*>(slots);
-  }
-  SPARSEKV_ASSIGN_OR_RETURN(void* invalid, device(sizeof(unsigned long long)));
-  invalid_copies_ = static_cast<unsigned long long*>(invalid);
+  SPARSEKV_RETURN_IF_ERROR(plan_.Allocate());
+  const size_t page_table_entries = pool_->page_table().size();
+  SPARSEKV_ASSIGN_OR_RETURN(page_table_device_, device_.Allocate<int32_t>(page_table_entries));
+  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(page_table_device_, 0xff,
+                                                 page_table_entries * sizeof(int32_t), nullptr));
+  SPARSEKV_ASSIGN_OR_RETURN(counters_,
+                            device_.Allocate<ResolveCounters>(2 * o.geometry.num_layers()));
+  SPARSEKV_ASSIGN_OR_RETURN(invalid_copies_, device_.Allocate<unsigned long long>(1));
   const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
   if (o.hybrid_residency) {
     resident_pages_per_owner_ = static_cast<int32_t>(ResidentPagesFor(positions));
-    SPARSEKV_ASSIGN_OR_RETURN(
-        void* table, device(sizeof(int32_t) * pool_->max_owners() * resident_pages_per_owner_));
-    resident_table_device_ = static_cast<int32_t*>(table);
+    SPARSEKV_ASSIGN_OR_RETURN(resident_table_device_,
+                              device_.Allocate<int32_t>(static_cast<size_t>(pool_->max_owners()) *
+                                                        resident_pages_per_owner_));
   }
   if (keys_per_page_ > 0) {
     key_pages_per_owner_ = static_cast<int32_t>(KeyPagesFor(positions));
-    SPARSEKV_ASSIGN_OR_RETURN(void* table,
-                              device(sizeof(int32_t) * pool_->max_owners() * key_pages_per_owner_));
-    key_table_device_ = static_cast<int32_t*>(table);
+    SPARSEKV_ASSIGN_OR_RETURN(
+        key_table_device_,
+        device_.Allocate<int32_t>(static_cast<size_t>(pool_->max_owners()) * key_pages_per_owner_));
   }
   // Loads into a demoted request's block (hot_slots + window rows) or a resident request's pages
   // (up to max_context rows).
   load_capacity_ = std::max(o.max_context, o.hot_slots + o.window);
-  SPARSEKV_ASSIGN_OR_RETURN(load_list_, miss_list(static_cast<size_t>(load_capacity_), true));
+  SPARSEKV_ASSIGN_OR_RETURN(load_list_,
+                            device_.AllocateMissList(static_cast<size_t>(load_capacity_), true));
+  device_bytes_ = hot_->device_bytes() + plan_.device_bytes() + device_.bytes();
   return backend_->Synchronize(nullptr);
 }
 
@@ -114,20 +76,9 @@ SparseKVCacheManager::Impl::~Impl() {
     pool_->ReleaseOwner(r.owner);
   }
   ledger_.reset();  // drops the retained conversations' references
-  // While the pool, the hot cache and the backend still exist; the last installed first.
+  // While the pool, the hot cache and the backend still exist; the last installed first. The
+  // parts free their device buffers after.
   while (!extensions_.empty()) extensions_.pop_back();
-  std::vector<void*> buffers = {plan_device_,      page_table_device_,  counters_,
-                                invalid_copies_,   prefetch_slots_,     resident_table_device_,
-                                key_table_device_, load_list_.host_row, load_list_.slot,
-                                load_list_.count};
-  for (const MissList& list : miss_lists_) {
-    buffers.insert(buffers.end(), {list.host_row, list.slot, list.count});
-  }
-  buffers.insert(buffers.end(),
-                 {prefetch_list_.host_row, prefetch_list_.slot, prefetch_list_.count});
-  for (void* p : buffers) {
-    if (p != nullptr) backend_->FreeDevice(p);
-  }
 }
 
 StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Find(RequestId id,

@@ -11,8 +11,11 @@
 //   requests_ the live requests: owner (page-table row), block, lengths, ingest state.
 //   order_    StepOrder: whether a step is open and what its run phase has done; every call out
 //             of order is refused there (step_order.h).
-//   the run-phase device buffers: the plan region, the device page table, two miss lists (index
-//   groups alternate between them), the prefetch list and the resolve counters.
+//   plan_     StepPlan: the plan region (host mirror and device copy), the step's batch, the two
+//             step miss lists (index groups alternate between them) and the prefetch list
+//             (step_plan.h).
+//   device_   DeviceMemory: the other run-phase device buffers (the device page table, the
+//             resolve counters) and the residency buffers.
 //   extensions_ the installed ManagerExtensions (the remote tier's, the peer tier's), in
 //   installation order; each one's per-layer hooks run only in steps it declared itself active
 //   for at PlanStep (active_extensions_).
@@ -33,7 +36,9 @@
 #include <vector>
 
 #include "host_pool/page_ledger.h"
+#include "manager/device_memory.h"
 #include "manager/step_order.h"
+#include "manager/step_plan.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/manager_extension.h"
 
@@ -98,21 +103,21 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
   const std::byte* HotLayer(int32_t layer) const { return hot_->layer_data(layer); }
   int64_t HotLayerRows() const { return hot_->layer_rows(); }
-  int32_t batch_size() const { return static_cast<int32_t>(batch_.size()); }
+  int32_t batch_size() const { return plan_.batch_size(); }
 
   // ExtensionHost (manager_extension.h).
   const CacheOptions& options() const override { return options_; }
   Backend& backend() const override { return *backend_; }
   HostKVPool& pool() const override { return *pool_; }
   const HotCache& hot_cache() const override { return *hot_; }
-  std::span<const RequestId> batch() const override { return batch_; }
+  std::span<const RequestId> batch() const override { return plan_.batch(); }
   int32_t BlockOf(RequestId id) const override { return requests_.at(id).block; }
   int32_t OwnerOf(RequestId id) const override { return requests_.at(id).owner; }
   int32_t LengthOf(RequestId id) const override { return requests_.at(id).seq_len; }
   bool IsLive(RequestId id) const override { return requests_.contains(id); }
   unsigned long long* invalid_copy_counter() const override { return invalid_copies_; }
-  int32_t miss_list_lanes() const override { return 2 * MaxChunks() + 1; }
-  int32_t miss_list_lane_capacity() const override;
+  int32_t miss_list_lanes() const override { return plan_.lanes(); }
+  int32_t miss_list_lane_capacity() const override { return plan_.lane_capacity(); }
   Status AdmitWithPages(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
                         std::span<const int32_t> shared, StreamHandle stream) override;
   Status CompleteLayer(RequestId id, int32_t layer, StreamHandle stream) override;
@@ -148,9 +153,6 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
     bool resident() const { return !resident_pages.empty(); }
     bool on_device() const { return block >= 0 || resident(); }
   };
-  // The fixed device buffers of the run phase. Everything the plan phase writes is in one
-  // contiguous region (`plan`), uploaded with one copy.
-  struct PlanLayout;
 
   // ---- Lifecycle (manager_impl.cc) ----
   StatusOr<Request*> Find(RequestId id, const char* op);
@@ -227,9 +229,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // The copy of `list` ([capacity] host rows -> layer-wide slots) from the pool into `layer`'s
   // hot rows, on the whole grid (Copy bounds it with copy_blocks).
   IndexCopyView PoolToHotCopy(int32_t layer, const MissList& list, int32_t capacity) const;
-  bool InOpenStep(RequestId id) const {
-    return order_.open() && std::find(batch_.begin(), batch_.end(), id) != batch_.end();
-  }
+  bool InOpenStep(RequestId id) const { return order_.open() && plan_.Contains(id); }
 
   // ---- Step (manager_step.cc) ----
   // Where the key of `position` of `r` lies in a layer's device memory, in 4-byte words.
@@ -249,18 +249,6 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // in an active step.
   Status Copy(int32_t layer, const MissList& list, int32_t capacity, int32_t max_blocks,
               StreamHandle stream);
-  // The miss list of `layer`'s index group in the open step: index groups alternate between two
-  // lists, and each group's counts (one per chunk) are its own, in the plan region (zeroed by
-  // every PlanStep).
-  MissList StepMissList(int32_t layer) const;
-  // Copy chunks of a step's miss list: ceil(max_batch / copy_chunk_rows), or 1 without chunks;
-  // and the entries of one (the whole list without chunks).
-  int32_t MaxChunks() const;
-  int32_t ChunkEntries() const;
-  // The part of `list` chunk c holds.
-  MissList Chunk(const MissList& list, int32_t c) const;
-  // The lane (ExtensionHost::miss_list_lanes) of one of the manager's miss lists or chunks.
-  int32_t MissListLane(const MissList& list) const;
   // Copies `layer`'s chunk c and marks the layer copied once every chunk of the batch is.
   Status CopyChunk(int32_t layer, int32_t c, StreamHandle stream);
 
@@ -274,12 +262,15 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // The extensions whose per-layer hooks run in the open step, in installation order.
   std::vector<ManagerExtension*> active_extensions_;
 
-  // Device buffers.
-  std::byte* plan_device_ = nullptr;      // see PlanLayout
-  int32_t* page_table_device_ = nullptr;  // [max_owners, pages_per_owner]
-  MissList miss_lists_[2];  // [max_batch * top_k] each; the counts are the plan's (StepMissList)
-  MissList prefetch_list_;  // [max_batch * max_prefetch]
-  int32_t* prefetch_slots_ = nullptr;         // [max_batch * max_prefetch] (discarded)
+  // The step: what its plan phase wrote (the plan region, the batch, the miss lists), and
+  // whether it is open and what its run phase has done (every order the API forbids is refused
+  // there).
+  StepPlan plan_;
+  StepOrder order_;
+
+  // The other device buffers, freed with device_.
+  DeviceMemory device_;
+  int32_t* page_table_device_ = nullptr;      // [max_owners, pages_per_owner]
   int32_t* resident_table_device_ = nullptr;  // [max_owners, resident_pages_per_owner_]
   int32_t resident_pages_per_owner_ = 0;
   int32_t* key_table_device_ = nullptr;  // [max_owners, key_pages_per_owner_]
@@ -293,13 +284,6 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   unsigned long long* invalid_copies_ = nullptr;  // scalar
   int64_t device_bytes_ = 0;
 
-  // Host mirror of the plan and step state.
-  std::vector<std::byte> plan_host_;
-  std::vector<RequestId> batch_;
-  // Whether a step is open, and what its run phase has done (every order the API forbids is
-  // refused there).
-  StepOrder order_;
-  int32_t prefetch_capacity_ = 0;  // the pending prefetch list's capacity
   // Bytes one request of a step moves, as recorded by the last complete run phase (replays).
   uint64_t step_bytes_to_host_per_request_ = 0;
   uint64_t step_bytes_assembled_per_request_ = 0;
@@ -308,46 +292,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   HostCounters host_counters_;
 };
 
-// The plan region, uploaded with one copy per step:
-//   [batch_size: int32, padded to 16 B][batch: BatchEntry x max_batch]
-//   [append_src: int32 x max_batch]   b -> b (row of the caller's new_rows)
-//   [append_slot: int32 x max_batch]  window slot of the newest token
-//   [append_row: int32 x max_batch]   host row of the newest token
-//   [append_key: int32 x max_batch]   with indexer keys: where the newest token's key goes, in
-//                                     4-byte words of a layer's device memory
-//   [miss_count: int32 x index groups x chunks] each group's miss count (per copy chunk), 0
-//                                     until its resolve (so that no resolve needs a memset)
-struct SparseKVCacheManager::Impl::PlanLayout {
-  PlanLayout(int32_t max_batch, int32_t counts)
-      : batch(16),
-        append_src(batch + sizeof(BatchEntry) * max_batch),
-        append_slot(append_src + sizeof(int32_t) * max_batch),
-        append_row(append_slot + sizeof(int32_t) * max_batch),
-        append_key(append_row + sizeof(int32_t) * max_batch),
-        miss_count(append_key + sizeof(int32_t) * max_batch),
-        bytes(miss_count + sizeof(int32_t) * counts) {}
-  explicit PlanLayout(const CacheOptions& o)
-      : PlanLayout(o.effective_max_batch(),
-                   o.index_groups() *
-                       (o.copy_chunk_rows > 0
-                            ? (o.effective_max_batch() + o.copy_chunk_rows - 1) / o.copy_chunk_rows
-                            : 1)) {}
-  size_t batch_size = 0;
-  size_t batch;
-  size_t append_src;
-  size_t append_slot;
-  size_t append_row;
-  size_t append_key;
-  size_t miss_count;
-  size_t bytes;
-};
-
 namespace manager_internal {
-
-template <typename T>
-T* At(std::byte* base, size_t offset) {
-  return reinterpret_cast<T*>(base + offset);
-}
 
 inline std::string Describe(RequestId id) { return "request " + std::to_string(id); }
 

@@ -9,7 +9,6 @@
 
 namespace sparsekv {
 
-using manager_internal::At;
 using manager_internal::Describe;
 
 Status SparseKVCacheManager::Impl::PrepareAppend(Request& r, int32_t position,
@@ -73,14 +72,8 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
                         std::to_string(r->reserved) + " tokens)");
     }
   }
-  const PlanLayout layout(options_);
-  std::byte* plan = plan_host_.data();
-  *At<int32_t>(plan, layout.batch_size) = static_cast<int32_t>(batch.size());
-  auto* entries = At<BatchEntry>(plan, layout.batch);
-  auto* append_slot = At<int32_t>(plan, layout.append_slot);
-  auto* append_row = At<int32_t>(plan, layout.append_row);
-  auto* append_key = At<int32_t>(plan, layout.append_key);
-  std::fill_n(At<int32_t>(plan, layout.miss_count), options_.index_groups() * MaxChunks(), 0);
+  const auto [entries, append_slot, append_row, append_key] =
+      plan_.Begin(static_cast<int32_t>(batch.size()));
   for (int32_t b = 0; b < max_batch; ++b) {
     if (b >= static_cast<int32_t>(batch.size())) {
       entries[b] = BatchEntry{-1, 0, 0};
@@ -98,14 +91,14 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     append_row[b] = pool_->HostRow(r.owner, position);
     append_key[b] = keys_per_page_ > 0 ? KeyWord(r, position) : -1;
   }
-  batch_.assign(batch.begin(), batch.end());
+  plan_.SetBatch(batch);
   active_extensions_.clear();
   for (const auto& extension : extensions_) {
-    if (extension->BeginStep(batch_, stream)) active_extensions_.push_back(extension.get());
+    if (extension->BeginStep(plan_.batch(), stream)) active_extensions_.push_back(extension.get());
   }
   order_.Open(batch_size());
   open_bytes_to_host_per_request_ = open_bytes_assembled_per_request_ = 0;
-  return backend_->CopyAsync(plan_device_, plan, layout.bytes, stream);
+  return plan_.Upload(stream);
 }
 
 Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_rows,
@@ -117,14 +110,13 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   }
   SPARSEKV_RETURN_IF_ERROR(order_.CheckAppend(layer));
   const LayerShape shape = options_.geometry.layers[layer];
-  const PlanLayout layout(options_);
   const int32_t max_batch = options_.effective_max_batch();
   IndexCopyView to_window{};
   to_window.src = static_cast<const std::byte*>(new_rows);
   to_window.dst = hot_->layer_data(layer);
-  to_window.src_index = At<int32_t>(plan_device_, layout.append_src);
-  to_window.dst_index = At<int32_t>(plan_device_, layout.append_slot);
-  to_window.count = At<int32_t>(plan_device_, layout.batch_size);
+  to_window.src_index = plan_.append_src_device();
+  to_window.dst_index = plan_.append_slot_device();
+  to_window.count = plan_.batch_size_device();
   to_window.capacity = max_batch;
   to_window.row_bytes = shape.row_stride;
   to_window.src_stride = to_window.dst_stride = shape.row_stride;
@@ -138,7 +130,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
     IndexCopyView keys = to_window;
     keys.src = static_cast<const std::byte*>(new_keys);
     keys.src_stride = keys.row_bytes = key_bytes;
-    keys.dst_index = At<int32_t>(plan_device_, layout.append_key);
+    keys.dst_index = plan_.append_key_device();
     keys.dst_stride = sizeof(int32_t);
     keys.dst_rows = (hot_->layer_rows() * shape.row_stride - key_bytes) / 4 + 1;
     SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(keys, stream));
@@ -153,56 +145,15 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   to_host.src_index = to_window.dst_index;
   to_host.src_rows = hot_->layer_rows();
   to_host.dst = pool_->layer_base(layer);
-  to_host.dst_index = At<int32_t>(plan_device_, layout.append_row);
+  to_host.dst_index = plan_.append_row_device();
   to_host.dst_rows = pool_->rows();
   SPARSEKV_RETURN_IF_ERROR(backend_->Fork(stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_host, backend_->SideStream()));
   order_.MarkAppended(layer);
   open_bytes_to_host_per_request_ += shape.row_bytes;
-  host_counters_.bytes_device_to_host += batch_.size() * static_cast<uint64_t>(shape.row_bytes);
+  host_counters_.bytes_device_to_host +=
+      plan_.batch().size() * static_cast<uint64_t>(shape.row_bytes);
   return Status::Ok();
-}
-
-MissList SparseKVCacheManager::Impl::StepMissList(int32_t layer) const {
-  const int32_t group = layer / options_.layers_per_index;
-  MissList list = miss_lists_[group % 2];
-  list.count = At<int32_t>(plan_device_, PlanLayout(options_).miss_count) + group * MaxChunks();
-  return list;
-}
-
-int32_t SparseKVCacheManager::Impl::MaxChunks() const {
-  const int32_t rows = options_.copy_chunk_rows;
-  return rows > 0 ? (options_.effective_max_batch() + rows - 1) / rows : 1;
-}
-
-int32_t SparseKVCacheManager::Impl::ChunkEntries() const {
-  const int32_t rows =
-      options_.copy_chunk_rows > 0 ? options_.copy_chunk_rows : options_.effective_max_batch();
-  return rows * options_.top_k;
-}
-
-MissList SparseKVCacheManager::Impl::Chunk(const MissList& list, int32_t c) const {
-  const int64_t first = int64_t{c} * ChunkEntries();
-  return MissList{list.host_row + first, list.slot + first, list.count + c};
-}
-
-int32_t SparseKVCacheManager::Impl::miss_list_lane_capacity() const {
-  return std::max(ChunkEntries(), options_.effective_max_batch() * options_.max_prefetch);
-}
-
-// Lanes: the chunks of the two step lists, then the prefetch list.
-int32_t SparseKVCacheManager::Impl::MissListLane(const MissList& list) const {
-  for (int32_t i = 0; i < 2; ++i) {
-    // Compared as addresses: the list may lie in another allocation.
-    const int64_t offset =
-        (static_cast<int64_t>(reinterpret_cast<uintptr_t>(list.host_row)) -
-         static_cast<int64_t>(reinterpret_cast<uintptr_t>(miss_lists_[i].host_row))) /
-        static_cast<int64_t>(sizeof(int32_t));
-    if (offset >= 0 && offset < int64_t{MaxChunks()} * ChunkEntries()) {
-      return i * MaxChunks() + static_cast<int32_t>(offset / ChunkEntries());
-    }
-  }
-  return 2 * MaxChunks();
 }
 
 int32_t SparseKVCacheManager::Impl::KeyWord(const Request& r, int32_t position) const {
@@ -214,10 +165,9 @@ int32_t SparseKVCacheManager::Impl::KeyWord(const Request& r, int32_t position) 
 
 IndexerKeyView SparseKVCacheManager::Impl::IndexerKeys(int32_t layer) const {
   if (keys_per_page_ == 0 || layer < 0 || layer >= options_.geometry.num_layers()) return {};
-  const PlanLayout layout(options_);
   IndexerKeyView v{};
-  v.batch_size = At<const int32_t>(plan_device_, layout.batch_size);
-  v.batch = At<const BatchEntry>(plan_device_, layout.batch);
+  v.batch_size = plan_.batch_size_device();
+  v.batch = plan_.batch_device();
   v.keys = hot_->layer_data(layer);
   v.row_stride = options_.geometry.layers[layer].row_stride;
   v.page_table = key_table_device_;
@@ -239,7 +189,7 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
   if (topk_stride < options_.top_k) return InvalidArgument("ResolveLayer: topk_stride < top_k");
   SPARSEKV_RETURN_IF_ERROR(order_.CheckResolveOrder(layer));
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask,
-                                   StepMissList(layer), counters_ + layer, /*own_copy=*/true,
+                                   plan_.StepMissList(layer), counters_ + layer, /*own_copy=*/true,
                                    stream));
   order_.MarkResolved(layer);
   for (ManagerExtension* extension : active_extensions_) {
@@ -253,10 +203,9 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
                                            const MissList& list, ResolveCounters* counters,
                                            bool own_copy, StreamHandle stream) {
   const int32_t max_batch = options_.effective_max_batch();
-  const PlanLayout layout(options_);
   ResolveView resolve{};
-  resolve.batch_size = At<int32_t>(plan_device_, layout.batch_size);
-  resolve.batch = At<BatchEntry>(plan_device_, layout.batch);
+  resolve.batch_size = plan_.batch_size_device();
+  resolve.batch = plan_.batch_device();
   resolve.topk = topk;
   resolve.top_k = top_k;
   resolve.topk_stride = topk_stride;
@@ -275,7 +224,7 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.miss_host_row = list.host_row;
   resolve.miss_slot = list.slot;
   resolve.miss_count = list.count;
-  resolve.miss_capacity = own_copy ? MaxChunks() * ChunkEntries() : max_batch * top_k;
+  resolve.miss_capacity = own_copy ? plan_.step_list_capacity() : max_batch * top_k;
   resolve.chunk_rows = own_copy ? options_.copy_chunk_rows : 0;
   resolve.counters = counters;
   resolve.fill_mask = fill_mask;
@@ -308,7 +257,7 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
 Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "CopyMisses"));
   SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyMisses(layer));
-  for (int32_t c = 0; c < MaxChunks(); ++c) {
+  for (int32_t c = 0; c < plan_.chunks(); ++c) {
     SPARSEKV_RETURN_IF_ERROR(CopyChunk(layer, c, stream));
   }
   return Status::Ok();
@@ -322,8 +271,8 @@ Status SparseKVCacheManager::Impl::CopyMissChunk(int32_t layer, int32_t chunk,
 }
 
 Status SparseKVCacheManager::Impl::CopyChunk(int32_t layer, int32_t c, StreamHandle stream) {
-  SPARSEKV_RETURN_IF_ERROR(
-      Copy(layer, Chunk(StepMissList(layer), c), ChunkEntries(), options_.copy_blocks, stream));
+  SPARSEKV_RETURN_IF_ERROR(Copy(layer, plan_.Chunk(plan_.StepMissList(layer), c),
+                                plan_.chunk_entries(), options_.copy_blocks, stream));
   if (!order_.MarkChunkCopied(layer, c)) return Status::Ok();
   for (ManagerExtension* extension : active_extensions_) {
     SPARSEKV_RETURN_IF_ERROR(extension->AfterMissCopy(layer, stream));
@@ -335,7 +284,7 @@ Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int
                                         int32_t max_blocks, StreamHandle stream) {
   // Each extension may hand the next one (and the copy from the pool) a list of its own.
   MissList from_pool = list;
-  const int32_t lane = active_extensions_.empty() ? 0 : MissListLane(list);
+  const int32_t lane = active_extensions_.empty() ? 0 : plan_.Lane(list);
   for (ManagerExtension* extension : active_extensions_) {
     SPARSEKV_ASSIGN_OR_RETURN(from_pool,
                               extension->BeforeCopy(layer, from_pool, capacity, lane, stream));
@@ -377,9 +326,8 @@ Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* s
   SPARSEKV_RETURN_IF_ERROR(order_.CheckAssemble(layer));
   const LayerShape shape = options_.geometry.layers[layer];
   const int32_t max_batch = options_.effective_max_batch();
-  const PlanLayout layout(options_);
   AssembleView a{};
-  a.batch_size = At<int32_t>(plan_device_, layout.batch_size);
+  a.batch_size = plan_.batch_size_device();
   a.hot = hot_->layer_data(layer);
   a.hot_rows = hot_->layer_rows();
   a.slots = slots;
@@ -390,7 +338,7 @@ Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* s
   SPARSEKV_RETURN_IF_ERROR(backend_->Assemble(a, max_batch, stream));
   open_bytes_assembled_per_request_ += static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
   host_counters_.bytes_assembled +=
-      batch_.size() * static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
+      plan_.batch().size() * static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
   return Status::Ok();
 }
 
@@ -410,13 +358,13 @@ Status SparseKVCacheManager::Impl::ResolvePrefetch(int32_t layer, const int32_t*
                            std::to_string(options_.max_prefetch) + "] (max_prefetch)");
   }
   SPARSEKV_RETURN_IF_ERROR(order_.CheckResolvePrefetch(layer));
-  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(prefetch_list_.count, 0, sizeof(int32_t), stream));
-  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, prefetch_slots_, nullptr,
-                                   prefetch_list_,
-                                   counters_ + options_.geometry.num_layers() + layer,
+  const MissList& list = plan_.prefetch_list();
+  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(list.count, 0, sizeof(int32_t), stream));
+  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, plan_.prefetch_slots(), nullptr,
+                                   list, counters_ + options_.geometry.num_layers() + layer,
                                    /*own_copy=*/false, stream));
   order_.MarkPrefetchResolved(layer);
-  prefetch_capacity_ = options_.effective_max_batch() * count;
+  plan_.SetPrefetchCount(count);
   return Status::Ok();
 }
 
@@ -428,7 +376,7 @@ Status SparseKVCacheManager::Impl::CopyPrefetch(int32_t layer, StreamHandle stre
   const int32_t last = std::min(first + options_.layers_per_index, options_.geometry.num_layers());
   for (int32_t l = first; l < last; ++l) {
     SPARSEKV_RETURN_IF_ERROR(Copy(
-        l, prefetch_list_, prefetch_capacity_,
+        l, plan_.prefetch_list(), plan_.prefetch_capacity(),
         options_.prefetch_copy_blocks > 0 ? options_.prefetch_copy_blocks : options_.copy_blocks,
         stream));
   }
@@ -448,14 +396,14 @@ Status SparseKVCacheManager::Impl::FinishStep(StreamHandle stream) {
 void SparseKVCacheManager::Impl::CloseStep() {
   // Pages this step filled are complete once its write-back is joined into the main stream,
   // which every later reader of the pool is ordered after.
-  for (RequestId id : batch_) IndexFullPages(requests_.at(id));
+  for (RequestId id : plan_.batch()) IndexFullPages(requests_.at(id));
   order_.Close();
 }
 
 Status SparseKVCacheManager::Impl::FinishReplayedStep() {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckFinishReplayed(step_bytes_to_host_per_request_ != 0));
-  host_counters_.bytes_device_to_host += batch_.size() * step_bytes_to_host_per_request_;
-  host_counters_.bytes_assembled += batch_.size() * step_bytes_assembled_per_request_;
+  host_counters_.bytes_device_to_host += plan_.batch().size() * step_bytes_to_host_per_request_;
+  host_counters_.bytes_assembled += plan_.batch().size() * step_bytes_assembled_per_request_;
   CloseStep();
   return Status::Ok();
 }

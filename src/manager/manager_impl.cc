@@ -19,6 +19,7 @@ SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Ba
               .layers_per_index = options.layers_per_index,
               .max_batch = options.effective_max_batch(),
               .copy_chunk_rows = options.copy_chunk_rows}),
+      tables_(*backend_),
       device_(*backend_) {}
 
 Status SparseKVCacheManager::Impl::Allocate() {
@@ -38,32 +39,23 @@ Status SparseKVCacheManager::Impl::Allocate() {
   keys_per_page_ = shape.keys_per_page;
 
   SPARSEKV_RETURN_IF_ERROR(plan_.Allocate());
-  const size_t page_table_entries = pool_->page_table().size();
-  SPARSEKV_ASSIGN_OR_RETURN(page_table_device_, device_.Allocate<int32_t>(page_table_entries));
-  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(page_table_device_, 0xff,
-                                                 page_table_entries * sizeof(int32_t), nullptr));
+  const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
+  SPARSEKV_RETURN_IF_ERROR(tables_.Allocate(
+      {.max_owners = pool_->max_owners(),
+       .pages_per_owner = pool_->pages_per_owner(),
+       .resident_pages_per_owner =
+           o.hybrid_residency ? static_cast<int32_t>(ResidentPagesFor(positions)) : 0,
+       .key_pages_per_owner = static_cast<int32_t>(KeyPagesFor(positions))}));
   SPARSEKV_ASSIGN_OR_RETURN(counters_,
                             device_.Allocate<ResolveCounters>(2 * o.geometry.num_layers()));
   SPARSEKV_ASSIGN_OR_RETURN(invalid_copies_, device_.Allocate<unsigned long long>(1));
-  const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
-  if (o.hybrid_residency) {
-    resident_pages_per_owner_ = static_cast<int32_t>(ResidentPagesFor(positions));
-    SPARSEKV_ASSIGN_OR_RETURN(resident_table_device_,
-                              device_.Allocate<int32_t>(static_cast<size_t>(pool_->max_owners()) *
-                                                        resident_pages_per_owner_));
-  }
-  if (keys_per_page_ > 0) {
-    key_pages_per_owner_ = static_cast<int32_t>(KeyPagesFor(positions));
-    SPARSEKV_ASSIGN_OR_RETURN(
-        key_table_device_,
-        device_.Allocate<int32_t>(static_cast<size_t>(pool_->max_owners()) * key_pages_per_owner_));
-  }
   // Loads into a demoted request's block (hot_slots + window rows) or a resident request's pages
   // (up to max_context rows).
   load_capacity_ = std::max(o.max_context, o.hot_slots + o.window);
   SPARSEKV_ASSIGN_OR_RETURN(load_list_,
                             device_.AllocateMissList(static_cast<size_t>(load_capacity_), true));
-  device_bytes_ = hot_->device_bytes() + plan_.device_bytes() + device_.bytes();
+  device_bytes_ =
+      hot_->device_bytes() + plan_.device_bytes() + tables_.device_bytes() + device_.bytes();
   return backend_->Synchronize(nullptr);
 }
 
@@ -91,9 +83,7 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Find(
 }
 
 Status SparseKVCacheManager::Impl::UploadPageTable(const Request& r, StreamHandle stream) {
-  const std::span<const int32_t> row = pool_->page_table_row(r.owner);
-  return backend_->CopyAsync(page_table_device_ + static_cast<size_t>(r.owner) * row.size(),
-                             row.data(), row.size_bytes(), stream);
+  return tables_.UploadPageRow(r.owner, pool_->page_table_row(r.owner), stream);
 }
 
 StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::AdmitShared(

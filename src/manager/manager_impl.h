@@ -14,8 +14,10 @@
 //   plan_     StepPlan: the plan region (host mirror and device copy), the step's batch, the two
 //             step miss lists (index groups alternate between them) and the prefetch list
 //             (step_plan.h).
-//   device_   DeviceMemory: the other run-phase device buffers (the device page table, the
-//             resolve counters) and the residency buffers.
+//   tables_   DeviceTables: the device page table, residency table and key table, a row per
+//             owner (device_tables.h).
+//   device_   DeviceMemory: the other device buffers (the resolve counters and the residency
+//             loads' index list).
 //   extensions_ the installed ManagerExtensions (the remote tier's, the peer tier's), in
 //   installation order; each one's per-layer hooks run only in steps it declared itself active
 //   for at PlanStep (active_extensions_).
@@ -37,6 +39,7 @@
 
 #include "host_pool/page_ledger.h"
 #include "manager/device_memory.h"
+#include "manager/device_tables.h"
 #include "manager/step_order.h"
 #include "manager/step_plan.h"
 #include "sparsekv/manager.h"
@@ -268,13 +271,11 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   StepPlan plan_;
   StepOrder order_;
 
+  // The device page, residency and key tables.
+  DeviceTables tables_;
+
   // The other device buffers, freed with device_.
   DeviceMemory device_;
-  int32_t* page_table_device_ = nullptr;      // [max_owners, pages_per_owner]
-  int32_t* resident_table_device_ = nullptr;  // [max_owners, resident_pages_per_owner_]
-  int32_t resident_pages_per_owner_ = 0;
-  int32_t* key_table_device_ = nullptr;  // [max_owners, key_pages_per_owner_]
-  int32_t key_pages_per_owner_ = 0;
   int32_t keys_per_page_ = 0;  // 0: no indexer keys
   MissList load_list_;  // [load_capacity_]: host row -> slot, for LoadIntoBlock / LoadResident
   int32_t load_capacity_ = 0;

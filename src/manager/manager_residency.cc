@@ -53,9 +53,7 @@ Status SparseKVCacheManager::Impl::PlaceOnDevice(Request& r, int64_t key_pages,
   }
   if (key_pages > 0) {
     SPARSEKV_ASSIGN_OR_RETURN(r.key_pages, hot_->AcquirePages(key_pages));
-    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(
-        key_table_device_ + static_cast<int64_t>(r.owner) * key_pages_per_owner_,
-        r.key_pages.data(), r.key_pages.size() * sizeof(int32_t), stream));
+    SPARSEKV_RETURN_IF_ERROR(tables_.UploadKeyRow(r.owner, r.key_pages, stream));
   }
   if (resident_fits) return TakeResidentPages(r, stream);
   SPARSEKV_ASSIGN_OR_RETURN(r.block, hot_->Acquire(stream));
@@ -64,9 +62,7 @@ Status SparseKVCacheManager::Impl::PlaceOnDevice(Request& r, int64_t key_pages,
 
 Status SparseKVCacheManager::Impl::TakeResidentPages(Request& r, StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(r.resident_pages, hot_->AcquirePages(ResidentPagesFor(r.reserved)));
-  return backend_->CopyAsync(
-      resident_table_device_ + static_cast<int64_t>(r.owner) * resident_pages_per_owner_,
-      r.resident_pages.data(), r.resident_pages.size() * sizeof(int32_t), stream);
+  return tables_.UploadResidentRow(r.owner, r.resident_pages, stream);
 }
 
 Status SparseKVCacheManager::Impl::MakeRoom(int64_t pages, StreamHandle stream) {

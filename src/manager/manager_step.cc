@@ -170,8 +170,8 @@ IndexerKeyView SparseKVCacheManager::Impl::IndexerKeys(int32_t layer) const {
   v.batch = plan_.batch_device();
   v.keys = hot_->layer_data(layer);
   v.row_stride = options_.geometry.layers[layer].row_stride;
-  v.page_table = key_table_device_;
-  v.pages_per_request = key_pages_per_owner_;
+  v.page_table = tables_.key_table();
+  v.pages_per_request = tables_.key_pages_per_owner();
   v.keys_per_page = keys_per_page_;
   v.key_bytes = options_.indexer_key_bytes;
   return v;
@@ -218,7 +218,7 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   }
   resolve.hot_slots = options_.hot_slots;
   resolve.window = options_.window;
-  resolve.page_table = page_table_device_;
+  resolve.page_table = tables_.page_table();
   resolve.pages_per_request = pool_->pages_per_owner();
   resolve.page_tokens = options_.host_page_tokens;
   resolve.miss_host_row = list.host_row;
@@ -231,8 +231,8 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.sort_misses = options_.sort_misses;
   resolve.sort_min_batch = options_.sort_misses_min_batch;
   resolve.share_duplicates = options_.share_repeated_positions;
-  resolve.resident_table = resident_table_device_;
-  resolve.resident_pages = resident_pages_per_owner_;
+  resolve.resident_table = tables_.resident_table();
+  resolve.resident_pages = tables_.resident_pages_per_owner();
   resolve.resident_page_rows = hot_->page_rows();
   resolve.block_pages = hot_->block_pages();
   resolve.pages_per_block = hot_->pages_per_block();

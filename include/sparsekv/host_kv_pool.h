@@ -48,13 +48,6 @@
 
 namespace sparsekv {
 
-class NodeSegment;
-namespace pool_state {
-struct Header;
-struct Owner;
-struct Process;
-}  // namespace pool_state
-
 class HostKVPool {
  public:
   // A pool of `capacity_tokens` rounded up to whole pages, with page tables for `max_owners`
@@ -139,7 +132,7 @@ class HostKVPool {
 
   // ---- Node pool (node_pool.h) ----
 
-  bool is_node_pool() const { return segment_ != nullptr; }
+  bool is_node_pool() const;
   // The segment's file and its id (a new one each time a segment is created under a path);
   // "" and 0 for a private pool.
   const std::string& node_pool_path() const;
@@ -192,44 +185,13 @@ class HostKVPool {
 
  private:
   friend class NodePoolAccess;  // node_pool.cc: creates, opens and checks node pools
-  class Lock;                   // the bookkeeping's mutex, held for its scope (host_kv_pool.cc)
+  // The bookkeeping (page tables, references, free pages, owners, seals) and its mutex; for a
+  // node pool also the shared segment, this process's slot in it and the reclaim of dead
+  // processes (src/host_pool/pool_book.h).
+  class Book;
 
   HostKVPool(const KVGeometry& geometry, int32_t rows, int32_t page_tokens, int32_t max_owners,
              int32_t pages_per_owner, Backend* backend);
-  // Points the bookkeeping at `block` (pool_state.h), `max_processes` = 0 for a private pool.
-  void BindBook(std::byte* block, int32_t max_processes);
-  // Initialises a zeroed block: every page and owner free; the mutex robust and process-shared
-  // for a node pool.
-  void InitBook();
-  // Node pool: takes a process slot for this process, after reclaiming dead processes.
-  // FailedPrecondition if the segment was closed; ResourceExhausted if every slot is live.
-  Status Attach();
-  // Node pool: drops what this process still holds, frees its slot and, if no live process
-  // remains, closes the segment and removes its file.
-  void Detach();
-
-  // Node pool, not attached: reclaims dead processes and, if no live process remains, closes the
-  // segment (no one may attach any more). True if it closed it.
-  bool CloseIfAbandoned();
-
-  // The public methods of the same names without the mutex. REQUIRES: the mutex is held.
-  int32_t AllocatePageLocked();
-  void AddRefLocked(int32_t page);
-  bool UnrefLocked(int32_t page);
-  int32_t FreePagesLocked() const;
-  void ReleaseLocked(int32_t owner, std::vector<int32_t>* freed);
-  // Adds `delta` to this process's loose references to `page` (node pool only).
-  void CountLoose(int32_t page, int32_t delta);
-  // Rebuilds the derived state from the primary state (pool_state.h), after a process died
-  // holding the mutex.
-  void RepairLocked();
-  // ReclaimDeadProcesses with the mutex held.
-  int32_t ReclaimDeadLocked();
-  // Reclaims dead processes if a reservation of `pages` fresh pages (or an owner, with pages = 0
-  // and `owner` set) would fail; true if that freed anything.
-  bool ReclaimIfShortLocked(int64_t pages, bool owner);
-  // Node pool: whether `owner` may be used by this process (held by it).
-  bool HoldsOwner(int32_t owner) const;
 
   KVGeometry geometry_;
   int32_t rows_;
@@ -239,22 +201,9 @@ class HostKVPool {
   Backend* backend_;
   std::shared_ptr<Backend> backend_owner_;  // CreateShared, node pools: keeps backend_ alive
   std::vector<std::byte*> layer_base_;
-  // The bookkeeping (pool_state.h): in private_book_ for a private pool, in the segment for a node
-  // pool. Everything it holds is guarded by header_->mutex.
-  std::unique_ptr<std::byte[]> private_book_;
-  pool_state::Header* header_ = nullptr;
-  pool_state::Owner* owners_ = nullptr;
-  pool_state::Process* processes_ = nullptr;  // [max_processes]; node pool only
-  int32_t* page_table_ = nullptr;
-  int32_t* refs_ = nullptr;        // references per page; 0 = free
-  uint64_t* used_bits_ = nullptr;  // bit set: page in use; pages are handed out lowest first
-  int32_t* loose_ = nullptr;       // [max_processes, total_pages]; node pool only
-  // Node pool: the mapped segment, this process's slot in it, and whether the rows are registered
-  // with the backend.
-  std::unique_ptr<NodeSegment> segment_;
-  int32_t self_ = -1;
-  int attached_pid_ = 0;  // a copy of this object in a forked child must not detach the parent
-  bool registered_ = false;
+  // Destroyed before backend_owner_: a node pool's book unmaps the segment the rows are in.
+  std::unique_ptr<Book> book_;
+  const int32_t* page_table_ = nullptr;  // book_'s page tables
 };
 
 }  // namespace sparsekv

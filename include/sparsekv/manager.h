@@ -59,6 +59,7 @@
 #include "sparsekv/host_kv_pool.h"
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/manager_extension.h"
+#include "sparsekv/node_pool.h"
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
 #include "sparsekv/types.h"
@@ -442,5 +443,15 @@ class SparseKVCacheManager {
 
   std::unique_ptr<Impl> impl_;  // the state and the code: src/manager/manager_impl.h
 };
+
+// SparseKVCacheManager::AdmitSealedPrompt(id, prompt.owner, prompt.seal, max_new_tokens,
+// stream): admits `id` with its prompt in the pages `prompt` sealed in the manager's host pool
+// (by this or another process; node_pool.h); nothing is copied but the window into the hot cache.
+// NotFound if the seal has ended (released, or its writer died): recompute the request.
+inline Status AdmitFromNodePool(SparseKVCacheManager& manager, RequestId id,
+                                const NodePoolPrompt& prompt, int32_t max_new_tokens,
+                                StreamHandle stream) {
+  return manager.AdmitSealedPrompt(id, prompt.owner, prompt.seal, max_new_tokens, stream);
+}
 
 }  // namespace sparsekv

@@ -16,10 +16,10 @@
 //                (control_plane.h, RequestLocation::node_pool_owner / node_pool_seal)
 //   decode:   a manager created over the same node pool (UseNodePoolShape, then
 //             SparseKVCacheManager::Create(options, backend, pool)) admits the request with
-//             AdmitFromNodePool(manager, id, {owner, seal}, ...) (SparseKVCacheManager::
-//             AdmitSealedPrompt): its page table takes the sealed
-//             pages (one reference each), nothing is copied but the window into the hot cache, and
-//             its steps run exactly as for a local request (graph-capturable, no special case).
+//             AdmitFromNodePool(manager, id, {owner, seal}, ...) (manager.h; SparseKVCacheManager::
+//             AdmitSealedPrompt): its page table takes the sealed pages (one reference each),
+//             nothing is copied but the window into the hot cache, and its steps run exactly as
+//             for a local request (graph-capturable, no special case).
 //             Then Done on the control plane.
 //   prefill:  once the reader is done, Release on the control plane, then pool.Release(owner)
 //             and pool.ReleaseOwner(owner); the decode's references keep the pages.
@@ -46,7 +46,6 @@
 
 #include "sparsekv/backend.h"
 #include "sparsekv/host_kv_pool.h"
-#include "sparsekv/manager.h"
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
 #include "sparsekv/types.h"
@@ -136,12 +135,5 @@ void UseNodePoolShape(const HostKVPool& pool, CacheOptions& options);
 // process does not hold.
 Status WritePromptLayer(HostKVPool& pool, Backend& backend, int32_t owner, int32_t layer,
                         const void* rows, int32_t tokens, StreamHandle stream);
-
-// SparseKVCacheManager::AdmitSealedPrompt(id, prompt.owner, prompt.seal, max_new_tokens,
-// stream): admits `id` with its prompt in the pages `prompt` sealed in the manager's host pool
-// (by this or another process); nothing is copied but the window into the hot cache. NotFound if
-// the seal has ended (released, or its writer died): recompute the request.
-Status AdmitFromNodePool(SparseKVCacheManager& manager, RequestId id, const NodePoolPrompt& prompt,
-                         int32_t max_new_tokens, StreamHandle stream);
 
 }  // namespace sparsekv

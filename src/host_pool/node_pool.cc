@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "host_pool/node_segment.h"
-#include "host_pool/pool_state.h"
+#include "host_pool/pool_book.h"
 
 namespace sparsekv {
 namespace {
@@ -31,8 +31,8 @@ Status CheckName(const std::string& name) {
 
 }  // namespace
 
-// A HostKVPool over `segment`, not yet attached (self_ = -1) nor registered with a backend.
-// (A friend's helper: the constructor is private.)
+// A HostKVPool over `segment`, not yet attached nor registered with a backend.
+// (A friend's helper: the constructor and the book are private.)
 class NodePoolAccess {
  public:
   static std::shared_ptr<HostKVPool> Wrap(std::unique_ptr<NodeSegment> segment,
@@ -45,27 +45,25 @@ class NodePoolAccess {
     for (int32_t l = 0; l < shape.geometry.num_layers(); ++l) {
       pool->layer_base_.push_back(segment->layer_base(l));
     }
-    std::byte* book = segment->book();
-    const int32_t processes = shape.max_processes;
-    pool->segment_ = std::move(segment);
-    pool->BindBook(book, processes);
+    pool->book_ = HostKVPool::Book::OverSegment(std::move(segment));
+    pool->page_table_ = pool->book_->page_table();
     return pool;
   }
-  static void Init(HostKVPool& pool) { pool.InitBook(); }
-  static Status Attach(HostKVPool& pool) { return pool.Attach(); }
-  static NodeSegment& Segment(HostKVPool& pool) { return *pool.segment_; }
-  static bool Holds(const HostKVPool& pool, int32_t owner) { return pool.HoldsOwner(owner); }
+  static void Init(HostKVPool& pool) { pool.book_->Init(); }
+  static Status Attach(HostKVPool& pool) { return pool.book_->Attach(); }
+  static NodeSegment& Segment(HostKVPool& pool) { return pool.book_->segment(); }
+  static bool Holds(const HostKVPool& pool, int32_t owner) { return pool.book_->HoldsOwner(owner); }
   static Status Register(HostKVPool& pool) {
-    NodeSegment& s = *pool.segment_;
+    NodeSegment& s = pool.book_->segment();
     SPARSEKV_RETURN_IF_ERROR(pool.backend_->RegisterHost(s.rows_begin(), s.rows_bytes()));
-    pool.registered_ = true;
+    pool.book_->set_registered();
     return Status::Ok();
   }
   // For a segment that exists under the path we want: if no process attached to it is alive,
   // closes it (no one may attach any more) and removes its file. True if it did.
   static bool ClearIfStale(HostKVPool& pool) {
-    if (!pool.CloseIfAbandoned()) return false;
-    pool.segment_->Unlink();
+    if (!pool.book_->CloseIfAbandoned()) return false;
+    pool.book_->segment().Unlink();
     return true;
   }
 };
@@ -228,11 +226,6 @@ Status WritePromptLayer(HostKVPool& pool, Backend& backend, int32_t owner, int32
                                                stream));
   }
   return Status::Ok();
-}
-
-Status AdmitFromNodePool(SparseKVCacheManager& manager, RequestId id, const NodePoolPrompt& prompt,
-                         int32_t max_new_tokens, StreamHandle stream) {
-  return manager.AdmitSealedPrompt(id, prompt.owner, prompt.seal, max_new_tokens, stream);
 }
 
 }  // namespace sparsekv

@@ -82,12 +82,4 @@ class NodeSegment {
   std::vector<size_t> layer_offsets_;
 };
 
-// The kernel's start time of this process (clock ticks after boot, /proc/self/stat), 0 if /proc
-// cannot be read.
-uint64_t OwnStartTime();
-// Whether process `pid`, registered with `start_time` (OwnStartTime in that process), is still
-// running: false if it does not exist, has exited (a zombie has) or the pid was reused (another
-// start time). Conservative: true if the pid exists but /proc does not say more (e.g. hidepid).
-bool ProcessAlive(int pid, uint64_t start_time);
-
 }  // namespace sparsekv

@@ -6,7 +6,7 @@
 //
 // Primary and derived state. A node pool can lose a process that holds its mutex (SIGKILL): the
 // next process to take the mutex (robust, process-shared) finds the derived state possibly
-// half-updated and rebuilds it from the primary state (HostKVPool::RepairLocked):
+// half-updated and rebuilds it from the primary state (RepairLocked in pool_book.h):
 //   primary: every owner's record and the first `pages` entries of its page-table row, every
 //            process's record and its loose references (references held outside page tables:
 //            copy-on-write spares, retained conversations, pages shared by a hand-off);

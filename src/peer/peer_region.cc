@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/process_liveness.h"
 #include "common/text.h"
-#include "host_pool/node_segment.h"
 #include "peer/peer_layout.h"
 #include "sparsekv/peer_tier.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "host_pool/node_segment.h"
+#include "common/process_liveness.h"
 #include "peer/peer_layout.h"
 #include "sparsekv/manager.h"
 

@@ -51,7 +51,7 @@ main() {
   local tests=OFF gtest_src=$ROOT/.deps/googletest
   [[ ${PEER_SKIP_TESTS:-0} != 1 && -f $gtest_src/CMakeLists.txt ]] && tests=ON
   local targets=(peer_gather_bench sparsekv_tool)
-  [[ $tests == ON ]] && targets+=(peer_tier_test peer_tier_process_test peer_lender)
+  [[ $tests == ON ]] && targets+=(peer_tier_test peer_tier_process_test peer_tier_process_test_child)
   if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=$tests \
     -DSPARSEKV_GTEST_SOURCE="$gtest_src" -DSPARSEKV_BUILD_TOOLS=ON >"$TMP/build.log" 2>&1 ||

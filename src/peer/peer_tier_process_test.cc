@@ -1,11 +1,11 @@
-// The peer tier across processes. On a GPU: a lender process (peer_lender) lends a region over
-// CUDA IPC; this process's manager admits prompts from it and decodes in captured, replayed steps,
-// every row checked byte for byte against the CPU oracle; the lender is killed while a step reads
-// its region, and decoding goes on exactly from the host pool; a region lent again has a new
-// generation, and the old descriptor is refused. The descriptors go through a real redis-server
-// (the control plane) where one is installed, else through the lender's output. On the CPU: a
-// descriptor published through the control plane is imported and read (in one process: the CPU
-// backend shares memory within its process only).
+// The peer tier across processes. On a GPU: a lender process (peer_tier_process_test_child) lends a
+// region over CUDA IPC; this process's manager admits prompts from it and decodes in captured,
+// replayed steps, every row checked byte for byte against the CPU oracle; the lender is killed
+// while a step reads its region, and decoding goes on exactly from the host pool; a region lent
+// again has a new generation, and the old descriptor is refused. The descriptors go through a real
+// redis-server (the control plane) where one is installed, else through the lender's output. On the
+// CPU: a descriptor published through the control plane is imported and read (in one process: the
+// CPU backend shares memory within its process only).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -67,13 +67,14 @@ std::vector<Bytes> LenderRows() {
 // A lender process and the descriptors it published.
 class Lender {
  public:
-  // Starts peer_lender; with a redis server, it publishes through the control plane too.
+  // Starts the lender (peer_tier_process_test_child); with a redis server, it publishes through the
+  // control plane too.
   static std::unique_ptr<Lender> Start(const std::string& name, testing::RedisServer* redis) {
     auto lender = std::unique_ptr<Lender>(new Lender);
     lender->log_ = ::testing::TempDir() + "peer_lender_" + name + "_" + std::to_string(getpid());
     std::remove(lender->log_.c_str());
     std::vector<std::string> argv = {
-        SPARSEKV_PEER_LENDER,          "--rows",      std::to_string(kLenderRows), "--layers",
+        SPARSEKV_PEER_TIER_TEST_CHILD, "--rows",      std::to_string(kLenderRows), "--layers",
         std::to_string(kLayers),       "--row-bytes", std::to_string(kRowBytes),   "--tokens",
         std::to_string(kLenderTokens), "--seed",      std::to_string(kLenderSeed)};
     if (redis != nullptr) {
@@ -110,7 +111,7 @@ class Lender {
           return true;
         },
         kDeadline);
-    EXPECT_TRUE(found) << "no descriptor " << n << " from peer_lender: " << testing::ReadFile(log_);
+    EXPECT_TRUE(found) << "no descriptor " << n << " from the lender: " << testing::ReadFile(log_);
     if (found && plane_ != nullptr) {
       StatusOr<std::string> published = plane_->GetRegion("lender", 0);
       EXPECT_TRUE(published.ok()) << published.status().ToString();

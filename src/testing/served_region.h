@@ -1,5 +1,5 @@
 // What a process serving a test region over a transport shares with its readers (the tests'
-// child servers, transport_test_peer, remote_read_bench --serve): the bytes the region holds, and
+// child servers, transport_test_child, remote_read_bench --serve): the bytes the region holds, and
 // the descriptor sent back through a pipe as a u64 length followed by the bytes. Header-only and
 // free of GoogleTest, so that the peer programs and the benchmarks use it too.
 #pragma once

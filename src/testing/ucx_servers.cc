@@ -51,7 +51,7 @@ ChildServer::ChildServer(const std::string& transports, uint64_t bytes) {
   pid_ = fork();
   if (pid_ == 0) {
     close(fds[0]);
-    execl(SPARSEKV_TRANSPORT_TEST_PEER, SPARSEKV_TRANSPORT_TEST_PEER, transports.c_str(),
+    execl(SPARSEKV_TRANSPORT_TEST_CHILD, SPARSEKV_TRANSPORT_TEST_CHILD, transports.c_str(),
           size.c_str(), fd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }

@@ -1,5 +1,5 @@
 // Test helpers for the tests over UCX (transport, remote tier): pattern-filled regions served by
-// a thread of this process or by a child process (transport_test_peer), and loopback options.
+// a thread of this process or by a child process (transport_test_child), and loopback options.
 #pragma once
 
 #include <sys/types.h>
@@ -43,7 +43,7 @@ class ThreadServer {
   std::thread thread_;
 };
 
-// A child process (transport_test_peer) serving one pattern-filled region until it is killed.
+// A child process (transport_test_child) serving one pattern-filled region until it is killed.
 // It is started by fork + exec (no UCX state crosses the fork), dies with the test process
 // (PR_SET_PDEATHSIG), and is killed and reaped by the destructor.
 class ChildServer {

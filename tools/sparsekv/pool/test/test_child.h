@@ -1,7 +1,8 @@
-// What the prefill and decode processes of the multi-process tests (scale_out_peer,
-// node_pool_peer) share: the stop flag SIGTERM sets, the requests they are given as "KEY:SEED",
-// the prompt rows a seed stands for, the positions a decode step selects, and how they exit on an
-// error they cannot go on from; and a decode step of the manager with the buffers it runs on.
+// What the prefill and decode processes of the multi-process tests (scale_out_test_child,
+// node_pool_test_child) share: the stop flag SIGTERM sets, the requests they are given as
+// "KEY:SEED", the prompt rows a seed stands for, the positions a decode step selects, and how they
+// exit on an error they cannot go on from; and a decode step of the manager with the buffers it
+// runs on.
 #pragma once
 
 #include <csignal>
@@ -18,9 +19,9 @@
 #include "sparsekv/status.h"
 #include "testing/harness.h"
 
-namespace sparsekv::tools::peer {
+namespace sparsekv::tools::test_child {
 
-// Set by OnStop (installed for SIGTERM); the peers' loops end once it is.
+// Set by OnStop (installed for SIGTERM); the children's loops end once it is.
 extern volatile std::sig_atomic_t stop_requested;
 extern "C" void OnStop(int);
 
@@ -87,4 +88,4 @@ std::vector<std::vector<int32_t>> RunStep(SparseKVCacheManager& manager, Backend
                                           const std::vector<RequestId>& ids, int32_t prompt,
                                           std::mt19937_64& rng, StepBuffers& buffers);
 
-}  // namespace sparsekv::tools::peer
+}  // namespace sparsekv::tools::test_child

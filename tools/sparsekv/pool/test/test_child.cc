@@ -1,11 +1,11 @@
-#include "tools/sparsekv/pool/peer_common.h"
+#include "tools/sparsekv/pool/test/test_child.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <set>
 
-namespace sparsekv::tools::peer {
+namespace sparsekv::tools::test_child {
 
 volatile std::sig_atomic_t stop_requested = 0;
 extern "C" void OnStop(int) { stop_requested = 1; }
@@ -107,4 +107,4 @@ std::vector<std::vector<int32_t>> RunStep(SparseKVCacheManager& manager, Backend
   return picks;
 }
 
-}  // namespace sparsekv::tools::peer
+}  // namespace sparsekv::tools::test_child

@@ -1,6 +1,7 @@
-// Test helper process for transport_test: serves one region over UCX until it is killed.
+// transport_test_child: the child process of the transport tests (and of every test that starts a
+// testing::ChildServer): serves one region over UCX until it is killed.
 //
-// Usage: transport_test_peer TRANSPORTS BYTES FD
+// Usage: transport_test_child TRANSPORTS BYTES FD
 // Fills BYTES bytes with testing::PatternByte, registers and exports them, writes the descriptor
 // to FD (testing::WriteDescriptor), closes FD, and then progresses its
 // transport in wakeup mode until a signal ends it. It dies with its parent (PR_SET_PDEATHSIG).

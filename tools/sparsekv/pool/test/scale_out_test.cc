@@ -1,6 +1,6 @@
 // The scale-out pool across real processes on 127.0.0.1: a redis-server (control plane), two
-// `sparsekv pool` servers, prefill and decode processes (scale_out_peer.cc) over UCX, with the
-// tcp and the shared-memory transports. Decode runs SparseKVCacheManager (CPU backend) with the
+// `sparsekv pool` servers, prefill and decode processes (scale_out_test_child.cc) over UCX, with
+// the tcp and the shared-memory transports. Decode runs SparseKVCacheManager (CPU backend) with the
 // remote tier: its prompt rows are read from where prefill wrote them when a step misses on them,
 // and every row a step delivers is checked byte for byte against the CPU oracle.
 // Every process is in its own process group and is killed and reaped by the test's destructors.
@@ -12,7 +12,7 @@
 #include "testing/harness.h"
 #include "testing/subprocess.h"
 #include "testing/wait_until.h"
-#include "tools/sparsekv/pool/processes_fixture.h"
+#include "tools/sparsekv/pool/test/processes_fixture.h"
 
 namespace sparsekv {
 namespace {
@@ -25,9 +25,9 @@ using testing::WaitUntil;
 
 constexpr int64_t kLeaseMs = 1500;         // of the pool servers' membership
 constexpr int64_t kBindingLeaseMs = 5000;  // of decode's bindings: > a failed read's deadline
-// Remote operations' deadline. A healthy peer's read issued with a dead peer's is waited on only
-// after the dead one's deadline and close (up to 2 x this): the margin keeps a loaded machine
-// from failing it too.
+// Remote operations' deadline. A read from a healthy server issued with one from a dead server is
+// waited on only after the dead one's deadline and close (up to 2 x this): the margin keeps a
+// loaded machine from failing it too.
 constexpr int64_t kTimeoutMs = 2000;
 
 // The value of counter `name` in decode's last line "remote NAME VALUE NAME VALUE ...", or -1.
@@ -77,9 +77,9 @@ class ScaleOutTest : public testing::ProcessesTest {
     return argv;
   }
 
-  std::vector<std::string> PeerArgs(const std::string& mode,
-                                    int64_t lease_ms = kBindingLeaseMs) const {
-    return {SPARSEKV_SCALE_OUT_PEER,
+  std::vector<std::string> ChildArgs(const std::string& mode,
+                                     int64_t lease_ms = kBindingLeaseMs) const {
+    return {SPARSEKV_SCALE_OUT_TEST_CHILD,
             mode,
             "--control-plane",
             ControlPlaneAddress(),
@@ -103,7 +103,7 @@ class ScaleOutTest : public testing::ProcessesTest {
   // region if `pool` is empty); returns once every request is published.
   Subprocess* StartPrefill(const std::string& name, const std::vector<std::string>& requests,
                            const std::string& pool = "", uint64_t offset = 0) {
-    std::vector<std::string> argv = PeerArgs("prefill");
+    std::vector<std::string> argv = ChildArgs("prefill");
     argv.insert(argv.end(), {"--node-id", name});
     if (!pool.empty()) {
       argv.insert(argv.end(), {"--pool", pool, "--pool-offset", std::to_string(offset)});
@@ -119,7 +119,7 @@ class ScaleOutTest : public testing::ProcessesTest {
 
   Subprocess* StartDecode(const std::string& name, const std::vector<std::string>& requests,
                           int64_t binding_lease_ms = kBindingLeaseMs) {
-    std::vector<std::string> argv = PeerArgs("decode", binding_lease_ms);
+    std::vector<std::string> argv = ChildArgs("decode", binding_lease_ms);
     argv.insert(argv.end(), {"--reader", name});
     for (const std::string& r : requests) argv.insert(argv.end(), {"--request", r});
     return Start(name, argv);

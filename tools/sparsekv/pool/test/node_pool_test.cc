@@ -1,7 +1,7 @@
 // The node pool across real processes of one machine: a redis-server (control plane), prefill and
-// decode processes (node_pool_peer.cc) and `sparsekv pool --node-pool`, sharing one segment in
-// /dev/shm. Decode admits each prompt from the pages prefill sealed, without copying it, and checks
-// every row a step delivers byte for byte against the CPU oracle; killed processes (SIGKILL)
+// decode processes (node_pool_test_child.cc) and `sparsekv pool --node-pool`, sharing one segment
+// in /dev/shm. Decode admits each prompt from the pages prefill sealed, without copying it, and
+// checks every row a step delivers byte for byte against the CPU oracle; killed processes (SIGKILL)
 // neither stop nor corrupt the others, their pages are freed once, and no segment is left behind.
 // Each case runs with decode on the CPU backend and on the CUDA backend (skipped without a GPU).
 // Every process is in its own process group and is killed and reaped by the test's destructors.
@@ -17,7 +17,7 @@
 #include "testing/harness.h"
 #include "testing/subprocess.h"
 #include "testing/wait_until.h"
-#include "tools/sparsekv/pool/processes_fixture.h"
+#include "tools/sparsekv/pool/test/processes_fixture.h"
 
 namespace sparsekv {
 namespace {
@@ -68,9 +68,9 @@ class NodePoolProcessTest : public testing::ProcessesTest {
 
   std::string SegmentPath() const { return "/dev/shm/" + segment_; }
 
-  std::vector<std::string> PeerArgs(const std::string& mode,
-                                    const std::vector<std::string>& requests) const {
-    std::vector<std::string> argv = {SPARSEKV_NODE_POOL_PEER,
+  std::vector<std::string> ChildArgs(const std::string& mode,
+                                     const std::vector<std::string>& requests) const {
+    std::vector<std::string> argv = {SPARSEKV_NODE_POOL_TEST_CHILD,
                                      mode,
                                      "--control-plane",
                                      ControlPlaneAddress(),
@@ -94,7 +94,7 @@ class NodePoolProcessTest : public testing::ProcessesTest {
   // serves; returns once every request is published.
   Subprocess* StartPrefill(const std::string& name, const std::vector<std::string>& requests,
                            const std::string& pool_node = "", int64_t hold_ms = 0) {
-    std::vector<std::string> argv = PeerArgs("prefill", requests);
+    std::vector<std::string> argv = ChildArgs("prefill", requests);
     argv.insert(argv.end(), {"--node-id", name, "--hold-ms", std::to_string(hold_ms)});
     if (pool_node.empty()) {
       argv.insert(argv.end(), {"--serve", segment_});
@@ -108,7 +108,7 @@ class NodePoolProcessTest : public testing::ProcessesTest {
   }
 
   Subprocess* StartDecode(const std::string& name, const std::vector<std::string>& requests) {
-    std::vector<std::string> argv = PeerArgs("decode", requests);
+    std::vector<std::string> argv = ChildArgs("decode", requests);
     argv.insert(argv.end(), {"--reader", name, "--backend", GetParam()});
     return Start(name, argv);
   }

@@ -1,4 +1,5 @@
-// peer_lender: the lending process of the peer tier's two-process test (peer_tier_process_test).
+// peer_tier_process_test_child: the lending process of the peer tier's two-process test
+// (peer_tier_process_test).
 //
 // It creates a PeerRegion of --rows rows per layer on CUDA device --device, writes --tokens rows
 // of every layer from a seeded generator (testing::RandomRows with --seed, layer after layer,
@@ -31,7 +32,8 @@ std::atomic<bool> stop{false};
 std::atomic<bool> renew{false};
 
 void Die(const std::string& what, const sparsekv::Status& s) {
-  std::fprintf(stderr, "peer_lender: %s: %s\n", what.c_str(), s.ToString().c_str());
+  std::fprintf(stderr, "peer_tier_process_test_child: %s: %s\n", what.c_str(),
+               s.ToString().c_str());
   std::exit(2);
 }
 
@@ -57,7 +59,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     auto flag = flags.find(argv[i]);
     if (flag == flags.end()) {
-      Die(std::string("unknown option ") + argv[i], InvalidArgument("see peer_lender.cc"));
+      Die(std::string("unknown option ") + argv[i],
+          InvalidArgument("see peer_tier_process_test_child.cc"));
     }
     flag->second(argv[i + 1]);
   }

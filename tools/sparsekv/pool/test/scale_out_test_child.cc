@@ -1,4 +1,4 @@
-// scale_out_peer: the prefill and decode processes of the multi-process scale-out test
+// scale_out_test_child: the prefill and decode processes of the multi-process scale-out test
 // (scale_out_test.cc). Real processes over a real control plane and UCX:
 //
 //   prefill  writes the prompt KV of its requests (rows from a seeded generator, layer-major:
@@ -45,7 +45,7 @@
 #include "sparsekv/remote_tier.h"
 #include "sparsekv/transport.h"
 #include "testing/harness.h"
-#include "tools/sparsekv/pool/peer_common.h"
+#include "tools/sparsekv/pool/test/test_child.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -53,11 +53,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-using peer::Check;
-using peer::OnStop;
-using peer::Request;
-using peer::StepBuffers;
-using peer::stop_requested;
+using test_child::Check;
+using test_child::OnStop;
+using test_child::Request;
+using test_child::StepBuffers;
+using test_child::stop_requested;
 
 struct Common {
   std::string host = "127.0.0.1";
@@ -73,7 +73,7 @@ struct Common {
 };
 
 std::vector<testing::Bytes> PromptLayers(const Common& c, uint64_t seed) {
-  return peer::PromptLayers(c.layers, c.tokens, c.row_bytes, seed);
+  return test_child::PromptLayers(c.layers, c.tokens, c.row_bytes, seed);
 }
 
 uint64_t RequestBytes(const Common& c) {
@@ -86,7 +86,7 @@ std::unique_ptr<ControlPlane> ConnectOrDie(const Common& c) {
   o.port = c.port;
   o.key_prefix = c.key_prefix;
   o.connect_timeout = o.command_timeout = milliseconds(c.timeout_ms);
-  return peer::ConnectOrDie(o);
+  return test_child::ConnectOrDie(o);
 }
 
 std::unique_ptr<Transport> TransportOrDie(const Common& c) {
@@ -101,7 +101,7 @@ std::unique_ptr<Transport> TransportOrDie(const Common& c) {
 
 int RunPrefill(const Common& c, const std::string& node_id, const std::string& pool,
                uint64_t pool_offset, int64_t release_deadline_ms) {
-  const std::vector<Request> requests = peer::ParseRequests(c.requests);
+  const std::vector<Request> requests = test_child::ParseRequests(c.requests);
   auto plane = ConnectOrDie(c);
   auto transport = TransportOrDie(c);
   const uint64_t request_bytes = RequestBytes(c);
@@ -266,7 +266,7 @@ LayerCheck CheckEntries(const SparseKVCacheManager& manager, const testing::Dens
 
 int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t max_new_tokens,
               int64_t step_ms) {
-  const std::vector<Request> requests = peer::ParseRequests(c.requests);
+  const std::vector<Request> requests = test_child::ParseRequests(c.requests);
   auto plane = ConnectOrDie(c);
   auto transport = TransportOrDie(c);
   auto created_tier = RemoteTier::Create(transport.get());
@@ -366,7 +366,7 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
       std::vector<bool> failed_before;
       for (Decoding* d : batch) failed_before.push_back(d->failed);
       const std::vector<std::vector<int32_t>> picks =
-          peer::RunStep(*manager, *backend, oracle, ids, c.tokens, rng, buffers);
+          test_child::RunStep(*manager, *backend, oracle, ids, c.tokens, rng, buffers);
 
       for (size_t b = 0; b < batch.size(); ++b) {
         Decoding& d = *batch[b];
@@ -468,7 +468,7 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
 
 int main(int argc, char** argv) {
   using namespace sparsekv::tools;
-  CLI::App app("scale_out_peer: prefill and decode processes of the scale-out test");
+  CLI::App app("scale_out_test_child: prefill and decode processes of the scale-out test");
   app.require_subcommand(1);
   Common c;
   std::string control_plane = "127.0.0.1:6379";

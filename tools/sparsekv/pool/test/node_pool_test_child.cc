@@ -1,4 +1,4 @@
-// node_pool_peer: the prefill and decode processes of the node-pool test (node_pool_test.cc).
+// node_pool_test_child: the prefill and decode processes of the node-pool test (node_pool_test.cc).
 // Real processes of one machine over a real control plane, sharing one node pool
 // (sparsekv/node_pool.h); no transport is involved.
 //
@@ -44,7 +44,7 @@
 #include "sparsekv/manager.h"
 #include "sparsekv/node_pool.h"
 #include "testing/harness.h"
-#include "tools/sparsekv/pool/peer_common.h"
+#include "tools/sparsekv/pool/test/test_child.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -52,11 +52,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-using peer::Check;
-using peer::OnStop;
-using peer::Request;
-using peer::StepBuffers;
-using peer::stop_requested;
+using test_child::Check;
+using test_child::OnStop;
+using test_child::Request;
+using test_child::StepBuffers;
+using test_child::stop_requested;
 
 struct Common {
   std::string host = "127.0.0.1";
@@ -71,7 +71,7 @@ struct Common {
 };
 
 std::vector<testing::Bytes> PromptLayers(const Common& c, uint64_t seed) {
-  return peer::PromptLayers(c.layers, c.tokens, c.row_bytes, seed);
+  return test_child::PromptLayers(c.layers, c.tokens, c.row_bytes, seed);
 }
 
 std::unique_ptr<ControlPlane> ConnectOrDie(const Common& c) {
@@ -79,12 +79,12 @@ std::unique_ptr<ControlPlane> ConnectOrDie(const Common& c) {
   o.host = c.host;
   o.port = c.port;
   o.key_prefix = c.key_prefix;
-  return peer::ConnectOrDie(o);
+  return test_child::ConnectOrDie(o);
 }
 
 int RunPrefill(const Common& c, const std::string& node_id, const std::string& serve,
                const std::string& pool_node, int64_t hold_ms) {
-  const std::vector<Request> requests = peer::ParseRequests(c.requests);
+  const std::vector<Request> requests = test_child::ParseRequests(c.requests);
   auto plane = ConnectOrDie(c);
   std::shared_ptr<Backend> backend = CreateCpuBackend();
   const milliseconds lease(c.lease_ms);
@@ -212,7 +212,7 @@ struct Decoding {
 int RunDecode(const Common& c, const std::string& reader, const std::string& backend_name,
               int32_t top_k, int64_t step_ms) {
   const int32_t max_new_tokens = c.max_new_tokens;
-  const std::vector<Request> requests = peer::ParseRequests(c.requests);
+  const std::vector<Request> requests = test_child::ParseRequests(c.requests);
   auto plane = ConnectOrDie(c);
   std::shared_ptr<Backend> backend;
   if (backend_name == "cuda") {
@@ -314,7 +314,7 @@ int RunDecode(const Common& c, const std::string& reader, const std::string& bac
       }
       if (!batch.empty()) {
         const std::vector<std::vector<int32_t>> picks =
-            peer::RunStep(*manager, *backend, *oracle, ids, c.tokens, rng, buffers);
+            test_child::RunStep(*manager, *backend, *oracle, ids, c.tokens, rng, buffers);
         for (int32_t l = 0; l < c.layers; ++l) {
           const auto got_slots = Download<int32_t>(*backend, buffers.slots[l]->get(), entries);
           const auto got_rows =
@@ -377,7 +377,7 @@ int RunDecode(const Common& c, const std::string& reader, const std::string& bac
 
 int main(int argc, char** argv) {
   using namespace sparsekv::tools;
-  CLI::App app("node_pool_peer: prefill and decode processes of the node-pool test");
+  CLI::App app("node_pool_test_child: prefill and decode processes of the node-pool test");
   app.require_subcommand(1);
   Common c;
   std::string control_plane = "127.0.0.1:6379";

@@ -20,7 +20,8 @@ SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Ba
               .max_batch = options.effective_max_batch(),
               .copy_chunk_rows = options.copy_chunk_rows}),
       tables_(*backend_),
-      device_(*backend_) {}
+      device_(*backend_),
+      residency_(options_, *backend_, requests_, host_counters_) {}
 
 Status SparseKVCacheManager::Impl::Allocate() {
   const CacheOptions& o = options_;
@@ -39,23 +40,19 @@ Status SparseKVCacheManager::Impl::Allocate() {
   keys_per_page_ = shape.keys_per_page;
 
   SPARSEKV_RETURN_IF_ERROR(plan_.Allocate());
+  SPARSEKV_ASSIGN_OR_RETURN(counters_,
+                            device_.Allocate<ResolveCounters>(2 * o.geometry.num_layers()));
+  SPARSEKV_ASSIGN_OR_RETURN(invalid_copies_, device_.Allocate<unsigned long long>(1));
+  SPARSEKV_RETURN_IF_ERROR(residency_.Allocate(*pool_, *hot_, tables_, invalid_copies_));
   const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
   SPARSEKV_RETURN_IF_ERROR(tables_.Allocate(
       {.max_owners = pool_->max_owners(),
        .pages_per_owner = pool_->pages_per_owner(),
        .resident_pages_per_owner =
-           o.hybrid_residency ? static_cast<int32_t>(ResidentPagesFor(positions)) : 0,
+           o.hybrid_residency ? static_cast<int32_t>(residency_.ResidentPagesFor(positions)) : 0,
        .key_pages_per_owner = static_cast<int32_t>(KeyPagesFor(positions))}));
-  SPARSEKV_ASSIGN_OR_RETURN(counters_,
-                            device_.Allocate<ResolveCounters>(2 * o.geometry.num_layers()));
-  SPARSEKV_ASSIGN_OR_RETURN(invalid_copies_, device_.Allocate<unsigned long long>(1));
-  // Loads into a demoted request's block (hot_slots + window rows) or a resident request's pages
-  // (up to max_context rows).
-  load_capacity_ = std::max(o.max_context, o.hot_slots + o.window);
-  SPARSEKV_ASSIGN_OR_RETURN(load_list_,
-                            device_.AllocateMissList(static_cast<size_t>(load_capacity_), true));
-  device_bytes_ =
-      hot_->device_bytes() + plan_.device_bytes() + tables_.device_bytes() + device_.bytes();
+  device_bytes_ = hot_->device_bytes() + plan_.device_bytes() + tables_.device_bytes() +
+                  residency_.device_bytes() + device_.bytes();
   return backend_->Synchronize(nullptr);
 }
 
@@ -112,10 +109,10 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
   }
   const int32_t owner = *owner_or;
   const int64_t key_pages = KeyPagesFor(tokens);
-  if (!CanPlace(tokens, may_be_resident, key_pages)) {
+  if (!residency_.CanPlace(tokens, may_be_resident, key_pages, OpenBatch())) {
     pool_->ReleaseOwner(owner);
     return ResourceExhausted(
-        OnDeviceRequests() >= options_.max_requests
+        residency_.OnDeviceRequests() >= options_.max_requests
             ? "Admit: all " + std::to_string(options_.max_requests) +
                   " device places are in use (max_requests)"
             : "Admit: the device memory is full (" + std::to_string(hot_->free_pages()) +
@@ -146,7 +143,7 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
             .may_be_resident = may_be_resident,
             .keys_ingested = std::vector<bool>(options_.geometry.num_layers(), false)};
   // Room was checked above; a demotion that fails after all, or the backend's copies, can still.
-  if (Status placed = PlaceOnDevice(r, key_pages, stream); !placed.ok()) {
+  if (Status placed = residency_.PlaceOnDevice(r, key_pages, OpenBatch(), stream); !placed.ok()) {
     ReleaseDevice(r);
     for (int32_t page : spares) ledger_->Unref(page);
     spares.clear();
@@ -196,7 +193,7 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
   // A resident request holds its shared prefix in its own pages too (from the pool, complete in
   // every layer); ingestion brings the rest.
   if ((*r)->resident() && cached > 0) {
-    SPARSEKV_RETURN_IF_ERROR(LoadResident(**r, 0, cached, stream));
+    SPARSEKV_RETURN_IF_ERROR(residency_.LoadResident(**r, 0, cached, stream));
   }
   (*r)->cached = cached;
   (*r)->token_ids.assign(token_ids.begin(), token_ids.end());
@@ -241,7 +238,7 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
   c->token_ids = p->token_ids;
   c->indexed_pages = p->indexed_pages;
   if (keys_per_page_ > 0) SPARSEKV_RETURN_IF_ERROR(CopyKeys(*p, *c, stream));
-  return LoadIngestedWindows(*c, stream);
+  return residency_.LoadIngestedWindows(*c, stream);
 }
 
 Status SparseKVCacheManager::Impl::CopyKeys(const Request& from, Request& to, StreamHandle stream) {
@@ -315,34 +312,7 @@ Status SparseKVCacheManager::Impl::AdmitSealedPrompt(RequestId id, int32_t owner
   (*r)->cached = prompt_len;
   (*r)->ingested.assign(options_.geometry.num_layers(), true);
   (*r)->ingested_layers = options_.geometry.num_layers();
-  return LoadIngestedWindows(**r, stream);
-}
-
-Status SparseKVCacheManager::Impl::LoadIngestedWindows(const Request& r, StreamHandle stream) {
-  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    if (r.ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, l, nullptr, 0, stream));
-  }
-  return Status::Ok();
-}
-
-Status SparseKVCacheManager::Impl::LoadWindow(const Request& r, int32_t layer, const void* rows,
-                                              int32_t first, StreamHandle stream) {
-  // Window positions [max(0, seq_len - W), seq_len). `rows` holds positions from `first` on
-  // (or is null); earlier positions, and the shared prefix [0, cached) whose pool copy is kept
-  // whatever the caller passes for it, are read from the host pool.
-  const int32_t stride = options_.geometry.layers[layer].row_stride;
-  const int32_t from_rows = std::max(first, r.cached);
-  for (int32_t p = std::max(0, r.seq_len - options_.window); p < r.seq_len; ++p) {
-    const std::byte* src =
-        rows != nullptr && p >= from_rows
-            ? static_cast<const std::byte*>(rows) + static_cast<int64_t>(p - first) * stride
-            : pool_->row(layer, pool_->HostRow(r.owner, p));
-    std::byte* dst =
-        hot_->layer_data(layer) + static_cast<int64_t>(hot_->WindowSlot(r.block, p)) * stride;
-    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(dst, src, stride, stream));
-    host_counters_.bytes_host_to_device += options_.geometry.layers[layer].row_bytes;
-  }
-  return Status::Ok();
+  return residency_.LoadIngestedWindows(**r, stream);
 }
 
 Status SparseKVCacheManager::Impl::IngestPrompt(RequestId id, int32_t layer, const void* rows,
@@ -384,9 +354,10 @@ Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const voi
     p += n;
   }
   if (r->resident()) {
-    SPARSEKV_RETURN_IF_ERROR(CopyToResident(*r, layer, rows, rows_first, r->cached, stream));
+    SPARSEKV_RETURN_IF_ERROR(
+        residency_.CopyToResident(*r, layer, rows, rows_first, r->cached, stream));
   } else {
-    SPARSEKV_RETURN_IF_ERROR(LoadWindow(*r, layer, rows, rows_first, stream));
+    SPARSEKV_RETURN_IF_ERROR(residency_.LoadWindow(*r, layer, rows, rows_first, stream));
   }
   r->ingested[layer] = true;
   ++r->ingested_layers;
@@ -475,23 +446,28 @@ Status SparseKVCacheManager::Impl::Retract(RequestId id) {
 Status SparseKVCacheManager::Impl::Resume(RequestId id, StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Resume"));
   if (r->on_device()) return FailedPrecondition("Resume: " + Describe(id) + " is not retracted");
-  if (!CanPlace(r->reserved, r->may_be_resident, 0)) {
+  if (!residency_.CanPlace(r->reserved, r->may_be_resident, 0, OpenBatch())) {
     return ResourceExhausted("Resume: no device room for " + Describe(id) +
                              " (max_requests = " + std::to_string(options_.max_requests) + ", " +
                              std::to_string(hot_->free_pages()) + " free pages)");
   }
-  SPARSEKV_RETURN_IF_ERROR(PlaceOnDevice(*r, 0, stream));
-  if (!r->resident()) return LoadIngestedWindows(*r, stream);
+  SPARSEKV_RETURN_IF_ERROR(residency_.PlaceOnDevice(*r, 0, OpenBatch(), stream));
+  if (!r->resident()) return residency_.LoadIngestedWindows(*r, stream);
   if (r->ingested_layers == options_.geometry.num_layers()) {
-    return LoadResident(*r, 0, r->seq_len, stream);
+    return residency_.LoadResident(*r, 0, r->seq_len, stream);
   }
   // Still being ingested: the pool holds the shared prefix in every layer and the rest only in
   // the ingested layers; a layer not yet ingested gets the rest at its ingestion.
-  if (r->cached > 0) SPARSEKV_RETURN_IF_ERROR(LoadResident(*r, 0, r->cached, stream));
+  if (r->cached > 0) SPARSEKV_RETURN_IF_ERROR(residency_.LoadResident(*r, 0, r->cached, stream));
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    if (r->ingested[l]) SPARSEKV_RETURN_IF_ERROR(PoolToResident(*r, l, stream));
+    if (r->ingested[l]) SPARSEKV_RETURN_IF_ERROR(residency_.PoolToResident(*r, l, stream));
   }
   return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::Promote(RequestId id, StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Promote"));
+  return residency_.Promote(id, *r, OpenBatch(), stream);
 }
 
 // ---- Extension ----
@@ -535,7 +511,7 @@ Status SparseKVCacheManager::Impl::CompleteLayer(RequestId id, int32_t layer, St
   if (!r.on_device()) {
     return FailedPrecondition("CompleteLayer: " + Describe(id) + " is retracted");
   }
-  SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, layer, nullptr, 0, stream));
+  SPARSEKV_RETURN_IF_ERROR(residency_.LoadWindow(r, layer, nullptr, 0, stream));
   r.ingested[layer] = true;
   ++r.ingested_layers;
   return Status::Ok();

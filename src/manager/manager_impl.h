@@ -5,9 +5,9 @@
 //   ledger_   PageLedger: the prefix index, retained conversations, copy-on-write bookkeeping.
 //   hot_      HotCache: a block of hot slots plus the window per hot-cache request, in device
 //             memory; with hybrid residency its free blocks also hold resident requests' pages.
-//   residency the resident requests' page tables (device), and the index buffers that load rows
-//             from the host pool into a demoted request's new block or a resident request's pages
-//             (manager_residency.cc).
+//   residency_ Residency: where each request's rows live on the device (a block or resident
+//             pages), demotion and promotion, and the loads from the host pool they need
+//             (residency.h).
 //   requests_ the live requests: owner (page-table row), block, lengths, ingest state.
 //   order_    StepOrder: whether a step is open and what its run phase has done; every call out
 //             of order is refused there (step_order.h).
@@ -16,16 +16,14 @@
 //             (step_plan.h).
 //   tables_   DeviceTables: the device page table, residency table and key table, a row per
 //             owner (device_tables.h).
-//   device_   DeviceMemory: the other device buffers (the resolve counters and the residency
-//             loads' index list).
+//   device_   DeviceMemory: the other device buffers (the resolve counters).
 //   extensions_ the installed ManagerExtensions (the remote tier's, the peer tier's), in
 //   installation order; each one's per-layer hooks run only in steps it declared itself active
 //   for at PlanStep (active_extensions_).
 //
-// manager.cc creates it and forwards the public API; the code is in three files:
-// manager_impl.cc (creation, request lifecycle, prefix sharing, the extension host),
-// manager_residency.cc (hybrid residency: placement, demotion, promotion) and manager_step.cc
-// (plan and run phase, statistics).
+// manager.cc creates it and forwards the public API; the code is in two files: manager_impl.cc
+// (creation, request lifecycle, prefix sharing, the extension host) and manager_step.cc (plan
+// and run phase, statistics).
 #pragma once
 
 #include <algorithm>
@@ -40,6 +38,8 @@
 #include "host_pool/page_ledger.h"
 #include "manager/device_memory.h"
 #include "manager/device_tables.h"
+#include "manager/request_state.h"
+#include "manager/residency.h"
 #include "manager/step_order.h"
 #include "manager/step_plan.h"
 #include "sparsekv/manager.h"
@@ -127,44 +127,11 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   void Drop(RequestId id) override { Forget(id, requests_.at(id)); }
 
  private:
-  struct Request {
-    int32_t owner;               // row in the host pool's page table (and the residency table)
-    int32_t block;               // hot-cache block; -1 while resident or retracted
-    int32_t seq_len;             // tokens with KV
-    int32_t reserved;            // tokens reserved in the host pool
-    std::vector<bool> ingested;  // per layer
-    int32_t ingested_layers;
-    int32_t cached = 0;  // prompt positions [0, cached) shared at admission, never ingested
-    // Ids of positions [0, token_ids.size()); only extended while complete (size == seq_len).
-    std::vector<int32_t> token_ids{};
-    int32_t indexed_pages = 0;  // pages [0, indexed_pages) of the table are in the prefix index
-    // A private page reserved for the copy on write of the shared, partially filled page that
-    // the request's next append goes into; -1 if none. Used or freed by that append.
-    int32_t cow_page = -1;
-    // Resident mode: the first slots of the resident pages holding positions [i * R, (i + 1) * R);
-    // empty in hot-cache mode.
-    std::vector<int32_t> resident_pages{};
-    // Forked children, sealed prompts and remote-backed requests stay in hot-cache mode.
-    bool may_be_resident = true;
-    // Indexer keys (CacheOptions::indexer_key_bytes): the first slots of the pages holding
-    // positions [i * keys_per_page, (i + 1) * keys_per_page), and the layers whose prompt keys
-    // are stored.
-    std::vector<int32_t> key_pages{};
-    std::vector<bool> keys_ingested{};
-    int32_t keys_ingested_layers = 0;
-
-    bool resident() const { return !resident_pages.empty(); }
-    bool on_device() const { return block >= 0 || resident(); }
-  };
+  using Request = RequestState;
 
   // ---- Lifecycle (manager_impl.cc) ----
   StatusOr<Request*> Find(RequestId id, const char* op);
   Status UploadPageTable(const Request& r, StreamHandle stream);
-  Status LoadWindow(const Request& r, int32_t layer, const void* rows, int32_t first,
-                    StreamHandle stream);
-  // LoadWindow from the host pool for every layer of `r` already ingested (the others get their
-  // window at their ingestion).
-  Status LoadIngestedWindows(const Request& r, StreamHandle stream);
   // Admission shared by Admit, AdmitWithPrefix, Fork, AdmitSealedPrompt and AdmitWithPages:
   // checks, makes room,
   // reserves `tokens` with `shared` as the first pages plus `spare_pages` private pages (returned
@@ -186,52 +153,14 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // Indexes the request's full pages whose token ids are known and KV is complete.
   void IndexFullPages(Request& r);
 
-  // ---- Hybrid residency (manager_residency.cc) ----
-  // Requests on the device (resident or holding a block); at most max_requests.
-  int32_t OnDeviceRequests() const;
-  // Pages of the device memory that `tokens` positions take resident, and their indexer keys.
-  int64_t ResidentPagesFor(int64_t tokens) const;
-  int64_t KeyPagesFor(int64_t tokens) const;
-  // The pages demoting `r` would free (its resident pages but a block's worth): 0 unless it is
-  // resident, outside the open step and holds more than a block.
-  int64_t DemotionGain(RequestId id, const Request& r) const;
-  // Whether PlaceOnDevice could place a request of `tokens` that needs `key_pages` pages of
-  // indexer keys now (demoting if it must).
-  bool CanPlace(int64_t tokens, bool may_be_resident, int64_t key_pages) const;
-  // Gives `r` (not on the device) `key_pages` pages for its indexer keys, and resident pages if
-  // they fit, else a hot-cache block, demoting resident requests for its pages if too few are
-  // free. The block's state is reset; rows are the caller's to load (Ingest, LoadWindow,
-  // LoadResident).
-  Status PlaceOnDevice(Request& r, int64_t key_pages, StreamHandle stream);
-  // Demotes resident requests (not in the open step; most pages first) until `pages` pages are
-  // free. ResourceExhausted, changing nothing, if demoting all of them would not free enough.
-  Status MakeRoom(int64_t pages, StreamHandle stream);
-  // Takes a block for `r` seeded with its most recent rows and loads them from the host pool
-  // (an empty block, and the ingested layers' windows, while its prompt is being ingested).
-  Status LoadIntoBlock(Request& r, StreamHandle stream);
-  // Takes resident pages for `r` (ResourceExhausted if they are not free) and uploads its row
-  // of the residency table.
-  Status TakeResidentPages(Request& r, StreamHandle stream);
-  // Copies rows of positions [first, last) of every layer from the host pool into r's resident
-  // pages.
-  Status LoadResident(const Request& r, int32_t first, int32_t last, StreamHandle stream);
-  // One layer's rows of positions [first, r.seq_len) from `rows` (positions from rows_first on,
-  // in host or device memory) into r's resident pages.
-  Status CopyToResident(const Request& r, int32_t layer, const void* rows, int32_t rows_first,
-                        int32_t first, StreamHandle stream);
-  // One layer's rows of positions [r.cached, r.seq_len) from the host pool into r's resident
-  // pages (a request resumed while its prompt is being ingested).
-  Status PoolToResident(const Request& r, int32_t layer, StreamHandle stream);
-  // The layer-wide slot of `position` of a resident request.
-  int32_t ResidentSlot(const Request& r, int32_t position) const {
-    const int32_t rows = hot_->page_rows();
-    return r.resident_pages[position / rows] + position % rows;
+  // Pages of the device memory the indexer keys of `tokens` positions take.
+  int64_t KeyPagesFor(int64_t tokens) const {
+    return keys_per_page_ > 0 ? (tokens + keys_per_page_ - 1) / keys_per_page_ : 0;
   }
-  // Copies load_rows_ -> load_slots_ from the pool into every layer: one IndexCopy per layer.
-  Status RunLoads(StreamHandle stream);
-  // The copy of `list` ([capacity] host rows -> layer-wide slots) from the pool into `layer`'s
-  // hot rows, on the whole grid (Copy bounds it with copy_blocks).
-  IndexCopyView PoolToHotCopy(int32_t layer, const MissList& list, int32_t capacity) const;
+  // The open step's batch; empty while no step is open.
+  std::span<const RequestId> OpenBatch() const {
+    return order_.open() ? plan_.batch() : std::span<const RequestId>{};
+  }
   bool InOpenStep(RequestId id) const { return order_.open() && plan_.Contains(id); }
 
   // ---- Step (manager_step.cc) ----
@@ -276,11 +205,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
 
   // The other device buffers, freed with device_.
   DeviceMemory device_;
-  int32_t keys_per_page_ = 0;  // 0: no indexer keys
-  MissList load_list_;  // [load_capacity_]: host row -> slot, for LoadIntoBlock / LoadResident
-  int32_t load_capacity_ = 0;
-  std::vector<int32_t> load_rows_;  // host mirror of load_list_ being built
-  std::vector<int32_t> load_slots_;
+  int32_t keys_per_page_ = 0;                     // 0: no indexer keys
   ResolveCounters* counters_ = nullptr;           // [layers] resolves, then [layers] prefetches
   unsigned long long* invalid_copies_ = nullptr;  // scalar
   int64_t device_bytes_ = 0;
@@ -291,12 +216,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   uint64_t open_bytes_to_host_per_request_ = 0;
   uint64_t open_bytes_assembled_per_request_ = 0;
   HostCounters host_counters_;
+
+  // Placement on the device, demotion and promotion, and the loads they need.
+  Residency residency_;
 };
-
-namespace manager_internal {
-
-inline std::string Describe(RequestId id) { return "request " + std::to_string(id); }
-
-}  // namespace manager_internal
 
 }  // namespace sparsekv

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "manager/manager_impl.h"
+#include "manager/pool_copy.h"
 
 namespace sparsekv {
 
@@ -87,7 +88,8 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
       r.token_ids.push_back((*token_ids)[b]);
     }
     entries[b] = BatchEntry{r.block, r.seq_len, r.owner, r.resident() ? r.owner : kNotResident};
-    append_slot[b] = r.resident() ? ResidentSlot(r, position) : hot_->WindowSlot(r.block, position);
+    append_slot[b] =
+        r.resident() ? residency_.ResidentSlot(r, position) : hot_->WindowSlot(r.block, position);
     append_row[b] = pool_->HostRow(r.owner, position);
     append_key[b] = keys_per_page_ > 0 ? KeyWord(r, position) : -1;
   }
@@ -240,7 +242,8 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   // A step's resolve may copy its own misses; the list then stays empty.
   if (own_copy && options_.fused_copy_min_batch > 0 && options_.layers_per_index == 1 &&
       active_extensions_.empty()) {
-    const IndexCopyView copy = PoolToHotCopy(layer, list, max_batch * top_k);
+    const IndexCopyView copy = PoolToHotCopy(*pool_, *hot_, options_.geometry.layers[layer], layer,
+                                             list, max_batch * top_k, invalid_copies_);
     resolve.copy_src = copy.src;
     resolve.copy_dst = copy.dst;
     resolve.copy_row_bytes = copy.row_bytes;
@@ -289,7 +292,8 @@ Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int
     SPARSEKV_ASSIGN_OR_RETURN(from_pool,
                               extension->BeforeCopy(layer, from_pool, capacity, lane, stream));
   }
-  IndexCopyView copy = PoolToHotCopy(layer, from_pool, capacity);
+  IndexCopyView copy = PoolToHotCopy(*pool_, *hot_, options_.geometry.layers[layer], layer,
+                                     from_pool, capacity, invalid_copies_);
   copy.max_blocks = max_blocks;
   copy.strategy = options_.copy_strategy;
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
@@ -297,24 +301,6 @@ Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int
     SPARSEKV_RETURN_IF_ERROR(extension->AfterCopy(layer, stream));
   }
   return Status::Ok();
-}
-
-IndexCopyView SparseKVCacheManager::Impl::PoolToHotCopy(int32_t layer, const MissList& list,
-                                                        int32_t capacity) const {
-  const LayerShape shape = options_.geometry.layers[layer];
-  IndexCopyView copy{};
-  copy.src = pool_->layer_base(layer);
-  copy.dst = hot_->layer_data(layer);
-  copy.src_index = list.host_row;
-  copy.dst_index = list.slot;
-  copy.count = list.count;
-  copy.capacity = capacity;
-  copy.row_bytes = shape.row_bytes;
-  copy.src_stride = copy.dst_stride = shape.row_stride;
-  copy.src_rows = pool_->rows();
-  copy.dst_rows = hot_->layer_rows();
-  copy.invalid = invalid_copies_;
-  return copy;
 }
 
 Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* slots,

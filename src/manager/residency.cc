@@ -1,36 +1,58 @@
-// SparseKVCacheManager::Impl, part three: hybrid residency. Where a request's rows live in HBM
-// (resident pages or a hot-cache block), demotion to make room for an admission, promotion, and
-// the loads from the host pool that both need (docs/residency.md).
+#include "manager/residency.h"
+
 #include <algorithm>
 #include <string>
 
-#include "manager/manager_impl.h"
+#include "manager/pool_copy.h"
 
 namespace sparsekv {
 
 using manager_internal::Describe;
 
-int32_t SparseKVCacheManager::Impl::OnDeviceRequests() const {
+namespace {
+
+bool InBatch(std::span<const RequestId> batch, RequestId id) {
+  return std::find(batch.begin(), batch.end(), id) != batch.end();
+}
+
+}  // namespace
+
+Residency::Residency(const CacheOptions& options, Backend& backend, Requests& requests,
+                     HostCounters& counters)
+    : options_(options),
+      backend_(&backend),
+      requests_(requests),
+      host_counters_(counters),
+      memory_(backend) {}
+
+Status Residency::Allocate(HostKVPool& pool, HotCache& hot, DeviceTables& tables,
+                           unsigned long long* invalid_copies) {
+  pool_ = &pool;
+  hot_ = &hot;
+  tables_ = &tables;
+  invalid_copies_ = invalid_copies;
+  // Loads into a demoted request's block (hot_slots + window rows) or a resident request's pages
+  // (up to max_context rows).
+  load_capacity_ = std::max(options_.max_context, options_.hot_slots + options_.window);
+  SPARSEKV_ASSIGN_OR_RETURN(load_list_,
+                            memory_.AllocateMissList(static_cast<size_t>(load_capacity_), true));
+  return Status::Ok();
+}
+
+int32_t Residency::OnDeviceRequests() const {
   return static_cast<int32_t>(std::count_if(requests_.begin(), requests_.end(),
                                             [](const auto& it) { return it.second.on_device(); }));
 }
 
-int64_t SparseKVCacheManager::Impl::ResidentPagesFor(int64_t tokens) const {
-  return (tokens + hot_->page_rows() - 1) / hot_->page_rows();
-}
-
-int64_t SparseKVCacheManager::Impl::KeyPagesFor(int64_t tokens) const {
-  return keys_per_page_ > 0 ? (tokens + keys_per_page_ - 1) / keys_per_page_ : 0;
-}
-
-int64_t SparseKVCacheManager::Impl::DemotionGain(RequestId id, const Request& r) const {
-  if (!r.resident() || InOpenStep(id)) return 0;
+int64_t Residency::DemotionGain(RequestId id, const RequestState& r,
+                                std::span<const RequestId> open_batch) const {
+  if (!r.resident() || InBatch(open_batch, id)) return 0;
   return std::max<int64_t>(0,
                            static_cast<int64_t>(r.resident_pages.size()) - hot_->pages_per_block());
 }
 
-bool SparseKVCacheManager::Impl::CanPlace(int64_t tokens, bool may_be_resident,
-                                          int64_t key_pages) const {
+bool Residency::CanPlace(int64_t tokens, bool may_be_resident, int64_t key_pages,
+                         std::span<const RequestId> open_batch) const {
   if (OnDeviceRequests() >= options_.max_requests) return false;
   const int64_t free = hot_->free_pages() - key_pages;
   if (options_.hybrid_residency && may_be_resident && free >= ResidentPagesFor(tokens)) {
@@ -39,38 +61,39 @@ bool SparseKVCacheManager::Impl::CanPlace(int64_t tokens, bool may_be_resident,
   // A block is free whenever a request may join (at most max_requests are on the device); its
   // pages may have to come from demoting resident requests.
   int64_t room = free;
-  for (const auto& [id, r] : requests_) room += DemotionGain(id, r);
+  for (const auto& [id, r] : requests_) room += DemotionGain(id, r, open_batch);
   return room >= hot_->pages_per_block();
 }
 
-Status SparseKVCacheManager::Impl::PlaceOnDevice(Request& r, int64_t key_pages,
-                                                 StreamHandle stream) {
+Status Residency::PlaceOnDevice(RequestState& r, int64_t key_pages,
+                                std::span<const RequestId> open_batch, StreamHandle stream) {
   const int64_t resident = ResidentPagesFor(r.reserved);
   const bool resident_fits =
       options_.hybrid_residency && r.may_be_resident && hot_->free_pages() >= key_pages + resident;
   if (!resident_fits) {
-    SPARSEKV_RETURN_IF_ERROR(MakeRoom(key_pages + hot_->pages_per_block(), stream));
+    SPARSEKV_RETURN_IF_ERROR(MakeRoom(key_pages + hot_->pages_per_block(), open_batch, stream));
   }
   if (key_pages > 0) {
     SPARSEKV_ASSIGN_OR_RETURN(r.key_pages, hot_->AcquirePages(key_pages));
-    SPARSEKV_RETURN_IF_ERROR(tables_.UploadKeyRow(r.owner, r.key_pages, stream));
+    SPARSEKV_RETURN_IF_ERROR(tables_->UploadKeyRow(r.owner, r.key_pages, stream));
   }
   if (resident_fits) return TakeResidentPages(r, stream);
   SPARSEKV_ASSIGN_OR_RETURN(r.block, hot_->Acquire(stream));
   return Status::Ok();
 }
 
-Status SparseKVCacheManager::Impl::TakeResidentPages(Request& r, StreamHandle stream) {
+Status Residency::TakeResidentPages(RequestState& r, StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(r.resident_pages, hot_->AcquirePages(ResidentPagesFor(r.reserved)));
-  return tables_.UploadResidentRow(r.owner, r.resident_pages, stream);
+  return tables_->UploadResidentRow(r.owner, r.resident_pages, stream);
 }
 
-Status SparseKVCacheManager::Impl::MakeRoom(int64_t pages, StreamHandle stream) {
+Status Residency::MakeRoom(int64_t pages, std::span<const RequestId> open_batch,
+                           StreamHandle stream) {
   if (hot_->free_pages() >= pages) return Status::Ok();
   // Checked first, so that a refusal changes nothing: each demotion frees the victim's pages but
   // a block's worth, which it takes back.
   int64_t room = hot_->free_pages();
-  for (const auto& [id, r] : requests_) room += DemotionGain(id, r);
+  for (const auto& [id, r] : requests_) room += DemotionGain(id, r, open_batch);
   if (room < pages) {
     return ResourceExhausted("device memory: " + std::to_string(pages) + " pages needed, " +
                              std::to_string(hot_->free_pages()) +
@@ -80,10 +103,10 @@ Status SparseKVCacheManager::Impl::MakeRoom(int64_t pages, StreamHandle stream) 
   }
   while (hot_->free_pages() < pages) {
     // The victim holding the most pages (ties: the lowest id) frees the most per demotion.
-    Request* victim = nullptr;
+    RequestState* victim = nullptr;
     RequestId victim_id = 0;
     for (auto& [id, r] : requests_) {
-      if (DemotionGain(id, r) == 0) continue;
+      if (DemotionGain(id, r, open_batch) == 0) continue;
       if (victim == nullptr || r.resident_pages.size() > victim->resident_pages.size() ||
           (r.resident_pages.size() == victim->resident_pages.size() && id < victim_id)) {
         victim = &r;
@@ -99,7 +122,7 @@ Status SparseKVCacheManager::Impl::MakeRoom(int64_t pages, StreamHandle stream) 
   return Status::Ok();
 }
 
-Status SparseKVCacheManager::Impl::LoadIntoBlock(Request& r, StreamHandle stream) {
+Status Residency::LoadIntoBlock(RequestState& r, StreamHandle stream) {
   if (r.ingested_layers != options_.geometry.num_layers()) {
     // Still being ingested: the pool holds only some layers' rows, and the LRU slots are shared
     // by all layers, so the block starts empty, as at an admission.
@@ -123,8 +146,35 @@ Status SparseKVCacheManager::Impl::LoadIntoBlock(Request& r, StreamHandle stream
   return RunLoads(stream);
 }
 
-Status SparseKVCacheManager::Impl::LoadResident(const Request& r, int32_t first, int32_t last,
-                                                StreamHandle stream) {
+Status Residency::LoadIngestedWindows(const RequestState& r, StreamHandle stream) {
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    if (r.ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, l, nullptr, 0, stream));
+  }
+  return Status::Ok();
+}
+
+Status Residency::LoadWindow(const RequestState& r, int32_t layer, const void* rows, int32_t first,
+                             StreamHandle stream) {
+  // Window positions [max(0, seq_len - W), seq_len). `rows` holds positions from `first` on
+  // (or is null); earlier positions, and the shared prefix [0, cached) whose pool copy is kept
+  // whatever the caller passes for it, are read from the host pool.
+  const int32_t stride = options_.geometry.layers[layer].row_stride;
+  const int32_t from_rows = std::max(first, r.cached);
+  for (int32_t p = std::max(0, r.seq_len - options_.window); p < r.seq_len; ++p) {
+    const std::byte* src =
+        rows != nullptr && p >= from_rows
+            ? static_cast<const std::byte*>(rows) + static_cast<int64_t>(p - first) * stride
+            : pool_->row(layer, pool_->HostRow(r.owner, p));
+    std::byte* dst =
+        hot_->layer_data(layer) + static_cast<int64_t>(hot_->WindowSlot(r.block, p)) * stride;
+    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(dst, src, stride, stream));
+    host_counters_.bytes_host_to_device += options_.geometry.layers[layer].row_bytes;
+  }
+  return Status::Ok();
+}
+
+Status Residency::LoadResident(const RequestState& r, int32_t first, int32_t last,
+                               StreamHandle stream) {
   load_rows_.clear();
   load_slots_.clear();
   for (int32_t p = first; p < last; ++p) {
@@ -134,7 +184,7 @@ Status SparseKVCacheManager::Impl::LoadResident(const Request& r, int32_t first,
   return RunLoads(stream);
 }
 
-Status SparseKVCacheManager::Impl::RunLoads(StreamHandle stream) {
+Status Residency::RunLoads(StreamHandle stream) {
   const auto count = static_cast<int32_t>(load_rows_.size());
   if (count == 0) return Status::Ok();
   // load_capacity_ holds max_context entries, and no request is longer.
@@ -145,7 +195,9 @@ Status SparseKVCacheManager::Impl::RunLoads(StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.count, &count, sizeof(count), stream));
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
     SPARSEKV_RETURN_IF_ERROR(
-        backend_->IndexCopy(PoolToHotCopy(l, load_list_, load_capacity_), stream));
+        backend_->IndexCopy(PoolToHotCopy(*pool_, *hot_, options_.geometry.layers[l], l, load_list_,
+                                          load_capacity_, invalid_copies_),
+                            stream));
     host_counters_.bytes_host_to_device +=
         static_cast<uint64_t>(count) * options_.geometry.layers[l].row_bytes;
   }
@@ -153,9 +205,8 @@ Status SparseKVCacheManager::Impl::RunLoads(StreamHandle stream) {
   return backend_->Synchronize(stream);
 }
 
-Status SparseKVCacheManager::Impl::CopyToResident(const Request& r, int32_t layer, const void* rows,
-                                                  int32_t rows_first, int32_t first,
-                                                  StreamHandle stream) {
+Status Residency::CopyToResident(const RequestState& r, int32_t layer, const void* rows,
+                                 int32_t rows_first, int32_t first, StreamHandle stream) {
   const int32_t stride = options_.geometry.layers[layer].row_stride;
   const int32_t page_rows = options_.resident_page_rows;
   const auto* src = static_cast<const std::byte*>(rows);
@@ -173,8 +224,7 @@ Status SparseKVCacheManager::Impl::CopyToResident(const Request& r, int32_t laye
   return Status::Ok();
 }
 
-Status SparseKVCacheManager::Impl::PoolToResident(const Request& r, int32_t layer,
-                                                  StreamHandle stream) {
+Status Residency::PoolToResident(const RequestState& r, int32_t layer, StreamHandle stream) {
   const int32_t stride = options_.geometry.layers[layer].row_stride;
   const int32_t pt = options_.host_page_tokens;
   const int32_t page_rows = options_.resident_page_rows;
@@ -191,8 +241,9 @@ Status SparseKVCacheManager::Impl::PoolToResident(const Request& r, int32_t laye
   return Status::Ok();
 }
 
-Status SparseKVCacheManager::Impl::Promote(RequestId id, StreamHandle stream) {
-  SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Promote"));
+Status Residency::Promote(RequestId id, RequestState& request,
+                          std::span<const RequestId> open_batch, StreamHandle stream) {
+  RequestState* r = &request;
   if (!options_.hybrid_residency) {
     return FailedPrecondition("Promote: hybrid_residency is off");
   }
@@ -202,8 +253,9 @@ Status SparseKVCacheManager::Impl::Promote(RequestId id, StreamHandle stream) {
     return FailedPrecondition("Promote: " + Describe(id) +
                               " stays in hot-cache mode (forked or remote-backed)");
   }
-  if (InOpenStep(id))
+  if (InBatch(open_batch, id)) {
     return FailedPrecondition("Promote: " + Describe(id) + " is in the open step");
+  }
   if (r->ingested_layers != options_.geometry.num_layers()) {
     return FailedPrecondition("Promote: " + Describe(id) + " has layers not yet ingested");
   }

@@ -20,6 +20,14 @@ enqueues on the caller's current stream, allocates nothing and reads the batch f
 After replaying a captured forward, the engine calls ``finish_replayed_step`` (the host-side
 bookkeeping the replay skipped).
 
+The step schedule. With ``schedule="auto"`` the same calls run through a ``sparsekv.StepSchedule``:
+``map_last_loc_to_buffer`` plans the step and its choice, ``append_token_kv`` hands over the
+layer's new rows and ``swap_in_selected_pages`` runs the layer (append, resolve, the cross-layer
+prefetch when the schedule measured that it pays, the miss copies) before it returns the slots. The
+engine attends after that call returns, so the schedule chooses among the choices without
+attention slices (``serial``, ``prefetch``); ``schedule="prefetch"`` (or any such choice) fixes
+one. ``coordinator.schedule`` is the StepSchedule (its ``stats()``, ``choice``, ``reason``).
+
 Prefill on the same machine. When ``RequestInfo.node_pool_prompt`` is given, the manager's host
 pool is a node pool (``sparsekv.NodePool``) in which a prefill process wrote and sealed the
 prompt: the request is admitted from the sealed pages (``admit_from_node_pool``), without copying
@@ -37,7 +45,18 @@ room (least recently used first).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Hashable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import torch
 
@@ -72,6 +91,9 @@ class SparseKVCoordinator:
         For a request admitted with a shared prefix, only rows ``[cached:]`` are read from it.
       retain_finished: keep the full pages of a finished request that has token ids in the pool
         (``retain``), for a later request (the next turn) that starts with the same tokens.
+      schedule: None (the manager's per-layer calls), ``"auto"`` (a StepSchedule that measures
+        the choices the manager's options allow without attention slices) or one such choice
+        (a ``sparsekv.StepChoice`` or its text, e.g. ``"prefetch"``).
 
     Not thread-safe: one scheduler thread drives it, as it drives the manager.
     """
@@ -83,6 +105,7 @@ class SparseKVCoordinator:
         request_info: Callable[[Any], RequestInfo],
         prompt_kv: Callable[[Any, int], Any],
         retain_finished: bool = False,
+        schedule: Union[None, str, sparsekv.StepChoice] = None,
     ) -> None:
         self.manager = manager
         self.request_info = request_info
@@ -104,6 +127,8 @@ class SparseKVCoordinator:
         self._reqs_by_id: Dict[int, Any] = {}  # requests admitted with token ids
         self._ready: List[Any] = []
         self._producer_stream: Any = None  # None: the caller's current stream
+        self.schedule: Optional[sparsekv.StepSchedule] = _make_schedule(manager, schedule)
+        self._new_rows: Any = None  # with a schedule: append_token_kv's rows, for the swap-in
 
     def set_decode_producer_stream(self, stream: Any) -> None:
         """The stream the decode forward runs on (SGLang's overlap scheduler has its own).
@@ -234,7 +259,8 @@ class SparseKVCoordinator:
                 token_ids = None
             else:
                 token_ids.append(int(ids[seq_len - 1]))
-        self.manager.plan_step(request_ids, token_ids=token_ids, stream=self._producer_stream)
+        planner = self.manager if self.schedule is None else self.schedule
+        planner.plan_step(request_ids, token_ids=token_ids, stream=self._producer_stream)
 
     def request_finished(self, req: Any) -> None:
         """Frees everything the request holds, or with ``retain_finished`` keeps its full pages
@@ -258,8 +284,12 @@ class SparseKVCoordinator:
 
     def append_token_kv(self, layer_id: int, kv_rows: Any) -> None:
         """Stores the newest token's KV of ``layer_id`` for the planned batch:
-        ``[>= batch, row_stride]`` bytes on the backend's device. Precedes the layer's swap-in."""
-        self.manager.append_token(layer_id, kv_rows)
+        ``[>= batch, row_stride]`` bytes on the backend's device. Precedes the layer's swap-in
+        (with a schedule, which appends them: they must stay alive until it is enqueued)."""
+        if self.schedule is None:
+            self.manager.append_token(layer_id, kv_rows)
+        else:
+            self._new_rows = kv_rows
 
     def swap_in_selected_pages(
         self,
@@ -278,9 +308,20 @@ class SparseKVCoordinator:
         """
         batch = req_pool_indices.shape[0]
         self.top_k_device_locs_buffer.fill_(-1)
-        self.manager.run_layer(layer_id, top_k_result, self.top_k_device_locs_buffer)
+        if self.schedule is None:
+            self.manager.run_layer(layer_id, top_k_result, self.top_k_device_locs_buffer)
+            if layer_id == self.num_layers - 1:
+                self.manager.finish_step()
+            return self.top_k_device_locs_buffer[:batch]
+        if self._new_rows is None:
+            raise RuntimeError(f"layer {layer_id}: append_token_kv must precede the swap-in")
+        rows, self._new_rows = self._new_rows, None
+        # The engine attends after this call returns, on the same stream: nothing to enqueue here.
+        self.schedule.run_layer(
+            layer_id, rows, top_k_result, self.top_k_device_locs_buffer, _attend_after_return
+        )
         if layer_id == self.num_layers - 1:
-            self.manager.finish_step()
+            self.schedule.finish_step()
         return self.top_k_device_locs_buffer[:batch]
 
     def layer_kv(self, layer_id: int) -> torch.Tensor:
@@ -292,7 +333,10 @@ class SparseKVCoordinator:
 
     def finish_replayed_step(self) -> None:
         """After replaying a captured forward: closes the step the replay ran."""
-        self.manager.finish_replayed_step()
+        if self.schedule is None:
+            self.manager.finish_replayed_step()
+        else:
+            self.schedule.finish_replayed_step()
 
     # ---- Internals ----
 
@@ -321,6 +365,29 @@ class SparseKVCoordinator:
         else:
             self._reqs_by_id.pop(request_id, None)
             self.manager.release(request_id)
+
+
+def _make_schedule(
+    manager: sparsekv.SparseKVCacheManager, schedule: Union[None, str, sparsekv.StepChoice]
+) -> Optional[sparsekv.StepSchedule]:
+    """The coordinator's StepSchedule (None: the manager's own calls)."""
+    if schedule is None:
+        return None
+    if isinstance(schedule, str) and schedule == "auto":
+        choices = [c for c in sparsekv.allowed_choices(manager.options) if c.chunk_rows == 0]
+        return sparsekv.StepSchedule(manager, candidates=choices)
+    choice = sparsekv.StepChoice.parse(schedule) if isinstance(schedule, str) else schedule
+    if choice.chunk_rows != 0:
+        raise ValueError(
+            f"schedule {str(choice)!r}: attention slices need the schedule to call attention, "
+            "but the engine attends after swap_in_selected_pages returns; use 'auto', 'serial' "
+            "or 'prefetch'"
+        )
+    return sparsekv.StepSchedule(manager, fixed=choice)
+
+
+def _attend_after_return(layer: int, first: int, rows: int, stream: int) -> None:
+    """The engine's attention follows swap_in_selected_pages on the same stream."""
 
 
 def _to_list(values: Any) -> List[int]:

@@ -51,13 +51,16 @@ def request_info(req):
     return RequestInfo(req.rid, req.req_pool_idx, req.prompt[0].shape[0], 16)
 
 
-def test_sglang_adapter_drives_steps_like_an_engine():
+# The serial schedule makes the manager's calls in the same order: the same slots.
+@pytest.mark.parametrize("schedule", [None, "serial"])
+def test_sglang_adapter_drives_steps_like_an_engine(schedule):
     from sparsekv.sglang_adapter import SparseKVCoordinator
 
     options = make_options()
     manager = sparsekv.SparseKVCacheManager(options, sparsekv.cpu_backend())
     coordinator = SparseKVCoordinator(
-        manager, request_info=request_info, prompt_kv=lambda req, layer: req.prompt[layer])
+        manager, request_info=request_info, prompt_kv=lambda req, layer: req.prompt[layer],
+        schedule=schedule)
     ref = ReferenceManager(options.hot_slots, options.window, options.max_requests, len(LAYERS),
                            protected_capacity_of(options))
     rng = np.random.default_rng(7)
@@ -122,6 +125,68 @@ def test_sglang_adapter_drives_steps_like_an_engine():
     with pytest.raises(ValueError, match="engine's length"):
         coordinator.map_last_loc_to_buffer(stale, None, torch.tensor([3]), stale,
                                            torch.tensor([3]))
+
+
+@pytest.mark.parametrize("schedule", ["auto", "prefetch"])
+def test_sglang_adapter_runs_the_schedule_through_the_same_calls(schedule):
+    """With the cross-layer prefetch among the choices the slots differ from the plain calls',
+    so the rows they index are checked against the prompt and the appended rows."""
+    from sparsekv.sglang_adapter import SparseKVCoordinator
+
+    options = make_options(max_prefetch=TOP_K)
+    manager = sparsekv.SparseKVCacheManager(options, sparsekv.cpu_backend())
+    coordinator = SparseKVCoordinator(
+        manager, request_info=request_info, prompt_kv=lambda req, layer: req.prompt[layer],
+        schedule=schedule)
+    rng = np.random.default_rng(9)
+    reqs = []
+    for i, prompt_len in enumerate([7, 12, 20]):
+        prompt = [rng.integers(0, 256, (prompt_len, s), dtype=np.uint8) for _, s in LAYERS]
+        reqs.append(FakeReq(f"r{i}", 4 + i, [torch.from_numpy(p) for p in prompt]))
+        coordinator.admit_request_into_staging(reqs[-1])
+    coordinator.collect_ready_reqs()
+    history = {r.rid: [[row for row in p.numpy()] for p in r.prompt] for r in reqs}
+    for _ in range(15):
+        ids = [coordinator._ids_by_key[r.rid] for r in reqs]
+        pool = torch.tensor([r.req_pool_idx for r in reqs])
+        seq_lens = torch.tensor([manager.sequence_length(i) + 1 for i in ids])
+        coordinator.map_last_loc_to_buffer(seq_lens, None, pool, seq_lens, pool)
+        for layer, (nbytes, stride) in enumerate(LAYERS):
+            new_rows = rng.integers(0, 256, (len(reqs), stride), dtype=np.uint8)
+            coordinator.append_token_kv(layer, torch.from_numpy(new_rows))
+            for b, r in enumerate(reqs):
+                history[r.rid][layer].append(new_rows[b])
+            lengths = [len(history[r.rid][layer]) for r in reqs]
+            topk = np.stack([rng.choice(n, TOP_K, replace=n < TOP_K) for n in lengths])
+            slots = coordinator.swap_in_selected_pages(pool, seq_lens,
+                                                       torch.from_numpy(topk.astype(np.int32)),
+                                                       layer).numpy()
+            kv = coordinator.layer_kv(layer).numpy()
+            for b, r in enumerate(reqs):
+                seen = set()
+                for k in range(TOP_K):
+                    p = int(topk[b, k])
+                    if p in seen:
+                        assert slots[b, k] == -1
+                        continue
+                    seen.add(p)
+                    np.testing.assert_array_equal(kv[slots[b, k], :nbytes],
+                                                  history[r.rid][layer][p][:nbytes])
+    stats = coordinator.schedule.stats()
+    assert stats.steps == 15
+    assert set(stats.steps_by_choice) <= {"serial", "prefetch"}
+    if schedule == "prefetch":
+        assert manager.read_stats().prefetch_rows > 0
+
+
+def test_sglang_adapter_refuses_a_schedule_with_attention_slices():
+    from sparsekv.sglang_adapter import SparseKVCoordinator
+
+    manager = sparsekv.SparseKVCacheManager(make_options(copy_chunk_rows=1),
+                                            sparsekv.cpu_backend())
+    with pytest.raises(ValueError, match="attention slices"):
+        SparseKVCoordinator(manager, request_info=request_info,
+                            prompt_kv=lambda req, layer: req.prompt[layer], schedule="chunks1")
 
 
 def test_adapter_readmits_a_recomputed_request():

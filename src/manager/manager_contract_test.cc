@@ -56,15 +56,21 @@ Bytes Counting(int32_t rows) {
 }
 
 // One layer's run phase for `top_k_rows` ([4, 2] positions): the assembled rows, [4, 2, 16].
+// The run phase's buffers are the backend's device memory.
 Bytes RunOneLayer(SparseKVCacheManager& m, const std::vector<int32_t>& topk) {
-  const Bytes new_rows = Filled(4, 0);
-  EXPECT_TRUE(m.AppendToken(0, new_rows.data(), nullptr).ok());
-  std::vector<int32_t> slots(8);
-  Bytes assembled(8 * kStride);
-  const Status s = m.RunLayer(0, topk.data(), slots.data(), assembled.data(), nullptr);
+  using testing::DeviceBuffer;
+  Backend& b = m.backend();
+  DeviceBuffer new_rows(b, 4 * kStride), topk_d(b, topk.size() * sizeof(int32_t));
+  DeviceBuffer slots(b, 8 * sizeof(int32_t)), assembled(b, 8 * kStride);
+  const Bytes zeros = Filled(4, 0);
+  new_rows.Upload(zeros.data(), zeros.size(), nullptr);
+  topk_d.Upload(topk);
+  EXPECT_TRUE(m.AppendToken(0, new_rows.get(), nullptr).ok());
+  const Status s =
+      m.RunLayer(0, topk_d.get<int32_t>(), slots.get<int32_t>(), assembled.get(), nullptr);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(m.FinishStep(nullptr).ok());
-  return assembled;
+  return assembled.Download(nullptr);
 }
 
 bool RowIs(const Bytes& rows, int32_t i, const std::byte* want) {

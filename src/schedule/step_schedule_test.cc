@@ -79,6 +79,12 @@ class ScheduleWorkload {
       stream_ = *stream;
     }
     const int32_t max_batch = o.effective_max_batch();
+    // A snapshot per layer and first row of a slice, allocated here: not while capturing.
+    snapshots_per_layer_ = max_batch;
+    const size_t hot_bytes = size_t(manager_->HotLayerRows()) * kStride;
+    for (int32_t i = 0; i < kLayers * max_batch; ++i) {
+      snapshots_.push_back(std::make_unique<Buffer>(b, hot_bytes));
+    }
     for (int32_t l = 0; l < kLayers; ++l) {
       rows_.push_back(std::make_unique<Buffer>(b, size_t(max_batch) * kStride));
       topk_.push_back(std::make_unique<Buffer>(b, size_t(max_batch) * kTopK * 4));
@@ -180,9 +186,8 @@ class ScheduleWorkload {
       SPARSEKV_RETURN_IF_ERROR(schedule_->RunLayer(
           l, work,
           [&](int32_t layer, int32_t first, int32_t n, StreamHandle stream) {
-            std::unique_ptr<Buffer>& snapshot = snapshots_[{layer, first}];
-            if (snapshot == nullptr) snapshot = std::make_unique<Buffer>(b, hot_bytes);
-            slices->push_back({layer, first, n, snapshot.get()});
+            Buffer* snapshot = snapshots_[size_t(layer) * snapshots_per_layer_ + first].get();
+            slices->push_back({layer, first, n, snapshot});
             return b.CopyAsync(snapshot->get(), manager_->HotLayer(layer), hot_bytes, stream);
           },
           stream_));
@@ -270,8 +275,10 @@ class ScheduleWorkload {
   std::unique_ptr<SparseKVCacheManager> manager_;
   std::unique_ptr<StepSchedule> schedule_;
   StreamHandle stream_ = nullptr;
-  std::vector<std::unique_ptr<Buffer>> rows_, topk_, slots_;                  // per layer
-  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<Buffer>> snapshots_;  // (layer, first)
+  std::vector<std::unique_ptr<Buffer>> rows_, topk_, slots_;  // per layer
+  // [layer * snapshots_per_layer_ + first]: what attention over a slice from `first` read.
+  std::vector<std::unique_ptr<Buffer>> snapshots_;
+  int32_t snapshots_per_layer_ = 0;
   std::vector<Slice> eager_slices_;
 #if defined(SPARSEKV_WITH_CUDA)
   struct Graph {

@@ -380,11 +380,20 @@ Status E2ERun::Plan(const ModelPreset& preset) {
       const bool budgeted = c_.hybrid && kind == KVVariant::kSparseKV;
       const int32_t also = kind == KVVariant::kSparseKV ? full_max : 0;
       BudgetedHotCache hot;
-      const VariantPlan vp = budgeted
-                                 ? PlanBudgetedVariant(shape, hbm, host, BatchCap(c_, kind), rates,
-                                                       steps, kCheckSteps, batch, &hot, also)
-                                 : PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates,
-                                               steps, kCheckSteps, batch, also);
+      VariantPlan vp = budgeted ? PlanBudgetedVariant(shape, hbm, host, BatchCap(c_, kind), rates,
+                                                      steps, kCheckSteps, batch, &hot, also)
+                                : PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates,
+                                              steps, kCheckSteps, batch, also);
+      if (kind == KVVariant::kFullHbm && batch > 0 && vp.batches.empty() && vp.max_batch >= 1) {
+        // full-hbm is the reference: at a --batch it cannot hold, its own sweep (its peak for
+        // the ratios, its attention for the check).
+        report_.notes.push_back("full-hbm @" + std::to_string(context / 1024) + "K: --batch " +
+                                std::to_string(batch) + " exceeds the " +
+                                std::to_string(vp.max_batch) +
+                                " it holds: its sweep instead, the reference of the ratios");
+        vp = PlanVariant(kind, shape, hbm, host, BatchCap(c_, kind), rates, steps, kCheckSteps, 0,
+                         0);
+      }
       if (budgeted) {
         cp.budgeted = hot;
         char note[200];

@@ -20,6 +20,7 @@
 #include "sparsekv/manager.h"
 #include "testing/cuda_test_util.h"
 #include "testing/harness.h"
+#include "testing/workload.h"
 
 namespace sparsekv {
 namespace {
@@ -31,8 +32,11 @@ constexpr int32_t kRowBytes = 80;
 constexpr int32_t kTopK = 16;
 constexpr int32_t kPageTokens = 16;
 
-CacheOptions SmallOptions() {
-  CacheOptions o;
+// testing::SmallOptions with kLayers layers of kRowBytes-byte rows, kTopK positions per step and
+// kPageTokens-token pages (the peer tier maps and routes whole pages), and room for 4 requests of
+// up to 512 tokens.
+CacheOptions ThreeLayerOptions() {
+  CacheOptions o = testing::SmallOptions();
   o.geometry = KVGeometry::Uniform(kLayers, kRowBytes);
   o.top_k = kTopK;
   o.hot_slots = 24;
@@ -311,7 +315,7 @@ class PeerTierTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(PeerTierTest, PeerAndLocalRequestsDecodeByteExactly) {
   if (backend_ == nullptr) return;
-  Create(SmallOptions());
+  Create(ThreeLayerOptions());
   const int32_t region = Import(region_->descriptor().Serialize()).value();
   Decoder d(*manager_, 11);
   AdmitPeer(d, 1, region, 0, 300);
@@ -332,7 +336,7 @@ TEST_P(PeerTierTest, PeerAndLocalRequestsDecodeByteExactly) {
 
 TEST_P(PeerTierTest, SplitRunsChunksPrefetchesAndIndexGroupsReadPeerRows) {
   if (backend_ == nullptr) return;
-  CacheOptions o = SmallOptions();
+  CacheOptions o = ThreeLayerOptions();
   o.copy_chunk_rows = 2;
   o.max_prefetch = 8;
   o.layers_per_index = 2;
@@ -351,7 +355,7 @@ TEST_P(PeerTierTest, SplitRunsChunksPrefetchesAndIndexGroupsReadPeerRows) {
 // that the delivered bytes say where each row was read.
 TEST_P(PeerTierTest, MissesOnMappedPagesAreReadFromTheRegionUntilItIsDetached) {
   if (backend_ == nullptr) return;
-  Create(SmallOptions());
+  Create(ThreeLayerOptions());
   const int32_t region = Import(region_->descriptor().Serialize()).value();
   Decoder d(*manager_, 13);
   AdmitPeer(d, 1, region, 100, 256);
@@ -387,7 +391,7 @@ TEST_P(PeerTierTest, MissesOnMappedPagesAreReadFromTheRegionUntilItIsDetached) {
 // backend shares within one process), so that the lender can be killed.
 TEST_P(PeerTierTest, ALenderThatDiesCostsSpeedNotRows) {
   if (backend_ == nullptr) return;
-  Create(SmallOptions());
+  Create(ThreeLayerOptions());
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -417,7 +421,7 @@ TEST_P(PeerTierTest, ALenderThatDiesCostsSpeedNotRows) {
 
 TEST_P(PeerTierTest, RefusesWhatItCannotServe) {
   if (backend_ == nullptr) return;
-  Create(SmallOptions(), 1024);
+  Create(ThreeLayerOptions(), 1024);
   const std::string text = region_->descriptor().Serialize();
   EXPECT_EQ(Import("not a descriptor").status().code(), StatusCode::kInvalidArgument);
   PeerRegionDescriptor d = region_->descriptor();
@@ -450,7 +454,7 @@ TEST_P(PeerTierTest, RefusesWhatItCannotServe) {
   EXPECT_EQ(DetachPeerRegion(*manager_, region + 1, nullptr).code(), StatusCode::kNotFound);
 
   // Without the tier.
-  auto plain = SparseKVCacheManager::Create(SmallOptions(), backend_).value();
+  auto plain = SparseKVCacheManager::Create(ThreeLayerOptions(), backend_).value();
   EXPECT_EQ(ImportPeerRegion(*plain, text, nullptr).status().code(),
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(MapPeerRows(*plain, 1, 0, 0, 16, nullptr).code(), StatusCode::kFailedPrecondition);
@@ -459,7 +463,7 @@ TEST_P(PeerTierTest, RefusesWhatItCannotServe) {
   too_many.max_regions = kMaxRoutePlaces;
   EXPECT_EQ(AttachPeerTier(*plain, too_many).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(AttachPeerTier(*manager_).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(PeerRegion::Create(SmallOptions().geometry, 0, backend_).status().code(),
+  EXPECT_EQ(PeerRegion::Create(ThreeLayerOptions().geometry, 0, backend_).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(region_->WriteRows(0, 1000, text.data(), 100, nullptr).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(region_->WriteRows(kLayers, 0, text.data(), 1, nullptr).code(),
@@ -469,7 +473,7 @@ TEST_P(PeerTierTest, RefusesWhatItCannotServe) {
 // A page shared by two requests (a fork) stays mapped until both are released.
 TEST_P(PeerTierTest, AForkSharesTheMappedPages) {
   if (backend_ == nullptr) return;
-  Create(SmallOptions());
+  Create(ThreeLayerOptions());
   const int32_t region = Import(region_->descriptor().Serialize()).value();
   Decoder d(*manager_, 15);
   AdmitPeer(d, 1, region, 0, 320);

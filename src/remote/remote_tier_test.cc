@@ -17,6 +17,7 @@
 #include "testing/cuda_test_util.h"
 #include "testing/harness.h"
 #include "testing/ucx_servers.h"
+#include "testing/workload.h"
 
 namespace sparsekv {
 namespace {
@@ -34,8 +35,10 @@ constexpr int32_t kLayers = 2;
 constexpr int32_t kRowBytes = 96;
 constexpr int32_t kTopK = 8;
 
-CacheOptions SmallOptions() {
-  CacheOptions o;
+// testing::SmallOptions with kLayers layers of kRowBytes-byte rows, kTopK positions per step,
+// 16-token pages, and room for 4 requests of up to 512 tokens.
+CacheOptions TwoLayerOptions() {
+  CacheOptions o = testing::SmallOptions();
   o.geometry = KVGeometry::Uniform(kLayers, kRowBytes);
   o.top_k = kTopK;
   o.hot_slots = 12;
@@ -165,7 +168,7 @@ class RemoteTierTest : public ::testing::TestWithParam<RemoteParam> {
     ASSERT_TRUE(transport.ok()) << transport.status().ToString();
     transport_ = std::move(*transport);
     tier_ = RemoteTier::Create(transport_.get()).value();
-    Recreate(SmallOptions());
+    Recreate(TwoLayerOptions());
   }
   // A fresh manager with `options`, attached to the tier.
   void Recreate(const CacheOptions& options) {
@@ -324,7 +327,7 @@ TEST_P(RemoteTierTest, PromptWrittenIntoAPoolServerIsReadBack) {
 // Layers that share one top-k (an index group) share the miss list: every layer of the group must
 // still get its own remote rows.
 TEST_P(RemoteTierTest, IndexGroupsReadEveryLayersRows) {
-  CacheOptions options = SmallOptions();
+  CacheOptions options = TwoLayerOptions();
   options.layers_per_index = 2;
   Recreate(options);
   ThreadServer server(Transports(), 1 << 20);
@@ -341,7 +344,7 @@ TEST_P(RemoteTierTest, IndexGroupsReadEveryLayersRows) {
 // The split run (ResolveLayer, AssembleLayer, CopyMisses) and cross-step prefetches (their own
 // miss list) read remote rows too.
 TEST_P(RemoteTierTest, SplitRunsAndPrefetchesReadRemoteRows) {
-  CacheOptions options = SmallOptions();
+  CacheOptions options = TwoLayerOptions();
   options.max_prefetch = 4;
   Recreate(options);
   ThreadServer server(Transports(), 1 << 20);
@@ -365,7 +368,7 @@ TEST_P(RemoteTierTest, SplitRunsAndPrefetchesReadRemoteRows) {
 // request, exactly; the pool is empty once they are gone.
 TEST_P(RemoteTierTest, ManagersSharingAHostPoolEachReadTheirRemoteRows) {
   ThreadServer server(Transports(), 1 << 20);
-  const CacheOptions o = SmallOptions();
+  const CacheOptions o = TwoLayerOptions();
   auto pool = HostKVPool::CreateShared(o, 2 * o.effective_max_host_requests(), backend_);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   struct Gpu {

@@ -20,8 +20,8 @@ SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Ba
               .max_batch = options.effective_max_batch(),
               .copy_chunk_rows = options.copy_chunk_rows}),
       tables_(*backend_),
-      device_(*backend_),
-      residency_(options_, *backend_, requests_, host_counters_) {}
+      stats_(options_, *backend_),
+      residency_(options_, *backend_, requests_, stats_.host()) {}
 
 Status SparseKVCacheManager::Impl::Allocate() {
   const CacheOptions& o = options_;
@@ -40,10 +40,8 @@ Status SparseKVCacheManager::Impl::Allocate() {
   keys_per_page_ = shape.keys_per_page;
 
   SPARSEKV_RETURN_IF_ERROR(plan_.Allocate());
-  SPARSEKV_ASSIGN_OR_RETURN(counters_,
-                            device_.Allocate<ResolveCounters>(2 * o.geometry.num_layers()));
-  SPARSEKV_ASSIGN_OR_RETURN(invalid_copies_, device_.Allocate<unsigned long long>(1));
-  SPARSEKV_RETURN_IF_ERROR(residency_.Allocate(*pool_, *hot_, tables_, invalid_copies_));
+  SPARSEKV_RETURN_IF_ERROR(stats_.Allocate());
+  SPARSEKV_RETURN_IF_ERROR(residency_.Allocate(*pool_, *hot_, tables_, stats_.invalid_copies()));
   const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
   SPARSEKV_RETURN_IF_ERROR(tables_.Allocate(
       {.max_owners = pool_->max_owners(),
@@ -52,7 +50,7 @@ Status SparseKVCacheManager::Impl::Allocate() {
            o.hybrid_residency ? static_cast<int32_t>(residency_.ResidentPagesFor(positions)) : 0,
        .key_pages_per_owner = static_cast<int32_t>(KeyPagesFor(positions))}));
   device_bytes_ = hot_->device_bytes() + plan_.device_bytes() + tables_.device_bytes() +
-                  residency_.device_bytes() + device_.bytes();
+                  residency_.device_bytes() + stats_.device_bytes();
   return backend_->Synchronize(nullptr);
 }
 
@@ -124,8 +122,8 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
   // Reserve then fails, all or nothing.
   PageLedger::Evictions evicted;
   Status reserved = ledger_->MakeRoom(fresh, "Admit", evicted);
-  host_counters_.evictions += evicted.conversations;
-  host_counters_.evicted_pages += evicted.pages;
+  stats_.host().evictions += evicted.conversations;
+  stats_.host().evicted_pages += evicted.pages;
   if (reserved.ok()) {
     reserved = pool_->Reserve(owner, static_cast<int32_t>(tokens), shared, spare_pages, &spares);
   }
@@ -199,8 +197,8 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
   (*r)->token_ids.assign(token_ids.begin(), token_ids.end());
   (*r)->indexed_pages = static_cast<int32_t>(matched.size());
   ledger_->Touch(matched);  // the conversations holding the prefix are in use again
-  host_counters_.prefix_lookup_tokens += prompt_len;
-  host_counters_.prefix_hit_tokens += cached;
+  stats_.host().prefix_lookup_tokens += prompt_len;
+  stats_.host().prefix_hit_tokens += cached;
   return cached;
 }
 
@@ -361,7 +359,7 @@ Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const voi
   }
   r->ingested[layer] = true;
   ++r->ingested_layers;
-  host_counters_.bytes_ingested += static_cast<uint64_t>(r->seq_len - r->cached) * shape.row_bytes;
+  stats_.host().bytes_ingested += static_cast<uint64_t>(r->seq_len - r->cached) * shape.row_bytes;
   if (r->ingested_layers == options_.geometry.num_layers()) IndexFullPages(*r);
   return Status::Ok();
 }

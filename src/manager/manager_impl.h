@@ -8,7 +8,8 @@
 //   residency_ Residency: where each request's rows live on the device (a block or resident
 //             pages), demotion and promotion, and the loads from the host pool they need
 //             (residency.h).
-//   requests_ the live requests: owner (page-table row), block, lengths, ingest state.
+//   requests_ the live requests (RequestState, request_state.h): owner (page-table row), block,
+//             lengths, ingest state.
 //   order_    StepOrder: whether a step is open and what its run phase has done; every call out
 //             of order is refused there (step_order.h).
 //   plan_     StepPlan: the plan region (host mirror and device copy), the step's batch, the two
@@ -16,14 +17,16 @@
 //             (step_plan.h).
 //   tables_   DeviceTables: the device page table, residency table and key table, a row per
 //             owner (device_tables.h).
-//   device_   DeviceMemory: the other device buffers (the resolve counters).
+//   stats_    Statistics: the host counters, the device resolve and copy counters, and the
+//             bytes a replayed step counts (statistics.h).
 //   extensions_ the installed ManagerExtensions (the remote tier's, the peer tier's), in
 //   installation order; each one's per-layer hooks run only in steps it declared itself active
 //   for at PlanStep (active_extensions_).
 //
-// manager.cc creates it and forwards the public API; the code is in two files: manager_impl.cc
-// (creation, request lifecycle, prefix sharing, the extension host) and manager_step.cc (plan
-// and run phase, statistics).
+// manager.cc creates it and forwards the public API; Impl's own code is lifecycle and
+// composition, in two files: manager_impl.cc (creation, request lifecycle, prefix sharing,
+// indexer keys, the extension host) and manager_step.cc (the decode step's calls, each checked
+// by order_ and run over plan_, tables_ and the hot cache).
 #pragma once
 
 #include <algorithm>
@@ -36,10 +39,10 @@
 #include <vector>
 
 #include "host_pool/page_ledger.h"
-#include "manager/device_memory.h"
 #include "manager/device_tables.h"
 #include "manager/request_state.h"
 #include "manager/residency.h"
+#include "manager/statistics.h"
 #include "manager/step_order.h"
 #include "manager/step_plan.h"
 #include "sparsekv/manager.h"
@@ -118,7 +121,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   int32_t OwnerOf(RequestId id) const override { return requests_.at(id).owner; }
   int32_t LengthOf(RequestId id) const override { return requests_.at(id).seq_len; }
   bool IsLive(RequestId id) const override { return requests_.contains(id); }
-  unsigned long long* invalid_copy_counter() const override { return invalid_copies_; }
+  unsigned long long* invalid_copy_counter() const override { return stats_.invalid_copies(); }
   int32_t miss_list_lanes() const override { return plan_.lanes(); }
   int32_t miss_list_lane_capacity() const override { return plan_.lane_capacity(); }
   Status AdmitWithPages(RequestId id, int32_t prompt_len, int32_t max_new_tokens,
@@ -203,19 +206,11 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // The device page, residency and key tables.
   DeviceTables tables_;
 
-  // The other device buffers, freed with device_.
-  DeviceMemory device_;
-  int32_t keys_per_page_ = 0;                     // 0: no indexer keys
-  ResolveCounters* counters_ = nullptr;           // [layers] resolves, then [layers] prefetches
-  unsigned long long* invalid_copies_ = nullptr;  // scalar
-  int64_t device_bytes_ = 0;
+  int32_t keys_per_page_ = 0;  // 0: no indexer keys
+  int64_t device_bytes_ = 0;   // of the hot cache and every part
 
-  // Bytes one request of a step moves, as recorded by the last complete run phase (replays).
-  uint64_t step_bytes_to_host_per_request_ = 0;
-  uint64_t step_bytes_assembled_per_request_ = 0;
-  uint64_t open_bytes_to_host_per_request_ = 0;
-  uint64_t open_bytes_assembled_per_request_ = 0;
-  HostCounters host_counters_;
+  // The host and device counters, and the bytes a replayed step counts.
+  Statistics stats_;
 
   // Placement on the device, demotion and promotion, and the loads they need.
   Residency residency_;

@@ -30,7 +30,7 @@ Status SparseKVCacheManager::Impl::PrepareAppend(Request& r, int32_t position,
       }
       ledger_->ReplaceWithCopy(r.owner, index, r.cow_page);
       SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
-      ++host_counters_.copy_on_write_pages;
+      ++stats_.host().copy_on_write_pages;
     }
     r.cow_page = -1;
   }
@@ -99,7 +99,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     if (extension->BeginStep(plan_.batch(), stream)) active_extensions_.push_back(extension.get());
   }
   order_.Open(batch_size());
-  open_bytes_to_host_per_request_ = open_bytes_assembled_per_request_ = 0;
+  stats_.BeginStep();
   return plan_.Upload(stream);
 }
 
@@ -124,7 +124,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   to_window.src_stride = to_window.dst_stride = shape.row_stride;
   to_window.src_rows = max_batch;
   to_window.dst_rows = hot_->layer_rows();
-  to_window.invalid = invalid_copies_;
+  to_window.invalid = stats_.invalid_copies();
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_window, stream));
   if (keys_per_page_ > 0) {
     // Keys are addressed in 4-byte words of the layer's memory (KeyWord); row_bytes is the key.
@@ -152,9 +152,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   SPARSEKV_RETURN_IF_ERROR(backend_->Fork(stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_host, backend_->SideStream()));
   order_.MarkAppended(layer);
-  open_bytes_to_host_per_request_ += shape.row_bytes;
-  host_counters_.bytes_device_to_host +=
-      plan_.batch().size() * static_cast<uint64_t>(shape.row_bytes);
+  stats_.CountAppend(plan_.batch().size(), shape.row_bytes);
   return Status::Ok();
 }
 
@@ -191,8 +189,8 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
   if (topk_stride < options_.top_k) return InvalidArgument("ResolveLayer: topk_stride < top_k");
   SPARSEKV_RETURN_IF_ERROR(order_.CheckResolveOrder(layer));
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask,
-                                   plan_.StepMissList(layer), counters_ + layer, /*own_copy=*/true,
-                                   stream));
+                                   plan_.StepMissList(layer), stats_.resolve_counters(layer),
+                                   /*own_copy=*/true, stream));
   order_.MarkResolved(layer);
   for (ManagerExtension* extension : active_extensions_) {
     SPARSEKV_RETURN_IF_ERROR(extension->AfterResolve(layer, slots, stream));
@@ -243,7 +241,7 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   if (own_copy && options_.fused_copy_min_batch > 0 && options_.layers_per_index == 1 &&
       active_extensions_.empty()) {
     const IndexCopyView copy = PoolToHotCopy(*pool_, *hot_, options_.geometry.layers[layer], layer,
-                                             list, max_batch * top_k, invalid_copies_);
+                                             list, max_batch * top_k, stats_.invalid_copies());
     resolve.copy_src = copy.src;
     resolve.copy_dst = copy.dst;
     resolve.copy_row_bytes = copy.row_bytes;
@@ -251,7 +249,7 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
     resolve.copy_dst_stride = copy.dst_stride;
     resolve.copy_src_rows = copy.src_rows;
     resolve.copy_dst_rows = copy.dst_rows;
-    resolve.copy_invalid = invalid_copies_;
+    resolve.copy_invalid = stats_.invalid_copies();
     resolve.fused_copy_min_batch = options_.fused_copy_min_batch;
   }
   return backend_->Resolve(resolve, max_batch, stream);
@@ -293,7 +291,7 @@ Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int
                               extension->BeforeCopy(layer, from_pool, capacity, lane, stream));
   }
   IndexCopyView copy = PoolToHotCopy(*pool_, *hot_, options_.geometry.layers[layer], layer,
-                                     from_pool, capacity, invalid_copies_);
+                                     from_pool, capacity, stats_.invalid_copies());
   copy.max_blocks = max_blocks;
   copy.strategy = options_.copy_strategy;
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
@@ -322,9 +320,7 @@ Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* s
   a.row_bytes = shape.row_bytes;
   a.stride = shape.row_stride;
   SPARSEKV_RETURN_IF_ERROR(backend_->Assemble(a, max_batch, stream));
-  open_bytes_assembled_per_request_ += static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
-  host_counters_.bytes_assembled +=
-      plan_.batch().size() * static_cast<uint64_t>(options_.top_k) * shape.row_bytes;
+  stats_.CountAssemble(plan_.batch().size(), options_.top_k, shape.row_bytes);
   return Status::Ok();
 }
 
@@ -347,7 +343,7 @@ Status SparseKVCacheManager::Impl::ResolvePrefetch(int32_t layer, const int32_t*
   const MissList& list = plan_.prefetch_list();
   SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(list.count, 0, sizeof(int32_t), stream));
   SPARSEKV_RETURN_IF_ERROR(Resolve(layer, positions, count, count, plan_.prefetch_slots(), nullptr,
-                                   list, counters_ + options_.geometry.num_layers() + layer,
+                                   list, stats_.prefetch_counters(layer),
                                    /*own_copy=*/false, stream));
   order_.MarkPrefetchResolved(layer);
   plan_.SetPrefetchCount(count);
@@ -373,8 +369,7 @@ Status SparseKVCacheManager::Impl::CopyPrefetch(int32_t layer, StreamHandle stre
 Status SparseKVCacheManager::Impl::FinishStep(StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckFinish());
   SPARSEKV_RETURN_IF_ERROR(backend_->Join(stream));
-  step_bytes_to_host_per_request_ = open_bytes_to_host_per_request_;
-  step_bytes_assembled_per_request_ = open_bytes_assembled_per_request_;
+  stats_.RecordRunPhase();
   CloseStep();
   return Status::Ok();
 }
@@ -387,49 +382,14 @@ void SparseKVCacheManager::Impl::CloseStep() {
 }
 
 Status SparseKVCacheManager::Impl::FinishReplayedStep() {
-  SPARSEKV_RETURN_IF_ERROR(order_.CheckFinishReplayed(step_bytes_to_host_per_request_ != 0));
-  host_counters_.bytes_device_to_host += plan_.batch().size() * step_bytes_to_host_per_request_;
-  host_counters_.bytes_assembled += plan_.batch().size() * step_bytes_assembled_per_request_;
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckFinishReplayed(stats_.run_phase_recorded()));
+  stats_.CountReplayedStep(plan_.batch().size());
   CloseStep();
   return Status::Ok();
 }
 
 StatusOr<CacheStats> SparseKVCacheManager::Impl::ReadStats(StreamHandle stream) {
-  const int32_t layers = options_.geometry.num_layers();
-  std::vector<ResolveCounters> counters(2 * layers);
-  unsigned long long invalid = 0;
-  SPARSEKV_RETURN_IF_ERROR(backend_->Synchronize(stream));
-  SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(counters.data(), counters_,
-                                               sizeof(ResolveCounters) * 2 * layers, stream));
-  SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(&invalid, invalid_copies_, sizeof(invalid), stream));
-  SPARSEKV_RETURN_IF_ERROR(backend_->Synchronize(stream));
-
-  CacheStats s;
-  static_cast<HostCounters&>(s) = host_counters_;  // bytes_host_to_device gains the copies
-  for (int32_t l = 0; l < layers; ++l) {
-    // A layer that shares its group's top-k copies what the group's first layer resolved.
-    const ResolveCounters& c = counters[l - l % options_.layers_per_index];
-    LayerStats ls{c.hits,       c.window_hits,  c.misses,       c.padding,
-                  c.duplicates, c.out_of_range, c.resident_hits};
-    s.layers.push_back(ls);
-    s.total.hits += ls.hits;
-    s.total.window_hits += ls.window_hits;
-    s.total.misses += ls.misses;
-    s.total.padding += ls.padding;
-    s.total.duplicates += ls.duplicates;
-    s.total.out_of_range += ls.out_of_range;
-    s.total.resident_hits += ls.resident_hits;
-    s.bytes_host_to_device += ls.misses * options_.geometry.layers[l].row_bytes;
-  }
-  for (int32_t l = 0; l < layers; ++l) {
-    const ResolveCounters& p = counters[layers + l - l % options_.layers_per_index];
-    if (l % options_.layers_per_index == 0) {
-      s.prefetch_lookups += p.hits + p.window_hits + p.misses + p.resident_hits;
-      s.prefetch_rows += p.misses;
-    }
-    s.bytes_host_to_device += p.misses * options_.geometry.layers[l].row_bytes;
-  }
-  s.invalid_copy_entries = invalid;
+  SPARSEKV_ASSIGN_OR_RETURN(CacheStats s, stats_.Read(stream));
   s.host_pages_total = pool_->total_pages();
   s.host_pages_used = pool_->total_pages() - pool_->free_pages();
   s.hot_blocks_used = hot_->used_blocks();
@@ -442,14 +402,7 @@ StatusOr<CacheStats> SparseKVCacheManager::Impl::ReadStats(StreamHandle stream) 
   return s;
 }
 
-Status SparseKVCacheManager::Impl::ResetStats(StreamHandle stream) {
-  SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(
-      counters_, 0, sizeof(ResolveCounters) * 2 * options_.geometry.num_layers(), stream));
-  SPARSEKV_RETURN_IF_ERROR(
-      backend_->MemsetAsync(invalid_copies_, 0, sizeof(unsigned long long), stream));
-  host_counters_ = {};
-  return backend_->Synchronize(stream);
-}
+Status SparseKVCacheManager::Impl::ResetStats(StreamHandle stream) { return stats_.Reset(stream); }
 
 StatusOr<int32_t> SparseKVCacheManager::Impl::SequenceLength(RequestId id) const {
   auto it = requests_.find(id);

@@ -65,7 +65,7 @@ SparseKVCacheManager::Impl::~Impl() {
   ledger_.reset();  // drops the retained conversations' references
   // While the pool, the hot cache and the backend still exist; the last installed first. The
   // parts free their device buffers after.
-  while (!extensions_.empty()) extensions_.pop_back();
+  extensions_.Clear();
 }
 
 StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Find(RequestId id,
@@ -206,7 +206,7 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
                                         StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * p, Find(parent, "Fork"));
   if (max_new_tokens < 0) return InvalidArgument("Fork: max_new_tokens must be >= 0");
-  for (const auto& extension : extensions_) SPARSEKV_RETURN_IF_ERROR(extension->CheckFork(parent));
+  SPARSEKV_RETURN_IF_ERROR(extensions_.CheckFork(parent));
   if (p->ingested_layers != options_.geometry.num_layers()) {
     return FailedPrecondition("Fork: " + Describe(parent) + " has layers not yet ingested");
   }
@@ -388,7 +388,7 @@ void SparseKVCacheManager::Impl::ReleaseDevice(Request& r) {
 }
 
 void SparseKVCacheManager::Impl::Forget(RequestId id, Request& r) {
-  for (const auto& extension : extensions_) extension->OnDrop(id);
+  extensions_.OnDrop(id);
   ReleaseDevice(r);
   ledger_->ReleaseOwnerPages(r.owner);
   if (r.cow_page >= 0) ledger_->Unref(r.cow_page);
@@ -472,15 +472,7 @@ Status SparseKVCacheManager::Impl::Promote(RequestId id, StreamHandle stream) {
 
 Status SparseKVCacheManager::Impl::InstallExtension(const ExtensionFactory& make) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckInstallExtension());
-  SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<ManagerExtension> extension, make(*this));
-  extensions_.push_back(std::move(extension));
-  return Status::Ok();
-}
-
-std::vector<ManagerExtension*> SparseKVCacheManager::Impl::extensions() const {
-  std::vector<ManagerExtension*> out;
-  for (const auto& extension : extensions_) out.push_back(extension.get());
-  return out;
+  return extensions_.Install(make, *this);
 }
 
 Status SparseKVCacheManager::Impl::AdmitWithPages(RequestId id, int32_t prompt_len,

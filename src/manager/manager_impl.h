@@ -19,9 +19,9 @@
 //             owner (device_tables.h).
 //   stats_    Statistics: the host counters, the device resolve and copy counters, and the
 //             bytes a replayed step counts (statistics.h).
-//   extensions_ the installed ManagerExtensions (the remote tier's, the peer tier's), in
-//   installation order; each one's per-layer hooks run only in steps it declared itself active
-//   for at PlanStep (active_extensions_).
+//   extensions_ ExtensionChain: the installed ManagerExtensions (the remote tier's, the peer
+//             tier's), in installation order; each one's per-layer hooks run only in steps it
+//             declared itself active for at PlanStep (extension_chain.h).
 //
 // manager.cc creates it and forwards the public API; Impl's own code is lifecycle and
 // composition, in two files: manager_impl.cc (creation, request lifecycle, prefix sharing,
@@ -40,6 +40,7 @@
 
 #include "host_pool/page_ledger.h"
 #include "manager/device_tables.h"
+#include "manager/extension_chain.h"
 #include "manager/request_state.h"
 #include "manager/residency.h"
 #include "manager/statistics.h"
@@ -101,7 +102,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status FinishReplayedStep();
 
   Status InstallExtension(const ExtensionFactory& make);
-  std::vector<ManagerExtension*> extensions() const;
+  std::vector<ManagerExtension*> extensions() const { return extensions_.all(); }
 
   StatusOr<CacheStats> ReadStats(StreamHandle stream);
   Status ResetStats(StreamHandle stream);
@@ -193,9 +194,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   std::unique_ptr<HotCache> hot_;
   std::unordered_map<RequestId, Request> requests_;
   std::unique_ptr<PageLedger> ledger_;
-  std::vector<std::unique_ptr<ManagerExtension>> extensions_;  // in installation order
-  // The extensions whose per-layer hooks run in the open step, in installation order.
-  std::vector<ManagerExtension*> active_extensions_;
+  // The installed extensions, and those active in the open step.
+  ExtensionChain extensions_;
 
   // The step: what its plan phase wrote (the plan region, the batch, the miss lists), and
   // whether it is open and what its run phase has done (every order the API forbids is refused

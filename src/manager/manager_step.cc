@@ -94,10 +94,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     append_key[b] = keys_per_page_ > 0 ? KeyWord(r, position) : -1;
   }
   plan_.SetBatch(batch);
-  active_extensions_.clear();
-  for (const auto& extension : extensions_) {
-    if (extension->BeginStep(plan_.batch(), stream)) active_extensions_.push_back(extension.get());
-  }
+  extensions_.BeginStep(plan_.batch(), stream);
   order_.Open(batch_size());
   stats_.BeginStep();
   return plan_.Upload(stream);
@@ -192,10 +189,7 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
                                    plan_.StepMissList(layer), stats_.resolve_counters(layer),
                                    /*own_copy=*/true, stream));
   order_.MarkResolved(layer);
-  for (ManagerExtension* extension : active_extensions_) {
-    SPARSEKV_RETURN_IF_ERROR(extension->AfterResolve(layer, slots, stream));
-  }
-  return Status::Ok();
+  return extensions_.AfterResolve(layer, slots, stream);
 }
 
 Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, int32_t top_k,
@@ -239,7 +233,7 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.block_page_rows = hot_->page_rows();
   // A step's resolve may copy its own misses; the list then stays empty.
   if (own_copy && options_.fused_copy_min_batch > 0 && options_.layers_per_index == 1 &&
-      active_extensions_.empty()) {
+      !extensions_.active()) {
     const IndexCopyView copy = PoolToHotCopy(*pool_, *hot_, options_.geometry.layers[layer], layer,
                                              list, max_batch * top_k, stats_.invalid_copies());
     resolve.copy_src = copy.src;
@@ -275,30 +269,23 @@ Status SparseKVCacheManager::Impl::CopyChunk(int32_t layer, int32_t c, StreamHan
   SPARSEKV_RETURN_IF_ERROR(Copy(layer, plan_.Chunk(plan_.StepMissList(layer), c),
                                 plan_.chunk_entries(), options_.copy_blocks, stream));
   if (!order_.MarkChunkCopied(layer, c)) return Status::Ok();
-  for (ManagerExtension* extension : active_extensions_) {
-    SPARSEKV_RETURN_IF_ERROR(extension->AfterMissCopy(layer, stream));
-  }
-  return Status::Ok();
+  return extensions_.AfterMissCopy(layer, stream);
 }
 
 Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int32_t capacity,
                                         int32_t max_blocks, StreamHandle stream) {
   // Each extension may hand the next one (and the copy from the pool) a list of its own.
   MissList from_pool = list;
-  const int32_t lane = active_extensions_.empty() ? 0 : plan_.Lane(list);
-  for (ManagerExtension* extension : active_extensions_) {
-    SPARSEKV_ASSIGN_OR_RETURN(from_pool,
-                              extension->BeforeCopy(layer, from_pool, capacity, lane, stream));
+  if (extensions_.active()) {
+    SPARSEKV_ASSIGN_OR_RETURN(
+        from_pool, extensions_.BeforeCopy(layer, list, capacity, plan_.Lane(list), stream));
   }
   IndexCopyView copy = PoolToHotCopy(*pool_, *hot_, options_.geometry.layers[layer], layer,
                                      from_pool, capacity, stats_.invalid_copies());
   copy.max_blocks = max_blocks;
   copy.strategy = options_.copy_strategy;
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(copy, stream));
-  for (ManagerExtension* extension : active_extensions_) {
-    SPARSEKV_RETURN_IF_ERROR(extension->AfterCopy(layer, stream));
-  }
-  return Status::Ok();
+  return extensions_.AfterCopy(layer, stream);
 }
 
 Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* slots,

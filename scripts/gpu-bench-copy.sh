@@ -22,32 +22,28 @@
 #   COPY_BENCH_SKIP_BUILD=1 use the resolve_bench already built there
 set -u -o pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-ROOT=$PWD
-OUT=${OUT:-$ROOT/gpu-bench-copy-out}
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
+gpu_out gpu-bench-copy-out
 BUILD=${COPY_BENCH_BUILD_DIR:-build-gpu}
 STRATEGIES=${COPY_BENCH_STRATEGIES:-library,separate,separate8,warp,bulk,fused,fused_nosort}
 REPS=${COPY_BENCH_REPS:-20}
-mkdir -p "$OUT"
 
 main() {
   local failed=0
-  echo "=== gpu-bench-copy $(date -u +%FT%TZ) in $ROOT, results in $OUT"
+  gpu_banner gpu-bench-copy " in $ROOT, results in $OUT"
   nvidia-smi -L
-  if [[ -d $ROOT/.git ]] && command -v git >/dev/null; then
-    echo "tree: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no commit'), $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed paths"
-  fi
+  gpu_tree
   if [[ ${COPY_BENCH_SKIP_BUILD:-0} != 1 ]]; then
     if [[ ! -f $BUILD/CMakeCache.txt ]]; then
-      cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TOOLS=OFF \
-        -DSPARSEKV_BUILD_TESTS=OFF >"$OUT/build.log" 2>&1 || {
+      gpu_configure "$BUILD" "$OUT/build.log" -DSPARSEKV_BUILD_TOOLS=OFF \
+        -DSPARSEKV_BUILD_TESTS=OFF || {
         tail -n 30 "$OUT/build.log"
         return 1
       }
     fi
     echo "=== build resolve_bench ($(date +%T))"
-    cmake --build "$BUILD" -j "$(nproc)" --target resolve_bench >>"$OUT/build.log" 2>&1 || {
+    gpu_build_targets "$BUILD" "$OUT/build.log" resolve_bench || {
       tail -n 30 "$OUT/build.log"
       return 1
     }
@@ -130,5 +126,4 @@ PY
   return "$failed"
 }
 
-main 2>&1 | tee "$OUT/copy.txt"
-exit "${PIPESTATUS[0]}"
+gpu_main "$OUT/copy.txt"

@@ -22,35 +22,25 @@
 #   E2E_EXTRA                extra flags for both runs (e.g. "--max-batch 64")
 set -u -o pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-ROOT=$PWD
-OUT=${OUT:-$ROOT/gpu-bench-e2e-out}
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
+gpu_out gpu-bench-e2e-out
 BUILD=build-e2e
 DEADLINE=${E2E_DEADLINE:-450}
 POOL=${E2E_HOST_POOL_GB:-80}
 STEPS=${E2E_STEPS:-8}
 WARMUP=${E2E_WARMUP:-2}
 OFFLOAD_MAX=${E2E_OFFLOAD_MAX_BATCH:-8}
-mkdir -p "$OUT"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 main() {
-  echo "=== gpu-bench-e2e $(date -u +%FT%TZ), results in $OUT"
+  gpu_banner gpu-bench-e2e ", results in $OUT"
   nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.mem --format=csv
   echo "cores: $(nproc); memory: $(free -g | awk '/Mem:/ {print $2 " GiB total, " $7 " GiB available"}')"
-  # CLI11 and nlohmann-json travel in .deps/sysroot (no network on the GPU machine).
-  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
-    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || echo "!!! could not install .deps/sysroot"
-  fi
-  if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=OFF \
-    -DSPARSEKV_BUILD_TOOLS=ON >"$TMP/build.log" 2>&1 ||
-    ! cmake --build "$BUILD" -j "$(nproc)" --target sparsekv_tool >>"$TMP/build.log" 2>&1; then
-    tail -n 60 "$TMP/build.log"
-    echo "gpu-bench-e2e: BUILD FAILED"
-    return 1
-  fi
+  gpu_install_sysroot
+  gpu_build gpu-bench-e2e "$BUILD" "$TMP/build.log" sparsekv_tool -- \
+    -DSPARSEKV_BUILD_TESTS=OFF -DSPARSEKV_BUILD_TOOLS=ON || return 1
   echo "=== built in ${SECONDS}s"
   local tool=$BUILD/tools/sparsekv/sparsekv failed=0
   local common=(bench --backend cuda --host-pool-gb "$POOL" --page-tokens 1024
@@ -92,5 +82,4 @@ main() {
   return "$failed"
 }
 
-main 2>&1 | tee "$OUT/e2e.txt"
-exit "${PIPESTATUS[0]}"
+gpu_main "$OUT/e2e.txt"

@@ -23,9 +23,9 @@
 # runs the layers as a pipeline on every core (NextChained).
 set -u -o pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-ROOT=$PWD
-OUT=${OUT:-$ROOT/gpu-bench-hybrid-out}
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
+gpu_out gpu-bench-hybrid-out
 BUILD=${HYBRID_BUILD:-build-e2e}
 DEADLINE=${HYBRID_DEADLINE:-540}
 POOL=${HYBRID_HOST_POOL_GB:-80}
@@ -37,24 +37,15 @@ CONTEXTS=${HYBRID_CONTEXTS:-16384,32768,65536,131072}
 EXTRA=${HYBRID_EXTRA:-}
 SKIP_WORST=${HYBRID_SKIP_WORST:-0}
 SKIP_CALIBRATED=${HYBRID_SKIP_CALIBRATED:-0}
-mkdir -p "$OUT"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 main() {
-  echo "=== gpu-bench-hybrid $(date -u +%FT%TZ), results in $OUT"
+  gpu_banner gpu-bench-hybrid ", results in $OUT"
   nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.mem --format=csv
-  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
-    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || echo "!!! could not install .deps/sysroot"
-  fi
-  if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=OFF \
-    -DSPARSEKV_BUILD_TOOLS=ON >"$TMP/build.log" 2>&1 ||
-    ! cmake --build "$BUILD" -j "$(nproc)" --target sparsekv_tool >>"$TMP/build.log" 2>&1; then
-    tail -n 60 "$TMP/build.log"
-    echo "gpu-bench-hybrid: BUILD FAILED"
-    return 1
-  fi
+  gpu_install_sysroot
+  gpu_build gpu-bench-hybrid "$BUILD" "$TMP/build.log" sparsekv_tool -- \
+    -DSPARSEKV_BUILD_TESTS=OFF -DSPARSEKV_BUILD_TOOLS=ON || return 1
   echo "=== built in ${SECONDS}s"
   local tool=$BUILD/tools/sparsekv/sparsekv failed=0
   # shellcheck disable=SC2206 # HYBRID_EXTRA's flags are meant to split
@@ -108,5 +99,4 @@ PY
   return "$failed"
 }
 
-main 2>&1 | tee "$OUT/hybrid.txt"
-exit "${PIPESTATUS[0]}"
+gpu_main "$OUT/hybrid.txt"

@@ -23,12 +23,11 @@
 # NODEPOOL_STEP_ARGS (extra flags), NODEPOOL_SKIP_TESTS=1.
 set -u -o pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-ROOT=$PWD
-OUT=${OUT:-$ROOT/gpu-bench-nodepool-out}
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
+gpu_out gpu-bench-nodepool-out
 BUILD=${NODEPOOL_BUILD:-build-nodepool}
 DEADLINE=${NODEPOOL_DEADLINE:-280}
-mkdir -p "$OUT"
 TMP=$(mktemp -d)
 SHMEM_THP=/sys/kernel/mm/transparent_hugepage/shmem_enabled
 
@@ -36,18 +35,15 @@ main() {
   # main runs in the pipeline's subshell: its EXIT trap restores what it changed.
   local shmem_before=""
   trap '[[ -n $shmem_before ]] && echo "$shmem_before" >"$SHMEM_THP"; rm -rf "$TMP"' EXIT
-  echo "=== gpu-bench-nodepool $(date -u +%FT%TZ), results in $OUT"
+  gpu_banner gpu-bench-nodepool ", results in $OUT"
   nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
   echo "memory: $(free -g | awk '/Mem:/ {print $2 " GiB total, " $7 " GiB available"}'); /dev/shm: $(df -h /dev/shm | awk 'NR == 2 {print $4 " free"}')"
-  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
-    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || echo "!!! could not install .deps/sysroot"
-  fi
+  gpu_install_sysroot
   local tests=OFF gtest_src=$ROOT/.deps/googletest
   [[ ${NODEPOOL_SKIP_TESTS:-0} != 1 && -f $gtest_src/CMakeLists.txt ]] && tests=ON
   local targets=(node_pool_bench node_pool_step_bench)
-  if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=$tests \
-    -DSPARSEKV_GTEST_SOURCE="$gtest_src" -DSPARSEKV_BUILD_TOOLS=ON >"$TMP/build.log" 2>&1; then
+  if ! gpu_configure "$BUILD" "$TMP/build.log" -DSPARSEKV_BUILD_TESTS=$tests \
+    -DSPARSEKV_GTEST_SOURCE="$gtest_src" -DSPARSEKV_BUILD_TOOLS=ON; then
     tail -n 60 "$TMP/build.log"
     echo "gpu-bench-nodepool: CONFIGURE FAILED"
     return 1
@@ -58,7 +54,7 @@ main() {
     grep -q "^build tools/sparsekv/node_pool_test " "$BUILD/build.ninja"; then
     targets+=(node_pool_test)
   fi
-  if ! cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" >>"$TMP/build.log" 2>&1; then
+  if ! gpu_build_targets "$BUILD" "$TMP/build.log" "${targets[@]}"; then
     tail -n 60 "$TMP/build.log"
     echo "gpu-bench-nodepool: BUILD FAILED"
     return 1
@@ -99,5 +95,4 @@ main() {
   return $failed
 }
 
-main 2>&1 | tee "$OUT/nodepool.txt"
-exit "${PIPESTATUS[0]}"
+gpu_main "$OUT/nodepool.txt"

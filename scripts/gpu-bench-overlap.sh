@@ -32,9 +32,9 @@
 # OVERLAP_BUILD [build-e2e] (a build directory with the tool, e.g. gpu-check.sh's build-gpu).
 set -u -o pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-ROOT=$PWD
-OUT=${OUT:-$ROOT/gpu-bench-overlap-out}
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
+gpu_out gpu-bench-overlap-out
 BUILD=${OVERLAP_BUILD:-build-e2e}
 POOL=${OVERLAP_HOST_POOL_GB:-90}
 STEPS=${OVERLAP_STEPS:-8}
@@ -42,7 +42,6 @@ WARMUP=${OVERLAP_WARMUP:-2}
 RUNS=${OVERLAP_RUNS:-"base gather merge share4 share4-copies share4-gather"}
 MAX_BATCH=${OVERLAP_MAX_BATCH:-64}
 EXTRA=${OVERLAP_EXTRA:-}
-mkdir -p "$OUT"
 
 flags_of() {
   case $1 in
@@ -82,18 +81,10 @@ flags_of() {
 }
 
 main() {
-  echo "=== gpu-bench-overlap $(date -u +%FT%TZ)"
-  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
-    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || true
-  fi
-  if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=OFF \
-    -DSPARSEKV_BUILD_TOOLS=ON >/tmp/overlap-build.log 2>&1 ||
-    ! cmake --build "$BUILD" -j "$(nproc)" --target sparsekv_tool >>/tmp/overlap-build.log 2>&1; then
-    tail -n 60 /tmp/overlap-build.log
-    echo "gpu-bench-overlap: BUILD FAILED"
-    return 1
-  fi
+  gpu_banner gpu-bench-overlap
+  gpu_install_sysroot >/dev/null
+  gpu_build gpu-bench-overlap "$BUILD" /tmp/overlap-build.log sparsekv_tool -- \
+    -DSPARSEKV_BUILD_TESTS=OFF -DSPARSEKV_BUILD_TOOLS=ON || return 1
   echo "=== built in ${SECONDS}s"
   local tool=$BUILD/tools/sparsekv/sparsekv failed=0
   for run in $RUNS; do
@@ -108,5 +99,4 @@ main() {
   return $failed
 }
 
-main 2>&1 | tee "$OUT/overlap.txt"
-exit "${PIPESTATUS[0]}"
+gpu_main "$OUT/overlap.txt"

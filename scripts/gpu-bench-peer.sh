@@ -24,17 +24,16 @@
 # PEER_SKIP_E2E=1, PEER_SKIP_TESTS=1.
 set -u -o pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-ROOT=$PWD
-OUT=${OUT:-$ROOT/gpu-bench-peer-out}
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
+gpu_out gpu-bench-peer-out
 BUILD=${PEER_BUILD:-build-peer}
 DEADLINE=${PEER_DEADLINE:-560}
-mkdir -p "$OUT"
 TMP=$(mktemp -d)
 
 main() {
   trap 'rm -rf "$TMP"' EXIT
-  echo "=== gpu-bench-peer $(date -u +%FT%TZ), results in $OUT"
+  gpu_banner gpu-bench-peer ", results in $OUT"
   nvidia-smi --query-gpu=index,name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
   local gpus
   gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
@@ -45,21 +44,14 @@ main() {
     nvidia-smi nvlink --status 2>&1 | head -n 40
   } >"$OUT/topology.txt" 2>&1
   cat "$OUT/topology.txt"
-  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
-    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || echo "!!! could not install .deps/sysroot"
-  fi
+  gpu_install_sysroot
   local tests=OFF gtest_src=$ROOT/.deps/googletest
   [[ ${PEER_SKIP_TESTS:-0} != 1 && -f $gtest_src/CMakeLists.txt ]] && tests=ON
   local targets=(peer_gather_bench sparsekv_tool)
   [[ $tests == ON ]] && targets+=(peer_tier_test peer_tier_process_test peer_tier_process_test_child)
-  if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=$tests \
-    -DSPARSEKV_GTEST_SOURCE="$gtest_src" -DSPARSEKV_BUILD_TOOLS=ON >"$TMP/build.log" 2>&1 ||
-    ! cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" >>"$TMP/build.log" 2>&1; then
-    tail -n 60 "$TMP/build.log"
-    echo "gpu-bench-peer: BUILD FAILED"
-    return 1
-  fi
+  gpu_build gpu-bench-peer "$BUILD" "$TMP/build.log" "${targets[@]}" -- \
+    -DSPARSEKV_BUILD_TESTS=$tests -DSPARSEKV_GTEST_SOURCE="$gtest_src" \
+    -DSPARSEKV_BUILD_TOOLS=ON || return 1
   echo "=== built ${targets[*]} in ${SECONDS}s"
   local failed=0 start=$SECONDS
 
@@ -115,5 +107,4 @@ main() {
   return $failed
 }
 
-main 2>&1 | tee "$OUT/peer.txt"
-exit "${PIPESTATUS[0]}"
+gpu_main "$OUT/peer.txt"

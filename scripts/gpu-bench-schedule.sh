@@ -16,8 +16,8 @@
 # SCHEDULE_MISS_RATE (set: the miss-rate mode at that rate instead of the calibrated workload).
 set -u -o pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-ROOT=$PWD
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
 MODES=("$@")
 ((${#MODES[@]})) || MODES=(all)
 MODE="${MODES[*]}"
@@ -26,28 +26,19 @@ wants() {  # wants NAME...: true if a mode asked for is one of NAME...
   for m in "${MODES[@]}"; do for n in "$@"; do [[ $m == "$n" ]] && return 0; done; done
   return 1
 }
-OUT=${OUT:-$ROOT/gpu-bench-schedule-out}
+gpu_out gpu-bench-schedule-out
 BUILD=${SCHEDULE_BUILD:-build-e2e}
 STEPS=${SCHEDULE_STEPS:-40}
 WARMUP=${SCHEDULE_WARMUP:-26}
 POOL=${SCHEDULE_HOST_POOL_GB:-80}
 BATCH=${SCHEDULE_BATCH:-59}
-mkdir -p "$OUT"
 
 main() {
-  echo "=== gpu-bench-schedule $MODE $(date -u +%FT%TZ), tree $(git rev-parse --short HEAD 2>/dev/null)"
+  gpu_banner "gpu-bench-schedule $MODE" ", tree $(git rev-parse --short HEAD 2>/dev/null)"
   nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
-  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
-    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || echo "!!! could not install .deps/sysroot"
-  fi
-  if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=OFF \
-    -DSPARSEKV_BUILD_TOOLS=ON >"$OUT/build.log" 2>&1 ||
-    ! cmake --build "$BUILD" -j "$(nproc)" --target sparsekv_tool >>"$OUT/build.log" 2>&1; then
-    tail -n 60 "$OUT/build.log"
-    echo "gpu-bench-schedule: BUILD FAILED"
-    return 1
-  fi
+  gpu_install_sysroot
+  gpu_build gpu-bench-schedule "$BUILD" "$OUT/build.log" sparsekv_tool -- \
+    -DSPARSEKV_BUILD_TESTS=OFF -DSPARSEKV_BUILD_TOOLS=ON || return 1
   echo "=== built in ${SECONDS}s"
   local tool=$BUILD/tools/sparsekv/sparsekv failed=0
   local workload=(--locality calibrated)
@@ -82,5 +73,4 @@ main() {
   return "$failed"
 }
 
-main 2>&1 | tee -a "$OUT/schedule.txt"
-exit "${PIPESTATUS[0]}"
+gpu_main -a "$OUT/schedule.txt"

@@ -41,12 +41,11 @@
 #   GPU_CHECK_SANITIZER_TIMEOUT   seconds per sanitizer tool (120)
 set -u -o pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-ROOT=$PWD
-OUT=${OUT:-$ROOT/gpu-check-out}
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
+gpu_out gpu-check-out
 BUILD=${GPU_CHECK_BUILD_DIR:-build-gpu}
 DEADLINE=${GPU_CHECK_DEADLINE:-540}
-mkdir -p "$OUT"
 
 ONLY_BENCH=${GPU_CHECK_ONLY_BENCH:-0}
 SKIP_BUILD=${GPU_CHECK_SKIP_BUILD:-0}
@@ -121,21 +120,14 @@ step() {
 }
 
 main() {
-  echo "=== gpu-check $(date -u +%FT%TZ) in $ROOT, results in $OUT"
+  gpu_banner gpu-check " in $ROOT, results in $OUT"
   nvidia-smi -L
   nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.mem,temperature.gpu --format=csv
   nvcc --version | tail -n 2
   cmake --version | head -n 1
   echo "cores: $(nproc); memory: $(free -g | awk '/Mem:/ {print $2 " GiB total, " $7 " GiB available"}')"
-  if [[ -d $ROOT/.git ]] && command -v git >/dev/null; then
-    echo "tree: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no commit'), $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed paths"
-  fi
-
-  # The CLI's header-only dependencies (CLI11, nlohmann-json) travel in .deps/sysroot, copied there
-  # from this machine's Debian packages; the GPU machine has no network and no package for them.
-  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
-    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || echo "!!! could not install .deps/sysroot"
-  fi
+  gpu_tree
+  gpu_install_sysroot
 
   # Tests need GoogleTest: from .deps/googletest (no network on the GPU machine).
   local want_tests=1 gtest_src=$ROOT/.deps/googletest
@@ -147,9 +139,9 @@ main() {
   fi
   local tests_flag=OFF
   ((want_tests)) && tests_flag=ON
-  local cmake_args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TOOLS="${GPU_CHECK_TOOLS:-ON}"
-    -DSPARSEKV_BUILD_TESTS="$tests_flag" -DSPARSEKV_GTEST_SOURCE="$gtest_src")
+  local cmake_args=(-S "$ROOT" -B "$BUILD" "${GPU_CMAKE_ARGS[@]}"
+    -DSPARSEKV_BUILD_TOOLS="${GPU_CHECK_TOOLS:-ON}" -DSPARSEKV_BUILD_TESTS="$tests_flag"
+    -DSPARSEKV_GTEST_SOURCE="$gtest_src")
 
   local built=1
   if [[ $SKIP_BUILD == 1 ]]; then
@@ -297,5 +289,4 @@ PY
   return "$FAILED"
 }
 
-main 2>&1 | tee "$OUT/gpu-check.txt"
-exit "${PIPESTATUS[0]}"
+gpu_main "$OUT/gpu-check.txt"

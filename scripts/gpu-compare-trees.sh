@@ -10,31 +10,27 @@
 # points (defaults below); COMPARE_ROUNDS [2].
 set -u -o pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-ROOT=$PWD
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
 BASE=${1:?usage: gpu-compare-trees.sh BASE.tar.gz}
-OUT=${OUT:-$ROOT/gpu-compare-out}
+gpu_out gpu-compare-out
 ROUNDS=${COMPARE_ROUNDS:-2}
 RESOLVE_ARGS=${COMPARE_RESOLVE_ARGS:-"--contexts 32768 --batches 1,8,64,100 --miss_rates 0,0.2 --row_bytes 656 --reps 20"}
 BENCH_ARGS=${COMPARE_BENCH_ARGS:-"--backend cuda --preset deepseek-v3.2 --contexts 32768 --batch 16 --miss-rate 0.2 --variants full-hbm,sparsekv --host-pool-gb 40 --page-tokens 1024 --steps 8 --warmup 2"}
-mkdir -p "$OUT"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
 build() {  # build NAME SOURCE_DIR
-  cmake -S "$2" -B "$WORK/build-$1" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TESTS=OFF \
+  cmake -S "$2" -B "$WORK/build-$1" "${GPU_CMAKE_ARGS[@]}" -DSPARSEKV_BUILD_TESTS=OFF \
     -DSPARSEKV_BUILD_TOOLS=ON >"$WORK/build-$1.log" 2>&1 &&
     cmake --build "$WORK/build-$1" -j "$(nproc)" --target sparsekv_tool resolve_bench \
       >>"$WORK/build-$1.log" 2>&1
 }
 
 main() {
-  echo "=== gpu-compare-trees $(date -u +%FT%TZ): base $BASE against $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'this tree')"
+  gpu_banner gpu-compare-trees ": base $BASE against $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'this tree')"
   nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,clocks.sm,clocks.mem --format=csv
-  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
-    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || echo "!!! could not install .deps/sysroot"
-  fi
+  gpu_install_sysroot
   mkdir -p "$WORK/base" && tar -xzf "$BASE" -C "$WORK/base" || return 1
   build base "$WORK/base" & local base_pid=$!
   build new "$ROOT" || { tail -n 40 "$WORK/build-new.log"; echo "new tree: BUILD FAILED"; return 1; }
@@ -58,5 +54,4 @@ main() {
   return "$failed"
 }
 
-main 2>&1 | tee "$OUT/compare.txt"
-exit "${PIPESTATUS[0]}"
+gpu_main "$OUT/compare.txt"

@@ -7,13 +7,13 @@
 # (scripts/profile_summary.py). The step's TPOT comes from a plain run of the same command; the
 # difference between TPOT and the kernels' sum is what launches and dependencies cost.
 set -u -o pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-OUT=${OUT:-$PWD/profile-out}
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
+gpu_out profile-out
 BUILD=${BUILD:-build-gpu}
 BATCHES=${PROFILE_BATCHES:-"1 8"}
 EXTRA=${PROFILE_ARGS:-}
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-mkdir -p "$OUT"
 for b in $BATCHES; do
   for v in full-hbm sparsekv; do
     # shellcheck disable=SC2086 # EXTRA is meant to split

@@ -22,15 +22,14 @@
 # CUPTI older than 13.0 Update 1 can deadlock when kernel tracing is disabled, per its notes).
 set -u -o pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-ROOT=$PWD
-OUT=${OUT:-$ROOT/gpu-trace-step-out}
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
+gpu_out gpu-trace-step-out
 BUILD=${TRACE_BUILD:-build-e2e}
 RUNS=${TRACE_RUNS:-"base overlap"}
 ARGS=${TRACE_ARGS:-"--preset deepseek-v3.2 --contexts 32768 --batch 4 --miss-rate 0.2 --steps 4 --warmup 2 --host-pool-gb 8 --variants full-hbm,sparsekv"}
 EXTRA=${TRACE_EXTRA:-}
 LIMIT=${TRACE_TIMEOUT:-300}
-mkdir -p "$OUT"
 
 flags_of() {
   case $1 in
@@ -44,25 +43,17 @@ flags_of() {
 }
 
 main() {
-  echo "=== gpu-trace-step $(date -u +%FT%TZ)"
+  gpu_banner gpu-trace-step
   nvidia-smi -L
-  if [[ -d $ROOT/.deps/sysroot/usr ]]; then
-    cp -rn "$ROOT/.deps/sysroot/usr/." /usr/ 2>/dev/null || true
-  fi
+  gpu_install_sysroot >/dev/null
   local tests=OFF targets=(sparsekv_tool)
   if [[ -f $ROOT/.deps/googletest/CMakeLists.txt ]]; then
     tests=ON
     targets+=(gpu_trace_test)
   fi
-  if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPARSEKV_CUDA=ON -DSPARSEKV_BUILD_TOOLS=ON \
-    -DSPARSEKV_BUILD_TESTS="$tests" -DSPARSEKV_GTEST_SOURCE="$ROOT/.deps/googletest" \
-    >"$OUT/build.log" 2>&1 ||
-    ! cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" >>"$OUT/build.log" 2>&1; then
-    tail -n 60 "$OUT/build.log"
-    echo "gpu-trace-step: BUILD FAILED"
-    return 1
-  fi
+  gpu_build gpu-trace-step "$BUILD" "$OUT/build.log" "${targets[@]}" -- \
+    -DSPARSEKV_BUILD_TOOLS=ON -DSPARSEKV_BUILD_TESTS="$tests" \
+    -DSPARSEKV_GTEST_SOURCE="$ROOT/.deps/googletest" || return 1
   grep "CUPTI step tracing" "$OUT/build.log"
   echo "=== built in ${SECONDS}s"
   local failed=0
@@ -104,5 +95,4 @@ PY
   return $failed
 }
 
-main 2>&1 | tee "$OUT/gpu-trace-step.txt"
-exit "${PIPESTATUS[0]}"
+gpu_main "$OUT/gpu-trace-step.txt"

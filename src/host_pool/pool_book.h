@@ -8,8 +8,10 @@
 // segment's block with a robust, process-shared mutex; every HostKVPool attached to the segment
 // has a Book over it.
 //
-// Thread safety: every method but the accessors takes the mutex for its duration (the methods
-// named ...Locked require it held), as HostKVPool's contract says.
+// Thread safety: as HostKVPool's contract says. The operations on the bookkeeping take the mutex
+// for their duration (the private ...Locked methods require it held); Init runs before any other
+// use, and HoldsOwner reads an owner's holder without it (a live holder's owners change only by
+// its own calls).
 #pragma once
 
 #include <cstddef>

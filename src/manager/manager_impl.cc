@@ -1,5 +1,6 @@
-// SparseKVCacheManager::Impl, part one: creation, the request lifecycle, prefix sharing and
-// retained conversations, and the host the manager offers its extension.
+// SparseKVCacheManager::Impl, part one: creation of the parts, the request lifecycle, prefix
+// sharing and retained conversations, indexer keys, and the host the manager offers its
+// extensions.
 #include "manager/manager_impl.h"
 
 #include <algorithm>

@@ -137,10 +137,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   StatusOr<Request*> Find(RequestId id, const char* op);
   Status UploadPageTable(const Request& r, StreamHandle stream);
   // Admission shared by Admit, AdmitWithPrefix, Fork, AdmitSealedPrompt and AdmitWithPages:
-  // checks, makes room,
-  // reserves `tokens` with `shared` as the first pages plus `spare_pages` private pages (returned
-  // in `spares`), and places the request on the device (PlaceOnDevice). REQUIRES: the caller
-  // holds a reference to every page of `shared`.
+  // checks, makes room, reserves `tokens` with `shared` as the first pages plus `spare_pages`
+  // private pages (returned in `spares`), and places the request on the device
+  // (Residency::PlaceOnDevice). REQUIRES: the caller holds a reference to every page of `shared`.
   StatusOr<Request*> AdmitShared(RequestId id, int32_t seq_len, int64_t tokens,
                                  std::span<const int32_t> shared, int32_t spare_pages,
                                  std::vector<int32_t>& spares, bool may_be_resident,
@@ -181,8 +180,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
                  int32_t* slots, uint8_t* fill_mask, const MissList& list,
                  ResolveCounters* counters, bool own_copy, StreamHandle stream);
   // Copies `list` (of `capacity` entries) from the host pool into `layer`'s rows on a grid of at
-  // most `max_blocks` blocks (0: the whole GPU), between the extension's BeforeCopy and AfterCopy
-  // in an active step.
+  // most `max_blocks` blocks (0: the whole GPU), between the active extensions' BeforeCopy and
+  // AfterCopy.
   Status Copy(int32_t layer, const MissList& list, int32_t capacity, int32_t max_blocks,
               StreamHandle stream);
   // Copies `layer`'s chunk c and marks the layer copied once every chunk of the batch is.

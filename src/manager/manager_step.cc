@@ -1,5 +1,5 @@
-// SparseKVCacheManager::Impl, part two: the plan and run phases of a decode step, and the
-// statistics they count.
+// SparseKVCacheManager::Impl, part two: the plan and run phases of a decode step (each call
+// checked by StepOrder, over StepPlan's buffers), and the statistics read from Statistics.
 #include <algorithm>
 #include <cassert>
 #include <string>

@@ -21,6 +21,7 @@ SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Ba
               .max_batch = options.effective_max_batch(),
               .copy_chunk_rows = options.copy_chunk_rows}),
       tables_(*backend_),
+      keys_(options_, *backend_),
       stats_(options_, *backend_),
       residency_(options_, *backend_, requests_, stats_.host()) {}
 
@@ -38,7 +39,7 @@ Status SparseKVCacheManager::Impl::Allocate() {
   SPARSEKV_ASSIGN_OR_RETURN(
       hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks, shape.pages,
                              shape.page_rows, backend_.get(), o.layers_per_index));
-  keys_per_page_ = shape.keys_per_page;
+  keys_.Attach(*hot_, tables_, shape.keys_per_page);
 
   SPARSEKV_RETURN_IF_ERROR(plan_.Allocate());
   SPARSEKV_RETURN_IF_ERROR(stats_.Allocate());
@@ -49,7 +50,7 @@ Status SparseKVCacheManager::Impl::Allocate() {
        .pages_per_owner = pool_->pages_per_owner(),
        .resident_pages_per_owner =
            o.hybrid_residency ? static_cast<int32_t>(residency_.ResidentPagesFor(positions)) : 0,
-       .key_pages_per_owner = static_cast<int32_t>(KeyPagesFor(positions))}));
+       .key_pages_per_owner = static_cast<int32_t>(keys_.PagesFor(positions))}));
   device_bytes_ = hot_->device_bytes() + plan_.device_bytes() + tables_.device_bytes() +
                   residency_.device_bytes() + stats_.device_bytes();
   return backend_->Synchronize(nullptr);
@@ -107,7 +108,7 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
                              "(max_host_requests)");
   }
   const int32_t owner = *owner_or;
-  const int64_t key_pages = KeyPagesFor(tokens);
+  const int64_t key_pages = keys_.PagesFor(tokens);
   if (!residency_.CanPlace(tokens, may_be_resident, key_pages, OpenBatch())) {
     pool_->ReleaseOwner(owner);
     return ResourceExhausted(
@@ -236,57 +237,15 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
   c->ingested_layers = options_.geometry.num_layers();
   c->token_ids = p->token_ids;
   c->indexed_pages = p->indexed_pages;
-  if (keys_per_page_ > 0) SPARSEKV_RETURN_IF_ERROR(CopyKeys(*p, *c, stream));
+  if (keys_.enabled()) SPARSEKV_RETURN_IF_ERROR(keys_.Copy(*p, *c, stream));
   return residency_.LoadIngestedWindows(*c, stream);
-}
-
-Status SparseKVCacheManager::Impl::CopyKeys(const Request& from, Request& to, StreamHandle stream) {
-  const int64_t stride = options_.geometry.layers[0].row_stride;
-  const int32_t key_bytes = options_.indexer_key_bytes;
-  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    std::byte* data = hot_->layer_data(l);
-    for (int32_t first = 0, i = 0; first < from.seq_len; first += keys_per_page_, ++i) {
-      const int32_t n = std::min(keys_per_page_, from.seq_len - first);
-      SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(data + to.key_pages[i] * stride,
-                                                   data + from.key_pages[i] * stride,
-                                                   static_cast<size_t>(n) * key_bytes, stream));
-    }
-  }
-  to.keys_ingested.assign(options_.geometry.num_layers(), true);
-  to.keys_ingested_layers = options_.geometry.num_layers();
-  return Status::Ok();
 }
 
 Status SparseKVCacheManager::Impl::IngestIndexerKeys(RequestId id, int32_t layer, const void* keys,
                                                      StreamHandle stream) {
-  if (keys_per_page_ == 0) {
-    return FailedPrecondition(
-        "IngestIndexerKeys: the manager keeps no indexer keys "
-        "(indexer_key_bytes = 0)");
-  }
+  SPARSEKV_RETURN_IF_ERROR(keys_.CheckEnabled());
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "IngestIndexerKeys"));
-  if (layer < 0 || layer >= options_.geometry.num_layers()) {
-    return InvalidArgument("IngestIndexerKeys: layer " + std::to_string(layer) + " out of range");
-  }
-  if (keys == nullptr) return InvalidArgument("IngestIndexerKeys: keys is null");
-  if (r->keys_ingested[layer]) {
-    return AlreadyExists("IngestIndexerKeys: the keys of layer " + std::to_string(layer) + " of " +
-                         Describe(id) + " were already ingested");
-  }
-  const int64_t stride = options_.geometry.layers[layer].row_stride;
-  const int32_t key_bytes = options_.indexer_key_bytes;
-  const auto* src = static_cast<const std::byte*>(keys);
-  // The prompt's positions: those of a step already appended have their keys.
-  const int32_t prompt = r->seq_len;
-  for (int32_t first = 0, i = 0; first < prompt; first += keys_per_page_, ++i) {
-    const int32_t n = std::min(keys_per_page_, prompt - first);
-    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(hot_->layer_data(layer) + r->key_pages[i] * stride,
-                                                 src + static_cast<int64_t>(first) * key_bytes,
-                                                 static_cast<size_t>(n) * key_bytes, stream));
-  }
-  r->keys_ingested[layer] = true;
-  ++r->keys_ingested_layers;
-  return Status::Ok();
+  return keys_.Ingest(id, *r, layer, keys, stream);
 }
 
 Status SparseKVCacheManager::Impl::AdmitSealedPrompt(RequestId id, int32_t owner, uint64_t seal,

@@ -17,6 +17,8 @@
 //             (step_plan.h).
 //   tables_   DeviceTables: the device page table, residency table and key table, a row per
 //             owner (device_tables.h).
+//   keys_     IndexerKeyPages: where each request's indexer keys lie in the device memory, and
+//             the copies that fill them (indexer_key_pages.h).
 //   stats_    Statistics: the host counters, the device resolve and copy counters, and the
 //             bytes a replayed step counts (statistics.h).
 //   extensions_ ExtensionChain: the installed ManagerExtensions (the remote tier's, the peer
@@ -41,6 +43,7 @@
 #include "host_pool/page_ledger.h"
 #include "manager/device_tables.h"
 #include "manager/extension_chain.h"
+#include "manager/indexer_key_pages.h"
 #include "manager/request_state.h"
 #include "manager/residency.h"
 #include "manager/statistics.h"
@@ -144,9 +147,6 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
                                  std::span<const int32_t> shared, int32_t spare_pages,
                                  std::vector<int32_t>& spares, bool may_be_resident,
                                  StreamHandle stream);
-  // Copies the indexer keys of `from`'s positions into `to`'s key pages (every layer), and marks
-  // them ingested.
-  Status CopyKeys(const Request& from, Request& to, StreamHandle stream);
   // Gives back the request's device memory: its block, resident pages and indexer keys.
   void ReleaseDevice(Request& r);
   // Frees what a live request holds (device memory, page references, spare) and forgets it.
@@ -156,10 +156,6 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // Indexes the request's full pages whose token ids are known and KV is complete.
   void IndexFullPages(Request& r);
 
-  // Pages of the device memory the indexer keys of `tokens` positions take.
-  int64_t KeyPagesFor(int64_t tokens) const {
-    return keys_per_page_ > 0 ? (tokens + keys_per_page_ - 1) / keys_per_page_ : 0;
-  }
   // The open step's batch; empty while no step is open.
   std::span<const RequestId> OpenBatch() const {
     return order_.open() ? plan_.batch() : std::span<const RequestId>{};
@@ -167,8 +163,6 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   bool InOpenStep(RequestId id) const { return order_.open() && plan_.Contains(id); }
 
   // ---- Step (manager_step.cc) ----
-  // Where the key of `position` of `r` lies in a layer's device memory, in 4-byte words.
-  int32_t KeyWord(const Request& r, int32_t position) const;
   // Before the request appends at `position`: copies the page on write if it is shared.
   Status PrepareAppend(Request& r, int32_t position, StreamHandle stream);
   // Ends the open step (after its write-back is joined): indexes the pages it filled.
@@ -204,9 +198,10 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
 
   // The device page, residency and key tables.
   DeviceTables tables_;
+  // Where the indexer keys live, and the copies that fill them.
+  IndexerKeyPages keys_;
 
-  int32_t keys_per_page_ = 0;  // 0: no indexer keys
-  int64_t device_bytes_ = 0;   // of the hot cache and every part
+  int64_t device_bytes_ = 0;  // of the hot cache and every part
 
   // The host and device counters, and the bytes a replayed step counts.
   Statistics stats_;

@@ -64,7 +64,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     if (r->ingested_layers != options_.geometry.num_layers()) {
       return FailedPrecondition("PlanStep: " + Describe(id) + " has layers not yet ingested");
     }
-    if (keys_per_page_ > 0 && r->keys_ingested_layers != options_.geometry.num_layers()) {
+    if (keys_.enabled() && r->keys_ingested_layers != options_.geometry.num_layers()) {
       return FailedPrecondition("PlanStep: " + Describe(id) +
                                 " has layers whose indexer keys are not yet ingested");
     }
@@ -91,7 +91,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     append_slot[b] =
         r.resident() ? residency_.ResidentSlot(r, position) : hot_->WindowSlot(r.block, position);
     append_row[b] = pool_->HostRow(r.owner, position);
-    append_key[b] = keys_per_page_ > 0 ? KeyWord(r, position) : -1;
+    append_key[b] = keys_.enabled() ? keys_.Word(r, position) : -1;
   }
   plan_.SetBatch(batch);
   extensions_.BeginStep(plan_.batch(), stream);
@@ -104,7 +104,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
                                                const void* new_keys, StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "AppendToken"));
   if (new_rows == nullptr) return InvalidArgument("AppendToken: new_rows is null");
-  if (keys_per_page_ > 0 && new_keys == nullptr) {
+  if (keys_.enabled() && new_keys == nullptr) {
     return InvalidArgument("AppendToken: new_keys is null (the manager keeps indexer keys)");
   }
   SPARSEKV_RETURN_IF_ERROR(order_.CheckAppend(layer));
@@ -123,16 +123,9 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   to_window.dst_rows = hot_->layer_rows();
   to_window.invalid = stats_.invalid_copies();
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_window, stream));
-  if (keys_per_page_ > 0) {
-    // Keys are addressed in 4-byte words of the layer's memory (KeyWord); row_bytes is the key.
-    const int32_t key_bytes = options_.indexer_key_bytes;
-    IndexCopyView keys = to_window;
-    keys.src = static_cast<const std::byte*>(new_keys);
-    keys.src_stride = keys.row_bytes = key_bytes;
-    keys.dst_index = plan_.append_key_device();
-    keys.dst_stride = sizeof(int32_t);
-    keys.dst_rows = (hot_->layer_rows() * shape.row_stride - key_bytes) / 4 + 1;
-    SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(keys, stream));
+  if (keys_.enabled()) {
+    SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(
+        keys_.AppendCopy(to_window, shape, new_keys, plan_.append_key_device()), stream));
   }
 
   // Write-back from the window slot (not from new_rows, which the caller may reuse at once) on
@@ -153,25 +146,8 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   return Status::Ok();
 }
 
-int32_t SparseKVCacheManager::Impl::KeyWord(const Request& r, int32_t position) const {
-  const int64_t byte =
-      int64_t{r.key_pages[position / keys_per_page_]} * options_.geometry.layers[0].row_stride +
-      int64_t{position % keys_per_page_} * options_.indexer_key_bytes;
-  return static_cast<int32_t>(byte / 4);
-}
-
 IndexerKeyView SparseKVCacheManager::Impl::IndexerKeys(int32_t layer) const {
-  if (keys_per_page_ == 0 || layer < 0 || layer >= options_.geometry.num_layers()) return {};
-  IndexerKeyView v{};
-  v.batch_size = plan_.batch_size_device();
-  v.batch = plan_.batch_device();
-  v.keys = hot_->layer_data(layer);
-  v.row_stride = options_.geometry.layers[layer].row_stride;
-  v.page_table = tables_.key_table();
-  v.pages_per_request = tables_.key_pages_per_owner();
-  v.keys_per_page = keys_per_page_;
-  v.key_bytes = options_.indexer_key_bytes;
-  return v;
+  return keys_.View(layer, plan_.batch_size_device(), plan_.batch_device());
 }
 
 Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots,

@@ -51,16 +51,23 @@ ScheduleDecision ScheduleTuner::Choose(const StepShape& shape) const {
     return static_cast<size_t>(std::find(candidates_.begin(), candidates_.end(), c) -
                                candidates_.begin());
   };
-  // Round robin: the candidate measured least (the first of those), so that a workload that
-  // drifts while they are measured (a cache warming up) weighs on all of them alike.
-  const StepChoice* next = nullptr;
+  // Round robin over the candidates measured least, in their order in even rounds and in the
+  // reverse order in odd ones: a workload that drifts while they are measured (a cache warming
+  // up misses less from step to step) then weighs on all of them alike. (In plain round robin the
+  // last candidate of every round would always be measured on the warmest cache.)
   int32_t fewest = trials_;
-  for (const StepChoice& c : fitting) {
-    const std::vector<double>* t = times_of(index_of(c));
-    const int32_t done = t == nullptr ? 0 : static_cast<int32_t>(t->size());
-    if (done < fewest) {
-      next = &c;
-      fewest = done;
+  std::vector<int32_t> done(fitting.size());
+  for (size_t i = 0; i < fitting.size(); ++i) {
+    const std::vector<double>* t = times_of(index_of(fitting[i]));
+    done[i] = t == nullptr ? 0 : static_cast<int32_t>(t->size());
+    fewest = std::min(fewest, done[i]);
+  }
+  const StepChoice* next = nullptr;
+  if (fewest < trials_) {
+    const bool reverse = fewest % 2 == 1;
+    for (size_t k = 0; k < fitting.size() && next == nullptr; ++k) {
+      const size_t i = reverse ? fitting.size() - 1 - k : k;
+      if (done[i] == fewest) next = &fitting[i];
     }
   }
   if (next != nullptr) {

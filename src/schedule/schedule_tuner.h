@@ -37,8 +37,8 @@ class ScheduleTuner {
 
   // A step with no request in hot-cache mode runs serially (nothing to copy or prefetch). Else
   // the candidates that fit the batch (chunks smaller than it) are measured `trials` steps each,
-  // round robin (the one measured least first), and then the one with the lowest median step
-  // time runs.
+  // round robin over those measured least (forward in even rounds, backward in odd ones), and
+  // then the one with the lowest median step time runs.
   ScheduleDecision Choose(const StepShape& shape) const;
   // A step of `shape` ran in `choice` in `seconds`.
   void Observe(const StepShape& shape, const StepChoice& choice, double seconds);

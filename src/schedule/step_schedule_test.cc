@@ -375,10 +375,11 @@ TEST(ScheduleTunerTest, CalibratesRoundRobinAndPicksTheLowestMedian) {
   const StepShape shape{59, 20};
   const std::vector<double> seconds = {5e-3, 4e-3, 4.5e-3, 6e-3};
   for (int32_t t = 0; t < 3; ++t) {
-    for (size_t i = 0; i < c.size(); ++i) {
+    for (size_t k = 0; k < c.size(); ++k) {
+      const size_t i = t % 2 == 0 ? k : c.size() - 1 - k;  // forward, backward, forward
       const ScheduleDecision d = tuner.Choose(shape);
       ASSERT_TRUE(d.calibrating);
-      ASSERT_EQ(d.choice, c[i]);
+      ASSERT_EQ(d.choice, c[i]) << "round " << t << " step " << k;
       // One slow outlier per candidate: the median ignores it.
       tuner.Observe(shape, d.choice, t == 1 ? 1.0 : seconds[i]);
     }
@@ -390,6 +391,28 @@ TEST(ScheduleTunerTest, CalibratesRoundRobinAndPicksTheLowestMedian) {
   // A shape of the same class (16-31 hot-cache requests) shares it; another class calibrates.
   EXPECT_EQ(tuner.Choose(StepShape{59, 31}).choice, (StepChoice{true, 0}));
   EXPECT_TRUE(tuner.Choose(StepShape{59, 40}).calibrating);
+}
+
+// A cache that warms up while the candidates are measured: every step is faster than the last.
+// With two trials, each candidate's two steps sum to the same position in the sequence, so
+// candidates that cost the same tie instead of the last-measured one winning.
+TEST(ScheduleTunerTest, ADriftingWorkloadWeighsOnEveryCandidateAlike) {
+  const std::vector<StepChoice> c = {StepChoice{}, StepChoice{false, 8}, StepChoice{false, 16},
+                                     StepChoice{true, 0}};
+  ScheduleTuner tuner(c, 2);
+  const StepShape shape{59, 59};
+  std::map<std::string, double> sum;
+  for (int32_t step = 0; step < 8; ++step) {
+    const ScheduleDecision d = tuner.Choose(shape);
+    ASSERT_TRUE(d.calibrating);
+    const double seconds = (64 - step) / 1024.0;  // the same cost for all, drifting down (exact)
+    sum[d.choice.ToString()] += seconds;
+    tuner.Observe(shape, d.choice, seconds);
+  }
+  for (const auto& [name, total] : sum) EXPECT_EQ(total, sum.begin()->second) << name;
+  const ScheduleDecision d = tuner.Choose(shape);
+  EXPECT_FALSE(d.calibrating);
+  EXPECT_EQ(d.choice, StepChoice{}) << d.reason;  // a tie keeps the first: serial
 }
 
 TEST(ScheduleTunerTest, ChunksAsLargeAsTheBatchAreNotCandidates) {

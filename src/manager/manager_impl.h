@@ -40,10 +40,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "host_pool/page_ledger.h"
 #include "manager/device_tables.h"
 #include "manager/extension_chain.h"
 #include "manager/indexer_key_pages.h"
+#include "manager/page_ledger.h"
 #include "manager/request_state.h"
 #include "manager/residency.h"
 #include "manager/statistics.h"

@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "host_pool/prefix_index.h"
+#include "manager/prefix_index.h"
 #include "sparsekv/host_kv_pool.h"
 #include "sparsekv/status.h"
 #include "sparsekv/types.h"

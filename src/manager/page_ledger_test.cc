@@ -1,4 +1,4 @@
-#include "host_pool/page_ledger.h"
+#include "manager/page_ledger.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "host_pool/prefix_index.h"
+#include "manager/prefix_index.h"
 
 #include <gtest/gtest.h>
 

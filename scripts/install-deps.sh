@@ -8,9 +8,10 @@ set -euo pipefail
 # python3-matplotlib: the plot scripts (scripts/plot_*.py) and their test.
 # clang-format: scripts/check-format.sh, which CI runs first.
 # clang: the fuzz build (libFuzzer; its FuzzedDataProvider.h is also used by the g++ builds).
+# prometheus-cpp-dev: the metrics component and `sparsekv pool --metrics-port` (optional).
 packages=(cmake ninja-build g++ clang clang-format pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
           nlohmann-json3-dev python3 python3-venv python3-pip python3-matplotlib
-          libucx-dev ucx-utils redis-server libhiredis-dev)
+          libucx-dev ucx-utils redis-server libhiredis-dev prometheus-cpp-dev)
 
 missing=()
 for p in "${packages[@]}"; do

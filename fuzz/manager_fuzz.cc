@@ -76,7 +76,7 @@ std::string Code(const Status& s) { return s.ToString(); }
 // exercises the paths it is meant to).
 struct Reached {
   uint64_t inputs = 0, steps = 0, prefix_hits = 0, forks = 0, retained = 0, evictions = 0,
-           copy_on_write = 0, prefetches = 0, split_resolves = 0, errors = 0;
+           copy_on_write = 0, prefetches = 0, split_resolves = 0, chunk_copies = 0, errors = 0;
 } reached;
 
 constexpr uint64_t kRoot = 0x243f6a8885a308d3ull;  // row seed chain of token ids starts here
@@ -627,6 +627,7 @@ class Fuzzer {
         FillRow(ls.new_rows.data() + b * shape.row_stride, r.seeds.back(), l, shape.row_bytes);
       }
       ls.assembled.assign(rows * shape.row_stride, std::byte{0xA5});
+      ls.chunk_copied.assign(Chunks(), false);
     }
     group_.assign(groups_, GroupState{});
     for (GroupState& g : group_) {
@@ -639,7 +640,11 @@ class Fuzzer {
     std::vector<std::byte> new_rows;   // [max_batch, stride]
     std::vector<std::byte> assembled;  // [max_batch, top_k, stride]
     bool appended = false;
-    bool copied = false;
+    bool copied = false;  // CopyMisses, RunLayer, or every copy chunk holding a batch row
+    std::vector<bool> chunk_copied;  // CopyMissChunk, per chunk of the miss list
+    bool any_chunk() const {
+      return std::find(chunk_copied.begin(), chunk_copied.end(), true) != chunk_copied.end();
+    }
     // 0: not assembled; 1: assembled before the miss copy (only fill-0 rows meaningful);
     // 2: assembled after it.
     int assembled_when = 0;
@@ -654,6 +659,14 @@ class Fuzzer {
     bool prefetched = false;
   };
   int32_t Leader(int32_t layer) const { return layer - layer % lpi_; }
+  // Copy chunks of a step's miss list, and those that hold a row of the open step's batch.
+  int32_t Chunks() const {
+    return o_.copy_chunk_rows > 0 ? (max_batch_ + o_.copy_chunk_rows - 1) / o_.copy_chunk_rows : 0;
+  }
+  int32_t BatchChunks() const {
+    const int32_t batch = static_cast<int32_t>(batch_.size());
+    return o_.copy_chunk_rows > 0 ? (batch + o_.copy_chunk_rows - 1) / o_.copy_chunk_rows : 0;
+  }
   int32_t GroupEnd(int32_t g) const { return std::min(layers_, (g + 1) * lpi_); }
   bool AllCopied() const {
     return std::all_of(layer_.begin(), layer_.end(), [](const LayerState& l) { return l.copied; });
@@ -720,7 +733,8 @@ class Fuzzer {
 
   // One legal step of the run phase, chosen by the input (or the first legal one).
   bool Advance(bool choose) {
-    std::vector<int> actions;  // 0 append, 1 resolve, 2 prefetch, 3 copy, 4 assemble, 5 finish
+    // 0 append, 1 resolve, 2 prefetch, 3 copy, 4 assemble, 6 copy a chunk, 5 finish
+    std::vector<int> actions;
     const int32_t append = NextAppend();
     const int32_t g = NextGroup();
     const int32_t leader = g * lpi_;
@@ -729,15 +743,27 @@ class Fuzzer {
       actions.push_back(1);
       if (o_.max_prefetch > 0 && !group_[g].prefetched) actions.push_back(2);
     }
-    std::vector<int32_t> copies, assembles;
+    // Copies: CopyMisses of a layer none of whose chunks was copied; chunks in any order, each
+    // once, also those past the batch (they hold nothing) and after the layer counts as copied,
+    // but none after CopyMisses.
+    std::vector<int32_t> copies, assembles, uncopied;
+    std::vector<std::pair<int32_t, int32_t>> chunks;
     for (int32_t l = 0; l < layers_; ++l) {
       if (!group_[l / lpi_].resolved) continue;
-      if (!layer_[l].copied) copies.push_back(l);
-      if (layer_[l].appended && layer_[l].assembled_when == 0) assembles.push_back(l);
+      const LayerState& ls = layer_[l];
+      if (!ls.copied) uncopied.push_back(l);
+      if (!ls.copied && !ls.any_chunk()) copies.push_back(l);
+      if (!ls.copied || ls.any_chunk()) {
+        for (int32_t c = 0; c < Chunks(); ++c) {
+          if (!ls.chunk_copied[c]) chunks.emplace_back(l, c);
+        }
+      }
+      if (ls.appended && ls.assembled_when == 0) assembles.push_back(l);
     }
     if (!copies.empty()) actions.push_back(3);
     if (!assembles.empty()) actions.push_back(4);
-    if (append == layers_ && g == groups_ && copies.empty()) actions.push_back(5);
+    if (!chunks.empty() && (choose || copies.empty())) actions.push_back(6);
+    if (append == layers_ && g == groups_ && uncopied.empty()) actions.push_back(5);
     if (actions.empty()) return false;
     const int action = actions[choose ? SmallInt(0, static_cast<int32_t>(actions.size()) - 1) : 0];
     switch (action) {
@@ -758,6 +784,19 @@ class Fuzzer {
         const Status s = m_->CopyMisses(l, nullptr);
         ExpectCode(s, StatusCode::kOk, "CopyMisses");
         layer_[l].copied = true;
+        break;
+      }
+      case 6: {
+        const auto [l, c] =
+            chunks[choose ? SmallInt(0, static_cast<int32_t>(chunks.size()) - 1) : 0];
+        const Status s = m_->CopyMissChunk(l, c, nullptr);
+        ExpectCode(s, StatusCode::kOk, "CopyMissChunk");
+        LayerState& ls = layer_[l];
+        ls.chunk_copied[c] = true;
+        ++reached.chunk_copies;
+        bool all = true;
+        for (int32_t i = 0; i < BatchChunks(); ++i) all = all && ls.chunk_copied[i];
+        ls.copied = ls.copied || all;
         break;
       }
       case 4: {
@@ -860,7 +899,7 @@ class Fuzzer {
     std::vector<int32_t> slots(topk.size(), 0);
     const int32_t layer = PickLayer();
     const bool bad_layer = layer < 0 || layer >= layers_;
-    const int which = in_.ConsumeIntegralInRange<int>(0, 8);
+    const int which = in_.ConsumeIntegralInRange<int>(0, 9);
     Status s;
     StatusCode want = StatusCode::kFailedPrecondition;
     const char* op = "";
@@ -908,10 +947,11 @@ class Fuzzer {
         s = m_->ResolveLayer(layer, topk.data(), slots.data(), nullptr, nullptr);
         break;
       case 2:
-        op = "CopyMisses of a bad, unresolved or copied layer";
+        op = "CopyMisses of a bad, unresolved or copied layer, or one with a chunk copied";
         if (bad_layer) {
           want = StatusCode::kInvalidArgument;
-        } else if (group_[layer / lpi_].resolved && !layer_[layer].copied) {
+        } else if (group_[layer / lpi_].resolved && !layer_[layer].copied &&
+                   !layer_[layer].any_chunk()) {
           return false;
         }
         s = m_->CopyMisses(layer, nullptr);
@@ -947,6 +987,23 @@ class Fuzzer {
         }
         s = m_->AssembleLayer(layer, slots.data(), rows.data(), nullptr);
         break;
+      case 8: {
+        op = "CopyMissChunk without chunks, of a bad layer or chunk, unresolved, copied twice or "
+             "after CopyMisses";
+        const int32_t chunk = in_.ConsumeBool() ? SmallInt(-1, Chunks()) : SmallInt(0, 2);
+        if (bad_layer) {
+          want = StatusCode::kInvalidArgument;
+        } else if (o_.copy_chunk_rows == 0) {
+          want = StatusCode::kFailedPrecondition;
+        } else if (chunk < 0 || chunk >= Chunks()) {
+          want = StatusCode::kInvalidArgument;
+        } else if (group_[layer / lpi_].resolved && !layer_[layer].chunk_copied[chunk] &&
+                   (!layer_[layer].copied || layer_[layer].any_chunk())) {
+          return false;  // legal
+        }
+        s = m_->CopyMissChunk(layer, chunk, nullptr);
+        break;
+      }
       case 7:
         op = "FinishReplayedStep in a step the host runs, or with no run phase recorded";
         if (finished_steps_ > 0 && std::none_of(layer_.begin(), layer_.end(),
@@ -1201,6 +1258,8 @@ CacheOptions DecodeOptions(FuzzedDataProvider& in) {
   o.max_prefetch = in.ConsumeIntegralInRange<int32_t>(0, std::min(3, o.hot_slots));
   o.sort_misses = in.ConsumeBool();
   o.sort_misses_min_batch = in.ConsumeIntegralInRange<int32_t>(0, 2);
+  // Copy chunks of 1 .. max_batch rows (0: one miss list) for about half of the inputs.
+  o.copy_chunk_rows = in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(1, o.max_batch) : 0;
   return o;
 }
 
@@ -1210,10 +1269,12 @@ CacheOptions DecodeOptions(FuzzedDataProvider& in) {
 extern "C" void ManagerFuzzPrintReached() {
   const sparsekv::Reached& r = sparsekv::reached;
   std::printf(
-      "%llu inputs: %llu steps, %llu split resolves, %llu prefetches, %llu prefix hits, "
-      "%llu forks, %llu retained, %llu evictions, %llu copy-on-write pages, %llu failed calls\n",
+      "%llu inputs: %llu steps, %llu split resolves, %llu chunk copies, %llu prefetches, "
+      "%llu prefix hits, %llu forks, %llu retained, %llu evictions, %llu copy-on-write pages, "
+      "%llu failed calls\n",
       static_cast<unsigned long long>(r.inputs), static_cast<unsigned long long>(r.steps),
       static_cast<unsigned long long>(r.split_resolves),
+      static_cast<unsigned long long>(r.chunk_copies),
       static_cast<unsigned long long>(r.prefetches), static_cast<unsigned long long>(r.prefix_hits),
       static_cast<unsigned long long>(r.forks), static_cast<unsigned long long>(r.retained),
       static_cast<unsigned long long>(r.evictions),

@@ -1,6 +1,7 @@
-// Decodes a few steps of two requests on the CPU backend and checks that every slot the manager
-// returns holds the row that was ingested or appended at the selected position, in the hot cache
-// and in the assembled rows. Prints a summary; exits 1 on the first mismatch or error.
+// Decodes a few steps of two requests on the CPU backend through the library's step schedule and
+// checks, in the attention it hands the schedule, that every slot the manager returns holds the
+// row that was ingested or appended at the selected position. Prints a summary with the schedule
+// chosen; exits 1 on the first mismatch or error.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -8,13 +9,14 @@
 #include <vector>
 
 #include "sparsekv/manager.h"
+#include "sparsekv/step_schedule.h"
 
 namespace {
 
 constexpr int32_t kLayers = 2;
 constexpr int32_t kRowBytes = 32;
 constexpr int32_t kTopK = 4;
-constexpr int32_t kSteps = 6;
+constexpr int32_t kSteps = 16;  // the schedule measures its candidates in the first 12
 
 // The KV row of (request, layer, position): bytes derived from all three, so that a row copied
 // from the wrong place does not compare equal.
@@ -44,6 +46,8 @@ int main() {
   options.max_batch = 2;
   options.max_context = 64;
   options.host_page_tokens = 16;
+  options.copy_chunk_rows = 1;   // the schedule may feed attention one request at a time
+  options.max_prefetch = kTopK;  // and prefetch the next layer's rows
 
   auto created = sparsekv::SparseKVCacheManager::Create(options, sparsekv::CreateCpuBackend());
   if (!Check(created.status(), "Create")) return 1;
@@ -64,15 +68,50 @@ int main() {
     }
   }
 
+  // The step schedule drives the run phase: it measures the schedules these options allow
+  // (serial, the cross-layer prefetch, attention in slices of one request fed as their copies
+  // land, both) and keeps the fastest. The engine hands it each layer's work and its attention.
+  auto scheduled = sparsekv::StepSchedule::Create(*manager);
+  if (!Check(scheduled.status(), "StepSchedule::Create")) return 1;
+  std::unique_ptr<sparsekv::StepSchedule> schedule = std::move(*scheduled);
+
   const size_t batch_size = batch.size();
   std::vector<uint8_t> new_rows(batch_size * kRowBytes);
   std::vector<int32_t> topk(batch_size * kTopK);
   std::vector<int32_t> slots(batch_size * kTopK);
-  std::vector<uint8_t> assembled(batch_size * kTopK * kRowBytes);
   std::vector<uint8_t> expected(kRowBytes);
   int64_t checked = 0;
+  bool mismatch = false;
+  // The "attention" of this example: on the CPU backend the rows are in once the schedule calls
+  // it, so it checks every row its slice of the batch reads. A GPU engine enqueues its kernel on
+  // `stream` instead.
+  const sparsekv::AttendFn attend = [&](int32_t layer, int32_t first, int32_t rows,
+                                        sparsekv::StreamHandle) {
+    const std::byte* hot = manager->HotLayer(layer);
+    for (int32_t b = first; b < first + rows; ++b) {
+      for (int32_t k = 0; k < kTopK; ++k) {
+        const size_t e = static_cast<size_t>(b) * kTopK + k;
+        const int32_t position = topk[e];
+        if (position < 0) {
+          mismatch = mismatch || slots[e] != -1;
+          continue;
+        }
+        FillRow(batch[b], layer, position, expected.data());
+        if (slots[e] < 0 || std::memcmp(hot + static_cast<int64_t>(slots[e]) * kRowBytes,
+                                        expected.data(), kRowBytes) != 0) {
+          std::fprintf(stderr,
+                       "decode_example: layer %d request %llu position %d: slot %d does not "
+                       "hold the row appended there\n",
+                       layer, static_cast<unsigned long long>(batch[b]), position, slots[e]);
+          mismatch = true;
+        }
+        ++checked;
+      }
+    }
+    return sparsekv::Status::Ok();
+  };
   for (int32_t step = 0; step < kSteps; ++step) {
-    if (!Check(manager->PlanStep(batch, nullptr), "PlanStep")) return 1;
+    if (!Check(schedule->PlanStep(batch, nullptr), "PlanStep")) return 1;
     for (int32_t layer = 0; layer < kLayers; ++layer) {
       for (size_t b = 0; b < batch_size; ++b) {
         const int32_t newest = prompt_len[b] + step;  // the position this step appends
@@ -86,42 +125,11 @@ int main() {
         row[3] = step % 2 == 0 ? -1 : (step * 11 + 3) % (newest - 1);
         if (row[3] == row[2]) row[3] = -1;
       }
-      if (!Check(manager->AppendToken(layer, new_rows.data(), nullptr), "AppendToken") ||
-          !Check(manager->RunLayer(layer, topk.data(), slots.data(), assembled.data(), nullptr),
-                 "RunLayer")) {
-        return 1;
-      }
-      const std::byte* hot = manager->HotLayer(layer);
-      for (size_t b = 0; b < batch_size; ++b) {
-        for (int32_t k = 0; k < kTopK; ++k) {
-          const size_t e = b * kTopK + k;
-          const int32_t position = topk[e];
-          const uint8_t* got = assembled.data() + e * kRowBytes;
-          if (position < 0) {
-            std::memset(expected.data(), 0, kRowBytes);
-            if (slots[e] != -1 || std::memcmp(got, expected.data(), kRowBytes) != 0) {
-              std::fprintf(stderr, "decode_example: padding entry not skipped\n");
-              return 1;
-            }
-            continue;
-          }
-          FillRow(batch[b], layer, position, expected.data());
-          const bool slot_ok =
-              slots[e] >= 0 && std::memcmp(hot + static_cast<int64_t>(slots[e]) * kRowBytes,
-                                           expected.data(), kRowBytes) == 0;
-          if (!slot_ok || std::memcmp(got, expected.data(), kRowBytes) != 0) {
-            std::fprintf(stderr,
-                         "decode_example: step %d layer %d request %llu position %d: slot %d "
-                         "does not hold the row appended there\n",
-                         step, layer, static_cast<unsigned long long>(batch[b]), position,
-                         slots[e]);
-            return 1;
-          }
-          ++checked;
-        }
-      }
+      const sparsekv::LayerWork work{new_rows.data(), nullptr, topk.data(), 0, slots.data()};
+      if (!Check(schedule->RunLayer(layer, work, attend, nullptr), "RunLayer")) return 1;
+      if (mismatch) return 1;
     }
-    if (!Check(manager->FinishStep(nullptr), "FinishStep")) return 1;
+    if (!Check(schedule->FinishStep(nullptr), "FinishStep")) return 1;
   }
 
   auto stats = manager->ReadStats(nullptr);
@@ -138,7 +146,8 @@ int main() {
   }
   std::printf(
       "decode_example: %d steps x %d layers x %zu requests, %lld rows checked, "
-      "hit rate %.2f (layer 0): OK\n",
-      kSteps, kLayers, batch_size, static_cast<long long>(checked), stats->layers[0].hit_rate());
+      "hit rate %.2f (layer 0), schedule %s (%s): OK\n",
+      kSteps, kLayers, batch_size, static_cast<long long>(checked), stats->layers[0].hit_rate(),
+      schedule->choice().ToString().c_str(), schedule->reason().c_str());
   return 0;
 }

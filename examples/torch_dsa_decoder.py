@@ -8,9 +8,11 @@ k KV rows. Two copies of the model decode the same requests side by side:
               from that full cache.
   * sparsekv: the full history lives in host memory; per layer, the newest row goes to the
               manager (append_token_kv) and the top-k positions go through the SGLang-shaped
-              adapter (swap_in_selected_pages), which returns slots of the hot cache; attention
-              gathers the rows there. Decode steps from the second on run as one captured
-              torch.cuda.CUDAGraph, replayed with new inputs.
+              adapter (swap_in_selected_pages), which runs the layer through the library's step
+              schedule (here fixed to the cross-layer prefetch: each layer's top-k also brings
+              the next layer's rows in on a side stream) and returns slots of the hot cache;
+              attention gathers the rows there. Decode steps from the second on run as one
+              captured torch.cuda.CUDAGraph, replayed with new inputs.
 
 Both compute the same rows in the same order with the same kernels, so the check is exact: the
 logits of every step must be bitwise equal (torch.equal), and so must the greedy tokens.
@@ -178,12 +180,16 @@ def main() -> int:
     options = sparsekv.CacheOptions(
         geometry=sparsekv.KVGeometry.uniform(NUM_LAYERS, D_KV * 2),
         top_k=TOP_K, hot_slots=HOT_SLOTS, window=WINDOW,
-        host_capacity_tokens=batch * MAX_CONTEXT, max_requests=batch, max_context=MAX_CONTEXT)
+        host_capacity_tokens=batch * MAX_CONTEXT, max_requests=batch, max_context=MAX_CONTEXT,
+        max_prefetch=TOP_K)
     manager = sparsekv.SparseKVCacheManager(options, sparsekv.cuda_backend(0))
     coordinator = SparseKVCoordinator(
         manager,
         request_info=lambda r: RequestInfo(r.rid, r.req_pool_idx, len(r.prompt_kv[0]), STEPS + 1),
-        prompt_kv=lambda r, layer: r.prompt_kv[layer])
+        prompt_kv=lambda r, layer: r.prompt_kv[layer],
+        # One choice for every step, so that one captured graph serves them all ("auto" measures
+        # and may change the choice: an engine then keeps a graph per choice).
+        schedule="prefetch")
     for req in requests:
         coordinator.admit_request_into_staging(req)
     assert coordinator.collect_ready_reqs() == requests
@@ -234,6 +240,9 @@ def main() -> int:
     print(f"KV in HBM: dense {kv_full.numel() * 2 / 1e6:.2f} MB, sparsekv "
           f"{stats.device_bytes / 1e6:.2f} MB (hot cache {HOT_SLOTS}+{WINDOW} slots per request "
           f"and layer, plus tables)")
+    schedule = coordinator.schedule.stats()
+    print(f"step schedule: {dict(schedule.steps_by_choice)}; {stats.prefetch_rows} rows "
+          f"prefetched")
     if mismatches:
         print(f"FAIL: {mismatches} of {STEPS} steps differ from the dense baseline")
         return 1

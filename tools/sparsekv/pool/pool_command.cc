@@ -15,6 +15,7 @@
 #include "sparsekv/transport.h"
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/validators.h"
+#include "tools/sparsekv/pool/pool_metrics.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -162,6 +163,18 @@ PoolCommand::PoolCommand(CLI::App& parent) {
       ->check(Between<int32_t>(1, 4096))
       ->needs(node_pool)
       ->group(group);
+  const std::string metrics_group = "Prometheus metrics (docs/metrics.md)";
+  CLI::Option* metrics_port =
+      app_->add_option("--metrics-port", metrics_port_,
+                       "Serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port, "
+                       "printed)")
+          ->check(Between<int32_t>(0, 65535))
+          ->group(metrics_group);
+  app_->add_option("--metrics-host", metrics_host_, "Address the metrics are served on")
+      ->capture_default_str()
+      ->check(NonEmpty())
+      ->needs(metrics_port)
+      ->group(metrics_group);
 }
 
 bool PoolCommand::selected() const { return app_->parsed(); }
@@ -238,9 +251,18 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
              std::to_string(pool->total_pages()) + " pages of " + std::to_string(page_tokens_) +
              " tokens, " + std::to_string(pool->bytes()) + " bytes of rows)";
   }
+  std::unique_ptr<PoolServerMetrics> metrics;
+  if (metrics_port_ >= 0) {
+    auto started = PoolServerMetrics::Start(metrics_host_, metrics_port_, pool.get(),
+                                            memory == nullptr ? 0 : region_mib_ << 20);
+    if (!started.ok()) return fail("serving metrics", started.status());
+    metrics = std::move(started).value();
+    out << "pool: metrics at " << metrics->url() << std::endl;
+  }
   // The node pool's occupancy, printed when it changes.
   std::string occupancy;
   auto report_pool = [&](int32_t reclaimed) {
+    if (metrics != nullptr) metrics->CountReclaimed(reclaimed);
     if (pool == nullptr) return;
     const std::string now = "free pages " + std::to_string(pool->free_pages()) + " of " +
                             std::to_string(pool->total_pages()) + ", free owners " +
@@ -301,6 +323,7 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
       region_published = false;  // it went with the lapsed membership
       if (beat.ok()) {
         out << "pool: node " << node_id_ << " rejoined as incarnation " << incarnation << std::endl;
+        if (metrics != nullptr) metrics->CountRejoin();
       }
     }
     if (beat.ok() && !region_published) {
@@ -314,7 +337,11 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
       code = kExitFailure;
       break;
     }
-    if (!beat.ok()) err << "sparsekv pool: heartbeat failed: " << beat.ToString() << "\n";
+    if (!beat.ok()) {
+      err << "sparsekv pool: heartbeat failed: " << beat.ToString() << "\n";
+      if (metrics != nullptr) metrics->CountHeartbeatFailure();
+    }
+    if (metrics != nullptr) metrics->Publish();
   }
   // Deregistered once, and only by the live member (an id taken over belongs to another).
   if (code == kExitOk) {

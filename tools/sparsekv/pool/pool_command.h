@@ -12,6 +12,10 @@
 // region 0, and every heartbeat reclaims the pages of attached processes that died, printing the
 // pool's occupancy when it changes. On SIGTERM or SIGINT it detaches (the last process to detach
 // removes the segment's file).
+//
+// With --metrics-port PORT it also serves Prometheus metrics at http://HOST:PORT/metrics
+// (pool_metrics.h; docs/metrics.md): its heartbeat failures, rejoins and reclaimed processes and,
+// for a node pool, the pool's occupancy, published at every heartbeat.
 #pragma once
 
 #include <chrono>
@@ -58,6 +62,9 @@ class PoolCommand {
   int32_t max_context_ = 1 << 17;
   int32_t max_owners_ = 256;
   int32_t max_processes_ = 16;
+  // --metrics-port (-1: no metrics)
+  int32_t metrics_port_ = -1;
+  std::string metrics_host_ = "0.0.0.0";
 };
 
 }  // namespace sparsekv::tools

@@ -1,0 +1,152 @@
+// `sparsekv pool --node-pool --metrics-port 0`, scraped over HTTP (a plain GET): every metric
+// docs/metrics.md documents for a pool server and a node pool is there, typed as documented, and
+// the occupancy follows what another process holds in the pool, published at each heartbeat.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "sparsekv/node_pool.h"
+#include "testing/prometheus_scrape.h"
+#include "tools/sparsekv/pool/test/processes_fixture.h"
+
+namespace sparsekv {
+namespace {
+
+using testing::Exposition;
+using testing::Subprocess;
+using testing::WaitUntil;
+
+class PoolMetricsTest : public testing::ProcessesTest {
+ protected:
+  PoolMetricsTest() : ProcessesTest("pool-metrics") {}
+
+  void SetUp() override {
+    ProcessesTest::SetUp();
+    segment_ = "sparsekv-metrics-test-" + std::to_string(getpid());
+  }
+  void TearDown() override {
+    ProcessesTest::TearDown();
+    std::error_code ignored;
+    std::filesystem::remove("/dev/shm/" + segment_, ignored);
+  }
+
+  // The port of the log's "pool: metrics at http://127.0.0.1:PORT/metrics" line (0 if none).
+  int MetricsPort() {
+    const std::string log = Log("pool");
+    const std::string prefix = "pool: metrics at http://127.0.0.1:";
+    const size_t at = log.find(prefix);
+    return at == std::string::npos ? 0 : std::stoi(log.substr(at + prefix.size()));
+  }
+
+  std::string segment_;
+};
+
+TEST_F(PoolMetricsTest, ServesThePoolServersAndTheNodePoolsMetrics) {
+  Subprocess* pool = Start("pool", {SPARSEKV_TOOL,       "pool",
+                                    "--node-id",         "metrics-node",
+                                    "--control-plane",   ControlPlaneAddress(),
+                                    "--key-prefix",      key_prefix_,
+                                    "--lease-ms",        "300",
+                                    "--node-pool",       segment_,
+                                    "--layers",          "2",
+                                    "--row-bytes",       "64",
+                                    "--page-tokens",     "16",
+                                    "--capacity-tokens", "1024",
+                                    "--max-context",     "256",
+                                    "--max-owners",      "8",
+                                    "--metrics-port",    "0",
+                                    "--metrics-host",    "127.0.0.1"});
+  ASSERT_NE(pool, nullptr);
+  ASSERT_TRUE(WaitForLog("pool", "serves node pool"));
+  const int port = MetricsPort();
+  ASSERT_GT(port, 0) << Log("pool");
+
+  auto scrape = [&] {
+    auto body = testing::HttpGet(port, "/metrics");
+    EXPECT_TRUE(body.ok()) << body.status().ToString();
+    auto parsed = testing::ParseExposition(body.ok() ? *body : "");
+    EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
+    return parsed.ok() ? *parsed : Exposition{};
+  };
+  const Exposition e = scrape();
+  const auto documented = testing::ReadDocumentedMetrics(SPARSEKV_SOURCE_DIR "/docs/metrics.md");
+  int checked = 0;
+  for (const testing::DocumentedMetric& m : documented) {
+    if (m.source != "pool server" && m.source != "node pool" && m.source != "pool") continue;
+    ASSERT_TRUE(e.types.contains(m.name)) << m.name << " not scraped";
+    EXPECT_EQ(e.types.at(m.name), m.type) << m.name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 9);
+  EXPECT_EQ(e.samples.at("sparsekv_host_pool_capacity_pages"), 64);
+  EXPECT_EQ(e.samples.at("sparsekv_host_pool_used_pages"), 0);
+  EXPECT_EQ(e.samples.at("sparsekv_host_pool_capacity_bytes"), 1024 * 2 * 64);
+  EXPECT_EQ(e.samples.at("sparsekv_host_pool_capacity_owners"), 8);
+  EXPECT_EQ(e.samples.at("sparsekv_node_pool_live_processes"), 1);
+  EXPECT_EQ(e.samples.at("sparsekv_pool_server_region_bytes"), 0);
+  EXPECT_EQ(e.samples.at("sparsekv_pool_server_heartbeat_failures_total"), 0);
+  EXPECT_GT(e.samples.at("sparsekv_pool_server_start_time_seconds"), 1.7e9);
+  // A pool server has no manager: none of a manager's metrics.
+  EXPECT_FALSE(e.types.contains("sparsekv_topk_lookups_total"));
+
+  // This process attaches and holds pages of 3 x 16 tokens: the next heartbeat publishes them.
+  auto attached = OpenNodePool("/dev/shm/" + segment_, {}, CreateCpuBackend());
+  ASSERT_TRUE(attached.ok()) << attached.status().ToString();
+  auto owner = (*attached)->AcquireOwner();
+  ASSERT_TRUE(owner.ok());
+  ASSERT_TRUE((*attached)->Reserve(*owner, 40).ok());
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const Exposition now = scrape();
+        return now.samples.contains("sparsekv_host_pool_used_pages") &&
+               now.samples.at("sparsekv_host_pool_used_pages") == 3 &&
+               now.samples.at("sparsekv_host_pool_used_owners") == 1 &&
+               now.samples.at("sparsekv_node_pool_live_processes") == 2;
+      },
+      kDeadline, std::chrono::milliseconds(50)));
+  (*attached)->Release(*owner);
+  (*attached)->ReleaseOwner(*owner);
+  attached->reset();
+
+  EXPECT_EQ(Terminate(pool), 0);
+}
+
+TEST_F(PoolMetricsTest, APortInUseIsRefusedAtOnce) {
+  Subprocess* first = Start("pool", {SPARSEKV_TOOL,       "pool",
+                                     "--node-id",         "metrics-a",
+                                     "--control-plane",   ControlPlaneAddress(),
+                                     "--key-prefix",      key_prefix_,
+                                     "--node-pool",       segment_,
+                                     "--capacity-tokens", "1024",
+                                     "--max-context",     "256",
+                                     "--layers",          "2",
+                                     "--metrics-port",    "0",
+                                     "--metrics-host",    "127.0.0.1"});
+  ASSERT_NE(first, nullptr);
+  ASSERT_TRUE(WaitForLog("pool", "serves node pool"));
+  const int port = MetricsPort();
+  ASSERT_GT(port, 0);
+  Subprocess* second = Start("second", {SPARSEKV_TOOL,       "pool",
+                                        "--node-id",         "metrics-b",
+                                        "--control-plane",   ControlPlaneAddress(),
+                                        "--key-prefix",      key_prefix_,
+                                        "--node-pool",       segment_ + "-b",
+                                        "--capacity-tokens", "1024",
+                                        "--max-context",     "256",
+                                        "--layers",          "2",
+                                        "--metrics-port",    std::to_string(port),
+                                        "--metrics-host",    "127.0.0.1"});
+  ASSERT_NE(second, nullptr);
+  auto code = second->WaitFor(kDeadline);
+  ASSERT_TRUE(code.ok());
+  EXPECT_NE(*code, 0);
+  EXPECT_NE(Log("second").find("serving metrics"), std::string::npos) << Log("second");
+  EXPECT_EQ(Terminate(first), 0);
+  std::error_code ignored;
+  std::filesystem::remove("/dev/shm/" + segment_ + "-b", ignored);
+}
+
+}  // namespace
+}  // namespace sparsekv

@@ -386,6 +386,10 @@ class SparseKVCacheManager {
   Status ResolvePrefetch(int32_t layer, const int32_t* positions, int32_t count,
                          StreamHandle stream);
   Status CopyPrefetch(int32_t layer, StreamHandle stream);
+  // CopyPrefetch on a grid of `copy_blocks` thread blocks (> 0; CUDA only, the CPU backend
+  // ignores it) instead of CacheOptions::prefetch_copy_blocks', e.g. a schedule measuring which
+  // grid pays (step_schedule.h); 0: the options' grid. InvalidArgument below 0.
+  Status CopyPrefetch(int32_t layer, StreamHandle stream, int32_t copy_blocks);
   // Ends the step: joins the write-back side stream into `stream`. FailedPrecondition (the step
   // stays open) outside a step, or unless every layer was appended, every index group resolved and
   // every layer copied in it.

@@ -13,6 +13,8 @@
 //   * chunked: each layer's misses copied on a side stream in slices of chunk_rows batch rows,
 //     and attention over a slice starts as soon as its rows are in;
 //   * both.
+// A prefetch's copies may also run on a bounded grid of thread blocks (prefetch_copy_blocks),
+// which leaves SMs to the attention and the rest of the model beside them.
 // Which one pays depends on the batch, how many requests are in hot-cache mode, how much they
 // miss, and the machine (docs/schedule.md): the schedule measures. For each step shape (the batch
 // and how many of its requests are in hot-cache mode) it times each candidate for a few steps,
@@ -55,13 +57,16 @@ struct StepChoice {
   // 0: each layer copied whole before its attention; else attention in slices of this many batch
   // rows, a multiple of CacheOptions::copy_chunk_rows.
   int32_t chunk_rows = 0;
+  // With the prefetch: the thread blocks of its copies (SparseKVCacheManager::CopyPrefetch);
+  // 0: CacheOptions::prefetch_copy_blocks'. Ignored without the prefetch.
+  int32_t prefetch_copy_blocks = 0;
 
   bool operator==(const StepChoice&) const = default;
-  // "serial", "prefetch", "chunks16", "prefetch+chunks16".
+  // "serial", "prefetch", "prefetch:16" (16 copy blocks), "chunks16", "prefetch:16+chunks16".
   std::string ToString() const;
 };
 
-// The choice that ToString names ("serial", "prefetch", "chunks16", "prefetch+chunks16"), for
+// The choice that ToString names ("serial", "prefetch:16+chunks16", ...), for
 // engines that take the schedule from a configuration string; InvalidArgument for other text.
 // Whether the manager allows it is StepSchedule::Create's to check.
 StatusOr<StepChoice> ParseStepChoice(std::string_view text);
@@ -69,10 +74,11 @@ StatusOr<StepChoice> ParseStepChoice(std::string_view text);
 struct ScheduleOptions {
   // ---- Behaviour ----
   // Runs every step in this choice (the manual override); it must be one the manager allows
-  // (AllowedChoices, or chunks of any multiple of copy_chunk_rows), InvalidArgument otherwise.
+  // (AllowedChoices, with the prefetch on any grid, or chunks of any multiple of
+  // copy_chunk_rows), InvalidArgument otherwise.
   std::optional<StepChoice> fixed;
   // The choices the schedule measures; empty: every choice the manager allows. Each must be
-  // allowed (InvalidArgument otherwise).
+  // allowed, its prefetch on any grid (InvalidArgument otherwise).
   std::vector<StepChoice> candidates;
 
   // ---- Performance ----
@@ -82,9 +88,14 @@ struct ScheduleOptions {
 };
 
 // The choices a manager's options allow: cross-layer prefetch needs more than one index group and
-// max_prefetch >= top_k; chunks are multiples 1, 2, 4, ... of copy_chunk_rows below max_batch
-// (none without copy_chunk_rows). Serial first.
+// max_prefetch >= top_k, and comes on the options' copy grid and on kBoundedPrefetchCopyBlocks
+// (unless the options' grid is that already); chunks are multiples 1, 2, 4, ... of
+// copy_chunk_rows below max_batch (none without copy_chunk_rows). Serial first.
 std::vector<StepChoice> AllowedChoices(const CacheOptions& options);
+// The bounded grid AllowedChoices offers the prefetch's copies: on an H200 (132 SMs) 16 blocks
+// carry a prefetch at the rate it needs while attention and the GEMMs keep the rest
+// (docs/schedule.md).
+inline constexpr int32_t kBoundedPrefetchCopyBlocks = 16;
 
 // One layer's work from the engine. Pointers are device memory of the manager's backend and must
 // stay valid until the stream reaches the work (for a captured step, for every replay).

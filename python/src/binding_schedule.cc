@@ -135,19 +135,24 @@ void RegisterSchedule(py::module_& m) {
   py::class_<StepChoice>(m, "StepChoice",
                          "How a step runs: the cross-layer prefetch on or off, and the batch rows "
                          "of each attention slice (0: each layer copied whole first).")
-      .def(py::init([](bool crosslayer_prefetch, int32_t chunk_rows) {
-             return StepChoice{crosslayer_prefetch, chunk_rows};
+      .def(py::init([](bool crosslayer_prefetch, int32_t chunk_rows, int32_t blocks) {
+             return StepChoice{crosslayer_prefetch, chunk_rows, blocks};
            }),
            py::arg("crosslayer_prefetch") = false, py::arg("chunk_rows") = 0,
-           "A choice; chunk_rows a multiple of CacheOptions.copy_chunk_rows (0: none).")
+           py::arg("prefetch_copy_blocks") = 0,
+           "A choice; chunk_rows a multiple of CacheOptions.copy_chunk_rows (0: none); "
+           "prefetch_copy_blocks the prefetch's copy grid (0: the options').")
       .def_static(
           "parse", [](const std::string& text) { return Check(ParseStepChoice(text)); },
           py::arg("text"),
-          "The choice str() names: 'serial', 'prefetch', 'chunks16', 'prefetch+chunks16'.")
+          "The choice str() names: 'serial', 'prefetch', 'prefetch:16' (16 copy blocks), "
+          "'chunks16', 'prefetch:16+chunks16'.")
       .def_readwrite("crosslayer_prefetch", &StepChoice::crosslayer_prefetch,
                      "The next index group's rows are prefetched on a side stream.")
       .def_readwrite("chunk_rows", &StepChoice::chunk_rows,
                      "Batch rows per attention slice, fed as their copies land (0: none).")
+      .def_readwrite("prefetch_copy_blocks", &StepChoice::prefetch_copy_blocks,
+                     "Thread blocks of the prefetch's copies (0: the options' grid).")
       .def("__str__", &StepChoice::ToString)
       .def("__repr__",
            [](const StepChoice& c) { return "sparsekv.StepChoice('" + c.ToString() + "')"; })

@@ -98,18 +98,20 @@ def run_cpu_steps(schedule, oracle, steps):
 def test_choices_parse_print_and_follow_the_options():
     names = [str(c) for c in sparsekv.allowed_choices(schedule_options())]
     assert names == ["serial", "chunks1", "chunks2", "prefetch", "prefetch+chunks1",
-                     "prefetch+chunks2"]
+                     "prefetch+chunks2", "prefetch:16", "prefetch:16+chunks1",
+                     "prefetch:16+chunks2"]
     assert [str(c) for c in sparsekv.allowed_choices(make_options())] == ["serial"]
     for name in names + ["prefetch+chunks48"]:
         assert str(sparsekv.StepChoice.parse(name)) == name
     assert sparsekv.StepChoice.parse("prefetch+chunks2") == sparsekv.StepChoice(True, 2)
+    assert sparsekv.StepChoice.parse("prefetch:16") == sparsekv.StepChoice(True, 0, 16)
     assert len({sparsekv.StepChoice(), sparsekv.StepChoice.parse("serial")}) == 1
     with pytest.raises(sparsekv.InvalidArgumentError, match="chunks<N>"):
         sparsekv.StepChoice.parse("chunk8")
 
 
 @pytest.mark.parametrize("choice", ["serial", "chunks1", "chunks2", "prefetch",
-                                    "prefetch+chunks1", "prefetch+chunks2"])
+                                    "prefetch+chunks1", "prefetch+chunks2", "prefetch:16+chunks1"])
 def test_every_choice_reads_the_rows_written(choice):
     manager = sparsekv.SparseKVCacheManager(schedule_options(), sparsekv.cpu_backend())
     schedule = sparsekv.StepSchedule(manager, fixed=choice)

@@ -148,7 +148,11 @@ Status SparseKVCacheManager::ResolvePrefetch(int32_t layer, const int32_t* posit
   return impl_->ResolvePrefetch(layer, positions, count, stream);
 }
 Status SparseKVCacheManager::CopyPrefetch(int32_t layer, StreamHandle stream) {
-  return impl_->CopyPrefetch(layer, stream);
+  return impl_->CopyPrefetch(layer, stream, 0);
+}
+
+Status SparseKVCacheManager::CopyPrefetch(int32_t layer, StreamHandle stream, int32_t copy_blocks) {
+  return impl_->CopyPrefetch(layer, stream, copy_blocks);
 }
 Status SparseKVCacheManager::PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count,
                                            StreamHandle stream) {

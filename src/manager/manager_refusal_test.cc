@@ -278,7 +278,10 @@ TEST_F(ManagerRefusalTest, OnePrefetchIsPendingAtATime) {
   ASSERT_TRUE(Copy(5).ok());
   ExpectRefused(m_->FinishStep(nullptr), StatusCode::kFailedPrecondition,
                 "the prefetch of index group 1 has no CopyPrefetch");
-  ASSERT_TRUE(m_->CopyPrefetch(3, nullptr).ok());
+  // A grid of its own for the copy: never below 0 (and a refusal leaves the prefetch pending).
+  ExpectRefused(m_->CopyPrefetch(3, nullptr, -1), StatusCode::kInvalidArgument,
+                "copy_blocks -1 is negative");
+  ASSERT_TRUE(m_->CopyPrefetch(3, nullptr, 16).ok());
   ASSERT_TRUE(m_->FinishStep(nullptr).ok());
   EXPECT_EQ(m_->ReadStats(nullptr)->prefetch_lookups, 2u);
 }

@@ -290,7 +290,7 @@ Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* s
 Status SparseKVCacheManager::Impl::PrefetchLayer(int32_t layer, const int32_t* positions,
                                                  int32_t count, StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(ResolvePrefetch(layer, positions, count, stream));
-  return CopyPrefetch(layer, stream);
+  return CopyPrefetch(layer, stream, 0);
 }
 
 Status SparseKVCacheManager::Impl::ResolvePrefetch(int32_t layer, const int32_t* positions,
@@ -313,17 +313,24 @@ Status SparseKVCacheManager::Impl::ResolvePrefetch(int32_t layer, const int32_t*
   return Status::Ok();
 }
 
-Status SparseKVCacheManager::Impl::CopyPrefetch(int32_t layer, StreamHandle stream) {
+Status SparseKVCacheManager::Impl::CopyPrefetch(int32_t layer, StreamHandle stream,
+                                                int32_t copy_blocks) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "CopyPrefetch"));
+  if (copy_blocks < 0) {
+    return InvalidArgument("CopyPrefetch: copy_blocks " + std::to_string(copy_blocks) +
+                           " is negative (0: the options' grid)");
+  }
   SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyPrefetch(layer));
+  if (copy_blocks == 0) {
+    copy_blocks =
+        options_.prefetch_copy_blocks > 0 ? options_.prefetch_copy_blocks : options_.copy_blocks;
+  }
   const int32_t group = layer / options_.layers_per_index;
   const int32_t first = group * options_.layers_per_index;
   const int32_t last = std::min(first + options_.layers_per_index, options_.geometry.num_layers());
   for (int32_t l = first; l < last; ++l) {
-    SPARSEKV_RETURN_IF_ERROR(Copy(
-        l, plan_.prefetch_list(), plan_.prefetch_capacity(),
-        options_.prefetch_copy_blocks > 0 ? options_.prefetch_copy_blocks : options_.copy_blocks,
-        stream));
+    SPARSEKV_RETURN_IF_ERROR(
+        Copy(l, plan_.prefetch_list(), plan_.prefetch_capacity(), copy_blocks, stream));
   }
   order_.MarkPrefetchCopied();
   return Status::Ok();

@@ -20,14 +20,27 @@ namespace sparsekv {
 
 std::string StepChoice::ToString() const {
   std::string chunks = chunk_rows > 0 ? "chunks" + std::to_string(chunk_rows) : "";
-  if (crosslayer_prefetch) return chunks.empty() ? "prefetch" : "prefetch+" + chunks;
+  if (crosslayer_prefetch) {
+    std::string prefetch = "prefetch";
+    if (prefetch_copy_blocks > 0) prefetch += ":" + std::to_string(prefetch_copy_blocks);
+    return chunks.empty() ? prefetch : prefetch + "+" + chunks;
+  }
   return chunks.empty() ? "serial" : chunks;
 }
 
 StatusOr<StepChoice> ParseStepChoice(std::string_view text) {
   const auto refuse = [&] {
     return InvalidArgument("step choice '" + std::string(text.substr(0, 100)) +
-                           "' is not serial, prefetch, chunks<N> or prefetch+chunks<N> (N >= 1)");
+                           "' is not serial, prefetch[:B], chunks<N> or prefetch[:B]+chunks<N> "
+                           "(B, N >= 1)");
+  };
+  // A whole positive number at the front of `rest`, consumed; 0 if there is none.
+  const auto number = [](std::string_view& rest) {
+    int32_t n = 0;
+    const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), n);
+    if (error != std::errc() || n < 1) return 0;
+    rest.remove_prefix(static_cast<size_t>(end - rest.data()));
+    return n;
   };
   StepChoice c;
   std::string_view rest = text;
@@ -35,18 +48,19 @@ StatusOr<StepChoice> ParseStepChoice(std::string_view text) {
   if (rest.starts_with("prefetch")) {
     c.crosslayer_prefetch = true;
     rest.remove_prefix(8);
+    if (rest.starts_with(":")) {
+      rest.remove_prefix(1);
+      if (rest.starts_with("+") || (c.prefetch_copy_blocks = number(rest)) == 0) return refuse();
+    }
     if (rest.empty()) return c;
     if (!rest.starts_with("+")) return refuse();
     rest.remove_prefix(1);
   }
   if (!rest.starts_with("chunks")) return refuse();
   rest.remove_prefix(6);
-  int32_t rows = 0;
-  const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), rows);
-  if (error != std::errc() || end != rest.data() + rest.size() || rows < 1) {
+  if (rest.starts_with("+") || (c.chunk_rows = number(rest)) == 0 || !rest.empty()) {
     return refuse();
   }
-  c.chunk_rows = rows;
   return c;
 }
 
@@ -59,9 +73,13 @@ std::vector<StepChoice> AllowedChoices(const CacheOptions& o) {
     }
   }
   std::vector<StepChoice> out;
-  for (bool p : {false, true}) {
-    if (p && !prefetch) continue;
-    for (int32_t c : chunks) out.push_back(StepChoice{p, c});
+  for (int32_t c : chunks) out.push_back(StepChoice{false, c});
+  if (!prefetch) return out;
+  std::vector<int32_t> grids = {0};
+  const int32_t options_grid = o.prefetch_copy_blocks > 0 ? o.prefetch_copy_blocks : o.copy_blocks;
+  if (options_grid != kBoundedPrefetchCopyBlocks) grids.push_back(kBoundedPrefetchCopyBlocks);
+  for (int32_t blocks : grids) {
+    for (int32_t c : chunks) out.push_back(StepChoice{true, c, blocks});
   }
   return out;
 }
@@ -70,12 +88,23 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManage
                                                              const ScheduleOptions& options) {
   const std::vector<StepChoice> allowed = AllowedChoices(manager.options());
   const CacheOptions& o = manager.options();
+  // A choice with the prefetch on any grid (> 0) is that of an allowed choice; the grid means
+  // nothing without the prefetch.
+  auto normal = [](StepChoice c) {
+    if (!c.crosslayer_prefetch) c.prefetch_copy_blocks = 0;
+    return c;
+  };
+  auto listed = [&](StepChoice c) {
+    if (c.prefetch_copy_blocks < 0) return false;
+    c.prefetch_copy_blocks = 0;
+    return std::find(allowed.begin(), allowed.end(), c) != allowed.end();
+  };
   // A fixed choice may also take chunks as large as the batch or larger (one slice).
   auto is_allowed = [&](const StepChoice& c) {
-    if (std::find(allowed.begin(), allowed.end(), c) != allowed.end()) return true;
+    if (listed(c)) return true;
     const bool prefetch_ok = !c.crosslayer_prefetch || allowed.back().crosslayer_prefetch;
-    return prefetch_ok && c.chunk_rows > 0 && o.copy_chunk_rows > 0 &&
-           c.chunk_rows % o.copy_chunk_rows == 0;
+    return prefetch_ok && c.prefetch_copy_blocks >= 0 && c.chunk_rows > 0 &&
+           o.copy_chunk_rows > 0 && c.chunk_rows % o.copy_chunk_rows == 0;
   };
   auto refuse = [&](const StepChoice& c, const char* what) {
     std::string list;
@@ -87,8 +116,9 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManage
     return refuse(*options.fixed, "fixed choice");
   }
   std::vector<StepChoice> candidates = options.candidates.empty() ? allowed : options.candidates;
-  for (const StepChoice& c : candidates) {
-    if (std::find(allowed.begin(), allowed.end(), c) == allowed.end()) {
+  for (StepChoice& c : candidates) {
+    c = normal(c);
+    if (!listed(c)) {
       return refuse(c, "candidate");
     }
   }
@@ -100,8 +130,9 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManage
                            " outside [1, 64]");
   }
   auto tuner = std::make_unique<ScheduleTuner>(std::move(candidates), options.trials);
-  std::unique_ptr<StepSchedule> schedule(
-      new StepSchedule(manager, std::move(tuner), options.fixed));
+  std::unique_ptr<StepSchedule> schedule(new StepSchedule(
+      manager, std::move(tuner),
+      options.fixed.has_value() ? std::optional(normal(*options.fixed)) : std::nullopt));
   SPARSEKV_RETURN_IF_ERROR(schedule->Allocate());
   return schedule;
 }
@@ -241,7 +272,8 @@ Status StepSchedule::Prefetch(int32_t layer, const int32_t* topk, StreamHandle s
   SPARSEKV_RETURN_IF_ERROR(manager_.ResolvePrefetch(next, topk, o.top_k, stream));
   SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(prefetch_resolved_, stream));
   SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(prefetch_stream_, prefetch_resolved_));
-  SPARSEKV_RETURN_IF_ERROR(manager_.CopyPrefetch(next, prefetch_stream_));
+  SPARSEKV_RETURN_IF_ERROR(
+      manager_.CopyPrefetch(next, prefetch_stream_, choice_.prefetch_copy_blocks));
   SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(prefetched_, prefetch_stream_));
   prefetch_used_ = true;
   return Status::Ok();

@@ -319,9 +319,13 @@ TEST(StepScheduleTest, AllowedChoicesFollowTheOptions) {
   CacheOptions o = Options(1, false);
   std::vector<std::string> names;
   for (const StepChoice& c : AllowedChoices(o)) names.push_back(c.ToString());
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"serial", "chunks1", "chunks2", "chunks4", "prefetch",
-                                      "prefetch+chunks1", "prefetch+chunks2", "prefetch+chunks4"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "serial", "chunks1", "chunks2", "chunks4", "prefetch", "prefetch+chunks1",
+                       "prefetch+chunks2", "prefetch+chunks4", "prefetch:16", "prefetch:16+chunks1",
+                       "prefetch:16+chunks2", "prefetch:16+chunks4"}));
+  // The options' grid is the bounded one already: no second grid.
+  o.prefetch_copy_blocks = kBoundedPrefetchCopyBlocks;
+  EXPECT_EQ(AllowedChoices(o).size(), 8u);
   o.copy_chunk_rows = 0;
   o.max_prefetch = 0;
   EXPECT_EQ(AllowedChoices(o), std::vector<StepChoice>{StepChoice{}});
@@ -334,9 +338,12 @@ TEST(StepScheduleTest, ParseStepChoiceReadsWhatToStringWrites) {
     EXPECT_EQ(*parsed, c) << c.ToString();
   }
   EXPECT_EQ(*ParseStepChoice("prefetch+chunks48"), (StepChoice{true, 48}));
-  for (const char* bad :
-       {"", "Serial", "chunks", "chunks0", "chunks-8", "chunks+8", "chunks8x", "prefetch+",
-        "prefetch+serial", "prefetchchunks8", "chunks8+prefetch", "chunks99999999999"}) {
+  EXPECT_EQ(*ParseStepChoice("prefetch:24+chunks8"), (StepChoice{true, 8, 24}));
+  EXPECT_EQ(*ParseStepChoice("prefetch:24"), (StepChoice{true, 0, 24}));
+  for (const char* bad : {"", "Serial", "chunks", "chunks0", "chunks-8", "chunks+8", "chunks8x",
+                          "prefetch+", "prefetch+serial", "prefetchchunks8", "chunks8+prefetch",
+                          "chunks99999999999", "prefetch:", "prefetch:0", "prefetch:+chunks8",
+                          "prefetch:16x", "prefetch:-3", "prefetch::16", "serial:16"}) {
     const StatusOr<StepChoice> parsed = ParseStepChoice(bad);
     EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << "'" << bad << "'";
   }
@@ -435,6 +442,22 @@ TEST(StepScheduleTest, RefusesChoicesTheOptionsDoNotAllow) {
   so.fixed.reset();
   so.candidates = {StepChoice{false, 3}};
   EXPECT_EQ(StepSchedule::Create(**m, so).status().code(), StatusCode::kInvalidArgument);
+  // The prefetch on a grid of its own is allowed where the prefetch is, on no negative grid; a
+  // grid without the prefetch means nothing and is dropped.
+  auto with_prefetch = SparseKVCacheManager::Create(Options(1, false), CreateCpuBackend());
+  ASSERT_TRUE(with_prefetch.ok());
+  so = ScheduleOptions{};
+  so.fixed = StepChoice{true, 0, 40};
+  EXPECT_TRUE(StepSchedule::Create(**with_prefetch, so).ok());
+  so.fixed = StepChoice{true, 0, -1};
+  EXPECT_EQ(StepSchedule::Create(**with_prefetch, so).status().code(),
+            StatusCode::kInvalidArgument);
+  so.fixed.reset();
+  so.candidates = {StepChoice{true, 2, -1}};
+  EXPECT_EQ(StepSchedule::Create(**with_prefetch, so).status().code(),
+            StatusCode::kInvalidArgument);
+  so.candidates = {StepChoice{true, 2, 40}, StepChoice{false, 2, 7}};
+  EXPECT_TRUE(StepSchedule::Create(**with_prefetch, so).ok());
   so.candidates.clear();
   so.trials = 0;
   EXPECT_EQ(StepSchedule::Create(**m, so).status().code(), StatusCode::kInvalidArgument);

@@ -138,6 +138,19 @@ class CacheOptions:
     @property
     def index_groups(self) -> int: ...
     def validate(self) -> None: ...
+    def to_json(self) -> str: ...
+    @staticmethod
+    def from_json(
+        text: Union[str, Dict[str, Any]], base: Optional[CacheOptions] = None
+    ) -> CacheOptions: ...
+    @staticmethod
+    def from_sglang_hisparse_config(
+        config: Union[str, Dict[str, Any]], base: CacheOptions
+    ) -> CacheOptions: ...
+    @staticmethod
+    def from_vllm_hisparse(
+        config: Union[str, Dict[str, Any]], base: CacheOptions
+    ) -> CacheOptions: ...
 
 class HotCacheShape:
     @property

@@ -1,13 +1,15 @@
-// sparsekv._core: LayerShape, KVGeometry, EvictionPolicy, CacheOptions and HotCacheShape.
+// sparsekv._core: LayerShape, KVGeometry, EvictionPolicy, CacheOptions and its JSON, HotCacheShape.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "binding_util.h"
+#include "sparsekv/config.h"
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/options.h"
 
@@ -47,6 +49,16 @@ void RegisterGeometry(py::module_& m) {
       .def_property_readonly("token_stride_bytes", &KVGeometry::token_stride_bytes,
                              "Sum of row_stride over all layers: the bytes one token occupies in "
                              "the host pool.");
+}
+
+// A config argument: a JSON str, or a dict written as JSON by Python's json module.
+std::string ConfigText(const py::handle& config, const char* what) {
+  if (py::isinstance<py::str>(config)) return config.cast<std::string>();
+  if (py::isinstance<py::dict>(config)) {
+    return py::module_::import("json").attr("dumps")(config).cast<std::string>();
+  }
+  throw py::type_error(std::string(what) + " must be a dict or a JSON str, got " +
+                       py::str(py::type::of(config).attr("__name__")).cast<std::string>());
 }
 
 void RegisterCacheOptions(py::module_& m) {
@@ -200,7 +212,45 @@ void RegisterCacheOptions(py::module_& m) {
                              "Index groups: ceil(num_layers / layers_per_index).")
       .def(
           "validate", [](const CacheOptions& o) { Check(ValidateOptions(o)); },
-          "Raises InvalidArgumentError naming the field and the rule that fails.");
+          "Raises InvalidArgumentError naming the field and the rule that fails.")
+      .def("to_json", &CacheOptionsToJson,
+           "Every field as JSON, in the form from_json reads (docs/config.md): "
+           "CacheOptions.from_json(o.to_json()) equals o.")
+      .def_static(
+          "from_json",
+          [](const py::object& text, const std::optional<CacheOptions>& base) {
+            return Check(
+                CacheOptionsFromJson(ConfigText(text, "text"), base.value_or(CacheOptions{})));
+          },
+          py::arg("text"), py::arg("base") = py::none(),
+          "Options from sparsekv's own JSON (a str or dict whose keys are the field names; "
+          "docs/config.md): the fields it names replace base's (None: the defaults), and the "
+          "result is validated. InvalidArgumentError names an unknown key (listing the accepted "
+          "ones), a wrong type or range, or the field that fails validation.")
+      .def_static(
+          "from_sglang_hisparse_config",
+          [](const py::object& config, const CacheOptions& base) {
+            return Check(CacheOptionsFromSglangHisparseConfig(ConfigText(config, "config"), base));
+          },
+          py::arg("config"), py::arg("base"),
+          "Options from SGLang's --hisparse-config (a JSON str or dict): device_buffer_size "
+          "becomes hot_slots (default 2 * top_k); base supplies the model (geometry, top_k), "
+          "the host pool, batch and context. Keys sparsekv cannot honour (host_to_device_ratio, "
+          "algorithm other than deepseek_nsa/deepseek_dsa, page_size > 1, "
+          "min_sparse_prompt_len > 0) and unknown keys raise InvalidArgumentError saying why; "
+          "docs/config.md has the table.")
+      .def_static(
+          "from_vllm_hisparse",
+          [](const py::object& config, const CacheOptions& base) {
+            return Check(CacheOptionsFromVllmHisparse(ConfigText(config, "config"), base));
+          },
+          py::arg("config"), py::arg("base"),
+          "Options from vLLM's HiSparse keys in one JSON str or dict: attention_config."
+          "hisparse_config's (device_buffer_size -> hot_slots, eager_host_mirror) with the "
+          "HiSparseConnector's kv_connector_extra_config (host_pool_gib -> "
+          "host_capacity_tokens, in whole host pages of base.geometry). Unknown keys and "
+          "settings sparsekv cannot honour raise InvalidArgumentError; docs/config.md has the "
+          "table.");
 }
 
 void RegisterHotCacheShape(py::module_& m) {

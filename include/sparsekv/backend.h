@@ -54,6 +54,13 @@ class Backend {
   // Memory the operators use as "device" memory: HBM for CUDA, ordinary memory for the CPU.
   virtual StatusOr<void*> AllocateDevice(size_t bytes) = 0;
   virtual void FreeDevice(void* ptr) = 0;
+  // Bytes AllocateDevice can still have: the device's free HBM under CUDA (cudaMemGetInfo), the
+  // host memory capacity.h counts for the CPU backend. What the capacity checks ask before a
+  // large device allocation (capacity.h). Unavailable from a backend that cannot tell (the
+  // default): the checks then pass.
+  virtual StatusOr<int64_t> FreeDeviceBytes() {
+    return Unavailable("backend " + name() + " does not report its free device memory");
+  }
 
   // Copies between any two of host and device memory. Pageable host sources may be reused as soon
   // as the call returns.

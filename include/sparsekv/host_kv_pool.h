@@ -52,6 +52,9 @@ class HostKVPool {
  public:
   // A pool of `capacity_tokens` rounded up to whole pages, with page tables for `max_owners`
   // owners of up to `max_tokens_per_owner` tokens each. `backend` must outlive the pool.
+  // ResourceExhausted, before anything is allocated, if the rows are more host memory than the
+  // machine has (capacity.h: the message names both sizes and host_capacity_tokens); also if an
+  // allocation fails.
   static StatusOr<std::unique_ptr<HostKVPool>> Create(const KVGeometry& geometry,
                                                       int64_t capacity_tokens, int32_t page_tokens,
                                                       int32_t max_owners,

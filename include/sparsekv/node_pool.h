@@ -95,13 +95,22 @@ struct NodePoolPrompt {
 // requests and prompts of every process together), and attaches this process to it. Under CUDA
 // the rows are registered with `backend` (RegisterHost). The pool keeps `backend` alive.
 // AlreadyExists if a live node pool has that name (a stale one, whose processes all exited, is
-// replaced); ResourceExhausted if the file system has no room; InvalidArgument for invalid
+// replaced); ResourceExhausted if the file system or the machine has no room for it
+// (NodePoolBytes); InvalidArgument for invalid
 // options, a bad name or max_processes, or max_owners < 1; the backend's error if it cannot
 // register host memory.
 StatusOr<std::shared_ptr<HostKVPool>> CreateNodePool(const CacheOptions& options,
                                                      int32_t max_owners,
                                                      const NodePoolOptions& node,
                                                      std::shared_ptr<Backend> backend);
+// The size of the segment CreateNodePool(options, max_owners, node, ...) creates: the rows of
+// every layer (each layer 2 MB-aligned) and the bookkeeping (page tables, reference counts, a
+// loose-reference count per process and page). All of it is written when the pool is created,
+// so node.directory's file system must have that much room, and the machine that much memory:
+// CreateNodePool checks both first (capacity.h) and refuses with ResourceExhausted, naming the
+// numbers, before it makes the file. InvalidArgument as CreateNodePool for invalid arguments.
+StatusOr<int64_t> NodePoolBytes(const CacheOptions& options, int32_t max_owners,
+                                const NodePoolOptions& node);
 // Attaches this process to the node pool at `path` (node.huge_pages applies; the other fields are
 // the creator's). The segment's header is checked (its checksum, then its shape against the
 // file's size) before anything it describes is read. NotFound if there is none; Unavailable if

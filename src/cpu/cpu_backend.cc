@@ -16,6 +16,7 @@
 #include "common/text.h"
 #include "cpu/reference_ops.h"
 #include "sparsekv/backend.h"
+#include "sparsekv/capacity.h"
 
 namespace sparsekv {
 namespace {
@@ -68,6 +69,8 @@ class CpuBackend final : public Backend {
     DeviceAllocations::Get().Remove(ptr);
     std::free(ptr);
   }
+  // Its device memory is host memory.
+  StatusOr<int64_t> FreeDeviceBytes() override { return SystemCapacity().AvailableHostBytes(); }
 
   Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle) override {
     if (bytes != 0) std::memmove(dst, src, bytes);

@@ -204,6 +204,13 @@ class CudaBackend final : public Backend {
     cudaFree(ptr);
   }
 
+  StatusOr<int64_t> FreeDeviceBytes() override {
+    DeviceGuard guard(device_);
+    size_t free = 0, total = 0;
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(free);
+  }
+
   Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) override {
     if (bytes == 0) return Status::Ok();
     DeviceGuard guard(device_);

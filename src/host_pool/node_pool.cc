@@ -11,6 +11,7 @@
 
 #include "host_pool/node_segment.h"
 #include "host_pool/pool_book.h"
+#include "sparsekv/capacity.h"
 
 namespace sparsekv {
 namespace {
@@ -68,13 +69,12 @@ class NodePoolAccess {
   }
 };
 
-StatusOr<std::shared_ptr<HostKVPool>> CreateNodePool(const CacheOptions& options,
-                                                     int32_t max_owners,
-                                                     const NodePoolOptions& node,
-                                                     std::shared_ptr<Backend> backend) {
+namespace {
+
+// The segment's shape for CreateNodePool's arguments; InvalidArgument as it says.
+StatusOr<NodeSegment::Shape> SegmentShape(const CacheOptions& options, int32_t max_owners,
+                                          const NodePoolOptions& node) {
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options));
-  SPARSEKV_RETURN_IF_ERROR(CheckName(node.name));
-  if (backend == nullptr) return InvalidArgument("node pool: backend is null");
   if (max_owners < 1) return InvalidArgument("node pool: max_owners must be >= 1");
   if (node.max_processes < 1 || node.max_processes > kMaxProcesses) {
     return InvalidArgument("node pool: max_processes must be in [1, " +
@@ -90,6 +90,43 @@ StatusOr<std::shared_ptr<HostKVPool>> CreateNodePool(const CacheOptions& options
   shape.pages_per_owner = (options.max_context + pt - 1) / pt;
   shape.max_owners = max_owners;
   shape.max_processes = node.max_processes;
+  return shape;
+}
+
+}  // namespace
+
+StatusOr<int64_t> NodePoolBytes(const CacheOptions& options, int32_t max_owners,
+                                const NodePoolOptions& node) {
+  SPARSEKV_ASSIGN_OR_RETURN(const NodeSegment::Shape shape,
+                            SegmentShape(options, max_owners, node));
+  return static_cast<int64_t>(NodeSegment::FileBytes(shape));
+}
+
+StatusOr<std::shared_ptr<HostKVPool>> CreateNodePool(const CacheOptions& options,
+                                                     int32_t max_owners,
+                                                     const NodePoolOptions& node,
+                                                     std::shared_ptr<Backend> backend) {
+  SPARSEKV_ASSIGN_OR_RETURN(const NodeSegment::Shape shape,
+                            SegmentShape(options, max_owners, node));
+  SPARSEKV_RETURN_IF_ERROR(CheckName(node.name));
+  if (backend == nullptr) return InvalidArgument("node pool: backend is null");
+  // Against the file system's room and the host memory, before the file is made: every byte of
+  // it is written (resident) when it is created.
+  const int64_t bytes = static_cast<int64_t>(NodeSegment::FileBytes(shape));
+  const int64_t row_bytes = int64_t{shape.rows} * shape.geometry.token_stride_bytes();
+  const std::string sizing =
+      "host_capacity_tokens = " + std::to_string(options.host_capacity_tokens) + " (" +
+      std::to_string(shape.rows) + " rows x " +
+      std::to_string(shape.geometry.token_stride_bytes()) + " B over " +
+      std::to_string(shape.geometry.num_layers()) + " layers, and " +
+      FormatBytes(bytes - row_bytes) + " of bookkeeping)";
+  SPARSEKV_RETURN_IF_ERROR(CheckSharedMemory(
+      {.what = "node pool '" + node.name + "'",
+       .sizing = sizing,
+       .bytes = bytes,
+       .remedy = "lower host_capacity_tokens, or put the pool on a larger file system "
+                 "(NodePoolOptions::directory; a tmpfs grows with mount -o remount,size=...)"},
+      node.directory));
   const std::string path = node.directory + "/" + node.name;
   SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<NodeSegment> segment,
                             NodeSegment::Create(path, shape, node.huge_pages));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "host_pool/pool_state.h"
+#include "sparsekv/capacity.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14
@@ -100,6 +101,8 @@ uint64_t RandomId() {
 
 }  // namespace
 
+size_t NodeSegment::FileBytes(const Shape& shape) { return OffsetsOf(shape).bytes; }
+
 StatusOr<std::unique_ptr<NodeSegment>> NodeSegment::Create(const std::string& path,
                                                            const Shape& shape, bool huge_pages) {
   if (shape.geometry.layers.empty() || shape.rows <= 0 || shape.page_tokens <= 0 ||
@@ -138,6 +141,16 @@ StatusOr<std::unique_ptr<NodeSegment>> NodeSegment::Create(const std::string& pa
                                              : populate_error;
     if (err != 0) {
       munmap(p, o.bytes);
+      // A full tmpfs shows as EFAULT (the populate faulted) or ENOSPC; say what is missing.
+      const std::string dir = path.substr(0, path.find_last_of('/') + 1);
+      const StatusOr<int64_t> free = SystemCapacity().FreeFileSystemBytes(dir.empty() ? "." : dir);
+      if (err == EFAULT || err == ENOSPC || err == ENOMEM) {
+        return ResourceExhausted("node pool: " + path + " needs " + FormatBytes(o.bytes) + " of " +
+                                 (dir.empty() ? "." : dir) + ", " +
+                                 (free.ok() ? FormatBytes(*free) : "less") +
+                                 " was free there when it was written; lower "
+                                 "host_capacity_tokens or use a larger file system");
+      }
       errno = err;
       return ResourceExhausted(
           Errno("node pool: cannot reserve " + std::to_string(o.bytes) + " bytes for " + path));

@@ -42,6 +42,8 @@ class NodeSegment {
   // "advise", "within_size" or "always").
   static StatusOr<std::unique_ptr<NodeSegment>> Create(const std::string& path, const Shape& shape,
                                                        bool huge_pages);
+  // The size of the file Create makes for `shape`: header, bookkeeping and rows.
+  static size_t FileBytes(const Shape& shape);
   // Opens and maps the segment at `path`. NotFound if there is none; FailedPrecondition if it is
   // not a node pool segment of this version.
   static StatusOr<std::unique_ptr<NodeSegment>> Open(const std::string& path, bool huge_pages);

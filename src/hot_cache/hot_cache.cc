@@ -7,6 +7,8 @@
 #include <numeric>
 #include <string>
 
+#include "sparsekv/capacity.h"
+
 namespace sparsekv {
 
 int64_t HotCache::StateBytes(const KVGeometry& geometry, int32_t hot_slots,
@@ -109,6 +111,22 @@ StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
   std::unique_ptr<HotCache> cache(new HotCache(geometry, hot_slots, window, max_blocks, pages,
                                                page_rows, backend, layers_per_state));
   const int64_t rows = cache->layer_rows();
+  const int64_t state_bytes = int64_t{cache->states()} * max_blocks * hot_slots * sizeof(int32_t);
+  const int64_t protected_bytes = int64_t{cache->states()} * max_blocks * sizeof(int32_t);
+  const int64_t page_list_bytes = int64_t{max_blocks} * cache->pages_per_block() * sizeof(int32_t);
+  // Against the device's free memory, before any of it is allocated.
+  const std::string sizing = "hot_slots = " + std::to_string(hot_slots) +
+                             " + window = " + std::to_string(window) + " for " +
+                             std::to_string(max_blocks) + " requests (" + std::to_string(rows) +
+                             " rows x " + std::to_string(geometry.token_stride_bytes()) +
+                             " B over " + std::to_string(geometry.num_layers()) + " layers)";
+  SPARSEKV_RETURN_IF_ERROR(
+      CheckDeviceMemory({.what = "hot cache",
+                         .sizing = sizing,
+                         .bytes = rows * geometry.token_stride_bytes() + 2 * state_bytes +
+                                  protected_bytes + page_list_bytes,
+                         .remedy = "lower hot_slots, max_requests or device_budget_bytes"},
+                        *backend));
   for (const LayerShape& layer : geometry.layers) {
     SPARSEKV_ASSIGN_OR_RETURN(
         void* p, backend->AllocateDevice(std::max<int64_t>(rows, 1) * layer.row_stride));
@@ -117,15 +135,12 @@ StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
     SPARSEKV_RETURN_IF_ERROR(backend->MemsetAsync(p, 0, rows * layer.row_stride, nullptr));
     cache->device_bytes_ += rows * layer.row_stride;
   }
-  const int64_t state_bytes = int64_t{cache->states()} * max_blocks * hot_slots * sizeof(int32_t);
   SPARSEKV_ASSIGN_OR_RETURN(void* tokens, backend->AllocateDevice(state_bytes));
   cache->slot_token_ = static_cast<int32_t*>(tokens);
   SPARSEKV_ASSIGN_OR_RETURN(void* order, backend->AllocateDevice(state_bytes));
   cache->lru_order_ = static_cast<int32_t*>(order);
-  const int64_t protected_bytes = int64_t{cache->states()} * max_blocks * sizeof(int32_t);
   SPARSEKV_ASSIGN_OR_RETURN(void* protected_counts, backend->AllocateDevice(protected_bytes));
   cache->lru_protected_ = static_cast<int32_t*>(protected_counts);
-  const int64_t page_list_bytes = int64_t{max_blocks} * cache->pages_per_block() * sizeof(int32_t);
   SPARSEKV_ASSIGN_OR_RETURN(void* page_lists, backend->AllocateDevice(page_list_bytes));
   cache->block_pages_ = static_cast<int32_t*>(page_lists);
   SPARSEKV_RETURN_IF_ERROR(backend->MemsetAsync(page_lists, 0xff, page_list_bytes, nullptr));

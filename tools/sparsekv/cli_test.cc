@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -506,6 +507,31 @@ TEST(CliTest, PoolRefusesANodePoolShapeItCannotHave) {
   EXPECT_NE(r.err.find("host_capacity_tokens must hold at least one page"), std::string::npos)
       << r.err;
   EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + name));
+}
+
+// More memory than the machine has is refused before anything is allocated, at once, naming the
+// flags that size it (capacity.h; the 1000 layers x 512 requests are terabytes on any machine).
+TEST(CliTest, ABenchLargerThanTheMachineIsRefusedAtOnceNamingItsFlags) {
+  const auto start = std::chrono::steady_clock::now();
+  const CliRun r = Cli({"bench", "--backend", "cpu", "--preset", "glm-5", "--precision", "bf16",
+                        "--layers", "1000", "--batch", "512", "--steps", "2", "--warmup", "1"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  EXPECT_EQ(r.code, kExitFailure) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  for (const char* part :
+       {"host pool and hot cache: --batch 512 x 8256 rows", "x 1000 layers", "of host memory",
+        "is available; lower --batch, --context, "
+        "--hot-slots or --layers"}) {
+    EXPECT_NE(r.err.find(part), std::string::npos) << part << "\n" << r.err;
+  }
+}
+
+TEST(CliTest, AHostPoolBeyond32BitRowsNamesTheFlags) {
+  const CliRun r = Cli({"bench", "--backend", "cpu", "--context", "2000000000"});
+  EXPECT_EQ(r.code, kExitUsage) << r.err;
+  EXPECT_NE(r.err.find("more than its 2^31 - 1; lower --batch or --context"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("host_capacity_tokens"), std::string::npos) << r.err;
 }
 
 TEST(CliTest, WindowBeyondTheContextIsRefused) {

@@ -11,6 +11,7 @@
 #include <span>
 #include <thread>
 
+#include "sparsekv/capacity.h"
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/manager.h"
@@ -20,6 +21,8 @@ namespace sparsekv::tools {
 namespace {
 
 Status Bad(const std::string& message) { return InvalidArgument(message); }
+
+constexpr int64_t kMaxPoolRows = std::numeric_limits<int32_t>::max();
 
 // A block of the backend's device memory, freed on destruction. Not cuda_common::DeviceBuffer:
 // it allocates through the Backend (host memory on the CPU backend this loop also runs on).
@@ -83,6 +86,41 @@ std::string HumanBytes(double bytes) {
     ++u;
   }
   return Fixed(v, u == 0 ? 0 : (std::abs(v) < 10 ? 2 : 1)) + " " + units[u];
+}
+
+// The host pool and the hot cache the run allocates, against what the machine has, in the flags'
+// words, before the manager allocates them (whose own refusal names library fields). On the CPU
+// backend both are host memory.
+Status CheckBenchMemory(const BenchConfig& c, const CacheOptions& o, Backend& backend) {
+  const int64_t row = o.geometry.token_stride_bytes() / o.geometry.num_layers();
+  const int64_t pool_rows = o.host_capacity_tokens / c.batch;
+  const int64_t pool_bytes = o.host_capacity_tokens * o.geometry.token_stride_bytes();
+  const int64_t hot_bytes =
+      int64_t{c.batch} * HotCache::BlockBytes(o.geometry, c.hot_slots, c.window);
+  const std::string rows =
+      " x " + std::to_string(c.layers) + " layers x " + std::to_string(row) + " B rows";
+  const std::string pool = "--batch " + std::to_string(c.batch) + " x " +
+                           std::to_string(pool_rows) + " rows (--context " +
+                           std::to_string(c.context) + " + --steps " + std::to_string(c.steps) +
+                           ", in pages)" + rows;
+  const std::string hot = "--batch " + std::to_string(c.batch) + " x (--hot-slots " +
+                          std::to_string(c.hot_slots) + " + --window " + std::to_string(c.window) +
+                          ") rows" + rows;
+  if (backend.kind() == BackendKind::kCpu) {
+    return CheckHostMemory({.what = "host pool and hot cache",
+                            .sizing = pool + ", and " + hot + ",",
+                            .bytes = pool_bytes + hot_bytes,
+                            .remedy = "lower --batch, --context, --hot-slots or --layers"});
+  }
+  SPARSEKV_RETURN_IF_ERROR(CheckHostMemory({.what = "host pool",
+                                            .sizing = pool,
+                                            .bytes = pool_bytes,
+                                            .remedy = "lower --batch, --context or --layers"}));
+  return CheckDeviceMemory({.what = "hot cache",
+                            .sizing = hot,
+                            .bytes = hot_bytes,
+                            .remedy = "lower --batch, --hot-slots or --layers"},
+                           backend);
 }
 
 }  // namespace
@@ -206,6 +244,14 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   o.host_capacity_tokens = tokens_per_request * c.batch;
   o.max_requests = c.batch;
   o.max_context = c.context + c.steps + c.page_tokens;
+  if (o.host_capacity_tokens > kMaxPoolRows) {
+    return InvalidArgument("the host pool would hold --batch " + std::to_string(c.batch) + " x " +
+                           std::to_string(tokens_per_request) + " tokens (--context " +
+                           std::to_string(c.context) + " + --steps " + std::to_string(c.steps) +
+                           ", in pages) = " + std::to_string(o.host_capacity_tokens) +
+                           " rows, more than its 2^31 - 1; lower --batch or --context");
+  }
+  SPARSEKV_RETURN_IF_ERROR(CheckBenchMemory(c, o, *backend));
   SPARSEKV_ASSIGN_OR_RETURN(auto manager, SparseKVCacheManager::Create(o, backend));
   Backend& be = *backend;
   const StreamHandle stream = nullptr;

@@ -341,6 +341,9 @@ int BenchCommand::RunOnCpu(const BenchConfig& config, std::shared_ptr<Backend> b
       bar.Update(phase, done, total);
     });
   }();
+  if (result.status().code() == StatusCode::kInvalidArgument) {
+    return UsageError(err, result.status().message());  // a shape the flags cannot have
+  }
   if (!result.ok()) {
     err << "sparsekv bench: " << result.status().ToString() << "\n";
     return kExitFailure;

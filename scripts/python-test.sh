@@ -44,8 +44,8 @@ filtered() {
 }
 
 start=$SECONDS
-say "installing numpy and pytest from PyPI"
-"${pip[@]}" install -q numpy pytest
+say "installing numpy, pytest and prometheus_client from PyPI"
+"${pip[@]}" install -q numpy pytest prometheus_client
 if [[ "${SPARSEKV_PYTHON_TORCH:-1}" != 0 ]]; then
   # PyPI is the only index this script uses, and its Linux torch wheel is the CUDA build: the
   # tests use it on the CPU, but it brings the CUDA libraries along. pip prints a line per wheel.

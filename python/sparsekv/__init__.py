@@ -81,7 +81,8 @@ or both; ``fixed=`` forces one), with the engine's attention as a callable that 
 Request ids are Python ints in [0, 2**64); anything else raises ``TypeError`` or
 ``InvalidArgumentError``. Type stubs (``_core.pyi``) describe every call.
 
-``sparsekv.sglang_adapter`` has the call shape of an engine's sparse attention backend.
+``sparsekv.sglang_adapter`` has the call shape of an engine's sparse attention backend;
+``sparsekv.metrics`` has a ``prometheus_client`` collector of the statistics (docs/metrics.md).
 """
 
 from sparsekv._core import (

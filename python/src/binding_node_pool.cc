@@ -94,6 +94,12 @@ void RegisterNodePool(py::module_& m) {
       .def_property_readonly(
           "live_processes", [](const PyNodePool& p) { return p.pool->live_processes(); },
           "Processes attached and not known to have exited (now).")
+      .def_property_readonly(
+          "max_owners", [](const PyNodePool& p) { return p.pool->max_owners(); },
+          "Page-table rows of the pool (live requests and prompts of every process).")
+      .def_property_readonly(
+          "bytes", [](const PyNodePool& p) { return p.pool->bytes(); },
+          "Bytes of rows: total_pages * host_page_tokens * token_stride_bytes.")
       .def(
           "with_shape",
           [](const PyNodePool& p, CacheOptions options) {

@@ -6,7 +6,9 @@ include(CMakePackageConfigHelpers)
 set_target_properties(sparsekv_control_plane PROPERTIES EXPORT_NAME control_plane)
 set_target_properties(sparsekv_attention PROPERTIES EXPORT_NAME attention)
 set_target_properties(sparsekv_planner PROPERTIES EXPORT_NAME planner)
-set(sparsekv_install_targets sparsekv sparsekv_control_plane sparsekv_attention sparsekv_planner)
+set_target_properties(sparsekv_metrics PROPERTIES EXPORT_NAME metrics)
+set(sparsekv_install_targets sparsekv sparsekv_control_plane sparsekv_attention sparsekv_planner
+  sparsekv_metrics)
 if(TARGET sparsekv_cuda_common)
   # Header-only and private to the build; exported only because the static libraries name it
   # among their link dependencies (it brings CUDA::cudart).

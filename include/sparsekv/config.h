@@ -37,11 +37,14 @@ std::string CacheOptionsToJson(const CacheOptions& options);
 // The JSON object SGLang takes as `--hisparse-config` (its parse_hisparse_config: top_k,
 // device_buffer_size, host_to_device_ratio, swap_in_block_size, algorithm, backend,
 // min_sparse_prompt_len, page_size). device_buffer_size becomes hot_slots and defaults, as in
-// SGLang, to 2 * top_k (2048 when top_k is left out). Both engines run the model's own top-k,
-// which base carries: a top_k that differs from base.top_k is refused. SGLang's config does not
-// say the geometry, the host pool, the batch or the context: base must. docs/config.md has what
-// each key becomes, and why host_to_device_ratio, selection algorithms other than the model's
-// indexer, page-granular selection and a dense path for short prompts are refused.
+// SGLang, to 2 * top_k (2048 when top_k is left out). host_to_device_ratio sizes the host pool as
+// that many times the device's slots, max_requests * (hot_slots + window), in whole host pages;
+// left out, SGLang's default ratio of 2 applies if base.host_capacity_tokens is 0 and base's pool
+// stands otherwise. Both engines run the model's own top-k, which base carries: a top_k that
+// differs from base.top_k is refused. The config does not say the geometry, the batch or the
+// context: base must. docs/config.md has what each key becomes, and why selection algorithms
+// other than the model's indexer, page-granular selection and a dense path for short prompts are
+// refused.
 StatusOr<CacheOptions> CacheOptionsFromSglangHisparseConfig(std::string_view json,
                                                             const CacheOptions& base);
 
@@ -49,9 +52,9 @@ StatusOr<CacheOptions> CacheOptionsFromSglangHisparseConfig(std::string_view jso
 // (device_buffer_size, eager_host_mirror; top_k and host_to_device_ratio of earlier releases)
 // together with the HiSparseConnector's `kv_transfer_config.kv_connector_extra_config`
 // (host_pool_gib). device_buffer_size becomes hot_slots and defaults to 2 * base.top_k, as in
-// vLLM without speculative decoding; host_pool_gib, when given, becomes host_capacity_tokens: the
-// tokens of base.geometry it holds, rounded down to whole host pages (so base.geometry must
-// already be the model's).
+// vLLM without speculative decoding. host_pool_gib becomes host_capacity_tokens: the tokens of
+// base.geometry it holds, in whole host pages (so base.geometry must already be the model's);
+// without it, host_to_device_ratio sizes the pool as for SGLang; without either, base's stands.
 StatusOr<CacheOptions> CacheOptionsFromVllmHisparse(std::string_view json,
                                                     const CacheOptions& base);
 

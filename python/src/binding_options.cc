@@ -234,11 +234,11 @@ void RegisterCacheOptions(py::module_& m) {
           },
           py::arg("config"), py::arg("base"),
           "Options from SGLang's --hisparse-config (a JSON str or dict): device_buffer_size "
-          "becomes hot_slots (default 2 * top_k); base supplies the model (geometry, top_k), "
-          "the host pool, batch and context. Keys sparsekv cannot honour (host_to_device_ratio, "
-          "algorithm other than deepseek_nsa/deepseek_dsa, page_size > 1, "
-          "min_sparse_prompt_len > 0) and unknown keys raise InvalidArgumentError saying why; "
-          "docs/config.md has the table.")
+          "becomes hot_slots (default 2 * top_k), host_to_device_ratio the host pool as a "
+          "multiple of max_requests * (hot_slots + window); base supplies the model (geometry, "
+          "top_k), batch and context. Settings sparsekv cannot honour (an algorithm other than "
+          "deepseek_nsa/deepseek_dsa, page_size > 1, min_sparse_prompt_len > 0) and unknown keys "
+          "raise InvalidArgumentError saying why; docs/config.md has the table.")
       .def_static(
           "from_vllm_hisparse",
           [](const py::object& config, const CacheOptions& base) {

@@ -103,6 +103,11 @@ def test_sglang_hisparse_config():
     o = sparsekv.CacheOptions.from_sglang_hisparse_config(config, deepseek_base())
     assert (o.top_k, o.hot_slots) == (2048, 6144)
     assert sparsekv.CacheOptions.from_sglang_hisparse_config({}, deepseek_base()).hot_slots == 4096
+    # SGLang's help example: the host pool is twice the device's hot-cache slots.
+    o = sparsekv.CacheOptions.from_sglang_hisparse_config(
+        '{"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 2}', deepseek_base()
+    )
+    assert o.host_capacity_tokens == 2 * 32 * (4096 + 1) // 64 * 64
     o = sparsekv.CacheOptions.from_sglang_hisparse_config(
         {"algorithm": "deepseek_nsa", "backend": None, "page_size": 1, "min_sparse_prompt_len": 0},
         base=deepseek_base(),
@@ -113,7 +118,7 @@ def test_sglang_hisparse_config():
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"host_to_device_ratio": 2}, "host_to_device_ratio has no equivalent"),
+        ({"host_to_device_ratio": 0.5}, "host_to_device_ratio must be a number >= 1"),
         ({"algorithm": "quest"}, 'algorithm "quest" has no equivalent'),
         ({"page_size": 64}, r"page_size \(64\) has no equivalent"),
         ({"min_sparse_prompt_len": 4096}, r"min_sparse_prompt_len \(4096\) has no equivalent"),
@@ -145,7 +150,6 @@ def test_vllm_hisparse():
     [
         ({"eager_host_mirror": False}, r"eager_host_mirror \(false\) has no equivalent"),
         ({"host_pool_gib": 0}, "host_pool_gib must be a positive number of GiB"),
-        ({"host_to_device_ratio": 2}, "host_to_device_ratio has no equivalent"),
         ({"enable_hisparse": True}, 'unknown key "enable_hisparse"'),
     ],
 )

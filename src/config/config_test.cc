@@ -265,6 +265,43 @@ TEST(SglangHisparseConfigTest, DefaultsAreSglangs) {
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->top_k, 2048);
   EXPECT_EQ(o->hot_slots, 4096);  // 2 * top_k
+  EXPECT_EQ(o->host_capacity_tokens, base.host_capacity_tokens);
+  // Without a host pool in the base, SGLang's default host_to_device_ratio of 2 sizes it:
+  // 2 x 8 requests x (4096 + 1) slots = 65552 tokens, down to whole 64-token pages.
+  base.host_capacity_tokens = 0;
+  o = CacheOptionsFromSglangHisparseConfig("{}", base);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->host_capacity_tokens, 1024 * 64);
+}
+
+TEST(SglangHisparseConfigTest, HostToDeviceRatioSizesTheHostPool) {
+  // The example of SGLang's --hisparse-config help, with a larger ratio.
+  StatusOr<CacheOptions> o = CacheOptionsFromSglangHisparseConfig(
+      R"({"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 10})", Base());
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  // 10 x 8 x 4097 = 327760 tokens: 5121 whole pages.
+  EXPECT_EQ(o->host_capacity_tokens, 5121 * 64);
+  EXPECT_EQ(o->hot_slots, 4096);
+}
+
+TEST(SglangHisparseConfigTest, BadRatiosNameTheKey) {
+  EXPECT_NE(
+      ErrorOf(CacheOptionsFromSglangHisparseConfig(R"({"host_to_device_ratio": 0.5})", Base()))
+          .find("host_to_device_ratio must be a number >= 1"),
+      std::string::npos);
+  EXPECT_NE(
+      ErrorOf(CacheOptionsFromSglangHisparseConfig(R"({"host_to_device_ratio": "2"})", Base()))
+          .find("host_to_device_ratio must be a number"),
+      std::string::npos);
+  EXPECT_NE(
+      ErrorOf(CacheOptionsFromSglangHisparseConfig(R"({"host_to_device_ratio": 100000})", Base()))
+          .find("host rows are 32-bit indices"),
+      std::string::npos);
+  CacheOptions base = Base();
+  base.max_requests = 0;
+  EXPECT_NE(ErrorOf(CacheOptionsFromSglangHisparseConfig(R"({"host_to_device_ratio": 2})", base))
+                .find("host_to_device_ratio needs max_requests in the base options"),
+            std::string::npos);
 }
 
 TEST(SglangHisparseConfigTest, KeysWithoutEffectOnSparsekvAreAccepted) {
@@ -283,13 +320,6 @@ TEST(SglangHisparseConfigTest, KeysWithoutEffectOnSparsekvAreAccepted) {
                   .ok());
   ASSERT_TRUE(
       CacheOptionsFromSglangHisparseConfig(R"({"algorithm": "deepseek_dsa"})", Base()).ok());
-}
-
-TEST(SglangHisparseConfigTest, HostToDeviceRatioIsRefusedWithWhatToSetInstead) {
-  const std::string message = ErrorOf(CacheOptionsFromSglangHisparseConfig(
-      R"({"top_k": 2048, "device_buffer_size": 4096, "host_to_device_ratio": 10})", Base()));
-  EXPECT_NE(message.find("host_to_device_ratio has no equivalent"), std::string::npos) << message;
-  EXPECT_NE(message.find("host_capacity_tokens"), std::string::npos) << message;
 }
 
 TEST(SglangHisparseConfigTest, SettingsSparsekvCannotHonourAreRefused) {
@@ -345,9 +375,9 @@ TEST(SglangHisparseConfigTest, UnknownKeyListsSglangsKeys) {
 
 TEST(SglangHisparseConfigTest, ResultIsValidatedAgainstTheBase) {
   CacheOptions base = Base();
-  base.host_capacity_tokens = 0;
+  base.max_context = 0;
   EXPECT_NE(ErrorOf(CacheOptionsFromSglangHisparseConfig(R"({"device_buffer_size": 4096})", base))
-                .find("host_capacity_tokens"),
+                .find("max_context must be > 0"),
             std::string::npos);
 }
 
@@ -389,9 +419,10 @@ TEST(VllmHisparseTest, EarlierReleasesKeys) {
       Base());
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->host_capacity_tokens, 6393 * 64);
-  const std::string message = ErrorOf(CacheOptionsFromVllmHisparse(
-      R"({"device_buffer_size": 4096, "host_to_device_ratio": 2})", Base()));
-  EXPECT_NE(message.find("host_to_device_ratio has no equivalent"), std::string::npos) << message;
+  o = CacheOptionsFromVllmHisparse(R"({"device_buffer_size": 4096, "host_to_device_ratio": 2})",
+                                   Base());
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->host_capacity_tokens, 1024 * 64);  // 2 x 8 x 4097 = 65552, in whole pages
 }
 
 TEST(VllmHisparseTest, LazyHostMirrorIsRefused) {

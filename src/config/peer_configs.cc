@@ -65,17 +65,68 @@ StatusOr<CacheOptions> ReadTopKAndBuffer(const JsonFields& fields, const CacheOp
   return o;
 }
 
-Status RefuseHostToDeviceRatio(const JsonFields& fields) {
-  return fields.Error("host_to_device_ratio",
-                      "has no equivalent: it sizes the host pool as a multiple of the engine's "
-                      "device KV pool, and sparsekv keeps no device KV pool (its HBM holds only "
-                      "the hot caches); leave it out and set host_capacity_tokens, the host pool "
-                      "in tokens, in the base options");
+// `tokens` (where they come from: `what`) rounded down to whole host pages of o. InvalidArgument
+// naming `key` when that is less than one page or more than 32-bit host rows index.
+StatusOr<int64_t> WholeHostPages(const JsonFields& fields, std::string_view key, double tokens,
+                                 const std::string& what, const CacheOptions& o) {
+  if (o.host_page_tokens <= 0) {
+    return fields.Error(key, "needs host_page_tokens > 0 in the base options");
+  }
+  const int64_t page = o.host_page_tokens;
+  if (!(tokens < static_cast<double>(kInt32Max))) {
+    return fields.Error(key, what + " is more than " + std::to_string(kInt32Max) +
+                                 " tokens: host rows are 32-bit indices");
+  }
+  const int64_t whole_pages = static_cast<int64_t>(tokens) / page * page;
+  if (whole_pages < page) {
+    return fields.Error(key, what + " is " + std::to_string(static_cast<int64_t>(tokens)) +
+                                 " tokens, less than one host page (" + std::to_string(page) +
+                                 " tokens)");
+  }
+  return whole_pages;
 }
 
-// ---- SGLang ----
+// host_to_device_ratio: the host pool as a multiple of the device's slots. In SGLang the device
+// pool holds every running request's buffer (device_buffer_size plus a page for new tokens) and
+// the host pool ratio times as many tokens; here the device holds max_requests hot caches of
+// hot_slots + window slots.
+StatusOr<int64_t> RatioTokens(const JsonFields& fields, double ratio, const CacheOptions& o) {
+  constexpr std::string_view kKey = "host_to_device_ratio";
+  if (!std::isfinite(ratio) || ratio < 1) {
+    return fields.Error(
+        kKey, "must be a number >= 1 (host tokens per device slot), got " + Json(ratio).dump());
+  }
+  if (o.max_requests <= 0) {
+    return fields.Error(kKey,
+                        "needs max_requests in the base options: the host pool is the ratio "
+                        "times max_requests * (hot_slots + window) device slots");
+  }
+  const int64_t device_slots = int64_t{o.max_requests} * o.slots_per_request();
+  return WholeHostPages(fields, kKey, std::floor(ratio * static_cast<double>(device_slots)),
+                        Json(ratio).dump() + " x " + std::to_string(device_slots) +
+                            " device slots (max_requests x (hot_slots + window))",
+                        o);
+}
+
+// host_pool_gib: the tokens of o.geometry that many GiB hold.
+StatusOr<int64_t> GibTokens(const JsonFields& fields, double gib, const CacheOptions& o) {
+  constexpr std::string_view kKey = "host_pool_gib";
+  if (!std::isfinite(gib) || gib <= 0) {
+    return fields.Error(kKey, "must be a positive number of GiB");
+  }
+  const int64_t token_bytes = o.geometry.token_stride_bytes();
+  if (o.geometry.layers.empty() || token_bytes <= 0) {
+    return fields.Error(kKey,
+                        "needs the model's rows in the base options (geometry) to size the host "
+                        "pool in tokens");
+  }
+  return WholeHostPages(
+      fields, kKey, std::floor(gib * double{1 << 30} / static_cast<double>(token_bytes)),
+      Json(gib).dump() + " GiB of " + std::to_string(token_bytes) + "-B tokens", o);
+}
 
 constexpr char kSglang[] = "SGLang hisparse config";
+constexpr char kVllm[] = "vLLM HiSparse config";
 
 // A string key whose null means SGLang's default (None), trimmed and lower-cased as SGLang does.
 StatusOr<std::optional<std::string>> SglangName(const JsonFields& fields, std::string_view key) {
@@ -109,7 +160,13 @@ StatusOr<CacheOptions> CacheOptionsFromSglangHisparseConfig(std::string_view jso
   constexpr int64_t kSglangDefaultTopK = 2048;
   SPARSEKV_ASSIGN_OR_RETURN(CacheOptions options,
                             ReadTopKAndBuffer(fields, base, kSglangDefaultTopK));
-  if (fields.Has("host_to_device_ratio")) return RefuseHostToDeviceRatio(fields);
+  // The host pool: host_to_device_ratio when given; SGLang's default ratio (2) when base has no
+  // host pool; else base's.
+  SPARSEKV_ASSIGN_OR_RETURN(std::optional<double> ratio, fields.Number("host_to_device_ratio"));
+  if (!ratio && base.host_capacity_tokens == 0) ratio = 2;
+  if (ratio) {
+    SPARSEKV_ASSIGN_OR_RETURN(options.host_capacity_tokens, RatioTokens(fields, *ratio, options));
+  }
   // Threads per block of SGLang's swap-in kernel, checked as SGLang checks it; sparsekv's resolve
   // has its own launch shape.
   SPARSEKV_RETURN_IF_ERROR(fields.Integer("swap_in_block_size", 1, 1024).status());
@@ -145,46 +202,6 @@ StatusOr<CacheOptions> CacheOptionsFromSglangHisparseConfig(std::string_view jso
   return options;
 }
 
-// ---- vLLM ----
-
-namespace {
-
-constexpr char kVllm[] = "vLLM HiSparse config";
-
-// host_pool_gib GiB as whole host pages of base's geometry.
-StatusOr<int64_t> HostPoolTokens(const JsonFields& fields, double gib, const CacheOptions& o) {
-  if (!std::isfinite(gib) || gib <= 0) {
-    return fields.Error("host_pool_gib", "must be a positive number of GiB");
-  }
-  const int64_t token_bytes = o.geometry.token_stride_bytes();
-  if (o.geometry.layers.empty() || token_bytes <= 0) {
-    return fields.Error("host_pool_gib",
-                        "needs the model's rows in the base options (geometry) to size the host "
-                        "pool in tokens");
-  }
-  if (o.host_page_tokens <= 0) {
-    return fields.Error("host_pool_gib", "needs host_page_tokens > 0 in the base options");
-  }
-  const double tokens = std::floor(gib * double{1 << 30} / static_cast<double>(token_bytes));
-  const int64_t page = o.host_page_tokens;
-  if (tokens >= static_cast<double>(kInt32Max)) {
-    return fields.Error("host_pool_gib", Shown(gib) + " holds more than " +
-                                             std::to_string(kInt32Max) + " tokens of " +
-                                             std::to_string(token_bytes) +
-                                             " B: host rows are 32-bit indices");
-  }
-  const int64_t whole_pages = static_cast<int64_t>(tokens) / page * page;
-  if (whole_pages < page) {
-    return fields.Error("host_pool_gib",
-                        Shown(gib) + " holds " + std::to_string(static_cast<int64_t>(tokens)) +
-                            " tokens of " + std::to_string(token_bytes) +
-                            " B, less than one host page (" + std::to_string(page) + " tokens)");
-  }
-  return whole_pages;
-}
-
-}  // namespace
-
 StatusOr<CacheOptions> CacheOptionsFromVllmHisparse(std::string_view json,
                                                     const CacheOptions& base) {
   SPARSEKV_ASSIGN_OR_RETURN(const Json value, ParseJson(json, kVllm));
@@ -199,11 +216,13 @@ StatusOr<CacheOptions> CacheOptionsFromVllmHisparse(std::string_view json,
   if (!fields.IsNull("host_pool_gib")) {
     SPARSEKV_ASSIGN_OR_RETURN(gib, fields.Number("host_pool_gib"));
   }
+  // The host pool: host_pool_gib; without it host_to_device_ratio, as vLLM read it (ignored when
+  // host_pool_gib is given); without either, base's.
+  SPARSEKV_ASSIGN_OR_RETURN(std::optional<double> ratio, fields.Number("host_to_device_ratio"));
   if (gib) {
-    SPARSEKV_ASSIGN_OR_RETURN(options.host_capacity_tokens, HostPoolTokens(fields, *gib, options));
-  } else if (fields.Has("host_to_device_ratio")) {
-    // vLLM itself read the ratio only when host_pool_gib was not given; with it, it is ignored.
-    return RefuseHostToDeviceRatio(fields);
+    SPARSEKV_ASSIGN_OR_RETURN(options.host_capacity_tokens, GibTokens(fields, *gib, options));
+  } else if (ratio) {
+    SPARSEKV_ASSIGN_OR_RETURN(options.host_capacity_tokens, RatioTokens(fields, *ratio, options));
   }
   SPARSEKV_ASSIGN_OR_RETURN(std::optional<bool> eager, fields.Bool("eager_host_mirror"));
   if (eager && !*eager) {

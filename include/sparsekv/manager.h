@@ -113,6 +113,37 @@ struct HostCounters {
   uint64_t promotions = 0;
 };
 
+// The device memory a manager holds, by use, now, in bytes; the parts add up to
+// CacheStats::device_bytes. The hot cache's memory is pages of resident_page_rows rows in every
+// layer, which move between resident requests, hot-cache blocks and indexer keys.
+struct DeviceMemoryUse {
+  int64_t resident_rows = 0;      // pages of resident requests (hybrid residency)
+  int64_t hot_cache_rows = 0;     // pages of the hot-cache blocks in use
+  int64_t indexer_keys = 0;       // pages of indexer keys
+  int64_t free_rows = 0;          // pages no one holds
+  int64_t replacement_state = 0;  // every block's LRU state and page list (fixed)
+  int64_t tables = 0;             // the page, residency and key tables (fixed)
+  int64_t plan = 0;      // the plan region, miss, prefetch and residency load lists (fixed)
+  int64_t counters = 0;  // the device statistics counters (fixed)
+  int64_t sum() const {
+    return resident_rows + hot_cache_rows + indexer_keys + free_rows + replacement_state + tables +
+           plan + counters;
+  }
+};
+
+// The host pool by use, now, in bytes of pages (host_page_tokens * token_stride_bytes each); the
+// parts add up to total. Of the whole pool when it is shared with other managers or processes
+// (their pages count as private or shared as their holders make them).
+struct HostMemoryUse {
+  int64_t total = 0;
+  int64_t private_pages = 0;   // one holder that is not a retained conversation of this manager
+  int64_t shared_pages = 0;    // more than one holder (shared prefixes, forks), not only retained
+  int64_t retained_pages = 0;  // held only by this manager's retained conversations (evictable)
+  int64_t free_pages = 0;
+  bool node_pool = false;  // the pool is a node pool: its memory is a shared-memory segment
+  int64_t sum() const { return private_pages + shared_pages + retained_pages + free_pages; }
+};
+
 // Statistics since creation or the last ResetStats(): the host counters, the device counters
 // (read at ReadStats) and gauges marked "now".
 struct CacheStats : HostCounters {
@@ -127,6 +158,8 @@ struct CacheStats : HostCounters {
   int32_t resident_requests = 0;  // now: requests in resident mode (hybrid residency)
   // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
   int64_t device_bytes = 0;
+  DeviceMemoryUse device_memory;  // now: device_bytes by use
+  HostMemoryUse host_memory;      // now: the host pool by use
 
   int32_t pages_shared = 0;  // now: pages with more than one holder (whole pool)
   // now: bytes_saved = sum over pages of (holders - 1) * page_tokens * token_stride_bytes, the

@@ -23,6 +23,30 @@ py::dict LayerStatsDict(const LayerStats& s) {
   return d;
 }
 
+py::dict DeviceMemoryDict(const DeviceMemoryUse& u) {
+  py::dict d;
+  d["resident_rows"] = u.resident_rows;
+  d["hot_cache_rows"] = u.hot_cache_rows;
+  d["indexer_keys"] = u.indexer_keys;
+  d["free_rows"] = u.free_rows;
+  d["replacement_state"] = u.replacement_state;
+  d["tables"] = u.tables;
+  d["plan"] = u.plan;
+  d["counters"] = u.counters;
+  return d;
+}
+
+py::dict HostMemoryDict(const HostMemoryUse& u) {
+  py::dict d;
+  d["total"] = u.total;
+  d["private_pages"] = u.private_pages;
+  d["shared_pages"] = u.shared_pages;
+  d["retained_pages"] = u.retained_pages;
+  d["free_pages"] = u.free_pages;
+  d["node_pool"] = u.node_pool;
+  return d;
+}
+
 // Binds read-only scalar fields of CacheStats and remembers their names, so that to_dict lists
 // every field bound, in order.
 struct StatsFields {
@@ -56,11 +80,51 @@ void RegisterStats(py::module_& m) {
                              "(hits + window_hits + resident_hits) / (that + misses); 0 if none.")
       .def("to_dict", &LayerStatsDict, "The counters and hit_rate as a dict.");
 
+  py::class_<DeviceMemoryUse>(m, "DeviceMemoryUse",
+                              "Now: the device memory a manager holds, by use, in bytes; the "
+                              "parts add up to CacheStats.device_bytes.")
+      .def_readonly("resident_rows", &DeviceMemoryUse::resident_rows,
+                    "Pages of resident requests (hybrid residency).")
+      .def_readonly("hot_cache_rows", &DeviceMemoryUse::hot_cache_rows,
+                    "Pages of the hot-cache blocks in use.")
+      .def_readonly("indexer_keys", &DeviceMemoryUse::indexer_keys, "Pages of indexer keys.")
+      .def_readonly("free_rows", &DeviceMemoryUse::free_rows, "Pages no one holds.")
+      .def_readonly("replacement_state", &DeviceMemoryUse::replacement_state,
+                    "Every block's LRU state and page list (fixed).")
+      .def_readonly("tables", &DeviceMemoryUse::tables,
+                    "The page, residency and key tables (fixed).")
+      .def_readonly("plan", &DeviceMemoryUse::plan,
+                    "The plan region, miss, prefetch and residency load lists (fixed).")
+      .def_readonly("counters", &DeviceMemoryUse::counters,
+                    "The device statistics counters (fixed).")
+      .def("sum", &DeviceMemoryUse::sum, "The parts together: CacheStats.device_bytes.")
+      .def("to_dict", &DeviceMemoryDict, "The parts as a dict.");
+  py::class_<HostMemoryUse>(m, "HostMemoryUse",
+                            "Now: the host pool by use, in bytes of pages; the parts add up to "
+                            "total (of the whole pool when it is shared).")
+      .def_readonly("total", &HostMemoryUse::total, "The pool's pages.")
+      .def_readonly("private_pages", &HostMemoryUse::private_pages,
+                    "Pages with one holder that is not a retained conversation.")
+      .def_readonly("shared_pages", &HostMemoryUse::shared_pages,
+                    "Pages with more than one holder (shared prefixes, forks), not only "
+                    "retained.")
+      .def_readonly("retained_pages", &HostMemoryUse::retained_pages,
+                    "Pages held only by this manager's retained conversations (evictable).")
+      .def_readonly("free_pages", &HostMemoryUse::free_pages, "Pages no one holds.")
+      .def_readonly("node_pool", &HostMemoryUse::node_pool,
+                    "The pool is a node pool (a shared-memory segment).")
+      .def("sum", &HostMemoryUse::sum, "private + shared + retained + free: total.")
+      .def("to_dict", &HostMemoryDict, "The parts as a dict.");
+
   py::class_<CacheStats> stats(m, "CacheStats",
                                "Statistics since creation or the last reset_stats(); fields "
                                "marked 'now' are gauges.");
   stats.def_readonly("layers", &CacheStats::layers, "A LayerStats per layer.")
-      .def_readonly("total", &CacheStats::total, "The sum of layers.");
+      .def_readonly("total", &CacheStats::total, "The sum of layers.")
+      .def_readonly("device_memory", &CacheStats::device_memory,
+                    "Now: device_bytes by use (DeviceMemoryUse).")
+      .def_readonly("host_memory", &CacheStats::host_memory,
+                    "Now: the host pool by use (HostMemoryUse).");
   static std::vector<const char*>& stats_names = *new std::vector<const char*>();
   StatsFields{stats, stats_names}(
       "bytes_host_to_device", &CacheStats::bytes_host_to_device,
@@ -111,6 +175,8 @@ void RegisterStats(py::module_& m) {
         for (const LayerStats& l : s.layers) layers.append(LayerStatsDict(l));
         d["layers"] = layers;
         d["total"] = LayerStatsDict(s.total);
+        d["device_memory"] = DeviceMemoryDict(s.device_memory);
+        d["host_memory"] = HostMemoryDict(s.host_memory);
         for (const char* name : stats_names) d[name] = self.attr(name);
         return d;
       },

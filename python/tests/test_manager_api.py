@@ -353,9 +353,16 @@ def test_statistics_fields_dict_and_reset(arrays):
                     if not n.startswith("_") and n != "to_dict")
     assert sorted(as_dict) == fields
     for name in fields:
-        if name not in ("layers", "total"):
+        if name not in ("layers", "total", "device_memory", "host_memory"):
             assert as_dict[name] == getattr(stats, name)
     assert as_dict["total"] == stats.total.to_dict()
+    # Memory by use: dicts of their parts, which add up.
+    assert as_dict["device_memory"] == stats.device_memory.to_dict()
+    assert as_dict["host_memory"] == stats.host_memory.to_dict()
+    assert stats.device_memory.sum() == stats.device_bytes
+    assert sum(as_dict["device_memory"].values()) == stats.device_bytes
+    assert stats.host_memory.sum() == stats.host_memory.total
+    assert stats.host_memory.private_pages > 0 and not stats.host_memory.node_pool
     assert len(as_dict["layers"]) == len(LAYERS)
     assert stats.host_pages_total == d.options.host_capacity_tokens // PAGE
     assert stats.device_bytes > 0

@@ -100,6 +100,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count, StreamHandle stream);
   Status ResolvePrefetch(int32_t layer, const int32_t* positions, int32_t count,
                          StreamHandle stream);
+  // CacheStats::device_memory and host_memory, now.
+  DeviceMemoryUse DeviceMemoryByUse() const;
+  HostMemoryUse HostMemoryByUse() const;
   // copy_blocks 0: the options' grid for prefetch copies.
   Status CopyPrefetch(int32_t layer, StreamHandle stream, int32_t copy_blocks);
   Status FinishStep(StreamHandle stream);

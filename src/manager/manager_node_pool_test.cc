@@ -155,6 +155,10 @@ TEST_F(NodePoolManagerTest, SealedPromptsDecodeExactlyBeforeAndAfterTheWriterLet
   EXPECT_EQ(stats->copy_on_write_pages, 3u);  // the three partial pages, shared at first append
   EXPECT_EQ(stats->bytes_ingested, 0u);
   EXPECT_GT(stats->total.misses, 0u);
+  // The pool by use: a node pool's, whole, adding up.
+  EXPECT_TRUE(stats->host_memory.node_pool);
+  EXPECT_EQ(stats->host_memory.sum(), stats->host_memory.total);
+  EXPECT_EQ(stats->host_memory.total, int64_t{reader_->total_pages()} * reader_->page_bytes());
   for (RequestId id : ids) ASSERT_TRUE(manager_->Release(id).ok());
   EXPECT_EQ(reader_->free_pages(), reader_->total_pages());
   EXPECT_EQ(writer_->free_owners(), writer_->max_owners());

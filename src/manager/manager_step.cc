@@ -369,7 +369,40 @@ StatusOr<CacheStats> SparseKVCacheManager::Impl::ReadStats(StreamHandle stream) 
   s.pages_shared = pool_->shared_pages();
   s.bytes_saved = pool_->extra_references() * pool_->page_bytes();
   s.retained_conversations = ledger_->retained_conversations();
+  s.device_memory = DeviceMemoryByUse();
+  s.host_memory = HostMemoryByUse();
   return s;
+}
+
+DeviceMemoryUse SparseKVCacheManager::Impl::DeviceMemoryByUse() const {
+  const int64_t page_bytes = int64_t{hot_->page_rows()} * options_.geometry.token_stride_bytes();
+  DeviceMemoryUse use;
+  for (const auto& [id, r] : requests_) {
+    use.resident_rows += static_cast<int64_t>(r.resident_pages.size()) * page_bytes;
+    use.indexer_keys += static_cast<int64_t>(r.key_pages.size()) * page_bytes;
+  }
+  use.hot_cache_rows = int64_t{hot_->used_blocks()} * hot_->pages_per_block() * page_bytes;
+  use.free_rows = hot_->free_pages() * page_bytes;
+  use.replacement_state = hot_->device_bytes() - hot_->pages() * page_bytes;
+  use.tables = tables_.device_bytes();
+  use.plan = plan_.device_bytes() + residency_.device_bytes();
+  use.counters = stats_.device_bytes();
+  return use;
+}
+
+HostMemoryUse SparseKVCacheManager::Impl::HostMemoryByUse() const {
+  const int64_t page_bytes = pool_->page_bytes();
+  const PageLedger::RetainedOnly retained = ledger_->RetainedOnlyPages();
+  const int64_t used = pool_->total_pages() - pool_->free_pages();
+  const int64_t shared = pool_->shared_pages() - retained.shared;
+  HostMemoryUse use;
+  use.total = pool_->total_pages() * page_bytes;
+  use.free_pages = pool_->free_pages() * page_bytes;
+  use.retained_pages = retained.pages * page_bytes;
+  use.shared_pages = shared * page_bytes;
+  use.private_pages = (used - retained.pages - shared) * page_bytes;
+  use.node_pool = pool_->is_node_pool();
+  return use;
 }
 
 Status SparseKVCacheManager::Impl::ResetStats(StreamHandle stream) { return stats_.Reset(stream); }

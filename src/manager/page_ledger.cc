@@ -81,6 +81,17 @@ int32_t PageLedger::Drop(std::unordered_map<RequestId, Retained>::iterator it) {
   return freed;
 }
 
+PageLedger::RetainedOnly PageLedger::RetainedOnlyPages() const {
+  RetainedOnly out;
+  for (size_t page = 0; page < retained_refs_.size(); ++page) {
+    const int32_t refs = retained_refs_[page];
+    if (refs == 0 || refs != pool_->RefCount(static_cast<int32_t>(page))) continue;
+    ++out.pages;
+    out.shared += refs > 1;
+  }
+  return out;
+}
+
 int32_t PageLedger::DropAll() {
   const int32_t n = retained_conversations();
   while (!retained_.empty()) Drop(retained_.begin());

@@ -69,6 +69,13 @@ class PageLedger {
   // Drops every retained conversation; returns how many there were.
   int32_t DropAll();
   int32_t retained_conversations() const { return static_cast<int32_t>(retained_.size()); }
+  // Pages every holder of which is a retained conversation of this ledger (what MakeRoom can
+  // free), and of those the pages with more than one such holder.
+  struct RetainedOnly {
+    int32_t pages = 0;
+    int32_t shared = 0;
+  };
+  RetainedOnly RetainedOnlyPages() const;
 
   // What MakeRoom evicted.
   struct Evictions {

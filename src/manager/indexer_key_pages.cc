@@ -61,6 +61,9 @@ Status IndexerKeyPages::Copy(const RequestState& from, RequestState& to, StreamH
   const int64_t stride = options_.geometry.layers[0].row_stride;
   const int32_t key_bytes = options_.indexer_key_bytes;
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    // A layer whose keys the parent does not have yet: the child ingests them as the parent
+    // would (until then neither may join a step).
+    if (!from.keys_ingested[l]) continue;
     std::byte* data = hot_->layer_data(l);
     for (int32_t first = 0, i = 0; first < from.seq_len; first += keys_per_page_, ++i) {
       const int32_t n = std::min(keys_per_page_, from.seq_len - first);
@@ -69,8 +72,8 @@ Status IndexerKeyPages::Copy(const RequestState& from, RequestState& to, StreamH
                                                    static_cast<size_t>(n) * key_bytes, stream));
     }
   }
-  to.keys_ingested.assign(options_.geometry.num_layers(), true);
-  to.keys_ingested_layers = options_.geometry.num_layers();
+  to.keys_ingested = from.keys_ingested;
+  to.keys_ingested_layers = from.keys_ingested_layers;
   return Status::Ok();
 }
 

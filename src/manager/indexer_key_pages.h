@@ -58,8 +58,8 @@ class IndexerKeyPages {
   Status CheckEnabled() const;
   Status Ingest(RequestId id, RequestState& r, int32_t layer, const void* keys,
                 StreamHandle stream);
-  // Copies the keys of `from`'s positions into `to`'s key pages (every layer), and marks them
-  // ingested.
+  // Copies the keys of `from`'s positions into `to`'s key pages, in every layer whose keys `from`
+  // has, and marks those layers (and only those) ingested for `to`.
   Status Copy(const RequestState& from, RequestState& to, StreamHandle stream);
   // AppendToken's copy of the new keys ([max_batch, key_bytes] at `new_keys`) to the words
   // `append_key` names ([max_batch], PlanStep's), over the batch `to_window` (the copy of the

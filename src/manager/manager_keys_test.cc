@@ -137,6 +137,31 @@ TEST_F(ManagerKeysTest, RetractedRequestsKeepTheirKeysAndForksCopyThem) {
   Step({2});
 }
 
+// "A forked child has its parent's" keys: only the layers the parent has; the others the child
+// ingests itself before it may join a step.
+TEST_F(ManagerKeysTest, AForkOfAParentWithoutEveryLayersKeysIngestsTheRest) {
+  Create(Options(3));
+  ASSERT_TRUE(m_->Admit(1, kPrompt, kNew, nullptr).ok());
+  std::vector<Bytes> layers;
+  std::vector<Bytes> keys;
+  for (int32_t l = 0; l < kLayers; ++l) {
+    layers.push_back(Rows(1, l, 0, kPrompt));
+    ASSERT_TRUE(m_->IngestPrompt(1, l, layers.back().data(), nullptr).ok());
+    keys.push_back(testing::KeysOf(layers.back().data(), kPrompt, LayerShape{kRow, kRow}, kKey));
+  }
+  model_->Add(1, layers, kPrompt);
+  ASSERT_TRUE(m_->IngestIndexerKeys(1, 0, keys[0].data(), nullptr).ok());  // layer 0 only
+  ASSERT_TRUE(m_->Fork(1, 2, kNew, nullptr).ok());
+  model_->Copy(1, 2);
+  EXPECT_EQ(m_->IngestIndexerKeys(2, 0, keys[0].data(), nullptr).code(),
+            StatusCode::kAlreadyExists);  // copied from the parent
+  const std::vector<RequestId> child = {2};
+  EXPECT_EQ(m_->PlanStep(child, nullptr).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m_->IngestIndexerKeys(2, 1, keys[1].data(), nullptr).ok());
+  ASSERT_TRUE(m_->IngestIndexerKeys(1, 1, keys[1].data(), nullptr).ok());
+  Step({1, 2});
+}
+
 TEST_F(ManagerKeysTest, RefusalsChangeNothing) {
   Create(Options(3));
   const Bytes keys(kPrompt * kKey, std::byte{7});

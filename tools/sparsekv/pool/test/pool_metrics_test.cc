@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "sparsekv/node_pool.h"
 #include "testing/prometheus_scrape.h"
@@ -146,6 +147,28 @@ TEST_F(PoolMetricsTest, APortInUseIsRefusedAtOnce) {
   EXPECT_EQ(Terminate(first), 0);
   std::error_code ignored;
   std::filesystem::remove("/dev/shm/" + segment_ + "-b", ignored);
+}
+
+TEST_F(PoolMetricsTest, BadMetricsFlagsAreUsageErrors) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--metrics-host", "127.0.0.1"}, "--metrics-host requires --metrics-port"},
+           {{"--metrics-port", "65536"}, "--metrics-port"},
+           {{"--metrics-port", "-1"}, "--metrics-port"},
+           {{"--metrics-port", "0", "--metrics-host", ""}, "--metrics-host"}}) {
+    std::vector<std::string> argv = {SPARSEKV_TOOL, "pool", "--node-id", "metrics-usage"};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    const std::string name = "usage-" + std::to_string(logs_.size());
+    Subprocess* process = Start(name, argv);
+    ASSERT_NE(process, nullptr);
+    auto code = process->WaitFor(kDeadline);
+    ASSERT_TRUE(code.ok());
+    EXPECT_EQ(*code, 2) << Log(name);
+    EXPECT_NE(Log(name).find(c.message), std::string::npos) << Log(name);
+  }
 }
 
 }  // namespace

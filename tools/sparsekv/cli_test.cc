@@ -25,6 +25,7 @@
 #include "tools/sparsekv/bench/bench.h"
 #include "tools/sparsekv/bench/e2e_report.h"
 #include "tools/sparsekv/bench/page_offload.h"
+#include "tools/sparsekv/common/progress.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -59,6 +60,27 @@ TEST(E2EPlanTest, TheStandardSweepKeepsWhatTheCommandLineGave) {
   EXPECT_EQ(kept.contexts, c.contexts);
   EXPECT_EQ(kept.miss_rates, all.miss_rates);
   EXPECT_EQ(kept.variants, c.variants);
+}
+
+// ---- Progress (common/progress.h) ----
+
+// Off a terminal, progress is plain lines (here one per update, every 0 ms).
+TEST(ProgressBarTest, OffATerminalItPrintsLines) {
+  std::ostringstream err;
+  {
+    ProgressBar bar(err, /*terminal=*/false, "sparsekv replay", std::chrono::milliseconds(0));
+    bar.Update("replay", 1, 4);
+    bar.Update("replay", 2, 4);
+  }
+  EXPECT_EQ(err.str().find("sparsekv replay: replay 1/4, 0 s\n"), 0u) << err.str();
+  EXPECT_NE(err.str().find("sparsekv replay: replay 2/4, "), std::string::npos) << err.str();
+  EXPECT_EQ(err.str().find('\r'), std::string::npos) << err.str();
+  std::ostringstream quiet;
+  {
+    ProgressBar bar(quiet, /*terminal=*/false, "sparsekv replay");  // the default: every 10 s
+    bar.Update("replay", 1, 4);
+  }
+  EXPECT_TRUE(quiet.str().empty()) << quiet.str();
 }
 
 // ---- End-to-end report (e2e_report.h) ----

@@ -41,6 +41,14 @@ while IFS= read -r line; do
   fi
 done < <(grep -hE '^\s*(build/tools/sparsekv/)?sparsekv (bench|plan|replay|multi-turn|pool|--[a-z])' "$root/README.md" "$root"/docs/*.md)
 
+# No documented command writes over a committed result: a reader who runs it must not lose the
+# file the docs quote (the commands write into the current directory instead).
+if grep -nE '(--json|--csv|--out|--write-trace|--trace-step) +bench/results/' "$root/README.md" \
+  "$root"/docs/*.md; then
+  echo "documented commands above write into bench/results/ (write elsewhere)" >&2
+  failed=1
+fi
+
 # The small trace: 4 layers x 64 steps, top-k 64, from the synthetic generator.
 trace="$out/small.skvt"
 "$tool" replay --layers 4 --steps 64 --context 4096 --top-k 64 --policies lru \

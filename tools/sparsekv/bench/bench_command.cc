@@ -336,7 +336,7 @@ int BenchCommand::RunOnCpu(const BenchConfig& config, std::shared_ptr<Backend> b
                            const std::string& command, std::ostream& out, std::ostream& err,
                            bool progress_bar) {
   StatusOr<BenchResult> result = [&] {
-    ProgressBar bar(err, progress_bar);
+    ProgressBar bar(err, progress_bar, "sparsekv bench");
     return RunBench(config, backend, [&](std::string_view phase, int64_t done, int64_t total) {
       bar.Update(phase, done, total);
     });

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -63,6 +64,31 @@ Schedule Draw(const MultiTurnConfig& c) {
   return s;
 }
 
+// The most requests the schedule holds at once: per conversation, its turn's (or, while it
+// thinks, the retracted previous one) and the branches of every branching turn still decoding. A
+// turn lasts at least its reply and a branch branch_tokens steps, so the branching turns that can
+// overlap are those that start within branch_tokens reply tokens of each other.
+int64_t MaxLiveRequests(const MultiTurnConfig& c, const Schedule& s) {
+  int64_t total = 0;
+  for (const std::vector<Turn>& turns : s.conversations) {
+    int64_t overlap = 0, branching = 0, span = 0;  // over the window [first, next)
+    size_t first = 0;
+    for (size_t next = 0; next < turns.size(); ++next) {
+      // The window's turns start within branch_tokens of turns[first]'s start.
+      while (first < next && span >= c.branch_tokens) {
+        branching -= turns[first].branch ? 1 : 0;
+        span -= static_cast<int64_t>(turns[first].reply.size());
+        ++first;
+      }
+      branching += turns[next].branch ? 1 : 0;
+      span += static_cast<int64_t>(turns[next].reply.size());
+      overlap = std::max(overlap, branching);
+    }
+    total += 1 + int64_t{c.branches} * overlap;
+  }
+  return total;
+}
+
 // Replays the schedule through one manager, with or without sharing.
 class Replay {
  public:
@@ -71,7 +97,15 @@ class Replay {
       : c_(c), s_(s), sharing_(sharing), progress_(progress), convs_(c.conversations) {}
 
   StatusOr<MultiTurnModeResult> Run() {
-    const int32_t max_requests = c_.conversations * (1 + c_.branches);
+    // Sized from the schedule, so that no flag meets a limit of the manager's: at least one
+    // place per conversation and branch of one forking turn, more where branches overlap.
+    const int64_t live =
+        std::max<int64_t>(int64_t{c_.conversations} * (1 + c_.branches), MaxLiveRequests(c_, s_));
+    if (live > std::numeric_limits<int32_t>::max() / 2) {
+      return InvalidArgument("the schedule holds up to " + std::to_string(live) +
+                             " requests at once; lower --conversations or --branches");
+    }
+    const auto max_requests = static_cast<int32_t>(live);
     CacheOptions o;
     // Contents do not matter here, pages do.
     o.geometry = KVGeometry::Uniform(1, kMultiTurnSimulatedTokenBytes);
@@ -410,7 +444,7 @@ int MultiTurnCommand::Run(const std::string& command, std::ostream& out, std::os
     }
   }
   StatusOr<MultiTurnReport> report = [&] {
-    ProgressBar bar(err, progress_bar);
+    ProgressBar bar(err, progress_bar, "sparsekv multi-turn");
     return RunMultiTurn(config_, [&](std::string_view phase, int64_t done, int64_t total) {
       bar.Update(phase, done, total);
     });

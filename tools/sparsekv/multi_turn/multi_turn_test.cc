@@ -44,6 +44,18 @@ TEST(MultiTurnTest, SharingHoldsTheSameConversationsInLessPool) {
   EXPECT_EQ(r->page_bytes, 16 * 61 * 656);
 }
 
+// Replies of one token and no thinking start a turn every step, while the branches of earlier
+// turns still decode: the manager is sized from the schedule, not at one forking turn per
+// conversation.
+TEST(MultiTurnTest, OverlappingBranchesFitTheManager) {
+  std::ostringstream out, err;
+  const std::vector<std::string> args = {"multi-turn", "--system-tokens", "0", "--user-tokens",
+                                         "1",          "--reply-tokens",  "1", "--think-steps",
+                                         "0"};
+  ASSERT_EQ(RunCli(args, out, err, false), kExitOk) << err.str();
+  EXPECT_NE(out.str().find("private"), std::string::npos) << out.str();
+}
+
 TEST(MultiTurnTest, CommandWritesTheSummaryKeys) {
   const std::string path = ::testing::TempDir() + "multi_turn.json";
   const std::vector<std::string> args = {"multi-turn", "--conversations", "4",   "--turns",

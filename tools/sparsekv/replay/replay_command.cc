@@ -2,7 +2,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -49,31 +51,48 @@ Json CurveJson(const std::vector<MissCurvePoint>& curve) {
   return out;
 }
 
-// "2048:0.30" -> {2048, 0.30}; nullopt if malformed.
+// "2048:0.30" -> {2048, 0.30}; nullopt unless the whole text is SLOTS:RATE with SLOTS >= 1 and
+// RATE in [0, 1].
 std::optional<MissCurvePoint> ParseCurvePoint(const std::string& text) {
   const size_t colon = text.find(':');
   if (colon == std::string::npos) return std::nullopt;
-  try {
-    return MissCurvePoint{std::stoi(text.substr(0, colon)), std::stod(text.substr(colon + 1))};
-  } catch (const std::exception&) {
+  MissCurvePoint p{};
+  const char* end = text.data() + colon;
+  const auto [stop, error] = std::from_chars(text.data(), end, p.hot_slots);
+  if (error != std::errc() || stop != end || p.hot_slots < 1) return std::nullopt;
+  const std::string rate = text.substr(colon + 1);
+  char* rate_end = nullptr;
+  p.miss_rate = std::strtod(rate.c_str(), &rate_end);
+  if (rate.empty() || *rate_end != '\0' || !(p.miss_rate >= 0 && p.miss_rate <= 1)) {
     return std::nullopt;
   }
+  return p;
 }
 
-// The best policy's hit rate minus lru's, at hot-cache size `slots`; 0 if lru was not replayed.
+// The best policy at hot-cache size `slots`: its hit rate minus lru's when lru was replayed
+// (`gain`; lru itself at 0 if none beats it), else the highest hit rate (`vs_lru` false).
 struct Gain {
   std::string policy;
   double gain = 0;
+  double hit_rate = 0;
+  bool vs_lru = true;
 };
 Gain BestGain(const std::vector<PolicyResult>& results, int32_t slots) {
   const auto lru = std::find_if(results.begin(), results.end(), [&](const PolicyResult& r) {
     return r.hot_slots == slots && r.policy == "lru";
   });
-  Gain best{"lru", 0};
-  if (lru == results.end()) return best;
+  if (lru == results.end()) {
+    Gain best{"", 0, -1, false};
+    for (const PolicyResult& r : results) {
+      if (r.hot_slots == slots && r.hit_rate > best.hit_rate)
+        best = {r.policy, 0, r.hit_rate, false};
+    }
+    return best;
+  }
+  Gain best{"lru", 0, lru->hit_rate, true};
   for (const PolicyResult& r : results) {
     if (r.hot_slots == slots && r.hit_rate - lru->hit_rate > best.gain) {
-      best = {r.policy, r.hit_rate - lru->hit_rate};
+      best = {r.policy, r.hit_rate - lru->hit_rate, r.hit_rate, true};
     }
   }
   return best;
@@ -144,9 +163,10 @@ std::string Table(const ReplayResult& r, const Trace& trace, const std::string& 
       return q.hot_slots == p.hot_slots && q.policy == "lru";
     });
     const auto [lmin, lmax] = std::minmax_element(p.layer_hit_rate.begin(), p.layer_hit_rate.end());
-    out += Format("  %9d %-14s %9.4f %+8.4f %10.3f %9.4f %9.4f\n", p.hot_slots, p.policy.c_str(),
-                  p.hit_rate, lru != r.results.end() ? p.hit_rate - lru->hit_rate : 0.0,
-                  p.bytes_per_step / 1e6, *lmin, *lmax);
+    const std::string vs_lru = lru != r.results.end() ? Format("%+8.4f", p.hit_rate - lru->hit_rate)
+                                                      : Format("%8s", "-");  // lru not replayed
+    out += Format("  %9d %-14s %9.4f %s %10.3f %9.4f %9.4f\n", p.hot_slots, p.policy.c_str(),
+                  p.hit_rate, vs_lru.c_str(), p.bytes_per_step / 1e6, *lmin, *lmax);
   }
   return out;
 }
@@ -264,7 +284,15 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
                  "--fit-target)");
   app_->add_option("--fit-target", fit_target_,
                    "fit: target lru curve as SLOTS:MISS_RATE pairs, comma-separated")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::Validator(
+          [](std::string& input) -> std::string {
+            return ParseCurvePoint(input) ? ""
+                                          : "want SLOTS:MISS_RATE, SLOTS a whole number >= 1 and "
+                                            "MISS_RATE in [0, 1] (got '" +
+                                                input + "')";
+          },
+          "SLOTS:MISS_RATE"));
   app_->add_option("--fit-context", fit_context_,
                    "fit: the candidates' context [default: --context, or the trace's first "
                    "history length]")
@@ -280,7 +308,7 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->capture_default_str();
   app_->add_option("--window-split", window_split_,
                    "also replay lru with this many newest tokens resident, at the same memory "
-                   "(0 or 1: off) [default: top-k / 8]")
+                   "(0 or 1: off) [default: top-k / 8 when --policies has lru, else off]")
       ->check(AtLeast<int64_t>(0));
   app_->add_option("--decay", options_.decay, "lfu-decay: weight of a use per step of age")
       ->check(Fraction())
@@ -323,6 +351,85 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
 
 bool ReplayCommand::selected() const { return app_->parsed(); }
 
+Status ReplayCommand::CheckFlagsApply() const {
+  auto given = [&](const char* name) { return *name != '\0' && app_->count(name) > 0; };
+  // Names of the given flags among `names`, comma-separated.
+  auto given_of = [&](std::initializer_list<const char*> names) {
+    std::string list;
+    for (const char* n : names) {
+      if (given(n)) list += (list.empty() ? "" : ", ") + std::string(n);
+    }
+    return list;
+  };
+  if (!trace_path_.empty()) {
+    std::string synthetic =
+        given_of({"--layers", "--steps", "--context", "--top-k", "--reuse", "--early-layer-reuse",
+                  "--miss-rate", "--fresh-range", "--synthetic-locality", "--zipf-exponent",
+                  "--cross-layer-overlap"});
+    // The fit reads these (and the fitted generator the seed) on a trace too.
+    if (!fit_locality_) {
+      const std::string fit = given_of({"--recency", "--recency-window", "--sinks"});
+      if (!fit.empty()) synthetic += (synthetic.empty() ? "" : ", ") + fit;
+    }
+    if (!fit_locality_ && !synthetic_like_ && given("--seed")) {
+      synthetic += (synthetic.empty() ? "" : ", ") + std::string("--seed");
+    }
+    if (!synthetic.empty()) {
+      return InvalidArgument(synthetic +
+                             ": the synthetic generator's, which --trace replaces (the trace's "
+                             "own layers, steps and rows are replayed); leave them out");
+    }
+  }
+  const bool locality_preset = !locality_.empty() && locality_ != "miss-rate";
+  const bool miss_rate_mode = given("--miss-rate") || locality_ == "miss-rate";
+  if (given("--miss-rate") && locality_preset) {
+    return InvalidArgument("--miss-rate selects miss-rate mode, --synthetic-locality " + locality_ +
+                           " locality mode (where the miss rate is an outcome of the cache "
+                           "size): give one of them (or --synthetic-locality miss-rate)");
+  }
+  if (given("--fresh-range") && !miss_rate_mode) {
+    return InvalidArgument(
+        "--fresh-range applies in miss-rate mode only: add --miss-rate RATE (or "
+        "--synthetic-locality miss-rate)");
+  }
+  // The fit reads --recency-window (its base is locality mode's), not --zipf-exponent (fitted).
+  if (const std::string locality =
+          given_of({"--zipf-exponent", fit_locality_ ? "" : "--recency-window"});
+      !locality.empty() && !locality_preset) {
+    return InvalidArgument(locality +
+                           ": locality mode's, which is off: add --synthetic-locality "
+                           "calibrated (or glm5-published, smollm2)");
+  }
+  if (const std::string fit = given_of({"--fit-target", "--fit-context"});
+      !fit.empty() && !fit_locality_) {
+    return InvalidArgument(fit + ": the fit's, which is off: add --fit-locality");
+  }
+  if (given("--prefetch-budget") && prefetch_.empty()) {
+    return InvalidArgument(
+        "--prefetch-budget: the prefetch replay's, which is off: add --prefetch");
+  }
+  auto has_policy = [&](const char* p) {
+    return std::find(policies_.begin(), policies_.end(), p) != policies_.end();
+  };
+  for (const auto& [flag, policy] : {std::pair{"--decay", "lfu-decay"},
+                                     {"--protected-percent", "slru"},
+                                     {"--aging-shift", "aging"}}) {
+    if (given(flag) && !has_policy(policy)) {
+      return InvalidArgument(std::string(flag) + " is " + policy +
+                             "'s, which --policies leaves out");
+    }
+  }
+  if (crosslayer_prefetch_ && !has_policy("lru") && !has_policy("slru")) {
+    std::string asked;
+    for (const std::string& p : policies_) asked += (asked.empty() ? "" : ",") + p;
+    return InvalidArgument(
+        "--crosslayer-prefetch replays lru and slru only: add one of them to "
+        "--policies (got " +
+        asked + ")");
+  }
+  return Status::Ok();
+}
+
 int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostream& err,
                        bool progress_bar) {
   const auto fail = [&](const Status& s, int code) {
@@ -334,6 +441,7 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
        {std::pair{"--json", &json_path_}, {"--write-trace", &write_trace_path_}}) {
     if (Status s = CheckOutputPath(option, *path); !s.ok()) return fail(s, kExitUsage);
   }
+  if (Status s = CheckFlagsApply(); !s.ok()) return fail(s, kExitUsage);
   Trace trace;
   std::string source = trace_path_;
   if (!trace_path_.empty()) {
@@ -377,16 +485,29 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
   if (!write_trace_path_.empty()) {
     if (Status s = WriteTrace(write_trace_path_, trace); !s.ok()) return fail(s, kExitFailure);
   }
+  // The fit's target against the trace's top-k, before the replay: a bad one fails at once.
+  std::vector<MissCurvePoint> target;
+  for (const std::string& text : fit_target_) {
+    const MissCurvePoint p = *ParseCurvePoint(text);  // checked when parsed
+    if (p.hot_slots < trace.top_k) {
+      return fail(InvalidArgument("--fit-target '" + text + "': SLOTS must be >= the top-k (" +
+                                  std::to_string(trace.top_k) + ")"),
+                  kExitUsage);
+    }
+    target.push_back(p);
+  }
   ReplayOptions options = options_;
   options.hot_slots = hot_slots_;
   if (options.hot_slots.empty()) {
     for (int32_t m = 1; m <= 4; ++m) options.hot_slots.push_back(m * trace.top_k);
   }
-  options.window_split = window_split_ >= 0 ? window_split_ : trace.top_k / 8;
+  // The window-split lru is lru's variant: by default only beside lru.
+  const bool lru = std::find(policies_.begin(), policies_.end(), "lru") != policies_.end();
+  options.window_split = window_split_ >= 0 ? window_split_ : (lru ? trace.top_k / 8 : 0);
   options.policies.clear();
   for (const std::string& name : policies_) options.policies.push_back(*ParsePolicy(name));
 
-  ProgressBar bar(err, progress_bar);
+  ProgressBar bar(err, progress_bar, "sparsekv replay");
   const ReplayProgressFn progress = [&](std::string_view phase, int64_t done, int64_t total) {
     bar.Update(phase, done, total);
   };
@@ -409,8 +530,13 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
                                       ? 2 * trace.top_k
                                       : options.hot_slots.front();
   const Gain gain = BestGain(result->results, reference_slots);
-  out << Format("  best policy at %d slots: %s, hit rate %+.4f vs lru\n", reference_slots,
-                gain.policy.c_str(), gain.gain);
+  if (gain.vs_lru) {
+    out << Format("  best policy at %d slots: %s, hit rate %+.4f vs lru\n", reference_slots,
+                  gain.policy.c_str(), gain.gain);
+  } else {
+    out << Format("  best policy at %d slots: %s, hit rate %.4f (lru not replayed)\n",
+                  reference_slots, gain.policy.c_str(), gain.hit_rate);
+  }
   std::vector<MissCurvePoint> curve;
   for (const PolicyResult& p : result->results) {
     if (p.policy == "lru") curve.push_back({p.hot_slots, 1 - p.hit_rate});
@@ -422,20 +548,21 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     }
     out << "\n";
   }
-  Json json = {{"command", command},
-               {"source", source},
-               {"metadata", trace.metadata},
-               {"row_bytes", options.row_bytes},
-               {"warmup_steps", options.warmup_steps},
-               {"decay", options.decay},
-               {"protected_percent", options.protected_percent},
-               {"aging_shift", options.aging_shift},
-               {"window_split", options.window_split},
-               {"trace", ToJson(*result, trace)},
-               {"summary",
-                {{"replay_best_policy_hit_rate_gain", gain.gain},
-                 {"replay_best_policy", gain.policy},
-                 {"replay_reference_hot_slots", reference_slots}}}};
+  Json json = {
+      {"command", command},
+      {"source", source},
+      {"metadata", trace.metadata},
+      {"row_bytes", options.row_bytes},
+      {"warmup_steps", options.warmup_steps},
+      {"decay", options.decay},
+      {"protected_percent", options.protected_percent},
+      {"aging_shift", options.aging_shift},
+      {"window_split", options.window_split},
+      {"trace", ToJson(*result, trace)},
+      {"summary",
+       {{"replay_best_policy_hit_rate_gain", gain.vs_lru ? Json(gain.gain) : Json(nullptr)},
+        {"replay_best_policy", gain.policy},
+        {"replay_reference_hot_slots", reference_slots}}}};
   json["lru_miss_curve"] = CurveJson(curve);
   json["trace_entries"] = {{"entries", entries.entries},
                            {"padding", entries.padding},
@@ -459,16 +586,6 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     json["summary"]["crosslayer_overlap"] = overlap.mean;
   }
   if (fit_locality_) {
-    std::vector<MissCurvePoint> target;
-    for (const std::string& text : fit_target_) {
-      const std::optional<MissCurvePoint> p = ParseCurvePoint(text);
-      if (!p || p->hot_slots < trace.top_k || p->miss_rate < 0 || p->miss_rate > 1) {
-        return fail(InvalidArgument("--fit-target '" + text +
-                                    "': want SLOTS:MISS_RATE, SLOTS >= top-k, rate in [0, 1]"),
-                    kExitUsage);
-      }
-      target.push_back(*p);
-    }
     if (target.empty()) target = curve;
     if (target.empty()) return fail(InvalidArgument("--fit-locality needs lru"), kExitUsage);
     TopKGeneratorOptions base = *LocalityPreset("glm5-published");
@@ -535,7 +652,6 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
         crosslayer.policies.push_back(kind);
       }
     }
-    if (crosslayer.policies.empty()) crosslayer.policies.push_back(PolicyKind::kLru);
     StatusOr<std::vector<CrossLayerResult>> runs =
         ReplayCrossLayerPrefetch(trace, crosslayer, progress);
     if (!runs.ok()) return fail(runs.status(), kExitUsage);

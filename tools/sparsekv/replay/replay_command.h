@@ -25,6 +25,10 @@ class ReplayCommand {
   int Run(const std::string& command, std::ostream& out, std::ostream& err, bool progress_bar);
 
  private:
+  // InvalidArgument naming the given flags that the run would not read: the generator's with
+  // --trace, a mode's own flags outside it, a policy's parameter without the policy.
+  Status CheckFlagsApply() const;
+
   CLI::App* app_;
   std::string trace_path_;
   TopKGeneratorOptions generator_;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -412,6 +413,74 @@ TEST(ReplayCommandTest, RejectsBadArguments) {
   EXPECT_EQ(Cli({"replay", "--protected-percent", "101"}, out, err), kExitUsage);
   EXPECT_EQ(Cli({"replay", "--aging-shift", "0"}, out, err), kExitUsage);
   EXPECT_EQ(Cli({"replay", "--top-k", "4096", "--context", "2048"}, out, err), kExitUsage);
+}
+
+// Flags the run would not read are refused before it starts, naming them.
+TEST(ReplayCommandTest, RefusesFlagsThatDoNotApplyNamingThem) {
+  const std::string trace = ::testing::TempDir() + "replay_flags.skvt";
+  std::ostringstream out, err;
+  ASSERT_EQ(Cli({"replay", "--layers", "2", "--steps", "24", "--context", "256", "--top-k", "16",
+                 "--policies", "lru", "--write-trace", trace},
+                out, err),
+            kExitOk)
+      << err.str();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--trace", trace, "--layers", "4"}, "--layers: the synthetic generator's"},
+      {{"--trace", trace, "--steps", "4", "--miss-rate", "0.1"}, "--steps, --miss-rate"},
+      {{"--trace", trace, "--seed", "3"}, "--seed"},
+      {{"--fit-locality", "--fit-target", "4096:abc"},
+       "--fit-target: want SLOTS:MISS_RATE, SLOTS a whole number >= 1 and MISS_RATE in [0, 1] "
+       "(got '4096:abc')"},
+      {{"--fit-locality", "--fit-target", "4096:0.3x"}, "(got '4096:0.3x')"},
+      {{"--fit-target", "4096:0.3"}, "--fit-target: the fit's, which is off"},
+      {{"--fresh-range", "100"}, "--fresh-range applies in miss-rate mode only"},
+      {{"--miss-rate", "0.2", "--synthetic-locality", "calibrated"},
+       "--miss-rate selects miss-rate mode, --synthetic-locality calibrated locality mode"},
+      {{"--zipf-exponent", "1"}, "--zipf-exponent: locality mode's, which is off"},
+      {{"--decay", "0.5", "--policies", "lru"}, "--decay is lfu-decay's"},
+      {{"--prefetch-budget", "4"}, "--prefetch-budget: the prefetch replay's, which is off"},
+      {{"--crosslayer-prefetch", "--policies", "clock"},
+       "--crosslayer-prefetch replays lru and slru only: add one of them to --policies (got "
+       "clock)"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    std::vector<std::string> args = {"replay"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::ostringstream o, e;
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(Cli(args, o, e), kExitUsage) << expected << "\n" << e.str();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1)) << expected;
+    EXPECT_NE(e.str().find(expected), std::string::npos) << expected << "\n" << e.str();
+    EXPECT_TRUE(o.str().empty()) << o.str();
+  }
+  // What the fit reads on a trace is accepted with --fit-locality.
+  std::ostringstream o, e;
+  EXPECT_EQ(Cli({"replay", "--trace", trace, "--policies", "lru", "--fit-locality", "--sinks", "2",
+                 "--fit-target", "32:0.5"},
+                o, e),
+            kExitOk)
+      << e.str();
+}
+
+// Without lru, nothing of lru is replayed or reported as the best.
+TEST(ReplayCommandTest, PoliciesWithoutLruReplayNoLru) {
+  const std::string json_path = ::testing::TempDir() + "replay_clock.json";
+  std::ostringstream out, err;
+  ASSERT_EQ(Cli({"replay", "--layers", "2", "--steps", "24", "--context", "512", "--top-k", "32",
+                 "--policies", "clock", "--json", json_path},
+                out, err),
+            kExitOk)
+      << err.str();
+  for (const char* lru : {"-lru", "lru miss rate", "vs lru\n"}) {
+    EXPECT_EQ(out.str().find(lru), std::string::npos) << lru << "\n" << out.str();
+  }
+  EXPECT_NE(out.str().find("best policy at 64 slots: clock, hit rate "), std::string::npos)
+      << out.str();
+  std::ifstream file(json_path);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  EXPECT_EQ(j["summary"]["replay_best_policy"], "clock");
+  EXPECT_TRUE(j["summary"]["replay_best_policy_hit_rate_gain"].is_null());
+  for (const auto& r : j["trace"]["results"]) EXPECT_EQ(r["policy"], "clock");
 }
 
 // The published preset at its calibration shape (32K context, top-2048, one layer, 64 steps):

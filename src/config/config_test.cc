@@ -236,6 +236,10 @@ TEST(CacheOptionsJsonTest, GeometryErrorsNameTheNestedKey) {
                         R"({"geometry": {"num_layers": 100000000, "row_bytes": 656}})", Base()))
                 .find("geometry.num_layers must be in [1, 65536]"),
             std::string::npos);
+  EXPECT_NE(
+      ErrorOf(CacheOptionsFromJson(R"({"geometry": {"num_layers": 0, "row_bytes": 656}})", Base()))
+          .find("geometry.num_layers must be in [1, 65536], got 0"),
+      std::string::npos);
   EXPECT_NE(ErrorOf(CacheOptionsFromJson(R"({"geometry": {"rows": 3}})", Base()))
                 .find("unknown key \"geometry.rows\""),
             std::string::npos);
@@ -352,6 +356,9 @@ TEST(SglangHisparseConfigTest, BadValuesNameTheKey) {
             std::string::npos);
   EXPECT_NE(ErrorOf(CacheOptionsFromSglangHisparseConfig(R"({"swap_in_block_size": 2048})", Base()))
                 .find("swap_in_block_size must be in [1, 1024]"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(CacheOptionsFromSglangHisparseConfig(R"({"swap_in_block_size": 0})", Base()))
+                .find("swap_in_block_size must be in [1, 1024], got 0"),
             std::string::npos);
   EXPECT_NE(
       ErrorOf(CacheOptionsFromSglangHisparseConfig(R"({"swap_in_block_size": "960"})", Base()))

@@ -80,9 +80,16 @@ StatusOr<std::optional<int64_t>> JsonFields::Integer(std::string_view key, int64
   if (!v.is_number_integer()) {
     return Error(key, "must be an integer in " + range + ", got " + v.dump());
   }
-  // Unsigned values above int64's range are out of any range here.
-  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(max)
-                                           : v.get<int64_t>() >= min && v.get<int64_t>() <= max;
+  // The parser stores every non-negative integer as unsigned: compare it without converting, so
+  // that values above int64's range are out of range rather than wrapped.
+  bool fits;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    fits = max >= 0 && u <= static_cast<uint64_t>(max) &&
+           (min <= 0 || u >= static_cast<uint64_t>(min));
+  } else {
+    fits = v.get<int64_t>() >= min && v.get<int64_t>() <= max;
+  }
   if (!fits) return Error(key, "must be in " + range + ", got " + v.dump());
   return std::optional<int64_t>(v.get<int64_t>());
 }

@@ -4,7 +4,9 @@
 
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -248,6 +250,41 @@ TEST(CacheOptionsJsonTest, GeometryErrorsNameTheNestedKey) {
                         Base()))
                 .find("geometry.layers[0].row_stride (600) < row_bytes (656)"),
             std::string::npos);
+}
+
+TEST(CacheOptionsJsonTest, MangledTextIsRefusedOrValid) {
+  // Bytes of a valid config replaced, dropped or repeated: every reader returns valid options or
+  // InvalidArgument, never anything else.
+  const std::string valid = CacheOptionsToJson(Base());
+  const std::string_view json_chars = R"({}[]",:0123456789e.-+tfnul )";
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string text = valid;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits && !text.empty(); ++e) {
+      const size_t at = rng() % text.size();
+      switch (rng() % 3) {
+        case 0:
+          text[at] = json_chars[rng() % json_chars.size()];
+          break;
+        case 1:
+          text.erase(at, 1 + rng() % 8);
+          break;
+        default:
+          text.insert(at, text.substr(at, 1 + rng() % 8));
+          break;
+      }
+    }
+    for (const StatusOr<CacheOptions>& result :
+         {CacheOptionsFromJson(text, Base()), CacheOptionsFromSglangHisparseConfig(text, Base()),
+          CacheOptionsFromVllmHisparse(text, Base())}) {
+      if (result.ok()) {
+        EXPECT_TRUE(ValidateOptions(*result).ok()) << text;
+      } else {
+        EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument) << text;
+      }
+    }
+  }
 }
 
 // ---- SGLang's --hisparse-config ----

@@ -36,6 +36,21 @@ int RunCli(std::span<const std::string> args, std::ostream& out, std::ostream& e
   MultiTurnCommand multi_turn(app);
   PoolCommand pool(app);
 
+  // A first word that names no subcommand (CLI11 would say only that one is required).
+  // No subcommand, or a first word that names none: say which there are.
+  std::string names;
+  bool known = false;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    known = known || (!args.empty() && sub->get_name() == args[0]);
+  }
+  if (args.empty() || (!args[0].starts_with("-") && !known)) {
+    err << "sparsekv: "
+        << (args.empty() ? std::string("a subcommand is required")
+                         : "unknown subcommand '" + args[0] + "'")
+        << "; the subcommands are " << names << "\nRun with --help for more information.\n";
+    return kExitUsage;
+  }
   // CLI11 consumes its arguments from the back.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {

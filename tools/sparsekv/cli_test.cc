@@ -518,6 +518,51 @@ TEST(CliTest, RangeErrorsSayTheRangeInWords) {
   }
 }
 
+// What a newcomer types wrong gets a message that names the flag, the range and the reason.
+TEST(CliTest, UnclearInputsGetClearMessages) {
+  const bool gpu = CreateCudaBackend(0).ok();
+  std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"frob"},
+       "sparsekv: unknown subcommand 'frob'; the subcommands are bench, plan, replay, "
+       "multi-turn, pool"},
+      {{}, "a subcommand is required; the subcommands are bench, plan"},
+      {{"bench", "--batch", "99999999999"},
+       "--batch: must be in [1, 2147483647] (got 99999999999)"},
+      {{"bench", "--layers", "99999999999999999999"}, "--layers: must be in [1, 1000]"},
+      {{"replay", "--hot-slots", "99999999999"}, "--hot-slots: must be in [1, 2147483647]"},
+      {{"bench", "--json", ""}, "--json: must not be empty"},
+      {{"replay", "--write-trace", ""}, "--write-trace: must not be empty"},
+      {{"plan", "--json", ""}, "--json: must not be empty"},
+      {{"multi-turn", "--json", ""}, "--json: must not be empty"},
+      {{"plan", "--tier", "a:1:1", "--tier", "a:2:2"}, "--tier: two tiers are named 'a'"},
+      {{"plan", "--tier", "hbm:1:1"}, "'hbm' names the full-HBM baseline"},
+      {{"plan", "--tpot-slo-ms", "0.001"},
+       "no batch meets --tpot-slo-ms 0.001 in any case; their fastest step (batch 1) takes"},
+  };
+  if (!gpu) {
+    // On the CPU the reason is the flag's (GPU only), and the shape quoted is the CPU's.
+    cases.push_back({{"bench", "--mtp", "2"}, "--mtp: read only by the end-to-end GPU benchmark"});
+    cases.push_back({{"bench", "--window", "100000"},
+                     "--window (100000) must be <= --context (8192): the window holds the newest "
+                     "tokens of the history (after the CPU scale-down"});
+  }
+  for (const auto& [args, expected] : cases) {
+    const CliRun r = Cli(args);
+    EXPECT_EQ(r.code, kExitUsage) << expected << "\n" << r.err;
+    EXPECT_NE(r.err.find(expected), std::string::npos) << expected << "\n" << r.err;
+    EXPECT_EQ(r.err.find("Could not convert"), std::string::npos) << r.err;
+  }
+}
+
+// An SLO some cases cannot meet is said above the table.
+TEST(CliTest, PlanSaysWhichCasesNoBatchMeetsTheSloIn) {
+  const CliRun r = Cli({"plan", "--tpot-slo-ms", "22", "--contexts", "16384,1048576"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("--tpot-slo-ms 22: no batch meets it in 8 of 9 cases (batch 0 below)"),
+            std::string::npos)
+      << r.out;
+}
+
 // A node pool whose shape cannot be (the library's refusal) is a usage error too, and leaves no
 // segment behind.
 TEST(CliTest, PoolRefusesANodePoolShapeItCannotHave) {

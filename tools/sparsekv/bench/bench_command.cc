@@ -55,28 +55,28 @@ BenchCommand::BenchCommand(CLI::App& parent) {
       ->capture_default_str();
   batch_ = app_->add_option("--batch", config_.batch,
                             "requests decoding together" + both(d.batch, cpu.batch))
-               ->check(AtLeast<int64_t>(1));
+               ->check(AtLeast<int32_t>(1));
   context_ = app_->add_option("--context", config_.context,
                               "prompt tokens per request" + both(d.context, cpu.context))
-                 ->check(AtLeast<int64_t>(1));
+                 ->check(AtLeast<int32_t>(1));
   steps_ = app_->add_option("--steps", config_.steps,
                             "decode steps, warm-up included" + both(d.steps, cpu.steps))
-               ->check(AtLeast<int64_t>(1));
+               ->check(AtLeast<int32_t>(1));
   app_->add_option("--warmup", config_.warmup_steps, "first steps excluded from timing and stats")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   top_k_ = app_->add_option("--top-k", config_.top_k,
                             "positions selected per request and layer" + both(d.top_k, cpu.top_k))
-               ->check(AtLeast<int64_t>(1));
+               ->check(AtLeast<int32_t>(1));
   hot_slots_ =
       app_->add_option("--hot-slots", config_.hot_slots,
                        "LRU slots per request and layer in HBM" + both(d.hot_slots, cpu.hot_slots))
-          ->check(AtLeast<int64_t>(1));
+          ->check(AtLeast<int32_t>(1));
   app_->add_option("--window", config_.window, "newest tokens always resident")
-      ->check(AtLeast<int64_t>(1))
+      ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
   app_->add_option("--page-tokens", config_.page_tokens, "host pool page size in tokens")
-      ->check(AtLeast<int64_t>(1))
+      ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
   app_->add_option("--reuse", config_.reuse,
                    "fraction of each layer's top-k reused from the previous step (the first two "
@@ -88,13 +88,14 @@ BenchCommand::BenchCommand(CLI::App& parent) {
       ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--sinks", config_.sinks, "the first N positions are always selected")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--seed", config_.seed, "random seed")->check(Unsigned())->capture_default_str();
   app_->add_flag("--assemble", config_.assemble,
                  "also gather the selected rows into a dense [batch, top-k, row] buffer");
   app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
-      ->option_text("PATH");
+      ->option_text("PATH")
+      ->check(NonEmpty());
   AddGpuOptions();
 }
 
@@ -119,7 +120,7 @@ void BenchCommand::AddGpuOptions() {
   app_->add_option("--contexts", config_.contexts,
                    "GPU: contexts to run, comma-separated [default: --context]")
       ->delimiter(',')
-      ->check(AtLeast<int64_t>(1));
+      ->check(AtLeast<int32_t>(1));
   app_->add_option("--variants", config_.variants, "GPU: KV variants to compare, comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"full-hbm", "sparsekv", "no-cache", "page-offload"}))
@@ -132,7 +133,7 @@ void BenchCommand::AddGpuOptions() {
   app_->add_option("--offload-max-batch", config_.offload_max_batch,
                    "GPU: cap on page-offload's batch (0: no cap); its page copies saturate PCIe "
                    "at small batches")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--hbm-budget-gb", config_.hbm_budget_gb,
                    "GPU: HBM for everything KV-related, per variant; sets each max batch")
@@ -143,7 +144,7 @@ void BenchCommand::AddGpuOptions() {
       ->check(PositiveReal())
       ->capture_default_str();
   app_->add_option("--max-batch", config_.max_batch, "GPU: cap on every batch (0: no cap)")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--heads", config_.heads, "GPU: attention query heads per request")
       ->check(Between<int64_t>(1, 1024))
@@ -165,27 +166,27 @@ void BenchCommand::AddGpuOptions() {
       ->capture_default_str();
   app_->add_option("--sort-misses-min-batch", config_.sort_misses_min_batch,
                    "GPU: ... in steps of at least this many requests")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--copy-blocks", config_.copy_blocks,
                    "GPU: sparsekv's miss and prefetch copies use at most this many blocks of 256 "
                    "threads (0: as many as the GPU holds)")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--fused-copy-min-batch", config_.fused_copy_min_batch,
                    "GPU: in steps of at least this many requests, sparsekv copies each request's "
                    "misses inside its resolve (0: never)")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--prefetch-copy-blocks", config_.prefetch_copy_blocks,
                    "GPU: sparsekv's prefetch copies use at most this many blocks of 256 threads "
                    "(0: as --copy-blocks)")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--copy-chunk-rows", config_.copy_chunk_rows,
                    "GPU: a pipelined layer: sparsekv copies each chunk of this many batch rows on "
                    "its own, and attention starts on a chunk as soon as it is in (0: off)")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--copy-strategy", config_.copy_strategy,
                    "GPU: how sparsekv's miss copies move their rows")
@@ -194,12 +195,12 @@ void BenchCommand::AddGpuOptions() {
   app_->add_option("--compute-sms", config_.compute_sms,
                    "GPU: sparsekv's attention and proxy GEMMs are planned for this many SMs, the "
                    "rest left to copies beside them (0: all; full-hbm always uses all)")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--peer-device", config_.peer_device,
                    "GPU: the peer tier: sparsekv reads misses on prompt rows from a region on "
                    "this CUDA device (the decode device: a same-GPU stand-in; -1: off)")
-      ->check(AtLeast<int64_t>(-1))
+      ->check(AtLeast<int32_t>(-1))
       ->capture_default_str();
   app_->add_flag("--hybrid", config_.hybrid,
                  "GPU: sparsekv keeps requests resident in HBM while they fit and sizes its hot "
@@ -237,12 +238,14 @@ void BenchCommand::AddGpuOptions() {
       ->check(AtLeast(0.0))
       ->capture_default_str();
   app_->add_option("--csv", csv_path_, "GPU: also write one CSV line per point to PATH")
-      ->option_text("PATH");
+      ->option_text("PATH")
+      ->check(NonEmpty());
   app_->add_option("--trace-step", trace_step_path_,
                    "GPU: after each point's timed steps, trace one more replay of its step "
                    "(CUPTI: every kernel's start, end and stream) and write the timelines and "
                    "their summaries as JSON to PATH (scripts/step_profile.py reads it)")
-      ->option_text("PATH");
+      ->option_text("PATH")
+      ->check(NonEmpty());
 }
 
 bool BenchCommand::selected() const { return app_->parsed(); }
@@ -293,12 +296,18 @@ int BenchCommand::Run(const std::string& command, std::ostream& out, std::ostrea
                                      {"--trace-step", &trace_step_path_}}) {
     if (Status s = CheckOutputPath(option, *path); !s.ok()) return UsageError(err, s.message());
   }
-  if (Status s = ValidateBenchConfig(Resolve(BackendKind::kCuda)); !s.ok()) {
-    return UsageError(err, s.message());
-  }
   if (backend_ == "cpu") {
     if (const std::string gpu_only = GpuOnlyOptionsGiven(); !gpu_only.empty()) {
       return UsageError(err, GpuOnlyMessage(gpu_only));
+    }
+  }
+  // Checked against the GPU's shape unless the run is surely on the CPU, whose shape (scaled
+  // down, GPU-only flags refused) is checked below: a refusal must quote the shape that runs.
+  const bool surely_cpu = backend_ == "cpu" || (backend_ == "auto" && !CudaBackendCompiled());
+  if (!surely_cpu) {
+    if (Status s = ValidateBenchConfig(Resolve(BackendKind::kCuda)); !s.ok()) {
+      // Without a usable GPU, --backend auto runs on the CPU: say what the CPU refuses.
+      if (backend_ == "cuda" || CreateCudaBackend(0).ok()) return UsageError(err, s.message());
     }
   }
   std::shared_ptr<Backend> backend;
@@ -312,6 +321,14 @@ int BenchCommand::Run(const std::string& command, std::ostream& out, std::ostrea
     }
   }
   if (backend == nullptr) backend = CreateCpuBackend();
+  // The CPU runs one point of the manager-only loop; what only the GPU run reads is refused
+  // rather than dropped (here too for --backend auto without a usable GPU), before the shape is
+  // checked: a GPU-only flag is the reason, whatever else it would make invalid.
+  if (backend->kind() == BackendKind::kCpu) {
+    if (const std::string gpu_only = GpuOnlyOptionsGiven(); !gpu_only.empty()) {
+      return UsageError(err, GpuOnlyMessage(gpu_only));
+    }
+  }
   const BenchConfig config = Resolve(backend->kind());
   if (Status s = ValidateBenchConfig(config); !s.ok()) {
     return UsageError(
@@ -321,11 +338,6 @@ int BenchCommand::Run(const std::string& command, std::ostream& out, std::ostrea
   }
 
   if (backend->kind() == BackendKind::kCuda) return RunOnGpu(config, backend, command, out, err);
-  // The CPU runs one point of the manager-only loop; what only the GPU run reads is refused
-  // rather than dropped (here too for --backend auto without a usable GPU).
-  if (const std::string gpu_only = GpuOnlyOptionsGiven(); !gpu_only.empty()) {
-    return UsageError(err, GpuOnlyMessage(gpu_only));
-  }
   if (config.miss_rates.size() > 1) {
     return UsageError(err, "--miss-rate takes one value on the CPU backend");
   }

@@ -1,4 +1,5 @@
 // Checks of option values for the `sparsekv` subcommands, with the allowed range said in words.
+// Read each value as the type of the field it is stored in (`AtLeast<int32_t>` for an int32_t).
 //
 // CLI11's own CLI::Range and CLI::PositiveNumber print their bounds in full ("not in range 0 to
 // 1797...", the 309-digit largest double); these print "--batch: must be >= 1 (got 0)". Attach
@@ -8,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -23,10 +25,24 @@ std::string Text(T value) {
   return out.str();
 }
 
-// Reads `input` as a T; false (and `error` set) if it is not one.
+// True if `input` is a whole number written in decimal, of any size.
+inline bool IsWholeNumber(const std::string& input) {
+  const size_t digits = !input.empty() && (input[0] == '-' || input[0] == '+') ? 1 : 0;
+  return input.size() > digits &&
+         input.find_first_not_of("0123456789", digits) == std::string::npos;
+}
+
+// Reads `input` as a T; false (and `error` set) if it is not one. A whole number beyond an
+// integral T's range says the range from `lo`.
 template <typename T>
-bool Read(const std::string& input, T& value, std::string& error) {
+bool Read(const std::string& input, T& value, std::string& error,
+          T lo = std::numeric_limits<T>::lowest()) {
   if (CLI::detail::lexical_cast(input, value)) return true;
+  if (std::is_integral_v<T> && IsWholeNumber(input)) {
+    error = "must be in [" + Text(lo) + ", " + Text(std::numeric_limits<T>::max()) + "] (got " +
+            input + ")";
+    return false;
+  }
   error = std::is_integral_v<T> ? "must be a whole number" : "must be a number";
   error += " (got '" + input + "')";
   return false;
@@ -43,14 +59,17 @@ CLI::Validator Between(T lo, T hi) {
       [=](std::string& input) -> std::string {
         T value{};
         std::string error;
-        if (!in::Read(input, value, error)) return error;
+        if (!in::Read(input, value, error, lo)) {
+          return in::IsWholeNumber(input) ? words + " (got " + input + ")" : error;
+        }
         // Also refuses NaN for reals.
         return value >= lo && value <= hi ? "" : words + " (got " + input + ")";
       },
       "[" + in::Text(lo) + ", " + in::Text(hi) + "]");
 }
 
-// value >= lo, read as T.
+// value >= lo, read as T: the option's own type (int32_t for an int32_t field, so that a value
+// beyond it says the range rather than failing to convert).
 template <typename T>
 CLI::Validator AtLeast(T lo) {
   namespace in = validators_internal;
@@ -58,7 +77,7 @@ CLI::Validator AtLeast(T lo) {
       [=](std::string& input) -> std::string {
         T value{};
         std::string error;
-        if (!in::Read(input, value, error)) return error;
+        if (!in::Read(input, value, error, lo)) return error;
         return value >= lo ? "" : "must be >= " + in::Text(lo) + " (got " + input + ")";
       },
       ">= " + in::Text(lo));

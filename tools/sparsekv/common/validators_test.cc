@@ -42,6 +42,18 @@ TEST(ValidatorsTest, AtLeastAndPositiveSayTheBound) {
   EXPECT_EQ(Parse(PositiveReal(), "inf"), "--opt: must be a number > 0 (got inf)");
 }
 
+// A whole number beyond the field's type says the type's range, not "Could not convert".
+TEST(ValidatorsTest, AWholeNumberBeyondTheTypeSaysItsRange) {
+  EXPECT_EQ(Parse(AtLeast<int32_t>(1), "2147483647"), "");
+  EXPECT_EQ(Parse(AtLeast<int32_t>(1), "99999999999"),
+            "--opt: must be in [1, 2147483647] (got 99999999999)");
+  EXPECT_EQ(Parse(AtLeast<int32_t>(0), "-99999999999"),
+            "--opt: must be in [0, 2147483647] (got -99999999999)");
+  EXPECT_EQ(Parse(Between<int64_t>(1, 1000), "99999999999999999999"),
+            "--opt: must be in [1, 1000] (got 99999999999999999999)");
+  EXPECT_EQ(Parse(AtLeast<int32_t>(1), "9x"), "--opt: must be a whole number (got '9x')");
+}
+
 TEST(ValidatorsTest, UnsignedRefusesASign) {
   EXPECT_EQ(Parse(Unsigned(), "0"), "");
   EXPECT_EQ(Parse(Unsigned(), "18446744073709551615"), "");

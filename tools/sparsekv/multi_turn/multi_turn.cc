@@ -427,7 +427,8 @@ MultiTurnCommand::MultiTurnCommand(CLI::App& parent) {
       ->capture_default_str();
   app_->add_option("--seed", c.seed, "random seed")->check(Unsigned())->capture_default_str();
   app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
-      ->option_text("PATH");
+      ->option_text("PATH")
+      ->check(NonEmpty());
 }
 
 bool MultiTurnCommand::selected() const { return app_->parsed(); }

@@ -307,7 +307,7 @@ PlanCommand::PlanCommand(CLI::App& parent) {
                    "pcie-dram:250:55 cxl:500:50 nvlink-c2c:480:450 scaleup-pool:4000:450]");
   app_->add_option("--contexts", contexts_, "context lengths, comma-separated")
       ->delimiter(',')
-      ->check(AtLeast<int64_t>(1))
+      ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
   app_->add_option("--miss-rates", miss_rates_,
                    "hot-cache miss rates, comma-separated (measure yours with `sparsekv replay`)")
@@ -315,7 +315,7 @@ PlanCommand::PlanCommand(CLI::App& parent) {
       ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--hot-slots", hot_slots_, "hot-cache slots per request and layer")
-      ->check(AtLeast<int64_t>(1))
+      ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
   app_->add_option("--tpot-slo-ms", tpot_slo_ms_, "TPOT limit per step (0: none)")
       ->check(AtLeast(0.0))
@@ -332,7 +332,8 @@ PlanCommand::PlanCommand(CLI::App& parent) {
                    "refit the model to `sparsekv bench --json` files and check it against them")
       ->check(CLI::ExistingFile);
   app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
-      ->option_text("PATH");
+      ->option_text("PATH")
+      ->check(NonEmpty());
 }
 
 bool PlanCommand::selected() const { return app_->parsed(); }
@@ -346,6 +347,19 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
   for (const std::string& t : tiers_) {
     StatusOr<MemoryTier> tier = ParseTier(t);
     if (!tier.ok()) return fail(tier.status(), kExitUsage);
+    // A row names its tier: two of one name (or the baseline's) could not be told apart.
+    for (const MemoryTier& other : tiers) {
+      if (other.name == tier->name) {
+        return fail(InvalidArgument("--tier: two tiers are named '" + tier->name +
+                                    "'; give each its own name"),
+                    kExitUsage);
+      }
+    }
+    if (tier->name == "hbm") {
+      return fail(InvalidArgument("--tier: 'hbm' names the full-HBM baseline; call the tier "
+                                  "something else"),
+                  kExitUsage);
+    }
     tiers.push_back(*tier);
   }
   if (tiers.empty()) tiers = DefaultTiers();
@@ -431,6 +445,34 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
         cases.push_back(Model(cal, model, gpu_, tier, KVVariant::kSparseKV, context, rate,
                               hot_slots_, tpot_slo_ms_, hidden_fraction_));
       }
+    }
+  }
+  // An SLO that no batch meets leaves batch 0: refused when it is so for every case, said when
+  // it is so for some.
+  if (tpot_slo_ms_ > 0) {
+    int32_t none = 0, swept = 0;  // cases with batches to try (else HBM or capacity bind)
+    double fastest_ms = -1;
+    for (const PlanCase& c : cases) {
+      if (c.points.empty()) continue;
+      ++swept;
+      if (c.best.batch > 0) continue;
+      ++none;
+      for (const PlanPoint& p : c.points) {
+        if (fastest_ms < 0 || p.step.total_ms < fastest_ms) fastest_ms = p.step.total_ms;
+      }
+    }
+    const std::string fastest =
+        fastest_ms >= 0 ? Format("; their fastest step (batch 1) takes %.2f ms", fastest_ms) : "";
+    if (none > 0 && none == swept) {
+      return fail(
+          InvalidArgument(Format("no batch meets --tpot-slo-ms %g in any case", tpot_slo_ms_) +
+                          fastest + ": raise --tpot-slo-ms (0: no limit)"),
+          kExitUsage);
+    }
+    if (none > 0) {
+      out << Format("  --tpot-slo-ms %g: no batch meets it in %d of %d cases (batch 0 below)",
+                    tpot_slo_ms_, none, swept)
+          << fastest << ".\n";
     }
   }
   out << PlanTable(cases, tpot_slo_ms_)

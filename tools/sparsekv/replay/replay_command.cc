@@ -231,13 +231,13 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(Between<int64_t>(1, 1000))
       ->capture_default_str();
   app_->add_option("--steps", steps_, "synthetic: decode steps")
-      ->check(AtLeast<int64_t>(1))
+      ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
   app_->add_option("--context", context_, "synthetic: history at the first step")
-      ->check(AtLeast<int64_t>(1))
+      ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
   app_->add_option("--top-k", generator_.top_k, "synthetic: positions per row")
-      ->check(AtLeast<int64_t>(1))
+      ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
   app_->add_option("--reuse", generator_.reuse, "synthetic: share of the previous step's row")
       ->check(Fraction())
@@ -250,7 +250,7 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(Fraction())
       ->capture_default_str();
   app_->add_option("--sinks", generator_.sinks, "synthetic: first positions always selected")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--seed", generator_.seed, "synthetic: random seed")
       ->check(Unsigned())
@@ -261,7 +261,7 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(Fraction());
   app_->add_option("--fresh-range", generator_.fresh_range,
                    "synthetic, miss-rate mode: fresh positions from [0, N) [default: context - 1]")
-      ->check(AtLeast<int64_t>(1));
+      ->check(AtLeast<int32_t>(1));
   app_->add_option("--synthetic-locality", locality_,
                    "synthetic: a locality-mode preset whose lru miss rate falls with the cache "
                    "size (calibrated = glm5-published; docs/workload.md), or miss-rate (the "
@@ -272,7 +272,7 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(AtLeast(0.0));
   app_->add_option("--recency-window", generator_.recency_window,
                    "synthetic, locality mode: the recent source's newest positions")
-      ->check(AtLeast<int64_t>(1));
+      ->check(AtLeast<int32_t>(1));
   app_->add_option("--cross-layer-overlap", cross_layer_overlap_,
                    "synthetic: share of positions adjacent layers share (0: uncorrelated, the "
                    "worst case) [default: the preset's calibrated value; 0 in miss-rate mode]")
@@ -296,12 +296,12 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
   app_->add_option("--fit-context", fit_context_,
                    "fit: the candidates' context [default: --context, or the trace's first "
                    "history length]")
-      ->check(AtLeast<int64_t>(1));
+      ->check(AtLeast<int32_t>(1));
   app_->add_option("--hot-slots", hot_slots_,
                    "hot-cache sizes (slots per request and layer), comma-separated [default: "
                    "1, 2, 3 and 4 times top-k]")
       ->delimiter(',')
-      ->check(AtLeast<int64_t>(1));
+      ->check(AtLeast<int32_t>(1));
   app_->add_option("--policies", policies_, "policies, comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"lru", "clock", "lfu-decay", "slru", "aging"}))
@@ -309,7 +309,7 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
   app_->add_option("--window-split", window_split_,
                    "also replay lru with this many newest tokens resident, at the same memory "
                    "(0 or 1: off) [default: top-k / 8 when --policies has lru, else off]")
-      ->check(AtLeast<int64_t>(0));
+      ->check(AtLeast<int32_t>(0));
   app_->add_option("--decay", options_.decay, "lfu-decay: weight of a use per step of age")
       ->check(Fraction())
       ->capture_default_str();
@@ -322,10 +322,10 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(Between<int64_t>(1, 15))
       ->capture_default_str();
   app_->add_option("--warmup", options_.warmup_steps, "first steps not counted")
-      ->check(AtLeast<int64_t>(0))
+      ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--row-bytes", options_.row_bytes, "bytes per missed row")
-      ->check(AtLeast<int64_t>(1))
+      ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
   app_->add_option("--prefetch", prefetch_,
                    "also replay cross-step prefetch with these predictors, comma-separated "
@@ -336,7 +336,7 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
                    "prefetch: positions proposed per step, request and layer, comma-separated "
                    "[default: 1, 2, top-k / 16, / 8, / 4, / 2]")
       ->delimiter(',')
-      ->check(AtLeast<int64_t>(1));
+      ->check(AtLeast<int32_t>(1));
   app_->add_flag("--crosslayer-prefetch", crosslayer_prefetch_,
                  "also replay cross-layer speculative prefetch: layer L's top-k prefetched into "
                  "layer L + 1's cache before its resolve (docs/prefetch.md), on lru and slru "
@@ -344,9 +344,11 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
   app_->add_flag("--synthetic-like", synthetic_like_,
                  "also replay the generator with the parameters fitted to the trace");
   app_->add_option("--write-trace", write_trace_path_, "write the replayed trace to PATH")
-      ->option_text("PATH");
+      ->option_text("PATH")
+      ->check(NonEmpty());
   app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
-      ->option_text("PATH");
+      ->option_text("PATH")
+      ->check(NonEmpty());
 }
 
 bool ReplayCommand::selected() const { return app_->parsed(); }

@@ -37,14 +37,13 @@ std::string CacheOptionsToJson(const CacheOptions& options);
 // The JSON object SGLang takes as `--hisparse-config` (its parse_hisparse_config: top_k,
 // device_buffer_size, host_to_device_ratio, swap_in_block_size, algorithm, backend,
 // min_sparse_prompt_len, page_size). device_buffer_size becomes hot_slots and defaults, as in
-// SGLang, to 2 * top_k (2048 when top_k is left out). host_to_device_ratio sizes the host pool as
-// that many times the device's slots, max_requests * (hot_slots + window), in whole host pages;
-// left out, SGLang's default ratio of 2 applies if base.host_capacity_tokens is 0 and base's pool
-// stands otherwise. Both engines run the model's own top-k, which base carries: a top_k that
-// differs from base.top_k is refused. The config does not say the geometry, the batch or the
-// context: base must. docs/config.md has what each key becomes, and why selection algorithms
-// other than the model's indexer, page-granular selection and a dense path for short prompts are
-// refused.
+// SGLang, to 2 * top_k (SGLang's top_k of 2048 when it is left out). host_to_device_ratio sizes the
+// host pool as that many times the device's slots, max_requests * (hot_slots + window), in whole
+// host pages; left out, SGLang's default ratio of 2 applies if base.host_capacity_tokens is 0 and
+// base's pool stands otherwise. Both engines run the model's own top-k, which base carries: a top_k
+// that differs from base.top_k is refused. The config does not say the geometry, the batch or the
+// context: base must. docs/config.md has what each key becomes, and why selection algorithms other
+// than the model's indexer, page-granular selection and a dense path for short prompts are refused.
 StatusOr<CacheOptions> CacheOptionsFromSglangHisparseConfig(std::string_view json,
                                                             const CacheOptions& base);
 

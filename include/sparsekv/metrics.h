@@ -63,7 +63,8 @@ struct MetricsOptions {
   std::string prefix = "sparsekv";
   // Labels added to every sample, e.g. {"tp_rank", "0"} for one manager per GPU in one process
   // group; names as Prometheus allows them and not the ones the metrics use (result, reason,
-  // direction, choice).
+  // direction,
+  // choice, use).
   std::map<std::string, std::string> labels;
 
   // ---- Performance ----

@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 __all__ = ["SparseKVCollector"]
 
 # Label names the metrics use themselves; a constant label may not take one.
-_METRIC_LABELS = ("result", "reason", "direction", "choice")
+_METRIC_LABELS = ("result", "reason", "direction", "choice", "use")
 _NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
@@ -190,6 +190,18 @@ class SparseKVCollector:
              "is wrong).", s.invalid_copy_entries),
         ):
             self._counter(f, name, documentation, value)
+        d = s.device_memory
+        self._gauge(f, "device_memory_use_bytes", "Device memory the manager holds, by use (the "
+                    "uses add up to device_memory_bytes).", None, "use",
+                    [("resident_rows", d.resident_rows), ("hot_cache_rows", d.hot_cache_rows),
+                     ("indexer_keys", d.indexer_keys), ("free_rows", d.free_rows),
+                     ("replacement_state", d.replacement_state), ("tables", d.tables),
+                     ("plan", d.plan), ("counters", d.counters)])
+        h = s.host_memory
+        self._gauge(f, "host_pool_use_bytes", "Pages of the host pool by use, in bytes (the uses "
+                    "add up to the pool's pages).", None, "use",
+                    [("private", h.private_pages), ("shared", h.shared_pages),
+                     ("retained", h.retained_pages), ("free", h.free_pages)])
         for name, documentation, value in (
             ("hot_cache_used_blocks", "Hot-cache blocks held by requests in hot-cache mode.",
              s.hot_blocks_used),

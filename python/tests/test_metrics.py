@@ -106,6 +106,14 @@ def test_the_exposition_has_every_documented_metric_with_the_statistics_values(d
     assert value("sparsekv_ingested_bytes_total") == stats.bytes_ingested
     assert value("sparsekv_hot_cache_used_blocks") == 2
     assert value("sparsekv_device_memory_bytes") == stats.device_bytes
+    d, h = stats.device_memory, stats.host_memory
+    assert sum(value("sparsekv_device_memory_use_bytes", use=u) for u in (
+        "resident_rows", "hot_cache_rows", "indexer_keys", "free_rows", "replacement_state",
+        "tables", "plan", "counters")) == stats.device_bytes
+    assert value("sparsekv_device_memory_use_bytes", use="hot_cache_rows") == d.hot_cache_rows
+    assert sum(value("sparsekv_host_pool_use_bytes", use=u)
+               for u in ("private", "shared", "retained", "free")) == h.total > 0
+    assert value("sparsekv_host_pool_use_bytes", use="private") == h.private_pages > 0
     assert value("sparsekv_host_pool_capacity_pages") == pool.total_pages
     assert value("sparsekv_host_pool_used_pages") == pool.total_pages - pool.free_pages > 0
     assert value("sparsekv_host_pool_capacity_bytes") == pool.bytes > 0

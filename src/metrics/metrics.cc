@@ -30,7 +30,7 @@ using prometheus::MetricFamily;
 using prometheus::MetricType;
 
 // Label names the metrics themselves use; a constant label may not take one.
-constexpr const char* kMetricLabels[] = {"result", "reason", "direction", "choice"};
+constexpr const char* kMetricLabels[] = {"result", "reason", "direction", "choice", "use"};
 
 Status CheckOptions(const MetricsOptions& options) {
   if (options.prefix.empty() || options.prefix.find(':') != std::string::npos ||
@@ -147,6 +147,24 @@ void AddCache(const CacheStats& s, FamilyBuilder& b) {
           "Device memory the manager holds: hot cache, replacement state, page table, plan "
           "buffers.",
           D(s.device_bytes));
+  const DeviceMemoryUse& d = s.device_memory;
+  b.Add(MetricType::Gauge, "device_memory_use_bytes",
+        "Device memory the manager holds, by use (the uses add up to device_memory_bytes).", "use",
+        {{"resident_rows", D(d.resident_rows)},
+         {"hot_cache_rows", D(d.hot_cache_rows)},
+         {"indexer_keys", D(d.indexer_keys)},
+         {"free_rows", D(d.free_rows)},
+         {"replacement_state", D(d.replacement_state)},
+         {"tables", D(d.tables)},
+         {"plan", D(d.plan)},
+         {"counters", D(d.counters)}});
+  const HostMemoryUse& h = s.host_memory;
+  b.Add(MetricType::Gauge, "host_pool_use_bytes",
+        "Pages of the host pool by use, in bytes (the uses add up to the pool's pages).", "use",
+        {{"private", D(h.private_pages)},
+         {"shared", D(h.shared_pages)},
+         {"retained", D(h.retained_pages)},
+         {"free", D(h.free_pages)}});
   b.Gauge("host_pool_shared_pages", "Host pages with more than one holder.", D(s.pages_shared));
   b.Gauge("prefix_saved_bytes",
           "Host bytes that sharing saves: page copies private histories "

@@ -158,6 +158,20 @@ TEST_F(MetricsTest, ScrapeShowsEveryDocumentedMetricWithTheStatisticsValues) {
   EXPECT_EQ(value("sparsekv_prefetch_rows_total"), stats->prefetch_rows);
   EXPECT_EQ(value("sparsekv_hot_cache_used_blocks"), 2);
   EXPECT_EQ(value("sparsekv_device_memory_bytes"), stats->device_bytes);
+  double device_uses = 0, host_uses = 0;
+  for (const char* use : {"resident_rows", "hot_cache_rows", "indexer_keys", "free_rows",
+                          "replacement_state", "tables", "plan", "counters"}) {
+    device_uses += value("sparsekv_device_memory_use_bytes", "use=\"" + std::string(use) + "\"");
+  }
+  EXPECT_EQ(device_uses, stats->device_bytes);
+  EXPECT_EQ(value("sparsekv_device_memory_use_bytes", "use=\"hot_cache_rows\""),
+            stats->device_memory.hot_cache_rows);
+  for (const char* use : {"private", "shared", "retained", "free"}) {
+    host_uses += value("sparsekv_host_pool_use_bytes", "use=\"" + std::string(use) + "\"");
+  }
+  EXPECT_EQ(host_uses, stats->host_memory.total);
+  EXPECT_EQ(value("sparsekv_host_pool_use_bytes", "use=\"private\""),
+            stats->host_memory.private_pages);
   EXPECT_EQ(value("sparsekv_host_pool_capacity_pages"), pool.total_pages());
   EXPECT_EQ(value("sparsekv_host_pool_used_pages"), stats->host_pages_used);
   EXPECT_EQ(value("sparsekv_host_pool_capacity_bytes"), pool.bytes());

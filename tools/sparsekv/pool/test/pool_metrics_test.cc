@@ -15,6 +15,7 @@
 namespace sparsekv {
 namespace {
 
+using testing::Count;
 using testing::Exposition;
 using testing::Subprocess;
 using testing::WaitUntil;
@@ -111,6 +112,65 @@ TEST_F(PoolMetricsTest, ServesThePoolServersAndTheNodePoolsMetrics) {
   (*attached)->ReleaseOwner(*owner);
   attached->reset();
 
+  EXPECT_EQ(Terminate(pool), 0);
+}
+
+// The control plane goes away and comes back empty: the failed heartbeats and the rejoin are
+// counted.
+TEST_F(PoolMetricsTest, CountsHeartbeatFailuresAndTheRejoin) {
+  Subprocess* pool = Start("pool", {SPARSEKV_TOOL,       "pool",
+                                    "--node-id",         "metrics-hb",
+                                    "--control-plane",   ControlPlaneAddress(),
+                                    "--key-prefix",      key_prefix_,
+                                    "--lease-ms",        "300",
+                                    "--timeout-ms",      "200",
+                                    "--node-pool",       segment_,
+                                    "--capacity-tokens", "1024",
+                                    "--max-context",     "256",
+                                    "--layers",          "2",
+                                    "--metrics-port",    "0",
+                                    "--metrics-host",    "127.0.0.1"});
+  ASSERT_NE(pool, nullptr);
+  ASSERT_TRUE(WaitForLog("pool", "serves node pool"));
+  const int port = MetricsPort();
+  ASSERT_GT(port, 0);
+  auto counter = [&](const std::string& name) {
+    auto body = testing::HttpGet(port, "/metrics");
+    if (!body.ok()) return -1.0;
+    auto e = testing::ParseExposition(*body);
+    return e.ok() && e->samples.contains(name) ? e->samples.at(name) : -1.0;
+  };
+  EXPECT_EQ(counter("sparsekv_pool_server_heartbeat_failures_total"), 0);
+  redis_->Stop();
+  ASSERT_TRUE(
+      WaitUntil([&] { return counter("sparsekv_pool_server_heartbeat_failures_total") >= 1; },
+                kDeadline, std::chrono::milliseconds(50)))
+      << Log("pool");
+  ASSERT_TRUE(redis_->Restart().ok());
+  ASSERT_TRUE(WaitUntil([&] { return counter("sparsekv_pool_server_rejoins_total") == 1; },
+                        kDeadline, std::chrono::milliseconds(50)))
+      << Log("pool");
+  EXPECT_EQ(Terminate(pool), 0);
+}
+
+// A UCX region server shows its region's size and no pool.
+TEST_F(PoolMetricsTest, AUcxRegionServerShowsItsRegion) {
+  Subprocess* pool =
+      Start("pool", {SPARSEKV_TOOL, "pool", "--node-id", "metrics-ucx", "--control-plane",
+                     ControlPlaneAddress(), "--key-prefix", key_prefix_, "--region-mib", "4",
+                     "--transports", "tcp", "--net-devices", "lo", "--metrics-port", "0",
+                     "--metrics-host", "127.0.0.1"});
+  ASSERT_NE(pool, nullptr);
+  ASSERT_TRUE(WaitUntil(
+      [&] { return Count(Log("pool"), "serves region 0") > 0 || !pool->Running(); }, kDeadline));
+  if (Count(Log("pool"), "built without") > 0) GTEST_SKIP() << Log("pool");
+  ASSERT_EQ(Count(Log("pool"), "serves region 0"), 1) << Log("pool");
+  auto body = testing::HttpGet(MetricsPort(), "/metrics");
+  ASSERT_TRUE(body.ok()) << body.status().ToString();
+  auto e = testing::ParseExposition(*body);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->samples.at("sparsekv_pool_server_region_bytes"), 4 << 20);
+  EXPECT_FALSE(e->types.contains("sparsekv_host_pool_capacity_pages"));
   EXPECT_EQ(Terminate(pool), 0);
 }
 

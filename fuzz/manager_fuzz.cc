@@ -4,15 +4,17 @@
 //
 // The input decodes into a small manager's options and a bounded sequence of operations with
 // arbitrary arguments: lifecycle (admit, ingest, release, retract, resume), prefixes (admission
-// with token ids, suffix ingestion, fork, retain, eviction), steps whose run phase is driven call
-// by call (append, prefetch, run or resolve / copy / assemble per layer, finish) with top-k rows
+// with token ids, suffix ingestion, fork, retain, eviction), hybrid residency (promote) and
+// indexer keys (ingestion, appends), steps whose run phase is driven call by call (append,
+// prefetch, run or resolve / copy / assemble per layer, copy chunks, finish) with top-k rows
 // holding padding, repeats, out-of-range and arbitrary positions, and calls that the API
 // documents as errors in between. A model of every request's history (each row is a
 // deterministic pattern of the token that wrote it) checks after every operation:
 //   * every status is the one the API documents, or one of the documented alternatives;
 //   * an operation that fails changes nothing (lengths, pages, blocks, retained conversations);
-//   * every slot is -1 or names a row of the request's own hot-cache block whose bytes are the
-//     model's row for the position asked for, and assembled rows match;
+//   * every slot is -1 or names a row whose bytes are the model's row for the position asked
+//     for (in the request's own hot-cache block, unless it is resident), and assembled rows
+//     match; every indexer key of the step's requests is the model's;
 //   * every live request's history and every retained conversation is intact in the host pool;
 //   * the statistics count every top-k entry once, with padding, out-of-range, repeated and
 //     window entries exactly as the top-k rows hold them.
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/hot_cache.h"
 #include "sparsekv/manager.h"
 
 namespace sparsekv {
@@ -70,13 +73,19 @@ bool RowIs(const std::byte* row, uint64_t seed, int32_t layer, int32_t bytes) {
   return std::memcmp(row, want, bytes) == 0;
 }
 
+// The indexer key of the token with row seed `seed` in `layer`.
+void FillKey(std::byte* dst, uint64_t seed, int32_t layer, int32_t bytes) {
+  FillRow(dst, Mix(seed, 0x6b6579), layer, bytes);
+}
+
 std::string Code(const Status& s) { return s.ToString(); }
 
 // What the inputs run so far reached (printed by the corpus replay, to see that a corpus still
 // exercises the paths it is meant to).
 struct Reached {
   uint64_t inputs = 0, steps = 0, prefix_hits = 0, forks = 0, retained = 0, evictions = 0,
-           copy_on_write = 0, prefetches = 0, split_resolves = 0, chunk_copies = 0, errors = 0;
+           copy_on_write = 0, prefetches = 0, split_resolves = 0, chunk_copies = 0, key_ingests = 0,
+           promotions = 0, errors = 0;
 } reached;
 
 constexpr uint64_t kRoot = 0x243f6a8885a308d3ull;  // row seed chain of token ids starts here
@@ -90,7 +99,10 @@ struct Req {
   int32_t ids_len = 0;  // positions [0, ids_len) have known token ids
   std::vector<bool> ingested;
   int32_t ingested_count = 0;
+  std::vector<bool> keys;  // indexer keys ingested, per layer
+  int32_t keys_count = 0;
   bool retracted = false;
+  bool forked = false;  // stays in hot-cache mode
   int32_t len() const { return static_cast<int32_t>(seeds.size()); }
 };
 
@@ -114,11 +126,14 @@ class Fuzzer {
         lpi_(o.layers_per_index),
         groups_(o.index_groups()),
         max_batch_(o.effective_max_batch()),
+        hybrid_(o.hybrid_residency),
+        keys_(o.indexer_key_bytes),
         entries_(layers_, 0),
         padding_(layers_, 0),
         out_of_range_(layers_, 0),
         duplicates_(layers_, 0),
-        window_hits_(layers_, 0) {}
+        window_hits_(layers_, 0),
+        resident_hits_(layers_, 0) {}
 
   void Run() {
     for (int op = 0; op < 256 && in_.remaining_bytes() > 0; ++op) {
@@ -169,6 +184,9 @@ class Fuzzer {
           break;
         case 16:
           changed = ResetStats();
+          break;
+        case 17:
+          changed = Promote();
           break;
         default:
           changed = step_open_ ? RunNext() : Plan();
@@ -264,8 +282,9 @@ class Fuzzer {
   StatusCode AdmissionCode(RequestId id, int64_t tokens) const {
     if (live_.contains(id) || retained_.contains(id)) return StatusCode::kAlreadyExists;
     if (tokens > o_.max_context) return StatusCode::kOutOfRange;
+    // (With hybrid residency a resident request holds pages, not a block: the pages decide.)
     if (static_cast<int32_t>(live_.size()) >= o_.effective_max_host_requests() ||
-        LiveBlocks() >= o_.max_requests) {
+        (!hybrid_ && LiveBlocks() >= o_.max_requests)) {
       return StatusCode::kResourceExhausted;
     }
     return StatusCode::kOk;
@@ -282,7 +301,12 @@ class Fuzzer {
     r.prompt_len = prompt_len;
     r.reserved = prompt_len + max_new;
     r.ingested.assign(layers_, false);
+    r.keys.assign(layers_, false);
     return r;
+  }
+  // An admission the host side allows may find the device's pages short.
+  bool DeviceShort(StatusCode want, const Status& s) const {
+    return device_paged() && want == StatusCode::kOk && s.code() == StatusCode::kResourceExhausted;
   }
 
   bool Admit() {
@@ -297,7 +321,7 @@ class Fuzzer {
       want = StatusCode::kResourceExhausted;
     }
     const Status s = m_->Admit(id, prompt, max_new, nullptr);
-    ExpectCode(s, want, "Admit");
+    if (!DeviceShort(want, s)) ExpectCode(s, want, "Admit");
     if (!s.ok()) return false;
     Req r = NewRequest(prompt, max_new);
     const uint64_t salt = Mix(0x1234, ++salt_);
@@ -337,7 +361,8 @@ class Fuzzer {
       want = AdmissionCode(id, tokens);
     }
     const bool may_lack_pages = want == StatusCode::kOk && obtainable < Pages(tokens);
-    if (!(may_lack_pages && cached.status().code() == StatusCode::kResourceExhausted)) {
+    if (!(may_lack_pages && cached.status().code() == StatusCode::kResourceExhausted) &&
+        !DeviceShort(want, cached.status())) {
       ExpectCode(cached.status(), want, "AdmitWithPrefix");
     }
     if (!cached.ok()) return false;
@@ -356,6 +381,11 @@ class Fuzzer {
   }
 
   bool Ingest() {
+    // Indexer keys for about half of the calls where the manager keeps them (otherwise now and
+    // then, to be refused).
+    if (keys_ > 0 ? in_.ConsumeBool() : in_.ConsumeIntegralInRange<int>(0, 15) == 0) {
+      return IngestKeys();
+    }
     const RequestId id = PickId(/*ingesting=*/true);
     int32_t layer = PickLayer();
     if (auto it = live_.find(id); it != live_.end() && in_.ConsumeBool()) {
@@ -395,6 +425,66 @@ class Fuzzer {
     if (!s.ok()) return false;
     it->second.ingested[layer] = true;
     ++it->second.ingested_count;
+    return true;
+  }
+
+  bool IngestKeys() {
+    const RequestId id = PickId(/*ingesting=*/true);
+    int32_t layer = PickLayer();
+    auto it = live_.find(id);
+    if (it != live_.end() && in_.ConsumeBool()) {
+      for (int32_t l = 0; l < layers_; ++l) {
+        if (!it->second.keys[l]) layer = l;  // the next layer without keys
+      }
+    }
+    // Every position's key (those of a shared prefix too); one garbage key without a request.
+    std::vector<std::byte> keys(16, std::byte{0xEE});
+    if (it != live_.end() && keys_ > 0) {
+      const Req& r = it->second;
+      keys.assign(static_cast<size_t>(std::max(1, r.len())) * keys_, std::byte{0xEE});
+      for (int32_t p = 0; layer >= 0 && layer < layers_ && p < r.len(); ++p) {
+        FillKey(keys.data() + static_cast<size_t>(p) * keys_, r.seeds[p], layer, keys_);
+      }
+    }
+    const Status s = m_->IngestIndexerKeys(id, layer, keys.data(), nullptr);
+    StatusCode want = StatusCode::kOk;
+    if (keys_ == 0) {
+      want = StatusCode::kFailedPrecondition;
+    } else if (it == live_.end()) {
+      want = StatusCode::kNotFound;
+    } else if (layer < 0 || layer >= layers_) {
+      want = StatusCode::kInvalidArgument;
+    } else if (it->second.keys[layer]) {
+      want = StatusCode::kAlreadyExists;
+    }
+    ExpectCode(s, want, "IngestIndexerKeys");
+    if (!s.ok()) return false;
+    it->second.keys[layer] = true;
+    ++it->second.keys_count;
+    ++reached.key_ingests;
+    return true;
+  }
+
+  // Promote: FailedPrecondition without hybrid residency, for a resident, retracted, forked or
+  // not fully ingested request or one of the open step; otherwise it may find its pages short.
+  bool Promote() {
+    const RequestId id = PickId();
+    auto it = live_.find(id);
+    const bool was_resident = m_->IsResident(id);
+    const Status s = m_->Promote(id, nullptr);
+    StatusCode want = StatusCode::kOk;
+    if (it == live_.end()) {
+      want = StatusCode::kNotFound;
+    } else if (!hybrid_ || was_resident || it->second.retracted || it->second.forked ||
+               it->second.ingested_count != layers_ || InStep(id)) {
+      want = StatusCode::kFailedPrecondition;
+    }
+    if (!(want == StatusCode::kOk && s.code() == StatusCode::kResourceExhausted)) {
+      ExpectCode(s, want, "Promote");
+    }
+    if (!s.ok()) return false;
+    FUZZ_CHECK(m_->IsResident(id), "Promote succeeded and the request is not resident");
+    ++reached.promotions;
     return true;
   }
 
@@ -441,10 +531,10 @@ class Fuzzer {
       want = StatusCode::kNotFound;
     } else if (!it->second.retracted) {
       want = StatusCode::kFailedPrecondition;
-    } else if (LiveBlocks() >= o_.max_requests) {
+    } else if (!hybrid_ && LiveBlocks() >= o_.max_requests) {
       want = StatusCode::kResourceExhausted;
     }
-    ExpectCode(s, want, "Resume");
+    if (!DeviceShort(want, s)) ExpectCode(s, want, "Resume");
     if (!s.ok()) return false;
     it->second.retracted = false;
     return true;
@@ -472,7 +562,8 @@ class Fuzzer {
       may_lack_pages = obtainable < Pages(int64_t{len} + max_new) - Pages(len) + 2;
     }
     if (!(want == StatusCode::kOk && may_lack_pages &&
-          s.code() == StatusCode::kResourceExhausted)) {
+          s.code() == StatusCode::kResourceExhausted) &&
+        !DeviceShort(want, s)) {
       ExpectCode(s, want, "Fork");
     }
     if (!s.ok()) return false;
@@ -481,6 +572,7 @@ class Fuzzer {
     c.cached = c.len();
     c.prompt_len = c.len();
     c.retracted = false;
+    c.forked = true;
     live_[child] = std::move(c);
     ++reached.forks;
     if (history_ids_.contains(parent)) history_ids_[child] = history_ids_[parent];
@@ -529,7 +621,8 @@ class Fuzzer {
   bool ResetStats() {
     const Status s = m_->ResetStats(nullptr);
     FUZZ_CHECK(s.ok(), Code(s));
-    for (auto* v : {&entries_, &padding_, &out_of_range_, &duplicates_, &window_hits_}) {
+    for (auto* v :
+         {&entries_, &padding_, &out_of_range_, &duplicates_, &window_hits_, &resident_hits_}) {
       std::fill(v->begin(), v->end(), 0);
     }
     prefetch_lookups_ = 0;
@@ -588,7 +681,8 @@ class Fuzzer {
           want = StatusCode::kNotFound;
         } else if (!seen.insert(id).second) {
           want = StatusCode::kInvalidArgument;
-        } else if (it->second.retracted || it->second.ingested_count != layers_) {
+        } else if (it->second.retracted || it->second.ingested_count != layers_ ||
+                   (keys_ > 0 && it->second.keys_count != layers_)) {
           want = StatusCode::kFailedPrecondition;
         } else if (it->second.len() >= it->second.reserved) {
           want = StatusCode::kOutOfRange;
@@ -628,6 +722,10 @@ class Fuzzer {
       }
       ls.assembled.assign(rows * shape.row_stride, std::byte{0xA5});
       ls.chunk_copied.assign(Chunks(), false);
+      ls.new_keys.assign(static_cast<size_t>(max_batch_) * std::max(keys_, 1), std::byte{0xCD});
+      for (size_t b = 0; b < batch.size() && keys_ > 0; ++b) {
+        FillKey(ls.new_keys.data() + b * keys_, live_.at(batch[b]).seeds.back(), l, keys_);
+      }
     }
     group_.assign(groups_, GroupState{});
     for (GroupState& g : group_) {
@@ -638,6 +736,7 @@ class Fuzzer {
 
   struct LayerState {
     std::vector<std::byte> new_rows;   // [max_batch, stride]
+    std::vector<std::byte> new_keys;   // [max_batch, indexer_key_bytes]
     std::vector<std::byte> assembled;  // [max_batch, top_k, stride]
     bool appended = false;
     bool copied = false;  // CopyMisses, RunLayer, or every copy chunk holding a batch row
@@ -714,6 +813,7 @@ class Fuzzer {
   void CountResolve(int32_t leader, const std::vector<int32_t>& topk, int32_t stride) {
     for (size_t b = 0; b < batch_.size(); ++b) {
       const int32_t len = live_.at(batch_[b]).len();
+      const bool resident = m_->IsResident(batch_[b]);  // every row in HBM: nothing is missed
       std::set<int32_t> seen;
       for (int32_t k = 0; k < o_.top_k; ++k) {
         const int32_t p = topk[b * stride + k];
@@ -723,6 +823,8 @@ class Fuzzer {
           ++out_of_range_[leader];
         } else if (!seen.insert(p).second) {
           ++duplicates_[leader];
+        } else if (resident) {
+          ++resident_hits_[leader];
         } else if (p >= len - o_.window) {
           ++window_hits_[leader];
         }
@@ -768,7 +870,9 @@ class Fuzzer {
     const int action = actions[choose ? SmallInt(0, static_cast<int32_t>(actions.size()) - 1) : 0];
     switch (action) {
       case 0: {
-        const Status s = m_->AppendToken(append, layer_[append].new_rows.data(), nullptr);
+        const Status s =
+            m_->AppendToken(append, layer_[append].new_rows.data(),
+                            keys_ > 0 ? layer_[append].new_keys.data() : nullptr, nullptr);
         ExpectCode(s, StatusCode::kOk, "AppendToken");
         layer_[append].appended = true;
         break;
@@ -933,7 +1037,7 @@ class Fuzzer {
         op = "AppendToken of a bad or appended layer";
         if (!bad_layer && !layer_[layer].appended) return false;
         want = bad_layer ? StatusCode::kInvalidArgument : StatusCode::kFailedPrecondition;
-        s = m_->AppendToken(layer, rows.data(), nullptr);
+        s = m_->AppendToken(layer, rows.data(), rows.data(), nullptr);  // keys, where any
         break;
       case 1:
         op = "ResolveLayer of a bad, non-leading or unappended layer, out of order, twice, or "
@@ -1100,7 +1204,11 @@ class Fuzzer {
   void CheckSlots(int32_t leader, bool only_unfilled) {
     const GroupState& gs = group_[leader / lpi_];
     const int32_t per_block = o_.slots_per_request();
-    std::set<int32_t> blocks;
+    // With device pages (hybrid residency, indexer keys) a block's slots lie in its pages, and a
+    // resident request's in its own: then only what every slot must be is checked (its row, and
+    // no slot of another position of the step).
+    const bool paged = device_paged();
+    std::set<int32_t> blocks, step_slots;
     for (size_t b = 0; b < batch_.size(); ++b) {
       const Req& r = live_.at(batch_[b]);
       const int32_t len = r.len();
@@ -1123,20 +1231,23 @@ class Fuzzer {
           if (gs.has_fill) FUZZ_CHECK(gs.fill[i] == 0, where + ": fill of a skipped entry");
           continue;
         }
-        FUZZ_CHECK(slot >= 0, where + ": a valid entry has no slot");
-        if (block < 0) block = slot / per_block;
-        FUZZ_CHECK(slot / per_block == block, where + ": slots of one request in two blocks");
+        FUZZ_CHECK(slot >= 0 && slot < m_->HotLayerRows(), where + ": a valid entry has no slot");
+        if (!paged) {
+          if (block < 0) block = slot / per_block;
+          FUZZ_CHECK(slot / per_block == block, where + ": slots of one request in two blocks");
+        }
         if (repeat) {
           FUZZ_CHECK(slot == first[p], where + ": a repeat does not share its first slot");
         } else {
           FUZZ_CHECK(used.insert(slot).second, where + ": two positions share a slot");
+          FUZZ_CHECK(step_slots.insert(slot).second, where + ": two requests share a slot");
           first[p] = slot;
         }
         const bool window = p >= len - o_.window;
-        if (window) {
+        if (!paged && window) {
           FUZZ_CHECK(slot == block * per_block + o_.hot_slots + p % o_.window,
                      where + ": not the window slot");
-        } else {
+        } else if (!paged) {
           FUZZ_CHECK(slot % per_block < o_.hot_slots, where + ": a window slot for an old token");
         }
         if (gs.has_fill) {
@@ -1178,6 +1289,27 @@ class Fuzzer {
 
   void CheckStep() {
     for (int32_t g = 0; g < groups_; ++g) CheckSlots(g * lpi_, /*only_unfilled=*/false);
+    CheckKeys();
+  }
+
+  // Every indexer key of every position of the step's requests, through IndexerKeys (the CPU
+  // backend's device memory is host memory).
+  void CheckKeys() {
+    if (keys_ == 0) return;
+    std::vector<std::byte> want(keys_);
+    for (int32_t l = 0; l < layers_; ++l) {
+      const IndexerKeyView v = m_->IndexerKeys(l);
+      FUZZ_CHECK(*v.batch_size == static_cast<int32_t>(batch_.size()), "key view batch size");
+      for (size_t b = 0; b < batch_.size(); ++b) {
+        const Req& r = live_.at(batch_[b]);
+        for (int32_t p = 0; p < r.len(); ++p) {
+          FillKey(want.data(), r.seeds[p], l, keys_);
+          FUZZ_CHECK(std::memcmp(v.Key(v.batch[b].page_table_row, p), want.data(), keys_) == 0,
+                     "request " + std::to_string(batch_[b]) + " layer " + std::to_string(l) +
+                         " position " + std::to_string(p) + ": wrong indexer key");
+        }
+      }
+    }
   }
 
   void CheckStats(const CacheStats& s) const {
@@ -1186,18 +1318,21 @@ class Fuzzer {
       const LayerStats& a = s.layers[l];
       const int32_t leader = Leader(l);
       const std::string where = "layer " + std::to_string(l);
-      FUZZ_CHECK(a.hits + a.window_hits + a.misses + a.padding + a.duplicates + a.out_of_range ==
+      FUZZ_CHECK(a.hits + a.window_hits + a.resident_hits + a.misses + a.padding + a.duplicates +
+                         a.out_of_range ==
                      entries_[leader],
                  where + ": stats do not count every top-k entry once");
       FUZZ_CHECK(a.padding == padding_[leader], where + ": padding count");
       FUZZ_CHECK(a.out_of_range == out_of_range_[leader], where + ": out-of-range count");
       FUZZ_CHECK(a.duplicates == duplicates_[leader], where + ": duplicate count");
       FUZZ_CHECK(a.window_hits == window_hits_[leader], where + ": window-hit count");
+      FUZZ_CHECK(a.resident_hits == resident_hits_[leader], where + ": resident-hit count");
     }
     FUZZ_CHECK(s.invalid_copy_entries == 0, "copies skipped as out of bounds");
     FUZZ_CHECK(s.prefetch_lookups == prefetch_lookups_, "prefetch lookup count");
     FUZZ_CHECK(s.prefetch_rows <= s.prefetch_lookups, "prefetched rows exceed lookups");
-    FUZZ_CHECK(s.hot_blocks_used == LiveBlocks(), "hot-cache blocks in use");
+    FUZZ_CHECK(s.hot_blocks_used + s.resident_requests == LiveBlocks(),
+               "hot-cache blocks and resident requests");
     FUZZ_CHECK(s.retained_conversations == static_cast<int32_t>(retained_.size()),
                "retained conversations");
     FUZZ_CHECK(s.host_pages_used <= s.host_pages_total, "more pages used than exist");
@@ -1220,6 +1355,11 @@ class Fuzzer {
   const CacheOptions o_;
   std::unique_ptr<SparseKVCacheManager> m_;
   const int32_t layers_, lpi_, groups_, max_batch_;
+  // With hybrid residency or indexer keys, the device's pages decide admissions too: where the
+  // host-side checks allow one, it may still be refused with ResourceExhausted.
+  const bool hybrid_;
+  const int32_t keys_;  // indexer_key_bytes
+  bool device_paged() const { return hybrid_ || keys_ > 0; }
   std::map<RequestId, Req> live_;
   std::map<RequestId, std::vector<uint64_t>> retained_;  // row seeds of the retained positions
   // Token ids of tracked histories (live or retained), to continue them.
@@ -1231,7 +1371,8 @@ class Fuzzer {
   std::vector<LayerState> layer_;
   std::vector<GroupState> group_;
   // Expected statistics per leading layer.
-  std::vector<uint64_t> entries_, padding_, out_of_range_, duplicates_, window_hits_;
+  std::vector<uint64_t> entries_, padding_, out_of_range_, duplicates_, window_hits_,
+      resident_hits_;
   uint64_t prefetch_lookups_ = 0;
 };
 
@@ -1260,6 +1401,31 @@ CacheOptions DecodeOptions(FuzzedDataProvider& in) {
   o.sort_misses_min_batch = in.ConsumeIntegralInRange<int32_t>(0, 2);
   // Copy chunks of 1 .. max_batch rows (0: one miss list) for about half of the inputs.
   o.copy_chunk_rows = in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(1, o.max_batch) : 0;
+  // Hybrid residency and indexer keys (where every layer has one row_stride, a multiple of 4),
+  // each for about a quarter of the inputs: the device memory in pages, exactly max_requests
+  // blocks (and their keys), or a budget with room for resident requests too.
+  o.hybrid_residency = in.ConsumeIntegralInRange<int>(0, 3) == 0;
+  bool uniform = true;
+  for (const LayerShape& l : o.geometry.layers) {
+    uniform = uniform && l.row_stride == o.geometry.layers[0].row_stride && l.row_stride % 4 == 0;
+  }
+  if (uniform && in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    o.indexer_key_bytes = 4 * in.ConsumeIntegralInRange<int32_t>(1, 2);  // <= every stride
+  }
+  if (o.hybrid_residency || o.indexer_key_bytes > 0) {
+    o.resident_page_rows = in.ConsumeIntegralInRange<int32_t>(1, o.hot_slots + o.window);
+    if (in.ConsumeBool()) {
+      // The least budget that holds the blocks (and keys), then up to three times it.
+      for (int64_t budget = 256; budget <= (int64_t{1} << 24); budget *= 2) {
+        CacheOptions with = o;
+        with.device_budget_bytes = budget;
+        if (ChooseHotCacheShape(with).ok()) {
+          o.device_budget_bytes = budget * in.ConsumeIntegralInRange<int64_t>(1, 3);
+          break;
+        }
+      }
+    }
+  }
   return o;
 }
 
@@ -1271,14 +1437,16 @@ extern "C" void ManagerFuzzPrintReached() {
   std::printf(
       "%llu inputs: %llu steps, %llu split resolves, %llu chunk copies, %llu prefetches, "
       "%llu prefix hits, %llu forks, %llu retained, %llu evictions, %llu copy-on-write pages, "
-      "%llu failed calls\n",
+      "%llu key ingests, %llu promotions, %llu failed calls\n",
       static_cast<unsigned long long>(r.inputs), static_cast<unsigned long long>(r.steps),
       static_cast<unsigned long long>(r.split_resolves),
       static_cast<unsigned long long>(r.chunk_copies),
       static_cast<unsigned long long>(r.prefetches), static_cast<unsigned long long>(r.prefix_hits),
       static_cast<unsigned long long>(r.forks), static_cast<unsigned long long>(r.retained),
       static_cast<unsigned long long>(r.evictions),
-      static_cast<unsigned long long>(r.copy_on_write), static_cast<unsigned long long>(r.errors));
+      static_cast<unsigned long long>(r.copy_on_write),
+      static_cast<unsigned long long>(r.key_ingests), static_cast<unsigned long long>(r.promotions),
+      static_cast<unsigned long long>(r.errors));
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

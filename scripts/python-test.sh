@@ -48,10 +48,12 @@ say "installing numpy, pytest and prometheus_client from PyPI"
 "${pip[@]}" install -q numpy pytest prometheus_client
 if [[ "${SPARSEKV_PYTHON_TORCH:-1}" != 0 ]]; then
   # PyPI is the only index this script uses, and its Linux torch wheel is the CUDA build: the
-  # tests use it on the CPU, but it brings the CUDA libraries along. pip prints a line per wheel.
+  # tests use it on the CPU, but it brings the CUDA libraries along. pip prints a line per wheel
+  # ("Collecting nvidia-...", then, indented, "  Downloading ...whl (366.1 MB)" or "  Using
+  # cached ..."), shown as they come.
   say "installing torch from PyPI: the Linux wheel bundles the CUDA libraries, about 3.3 GB to" \
     "download and 5.3 GB installed (3-4 min on a fast link; SPARSEKV_PYTHON_TORCH=0 skips it)"
-  filtered "$root/build/python-torch.log" '^(Collecting|Downloading|Successfully)' \
+  filtered "$root/build/python-torch.log" '^ *(Collecting|Downloading|Using cached|Successfully)' \
     "${pip[@]}" install --progress-bar off torch
   # Source only: the conformance test reads the signatures SGLang's coordinator has.
   say "installing sglang==$sglang_version without its dependencies (source only)"

@@ -9,7 +9,9 @@
 #      SPARSEKV_FUZZ_SECONDS (default 60) on a copy of fuzz/corpus/manager (docs/fuzzing.md);
 #   4. the Python package: `pip install .` into build/python-venv and pytest
 #      (scripts/python-test.sh).
-# Prints each ctest summary; exits non-zero on any failure.
+# Prints each ctest summary; exits non-zero on any failure. Every stage says when it starts and
+# how long it took, and a stage that runs for long prints a line every 30 s (its elapsed time and
+# the last build or test step in its log), so that nothing is silent for minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,21 +21,36 @@ jobs=$(nproc)
 summaries=()
 start=$SECONDS
 
+# progress NAME LOG COMMAND...: COMMAND's output into LOG, a line every 30 s while it runs.
+# shellcheck source=scripts/progress.sh
+source scripts/progress.sh
+
+# configure_and_build DIR CMAKE_ARGS...
+configure_and_build() {
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -G Ninja "$@" && cmake --build "$dir" -j"$jobs"
+}
+
 # run_suite NAME DIR CMAKE_ARGS...: configure, build and ctest one build directory.
 run_suite() {
   local name=$1 dir=$2
   shift 2
   local log="$dir/test-build.log"
   mkdir -p "$dir"
-  echo "== $name: configure + build in $dir/"
-  if ! { cmake -S . -B "$dir" -G Ninja "$@" && cmake --build "$dir" -j"$jobs"; } >"$log" 2>&1; then
+  local begin=$SECONDS
+  echo "== $name: configure + build in $dir/ (log: $log)"
+  if ! progress "$name build" "$log" configure_and_build "$dir" "$@"; then
     tail -n 80 "$log"
     echo "== $name: build FAILED (full log: $log)" >&2
     exit 1
   fi
-  echo "== $name: ctest"
+  echo "== $name: built in $((SECONDS - begin)) s; ctest"
   local out="$dir/ctest.log" rc=0
-  ctest --test-dir "$dir" -j"$jobs" --output-on-failure --timeout 600 >"$out" 2>&1 || rc=$?
+  begin=$SECONDS
+  progress "$name ctest" "$out" ctest --test-dir "$dir" -j"$jobs" --output-on-failure \
+    --timeout 600 || rc=$?
+  echo "== $name: ctest took $((SECONDS - begin)) s"
   # Failures in full; otherwise ctest's summary lines (skipped tests counted, not listed).
   if [[ $rc -ne 0 ]]; then
     cat "$out"
@@ -55,7 +72,8 @@ run_suite "release" build -DCMAKE_BUILD_TYPE=Release -DSPARSEKV_CUDA=AUTO
 # The installed C++ package, used as another project would (docs/install.md).
 echo "== install: cmake --install build, then examples/cpp against build/install"
 install_log=build/install-test.log
-if ! {
+# shellcheck disable=SC2046  # pkg-config's flags are words
+install_and_build_example() {
   rm -rf build/install build/example &&
     cmake --install build --prefix build/install &&
     cmake -S examples/cpp -B build/example -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -64,11 +82,11 @@ if ! {
     build/example/decode_example &&
     PKG_CONFIG_PATH="$(dirname "$(find build/install -name sparsekv.pc)")" &&
     export PKG_CONFIG_PATH &&
-    # shellcheck disable=SC2046  # pkg-config's flags are words
     g++ -std=c++20 -O1 examples/cpp/decode_example.cc -o build/example/decode_example_pc \
       $(pkg-config --cflags --libs sparsekv) &&
     build/example/decode_example_pc
-} >"$install_log" 2>&1; then
+}
+if ! progress "install" "$install_log" install_and_build_example; then
   tail -n 40 "$install_log"
   echo "== install: FAILED (full log: $install_log)" >&2
   exit 1
@@ -85,11 +103,15 @@ run_fuzz() {
   local dir=build-fuzz seconds=${SPARSEKV_FUZZ_SECONDS:-60}
   local log="$dir/test-build.log"
   mkdir -p "$dir"
-  echo "== fuzz: configure + build in $dir/"
-  if ! { cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           -DCMAKE_CXX_COMPILER=clang++ -DSPARSEKV_FUZZ=ON -DSPARSEKV_CUDA=OFF \
-           -DSPARSEKV_BUILD_TESTS=OFF -DSPARSEKV_BUILD_TOOLS=OFF -DSPARSEKV_BUILD_PYTHON=OFF &&
-         cmake --build "$dir" -j"$jobs" --target manager_fuzz; } >"$log" 2>&1; then
+  echo "== fuzz: configure + build in $dir/ (log: $log)"
+  build_fuzz() {
+    cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_CXX_COMPILER=clang++ -DSPARSEKV_FUZZ=ON -DSPARSEKV_CUDA=OFF \
+      -DSPARSEKV_BUILD_TESTS=OFF -DSPARSEKV_BUILD_TOOLS=OFF -DSPARSEKV_BUILD_PYTHON=OFF &&
+      cmake --build "$dir" -j"$jobs" --target manager_fuzz
+  }
+  local begin=$SECONDS
+  if ! progress "fuzz build" "$log" build_fuzz; then
     tail -n 80 "$log"
     echo "== fuzz: build FAILED (full log: $log)" >&2
     exit 1
@@ -99,7 +121,7 @@ run_fuzz() {
   cp fuzz/corpus/manager/* "$work/"
   rm -rf "$dir/artifacts"
   mkdir -p "$dir/artifacts"
-  echo "== fuzz: manager_fuzz for ${seconds} s"
+  echo "== fuzz: built in $((SECONDS - begin)) s; manager_fuzz for ${seconds} s"
   local out="$dir/fuzz.log" rc=0
   "$dir/fuzz/manager_fuzz" -max_total_time="$seconds" -max_len=8192 -timeout=30 \
     -artifact_prefix="$dir/artifacts/" "$work" >"$out" 2>&1 || rc=$?
@@ -120,13 +142,16 @@ echo "== python: pip install . + pytest"
 py_log=build/python-test.log
 # Its progress lines (steps, downloads, compiled files) are shown as they come; the rest is logged.
 if ! bash scripts/python-test.sh 2>&1 | tee "$py_log" |
-  { grep --line-buffered -E '^python-test:|^Downloading|^ *\[[0-9]+/[0-9]+\]' || true; }; then
+  { grep --line-buffered -E '^python-test:|^ *(Collecting|Downloading|Using cached) |^ *\[[0-9]+/[0-9]+\]' ||
+    true; }; then
   tail -n 80 "$py_log"
   echo "== python: FAILED (full log: $py_log)" >&2
   exit 1
 fi
 tail -n 1 "$py_log"
 summaries+=("python: $(tail -n 1 "$py_log")")
+summaries+=("the Python package is installed in build/python-venv:" \
+  "  build/python-venv/bin/python -c 'import sparsekv' (or . build/python-venv/bin/activate)")
 
 echo
 echo "== summary ($((SECONDS - start)) s)"

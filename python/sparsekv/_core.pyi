@@ -3,7 +3,7 @@
 # its classes, must appear here.
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
 # A tensor: any object with __array_interface__ (numpy), __dlpack__ (torch, numpy, CuPy) or
 # __cuda_array_interface__ (torch, CuPy, Numba).
@@ -356,6 +356,14 @@ class HotLayer:
     def __cuda_array_interface__(self) -> Dict[str, Any]: ...
     @property
     def __array_interface__(self) -> Dict[str, Any]: ...
+    def __dlpack__(
+        self,
+        stream: Optional[Any] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
 
 class IndexerKeys:
     @property

@@ -24,13 +24,15 @@ namespace {
 // ---- The hot-cache layer as an array ----
 
 // One layer of the hot cache, [rows, row_stride] bytes, exposed through __cuda_array_interface__
-// (CUDA backend) or __array_interface__ (CPU backend), so that torch.as_tensor, numpy.asarray
-// and cupy.asarray wrap it without a copy. Keeps its manager alive.
+// (CUDA backend) or __array_interface__ (CPU backend), and through DLPack (__dlpack__,
+// __dlpack_device__) on both, so that torch.as_tensor, torch.from_dlpack, numpy.asarray and
+// cupy.asarray wrap it without a copy. Keeps its manager alive.
 struct HotLayerView {
   const std::byte* data;
   int64_t rows;
   int64_t row_stride;
   bool cuda;
+  int32_t device;  // the CUDA device; 0 on the CPU
 
   py::dict Interface() const {
     py::dict d;
@@ -45,10 +47,11 @@ struct HotLayerView {
 
 // ---- The manager ----
 
+// InvalidArgumentError (a ValueError) for a layer out of range, as the library says it.
 int32_t RowStride(const CacheOptions& o, int32_t layer, const char* op) {
   if (layer < 0 || layer >= o.geometry.num_layers()) {
-    throw py::value_error(std::string(op) + ": layer " + std::to_string(layer) +
-                          " out of range [0, " + std::to_string(o.geometry.num_layers()) + ")");
+    Raise(InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) +
+                          " out of range [0, " + std::to_string(o.geometry.num_layers()) + ")"));
   }
   return o.geometry.layers[layer].row_stride;
 }
@@ -318,7 +321,7 @@ class PyManager {
   HotLayerView HotLayer(int32_t layer) const {
     const int32_t stride = RowStride(options(), layer, "hot_layer");
     return HotLayerView{manager_->HotLayer(layer), manager_->HotLayerRows(), stride,
-                        backend_.is_cuda()};
+                        backend_.is_cuda(), backend_.is_cuda() ? backend_.device : 0};
   }
 
   int32_t batch_size() const { return manager_->batch_size(); }
@@ -393,7 +396,8 @@ void RegisterIndexerKeys(py::module_& m) {
 void RegisterHotLayer(py::module_& m) {
   py::class_<HotLayerView>(m, "HotLayer",
                            "One layer of the hot cache, [rows, row_stride] uint8, wrapped "
-                           "without a copy by torch.as_tensor / numpy.asarray / cupy.asarray.")
+                           "without a copy by torch.from_dlpack / torch.as_tensor / "
+                           "numpy.asarray / cupy.asarray.")
       .def_readonly("rows", &HotLayerView::rows, "max_requests * slots_per_request.")
       .def_readonly("row_stride", &HotLayerView::row_stride, "The layer's row_stride in bytes.")
       .def_property_readonly(
@@ -412,7 +416,37 @@ void RegisterHotLayer(py::module_& m) {
             if (v.cuda) throw py::attribute_error("device memory");
             return v.Interface();
           },
-          "The numpy array interface (CPU backend only).");
+          "The numpy array interface (CPU backend only).")
+      .def(
+          "__dlpack__",
+          [](py::object self, const py::object& stream, const py::object& max_version,
+             const py::object& dl_device, const py::object& copy) {
+            const auto& v = self.cast<const HotLayerView&>();
+            const int32_t type = v.cuda ? dlpack::kDLCUDA : dlpack::kDLCPU;
+            if (!dl_device.is_none()) {
+              const auto wanted = dl_device.cast<py::tuple>();
+              if (wanted[0].cast<int32_t>() != type || wanted[1].cast<int32_t>() != v.device) {
+                throw py::buffer_error("HotLayer: the layer cannot be exported to another device");
+              }
+            }
+            if (!copy.is_none() && copy.cast<bool>()) {
+              throw py::buffer_error("HotLayer: exported without a copy only (copy=True asked)");
+            }
+            (void)stream;       // nothing is pending on a stream of ours: the caller orders it
+            (void)max_version;  // the legacy capsule, which every consumer accepts
+            return ExportDLPack(v.data, {v.rows, v.row_stride}, type, v.device, self);
+          },
+          py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+          py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
+          "A DLPack capsule of the layer ([rows, row_stride] uint8, no copy), keeping the manager "
+          "alive while the consumer's tensor lives. `stream` is accepted and ignored: the layer's "
+          "contents are ordered on the caller's own stream.")
+      .def(
+          "__dlpack_device__",
+          [](const HotLayerView& v) {
+            return py::make_tuple(v.cuda ? dlpack::kDLCUDA : dlpack::kDLCPU, v.device);
+          },
+          "(device type, device id): (1, 0) on the CPU, (2, device) under CUDA.");
 }
 
 }  // namespace

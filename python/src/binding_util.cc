@@ -74,31 +74,7 @@ TensorArg FromArrayInterface(const py::dict& iface, Memory memory, const char* n
   return t;
 }
 
-// The DLPack ABI (v0.x, the "dltensor" capsule every producer hands out by default).
-struct DLDevice {
-  int32_t device_type;  // 1 CPU, 2 CUDA, 3 CUDA pinned host, 13 CUDA managed
-  int32_t device_id;
-};
-struct DLDataType {
-  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool
-  uint8_t bits;
-  uint16_t lanes;
-};
-struct DLTensor {
-  void* data;
-  DLDevice device;
-  int32_t ndim;
-  DLDataType dtype;
-  int64_t* shape;
-  int64_t* strides;  // in elements; null = C-contiguous
-  uint64_t byte_offset;
-};
-struct DLManagedTensor {
-  DLTensor dl_tensor;
-  void* manager_ctx;
-  void (*deleter)(DLManagedTensor*);
-};
-constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13;
+using namespace dlpack;  // NOLINT: the ABI's own names
 
 TensorArg FromDLPack(const py::handle& obj, const char* name) {
   const py::tuple device = obj.attr("__dlpack_device__")().cast<py::tuple>();
@@ -252,6 +228,38 @@ StreamHandle StreamResolver::Resolve(const py::object& stream, const PyBackend& 
   if (torch_current_stream_->is_none()) return nullptr;
   const py::object current = (*torch_current_stream_)(backend.device);
   return reinterpret_cast<StreamHandle>(current.attr("cuda_stream").cast<uintptr_t>());
+}
+
+py::capsule ExportDLPack(const void* data, std::vector<int64_t> shape, int32_t device_type,
+                         int32_t device_id, py::object owner) {
+  // The managed tensor owns its shape and a reference to `owner`, dropped by its deleter (which
+  // the consumer calls when it is done, or the capsule's destructor if it never consumed it).
+  struct Context {
+    std::vector<int64_t> shape;
+    py::object owner;
+  };
+  auto* context = new Context{std::move(shape), std::move(owner)};
+  auto* managed = new DLManagedTensor{};
+  managed->dl_tensor.data = const_cast<void*>(data);
+  managed->dl_tensor.device = {device_type, device_id};
+  managed->dl_tensor.ndim = static_cast<int32_t>(context->shape.size());
+  managed->dl_tensor.dtype = {1, 8, 1};  // uint8
+  managed->dl_tensor.shape = context->shape.data();
+  managed->dl_tensor.strides = nullptr;  // C-contiguous
+  managed->dl_tensor.byte_offset = 0;
+  managed->manager_ctx = context;
+  managed->deleter = [](DLManagedTensor* self) {
+    py::gil_scoped_acquire gil;  // consumers may call it from any thread
+    delete static_cast<Context*>(self->manager_ctx);
+    delete self;
+  };
+  return py::capsule(managed, "dltensor", [](PyObject* capsule) {
+    // Renamed "used_dltensor" by a consumer that took it over; else still ours to free.
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+      if (m != nullptr && m->deleter != nullptr) m->deleter(m);
+    }
+  });
 }
 
 }  // namespace sparsekv

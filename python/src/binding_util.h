@@ -32,6 +32,42 @@ namespace py = pybind11;
 
 namespace sparsekv {
 
+// ---- DLPack ----
+
+// The DLPack ABI (v0.x, the "dltensor" capsule every producer hands out by default).
+namespace dlpack {
+struct DLDevice {
+  int32_t device_type;  // 1 CPU, 2 CUDA, 3 CUDA pinned host, 13 CUDA managed
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; null = C-contiguous
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13;
+}  // namespace dlpack
+
+// A "dltensor" capsule of C-contiguous uint8 `shape` at `data` on DLPack device
+// (`device_type`, `device_id`): what an object's __dlpack__ returns. The consumer's tensor keeps
+// `owner` alive (a reference held until the consumer's deleter runs).
+py::capsule ExportDLPack(const void* data, std::vector<int64_t> shape, int32_t device_type,
+                         int32_t device_id, py::object owner);
+
 // ---- Registration, one function per file, called in this order by the module ----
 
 void RegisterErrors(py::module_& m);      // binding.cc

@@ -87,6 +87,28 @@ def test_hot_layer_is_a_zero_copy_view(manager):
     assert not hasattr(view, "__cuda_array_interface__")
 
 
+def test_hot_layer_exports_dlpack(manager):
+    view = manager.hot_layer(1)
+    assert view.__dlpack_device__() == (1, 0)  # kDLCPU
+    array = np.from_dlpack(view)
+    assert array.shape == (view.rows, view.row_stride) and array.dtype == np.uint8
+    assert array.__array_interface__["data"][0] == view.data_ptr
+    with pytest.raises(BufferError, match="another device"):
+        view.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(BufferError, match="copy"):
+        view.__dlpack__(copy=True)
+
+
+def test_a_bad_layer_is_an_invalid_argument(manager):
+    manager.admit(1, 4, 4)
+    for call in (lambda: manager.ingest_prompt(1, 7, np.zeros((4, 16), np.uint8)),
+                 lambda: manager.ingest_prompt(1, -1, np.zeros((4, 16), np.uint8)),
+                 lambda: manager.hot_layer(2)):
+        with pytest.raises(sparsekv.InvalidArgumentError, match="out of range"):
+            call()
+    assert issubclass(sparsekv.InvalidArgumentError, ValueError)
+
+
 def test_options_validation_and_defaults():
     with pytest.raises(sparsekv.InvalidArgumentError):
         make_options(hot_slots=TOP_K - 1).validate()

@@ -38,6 +38,18 @@ def test_bf16_rows_and_errors(manager):
     assert slots[0, 0].item() >= 0
 
 
+def test_hot_layer_through_torch_from_dlpack(manager):
+    view = manager.hot_layer(0)
+    t = torch.from_dlpack(view)
+    assert t.shape == (view.rows, view.row_stride) and t.dtype == torch.uint8
+    assert t.data_ptr() == view.data_ptr and t.device.type == "cpu"
+    # A view, not a copy: the manager's writes show through, and the tensor keeps it alive.
+    manager.admit(1, 4, 4)
+    manager.ingest_prompt(1, 0, torch.full((4, 16), 7, dtype=torch.uint8))
+    del view, manager
+    assert t.shape[0] > 0 and int(t.sum()) >= 0
+
+
 class FakeReq:
     """The fields of an engine request the adapter reads (through request_info)."""
 

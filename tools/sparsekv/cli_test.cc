@@ -601,6 +601,26 @@ TEST(CliTest, AHostPoolBeyond32BitRowsNamesTheFlags) {
   EXPECT_EQ(r.err.find("host_capacity_tokens"), std::string::npos) << r.err;
 }
 
+// A node pool larger than its directory's file system is refused before its file is made, in
+// the flags' words (86 TB: more than any file system here).
+TEST(CliTest, PoolSaysHowMuchOfItsDirectoryANodePoolNeeds) {
+  const std::string name = "sparsekv-cli-capacity-" + std::to_string(getpid());
+  const std::string dir = ::testing::TempDir();
+  const auto start = std::chrono::steady_clock::now();
+  const CliRun r = Cli({"pool", "--node-id", "a", "--control-plane", "127.0.0.1:1", "--node-pool",
+                        name, "--node-pool-dir", dir, "--capacity-tokens", "2147483584"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  EXPECT_EQ(r.code, kExitFailure) << r.err;
+  for (const std::string part :
+       {"node pool '" + name + "': (--capacity-tokens 2147483584 x --layers 61 x --row-bytes 656",
+        std::string("needs 85.94 TB of ") + dir,
+        std::string("is free there; lower --capacity-tokens")}) {
+    EXPECT_NE(r.err.find(part), std::string::npos) << part << "\n" << r.err;
+  }
+  EXPECT_EQ(r.err.find("Bad address"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + name));
+}
+
 TEST(CliTest, WindowBeyondTheContextIsRefused) {
   std::vector<std::string> args = SmallCpuArgs();
   args.insert(args.end(), {"--window", "100000"});

@@ -10,6 +10,7 @@
 #include <csignal>
 #include <memory>
 
+#include "sparsekv/capacity.h"
 #include "sparsekv/control_plane.h"
 #include "sparsekv/node_pool.h"
 #include "sparsekv/transport.h"
@@ -238,6 +239,26 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
     node.name = node_pool_;
     node.directory = node_pool_dir_;
     node.max_processes = max_processes_;
+    // What the segment needs of --node-pool-dir and of the memory, in the flags' words, before
+    // anything is made (the library checks it too, naming its own fields).
+    if (const StatusOr<int64_t> bytes = NodePoolBytes(o, max_owners_, node); bytes.ok()) {
+      const std::string sizing =
+          "(--capacity-tokens " + std::to_string(capacity_tokens_) + " x --layers " +
+          std::to_string(layers_) + " x --row-bytes " + std::to_string(row_bytes_) +
+          ", and the bookkeeping of --max-owners " + std::to_string(max_owners_) +
+          " and --max-processes " + std::to_string(max_processes_) + ")";
+      if (Status s = CheckSharedMemory(
+              {.what = "node pool '" + node_pool_ + "'",
+               .sizing = sizing,
+               .bytes = *bytes,
+               .remedy = "lower --capacity-tokens (or --layers, --row-bytes), or use a larger "
+                         "--node-pool-dir (a tmpfs grows with mount -o remount,size=...)"},
+              node_pool_dir_);
+          !s.ok()) {
+        err << "sparsekv pool: " << s.message() << "\n";
+        return kExitFailure;
+      }
+    }
     auto created = CreateNodePool(o, max_owners_, node, CreateCpuBackend());
     if (created.status().code() == StatusCode::kInvalidArgument) {
       // A shape the pool cannot have (e.g. --max-context above --capacity-tokens, a bad name).

@@ -175,6 +175,38 @@ TEST(CapacityTest, MoreThanTheMachineHasIsRefusedAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
 }
 
+// On a GPU: the device's free memory is cudaMemGetInfo's, and a hot cache larger than it is
+// refused before any of it is allocated (skipped without a GPU).
+TEST(CapacityTest, AHotCacheLargerThanTheGpuIsRefusedAtOnce) {
+  StatusOr<std::shared_ptr<Backend>> gpu = CreateCudaBackend(0);
+  if (!gpu.ok()) GTEST_SKIP() << gpu.status().ToString();
+  const StatusOr<int64_t> free = (*gpu)->FreeDeviceBytes();
+  ASSERT_TRUE(free.ok()) << free.status().ToString();
+  EXPECT_GT(*free, int64_t{1} << 30);
+  EXPECT_LT(*free, int64_t{1} << 50);
+  // 61 layers of 656-byte rows, 2048 requests of 4096 slots: 344 GB of HBM.
+  const KVGeometry geometry = KVGeometry::Uniform(61, 656);
+  const auto start = std::chrono::steady_clock::now();
+  auto hot = HotCache::Create(geometry, 4096, 1, 2048, 2048, 4097, gpu->get());
+  ASSERT_FALSE(hot.ok());
+  EXPECT_EQ(hot.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(hot.status().message(), "of device memory on cuda:0"));
+  EXPECT_TRUE(Contains(hot.status().message(), "is free; lower hot_slots, max_requests"));
+  CacheOptions o;
+  o.geometry = geometry;
+  o.top_k = 2048;
+  o.hot_slots = 4096;
+  o.max_requests = 2048;
+  o.max_context = 8192;
+  o.host_capacity_tokens = 8192;  // 328 MB of pinned host memory, allocated before the cache
+  auto manager = SparseKVCacheManager::Create(o, *gpu);
+  ASSERT_FALSE(manager.ok());
+  EXPECT_EQ(manager.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(manager.status().message(), "hot cache: hot_slots = 4096"))
+      << manager.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+}
+
 TEST(CapacityTest, ANodePoolLargerThanItsFileSystemIsRefusedBeforeItsFileIsMade) {
   CacheOptions o;
   o.geometry = KVGeometry::Uniform(1000, 1152);

@@ -230,6 +230,9 @@ int RunDecode(const Common& c, const std::string& reader, const std::string& bac
   o.hot_slots = 2 * top_k;
   o.window = 16;
   o.max_requests = static_cast<int32_t>(requests.size());
+  // The step schedule may then prefetch the next layer's rows and copy one request at a time.
+  o.copy_chunk_rows = 1;
+  o.max_prefetch = top_k;
   std::unique_ptr<testing::DenseModel> oracle;
 
   std::vector<Decoding> decoding;
@@ -294,6 +297,7 @@ int RunDecode(const Common& c, const std::string& reader, const std::string& bac
   if (manager != nullptr) {
     const int32_t max_batch = o.effective_max_batch();
     StepBuffers buffers(*backend, c.layers, max_batch, top_k, c.row_bytes);
+    const std::unique_ptr<StepSchedule> schedule = test_child::MakeSchedule(*manager);
     const size_t stride = buffers.stride, entries = buffers.entries;
     std::mt19937_64 rng(42);
     auto next_reclaim = Clock::now() + lease / 3;
@@ -313,8 +317,8 @@ int RunDecode(const Common& c, const std::string& reader, const std::string& bac
         ids.push_back(d.id);
       }
       if (!batch.empty()) {
-        const std::vector<std::vector<int32_t>> picks =
-            test_child::RunStep(*manager, *backend, *oracle, ids, c.tokens, rng, buffers);
+        const std::vector<std::vector<int32_t>> picks = test_child::RunStep(
+            *manager, *schedule, *backend, *oracle, ids, c.tokens, rng, buffers);
         for (int32_t l = 0; l < c.layers; ++l) {
           const auto got_slots = Download<int32_t>(*backend, buffers.slots[l]->get(), entries);
           const auto got_rows =

@@ -282,6 +282,9 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
   o.host_page_tokens = 16;
   o.max_requests = static_cast<int32_t>(requests.size());
   o.max_context = c.tokens + max_new_tokens;
+  // The step schedule may then prefetch the next layer's rows and copy one request at a time.
+  o.copy_chunk_rows = 1;
+  o.max_prefetch = top_k;
   // Remote prompt pages take no host memory; this is room for every request's whole context.
   o.host_capacity_tokens = int64_t{o.max_requests + 1} * (o.max_context + o.host_page_tokens);
   std::shared_ptr<Backend> backend = CreateCpuBackend();
@@ -347,6 +350,7 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
   // The run phase's fixed buffers, per layer.
   const int32_t max_batch = o.effective_max_batch();
   StepBuffers buffers(*backend, c.layers, max_batch, top_k, c.row_bytes);
+  const std::unique_ptr<StepSchedule> schedule = test_child::MakeSchedule(*manager);
   const size_t stride = buffers.stride;
   std::mt19937_64 rng(42);
   signal(SIGTERM, OnStop);
@@ -366,7 +370,7 @@ int RunDecode(const Common& c, const std::string& reader, int32_t top_k, int32_t
       std::vector<bool> failed_before;
       for (Decoding* d : batch) failed_before.push_back(d->failed);
       const std::vector<std::vector<int32_t>> picks =
-          test_child::RunStep(*manager, *backend, oracle, ids, c.tokens, rng, buffers);
+          test_child::RunStep(*manager, *schedule, *backend, oracle, ids, c.tokens, rng, buffers);
 
       for (size_t b = 0; b < batch.size(); ++b) {
         Decoding& d = *batch[b];

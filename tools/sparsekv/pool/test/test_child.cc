@@ -75,13 +75,22 @@ StepBuffers::StepBuffers(Backend& backend, int32_t layers, int32_t max_batch, in
   }
 }
 
-std::vector<std::vector<int32_t>> RunStep(SparseKVCacheManager& manager, Backend& backend,
-                                          testing::DenseModel& oracle,
+std::unique_ptr<StepSchedule> MakeSchedule(SparseKVCacheManager& manager) {
+  ScheduleOptions options;
+  options.trials = 64;
+  auto schedule = StepSchedule::Create(manager, options);
+  Check(schedule.status(), "step schedule");
+  return std::move(schedule).value();
+}
+
+std::vector<std::vector<int32_t>> RunStep(SparseKVCacheManager& manager, StepSchedule& schedule,
+                                          Backend& backend, testing::DenseModel& oracle,
                                           const std::vector<RequestId>& ids, int32_t prompt,
                                           std::mt19937_64& rng, StepBuffers& buffers) {
   const int32_t top_k = manager.options().top_k;
   const int32_t row_bytes = static_cast<int32_t>(buffers.stride);
-  Check(manager.PlanStep(ids, nullptr), "plan step");
+  const int32_t batch = static_cast<int32_t>(ids.size());
+  Check(schedule.PlanStep(ids, nullptr), "plan step");
   std::vector<std::vector<int32_t>> picks(buffers.new_rows.size());
   for (size_t l = 0; l < buffers.new_rows.size(); ++l) {
     const int32_t layer = static_cast<int32_t>(l);
@@ -97,12 +106,17 @@ std::vector<std::vector<int32_t>> RunStep(SparseKVCacheManager& manager, Backend
     Check(backend.CopyAsync(buffers.topk[l]->get(), picks[l].data(),
                             picks[l].size() * sizeof(int32_t), nullptr),
           "upload");
-    Check(manager.AppendToken(layer, buffers.new_rows[l]->get(), nullptr), "append token");
-    Check(manager.RunLayer(layer, buffers.topk[l]->get<int32_t>(), buffers.slots[l]->get<int32_t>(),
-                           buffers.assembled[l]->get(), nullptr),
-          "run layer");
+    const LayerWork work{buffers.new_rows[l]->get(), nullptr, buffers.topk[l]->get<int32_t>(), 0,
+                         buffers.slots[l]->get<int32_t>()};
+    // The "attention" of a test process: the layer's assembled rows, once every slice is in.
+    const AttendFn attend = [&](int32_t at, int32_t first, int32_t rows, StreamHandle stream) {
+      if (first + rows < batch) return Status::Ok();
+      return manager.AssembleLayer(at, buffers.slots[l]->get<int32_t>(),
+                                   buffers.assembled[l]->get(), stream);
+    };
+    Check(schedule.RunLayer(layer, work, attend, nullptr), "run layer");
   }
-  Check(manager.FinishStep(nullptr), "finish step");
+  Check(schedule.FinishStep(nullptr), "finish step");
   Check(backend.Synchronize(nullptr), "synchronize");
   return picks;
 }

@@ -17,6 +17,7 @@
 #include "sparsekv/control_plane.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/status.h"
+#include "sparsekv/step_schedule.h"
 #include "testing/harness.h"
 
 namespace sparsekv::tools::test_child {
@@ -79,12 +80,18 @@ struct StepBuffers {
   std::vector<std::unique_ptr<DeviceBlock>> new_rows, topk, slots, assembled;
 };
 
-// One decode step of `ids` (their order is the batch's): PlanStep, then per layer a new random row
-// per request (appended to `oracle` too) and PickTopK positions over its `prompt` prompt rows,
-// AppendToken and RunLayer into `buffers`; FinishStep; then waits for the backend. Returns each
-// layer's top-k ([ids.size(), top_k]).
-std::vector<std::vector<int32_t>> RunStep(SparseKVCacheManager& manager, Backend& backend,
-                                          testing::DenseModel& oracle,
+// The step schedule a decode process drives its steps through: every choice the manager's
+// options allow, measured round robin for as many steps as a test runs (so that each one runs
+// over the extension tiers in turn).
+std::unique_ptr<StepSchedule> MakeSchedule(SparseKVCacheManager& manager);
+
+// One decode step of `ids` (their order is the batch's) through `schedule`: PlanStep, then per
+// layer a new random row per request (appended to `oracle` too) and PickTopK positions over its
+// `prompt` prompt rows, the schedule's RunLayer into `buffers` (its attention assembles the rows
+// once the layer's last slice is in); FinishStep; then waits for the backend. Returns each layer's
+// top-k ([ids.size(), top_k]).
+std::vector<std::vector<int32_t>> RunStep(SparseKVCacheManager& manager, StepSchedule& schedule,
+                                          Backend& backend, testing::DenseModel& oracle,
                                           const std::vector<RequestId>& ids, int32_t prompt,
                                           std::mt19937_64& rng, StepBuffers& buffers);
 

@@ -38,7 +38,8 @@ void RegisterErrors(py::module_& m) {
       {StatusCode::kAlreadyExists, "AlreadyExistsError", PyExc_ValueError,
        "The id is in use, or the layer was ingested already."},
       {StatusCode::kResourceExhausted, "ResourceExhaustedError", PyExc_RuntimeError,
-       "No hot-cache block, host page or pool owner is free (nothing changed)."},
+       "No hot-cache block, host page or pool owner is free (nothing changed), or a pool or "
+       "hot cache needs more memory than the machine has (refused before allocating)."},
       {StatusCode::kFailedPrecondition, "FailedPreconditionError", PyExc_RuntimeError,
        "The call is valid but not now: a step is open, a request is retracted, ..."},
       {StatusCode::kOutOfRange, "OutOfRangeError", PyExc_ValueError,

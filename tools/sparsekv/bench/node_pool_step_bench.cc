@@ -43,6 +43,7 @@
 #include "sparsekv/manager.h"
 #include "sparsekv/model_proxy.h"
 #include "sparsekv/node_pool.h"
+#include "sparsekv/step_schedule.h"
 #include "sparsekv/topk_generator.h"
 #include "tools/sparsekv/bench/gpu_kernels.h"
 #include "tools/sparsekv/bench/gpu_timing.h"
@@ -169,22 +170,28 @@ struct Shared {
 struct Variant {
   std::string name;
   std::unique_ptr<SparseKVCacheManager> manager;
+  // The step's run phase, serial: the same calls for both variants, so that only the pool
+  // differs (this benchmark compares pools, not schedules).
+  std::unique_ptr<StepSchedule> schedule;
   std::vector<RequestId> ids;
   std::vector<int32_t> lens;
   DeviceBuffer slots;  // [max_batch, top_k]
 };
 
 Status RunPhase(Variant& v, const Shared& sh, const TopKFeed& feed, int32_t batch, cudaStream_t s) {
+  // Attention over the whole batch (the serial schedule's one slice).
+  const AttendFn attend = [&](int32_t layer, int32_t first, int32_t rows, StreamHandle stream) {
+    if (first != 0 || rows != batch) return InvalidArgument("attention in slices");
+    return sh.attention->Run(batch, sh.q.get(), v.manager->HotLayer(layer), sh.row_bytes,
+                             v.slots.get<int32_t>(), sh.out.get(),
+                             static_cast<cudaStream_t>(stream));
+  };
   for (int32_t l = 0; l < sh.layers; ++l) {
-    SPARSEKV_RETURN_IF_ERROR(v.manager->AppendToken(l, sh.NewRows(l), s));
-    SPARSEKV_RETURN_IF_ERROR(
-        v.manager->RunLayer(l, feed.layer(l), v.slots.get<int32_t>(), nullptr, s));
-    SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(batch, sh.q.get(), v.manager->HotLayer(l),
-                                               sh.row_bytes, v.slots.get<int32_t>(), sh.out.get(),
-                                               s));
+    const LayerWork work{sh.NewRows(l), nullptr, feed.layer(l), 0, v.slots.get<int32_t>()};
+    SPARSEKV_RETURN_IF_ERROR(v.schedule->RunLayer(l, work, attend, s));
     if (sh.proxy) SPARSEKV_RETURN_IF_ERROR(sh.proxy->Run(batch, l, s));
   }
-  return v.manager->FinishStep(s);
+  return v.schedule->FinishStep(s);
 }
 
 struct Run {
@@ -223,7 +230,7 @@ Run Steps(Variant& v, const Shared& sh, const Config& c, const TopKGeneratorOpti
     for (int32_t& n : seq_lens) ++n;
     feed->Generate(seq_lens);
     Check(feed->Upload(batch, s), "upload top-k");
-    Check(v.manager->PlanStep(std::span(v.ids.data(), batch), s), "plan step");
+    Check(v.schedule->PlanStep(std::span(v.ids.data(), batch), s), "plan step");
     if (!captured) {
       Check(graph.Capture(s, [&] { return RunPhase(v, sh, *feed, batch, s); }), "capture");
       captured = true;
@@ -233,9 +240,9 @@ Run Steps(Variant& v, const Shared& sh, const Config& c, const TopKGeneratorOpti
     Check(CudaStatus(cudaEventRecord(stop, s), "event"), "record");
     Check(CudaStatus(cudaStreamSynchronize(s), "synchronize"), "step");
     // The first replay belongs to the step captured (its host side ran at capture).
-    if (step > 0) Check(v.manager->FinishReplayedStep(), "finish replayed step");
     float ms = 0;
     Check(CudaStatus(cudaEventElapsedTime(&ms, start, stop), "elapsed"), "time");
+    if (step > 0) Check(v.schedule->FinishReplayedStep(ms / 1e3), "finish replayed step");
     if (step >= c.warmup) r.step_ms.push_back(ms);
     for (int32_t b = 0; b < batch; ++b) ++v.lens[b];
   }
@@ -339,6 +346,9 @@ int RunBench(const Config& c, const ModelPreset& preset, int32_t layers, const s
     for (int32_t b = 0; b < max_batch; ++b) v.ids.push_back(RequestId(b + 1));
     v.lens.assign(max_batch, c.context);
     v.slots = Check(DeviceBuffer::Allocate(size_t(max_batch) * preset.top_k * 4, "slots"), "slots");
+    ScheduleOptions serial;
+    serial.fixed = StepChoice{};
+    v.schedule = Check(StepSchedule::Create(*v.manager, serial), "step schedule");
   }
   // The node pool's requests: admitted from the sealed pages, then the writer lets go.
   const auto t1 = Clock::now();

@@ -19,13 +19,14 @@
 namespace sparsekv {
 
 std::string StepChoice::ToString() const {
-  std::string chunks = chunk_rows > 0 ? "chunks" + std::to_string(chunk_rows) : "";
+  std::string text;
   if (crosslayer_prefetch) {
-    std::string prefetch = "prefetch";
-    if (prefetch_copy_blocks > 0) prefetch += ":" + std::to_string(prefetch_copy_blocks);
-    return chunks.empty() ? prefetch : prefetch + "+" + chunks;
+    text = "prefetch";
+    if (prefetch_copy_blocks > 0) text.append(":").append(std::to_string(prefetch_copy_blocks));
+    if (chunk_rows > 0) text.append("+");
   }
-  return chunks.empty() ? "serial" : chunks;
+  if (chunk_rows > 0) text.append("chunks").append(std::to_string(chunk_rows));
+  return text.empty() ? "serial" : text;
 }
 
 StatusOr<StepChoice> ParseStepChoice(std::string_view text) {

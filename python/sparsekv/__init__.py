@@ -3,7 +3,8 @@
 The complete KV history of every request lives in host memory; a small hot cache per request lives
 in device memory (HBM). At every decode step and layer, the engine's top-k positions are resolved
 against the hot cache: hits are used in place, misses are copied in, and the caller gets, per top-k
-entry, a slot of the layer's hot cache (``SparseKVCacheManager.hot_layer``).
+entry, a slot of the layer's hot cache (``SparseKVCacheManager.hot_layer``: a ``HotLayer`` that
+``torch.from_dlpack``, ``torch.as_tensor`` and ``numpy.asarray`` wrap without a copy).
 
 A step, as the engine drives it::
 

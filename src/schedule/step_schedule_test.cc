@@ -309,7 +309,9 @@ TEST(StepScheduleTest, EveryChoiceReadsTheRowsWritten) {
         const StatusOr<CacheStats> stats = w.manager().ReadStats(nullptr);
         ASSERT_TRUE(stats.ok());
         EXPECT_GT(stats->total.misses, 0u);
-        if (c.crosslayer_prefetch) EXPECT_GT(stats->prefetch_rows, 0u);
+        if (c.crosslayer_prefetch) {
+          EXPECT_GT(stats->prefetch_rows, 0u);
+        }
       }
     }
   }
@@ -512,11 +514,15 @@ TEST(StepScheduleCudaTest, EveryChoiceReadsTheRowsWrittenEagerlyAndReplayed) {
             if (HasFatalFailure()) return;
           }
           EXPECT_EQ(w.schedule().stats().steps_by_choice.at(c.ToString()), 12);
-          if (captured) EXPECT_EQ(w.graphs(), 1u);
+          if (captured) {
+            EXPECT_EQ(w.graphs(), 1u);
+          }
           const StatusOr<CacheStats> stats = w.manager().ReadStats(nullptr);
           ASSERT_TRUE(stats.ok());
           EXPECT_GT(stats->total.misses, 0u);
-          if (c.crosslayer_prefetch) EXPECT_GT(stats->prefetch_rows, 0u);
+          if (c.crosslayer_prefetch) {
+            EXPECT_GT(stats->prefetch_rows, 0u);
+          }
         }
       }
     }

@@ -59,6 +59,10 @@ struct AllocationNeed {
   std::string_view remedy;
 };
 
+// Needs below this pass without asking the machine (a check reads a few /proc files): only a
+// large allocation can be known not to fit.
+inline constexpr int64_t kCapacityCheckedBytes = int64_t{64} << 20;
+
 // ResourceExhausted if `need` is more host memory, or more address space, than the machine has
 // (AvailableHostBytes, AvailableAddressSpace).
 Status CheckHostMemory(const AllocationNeed& need,

@@ -123,6 +123,7 @@ const MachineCapacity& SystemCapacity() {
 }
 
 Status CheckHostMemory(const AllocationNeed& need, const MachineCapacity& machine) {
+  if (need.bytes < kCapacityCheckedBytes) return Status::Ok();
   if (const StatusOr<int64_t> host = machine.AvailableHostBytes();
       host.ok() && need.bytes > *host) {
     return Refuse(need, "host memory", *host, "is available", need.remedy);
@@ -137,6 +138,7 @@ Status CheckHostMemory(const AllocationNeed& need, const MachineCapacity& machin
 
 Status CheckSharedMemory(const AllocationNeed& need, const std::string& directory,
                          const MachineCapacity& machine) {
+  if (need.bytes < kCapacityCheckedBytes) return Status::Ok();
   if (const StatusOr<int64_t> free = machine.FreeFileSystemBytes(directory);
       free.ok() && need.bytes > *free) {
     return Refuse(need, directory, *free, "is free there", need.remedy);
@@ -146,6 +148,7 @@ Status CheckSharedMemory(const AllocationNeed& need, const std::string& director
 
 Status CheckDeviceMemory(const AllocationNeed& need, Backend& backend,
                          const MachineCapacity& machine) {
+  if (need.bytes < kCapacityCheckedBytes) return Status::Ok();
   if (const StatusOr<int64_t> free = machine.FreeDeviceBytes(backend);
       free.ok() && need.bytes > *free) {
     const std::string memory = backend.kind() == BackendKind::kCpu

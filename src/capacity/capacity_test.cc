@@ -74,6 +74,20 @@ TEST(CapacityTest, WhatFitsPassesAndAnUnknownFigurePasses) {
   EXPECT_EQ(CheckHostMemory(kPool, machine).code(), StatusCode::kResourceExhausted);
 }
 
+TEST(CapacityTest, SmallNeedsPassWithoutAskingTheMachine) {
+  FakeCapacity machine;
+  machine.host = 0;
+  machine.device = 0;
+  machine.file_systems["/dev/shm"] = 0;
+  const AllocationNeed small{.what = "x", .sizing = "", .bytes = (64 << 20) - 1, .remedy = ""};
+  EXPECT_TRUE(CheckHostMemory(small, machine).ok());
+  EXPECT_TRUE(CheckSharedMemory(small, "/dev/shm", machine).ok());
+  std::shared_ptr<Backend> cpu = CreateCpuBackend();
+  EXPECT_TRUE(CheckDeviceMemory(small, *cpu, machine).ok());
+  const AllocationNeed large{.what = "x", .sizing = "", .bytes = 64 << 20, .remedy = ""};
+  EXPECT_FALSE(CheckHostMemory(large, machine).ok());
+}
+
 TEST(CapacityTest, AddressSpaceIsCheckedAfterHostMemory) {
   FakeCapacity machine;
   machine.host = 100 * kGB;

@@ -637,6 +637,16 @@ TEST(CliTest, PoolSaysHowMuchOfItsDirectoryANodePoolNeeds) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/" + name));
 }
 
+TEST(CliTest, PoolRefusesARegionLargerThanTheMemory) {
+  const CliRun r = Cli({"pool", "--node-id", "a", "--control-plane", "127.0.0.1:1", "--region-mib",
+                        "1073741824"});  // 1 PiB
+  EXPECT_EQ(r.code, kExitFailure) << r.err;
+  EXPECT_NE(r.err.find("region: --region-mib 1073741824 needs 1.13 PB of host memory"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("is available; lower --region-mib"), std::string::npos) << r.err;
+}
+
 TEST(CliTest, WindowBeyondTheContextIsRefused) {
   std::vector<std::string> args = SmallCpuArgs();
   args.insert(args.end(), {"--window", "100000"});

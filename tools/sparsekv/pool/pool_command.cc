@@ -207,6 +207,15 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
   std::string serves;  // for the log line
   if (node_pool_.empty()) {
     const uint64_t bytes = static_cast<uint64_t>(region_mib_) << 20;
+    // Registered (pinned) for UCX: it must fit in the host memory, checked before it is mapped.
+    if (Status s = CheckHostMemory({.what = "region",
+                                    .sizing = "--region-mib " + std::to_string(region_mib_),
+                                    .bytes = static_cast<int64_t>(bytes),
+                                    .remedy = "lower --region-mib"});
+        !s.ok()) {
+      err << "sparsekv pool: " << s.message() << "\n";
+      return kExitFailure;
+    }
     memory = std::make_unique<Mapping>(bytes);
     if (memory->base() == nullptr) {
       return fail("allocating the region", ResourceExhausted(std::to_string(bytes) + " bytes"));

@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 
+#include "sparsekv/host_memory.h"
 #include "sparsekv/kernel_views.h"
 #include "sparsekv/status.h"
 
@@ -50,7 +51,16 @@ class Backend {
     return Unavailable("backend " + name() + " cannot register host memory");
   }
   // Undoes RegisterHost(ptr, ...). REQUIRES (not checked): nothing enqueued still reads it.
+  //
+  // A large range may be registered whole or chunk by chunk (host_memory.h registers chunks of
+  // at most 64 GiB): each call is a registration of its own, undone by UnregisterHost of its own
+  // start, and the operators and copies use a range made of several registrations as one. The
+  // CUDA backend itself registers a range larger than its HostMemoryOptions::chunk_bytes in
+  // chunks, populated in parallel (CreateCudaBackend).
   virtual void UnregisterHost(void* ptr) { (void)ptr; }
+  // The NUMA node of the host memory nearest the device (CUDA: the GPU's PCI device's node, from
+  // sysfs); -1 if unknown or if there is no device (the CPU backend).
+  virtual int32_t HostNumaNode() const { return -1; }
   // Memory the operators use as "device" memory: HBM for CUDA, ordinary memory for the CPU.
   virtual StatusOr<void*> AllocateDevice(size_t bytes) = 0;
   virtual void FreeDevice(void* ptr) = 0;
@@ -149,8 +159,14 @@ enum class HostMemoryKind {
 // present; the message says which. Allocations below 2 MB always use cudaHostAlloc; a large one
 // that cannot be had in the kind asked for falls back along kHugeTlb -> kTransparentHugePages ->
 // kCudaHostAlloc only under kAuto, and is an error otherwise. kCudaVmm is only used when asked.
+// Large kHugeTlb and kTransparentHugePages allocations, and every RegisterHost, are populated and
+// registered as `preparation` says (host_memory.h: chunks of at most chunk_bytes, populated in
+// parallel on the GPU's NUMA node, progress per allocation); `host_memory`, not its huge_pages,
+// decides the pages.
 StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(
     int device = 0, HostMemoryKind host_memory = HostMemoryKind::kAuto);
+StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device, HostMemoryKind host_memory,
+                                                     const HostMemoryOptions& preparation);
 
 // True if the library was compiled with the CUDA backend (whether or not a GPU is present).
 bool CudaBackendCompiled();

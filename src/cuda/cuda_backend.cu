@@ -6,7 +6,6 @@
 // sequence of them can be captured into a CUDA graph.
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -22,6 +21,7 @@
 #include "cuda/kernels.h"
 #include "cuda_common/cuda_check.h"
 #include "sparsekv/backend.h"
+#include "sparsekv/host_memory.h"
 
 namespace sparsekv {
 namespace {
@@ -70,12 +70,18 @@ class DeviceAllocations {
 
 class CudaBackend final : public Backend {
  public:
-  static StatusOr<std::shared_ptr<Backend>> Create(int device, HostMemoryKind host_memory) {
+  static StatusOr<std::shared_ptr<Backend>> Create(int device, HostMemoryKind host_memory,
+                                                   const HostMemoryOptions& preparation) {
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     cudaDeviceProp prop{};
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+    char bus_id[32] = {};
+    const int32_t numa_node = cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) == cudaSuccess
+                                  ? NumaNodeOfPciDevice(bus_id)
+                                  : -1;
     auto backend = std::shared_ptr<CudaBackend>(
-        new CudaBackend(device, "cuda:" + std::to_string(device) + " " + prop.name, host_memory));
+        new CudaBackend(device, "cuda:" + std::to_string(device) + " " + prop.name, host_memory,
+                        preparation, numa_node));
     SPARSEKV_CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&backend->side_stream_, cudaStreamNonBlocking));
     SPARSEKV_CUDA_RETURN_IF_ERROR(
@@ -104,27 +110,36 @@ class CudaBackend final : public Backend {
     const bool large = bytes >= kHugePage;
     const size_t length = (bytes + kHugePage - 1) / kHugePage * kHugePage;
     const bool automatic = host_memory_ == HostMemoryKind::kAuto;
+    std::shared_ptr<HostMemory> prepared;
     if (large && (automatic || host_memory_ == HostMemoryKind::kHugeTlb)) {
-      ptr = MapAndRegister(length, /*hugetlb=*/true);
-      if (ptr == nullptr && !automatic) {
-        return ResourceExhausted("no " + std::to_string(length >> 20) +
-                                 " MB of reserved huge pages (vm.nr_hugepages) to pin");
+      StatusOr<std::unique_ptr<HostMemory>> huge = PrepareHost(length, HostMemory::Pages::kHugeTlb);
+      if (huge.ok()) {
+        prepared = std::move(*huge);
+      } else if (!automatic) {
+        return Status(
+            huge.status().code(),
+            "no " + std::to_string(length >> 20) +
+                " MB of reserved huge pages (vm.nr_hugepages) to pin: " + huge.status().message());
       }
     }
-    if (large && ptr == nullptr &&
+    if (large && prepared == nullptr &&
         (automatic || host_memory_ == HostMemoryKind::kTransparentHugePages)) {
-      ptr = MapAndRegister(length, /*hugetlb=*/false);
-      if (ptr == nullptr && !automatic) {
-        return ResourceExhausted("could not map and register " + std::to_string(length) +
-                                 " bytes of anonymous memory");
+      StatusOr<std::unique_ptr<HostMemory>> thp = PrepareHost(length, HostMemory::Pages::kOrdinary);
+      if (thp.ok()) {
+        prepared = std::move(*thp);
+      } else if (!automatic) {
+        return Status(thp.status().code(),
+                      "could not map and register " + std::to_string(length) +
+                          " bytes of anonymous memory: " + thp.status().message());
       }
     }
+    if (prepared != nullptr) ptr = prepared->data();
     if (large && host_memory_ == HostMemoryKind::kCudaVmm) {
       StatusOr<HostBlock> vmm = MapVmm(length, &ptr);
       if (!vmm.ok()) return vmm.status();
       block = *vmm;
-    } else if (ptr != nullptr) {
-      block = {HostBlock::kRegistered, length};
+    } else if (prepared != nullptr) {
+      block = {HostBlock::kRegistered, length, 0, std::move(prepared)};
     } else {
       if (cudaError_t err = cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes,
                                           cudaHostAllocMapped | cudaHostAllocPortable);
@@ -164,26 +179,27 @@ class CudaBackend final : public Backend {
     Release(ptr, block);
   }
 
+  // In chunks of at most preparation_.chunk_bytes, populated in parallel (host_memory.h); each
+  // call is one registration, undone by UnregisterHost of the same pointer.
   Status RegisterHost(void* ptr, size_t bytes) override {
-    DeviceGuard guard(device_);
-    SPARSEKV_CUDA_RETURN_IF_ERROR(
-        cudaHostRegister(ptr, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
-    // The kernels address host memory by its host pointer (UVA).
-    void* device_ptr = nullptr;
-    const cudaError_t err = cudaHostGetDevicePointer(&device_ptr, ptr, 0);
-    if (err != cudaSuccess || device_ptr != ptr) {
-      cudaGetLastError();
-      cudaHostUnregister(ptr);
-      return err != cudaSuccess
-                 ? CudaError(err, "cudaHostGetDevicePointer")
-                 : Internal("host memory is mapped at a different device address (no UVA)");
-    }
+    SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<HostRegistration> registration,
+                              RegisterHostRange(ptr, bytes, preparation_, ChunkRegistrar()));
+    std::lock_guard<std::mutex> lock(host_mu_);
+    registrations_[ptr] = std::move(registration);
     return Status::Ok();
   }
   void UnregisterHost(void* ptr) override {
-    DeviceGuard guard(device_);
-    if (cudaHostUnregister(ptr) != cudaSuccess) cudaGetLastError();
+    std::unique_ptr<HostRegistration> registration;
+    {
+      std::lock_guard<std::mutex> lock(host_mu_);
+      auto it = registrations_.find(ptr);
+      if (it == registrations_.end()) return;
+      registration = std::move(it->second);
+      registrations_.erase(it);
+    }
+    registration->Release();  // every chunk, in parallel
   }
+  int32_t HostNumaNode() const override { return numa_node_; }
 
   StatusOr<void*> AllocateDevice(size_t bytes) override {
     DeviceGuard guard(device_);
@@ -464,6 +480,7 @@ class CudaBackend final : public Backend {
     enum Kind { kHostAlloc, kRegistered, kVmm } kind;
     size_t mapped_bytes;                      // kRegistered, kVmm: the length of the mapping
     CUmemGenericAllocationHandle handle = 0;  // kVmm
+    std::shared_ptr<HostMemory> memory;       // kRegistered: mapped and registered in chunks
   };
 
   // The driver API calls of the VMM path, looked up through the runtime so that the library does
@@ -567,41 +584,50 @@ class CudaBackend final : public Backend {
     return block;
   }
 
-  CudaBackend(int device, std::string name, HostMemoryKind host_memory)
-      : device_(device), name_(std::move(name)), host_memory_(host_memory) {}
+  CudaBackend(int device, std::string name, HostMemoryKind host_memory,
+              const HostMemoryOptions& preparation, int32_t numa_node)
+      : device_(device),
+        name_(std::move(name)),
+        host_memory_(host_memory),
+        preparation_(preparation),
+        numa_node_(numa_node) {}
 
-  // `length` bytes (a multiple of kHugePage) at a kHugePage-aligned address, backed by reserved
-  // huge pages (hugetlb) or with transparent huge pages requested, pinned and mapped for the
-  // device; nullptr if any of it fails.
-  static void* MapAndRegister(size_t length, bool hugetlb) {
-    void* ptr = nullptr;
-    if (hugetlb) {
-      // hugetlb mappings are 2 MB-aligned by construction.
-      ptr = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB,
-                 -1, 0);
-      if (ptr == MAP_FAILED) return nullptr;
-    } else {
-      const size_t padded = length + kHugePage;
-      void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (raw == MAP_FAILED) return nullptr;
-      const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
-      const uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;
-      if (aligned > begin) munmap(raw, aligned - begin);
-      const uintptr_t end = begin + padded;
-      if (end > aligned + length) {
-        munmap(reinterpret_cast<void*>(aligned + length), end - aligned - length);
+  // One chunk's registration as the operators need it: pinned, mapped for the device at its host
+  // address (UVA), portable to every context. Called from host_memory's worker threads, so each
+  // call makes this backend's device current first.
+  HostRegistrar ChunkRegistrar() const {
+    const int device = device_;
+    HostRegistrar registrar;
+    registrar.register_chunk = [device](void* ptr, size_t bytes) -> Status {
+      DeviceGuard guard(device);
+      SPARSEKV_CUDA_RETURN_IF_ERROR(
+          cudaHostRegister(ptr, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+      // The kernels address host memory by its host pointer (UVA): true of every chunk.
+      void* device_ptr = nullptr;
+      const cudaError_t err = cudaHostGetDevicePointer(&device_ptr, ptr, 0);
+      if (err != cudaSuccess || device_ptr != ptr) {
+        cudaGetLastError();
+        cudaHostUnregister(ptr);
+        return err != cudaSuccess
+                   ? CudaError(err, "cudaHostGetDevicePointer")
+                   : Internal("host memory is mapped at a different device address (no UVA)");
       }
-      ptr = reinterpret_cast<void*>(aligned);
-      // Advisory: without transparent huge pages the memory still works, with 4 KB pages.
-      madvise(ptr, length, MADV_HUGEPAGE);
-    }
-    if (cudaHostRegister(ptr, length, cudaHostRegisterMapped | cudaHostRegisterPortable) !=
-        cudaSuccess) {
-      cudaGetLastError();  // registration can fail (e.g. locked-memory limits)
-      munmap(ptr, length);
-      return nullptr;
-    }
-    return ptr;
+      return Status::Ok();
+    };
+    registrar.unregister_chunk = [device](void* ptr) {
+      DeviceGuard guard(device);
+      if (cudaHostUnregister(ptr) != cudaSuccess) cudaGetLastError();
+    };
+    registrar.numa_node = numa_node_;
+    return registrar;
+  }
+
+  // `length` bytes (a multiple of kHugePage) at a kHugePage-aligned address of the pages asked
+  // for, populated and registered in chunks (host_memory.h).
+  StatusOr<std::unique_ptr<HostMemory>> PrepareHost(size_t length, HostMemory::Pages pages) const {
+    HostMemoryOptions options = preparation_;
+    options.huge_pages = true;  // host_memory_ chose the pages; THP is asked for on ordinary ones
+    return HostMemory::Allocate(length, pages, options, ChunkRegistrar());
   }
 
   static void Release(void* ptr, const HostBlock& block) {
@@ -612,8 +638,8 @@ class CudaBackend final : public Backend {
       d->release(block.handle);
       d->free(va, block.mapped_bytes);
     } else if (block.kind == HostBlock::kRegistered) {
-      cudaHostUnregister(ptr);
-      munmap(ptr, block.mapped_bytes);
+      // block.memory (shared with the caller's copy) unregisters and unmaps in parallel chunks
+      // when its last reference goes.
     } else {
       cudaFreeHost(ptr);
     }
@@ -632,12 +658,15 @@ class CudaBackend final : public Backend {
   const int device_;
   const std::string name_;
   const HostMemoryKind host_memory_;
+  const HostMemoryOptions preparation_;
+  const int32_t numa_node_;  // of the GPU's PCI device; -1 if the machine does not say
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t fork_event_ = nullptr;
   cudaEvent_t join_event_ = nullptr;
   std::mutex fork_join_mu_;
   std::mutex host_mu_;
   std::unordered_map<void*, HostBlock> host_blocks_;
+  std::unordered_map<void*, std::unique_ptr<HostRegistration>> registrations_;  // RegisterHost
   // ImportDevice's mappings of other processes' memory: the imports not yet closed, and the
   // mapping's size (0 if the driver did not say).
   struct Imported {
@@ -650,6 +679,11 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device, HostMemoryKind host_memory) {
+  return CreateCudaBackend(device, host_memory, HostMemoryOptions{});
+}
+
+StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device, HostMemoryKind host_memory,
+                                                     const HostMemoryOptions& preparation) {
   // Without a GPU the runtime reports either no device or, when no NVIDIA driver is installed
   // at all (driver version 0), an "insufficient" driver: both mean that there is no device.
   int count = 0;
@@ -665,7 +699,7 @@ StatusOr<std::shared_ptr<Backend>> CreateCudaBackend(int device, HostMemoryKind 
     }
   }
   SPARSEKV_RETURN_IF_ERROR(cuda_common::CheckDevice(device));
-  return CudaBackend::Create(device, host_memory);
+  return CudaBackend::Create(device, host_memory, preparation);
 }
 
 bool CudaBackendCompiled() { return true; }

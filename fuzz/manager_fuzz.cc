@@ -36,6 +36,7 @@
 #include "sparsekv/backend.h"
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/manager.h"
+#include "sparsekv/peer_tier.h"
 
 namespace sparsekv {
 namespace {
@@ -85,7 +86,7 @@ std::string Code(const Status& s) { return s.ToString(); }
 struct Reached {
   uint64_t inputs = 0, steps = 0, prefix_hits = 0, forks = 0, retained = 0, evictions = 0,
            copy_on_write = 0, prefetches = 0, split_resolves = 0, chunk_copies = 0, key_ingests = 0,
-           promotions = 0, errors = 0;
+           promotions = 0, peer_imports = 0, peer_maps = 0, errors = 0;
 } reached;
 
 constexpr uint64_t kRoot = 0x243f6a8885a308d3ull;  // row seed chain of token ids starts here
@@ -118,9 +119,11 @@ struct Snapshot {
 
 class Fuzzer {
  public:
-  Fuzzer(FuzzedDataProvider& in, const CacheOptions& o, std::unique_ptr<SparseKVCacheManager> m)
+  Fuzzer(FuzzedDataProvider& in, const CacheOptions& o, std::shared_ptr<Backend> backend,
+         std::unique_ptr<SparseKVCacheManager> m)
       : in_(in),
         o_(o),
+        backend_(std::move(backend)),
         m_(std::move(m)),
         layers_(o.geometry.num_layers()),
         lpi_(o.layers_per_index),
@@ -136,6 +139,15 @@ class Fuzzer {
         resident_hits_(layers_, 0) {}
 
   void Run() {
+    // The peer tier for about a quarter of the inputs: regions this process lends itself, some
+    // requests' rows mapped to them, stale and mutated descriptors refused.
+    if (in_.ConsumeIntegralInRange<int>(0, 3) == 0) {
+      PeerTierOptions po;
+      po.max_regions = kMaxRegions;
+      const Status s = AttachPeerTier(*m_, po);
+      FUZZ_CHECK(s.ok(), Code(s));
+      peer_ = true;
+    }
     for (int op = 0; op < 256 && in_.remaining_bytes() > 0; ++op) {
       const Snapshot before = Take();
       bool changed = true;  // false: the operation failed and must have changed nothing
@@ -188,6 +200,9 @@ class Fuzzer {
         case 17:
           changed = Promote();
           break;
+        case 18:
+          changed = Peer();
+          break;
         default:
           changed = step_open_ ? RunNext() : Plan();
           break;
@@ -204,6 +219,11 @@ class Fuzzer {
       if (!Advance(/*choose=*/false)) Fail("could not complete the open step");
     }
     CheckAll();
+    for (const auto& [index, region] : imported_) {
+      const Status s = DetachPeerRegion(*m_, index, nullptr);
+      FUZZ_CHECK(s.ok(), Code(s));
+    }
+    imported_.clear();
     for (auto it = live_.begin(); it != live_.end(); it = live_.erase(it)) {
       const Status s = m_->Release(it->first);
       FUZZ_CHECK(s.ok(), Code(s));
@@ -463,6 +483,107 @@ class Fuzzer {
     ++it->second.keys_count;
     ++reached.key_ingests;
     return true;
+  }
+
+  // ---- The peer tier ----
+
+  static constexpr int32_t kMaxRegions = 2;
+
+  // A region of this process: every layer, max_context rows.
+  std::unique_ptr<PeerRegion> Lend() {
+    StatusOr<std::unique_ptr<PeerRegion>> r =
+        PeerRegion::Create(o_.geometry, o_.max_context, backend_);
+    FUZZ_CHECK(r.ok(), Code(r.status()));
+    return std::move(r).value();
+  }
+
+  // One of: lend and import a region and map a live request's first rows to it (its misses
+  // then read the region: the row checks hold them to the model); detach one; import a stale
+  // descriptor (its region destroyed: NotFound), a mutated one (refused, or harmless and then
+  // kept), one past max_regions (refused); any of them without the tier (FailedPrecondition).
+  bool Peer() {
+    const int which = in_.ConsumeIntegralInRange<int>(0, 4);
+    if (!peer_) {
+      const std::unique_ptr<PeerRegion> region = Lend();
+      const StatusOr<int32_t> r = ImportPeerRegion(*m_, region->descriptor().Serialize(), nullptr);
+      ExpectCode(r.status(), StatusCode::kFailedPrecondition, "ImportPeerRegion without the tier");
+      return false;
+    }
+    if (which == 1) {  // detach
+      if (imported_.empty()) {
+        ExpectCode(DetachPeerRegion(*m_, SmallInt(-1, kMaxRegions), nullptr), StatusCode::kNotFound,
+                   "DetachPeerRegion of no region");
+        return false;
+      }
+      auto it = std::next(imported_.begin(), SmallInt(0, int32_t(imported_.size()) - 1));
+      const Status s = DetachPeerRegion(*m_, it->first, nullptr);
+      ExpectCode(s, StatusCode::kOk, "DetachPeerRegion");
+      imported_.erase(it);
+      return true;
+    }
+    std::unique_ptr<PeerRegion> region = Lend();
+    std::string text = region->descriptor().Serialize();
+    if (which == 2) {  // stale: the region is gone
+      region.reset();
+      const StatusOr<int32_t> r = ImportPeerRegion(*m_, text, nullptr);
+      if (static_cast<int32_t>(imported_.size()) >= kMaxRegions) {
+        FUZZ_CHECK(!r.ok(), "ImportPeerRegion of a destroyed region succeeded");
+      } else {
+        ExpectCode(r.status(), StatusCode::kNotFound, "ImportPeerRegion of a destroyed region");
+      }
+      return false;
+    }
+    if (which == 3) {  // mutated: one bit flipped, or cut
+      const size_t at = static_cast<size_t>(SmallInt(0, static_cast<int32_t>(text.size()) - 1));
+      if (in_.ConsumeBool()) {
+        text.resize(at);
+      } else {
+        text[at] = static_cast<char>(text[at] ^ (1 << SmallInt(0, 7)));
+      }
+    }
+    const StatusOr<int32_t> r = ImportPeerRegion(*m_, text, nullptr);
+    if (static_cast<int32_t>(imported_.size()) >= kMaxRegions) {
+      // ResourceExhausted, unless a refusal of the descriptor itself comes first.
+      FUZZ_CHECK(!r.ok(), "ImportPeerRegion past max_regions succeeded");
+      return false;
+    }
+    if (which == 3 && !r.ok()) {
+      const StatusCode c = r.status().code();
+      FUZZ_CHECK(c == StatusCode::kInvalidArgument || c == StatusCode::kNotFound ||
+                     c == StatusCode::kUnavailable,
+                 "a mutated descriptor: " + Code(r.status()));
+      return false;
+    }
+    ExpectCode(r.status(), StatusCode::kOk, "ImportPeerRegion");
+    ++reached.peer_imports;
+    imported_[*r] = region.get();
+    regions_.push_back(std::move(region));
+    MapRows(*r);
+    return true;
+  }
+
+  // Writes the model's rows of a live request's first positions into `region` and maps them.
+  void MapRows(int32_t region) {
+    if (live_.empty() || step_open_) return;
+    const RequestId id =
+        std::next(live_.begin(), SmallInt(0, static_cast<int32_t>(live_.size()) - 1))->first;
+    const Req& r = live_.at(id);
+    if (r.ingested_count != layers_) return;  // rows the pool does not hold yet
+    const int32_t tokens = SmallInt(1, r.len());
+    PeerRegion& lent = *imported_.at(region);
+    for (int32_t l = 0; l < layers_; ++l) {
+      const LayerShape shape = o_.geometry.layers[l];
+      std::vector<std::byte> rows(static_cast<size_t>(tokens) * shape.row_stride, std::byte{0});
+      for (int32_t p = 0; p < tokens; ++p) {
+        FillRow(rows.data() + static_cast<size_t>(p) * shape.row_stride, r.seeds[p], l,
+                shape.row_bytes);
+      }
+      const Status w = lent.WriteRows(l, 0, rows.data(), tokens, nullptr);
+      FUZZ_CHECK(w.ok(), Code(w));
+    }
+    const Status s = MapPeerRows(*m_, id, region, 0, tokens, nullptr);
+    ExpectCode(s, StatusCode::kOk, "MapPeerRows");
+    ++reached.peer_maps;
   }
 
   // Promote: FailedPrecondition without hybrid residency, for a resident, retracted, forked or
@@ -1353,6 +1474,12 @@ class Fuzzer {
 
   FuzzedDataProvider& in_;
   const CacheOptions o_;
+  std::shared_ptr<Backend> backend_;
+  // The regions lent (they outlive the manager's mappings: declared before it) and those
+  // imported, by index.
+  std::vector<std::unique_ptr<PeerRegion>> regions_;
+  std::map<int32_t, PeerRegion*> imported_;
+  bool peer_ = false;
   std::unique_ptr<SparseKVCacheManager> m_;
   const int32_t layers_, lpi_, groups_, max_batch_;
   // With hybrid residency or indexer keys, the device's pages decide admissions too: where the
@@ -1437,7 +1564,7 @@ extern "C" void ManagerFuzzPrintReached() {
   std::printf(
       "%llu inputs: %llu steps, %llu split resolves, %llu chunk copies, %llu prefetches, "
       "%llu prefix hits, %llu forks, %llu retained, %llu evictions, %llu copy-on-write pages, "
-      "%llu key ingests, %llu promotions, %llu failed calls\n",
+      "%llu key ingests, %llu promotions, %llu peer imports, %llu peer maps, %llu failed calls\n",
       static_cast<unsigned long long>(r.inputs), static_cast<unsigned long long>(r.steps),
       static_cast<unsigned long long>(r.split_resolves),
       static_cast<unsigned long long>(r.chunk_copies),
@@ -1446,6 +1573,7 @@ extern "C" void ManagerFuzzPrintReached() {
       static_cast<unsigned long long>(r.evictions),
       static_cast<unsigned long long>(r.copy_on_write),
       static_cast<unsigned long long>(r.key_ingests), static_cast<unsigned long long>(r.promotions),
+      static_cast<unsigned long long>(r.peer_imports), static_cast<unsigned long long>(r.peer_maps),
       static_cast<unsigned long long>(r.errors));
 }
 
@@ -1454,13 +1582,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   ++reached.inputs;
   const CacheOptions options = DecodeOptions(in);
+  const std::shared_ptr<Backend> backend = CreateCpuBackend();
   StatusOr<std::unique_ptr<SparseKVCacheManager>> m =
-      SparseKVCacheManager::Create(options, CreateCpuBackend());
+      SparseKVCacheManager::Create(options, backend);
   if (!m.ok()) {
     // Only options that ValidateOptions refuses may fail to create (none of the decoded should).
     if (ValidateOptions(options).ok()) Fail("Create failed for valid options: " + Code(m.status()));
     return 0;
   }
-  Fuzzer(in, options, std::move(*m)).Run();
+  Fuzzer(in, options, backend, std::move(*m)).Run();
   return 0;
 }

@@ -12,15 +12,16 @@ size_t RoundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 StatusOr<std::shared_ptr<ArenaBackend>> ArenaBackend::Create(std::shared_ptr<Backend> base,
-                                                             size_t bytes) {
+                                                             size_t bytes,
+                                                             const HostMemoryOptions& options) {
   if (base == nullptr) return InvalidArgument("ArenaBackend: base backend is null");
   const size_t rounded = RoundUp(std::max<size_t>(bytes, 1));
-  SPARSEKV_ASSIGN_OR_RETURN(void* arena, base->AllocateHost(rounded));
-  return std::shared_ptr<ArenaBackend>(
-      new ArenaBackend(std::move(base), static_cast<std::byte*>(arena), rounded));
+  SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<HostMemory> memory,
+                            HostMemory::Allocate(rounded, options, HostRegistrar::Of(*base)));
+  return std::shared_ptr<ArenaBackend>(new ArenaBackend(std::move(base), std::move(memory)));
 }
 
-ArenaBackend::~ArenaBackend() { base_->FreeHost(arena_); }
+ArenaBackend::~ArenaBackend() = default;
 
 StatusOr<void*> ArenaBackend::AllocateHost(size_t bytes) {
   const size_t size = RoundUp(std::max<size_t>(bytes, 1));

@@ -7,6 +7,10 @@
 // again. Everything else (RegisterHost for a node pool's segment included) is forwarded to the
 // wrapped backend.
 //
+// The arena is the library's HostMemory (host_memory.h): huge pages where the system has them,
+// populated in parallel on the GPU's NUMA node, registered with the wrapped backend
+// (RegisterHost) in chunks, with progress reported as HostMemoryOptions says.
+//
 // It lives with `sparsekv bench`, not in the library: the end-to-end benchmark is its only user
 // (the operator benchmarks under bench/ allocate their pinned buffers directly).
 //
@@ -19,18 +23,22 @@
 #include <string>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/host_memory.h"
 
 namespace sparsekv::tools {
 
 class ArenaBackend final : public Backend {
  public:
-  // Allocates the arena (`bytes`, rounded up to 2 MB) with base->AllocateHost.
-  static StatusOr<std::shared_ptr<ArenaBackend>> Create(std::shared_ptr<Backend> base,
-                                                        size_t bytes);
+  // Allocates the arena (`bytes`, rounded up to 2 MB) with HostMemory::Allocate, registered with
+  // `base` chunk by chunk.
+  static StatusOr<std::shared_ptr<ArenaBackend>> Create(std::shared_ptr<Backend> base, size_t bytes,
+                                                        const HostMemoryOptions& options = {});
   ~ArenaBackend() override;
 
   std::byte* arena() const { return arena_; }
   size_t arena_bytes() const { return bytes_; }
+  // How the arena was populated and registered (chunks, threads, NUMA node, time).
+  const HostRegistration& arena_registration() const { return memory_->registration(); }
 
   BackendKind kind() const override { return base_->kind(); }
   std::string name() const override { return base_->name(); }
@@ -39,6 +47,7 @@ class ArenaBackend final : public Backend {
   void FreeHost(void* ptr) override;
   Status RegisterHost(void* ptr, size_t bytes) override { return base_->RegisterHost(ptr, bytes); }
   void UnregisterHost(void* ptr) override { base_->UnregisterHost(ptr); }
+  int32_t HostNumaNode() const override { return base_->HostNumaNode(); }
   StatusOr<void*> AllocateDevice(size_t bytes) override { return base_->AllocateDevice(bytes); }
   void FreeDevice(void* ptr) override { base_->FreeDevice(ptr); }
   Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) override {
@@ -85,10 +94,14 @@ class ArenaBackend final : public Backend {
   void CloseImported(void* ptr) override { base_->CloseImported(ptr); }
 
  private:
-  ArenaBackend(std::shared_ptr<Backend> base, std::byte* arena, size_t bytes)
-      : base_(std::move(base)), arena_(arena), bytes_(bytes) {}
+  ArenaBackend(std::shared_ptr<Backend> base, std::unique_ptr<HostMemory> memory)
+      : base_(std::move(base)),
+        memory_(std::move(memory)),
+        arena_(memory_->data()),
+        bytes_(memory_->bytes()) {}
 
   std::shared_ptr<Backend> base_;
+  std::unique_ptr<HostMemory> memory_;  // destroyed first: unregisters with base_, then unmaps
   std::byte* arena_;
   size_t bytes_;
   size_t used_ = 0;          // bytes handed out since the arena was last empty

@@ -204,6 +204,8 @@ std::string FormatE2EJson(const E2EReport& r) {
   j["hbm_budget_gb"] = r.hbm_budget_gb;
   j["host_pool_gb"] = r.host_pool_gb;
   j["host_pool_pinned_gb"] = r.host_pool_pinned_gb;
+  j["host_pool_ready_s"] = r.host_pool_ready_s;
+  j["host_pool_ready_gb_per_s"] = r.host_pool_ready_gb_per_s;
   j["indexer_keys"] = "charged to every variant's HBM budget, not allocated (the engine owns them)";
   j["steps"] = r.steps;
   j["warmup_steps"] = r.warmup_steps;

@@ -95,6 +95,10 @@ struct E2EReport {
   double hbm_budget_gb = 0;
   double host_pool_gb = 0;         // the budget
   double host_pool_pinned_gb = 0;  // allocated
+  // The arena's start-up: mapped, populated and registered in chunks (host_memory.h);
+  // host_pool_ready_gb_per_s = host_pool_pinned_gb / host_pool_ready_s.
+  double host_pool_ready_s = 0;
+  double host_pool_ready_gb_per_s = 0;
   int32_t steps = 0;
   int32_t warmup_steps = 0;
   Ceilings ceilings;

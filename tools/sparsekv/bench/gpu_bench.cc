@@ -431,7 +431,38 @@ Status E2ERun::Setup(const ModelPreset& preset) {
   host_bytes += int64_t{shape.layers} * (2 << 20);
   host_bytes = std::max<int64_t>(host_bytes, kCeilingBytes);
   Log("pinning a " + std::to_string(host_bytes / 1000000000.0).substr(0, 5) + " GB host arena");
-  SPARSEKV_ASSIGN_OR_RETURN(arena_, ArenaBackend::Create(cuda_, static_cast<size_t>(host_bytes)));
+  // A progress line every 5 s while the arena is populated and registered, in chunks.
+  HostMemoryOptions pinning;
+  double next_line_s = 5;
+  pinning.progress = [&](const HostMemoryProgress& p) {
+    if (p.elapsed_seconds < next_line_s) return;
+    next_line_s = p.elapsed_seconds + 5;
+    char line[160];
+    std::snprintf(line, sizeof(line),
+                  "host arena: %.1f of %.1f GB populated, %.1f GB ready (%d of %d chunks)",
+                  p.populated_bytes / 1e9, p.total_bytes / 1e9, p.registered_bytes / 1e9,
+                  p.registered_chunks, p.chunks);
+    Log(line);
+  };
+  SPARSEKV_ASSIGN_OR_RETURN(arena_,
+                            ArenaBackend::Create(cuda_, static_cast<size_t>(host_bytes), pinning));
+  {
+    const HostRegistration& r = arena_->arena_registration();
+    const HostMemoryPlacement& at = r.placement();
+    const std::string where =
+        at.numa_node < 0   ? "no NUMA node known"
+        : at.bound_to_node ? "NUMA node " + std::to_string(at.numa_node)
+                           : "NUMA node " + std::to_string(at.numa_node) + " unbound (no libnuma)";
+    char line[200];
+    std::snprintf(line, sizeof(line),
+                  "host arena ready: %.2f GB in %.1f s (%.2f GB/s; %zu chunks, %d threads, %s)",
+                  r.bytes() / 1e9, r.ready_seconds(),
+                  r.bytes() / 1e9 / std::max(r.ready_seconds(), 1e-9), r.chunks().size(),
+                  at.threads, where.c_str());
+    Log(line);
+    report_.host_pool_ready_s = r.ready_seconds();
+    report_.host_pool_ready_gb_per_s = r.bytes() / 1e9 / std::max(r.ready_seconds(), 1e-9);
+  }
   report_.host_pool_pinned_gb = arena_->arena_bytes() / 1e9;
   SPARSEKV_ASSIGN_OR_RETURN(report_.ceilings,
                             MeasureCeilings(arena_->arena(), kCeilingBytes, stream_));

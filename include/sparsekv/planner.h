@@ -115,4 +115,16 @@ BatchLimits Limits(const Calibration& cal, const ModelShape& model, const GpuSpe
                    const RequestShape& request, const StepInputs& in, double tier_capacity_gb,
                    double tpot_slo_ms);
 
+// The time to a ready host pool of `pool_gb` (1e9 B) at start-up: populated and registered in
+// chunks of `chunk_gib` GiB (host_memory.h), at `ready_gbps`, the rate of the whole preparation
+// (what `sparsekv bench` prints as "host arena ready: ... GB/s" on the machine in question).
+//   seconds = pool_gb / ready_gbps,  chunks = ceil(pool_gb * 1e9 / chunk_gib GiB)
+// single_registration_fails: the pool is 512 GiB or more, which one cudaHostRegister refuses.
+struct HostPoolReady {
+  double seconds = 0;
+  int32_t chunks = 0;
+  bool single_registration_fails = false;
+};
+HostPoolReady ModelHostPoolReady(double pool_gb, double ready_gbps, double chunk_gib = 64);
+
 }  // namespace sparsekv

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <utility>
 
 namespace sparsekv {
@@ -102,6 +103,16 @@ BatchLimits Limits(const Calibration& cal, const ModelShape& model, const GpuSpe
     limits.by_latency = b;
   }
   return limits;
+}
+
+HostPoolReady ModelHostPoolReady(double pool_gb, double ready_gbps, double chunk_gib) {
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  HostPoolReady r;
+  if (pool_gb <= 0 || ready_gbps <= 0 || chunk_gib <= 0) return r;
+  r.seconds = pool_gb / ready_gbps;
+  r.chunks = static_cast<int32_t>(std::ceil(pool_gb * 1e9 / (chunk_gib * kGiB)));
+  r.single_registration_fails = pool_gb * 1e9 >= 512 * kGiB;
+  return r;
 }
 
 }  // namespace sparsekv

@@ -178,5 +178,21 @@ TEST(PlanCalibrationTest, RejectsFilesWithoutPoints) {
   EXPECT_EQ(ReadMeasured({path + ".missing"}).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(HostPoolReadyTest, TimeIsSizeOverRateInChunksOf64GiB) {
+  const HostPoolReady one_tb = ModelHostPoolReady(1000, 2.0);
+  EXPECT_DOUBLE_EQ(one_tb.seconds, 500);
+  EXPECT_EQ(one_tb.chunks, 15);  // 1e12 B / 64 GiB = 14.55
+  EXPECT_TRUE(one_tb.single_registration_fails);
+  const HostPoolReady two_tb = ModelHostPoolReady(2000, 2.0);
+  EXPECT_DOUBLE_EQ(two_tb.seconds, 1000);
+  EXPECT_EQ(two_tb.chunks, 30);
+  const HostPoolReady small = ModelHostPoolReady(100, 4.0);
+  EXPECT_EQ(small.chunks, 2);
+  EXPECT_FALSE(small.single_registration_fails);
+  EXPECT_FALSE(ModelHostPoolReady(549, 1).single_registration_fails);  // 511.3 GiB
+  EXPECT_TRUE(ModelHostPoolReady(550, 1).single_registration_fails);   // 512.2 GiB
+  EXPECT_EQ(ModelHostPoolReady(0, 1).chunks, 0);
+}
+
 }  // namespace
 }  // namespace sparsekv

@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/options.h"
@@ -328,6 +329,13 @@ PlanCommand::PlanCommand(CLI::App& parent) {
                    "layers and copies ahead on 16 blocks; 1 = the ideal")
       ->check(Fraction())
       ->capture_default_str();
+  app_->add_option("--host-ready-gbps", host_ready_gbps_,
+                   "rate at which a host pool is populated and pinned at start-up, for the "
+                   "time to a ready pool of each tier and of 1 and 2 TB (`sparsekv bench` prints "
+                   "yours as \"host arena ready: ... GB/s\"; the default is one plain "
+                   "cudaHostRegister as reported to vLLM, ~700 GB in ~12 min, not measured here)")
+      ->check(PositiveReal())
+      ->capture_default_str();
   app_->add_option("--calibration", calibration_paths_,
                    "refit the model to `sparsekv bench --json` files and check it against them")
       ->check(CLI::ExistingFile);
@@ -488,6 +496,28 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
 
   json["budgeted_hot_cache"] = BudgetedHotCaches(model, gpu_, tiers, contexts_, hot_slots_, out);
 
+  // Start-up: the time to a ready host pool of each tier's capacity, and of 1 and 2 TB.
+  out << Format(
+      "Host pool start-up at %.2f GB/s (--host-ready-gbps), in chunks of 64 GiB "
+      "(docs/host-memory.md):\n",
+      host_ready_gbps_);
+  json["host_pool_ready"] = Json::array();
+  std::vector<std::pair<std::string, double>> pools;
+  for (const MemoryTier& t : tiers) pools.emplace_back(t.name, t.capacity_gb);
+  pools.emplace_back("1 TB", 1000);
+  pools.emplace_back("2 TB", 2000);
+  for (const auto& [name, gb] : pools) {
+    const HostPoolReady r = ModelHostPoolReady(gb, host_ready_gbps_);
+    out << Format("  %-12s %7.0f GB: ready in %6.1f min, %3d chunks%s\n", name.c_str(), gb,
+                  r.seconds / 60, r.chunks,
+                  r.single_registration_fails ? " (one cudaHostRegister of it would fail)" : "");
+    json["host_pool_ready"].push_back({{"pool", name},
+                                       {"pool_gb", gb},
+                                       {"seconds", r.seconds},
+                                       {"chunks", r.chunks},
+                                       {"single_registration_fails", r.single_registration_fails}});
+  }
+
   json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
                  {"reserved_gb", gpu_.reserved_gb},
                  {"tflops", gpu_.flops_tflops},
@@ -499,6 +529,7 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
   json["hot_slots"] = hot_slots_;
   json["tpot_slo_ms"] = tpot_slo_ms_;
   json["hidden_fraction"] = hidden_fraction_;
+  json["host_ready_gbps"] = host_ready_gbps_;
   json["cases"] = Json::array();
   for (const PlanCase& c : cases) json["cases"].push_back(ToJson(c));
   if (!json_path_.empty()) {

@@ -42,7 +42,8 @@ class PlanCommand {
   std::vector<double> miss_rates_ = {0.2};
   int32_t hot_slots_ = 4096;
   double tpot_slo_ms_ = 50;
-  double hidden_fraction_ = 0;  // StepInputs::hidden_fraction
+  double hidden_fraction_ = 0;    // StepInputs::hidden_fraction
+  double host_ready_gbps_ = 1.0;  // ModelHostPoolReady's rate
   std::vector<std::string> calibration_paths_;
   std::string json_path_;
 };

@@ -47,6 +47,26 @@ TEST(PlanCommandTest, PrintsTableAndWritesJson) {
   EXPECT_GT(j["cases"][1]["max_batch"].get<int>(), j["cases"][0]["max_batch"].get<int>());
 }
 
+TEST(PlanCommandTest, ModelsTheTimeToAReadyPoolOfOneAndTwoTerabytes) {
+  const std::string json_path = ::testing::TempDir() + "/plan-ready.json";
+  std::string text;
+  ASSERT_EQ(
+      Cli({"plan", "--contexts", "32768", "--host-ready-gbps", "2", "--json", json_path}, &text),
+      kExitOk)
+      << text;
+  EXPECT_NE(text.find("Host pool start-up at 2.00 GB/s"), std::string::npos) << text;
+  EXPECT_NE(text.find("2000 GB: ready in   16.7 min,  30 chunks"), std::string::npos) << text;
+  std::ifstream file(json_path);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  // The four default tiers, then 1 and 2 TB.
+  ASSERT_EQ(j["host_pool_ready"].size(), 6u);
+  EXPECT_EQ(j["host_pool_ready"][4]["pool_gb"], 1000);
+  EXPECT_EQ(j["host_pool_ready"][4]["seconds"], 500);
+  EXPECT_EQ(j["host_pool_ready"][5]["single_registration_fails"], true);
+  EXPECT_EQ(j["host_pool_ready"][0]["single_registration_fails"], false);  // pcie-dram, 250 GB
+  EXPECT_NE(Cli({"plan", "--host-ready-gbps", "0"}), kExitOk);
+}
+
 TEST(PlanCommandTest, HiddenFractionRaisesTheLatencyLimitedBatch) {
   const auto best_pcie_batch = [](const std::string& hidden) {
     const std::string json_path = ::testing::TempDir() + "/plan_hidden.json";

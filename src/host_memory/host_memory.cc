@@ -97,14 +97,16 @@ bool CanBindToNode(int32_t node) {
 
 // Faults in [p, p + bytes) writable without changing a byte; an error names what failed.
 Status Populate(std::byte* p, size_t bytes) {
-  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return Status::Ok();
+  // madvise wants a page-aligned start; the page holding `p` is mapped as `p` is.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t lead = reinterpret_cast<uintptr_t>(p) % page;
+  if (madvise(p - lead, bytes + lead, MADV_POPULATE_WRITE) == 0) return Status::Ok();
   if (errno != EINVAL) {
     return ResourceExhausted(std::string("cannot populate host memory (madvise): ") +
                              std::strerror(errno));
   }
   // A kernel before 5.14: a write access per page that leaves the byte as it was, even if another
   // thread or process writes it at the same time.
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   for (size_t offset = 0; offset < bytes; offset += page) {
     __atomic_fetch_or(reinterpret_cast<unsigned char*>(p + offset), 0, __ATOMIC_RELAXED);
   }

@@ -156,6 +156,25 @@ TEST(RegisterHostRangeTest, PopulatingKeepsContents) {
   for (size_t i = 0; i < bytes; i += 4096) ASSERT_EQ(m.data()[i], std::byte(i / 4096 % 251)) << i;
 }
 
+TEST(RegisterHostRangeTest, UnalignedRangeIsTouchedAndCovered) {
+  const size_t bytes = 10 * kMB;
+  Mapping m(bytes);
+  ASSERT_NE(m.data(), nullptr);
+  FakeRegistrar fake;
+  HostMemoryOptions options;
+  options.chunk_bytes = 2 * kMB;
+  options.threads = 2;
+  auto r = RegisterHostRange(m.data() + 1000, bytes - 2000, options, fake.Get());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(m.ResidentPages(), bytes / static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  size_t covered = 0;
+  for (const auto& [p, b] : fake.live_) {
+    EXPECT_EQ(p, m.data() + 1000 + covered);
+    covered += b;
+  }
+  EXPECT_EQ(covered, bytes - 2000);
+}
+
 TEST(RegisterHostRangeTest, ProgressIsMonotoneAndComplete) {
   const size_t bytes = 20 * kMB;
   Mapping m(bytes);

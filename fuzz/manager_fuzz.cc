@@ -20,6 +20,7 @@
 //     window entries exactly as the top-k rows hold them.
 // A violation prints what differs and aborts.
 #include <fuzzer/FuzzedDataProvider.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -36,6 +37,7 @@
 #include "sparsekv/backend.h"
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/manager.h"
+#include "sparsekv/node_pool.h"
 #include "sparsekv/peer_tier.h"
 
 namespace sparsekv {
@@ -202,6 +204,9 @@ class Fuzzer {
           break;
         case 18:
           changed = Peer();
+          break;
+        case 19:
+          changed = NodePoolDescriptor();
           break;
         default:
           changed = step_open_ ? RunNext() : Plan();
@@ -560,6 +565,53 @@ class Fuzzer {
     regions_.push_back(std::move(region));
     MapRows(*r);
     return true;
+  }
+
+  // A node pool's descriptor, as another process gets it, mutated or cut: OpenDescribedNodePool
+  // refuses it (InvalidArgument for one that does not parse, NotFound for another pool or none,
+  // FailedPrecondition for a file that is not one, Unavailable for a path that cannot be opened)
+  // or opens the same pool, never another shape. The pool is one of this process, made once.
+  bool NodePoolDescriptor() {
+    static const std::shared_ptr<HostKVPool> pool = [] {
+      CacheOptions o;
+      o.geometry = KVGeometry::Uniform(2, 16);
+      o.top_k = o.hot_slots = o.max_requests = 1;
+      o.host_page_tokens = 4;
+      o.max_context = 16;
+      o.host_capacity_tokens = 64;
+      NodePoolOptions node;
+      node.name = "sparsekv-fuzz-" + std::to_string(getpid());
+      StatusOr<std::shared_ptr<HostKVPool>> created =
+          CreateNodePool(o, 2, node, CreateCpuBackend());
+      FUZZ_CHECK(created.ok(), Code(created.status()));
+      return *created;
+    }();
+    std::string text = DescribeNodePool(*pool).Serialize();
+    const size_t at = static_cast<size_t>(SmallInt(0, static_cast<int32_t>(text.size()) - 1));
+    switch (in_.ConsumeIntegralInRange<int>(0, 2)) {
+      case 0:
+        text.resize(at);
+        break;
+      case 1:
+        text[at] = static_cast<char>(text[at] ^ (1 << SmallInt(0, 7)));
+        break;
+      default:
+        break;  // unchanged: the same pool
+    }
+    const StatusOr<std::shared_ptr<HostKVPool>> opened =
+        OpenDescribedNodePool(text, NodePoolOptions(), backend_);
+    if (opened.ok()) {
+      FUZZ_CHECK((*opened)->node_pool_id() == pool->node_pool_id() &&
+                     (*opened)->rows() == pool->rows() &&
+                     (*opened)->geometry().num_layers() == pool->geometry().num_layers(),
+                 "a node pool descriptor opened another pool: \"" + text + "\"");
+      return false;
+    }
+    const StatusCode c = opened.status().code();
+    FUZZ_CHECK(c == StatusCode::kInvalidArgument || c == StatusCode::kNotFound ||
+                   c == StatusCode::kFailedPrecondition || c == StatusCode::kUnavailable,
+               "a node pool descriptor \"" + text + "\": " + Code(opened.status()));
+    return false;
   }
 
   // Writes the model's rows of a live request's first positions into `region` and maps them.

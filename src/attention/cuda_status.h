@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "attention/cublas_loader.h"
 #include "cuda_common/cuda_check.h"
 #include "cuda_common/device_buffer.h"
 #include "sparsekv/status.h"
@@ -18,7 +19,10 @@ using cuda_common::DeviceBuffer;
 using cuda_common::DeviceGuard;
 
 inline Status CublasStatus(cublasStatus_t status, const char* call) {
-  return Internal(std::string(call) + ": " + cublasGetStatusString(status));
+  const CublasApi& cublas = Cublas();
+  return Internal(std::string(call) + ": " +
+                  (cublas.status_string != nullptr ? std::string(cublas.status_string(status))
+                                                   : "cuBLAS status " + std::to_string(status)));
 }
 
 }  // namespace sparsekv::mla_cuda

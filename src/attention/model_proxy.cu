@@ -20,6 +20,7 @@
 namespace sparsekv {
 namespace {
 
+using mla_cuda::Cublas;
 using mla_cuda::DeviceBuffer;
 using mla_cuda::DeviceGuard;
 
@@ -47,7 +48,7 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
 
   ~CudaWeightStreamProxy() override {
     DeviceGuard guard(device_);
-    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (cublas_ != nullptr) Cublas().destroy(cublas_);
     if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
   }
 
@@ -69,7 +70,8 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
     SPARSEKV_RETURN_IF_ERROR(Allocate(&output_, int64_t{max_batch_} * out_features_));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     device_bytes_ += kCublasWorkspaceBytes;
-    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
+    if (!Cublas().error.empty()) return Unavailable(Cublas().error);
+    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(Cublas().create(&cublas_));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     return Status::Ok();
   }
@@ -77,7 +79,7 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
   Status SetSmCountTarget(int32_t sms) override {
     if (sms < 0) return InvalidArgument("SetSmCountTarget: sms must be >= 0");
     DeviceGuard guard(device_);
-    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasSetSmCountTarget(cublas_, sms));
+    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(Cublas().set_sm_count_target(cublas_, sms));
     return Status::Ok();
   }
 
@@ -92,16 +94,16 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
     const __nv_bfloat16* weights = weights_[layer % weights_.size()];
     // cublasSetStream resets the workspace to cuBLAS's own pool: set ours again after it.
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(
-        cublasSetStream(cublas_, static_cast<cudaStream_t>(stream_handle)));
+        Cublas().set_stream(cublas_, static_cast<cudaStream_t>(stream_handle)));
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(
-        cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
+        Cublas().set_workspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
     const float one = 1.0f;
     const float zero = 0.0f;
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(
-        cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, /*m=*/out_features_, /*n=*/batch,
-                     /*k=*/kProxyHiddenDim, &one, weights, CUDA_R_16BF, /*lda=*/kProxyHiddenDim,
-                     input_, CUDA_R_16BF, /*ldb=*/kProxyHiddenDim, &zero, output_, CUDA_R_16BF,
-                     /*ldc=*/out_features_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        Cublas().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, /*m=*/out_features_, /*n=*/batch,
+                         /*k=*/kProxyHiddenDim, &one, weights, CUDA_R_16BF, /*lda=*/kProxyHiddenDim,
+                         input_, CUDA_R_16BF, /*ldb=*/kProxyHiddenDim, &zero, output_, CUDA_R_16BF,
+                         /*ldc=*/out_features_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return Status::Ok();
   }
 

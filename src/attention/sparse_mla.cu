@@ -31,6 +31,7 @@
 namespace sparsekv {
 namespace {
 
+using mla_cuda::Cublas;
 using mla_cuda::DeviceBuffer;
 using mla_cuda::DeviceGuard;
 
@@ -47,7 +48,7 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
 
   ~CudaSparseMLAAttention() override {
     DeviceGuard guard(device_);
-    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (cublas_ != nullptr) Cublas().destroy(cublas_);
     if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
   }
 
@@ -66,14 +67,15 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     }
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     workspace_bytes_ += kCublasWorkspaceBytes;
-    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
+    if (!Cublas().error.empty()) return Unavailable(Cublas().error);
+    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(Cublas().create(&cublas_));
     return Status::Ok();
   }
 
   Status SetSmCountTarget(int32_t sms) override {
     if (sms < 0) return InvalidArgument("SetSmCountTarget: sms must be >= 0");
     DeviceGuard guard(device_);
-    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasSetSmCountTarget(cublas_, sms));
+    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(Cublas().set_sm_count_target(cublas_, sms));
     return Status::Ok();
   }
 
@@ -161,15 +163,15 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     if (gather_only) return Status::Ok();
 
     // cublasSetStream resets the workspace to cuBLAS's own pool: set ours again after it.
-    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream));
+    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(Cublas().set_stream(cublas_, stream));
     SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(
-        cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
+        Cublas().set_workspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
 
     // scores = (softmax_scale * log2 e) * q . k, for the softmax's exp2.
     const float score_alpha = options_.effective_softmax_scale() * kLog2E;
     const float one = 1.0f;
     const float zero = 0.0f;
-    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
+    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(Cublas().gemm_strided_batched_ex(
         cublas_, CUBLAS_OP_T, CUBLAS_OP_N, /*m=*/top_k, /*n=*/heads, /*k=*/kMLAQKDim, &score_alpha,
         keys_, CUDA_R_16BF, /*lda=*/kMLAQKDim, /*strideA=*/int64_t{top_k} * kMLAQKDim, q,
         CUDA_R_16BF, /*ldb=*/kMLAQKDim, /*strideB=*/int64_t{heads} * kMLAQKDim, &zero, scores_,
@@ -185,7 +187,7 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     // The whole run writes bf16 `out`; a half writes its fp32 partial output.
     void* gemm_out = part == mla_cuda::FillPart::kAll ? out : partial_out_[half];
     const cudaDataType out_type = part == mla_cuda::FillPart::kAll ? CUDA_R_16BF : CUDA_R_32F;
-    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
+    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(Cublas().gemm_strided_batched_ex(
         cublas_, CUBLAS_OP_N, CUBLAS_OP_N, /*m=*/kMLAValueDim, /*n=*/heads, /*k=*/top_k, &one,
         keys_, CUDA_R_16BF, /*lda=*/kMLAQKDim, /*strideA=*/int64_t{top_k} * kMLAQKDim, probs_,
         CUDA_R_16BF, /*ldb=*/top_k, /*strideB=*/int64_t{heads} * top_k, &zero, gemm_out, out_type,

@@ -16,7 +16,7 @@ namespace {
 constexpr int32_t kLayers = 2;
 constexpr int32_t kRowBytes = 32;
 constexpr int32_t kTopK = 4;
-constexpr int32_t kSteps = 16;  // the schedule measures its candidates in the first 12
+constexpr int32_t kSteps = 16;
 
 // The KV row of (request, layer, position): bytes derived from all three, so that a row copied
 // from the wrong place does not compare equal.
@@ -71,7 +71,10 @@ int main() {
   // The step schedule drives the run phase: it measures the schedules these options allow
   // (serial, the cross-layer prefetch, attention in slices of one request fed as their copies
   // land, both) and keeps the fastest. The engine hands it each layer's work and its attention.
-  auto scheduled = sparsekv::StepSchedule::Create(*manager);
+  // Two timed steps per candidate (six candidates here): the first twelve steps measure them.
+  sparsekv::ScheduleOptions schedule_options;
+  schedule_options.trials = 2;
+  auto scheduled = sparsekv::StepSchedule::Create(*manager, schedule_options);
   if (!Check(scheduled.status(), "StepSchedule::Create")) return 1;
   std::unique_ptr<sparsekv::StepSchedule> schedule = std::move(*scheduled);
 

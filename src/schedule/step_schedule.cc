@@ -113,7 +113,7 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManage
     return InvalidArgument(std::string("StepSchedule: ") + what + " " + c.ToString() +
                            " is not one the manager's options allow (" + list + ")");
   };
-  if (options.fixed.has_value() && !is_allowed(*options.fixed)) {
+  if (options.fixed.has_value() && !is_allowed(normal(*options.fixed))) {
     return refuse(*options.fixed, "fixed choice");
   }
   std::vector<StepChoice> candidates = options.candidates.empty() ? allowed : options.candidates;

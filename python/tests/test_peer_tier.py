@@ -110,3 +110,18 @@ def test_a_cuda_manager_reads_a_region_of_the_same_gpu():
         np.testing.assert_array_equal(assembled[0].cpu().numpy()[:, :nbytes], want[:, :nbytes])
     manager.finish_step()
     assert manager.peer_rows_read() > 0
+
+
+@pytest.mark.skipif(not have_gpu(), reason="needs the CUDA backend, torch and a GPU")
+def test_a_destroyed_regions_descriptor_is_not_found_on_the_cuda_backend():
+    # The descriptor of a region this process lent and then destroyed names no allocation: it is
+    # refused before anything it describes is mapped or read (it once crashed the process).
+    backend = sparsekv.cuda_backend(0)
+    options = make_options()
+    region = sparsekv.PeerRegion.create(options.geometry, REGION_ROWS, backend)
+    descriptor = region.descriptor
+    del region
+    manager = sparsekv.SparseKVCacheManager(options, backend)
+    manager.attach_peer_tier()
+    with pytest.raises(sparsekv.NotFoundError):
+        manager.import_peer_region(descriptor)

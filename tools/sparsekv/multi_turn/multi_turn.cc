@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "sparsekv/manager.h"
+#include "sparsekv/step_schedule.h"
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/output_file.h"
 #include "tools/sparsekv/common/progress.h"
@@ -117,6 +118,9 @@ class Replay {
     o.max_context = s_.max_context + c_.page_tokens;
     o.host_capacity_tokens = int64_t{max_requests} * o.max_context;
     SPARSEKV_ASSIGN_OR_RETURN(m_, SparseKVCacheManager::Create(o, CreateCpuBackend()));
+    // Steps run through the library's step schedule, as an engine's would (one layer of
+    // padding: serial, the only choice there is).
+    SPARSEKV_ASSIGN_OR_RETURN(step_schedule_, StepSchedule::Create(*m_));
     zero_rows_.assign(static_cast<size_t>(o.max_context) * kMultiTurnSimulatedTokenBytes,
                       std::byte{0});
     topk_.assign(max_requests, -1);  // padding only: nothing is read, the pool is what counts
@@ -227,10 +231,11 @@ class Replay {
       ids.push_back(a.branch ? static_cast<int32_t>((id * 7919 + a.decoded) % 100000)
                              : s_.conversations[a.conv][convs_[a.conv].turn].reply[a.decoded]);
     }
-    SPARSEKV_RETURN_IF_ERROR(m_->PlanStep(batch, ids, nullptr));
-    SPARSEKV_RETURN_IF_ERROR(m_->AppendToken(0, zero_rows_.data(), nullptr));
-    SPARSEKV_RETURN_IF_ERROR(m_->RunLayer(0, topk_.data(), slots_.data(), nullptr, nullptr));
-    SPARSEKV_RETURN_IF_ERROR(m_->FinishStep(nullptr));
+    SPARSEKV_RETURN_IF_ERROR(step_schedule_->PlanStep(batch, ids, nullptr));
+    const LayerWork work{zero_rows_.data(), nullptr, topk_.data(), 0, slots_.data()};
+    SPARSEKV_RETURN_IF_ERROR(step_schedule_->RunLayer(
+        0, work, [](int32_t, int32_t, int32_t, StreamHandle) { return Status::Ok(); }, nullptr));
+    SPARSEKV_RETURN_IF_ERROR(step_schedule_->FinishStep(nullptr));
     for (size_t b = 0; b < batch.size(); ++b) {
       Active& a = active_.at(batch[b]);
       ++a.decoded;
@@ -265,6 +270,7 @@ class Replay {
   const bool sharing_;
   const MultiTurnProgressFn& progress_;
   std::unique_ptr<SparseKVCacheManager> m_;
+  std::unique_ptr<StepSchedule> step_schedule_;  // over m_
   std::vector<Conv> convs_;
   std::map<RequestId, Active> active_;
   RequestId next_id_ = 1;

@@ -48,14 +48,6 @@ struct HotLayerView {
 // ---- The manager ----
 
 // InvalidArgumentError (a ValueError) for a layer out of range, as the library says it.
-int32_t RowStride(const CacheOptions& o, int32_t layer, const char* op) {
-  if (layer < 0 || layer >= o.geometry.num_layers()) {
-    Raise(InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) +
-                          " out of range [0, " + std::to_string(o.geometry.num_layers()) + ")"));
-  }
-  return o.geometry.layers[layer].row_stride;
-}
-
 class PyManager {
  public:
   PyManager(const CacheOptions& options, PyBackend backend, const PyNodePool* pool)
@@ -157,9 +149,7 @@ class PyManager {
 
   void PlanStep(const std::vector<PyRequestId>& batch,
                 const std::optional<std::vector<int32_t>>& token_ids, const py::object& stream) {
-    std::vector<RequestId> ids;
-    ids.reserve(batch.size());
-    for (const PyRequestId& id : batch) ids.push_back(id.value);
+    const std::vector<RequestId> ids = RequestIds(batch);
     if (token_ids.has_value()) {
       Check(manager_->PlanStep(ids, *token_ids, Stream(stream)));
     } else {
@@ -169,18 +159,8 @@ class PyManager {
 
   void AppendToken(int32_t layer, const py::object& new_rows, const py::object& new_keys,
                    const py::object& stream) {
-    TensorRules r{"new_rows"};
-    r.row_bytes = RowStride(options(), layer, "append_token");
-    r.min_rows = manager_->batch_size();
-    const TensorArg t = CheckTensor(new_rows, r, backend_);
-    const void* keys = nullptr;
-    // As in C++, new_keys is ignored by a manager that keeps no indexer keys.
-    if (!new_keys.is_none() && options().indexer_key_bytes > 0) {
-      TensorRules kr{"new_keys"};
-      kr.row_bytes = options().indexer_key_bytes;
-      kr.min_rows = manager_->batch_size();
-      keys = CheckTensor(new_keys, kr, backend_).data;
-    }
+    const TensorArg t = CheckNewRows(new_rows, *manager_, layer, "append_token", backend_);
+    const void* keys = CheckNewKeys(new_keys, *manager_, backend_);
     Check(manager_->AppendToken(layer, t.data, keys, Stream(stream)));
   }
 
@@ -204,21 +184,11 @@ class PyManager {
     return manager_->IndexerKeys(layer);
   }
 
-  // topk: int32 [>= batch, >= top_k]; slots: int32 [>= batch, top_k], written.
   TensorArg TopK(const py::object& topk, const char* name, int32_t top_k) const {
-    TensorRules tr{name};
-    tr.int32 = true;
-    tr.min_rows = manager_->batch_size();
-    tr.min_second = top_k;
-    return CheckTensor(topk, tr, backend_);
+    return CheckTopK(topk, name, top_k, *manager_, backend_);
   }
   TensorArg Slots(const py::object& slots, const char* name) const {
-    TensorRules sr{name};
-    sr.int32 = true;
-    sr.min_rows = manager_->batch_size();
-    sr.second_dim = options().top_k;
-    sr.output = true;
-    return CheckTensor(slots, sr, backend_);
+    return CheckSlots(slots, name, *manager_, backend_);
   }
 
   void RunLayer(int32_t layer, const py::object& topk, const py::object& slots,

@@ -44,9 +44,7 @@ class PySchedule {
 
   void PlanStep(const std::vector<PyRequestId>& batch, const py::object& token_ids,
                 const py::object& stream) {
-    std::vector<RequestId> ids;
-    ids.reserve(batch.size());
-    for (const PyRequestId& id : batch) ids.push_back(id.value);
+    const std::vector<RequestId> ids = RequestIds(batch);
     const StreamHandle s = Stream(stream);
     if (token_ids.is_none()) {
       Check(schedule_->PlanStep(ids, s));
@@ -62,40 +60,17 @@ class PySchedule {
   void RunLayer(int32_t layer, const py::object& new_rows, const py::object& topk,
                 const py::object& slots, const py::function& attend, const py::object& new_keys,
                 const py::object& stream) {
-    const CacheOptions& o = target_.manager->options();
-    if (layer < 0 || layer >= o.geometry.num_layers()) {
-      throw py::value_error("run_layer: layer " + std::to_string(layer) + " out of range [0, " +
-                            std::to_string(o.geometry.num_layers()) + ")");
-    }
+    const SparseKVCacheManager& m = *target_.manager;
     const PyBackend& backend = *target_.backend;
-    const int32_t batch = target_.manager->batch_size();
     LayerWork work;
-    TensorRules rr{"new_rows"};
-    rr.row_bytes = o.geometry.layers[layer].row_stride;
-    rr.min_rows = batch;
-    work.new_rows = CheckTensor(new_rows, rr, backend).data;
-    if (!new_keys.is_none() && o.indexer_key_bytes > 0) {
-      TensorRules kr{"new_keys"};
-      kr.row_bytes = o.indexer_key_bytes;
-      kr.min_rows = batch;
-      work.new_keys = CheckTensor(new_keys, kr, backend).data;
-    }
+    work.new_rows = CheckNewRows(new_rows, m, layer, "run_layer", backend).data;
+    work.new_keys = CheckNewKeys(new_keys, m, backend);
     if (!topk.is_none()) {
-      TensorRules tr{"topk"};
-      tr.int32 = true;
-      tr.min_rows = batch;
-      tr.min_second = o.top_k;
-      const TensorArg t = CheckTensor(topk, tr, backend);
-      if (t.shape.size() != 2) throw py::value_error("topk: must be [batch, >= top_k]");
+      const TensorArg t = CheckTopK(topk, "topk", m.options().top_k, m, backend);
       work.topk = static_cast<const int32_t*>(t.data);
       work.topk_stride = static_cast<int32_t>(t.shape[1]);
     }
-    TensorRules sr{"slots"};
-    sr.int32 = true;
-    sr.min_rows = batch;
-    sr.second_dim = o.top_k;
-    sr.output = true;
-    work.slots = static_cast<int32_t*>(CheckTensor(slots, sr, backend).data);
+    work.slots = static_cast<int32_t*>(CheckSlots(slots, "slots", m, backend).data);
 
     // The callable's exception, kept to be raised again once run_layer has returned.
     std::optional<py::error_already_set> raised;

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "sparsekv/manager.h"
+
 #if defined(SPARSEKV_WITH_CUDA)
 #include <cuda_runtime_api.h>
 #endif
@@ -260,6 +262,59 @@ py::capsule ExportDLPack(const void* data, std::vector<int64_t> shape, int32_t d
       if (m != nullptr && m->deleter != nullptr) m->deleter(m);
     }
   });
+}
+
+// ---- A step's arguments ----
+
+std::vector<RequestId> RequestIds(const std::vector<PyRequestId>& batch) {
+  std::vector<RequestId> ids;
+  ids.reserve(batch.size());
+  for (const PyRequestId& id : batch) ids.push_back(id.value);
+  return ids;
+}
+
+int32_t RowStride(const CacheOptions& o, int32_t layer, const char* op) {
+  if (layer < 0 || layer >= o.geometry.num_layers()) {
+    Raise(InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) +
+                          " out of range [0, " + std::to_string(o.geometry.num_layers()) + ")"));
+  }
+  return o.geometry.layers[layer].row_stride;
+}
+
+TensorArg CheckNewRows(const py::handle& rows, const SparseKVCacheManager& m, int32_t layer,
+                       const char* op, const PyBackend& backend) {
+  TensorRules r{"new_rows"};
+  r.row_bytes = RowStride(m.options(), layer, op);
+  r.min_rows = m.batch_size();
+  return CheckTensor(rows, r, backend);
+}
+
+const void* CheckNewKeys(const py::handle& keys, const SparseKVCacheManager& m,
+                         const PyBackend& backend) {
+  if (keys.is_none() || m.options().indexer_key_bytes == 0) return nullptr;
+  TensorRules r{"new_keys"};
+  r.row_bytes = m.options().indexer_key_bytes;
+  r.min_rows = m.batch_size();
+  return CheckTensor(keys, r, backend).data;
+}
+
+TensorArg CheckTopK(const py::handle& topk, const char* name, int32_t top_k,
+                    const SparseKVCacheManager& m, const PyBackend& backend) {
+  TensorRules r{name};
+  r.int32 = true;
+  r.min_rows = m.batch_size();
+  r.min_second = top_k;
+  return CheckTensor(topk, r, backend);
+}
+
+TensorArg CheckSlots(const py::handle& slots, const char* name, const SparseKVCacheManager& m,
+                     const PyBackend& backend) {
+  TensorRules r{name};
+  r.int32 = true;
+  r.min_rows = m.batch_size();
+  r.second_dim = m.options().top_k;
+  r.output = true;
+  return CheckTensor(slots, r, backend);
 }
 
 }  // namespace sparsekv

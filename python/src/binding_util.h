@@ -225,6 +225,28 @@ struct ManagerRef {
 // ManagerRef of `manager` (binding_manager.cc); TypeError if it is not a SparseKVCacheManager.
 ManagerRef ManagerOf(const py::handle& manager);
 
+// ---- A step's arguments, as the manager's and the schedule's calls take them ----
+
+struct CacheOptions;
+
+// The ids of a batch.
+std::vector<RequestId> RequestIds(const std::vector<PyRequestId>& batch);
+// row_stride of `layer`; InvalidArgumentError naming `op` for a layer out of range.
+int32_t RowStride(const CacheOptions& o, int32_t layer, const char* op);
+// The newest token's rows of `layer`: [>= batch, row_stride] bytes.
+TensorArg CheckNewRows(const py::handle& rows, const SparseKVCacheManager& m, int32_t layer,
+                       const char* op, const PyBackend& backend);
+// Their indexer keys, [>= batch, indexer_key_bytes] bytes; null for None or a manager that keeps
+// no keys (which ignores them, as in C++).
+const void* CheckNewKeys(const py::handle& keys, const SparseKVCacheManager& m,
+                         const PyBackend& backend);
+// A top-k: int32 [>= batch, >= top_k].
+TensorArg CheckTopK(const py::handle& topk, const char* name, int32_t top_k,
+                    const SparseKVCacheManager& m, const PyBackend& backend);
+// Slots: int32 [>= batch, top_k], written.
+TensorArg CheckSlots(const py::handle& slots, const char* name, const SparseKVCacheManager& m,
+                     const PyBackend& backend);
+
 // ---- Node pools ----
 
 // A node pool attached by this process, the backend its rows are registered with, and the stream

@@ -25,6 +25,14 @@ inline Status CublasStatus(cublasStatus_t status, const char* call) {
                                                    : "cuBLAS status " + std::to_string(status)));
 }
 
+// A cuBLAS handle in *handle; Unavailable if cuBLAS could not be loaded.
+inline Status CreateCublas(cublasHandle_t* handle) {
+  const CublasApi& cublas = Cublas();
+  if (!cublas.error.empty()) return Unavailable(cublas.error);
+  const cublasStatus_t status = cublas.create(handle);
+  return status == CUBLAS_STATUS_SUCCESS ? Status::Ok() : CublasStatus(status, "cublasCreate");
+}
+
 }  // namespace sparsekv::mla_cuda
 
 #define SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(call)                            \

@@ -70,8 +70,7 @@ class CudaWeightStreamProxy final : public WeightStreamProxy {
     SPARSEKV_RETURN_IF_ERROR(Allocate(&output_, int64_t{max_batch_} * out_features_));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     device_bytes_ += kCublasWorkspaceBytes;
-    if (!Cublas().error.empty()) return Unavailable(Cublas().error);
-    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(Cublas().create(&cublas_));
+    SPARSEKV_RETURN_IF_ERROR(mla_cuda::CreateCublas(&cublas_));
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     return Status::Ok();
   }

@@ -67,8 +67,7 @@ class CudaSparseMLAAttention final : public SparseMLAAttention {
     }
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     workspace_bytes_ += kCublasWorkspaceBytes;
-    if (!Cublas().error.empty()) return Unavailable(Cublas().error);
-    SPARSEKV_MLA_CUBLAS_RETURN_IF_ERROR(Cublas().create(&cublas_));
+    SPARSEKV_RETURN_IF_ERROR(mla_cuda::CreateCublas(&cublas_));
     return Status::Ok();
   }
 

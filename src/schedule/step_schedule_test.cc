@@ -102,9 +102,6 @@ class ScheduleWorkload {
     }
   }
   ~ScheduleWorkload() {
-#if defined(SPARSEKV_WITH_CUDA)
-    for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph.exec);
-#endif
     if (stream_ != nullptr) {
       manager_->backend().Synchronize(stream_).IgnoreError();
       manager_->backend().DestroyStream(stream_);
@@ -198,33 +195,21 @@ class ScheduleWorkload {
   // Runs the planned step through the graph of `key` (captured now if there is none yet).
   std::vector<Slice>* Replay(const std::string& key) {
 #if defined(SPARSEKV_WITH_CUDA)
-    auto cuda = [](cudaError_t err) { return std::string(cudaGetErrorString(err)); };
     auto* stream = static_cast<cudaStream_t>(stream_);
-    auto found = graphs_.find(key);
-    if (found != graphs_.end()) {
+    Graph& g = graphs_[key];
+    if (g.graph.captured()) {
       const auto start = std::chrono::steady_clock::now();
-      const cudaError_t launched = cudaGraphLaunch(found->second.exec, stream);
-      EXPECT_EQ(launched, cudaSuccess) << cuda(launched);
+      const Status launched = g.graph.Launch(stream);
+      EXPECT_TRUE(launched.ok()) << launched.ToString();
       EXPECT_TRUE(manager_->backend().Synchronize(stream_).ok());
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const Status finished = schedule_->FinishReplayedStep(seconds);
       EXPECT_TRUE(finished.ok()) << finished.ToString();
-      return &found->second.slices;
+      return &g.slices;
     }
-    Graph& g = graphs_[key];
-    cudaGraph_t graph = nullptr;
-    cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-    EXPECT_EQ(err, cudaSuccess) << cuda(err);
-    const Status captured = RunPhase(&g.slices);
-    err = cudaStreamEndCapture(stream, &graph);
-    EXPECT_EQ(err, cudaSuccess) << cuda(err);
+    const Status captured = g.graph.CaptureAndLaunch(stream, [&] { return RunPhase(&g.slices); });
     EXPECT_TRUE(captured.ok()) << captured.ToString();
-    err = cudaGraphInstantiate(&g.exec, graph, 0);
-    cudaGraphDestroy(graph);
-    EXPECT_EQ(err, cudaSuccess) << cuda(err);
-    err = cudaGraphLaunch(g.exec, stream);
-    EXPECT_EQ(err, cudaSuccess) << cuda(err);
     return &g.slices;
 #else
     ADD_FAILURE() << "captured steps need the CUDA backend (" << key << ")";
@@ -282,7 +267,7 @@ class ScheduleWorkload {
   std::vector<Slice> eager_slices_;
 #if defined(SPARSEKV_WITH_CUDA)
   struct Graph {
-    cudaGraphExec_t exec = nullptr;
+    testing::CapturedGraph graph;
     std::vector<Slice> slices;
   };
   std::map<std::string, Graph> graphs_;  // choice/batch -> the captured step

@@ -20,32 +20,43 @@ std::shared_ptr<Backend> CudaBackendOrSkip() {
 }
 
 #if defined(SPARSEKV_WITH_CUDA)
-CapturedRunPhase::~CapturedRunPhase() {
+namespace {
+Status Cuda(cudaError_t err, const char* what) {
+  return err == cudaSuccess ? Status::Ok()
+                            : Internal(std::string(what) + ": " + cudaGetErrorString(err));
+}
+}  // namespace
+
+CapturedGraph::~CapturedGraph() {
   if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
 }
 
-Status CapturedRunPhase::Run() {
-  const auto cuda = [](cudaError_t err, const char* what) {
-    return err == cudaSuccess ? Status::Ok()
-                              : Internal(std::string(what) + ": " + cudaGetErrorString(err));
-  };
-  if (exec_ != nullptr) {
-    SPARSEKV_RETURN_IF_ERROR(cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch"));
-    return manager_.FinishReplayedStep();
-  }
+Status CapturedGraph::CaptureAndLaunch(cudaStream_t stream, const std::function<Status()>& run) {
   cudaGraph_t graph = nullptr;
-  SPARSEKV_RETURN_IF_ERROR(cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+  SPARSEKV_RETURN_IF_ERROR(Cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
                                 "cudaStreamBeginCapture"));
-  const Status captured = driver_.RunPhase();
-  SPARSEKV_RETURN_IF_ERROR(cuda(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture"));
+  const Status captured = run();
+  SPARSEKV_RETURN_IF_ERROR(Cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture"));
   if (!captured.ok()) {
     cudaGraphDestroy(graph);
     return captured;
   }
   const cudaError_t instantiated = cudaGraphInstantiate(&exec_, graph, 0);
   cudaGraphDestroy(graph);
-  SPARSEKV_RETURN_IF_ERROR(cuda(instantiated, "cudaGraphInstantiate"));
-  return cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+  SPARSEKV_RETURN_IF_ERROR(Cuda(instantiated, "cudaGraphInstantiate"));
+  return Launch(stream);
+}
+
+Status CapturedGraph::Launch(cudaStream_t stream) {
+  return Cuda(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch");
+}
+
+Status CapturedRunPhase::Run() {
+  if (graph_.captured()) {
+    SPARSEKV_RETURN_IF_ERROR(graph_.Launch(stream_));
+    return manager_.FinishReplayedStep();
+  }
+  return graph_.CaptureAndLaunch(stream_, [&] { return driver_.RunPhase(); });
 }
 #endif
 

@@ -2,6 +2,7 @@
 // but no GPU); a step's run phase captured once and replayed.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "sparsekv/backend.h"
@@ -19,6 +20,24 @@ namespace sparsekv::testing {
 std::shared_ptr<Backend> CudaBackendOrSkip();
 
 #if defined(SPARSEKV_WITH_CUDA)
+// Work that only enqueues on one stream, captured once as a CUDA graph; then replayed.
+class CapturedGraph {
+ public:
+  CapturedGraph() = default;
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+
+  bool captured() const { return exec_ != nullptr; }
+  // Captures `run` on `stream` and launches the graph: the CUDA call's error, else run's.
+  Status CaptureAndLaunch(cudaStream_t stream, const std::function<Status()>& run);
+  // Launches the captured graph on `stream`.
+  Status Launch(cudaStream_t stream);
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 // A step's run phase (StepDriver::RunPhase) as one CUDA graph on `stream`: the first Run captures
 // it and launches the graph; every later one replays the graph and closes the step on the host
 // (FinishReplayedStep). Each Run follows the step's PlanStep and the driver's UploadInputs.
@@ -26,7 +45,6 @@ class CapturedRunPhase {
  public:
   CapturedRunPhase(SparseKVCacheManager& manager, StepDriver& driver, cudaStream_t stream)
       : manager_(manager), driver_(driver), stream_(stream) {}
-  ~CapturedRunPhase();
   CapturedRunPhase(const CapturedRunPhase&) = delete;
   CapturedRunPhase& operator=(const CapturedRunPhase&) = delete;
 
@@ -36,7 +54,7 @@ class CapturedRunPhase {
   SparseKVCacheManager& manager_;
   StepDriver& driver_;
   cudaStream_t stream_;
-  cudaGraphExec_t exec_ = nullptr;
+  CapturedGraph graph_;
 };
 #endif
 

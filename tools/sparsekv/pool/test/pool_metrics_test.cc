@@ -42,24 +42,32 @@ class PoolMetricsTest : public testing::ProcessesTest {
     return at == std::string::npos ? 0 : std::stoi(log.substr(at + prefix.size()));
   }
 
+  // `sparsekv pool` serving node pool `segment` (1024 tokens of 2 layers) as `node_id`, metrics
+  // at 127.0.0.1:`port` (0: a free one), with `extra` flags.
+  std::vector<std::string> NodePoolServer(const std::string& node_id, const std::string& segment,
+                                          const std::string& port,
+                                          std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {SPARSEKV_TOOL,       "pool",
+                                     "--node-id",         node_id,
+                                     "--control-plane",   ControlPlaneAddress(),
+                                     "--key-prefix",      key_prefix_,
+                                     "--node-pool",       segment,
+                                     "--capacity-tokens", "1024",
+                                     "--max-context",     "256",
+                                     "--layers",          "2",
+                                     "--metrics-port",    port,
+                                     "--metrics-host",    "127.0.0.1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
   std::string segment_;
 };
 
 TEST_F(PoolMetricsTest, ServesThePoolServersAndTheNodePoolsMetrics) {
-  Subprocess* pool = Start("pool", {SPARSEKV_TOOL,       "pool",
-                                    "--node-id",         "metrics-node",
-                                    "--control-plane",   ControlPlaneAddress(),
-                                    "--key-prefix",      key_prefix_,
-                                    "--lease-ms",        "300",
-                                    "--node-pool",       segment_,
-                                    "--layers",          "2",
-                                    "--row-bytes",       "64",
-                                    "--page-tokens",     "16",
-                                    "--capacity-tokens", "1024",
-                                    "--max-context",     "256",
-                                    "--max-owners",      "8",
-                                    "--metrics-port",    "0",
-                                    "--metrics-host",    "127.0.0.1"});
+  Subprocess* pool = Start("pool", NodePoolServer("metrics-node", segment_, "0",
+                                                  {"--lease-ms", "300", "--row-bytes", "64",
+                                                   "--page-tokens", "16", "--max-owners", "8"}));
   ASSERT_NE(pool, nullptr);
   ASSERT_TRUE(WaitForLog("pool", "serves node pool"));
   const int port = MetricsPort();
@@ -118,18 +126,8 @@ TEST_F(PoolMetricsTest, ServesThePoolServersAndTheNodePoolsMetrics) {
 // The control plane goes away and comes back empty: the failed heartbeats and the rejoin are
 // counted.
 TEST_F(PoolMetricsTest, CountsHeartbeatFailuresAndTheRejoin) {
-  Subprocess* pool = Start("pool", {SPARSEKV_TOOL,       "pool",
-                                    "--node-id",         "metrics-hb",
-                                    "--control-plane",   ControlPlaneAddress(),
-                                    "--key-prefix",      key_prefix_,
-                                    "--lease-ms",        "300",
-                                    "--timeout-ms",      "200",
-                                    "--node-pool",       segment_,
-                                    "--capacity-tokens", "1024",
-                                    "--max-context",     "256",
-                                    "--layers",          "2",
-                                    "--metrics-port",    "0",
-                                    "--metrics-host",    "127.0.0.1"});
+  Subprocess* pool = Start("pool", NodePoolServer("metrics-hb", segment_, "0",
+                                                  {"--lease-ms", "300", "--timeout-ms", "200"}));
   ASSERT_NE(pool, nullptr);
   ASSERT_TRUE(WaitForLog("pool", "serves node pool"));
   const int port = MetricsPort();
@@ -175,30 +173,13 @@ TEST_F(PoolMetricsTest, AUcxRegionServerShowsItsRegion) {
 }
 
 TEST_F(PoolMetricsTest, APortInUseIsRefusedAtOnce) {
-  Subprocess* first = Start("pool", {SPARSEKV_TOOL,       "pool",
-                                     "--node-id",         "metrics-a",
-                                     "--control-plane",   ControlPlaneAddress(),
-                                     "--key-prefix",      key_prefix_,
-                                     "--node-pool",       segment_,
-                                     "--capacity-tokens", "1024",
-                                     "--max-context",     "256",
-                                     "--layers",          "2",
-                                     "--metrics-port",    "0",
-                                     "--metrics-host",    "127.0.0.1"});
+  Subprocess* first = Start("pool", NodePoolServer("metrics-a", segment_, "0"));
   ASSERT_NE(first, nullptr);
   ASSERT_TRUE(WaitForLog("pool", "serves node pool"));
   const int port = MetricsPort();
   ASSERT_GT(port, 0);
-  Subprocess* second = Start("second", {SPARSEKV_TOOL,       "pool",
-                                        "--node-id",         "metrics-b",
-                                        "--control-plane",   ControlPlaneAddress(),
-                                        "--key-prefix",      key_prefix_,
-                                        "--node-pool",       segment_ + "-b",
-                                        "--capacity-tokens", "1024",
-                                        "--max-context",     "256",
-                                        "--layers",          "2",
-                                        "--metrics-port",    std::to_string(port),
-                                        "--metrics-host",    "127.0.0.1"});
+  Subprocess* second =
+      Start("second", NodePoolServer("metrics-b", segment_ + "-b", std::to_string(port)));
   ASSERT_NE(second, nullptr);
   auto code = second->WaitFor(kDeadline);
   ASSERT_TRUE(code.ok());

@@ -23,34 +23,11 @@ py::dict LayerStatsDict(const LayerStats& s) {
   return d;
 }
 
-py::dict DeviceMemoryDict(const DeviceMemoryUse& u) {
-  py::dict d;
-  d["resident_rows"] = u.resident_rows;
-  d["hot_cache_rows"] = u.hot_cache_rows;
-  d["indexer_keys"] = u.indexer_keys;
-  d["free_rows"] = u.free_rows;
-  d["replacement_state"] = u.replacement_state;
-  d["tables"] = u.tables;
-  d["plan"] = u.plan;
-  d["counters"] = u.counters;
-  return d;
-}
-
-py::dict HostMemoryDict(const HostMemoryUse& u) {
-  py::dict d;
-  d["total"] = u.total;
-  d["private_pages"] = u.private_pages;
-  d["shared_pages"] = u.shared_pages;
-  d["retained_pages"] = u.retained_pages;
-  d["free_pages"] = u.free_pages;
-  d["node_pool"] = u.node_pool;
-  return d;
-}
-
-// Binds read-only scalar fields of CacheStats and remembers their names, so that to_dict lists
-// every field bound, in order.
+// Binds read-only scalar fields of a stats struct and remembers their names, so that to_dict
+// lists every field bound, in order.
+template <typename S>
 struct StatsFields {
-  py::class_<CacheStats>& cls;
+  py::class_<S>& cls;
   std::vector<const char*>& names;
 
   template <typename C, typename T>
@@ -60,6 +37,20 @@ struct StatsFields {
     return *this;
   }
 };
+
+// The fields `names` of `self` as a dict.
+py::dict FieldsDict(const py::object& self, const std::vector<const char*>& names) {
+  py::dict d;
+  for (const char* name : names) d[name] = self.attr(name);
+  return d;
+}
+
+// `cls`.to_dict: its fields `names` (which must outlive the module) as a dict.
+template <typename S>
+void DefToDict(py::class_<S>& cls, const std::vector<const char*>& names, const char* doc) {
+  cls.def(
+      "to_dict", [&names](const py::object& self) { return FieldsDict(self, names); }, doc);
+}
 
 }  // namespace
 
@@ -80,41 +71,40 @@ void RegisterStats(py::module_& m) {
                              "(hits + window_hits + resident_hits) / (that + misses); 0 if none.")
       .def("to_dict", &LayerStatsDict, "The counters and hit_rate as a dict.");
 
-  py::class_<DeviceMemoryUse>(m, "DeviceMemoryUse",
-                              "Now: the device memory a manager holds, by use, in bytes; the "
-                              "parts add up to CacheStats.device_bytes.")
-      .def_readonly("resident_rows", &DeviceMemoryUse::resident_rows,
-                    "Pages of resident requests (hybrid residency).")
-      .def_readonly("hot_cache_rows", &DeviceMemoryUse::hot_cache_rows,
-                    "Pages of the hot-cache blocks in use.")
-      .def_readonly("indexer_keys", &DeviceMemoryUse::indexer_keys, "Pages of indexer keys.")
-      .def_readonly("free_rows", &DeviceMemoryUse::free_rows, "Pages no one holds.")
-      .def_readonly("replacement_state", &DeviceMemoryUse::replacement_state,
-                    "Every block's LRU state and page list (fixed).")
-      .def_readonly("tables", &DeviceMemoryUse::tables,
-                    "The page, residency and key tables (fixed).")
-      .def_readonly("plan", &DeviceMemoryUse::plan,
-                    "The plan region, miss, prefetch and residency load lists (fixed).")
-      .def_readonly("counters", &DeviceMemoryUse::counters,
-                    "The device statistics counters (fixed).")
-      .def("sum", &DeviceMemoryUse::sum, "The parts together: CacheStats.device_bytes.")
-      .def("to_dict", &DeviceMemoryDict, "The parts as a dict.");
-  py::class_<HostMemoryUse>(m, "HostMemoryUse",
-                            "Now: the host pool by use, in bytes of pages; the parts add up to "
-                            "total (of the whole pool when it is shared).")
-      .def_readonly("total", &HostMemoryUse::total, "The pool's pages.")
-      .def_readonly("private_pages", &HostMemoryUse::private_pages,
-                    "Pages with one holder that is not a retained conversation.")
-      .def_readonly("shared_pages", &HostMemoryUse::shared_pages,
-                    "Pages with more than one holder (shared prefixes, forks), not only "
-                    "retained.")
-      .def_readonly("retained_pages", &HostMemoryUse::retained_pages,
-                    "Pages held only by this manager's retained conversations (evictable).")
-      .def_readonly("free_pages", &HostMemoryUse::free_pages, "Pages no one holds.")
-      .def_readonly("node_pool", &HostMemoryUse::node_pool,
-                    "The pool is a node pool (a shared-memory segment).")
-      .def("sum", &HostMemoryUse::sum, "private + shared + retained + free: total.")
-      .def("to_dict", &HostMemoryDict, "The parts as a dict.");
+  py::class_<DeviceMemoryUse> device(m, "DeviceMemoryUse",
+                                     "Now: the device memory a manager holds, by use, in bytes; "
+                                     "the parts add up to CacheStats.device_bytes.");
+  static std::vector<const char*>& device_names = *new std::vector<const char*>();
+  StatsFields<DeviceMemoryUse>{device, device_names}(
+      "resident_rows", &DeviceMemoryUse::resident_rows,
+      "Pages of resident requests (hybrid residency).")(
+      "hot_cache_rows", &DeviceMemoryUse::hot_cache_rows, "Pages of the hot-cache blocks in use.")(
+      "indexer_keys", &DeviceMemoryUse::indexer_keys, "Pages of indexer keys.")(
+      "free_rows", &DeviceMemoryUse::free_rows, "Pages no one holds.")(
+      "replacement_state", &DeviceMemoryUse::replacement_state,
+      "Every block's LRU state and page list (fixed).")(
+      "tables", &DeviceMemoryUse::tables, "The page, residency and key tables (fixed).")(
+      "plan", &DeviceMemoryUse::plan,
+      "The plan region, miss, prefetch and residency load lists (fixed).")(
+      "counters", &DeviceMemoryUse::counters, "The device statistics counters (fixed).");
+  device.def("sum", &DeviceMemoryUse::sum, "The parts together: CacheStats.device_bytes.");
+  DefToDict(device, device_names, "The parts as a dict.");
+
+  py::class_<HostMemoryUse> host(m, "HostMemoryUse",
+                                 "Now: the host pool by use, in bytes of pages; the parts add up "
+                                 "to total (of the whole pool when it is shared).");
+  static std::vector<const char*>& host_names = *new std::vector<const char*>();
+  StatsFields<HostMemoryUse>{host, host_names}("total", &HostMemoryUse::total, "The pool's pages.")(
+      "private_pages", &HostMemoryUse::private_pages,
+      "Pages with one holder that is not a retained conversation.")(
+      "shared_pages", &HostMemoryUse::shared_pages,
+      "Pages with more than one holder (shared prefixes, forks), not only retained.")(
+      "retained_pages", &HostMemoryUse::retained_pages,
+      "Pages held only by this manager's retained conversations (evictable).")(
+      "free_pages", &HostMemoryUse::free_pages, "Pages no one holds.")(
+      "node_pool", &HostMemoryUse::node_pool, "The pool is a node pool (a shared-memory segment).");
+  host.def("sum", &HostMemoryUse::sum, "private + shared + retained + free: total.");
+  DefToDict(host, host_names, "The parts as a dict.");
 
   py::class_<CacheStats> stats(m, "CacheStats",
                                "Statistics since creation or the last reset_stats(); fields "
@@ -126,7 +116,7 @@ void RegisterStats(py::module_& m) {
       .def_readonly("host_memory", &CacheStats::host_memory,
                     "Now: the host pool by use (HostMemoryUse).");
   static std::vector<const char*>& stats_names = *new std::vector<const char*>();
-  StatsFields{stats, stats_names}(
+  StatsFields<CacheStats>{stats, stats_names}(
       "bytes_host_to_device", &CacheStats::bytes_host_to_device,
       "Misses and prefetched rows * row_bytes, plus window rows loaded at ingest and resume.")(
       "bytes_device_to_host", &CacheStats::bytes_device_to_host,
@@ -170,14 +160,13 @@ void RegisterStats(py::module_& m) {
       "to_dict",
       [](const py::object& self) {
         const auto& s = self.cast<const CacheStats&>();
-        py::dict d;
+        py::dict d = FieldsDict(self, stats_names);
         py::list layers;
         for (const LayerStats& l : s.layers) layers.append(LayerStatsDict(l));
         d["layers"] = layers;
         d["total"] = LayerStatsDict(s.total);
-        d["device_memory"] = DeviceMemoryDict(s.device_memory);
-        d["host_memory"] = HostMemoryDict(s.host_memory);
-        for (const char* name : stats_names) d[name] = self.attr(name);
+        d["device_memory"] = FieldsDict(self.attr("device_memory"), device_names);
+        d["host_memory"] = FieldsDict(self.attr("host_memory"), host_names);
         return d;
       },
       "Every field as a dict (layers and total as dicts of their counters).");

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <streambuf>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -742,6 +743,145 @@ TEST(CliTest, CheckingAnOutputPathLeavesNoFileBehind) {
   const CliRun r = Cli({"bench", "--backend", "cpu", "--json", path, "--window", "100000"});
   EXPECT_EQ(r.code, kExitUsage);
   EXPECT_FALSE(std::ifstream(path).good());
+}
+
+// ---- --config FILE (common/config_file.h) ----
+
+// Writes `text` to a file of the test's temporary directory and returns its path.
+std::string WriteConfig(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "sparsekv_cli_test_" + name + ".json";
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A small CPU run of the bench whose cache comes from the file.
+std::vector<std::string> ConfigBenchArgs(const std::string& config) {
+  return {"bench",     "--backend", "cpu",     "--config", config,     "--batch", "2",
+          "--context", "1024",      "--steps", "5",        "--warmup", "1"};
+}
+
+TEST(CliTest, BenchConfigFileSetsTheCacheAndTheJsonEchoesIt) {
+  const std::string config =
+      WriteConfig("bench_config", R"({"geometry": {"num_layers": 3, "row_bytes": 656}, "top_k": 64,
+                          "hot_slots": 128, "eviction": "lru", "max_requests": 99})");
+  const std::string path = ::testing::TempDir() + "sparsekv_cli_test_config_out.json";
+  std::vector<std::string> args = ConfigBenchArgs(config);
+  args.insert(args.end(), {"--json", path});
+  const CliRun r = Cli(args);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("sparsekv bench: CPU reference backend\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("config            " + config +
+                       " (geometry, top_k, hot_slots, eviction; sized by the bench instead: "
+                       "max_requests)"),
+            std::string::npos)
+      << r.out;
+  std::ifstream file(path);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  EXPECT_EQ(j["config"], config);
+  EXPECT_EQ(j["layers"], 3);
+  const nlohmann::json& o = j["cache_options"];
+  EXPECT_EQ(o["geometry"]["num_layers"], 3);
+  EXPECT_EQ(o["top_k"], 64);
+  EXPECT_EQ(o["hot_slots"], 128);
+  EXPECT_EQ(o["eviction"], "lru");
+  EXPECT_EQ(o["max_requests"], 2);  // --batch: the bench sizes it
+}
+
+TEST(CliTest, BenchConfigFlagsSetWhatTheFileLeavesOut) {
+  const std::string config = WriteConfig("bench_partial", R"({"eviction": "lru", "window": 4})");
+  std::vector<std::string> args = ConfigBenchArgs(config);
+  const std::string path = ::testing::TempDir() + "sparsekv_cli_test_partial_out.json";
+  args.insert(args.end(), {"--layers", "2", "--top-k", "64", "--hot-slots", "256", "--json", path});
+  const CliRun r = Cli(args);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  std::ifstream file(path);
+  const nlohmann::json o = nlohmann::json::parse(file)["cache_options"];
+  EXPECT_EQ(o["geometry"]["num_layers"], 2);
+  EXPECT_EQ(o["top_k"], 64);
+  EXPECT_EQ(o["hot_slots"], 256);
+  EXPECT_EQ(o["window"], 4);
+  EXPECT_EQ(o["eviction"], "lru");
+}
+
+TEST(CliTest, BenchConfigFlagForAKeyOfTheFileIsRefusedNamingBoth) {
+  const std::string config = WriteConfig(
+      "bench_conflict", R"({"geometry": {"num_layers": 3, "row_bytes": 656}, "top_k": 64,
+                            "hot_slots": 128})");
+  for (const auto& [flag, value, key] : {std::tuple{"--hot-slots", "256", "hot_slots"},
+                                         {"--layers", "2", "geometry"},
+                                         {"--precision", "bf16", "geometry"}}) {
+    std::vector<std::string> args = ConfigBenchArgs(config);
+    args.insert(args.end(), {flag, value});
+    const CliRun r = Cli(args);
+    EXPECT_EQ(r.code, kExitUsage) << flag;
+    EXPECT_NE(r.err.find("--config " + config + ": " + flag + " sets \"" + key +
+                         "\", which the file sets too"),
+              std::string::npos)
+        << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+TEST(CliTest, BenchConfigBadFilesNameTheFileAndWhatIsWrong) {
+  const std::string missing = ::testing::TempDir() + "sparsekv_cli_test_no_such_config.json";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {missing, "cannot read the file: No such file or directory"},
+      {::testing::TempDir(), "cannot read the file: it is a directory"},
+      {WriteConfig("not_json", R"({"top_k": 64,)"), "not valid JSON"},
+      {WriteConfig("unknown_key", R"({"hot_slot": 128})"), "unknown key \"hot_slot\""},
+      {WriteConfig("wrong_type", R"({"top_k": "64"})"), "top_k must be an integer"},
+      {WriteConfig("invalid", R"({"top_k": 64, "hot_slots": 32})"), "hot_slots (32)"},
+      {WriteConfig("bad_rows", R"({"geometry": {"num_layers": 2, "row_bytes": 500}})"),
+       "geometry: the bench runs the presets' rows"},
+  };
+  for (const auto& [config, part] : bad) {
+    const CliRun r = Cli(ConfigBenchArgs(config));
+    EXPECT_EQ(r.code, kExitUsage) << config;
+    EXPECT_NE(r.err.find("sparsekv bench: --config " + config + ": "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(part), std::string::npos) << part << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+// The node pool takes its shape from the file and says so before it joins the control plane
+// (none listens here: the run then fails, and leaves no segment behind).
+TEST(CliTest, PoolConfigFileSetsTheNodePoolShape) {
+  const std::string config = WriteConfig(
+      "pool_config", R"({"geometry": {"num_layers": 2, "row_bytes": 656}, "host_page_tokens": 16,
+                         "host_capacity_tokens": 1024, "max_context": 512, "hot_slots": 4096})");
+  const std::string name = "sparsekv-cli-config-" + std::to_string(getpid());
+  const std::string dir = ::testing::TempDir();
+  const CliRun r = Cli({"pool", "--node-id", "a", "--control-plane", "127.0.0.1:1", "--node-pool",
+                        name, "--node-pool-dir", dir, "--config", config});
+  EXPECT_EQ(r.code, kExitFailure) << r.err;
+  EXPECT_NE(r.out.find("pool: --config " + config +
+                       ": node pool of 2 layers, 1312 B per token, host_page_tokens 16, "
+                       "host_capacity_tokens 1024, max_context 512"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.err.find("control plane"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + name));
+}
+
+TEST(CliTest, PoolConfigRefusesAFlagForAKeyOfTheFileAndABadFile) {
+  const std::string config =
+      WriteConfig("pool_conflict", R"({"host_capacity_tokens": 1024, "max_context": 512})");
+  const std::vector<std::string> pool = {"pool",   "--node-id",       "a",          "--node-pool",
+                                         "unused", "--control-plane", "127.0.0.1:1"};
+  std::vector<std::string> conflict = pool;
+  conflict.insert(conflict.end(), {"--config", config, "--max-context", "256"});
+  const CliRun r = Cli(conflict);
+  EXPECT_EQ(r.code, kExitUsage) << r.err;
+  EXPECT_NE(r.err.find("--config " + config +
+                       ": --max-context sets \"max_context\", which the file sets too"),
+            std::string::npos)
+      << r.err;
+  std::vector<std::string> unknown = pool;
+  unknown.insert(unknown.end(), {"--config", WriteConfig("pool_unknown", R"({"pages": 4})")});
+  const CliRun u = Cli(unknown);
+  EXPECT_EQ(u.code, kExitUsage) << u.err;
+  EXPECT_NE(u.err.find("unknown key \"pages\""), std::string::npos) << u.err;
+  EXPECT_TRUE(r.out.empty() && u.out.empty()) << r.out << u.out;
 }
 
 // A stream whose every write fails, as standard output does on a full disk.

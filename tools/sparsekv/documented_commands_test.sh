@@ -30,6 +30,7 @@ covered=(
   "sparsekv replay --trace my.skvt --hot-slots 64,128,256 --policies lru --layer-overlap --fit-locality"
   "sparsekv bench --locality calibrated [--cross-layer-overlap 0.85]"
   "build/tools/sparsekv/sparsekv bench --contexts 32768 --batch 4 --miss-rate 0.2 --variants full-hbm,sparsekv --host-pool-gb 8 --trace-step trace.json"
+  "sparsekv bench --backend cpu --config cache.json --batch 2 --context 8192 --steps 4 --warmup 1"
 )
 while IFS= read -r line; do
   line="${line#"${line%%[![:space:]]*}"}"
@@ -123,6 +124,12 @@ run "docs/workload.md" replay --trace "$trace" --hot-slots 64,128,256 --policies
 gpu_only "docs/workload.md" --locality bench --locality calibrated
 gpu_only "docs/workload.md" --cross-layer-overlap bench --locality calibrated \
   --cross-layer-overlap 0.85
+
+# docs/config.md: the bench over the page's complete config, as cache.json.
+awk '/A complete config:/ {f = 1} f && /^```json/ {g = 1; next} g && /^```/ {exit} g' \
+  "$root/docs/config.md" >"$out/cache.json"
+run "docs/config.md" bench --backend cpu --config "$out/cache.json" --batch 2 --context 8192 \
+  --steps 4 --warmup 1
 
 # docs/scale-out.md's `sparsekv pool --node-id pool-a --control-plane 127.0.0.1:6379 ...` needs a
 # Redis server and UCX; scale_out_test runs it (tools/sparsekv/pool/). Only its usage check here:

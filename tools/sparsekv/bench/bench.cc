@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "sparsekv/capacity.h"
+#include "sparsekv/config.h"
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/manager.h"
@@ -96,7 +97,8 @@ Status CheckBenchMemory(const BenchConfig& c, const CacheOptions& o, Backend& ba
   const int64_t pool_rows = o.host_capacity_tokens / c.batch;
   const int64_t pool_bytes = o.host_capacity_tokens * o.geometry.token_stride_bytes();
   const int64_t hot_bytes =
-      int64_t{c.batch} * HotCache::BlockBytes(o.geometry, c.hot_slots, c.window);
+      int64_t{c.batch} *
+      HotCache::BlockBytes(o.geometry, c.hot_slots, c.window, o.layers_per_index, ReplacementOf(o));
   const std::string rows =
       " x " + std::to_string(c.layers) + " layers x " + std::to_string(row) + " B rows";
   const std::string pool = "--batch " + std::to_string(c.batch) + " x " +
@@ -200,6 +202,32 @@ Status ValidateBenchConfig(const BenchConfig& c) {
   return Status::Ok();
 }
 
+const std::vector<std::string>& BenchSizedKeys() {
+  static const std::vector<std::string> keys = {"host_capacity_tokens", "max_requests",
+                                                "max_host_requests",    "max_batch",
+                                                "max_context",          "indexer_key_bytes"};
+  return keys;
+}
+
+StatusOr<CacheOptions> BenchCacheOptions(const BenchConfig& c) {
+  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c.preset, c.row_format));
+  CacheOptions o = c.cache_base;
+  o.geometry = KVGeometry::Uniform(c.layers > 0 ? c.layers : preset.num_layers, preset.row_bytes);
+  o.top_k = c.top_k;
+  o.hot_slots = c.hot_slots;
+  o.window = c.window;
+  o.host_page_tokens = c.page_tokens;
+  const int64_t tokens_per_request =
+      (int64_t{c.context} + c.steps + c.page_tokens - 1) / c.page_tokens * c.page_tokens;
+  o.host_capacity_tokens = tokens_per_request * c.batch;
+  o.max_requests = c.batch;
+  o.max_host_requests = 0;
+  o.max_batch = 0;
+  o.max_context = c.context + c.steps + c.page_tokens;
+  o.indexer_key_bytes = 0;  // the bench's steps append no indexer keys
+  return o;
+}
+
 int32_t BatchCap(const BenchConfig& c, KVVariant variant) {
   if (variant != KVVariant::kPageOffload || c.offload_max_batch == 0) return c.max_batch;
   return c.max_batch == 0 ? c.offload_max_batch : std::min(c.max_batch, c.offload_max_batch);
@@ -233,17 +261,8 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   r.row_bytes = preset.row_bytes;
   r.timed_steps = c.steps - c.warmup_steps;
 
-  CacheOptions o;
-  o.geometry = KVGeometry::Uniform(c.layers, preset.row_bytes);
-  o.top_k = c.top_k;
-  o.hot_slots = c.hot_slots;
-  o.window = c.window;
-  o.host_page_tokens = c.page_tokens;
-  const int64_t tokens_per_request =
-      (int64_t{c.context} + c.steps + c.page_tokens - 1) / c.page_tokens * c.page_tokens;
-  o.host_capacity_tokens = tokens_per_request * c.batch;
-  o.max_requests = c.batch;
-  o.max_context = c.context + c.steps + c.page_tokens;
+  SPARSEKV_ASSIGN_OR_RETURN(const CacheOptions o, BenchCacheOptions(c));
+  const int64_t tokens_per_request = o.host_capacity_tokens / c.batch;
   if (o.host_capacity_tokens > kMaxPoolRows) {
     return InvalidArgument("the host pool would hold --batch " + std::to_string(c.batch) + " x " +
                            std::to_string(tokens_per_request) + " tokens (--context " +
@@ -354,14 +373,33 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
                        ? static_cast<double>(stats.bytes_host_to_device) / (total_ms * 1e-3) / 1e9
                        : 0.0;
 
-  r.hot_cache_bytes_per_request = HotCache::BlockBytes(o.geometry, c.hot_slots, c.window);
+  r.hot_cache_bytes_per_request =
+      HotCache::BlockBytes(o.geometry, c.hot_slots, c.window, o.layers_per_index, ReplacementOf(o));
   r.full_kv_bytes_per_request = int64_t{c.context} * o.geometry.token_bytes();
   r.hbm_saved_bytes_per_request = r.full_kv_bytes_per_request - r.hot_cache_bytes_per_request;
   r.hbm_saved_ratio = static_cast<double>(r.full_kv_bytes_per_request) /
                       static_cast<double>(r.hot_cache_bytes_per_request);
   r.host_pool_bytes = manager->host_pool().bytes();
+  r.options = manager->options();
   return r;
 }
+
+namespace {
+
+// "FILE (its keys; sized by the bench instead: the ones the bench replaces)".
+std::string ConfigSummary(const BenchConfig& c) {
+  std::string given, sized;
+  for (const std::string& key : c.config_keys) {
+    const bool replaced =
+        std::find(BenchSizedKeys().begin(), BenchSizedKeys().end(), key) != BenchSizedKeys().end();
+    std::string& list = replaced ? sized : given;
+    list += (list.empty() ? "" : ", ") + key;
+  }
+  return c.config_path + " (" + (given.empty() ? "no keys" : given) +
+         (sized.empty() ? "" : "; sized by the bench instead: " + sized) + ")";
+}
+
+}  // namespace
 
 std::string BackendLabel(const BenchResult& r) {
   if (r.backend_kind == BackendKind::kCuda) return "CUDA backend (" + r.backend_name + ")";
@@ -401,6 +439,7 @@ std::string FormatBenchTable(const BenchResult& r) {
                           "full KV of --context"},
       {"host pool", Fixed(static_cast<double>(r.host_pool_bytes) / 1e9, 2) + " GB"},
   };
+  if (!c.config_path.empty()) rows.emplace_back("config", ConfigSummary(c));
   std::string out = "sparsekv bench: " + BackendLabel(r) + "\n";
   for (const auto& [name, value] : rows) {
     out += "  " + name + std::string(18 - name.size(), ' ') + value + "\n";
@@ -461,6 +500,10 @@ std::string FormatBenchJson(const BenchResult& r, const std::string& command) {
   j["hbm_saved_bytes_per_request"] = r.hbm_saved_bytes_per_request;
   j["hbm_saved_ratio"] = r.hbm_saved_ratio;
   j["host_pool_gb"] = static_cast<double>(r.host_pool_bytes) / 1e9;
+  j["config"] =
+      c.config_path.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(c.config_path);
+  j["config_keys"] = c.config_keys;
+  j["cache_options"] = nlohmann::ordered_json::parse(CacheOptionsToJson(r.options));
   return j.dump(2) + "\n";
 }
 

@@ -46,6 +46,12 @@ struct BenchConfig {
   uint64_t seed = 1;
   bool assemble = false;     // also gather the selected rows into a dense buffer
   bool scaled_down = false;  // defaults were reduced for the CPU backend (a label only)
+  // --config FILE (docs/config.md): the path ("" without one) and the keys it gives, labels only.
+  // The run's CacheOptions start from cache_base (the file's, CacheOptions{} without one), then
+  // take the fields of this struct and the bench's sizing (BenchCacheOptions).
+  std::string config_path;
+  std::vector<std::string> config_keys;
+  CacheOptions cache_base;
 
   // ---- End to end (GPU). Of these, the CPU path uses only miss_rates (one value). ----
   // Miss-rate targets: the generator's miss-rate mode (sparsekv/topk_generator.h) at each rate;
@@ -151,6 +157,18 @@ BenchConfig WithStandardSweep(BenchConfig config, SweepKeeps keep = {});
 // configuration cannot run, e.g. top_k > context.
 Status ValidateBenchConfig(const BenchConfig& config);
 
+// The CacheOptions keys the bench sets for its own workload, whatever config.cache_base says:
+// the host pool and the request limits, from --batch, --context and --steps, and
+// indexer_key_bytes (0: its steps append no indexer keys; the GPU run's --hybrid sets the
+// preset's).
+const std::vector<std::string>& BenchSizedKeys();
+
+// The options of the CPU run's manager: config.cache_base with the geometry (the preset's rows,
+// config.layers of them, or the preset's count if 0), top_k, hot_slots, window and
+// host_page_tokens of `config`, and the BenchSizedKeys sized for `config`'s requests. Not
+// validated (SparseKVCacheManager::Create does that). NotFound for an unknown preset.
+StatusOr<CacheOptions> BenchCacheOptions(const BenchConfig& config);
+
 struct BenchResult {
   BenchConfig config;        // as run: layers is the resolved count
   std::string backend_name;  // Backend::name()
@@ -183,6 +201,7 @@ struct BenchResult {
   int64_t hbm_saved_bytes_per_request = 0;  // full - hot
   double hbm_saved_ratio = 0;               // full / hot
   int64_t host_pool_bytes = 0;              // the whole pinned pool
+  CacheOptions options;                     // the manager's, as created
 };
 
 // Called with the phase ("ingest" or "decode"), units done and units in all.

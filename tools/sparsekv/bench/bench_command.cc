@@ -25,6 +25,88 @@ int UsageError(std::ostream& err, const std::string& message) {
   return kExitUsage;
 }
 
+std::string CopyStrategyFlag(CopyStrategy s) {
+  switch (s) {
+    case CopyStrategy::kLatticeWide:
+      return "lattice-wide";
+    case CopyStrategy::kWarpRows:
+      return "warp-rows";
+    case CopyStrategy::kBulk:
+      return "bulk";
+    case CopyStrategy::kLattice:
+      break;
+  }
+  return "lattice";
+}
+
+// A flag of the bench, the CacheOptions key it sets, and how a --config file's value of that key
+// becomes the bench's (null: another flag of the same key applies it).
+struct FlagField {
+  const char* flag;
+  const char* key;
+  void (*apply)(const CacheOptions& file, BenchConfig& c);
+};
+const FlagField kFlagFields[] = {
+    {"--preset", "geometry", nullptr},
+    {"--precision", "geometry", nullptr},
+    {"--layers", "geometry",
+     [](const CacheOptions& f, BenchConfig& c) {
+       c.layers = f.geometry.num_layers();
+       c.row_format = f.geometry.layers[0].row_bytes == 1152 ? KVRowFormat::kBf16Row1152
+                                                             : KVRowFormat::kFp8Row656;
+     }},
+    {"--top-k", "top_k", [](const CacheOptions& f, BenchConfig& c) { c.top_k = f.top_k; }},
+    {"--hot-slots", "hot_slots",
+     [](const CacheOptions& f, BenchConfig& c) { c.hot_slots = f.hot_slots; }},
+    {"--window", "window", [](const CacheOptions& f, BenchConfig& c) { c.window = f.window; }},
+    {"--page-tokens", "host_page_tokens",
+     [](const CacheOptions& f, BenchConfig& c) { c.page_tokens = f.host_page_tokens; }},
+    {"--layers-per-index", "layers_per_index",
+     [](const CacheOptions& f, BenchConfig& c) { c.layers_per_index = f.layers_per_index; }},
+    {"--sort-misses", "sort_misses",
+     [](const CacheOptions& f, BenchConfig& c) { c.sort_misses = f.sort_misses; }},
+    {"--sort-misses-min-batch", "sort_misses_min_batch",
+     [](const CacheOptions& f, BenchConfig& c) {
+       c.sort_misses_min_batch = f.sort_misses_min_batch;
+     }},
+    {"--copy-blocks", "copy_blocks",
+     [](const CacheOptions& f, BenchConfig& c) { c.copy_blocks = f.copy_blocks; }},
+    {"--prefetch-copy-blocks", "prefetch_copy_blocks",
+     [](const CacheOptions& f, BenchConfig& c) {
+       c.prefetch_copy_blocks = f.prefetch_copy_blocks;
+     }},
+    {"--fused-copy-min-batch", "fused_copy_min_batch",
+     [](const CacheOptions& f, BenchConfig& c) {
+       c.fused_copy_min_batch = f.fused_copy_min_batch;
+     }},
+    {"--copy-chunk-rows", "copy_chunk_rows",
+     [](const CacheOptions& f, BenchConfig& c) { c.copy_chunk_rows = f.copy_chunk_rows; }},
+    {"--copy-strategy", "copy_strategy",
+     [](const CacheOptions& f, BenchConfig& c) {
+       c.copy_strategy = CopyStrategyFlag(f.copy_strategy);
+     }},
+    {"--hybrid", "hybrid_residency",
+     [](const CacheOptions& f, BenchConfig& c) { c.hybrid = f.hybrid_residency; }},
+};
+
+// The bench runs the presets' row formats (the GPU's attention reads them): every layer alike,
+// 656 B (fp8) or 1152 B (bf16), packed.
+Status CheckBenchGeometry(const ConfigFile& file) {
+  const KVGeometry& g = file.options.geometry;
+  bool runs = true;
+  for (const LayerShape& l : g.layers) {
+    runs = runs && l.row_bytes == g.layers[0].row_bytes && l.row_stride == l.row_bytes &&
+           (l.row_bytes == 656 || l.row_bytes == 1152);
+  }
+  if (runs) return Status::Ok();
+  return InvalidArgument("--config " + file.path +
+                         ": geometry: the bench runs the presets' rows, every layer alike and "
+                         "packed: row_bytes 656 (fp8) or 1152 (bf16) and row_stride = row_bytes; "
+                         "the file has row_bytes " +
+                         std::to_string(g.layers[0].row_bytes) + ", row_stride " +
+                         std::to_string(g.layers[0].row_stride) + " in layer 0");
+}
+
 }  // namespace
 
 BenchCommand::BenchCommand(CLI::App& parent) {
@@ -95,6 +177,13 @@ BenchCommand::BenchCommand(CLI::App& parent) {
                  "also gather the selected rows into a dense [batch, top-k, row] buffer");
   app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
       ->option_text("PATH")
+      ->check(NonEmpty());
+  app_->add_option("--config", config_path_,
+                   "CacheOptions from FILE, sparsekv's own JSON (docs/config.md): it sets the "
+                   "fields it names, flags only those it leaves out (a flag for a field it "
+                   "names is refused); the bench sizes the host pool and request limits for "
+                   "its own batch and context")
+      ->option_text("FILE")
       ->check(NonEmpty());
   AddGpuOptions();
 }
@@ -260,6 +349,21 @@ std::string BenchCommand::GpuOnlyOptionsGiven() const {
   return names;
 }
 
+Status BenchCommand::ReadConfig() {
+  file_.reset();
+  if (config_path_.empty()) return Status::Ok();
+  std::vector<FlagKey> given;
+  for (const FlagField& f : kFlagFields) {
+    if (app_->get_option(f.flag)->count() > 0) given.push_back({f.flag, f.key});
+  }
+  // The fields the file leaves out are the bench's own, as the CPU would run them.
+  SPARSEKV_ASSIGN_OR_RETURN(const CacheOptions base, BenchCacheOptions(Resolve(BackendKind::kCpu)));
+  SPARSEKV_ASSIGN_OR_RETURN(ConfigFile file, ReadConfigFile(config_path_, given, base));
+  SPARSEKV_RETURN_IF_ERROR(CheckBenchGeometry(file));
+  file_ = std::move(file);
+  return Status::Ok();
+}
+
 BenchConfig BenchCommand::Resolve(BackendKind kind) const {
   auto given = [&](const char* name) { return app_->get_option(name)->count() > 0; };
   BenchConfig c = sweep_ ? WithStandardSweep(config_, {.contexts = given("--contexts"),
@@ -270,20 +374,30 @@ BenchConfig BenchCommand::Resolve(BackendKind kind) const {
   c.proxy = !no_proxy_;
   c.batch_given = batch_->count() > 0;
   c.trace_step = !trace_step_path_.empty();
+  // The file's fields, where no flag sets them (ReadConfig refused those that would).
+  const auto in_file = [&](const char* key) { return file_.has_value() && file_->Has(key); };
+  if (file_.has_value()) {
+    c.config_path = file_->path;
+    c.config_keys = file_->keys;
+    c.cache_base = file_->options;
+    for (const FlagField& f : kFlagFields) {
+      if (f.apply != nullptr && in_file(f.key)) f.apply(file_->options, c);
+    }
+  }
   if (kind != BackendKind::kCpu) return c;
   const CpuScaleDown cpu;
-  auto scale = [&](const CLI::Option* given, int32_t& field, int32_t value) {
-    if (given->count() == 0 && field != value) {
+  auto scale = [&](const CLI::Option* given, const char* key, int32_t& field, int32_t value) {
+    if (given->count() == 0 && !in_file(key) && field != value) {
       field = value;
       c.scaled_down = true;
     }
   };
-  scale(layers_, c.layers, cpu.layers);
-  scale(batch_, c.batch, cpu.batch);
-  scale(context_, c.context, cpu.context);
-  scale(steps_, c.steps, cpu.steps);
-  scale(hot_slots_, c.hot_slots, cpu.hot_slots);
-  scale(top_k_, c.top_k, cpu.top_k);
+  scale(layers_, "geometry", c.layers, cpu.layers);
+  scale(batch_, "", c.batch, cpu.batch);
+  scale(context_, "", c.context, cpu.context);
+  scale(steps_, "", c.steps, cpu.steps);
+  scale(hot_slots_, "hot_slots", c.hot_slots, cpu.hot_slots);
+  scale(top_k_, "top_k", c.top_k, cpu.top_k);
   return c;
 }
 
@@ -296,6 +410,7 @@ int BenchCommand::Run(const std::string& command, std::ostream& out, std::ostrea
                                      {"--trace-step", &trace_step_path_}}) {
     if (Status s = CheckOutputPath(option, *path); !s.ok()) return UsageError(err, s.message());
   }
+  if (Status s = ReadConfig(); !s.ok()) return UsageError(err, s.message());
   if (backend_ == "cpu") {
     if (const std::string gpu_only = GpuOnlyOptionsGiven(); !gpu_only.empty()) {
       return UsageError(err, GpuOnlyMessage(gpu_only));

@@ -1,11 +1,13 @@
 // The `bench` subcommand: its options, the choice of backend, the CPU scale-down, the report.
 #pragma once
 
+#include <optional>
 #include <ostream>
 #include <string>
 
 #include "sparsekv/backend.h"
 #include "tools/sparsekv/bench/bench.h"
+#include "tools/sparsekv/common/config_file.h"
 
 namespace CLI {
 class App;
@@ -46,7 +48,11 @@ class BenchCommand {
   void AddGpuOptions();
   // The GPU-only options given on the command line, comma-separated ("" if none).
   std::string GpuOnlyOptionsGiven() const;
-  // The configuration for `kind`: user values, else defaults (scaled down on the CPU).
+  // Reads --config into file_: InvalidArgument (naming the file, and the key or the flag) for a
+  // file that cannot be read or run, or a flag given for a field the file sets.
+  Status ReadConfig();
+  // The configuration for `kind`: flags, else the --config file's values, else defaults (scaled
+  // down on the CPU).
   BenchConfig Resolve(BackendKind kind) const;
   int RunOnCpu(const BenchConfig& config, std::shared_ptr<Backend> backend,
                const std::string& command, std::ostream& out, std::ostream& err, bool progress_bar);
@@ -60,6 +66,8 @@ class BenchCommand {
   std::string json_path_;
   std::string csv_path_;
   std::string trace_step_path_;  // --trace-step
+  std::string config_path_;      // --config
+  std::optional<ConfigFile> file_;
   bool sweep_ = false;
   bool no_proxy_ = false;
   CLI::Option* layers_;

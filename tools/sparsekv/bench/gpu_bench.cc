@@ -530,6 +530,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.context = plan.context;
   setup.max_batch = vp.max_batch;
   setup.seed = c_.seed;
+  setup.cache_base = c_.cache_base;
   setup.layers_per_index = c_.layers_per_index;
   setup.sort_misses = c_.sort_misses;
   setup.sort_misses_min_batch = c_.sort_misses_min_batch;

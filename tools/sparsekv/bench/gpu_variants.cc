@@ -104,7 +104,7 @@ class SparseKVVariant final : public StepVariant {
 
   Status Init(std::shared_ptr<Backend> host, cudaStream_t stream) {
     const RequestShape& r = s_.shape;
-    CacheOptions o;
+    CacheOptions o = s_.cache_base;
     o.geometry = KVGeometry::Uniform(r.layers, r.row_bytes);
     o.top_k = r.top_k;
     o.hot_slots = r.hot_slots;
@@ -113,6 +113,8 @@ class SparseKVVariant final : public StepVariant {
     const int64_t pages = (r.tokens + r.page_tokens - 1) / r.page_tokens;
     o.host_capacity_tokens = pages * r.page_tokens * s_.max_batch;
     o.max_requests = s_.max_batch;
+    o.max_host_requests = 0;
+    o.max_batch = 0;
     o.max_context = static_cast<int32_t>(r.tokens);
     o.layers_per_index = s_.layers_per_index;
     o.sort_misses = s_.sort_misses;
@@ -139,7 +141,7 @@ class SparseKVVariant final : public StepVariant {
     o.device_budget_bytes = s_.device_budget_bytes;
     // With hybrid residency the manager keeps the indexer keys too, so that the memory of the
     // requests that are not running is not tied up in their keys.
-    if (s_.hybrid) o.indexer_key_bytes = r.indexer_key_bytes;
+    o.indexer_key_bytes = s_.hybrid ? r.indexer_key_bytes : 0;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
     if (scheduled) {
       ScheduleOptions so;

@@ -19,6 +19,7 @@
 #include "cuda_common/device_buffer.h"
 #include "sparsekv/backend.h"
 #include "sparsekv/kv_footprint.h"
+#include "sparsekv/options.h"
 #include "sparsekv/status.h"
 #include "sparsekv/step_schedule.h"
 
@@ -35,6 +36,9 @@ struct VariantSetup {
   int32_t context = 0;  // prompt positions [0, context) hold FillKVRows content
   int32_t max_batch = 0;
   uint64_t seed = 1;
+  // sparsekv only: the manager's options start from these (BenchConfig::cache_base), then take
+  // the fields below and the shape's.
+  CacheOptions cache_base;
   // sparsekv only. Layers per shared top-k (CacheOptions::layers_per_index): the group's first
   // layer resolves, the others only copy.
   int32_t layers_per_index = 1;

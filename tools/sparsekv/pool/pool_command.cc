@@ -14,6 +14,7 @@
 #include "sparsekv/control_plane.h"
 #include "sparsekv/node_pool.h"
 #include "sparsekv/transport.h"
+#include "tools/sparsekv/common/config_file.h"
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/validators.h"
 #include "tools/sparsekv/pool/pool_metrics.h"
@@ -164,6 +165,15 @@ PoolCommand::PoolCommand(CLI::App& parent) {
       ->check(Between<int32_t>(1, 4096))
       ->needs(node_pool)
       ->group(group);
+  app_->add_option("--config", config_path_,
+                   "Node pool: its shape from FILE, CacheOptions in sparsekv's own JSON "
+                   "(docs/config.md): geometry, host_page_tokens, host_capacity_tokens and "
+                   "max_context (a flag for a key the file sets is refused); the file's other "
+                   "keys are each process's manager's")
+      ->option_text("FILE")
+      ->check(NonEmpty())
+      ->needs(node_pool)
+      ->group(group);
   const std::string metrics_group = "Prometheus metrics (docs/metrics.md)";
   CLI::Option* metrics_port =
       app_->add_option("--metrics-port", metrics_port_,
@@ -244,6 +254,30 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
     o.host_capacity_tokens = capacity_tokens_;
     o.max_context = max_context_;
     o.top_k = o.hot_slots = o.max_requests = 1;
+    if (!config_path_.empty()) {
+      std::vector<FlagKey> given;
+      for (const auto& [flag, key] : {std::pair{"--layers", "geometry"},
+                                      {"--row-bytes", "geometry"},
+                                      {"--page-tokens", "host_page_tokens"},
+                                      {"--capacity-tokens", "host_capacity_tokens"},
+                                      {"--max-context", "max_context"}}) {
+        if (app_->get_option(flag)->count() > 0) given.push_back({flag, key});
+      }
+      const StatusOr<ConfigFile> file = ReadConfigFile(config_path_, given, o);
+      if (!file.ok()) {
+        err << "sparsekv pool: " << file.status().message() << "\n";
+        return kExitUsage;
+      }
+      o.geometry = file->options.geometry;
+      o.host_page_tokens = file->options.host_page_tokens;
+      o.host_capacity_tokens = file->options.host_capacity_tokens;
+      o.max_context = file->options.max_context;
+      out << "pool: --config " << config_path_ << ": node pool of " << o.geometry.num_layers()
+          << " layers, " << o.geometry.token_stride_bytes() << " B per token, host_page_tokens "
+          << o.host_page_tokens << ", host_capacity_tokens " << o.host_capacity_tokens
+          << ", max_context " << o.max_context << " (its other keys are each process's manager's)"
+          << std::endl;
+    }
     NodePoolOptions node;
     node.name = node_pool_;
     node.directory = node_pool_dir_;
@@ -251,11 +285,16 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
     // What the segment needs of --node-pool-dir and of the memory, in the flags' words, before
     // anything is made (the library checks it too, naming its own fields).
     if (const StatusOr<int64_t> bytes = NodePoolBytes(o, max_owners_, node); bytes.ok()) {
-      const std::string sizing =
-          "(--capacity-tokens " + std::to_string(capacity_tokens_) + " x --layers " +
-          std::to_string(layers_) + " x --row-bytes " + std::to_string(row_bytes_) +
-          ", and the bookkeeping of --max-owners " + std::to_string(max_owners_) +
-          " and --max-processes " + std::to_string(max_processes_) + ")";
+      const std::string rows =
+          config_path_.empty()
+              ? "--capacity-tokens " + std::to_string(capacity_tokens_) + " x --layers " +
+                    std::to_string(layers_) + " x --row-bytes " + std::to_string(row_bytes_)
+              : "host_capacity_tokens " + std::to_string(o.host_capacity_tokens) + " x " +
+                    std::to_string(o.geometry.token_stride_bytes()) + " B per token of --config " +
+                    config_path_;
+      const std::string sizing = "(" + rows + ", and the bookkeeping of --max-owners " +
+                                 std::to_string(max_owners_) + " and --max-processes " +
+                                 std::to_string(max_processes_) + ")";
       if (Status s = CheckSharedMemory(
               {.what = "node pool '" + node_pool_ + "'",
                .sizing = sizing,

@@ -9,9 +9,10 @@
 // With --node-pool NAME it serves a node pool instead (sparsekv/node_pool.h; no transport): it
 // creates the segment NAME for the geometry given (--layers, --row-bytes, --page-tokens,
 // --capacity-tokens, --max-context, --max-owners, --max-processes), publishes its descriptor as
-// region 0, and every heartbeat reclaims the pages of attached processes that died, printing the
-// pool's occupancy when it changes. On SIGTERM or SIGINT it detaches (the last process to detach
-// removes the segment's file).
+// region 0 (--config FILE: the shape from a CacheOptions file instead, docs/config.md), and every
+// heartbeat reclaims the pages of attached processes that died, printing the pool's occupancy when
+// it changes. On SIGTERM or SIGINT it detaches (the last process to detach removes the segment's
+// file).
 //
 // With --metrics-port PORT it also serves Prometheus metrics at http://HOST:PORT/metrics
 // (pool_metrics.h; docs/metrics.md): its heartbeat failures, rejoins and reclaimed processes and,
@@ -62,6 +63,7 @@ class PoolCommand {
   int32_t max_context_ = 1 << 17;
   int32_t max_owners_ = 256;
   int32_t max_processes_ = 16;
+  std::string config_path_;  // --config: the node pool's shape from a CacheOptions file
   // --metrics-port (-1: no metrics)
   int32_t metrics_port_ = -1;
   std::string metrics_host_ = "0.0.0.0";

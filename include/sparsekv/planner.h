@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "sparsekv/kv_footprint.h"
+#include "sparsekv/options.h"
+#include "sparsekv/step_schedule.h"
 
 namespace sparsekv {
 
@@ -126,5 +128,43 @@ struct HostPoolReady {
   bool single_registration_fails = false;
 };
 HostPoolReady ModelHostPoolReady(double pool_gb, double ready_gbps, double chunk_gib = 64);
+
+// ---- The step schedule the model expects to win (docs/planning.md, "The step schedule") ----
+//
+// The library's StepSchedule (step_schedule.h) measures its candidates and keeps the fastest.
+// What the model expects of each at one sparsekv point, with PredictStep's parts at h = 0
+// (per layer: A attention, R rest of the model, O overhead, T transfer) and B the batch:
+//   serial               L * (O + A + R + T)
+//   chunks of C rows     n = ceil(B / C) slices; each layer's copies and its attention pipelined
+//                        over them, the rest of the layer after them:
+//                        L * (O + R + (T + A) / n + (n - 1) / n * max(T, A) + n * kChunkLaunchUs)
+//   prefetch on at most  PredictStep at h = kPrefetchHiddenFraction: the next layer's misses
+//   16 blocks            copied beside this layer's work
+//   not modelled         the prefetch on a larger grid (its copies on every SM were measured
+//                        slower than serial) and the prefetch with chunks (slower than either
+//                        alone): never expected to win
+// The expected winner is the fastest modelled candidate, the earliest in AllowedChoices' order
+// (serial first) on a tie.
+inline constexpr double kChunkLaunchUs = 10;             // per slice and layer
+inline constexpr double kPrefetchHiddenFraction = 0.34;  // measured (docs/overlap.md)
+
+struct ScheduleEstimate {
+  StepChoice choice;
+  bool modelled = false;
+  double total_ms = 0;  // the step's time, if modelled
+  std::string why;      // what the time is made of, or why it is not modelled
+};
+struct ScheduleForecast {
+  // AllowedChoices(options), less the chunks of the batch's size or more (as the schedule does).
+  std::vector<ScheduleEstimate> candidates;
+  size_t expected = 0;  // the expected winner, an index into candidates
+  std::string reason;   // why it is expected to win
+};
+// `options` are the manager's: the candidates follow from its top_k, geometry and
+// layers_per_index, max_prefetch, copy_chunk_rows and copy grids; its max_batch is replaced by
+// in.batch. REQUIRES: in.variant is kSparseKV.
+ScheduleForecast ForecastSchedule(const Calibration& cal, const ModelShape& model,
+                                  const GpuSpec& gpu, const StepInputs& in,
+                                  const CacheOptions& options);
 
 }  // namespace sparsekv

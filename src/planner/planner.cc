@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <utility>
 
 namespace sparsekv {
@@ -103,6 +105,93 @@ BatchLimits Limits(const Calibration& cal, const ModelShape& model, const GpuSpe
     limits.by_latency = b;
   }
   return limits;
+}
+
+namespace {
+
+std::string Ms(double ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f ms", ms);
+  return text;
+}
+
+// Why `o` allows serial only at `batch`.
+std::string OnlySerialBecause(const CacheOptions& o, int32_t batch) {
+  const std::string prefetch =
+      o.index_groups() <= 1 ? "one index group: no prefetch" : "max_prefetch < top_k: no prefetch";
+  const std::string chunks = o.copy_chunk_rows <= 0 ? "copy_chunk_rows 0: no chunks"
+                                                    : "no chunk of copy_chunk_rows " +
+                                                          std::to_string(o.copy_chunk_rows) +
+                                                          " below batch " + std::to_string(batch);
+  return "the only choice the options allow (" + prefetch + "; " + chunks + ")";
+}
+
+}  // namespace
+
+ScheduleForecast ForecastSchedule(const Calibration& cal, const ModelShape& model,
+                                  const GpuSpec& gpu, const StepInputs& in,
+                                  const CacheOptions& options) {
+  StepInputs serial_in = in;
+  serial_in.hidden_fraction = 0;
+  const StepTime serial = PredictStep(cal, model, gpu, serial_in);
+  StepInputs prefetch_in = in;
+  prefetch_in.hidden_fraction = kPrefetchHiddenFraction;
+  const double prefetch_ms = PredictStep(cal, model, gpu, prefetch_in).total_ms;
+  CacheOptions o = options;
+  o.max_batch = in.batch;
+  const int32_t options_grid = o.prefetch_copy_blocks > 0 ? o.prefetch_copy_blocks : o.copy_blocks;
+
+  ScheduleForecast f;
+  for (const StepChoice& choice : AllowedChoices(o)) {
+    ScheduleEstimate e;
+    e.choice = choice;
+    const int32_t grid =
+        choice.prefetch_copy_blocks > 0 ? choice.prefetch_copy_blocks : options_grid;
+    if (!choice.crosslayer_prefetch && choice.chunk_rows == 0) {
+      e.modelled = true;
+      e.total_ms = serial.total_ms;
+      e.why = "copies inline before each layer's attention";
+    } else if (!choice.crosslayer_prefetch) {
+      const double n = std::ceil(static_cast<double>(in.batch) / choice.chunk_rows);
+      const double a = serial.attention_ms, t = serial.transfer_ms;
+      const double pipeline = (t + a) / n + (n - 1) / n * std::max(t, a);
+      const double launches = model.layers * n * kChunkLaunchUs / 1e3;
+      e.modelled = true;
+      e.total_ms = serial.overhead_ms + serial.rest_ms + pipeline + launches;
+      e.why = std::to_string(static_cast<int32_t>(n)) + " slices: copies beside attention hide " +
+              Ms(a + t - pipeline) + " of " + Ms(t) + " of transfer, for " + Ms(launches) +
+              " of launches";
+    } else if (choice.chunk_rows > 0) {
+      e.why =
+          "not modelled: the prefetch's and the chunks' side-stream copies slowed each other "
+          "(measured slower than either alone)";
+    } else if (grid <= 0 || grid > kBoundedPrefetchCopyBlocks) {
+      e.why = "not modelled: its copies on " +
+              (grid <= 0 ? std::string("every SM") : std::to_string(grid) + " blocks") +
+              " take SMs from attention and the GEMMs (on every SM measured slower than serial)";
+    } else {
+      e.modelled = true;
+      e.total_ms = prefetch_ms;
+      e.why = "hides " + std::to_string(static_cast<int32_t>(kPrefetchHiddenFraction * 100)) +
+              "% of the transfer behind the previous layer";
+    }
+    if (choice.chunk_rows < in.batch) f.candidates.push_back(e);
+  }
+  for (size_t i = 1; i < f.candidates.size(); ++i) {
+    const ScheduleEstimate& c = f.candidates[i];
+    if (c.modelled && c.total_ms < f.candidates[f.expected].total_ms) f.expected = i;
+  }
+  const ScheduleEstimate& best = f.candidates[f.expected];
+  if (f.candidates.size() == 1) {
+    f.reason = OnlySerialBecause(o, in.batch);
+  } else if (serial.transfer_ms <= 0) {
+    f.reason = "nothing misses: no copy to hide";
+  } else if (f.expected == 0) {
+    f.reason = "no other candidate is modelled faster";
+  } else {
+    f.reason = best.why + "; " + Ms(serial.total_ms - best.total_ms) + " below serial";
+  }
+  return f;
 }
 
 HostPoolReady ModelHostPoolReady(double pool_gb, double ready_gbps, double chunk_gib) {

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "sparsekv/planner_calibration.h"
 
@@ -192,6 +194,94 @@ TEST(HostPoolReadyTest, TimeIsSizeOverRateInChunksOf64GiB) {
   EXPECT_FALSE(ModelHostPoolReady(549, 1).single_registration_fails);  // 511.3 GiB
   EXPECT_TRUE(ModelHostPoolReady(550, 1).single_registration_fails);   // 512.2 GiB
   EXPECT_EQ(ModelHostPoolReady(0, 1).chunks, 0);
+}
+
+// ---- ForecastSchedule ----
+
+// The hand case's manager: two layers of 1000-B rows, top-k 100, one index group per layer.
+CacheOptions HandOptions(int32_t max_prefetch, int32_t copy_chunk_rows) {
+  CacheOptions o;
+  o.geometry = KVGeometry::Uniform(2, 1000);
+  o.top_k = 100;
+  o.hot_slots = 200;
+  o.max_prefetch = max_prefetch;
+  o.copy_chunk_rows = copy_chunk_rows;
+  return o;
+}
+
+TEST(ScheduleForecastTest, SerialIsTheOnlyCandidateWithoutPrefetchOrChunks) {
+  HandCase h;
+  const ScheduleForecast f = ForecastSchedule(
+      h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0}, HandOptions(0, 0));
+  ASSERT_EQ(f.candidates.size(), 1u);
+  EXPECT_EQ(f.candidates[0].choice.ToString(), "serial");
+  EXPECT_DOUBLE_EQ(f.candidates[0].total_ms, 2.094);  // PredictStep at h = 0
+  EXPECT_EQ(f.reason,
+            "the only choice the options allow (max_prefetch < top_k: no prefetch; "
+            "copy_chunk_rows 0: no chunks)");
+}
+
+TEST(ScheduleForecastTest, OneIndexGroupAndChunksOfTheBatchLeaveSerial) {
+  HandCase h;
+  CacheOptions o = HandOptions(100, 4);
+  o.layers_per_index = 2;
+  const ScheduleForecast f =
+      ForecastSchedule(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0}, o);
+  ASSERT_EQ(f.candidates.size(), 1u);
+  EXPECT_EQ(f.reason,
+            "the only choice the options allow (one index group: no prefetch; no chunk of "
+            "copy_chunk_rows 4 below batch 4)");
+}
+
+// Attention 10 + 50 * 4 = 210 µs per layer, transfer 200 rows * 1000 B at 1 GB/s = 200 µs:
+// serial 2 * (9 + 210 + 1000 + 200) µs = 2.838 ms. Two slices of 2 rows: (0.40 + 0.42) / 2 +
+// 0.42 / 2 = 0.62 ms of copies and attention, 2 * 2 * 10 µs of launches: 0.018 + 2 + 0.62 + 0.04.
+TEST(ScheduleForecastTest, ChunksWinWhenAttentionCoversTheirCopies) {
+  HandCase h;
+  h.cal.attention_per_request_us = 50;
+  h.cal.sparsekv.gather_gbps = 1;
+  const ScheduleForecast f = ForecastSchedule(
+      h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0}, HandOptions(0, 2));
+  ASSERT_EQ(f.candidates.size(), 2u);
+  EXPECT_DOUBLE_EQ(f.candidates[0].total_ms, 2.838);
+  EXPECT_EQ(f.candidates[1].choice.ToString(), "chunks2");
+  EXPECT_NEAR(f.candidates[1].total_ms, 2.678, 1e-12);
+  EXPECT_EQ(f.expected, 1u);
+  EXPECT_EQ(f.reason,
+            "2 slices: copies beside attention hide 0.20 ms of 0.40 ms of transfer, for 0.04 ms "
+            "of launches; 0.16 ms below serial");
+}
+
+// Attention 18 µs per layer, transfer 200 µs: two slices hide only 9 µs a layer for 20 µs of
+// launches (2.476 ms), while the prefetch hides 34% of the transfer: 0.018 + 2.036 + 0.66 * 0.4
+// = 2.318 ms against serial's 2.454. Of the six allowed choices, the prefetch on every SM and the
+// prefetch with chunks are not modelled.
+TEST(ScheduleForecastTest, ThePrefetchOnTheBoundedGridWinsWhenAttentionIsShort) {
+  HandCase h;
+  h.cal.sparsekv.gather_gbps = 1;
+  const ScheduleForecast f = ForecastSchedule(
+      h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0}, HandOptions(100, 2));
+  std::vector<std::string> names;
+  for (const ScheduleEstimate& e : f.candidates) names.push_back(e.choice.ToString());
+  EXPECT_EQ(names, (std::vector<std::string>{"serial", "chunks2", "prefetch", "prefetch+chunks2",
+                                             "prefetch:16", "prefetch:16+chunks2"}));
+  EXPECT_DOUBLE_EQ(f.candidates[0].total_ms, 2.454);
+  EXPECT_NEAR(f.candidates[1].total_ms, 2.476, 1e-12);
+  EXPECT_FALSE(f.candidates[2].modelled);
+  EXPECT_NE(f.candidates[2].why.find("every SM"), std::string::npos) << f.candidates[2].why;
+  EXPECT_FALSE(f.candidates[3].modelled);
+  EXPECT_NEAR(f.candidates[4].total_ms, 2.318, 1e-12);
+  EXPECT_FALSE(f.candidates[5].modelled);
+  EXPECT_EQ(f.expected, 4u);
+  EXPECT_EQ(f.reason, "hides 34% of the transfer behind the previous layer; 0.14 ms below serial");
+}
+
+TEST(ScheduleForecastTest, NothingMissingKeepsSerial) {
+  HandCase h;
+  const ScheduleForecast f = ForecastSchedule(
+      h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0, 0, 0}, HandOptions(100, 2));
+  EXPECT_EQ(f.expected, 0u);
+  EXPECT_EQ(f.reason, "nothing misses: no copy to hide");
 }
 
 }  // namespace

@@ -27,9 +27,6 @@ namespace sparsekv {
 inline constexpr int32_t kMLAQKDim = 576;     // query and key dims per head: 512 latent + 64 rope
 inline constexpr int32_t kMLAValueDim = 512;  // value dims: the first 512 of a key
 
-// Meaningful bytes of a row (KVRowFormat, kv_format.h): 1152 or 656.
-int32_t KVRowBytes(KVRowFormat format);
-
 struct SparseMLAOptions {
   // ---- Behaviour ----
   // Largest batch a Run accepts; the work buffers are sized for it. Required (>= 1).
@@ -136,10 +133,49 @@ Status ReferenceSparseMLA(const SparseMLAOptions& options, int32_t batch, const 
                           const std::byte* kv_rows, int64_t row_stride, const int32_t* indices,
                           double* out);
 
-// Exact decodings used by the reference (and by tests to read device outputs).
-double DecodeBf16(uint16_t bits);
-// float8 e4m3 (OCP "E4M3FN"): sign, 4-bit exponent with bias 7, 3-bit mantissa; exponent 0 is
-// subnormal (mantissa * 2^-9); 0x7F and 0xFF are NaN; there is no infinity (max 448).
-double DecodeFp8E4M3(uint8_t bits);
+// The exact decodings it uses (DecodeBf16, DecodeFp8E4M3, DecodeKVRow) are in kv_format.h.
+
+// ---- Two scopes and a sink: the float64 oracle of DeepSeek-V4's decode attention ----
+//
+// Per request b and head h, over the unmasked entries k of two scopes (the selected entries: a
+// top-k row, or every entry of a resident layer; and the raw window, the newest tokens' rows):
+//
+//   s_k  = scale * dot(q[b, h, :], key_k)
+//   lse  = log sum_k exp(s_k)
+//   out  = sum_k exp(s_k - lse) * value_k,  then with an attention sink sigma_h:
+//   out *= 1 / (1 + exp(sigma_h - lse))
+//
+// A request whose entries are all masked gets zeros (with or without a sink). Keys have
+// FormatShape(format).key_dims dims (576 for the DSA rows, 512 for kFp8Entry584), values are the
+// key's first value_dims (512). This is what FlashMLA's V4 decode computes (its tests/ref.py);
+// with one scope and no sink it is ReferenceSparseMLA.
+
+// One scope: entry k of request b is row indices[b * width + k] of `rows`; an index < 0 is
+// masked. Duplicates are not special: each occurrence is one softmax entry.
+struct AttentionScope {
+  const std::byte* rows = nullptr;  // the scope's row buffer (host memory)
+  int64_t row_stride = 0;           // bytes between rows, >= KVRowBytes(format)
+  KVRowFormat format = KVRowFormat::kFp8Entry584;
+  const int32_t* indices = nullptr;  // [batch, width]; < 0 = masked
+  int32_t width = 0;                 // entries per request; 0: the scope is empty
+};
+
+struct ReferenceAttentionInputs {
+  int32_t batch = 0;
+  int32_t heads = 0;
+  // Multiplies q . k; 0 means 1 / sqrt(key dims).
+  double softmax_scale = 0;
+  const uint16_t* q = nullptr;  // [batch, heads, key dims] bf16 (as uint16 bit patterns)
+  AttentionScope selected;      // top-k entries, or a resident layer's entries
+  AttentionScope window;        // the raw window's rows; width 0: none
+  const float* sink = nullptr;  // [heads] sigma_h, or null: no sink
+};
+
+// Computes out [batch, heads, value dims] in float64 from exactly decoded inputs.
+// REQUIRES (not checked: the buffers' lengths are not passed): every index >= 0 names a row of
+// its scope's buffer. InvalidArgument for batch < 0, heads < 1, a negative width, a null pointer
+// where the shapes need one, a stride shorter than its format's row, a format that is none of
+// KVRowFormat's, scopes whose keys differ in dims, or a scale that is negative or not finite.
+Status ReferenceSparseAttention(const ReferenceAttentionInputs& inputs, double* out);
 
 }  // namespace sparsekv

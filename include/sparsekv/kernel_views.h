@@ -48,6 +48,27 @@ struct BatchEntry {
   SPARSEKV_HD bool in_use() const { return block >= 0 || resident >= 0; }
 };
 
+// The cadence rule (docs/deepseek-v4.md, "The step for a layer with cadence r"), written once for
+// the plan phase, the backends and the tests. A layer of LayerShape::entry_tokens r gains entry c
+// when token (c + 1) * r - 1 is appended: a request of n tokens (BatchEntry::seq_len) holds
+// floor(n / r) entries, and the step that brings it to n tokens completes entry n / r - 1 exactly
+// when n is a multiple of r. With r = 1 every token is an entry, as in a DSA model.
+inline constexpr int32_t kNoEntry = -1;
+struct LayerEntries {
+  int32_t count;      // entries held: floor(tokens / r)
+  int32_t completed;  // the entry completed by the step that reached `tokens`, or kNoEntry
+};
+// REQUIRES: tokens >= 0, entry_tokens >= 1.
+SPARSEKV_HD inline LayerEntries EntriesAt(int32_t tokens, int32_t entry_tokens) {
+  const int32_t count = tokens / entry_tokens;
+  return {count, tokens > 0 && tokens % entry_tokens == 0 ? count - 1 : kNoEntry};
+}
+// The raw window's ring slot that the step reaching `tokens` writes: (tokens - 1) mod raw_window
+// (CacheOptions::raw_window). REQUIRES: tokens >= 1, raw_window >= 1.
+SPARSEKV_HD inline int32_t RawWindowSlot(int32_t tokens, int32_t raw_window) {
+  return (tokens - 1) % raw_window;
+}
+
 // How the CUDA IndexCopy moves its rows (performance only: every strategy writes the same bytes
 // and counts the same invalid entries; docs/index-copy.md compares them). Other backends ignore it.
 enum class CopyStrategy : int32_t {

@@ -176,7 +176,9 @@ struct CacheStats : HostCounters {
 class SparseKVCacheManager {
  public:
   // Validates `options` (ValidateOptions) and allocates the host pool, the hot cache and the fixed
-  // device buffers of the run phase.
+  // device buffers of the run phase. Unimplemented for layers it does not serve yet (resident or
+  // window-only layers, a cadence other than a row per token, per-layer top-k, groups or keys, a
+  // raw window: CheckServedGeometry in options.h).
   static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
                                                                 std::shared_ptr<Backend> backend);
   // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared, or

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,10 +16,44 @@
 
 namespace sparsekv {
 
-// Shape of one layer's KV row: the bytes a token contributes to that layer.
+// Where a layer's entries live (docs/deepseek-v4.md, "The design").
+enum class LayerKind {
+  // In the host pool, with a hot cache of `hot_slots` in HBM, read through a top-k: every layer
+  // of DeepSeek-V3.2 and GLM-5, DeepSeek-V4's CSA layers.
+  kOffloaded,
+  // Every entry in HBM, read whole at every step, never copied: DeepSeek-V4's HCA layers (one
+  // entry per 128 tokens; a step reads them all, so a hot cache would have to hold them all).
+  kResident,
+  // No entries, only the raw window (CacheOptions::raw_window): DeepSeek-V4's window-only layers.
+  kWindowOnly,
+};
+
+// One attention layer: its rows and where they live. Every field but the row's size defaults to
+// what the manager serves today (an offloaded layer with a row per token, the options' top_k, the
+// uniform index groups of layers_per_index, indexer keys if the options keep them);
+// CheckServedGeometry says which geometries SparseKVCacheManager accepts.
 struct LayerShape {
   int32_t row_bytes = 656;   // meaningful bytes per row (DeepSeek-V3.2 fp8: 656; bf16: 1152)
   int32_t row_stride = 656;  // bytes between consecutive rows, >= row_bytes (e.g. 656 -> 704)
+  LayerKind kind = LayerKind::kOffloaded;
+  // Tokens per entry (r >= 1): the layer gains entry c when token (c + 1) * r - 1 is appended, so
+  // a request of n tokens has floor(n / r) entries (EntryCount, kernel_views.h). DeepSeek-V4: 4
+  // (CSA) or 128 (HCA); 1 for a row per token. Ignored for kWindowOnly.
+  int32_t entry_tokens = 1;
+  // Entries per top-k row of an offloaded layer; 0: CacheOptions::top_k. DeepSeek-V4: 512 or
+  // 1024. Must be 0 for other kinds.
+  int32_t top_k = 0;
+  // What the row's bytes are, for attention and the oracle; unset: rows the library never
+  // decodes. If set, row_bytes must be KVRowBytes(*format).
+  std::optional<KVRowFormat> format = std::nullopt;
+  // The layers that share one top-k, named by the group's first layer; -1: from
+  // CacheOptions::layers_per_index. GLM-5.3: 0, 1, 2, 2, 2, 2, 6, 6, 6, 6, ... Set on every
+  // offloaded layer or on none; -1 on layers of other kinds.
+  int32_t index_group = -1;
+  // Whether the manager holds this layer's indexer keys (CacheOptions::indexer_key_bytes each,
+  // when that is > 0): GLM-5.3 only on the first layer of each group, DeepSeek-V4 only on CSA
+  // layers. Offloaded layers only.
+  bool indexer_keys = true;
 };
 
 struct KVGeometry {
@@ -36,15 +71,39 @@ struct KVGeometry {
 
 // A model's shape (docs/workload-shapes.md has the presets and where their figures come from).
 struct ModelPreset {
-  std::string name;           // "deepseek-v3.2" or "glm-5"
-  int32_t num_layers;         // 61 or 78
-  int32_t row_bytes;          // 656 (fp8) or 1152 (bf16)
-  int32_t indexer_key_bytes;  // 132 B per token per layer (128 fp8 + fp32 scale), kept in HBM
-  int32_t top_k;              // 2048
-  KVGeometry geometry() const { return KVGeometry::Uniform(num_layers, row_bytes); }
+  std::string name;        // one of PresetNames()
+  int32_t num_layers = 0;  // attention layers: 61, 78; DeepSeek-V4: 44 or 62 (MTP included)
+  int32_t row_bytes = 0;   // the row (entry) of every layer: 656 (fp8) or 1152 (bf16); V4: 584
+  int32_t indexer_key_bytes = 0;  // 132 B per entry and keyed layer (128 fp8 + fp32 scale), in HBM
+  int32_t top_k = 0;              // 2048; DeepSeek-V4: its offloaded (CSA) layers', 512 or 1024
+  // Every layer: its kind, cadence, top-k, index group, keys and format (num_layers entries).
+  std::vector<LayerShape> layers;
+  int32_t raw_window = 0;  // CacheOptions::raw_window: DeepSeek-V4 128, 0 for the DSA models
+  // The standard scenario: the model's weights per GPU of an 8-GPU node (GB, 1e9 B), from which
+  // the HBM left for KV follows (141 - weights - 8 on an H200); 0 where the preset does not say
+  // (the tools then use DeepSeek-V3.2's 84 GB).
+  double weights_per_gpu_gb = 0;
+
+  KVGeometry geometry() const { return KVGeometry{layers}; }
+  // Layers of `kind` (of those, `keyed` only: with indexer keys).
+  int32_t layers_of(LayerKind kind, bool keyed = false) const;
 };
-// Known names: "deepseek-v3.2", "glm-5". Returns NotFound for any other name.
+// The names FindPreset knows: "deepseek-v3.2", "glm-5", "deepseek-v4-flash", "deepseek-v4-pro",
+// "glm-5.3".
+const std::vector<std::string>& PresetNames();
+// The preset `name` with rows of `format`. NotFound for a name not in PresetNames();
+// InvalidArgument for a format the model does not have (DeepSeek-V4's entries are kFp8Entry584
+// only; the DSA models' rows are kFp8Row656 or kBf16Row1152).
 StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format);
+// The preset in its fp8 format: kFp8Row656 for the DSA models, kFp8Entry584 for DeepSeek-V4.
+StatusOr<ModelPreset> FindPreset(const std::string& name);
+
+// OK if SparseKVCacheManager serves `options`' layers today: every layer offloaded with a row per
+// token, no per-layer top_k or index_group, indexer keys in every layer, and raw_window = 0.
+// Unimplemented otherwise, naming the first layer and field that is not (docs/deepseek-v4.md says
+// what is left to build). SparseKVCacheManager::Create calls it after ValidateOptions; tools that
+// drive a manager call it on a preset's geometry() and raw_window.
+Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window);
 
 // How a request's hot slots are replaced (ResolveView in kernel_views.h defines both exactly;
 // docs/planning.md has the replayed hit rates that chose the default).
@@ -88,6 +147,11 @@ struct CacheOptions {
   // The newest `window` tokens of each request are always resident, in `window` extra slots per
   // request and layer (beyond hot_slots), and are never evicted.
   int32_t window = 1;
+  // Tokens of uncompressed history that every layer attends besides its entries (DeepSeek-V4's
+  // raw window: 128), held as a ring of raw_window rows of the layer's row_bytes per request and
+  // layer; 0: none. Not `window`: that is the newest entries of the same history kept in the hot
+  // cache, this is a second history beside the entries.
+  int32_t raw_window = 0;
   // Replacement of the hot slots. Segmented LRU kept +1.2 points of hit rate over LRU at
   // hot_slots = 2 x top_k on a real model's trace (+0.35 to +0.9 on the synthetic one).
   EvictionPolicy eviction = EvictionPolicy::kSegmentedLru;

@@ -26,6 +26,7 @@ enum class StatusCode {
   kUnavailable,         // a device or service is not present
   kDeadlineExceeded,    // an operation did not complete before its deadline
   kInternal,            // a backend call failed (e.g. a CUDA error)
+  kUnimplemented,       // valid, but a part the library does not serve yet (e.g. a layer kind)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -68,6 +69,7 @@ inline Status DeadlineExceeded(std::string m) {
   return {StatusCode::kDeadlineExceeded, std::move(m)};
 }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 
 // Holds either a T or a non-OK Status.
 template <typename T>

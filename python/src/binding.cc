@@ -50,6 +50,8 @@ void RegisterErrors(py::module_& m) {
        "A remote operation did not complete before its deadline."},
       {StatusCode::kInternal, "InternalError", PyExc_RuntimeError,
        "A bug or a failed device call inside the library."},
+      {StatusCode::kUnimplemented, "UnimplementedError", PyExc_NotImplementedError,
+       "Valid, but not served yet: e.g. a layer kind the manager does not hold yet."},
   };
   for (const Spec& s : specs) {
     const std::string qualified = std::string("sparsekv.") + s.name;

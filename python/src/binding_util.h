@@ -86,7 +86,7 @@ void RegisterSchedule(py::module_& m);    // binding_schedule.cc: StepChoice, St
 // RegisterErrors.
 struct ErrorClasses {
   py::object base;
-  std::array<py::object, static_cast<size_t>(StatusCode::kInternal) + 1> by_code;
+  std::array<py::object, static_cast<size_t>(StatusCode::kUnimplemented) + 1> by_code;
 };
 
 ErrorClasses& Errors();

@@ -63,29 +63,6 @@ double RelativeError(const uint16_t* a, const double* b, size_t n) {
 using testing::DeviceBuffer;
 
 // ---------------------------------------------------------------------------------------------
-// Exact decodings.
-
-TEST(DecodeTest, Fp8E4M3) {
-  EXPECT_EQ(DecodeFp8E4M3(0x00), 0.0);
-  EXPECT_TRUE(std::signbit(DecodeFp8E4M3(0x80)));
-  EXPECT_EQ(DecodeFp8E4M3(0x38), 1.0);  // exponent 7 = bias
-  EXPECT_EQ(DecodeFp8E4M3(0xB8), -1.0);
-  EXPECT_EQ(DecodeFp8E4M3(0x3C), 1.5);           // mantissa 4/8
-  EXPECT_EQ(DecodeFp8E4M3(0x7E), 448.0);         // largest finite: 1.75 * 2^8
-  EXPECT_EQ(DecodeFp8E4M3(0x08), 0x1.0p-6);      // smallest normal
-  EXPECT_EQ(DecodeFp8E4M3(0x01), 0x1.0p-9);      // smallest subnormal
-  EXPECT_EQ(DecodeFp8E4M3(0x07), 7 * 0x1.0p-9);  // largest subnormal
-  EXPECT_TRUE(std::isnan(DecodeFp8E4M3(0x7F)));
-  EXPECT_TRUE(std::isnan(DecodeFp8E4M3(0xFF)));
-}
-
-TEST(DecodeTest, Bf16) {
-  EXPECT_EQ(DecodeBf16(0x3F80), 1.0);
-  EXPECT_EQ(DecodeBf16(0xC040), -3.0);
-  EXPECT_EQ(DecodeBf16(ToBf16(0.1f)), 0.10009765625);  // nearest bf16 of 0.1
-}
-
-// ---------------------------------------------------------------------------------------------
 // The CPU reference on inputs whose result is known in closed form.
 
 // Rows of the bf16 format from per-row key vectors.
@@ -194,6 +171,192 @@ TEST(ReferenceSparseMLATest, RejectsBadArguments) {
   no_batch.max_batch = 0;
   EXPECT_EQ(ReferenceSparseMLA(no_batch, 0, q.data(), row.data(), 656, &index, out.data()).code(),
             StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two-scope reference with a sink (ReferenceSparseAttention), on DeepSeek-V4's 584-B entries.
+
+constexpr int32_t kV4Dims = 512;  // key = value
+constexpr int32_t kEntryBytes = 584;
+
+// `n` random entries encoded as kFp8Entry584, `stride` bytes apart, and their decoded keys.
+struct Entries {
+  std::vector<std::byte> rows;
+  std::vector<std::vector<double>> keys;  // as decoded: what attention must see
+};
+Entries RandomEntries(std::mt19937_64& rng, int32_t n, int32_t stride) {
+  std::normal_distribution<double> normal(0, 0.5);
+  Entries e;
+  e.rows.assign(static_cast<size_t>(n) * stride, std::byte{0x5A});
+  for (int32_t r = 0; r < n; ++r) {
+    std::vector<double> key(kV4Dims);
+    for (double& x : key) x = normal(rng);
+    EncodeKVRow(KVRowFormat::kFp8Entry584, key.data(), e.rows.data() + int64_t{r} * stride);
+    DecodeKVRow(KVRowFormat::kFp8Entry584, e.rows.data() + int64_t{r} * stride, key.data());
+    e.keys.push_back(key);
+  }
+  return e;
+}
+
+std::vector<uint16_t> RandomQueries(std::mt19937_64& rng, size_t n) {
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<uint16_t> q(n);
+  for (uint16_t& x : q) x = ToBf16(normal(rng));
+  return q;
+}
+
+// The formula of attention.h written out plainly: both scopes' unmasked entries, lse, the
+// softmax as exp(s - lse), then the sink's factor.
+std::vector<double> DenseTwoScope(const ReferenceAttentionInputs& in, const Entries& selected,
+                                  const Entries& window, double scale) {
+  std::vector<double> out(static_cast<size_t>(in.batch) * in.heads * kV4Dims, 0.0);
+  for (int32_t b = 0; b < in.batch; ++b) {
+    std::vector<const std::vector<double>*> keys;
+    for (int32_t k = 0; k < in.selected.width; ++k) {
+      const int32_t i = in.selected.indices[b * in.selected.width + k];
+      if (i >= 0) keys.push_back(&selected.keys[i]);
+    }
+    for (int32_t k = 0; k < in.window.width; ++k) {
+      const int32_t i = in.window.indices[b * in.window.width + k];
+      if (i >= 0) keys.push_back(&window.keys[i]);
+    }
+    if (keys.empty()) continue;
+    for (int32_t h = 0; h < in.heads; ++h) {
+      const uint16_t* q = in.q + (int64_t{b} * in.heads + h) * kV4Dims;
+      std::vector<double> s;
+      for (const std::vector<double>* key : keys) {
+        double dot = 0;
+        for (int32_t d = 0; d < kV4Dims; ++d) dot += DecodeBf16(q[d]) * (*key)[d];
+        s.push_back(scale * dot);
+      }
+      double sum = 0;
+      for (double x : s) sum += std::exp(x);
+      const double lse = std::log(sum);
+      const double sink = in.sink != nullptr ? 1 / (1 + std::exp(double{in.sink[h]} - lse)) : 1.0;
+      double* o = &out[(int64_t{b} * in.heads + h) * kV4Dims];
+      for (size_t k = 0; k < keys.size(); ++k) {
+        for (int32_t d = 0; d < kV4Dims; ++d) o[d] += std::exp(s[k] - lse) * (*keys[k])[d] * sink;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(ReferenceSparseAttentionTest, TwoScopesWithSinkMatchTheDenseFormula) {
+  std::mt19937_64 rng(11);
+  const int32_t batch = 3, heads = 4, top_k = 6, window = 3, stride = 592;  // padded rows
+  const Entries selected = RandomEntries(rng, 20, stride);
+  const Entries ring = RandomEntries(rng, 8, kEntryBytes);
+  // Masked entries, a duplicate, and a request whose window alone is unmasked.
+  const std::vector<int32_t> top = {0,  5,  5,  -1, 19, 7,  3,  -1, 2,
+                                    11, 12, 13, -1, -1, -1, -1, -1, -1};
+  const std::vector<int32_t> ring_rows = {0, 1, 2, 7, -1, 6, 4, 5, -1};
+  const std::vector<uint16_t> q = RandomQueries(rng, size_t{batch} * heads * kV4Dims);
+  const std::vector<float> sink = {-1.0f, 0.0f, 0.5f, 3.0f};
+  ReferenceAttentionInputs in;
+  in.batch = batch;
+  in.heads = heads;
+  in.q = q.data();
+  in.selected = {selected.rows.data(), stride, KVRowFormat::kFp8Entry584, top.data(), top_k};
+  in.window = {ring.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, ring_rows.data(), window};
+  in.sink = sink.data();
+  std::vector<double> out(static_cast<size_t>(batch) * heads * kV4Dims);
+  ExpectOk(ReferenceSparseAttention(in, out.data()));
+  const std::vector<double> expected = DenseTwoScope(in, selected, ring, 1 / std::sqrt(512.0));
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_NEAR(out[i], expected[i], 1e-12 * (1 + std::abs(expected[i]))) << i;
+  }
+}
+
+TEST(ReferenceSparseAttentionTest, TwoScopesAreOneSoftmax) {
+  std::mt19937_64 rng(12);
+  const Entries entries = RandomEntries(rng, 6, kEntryBytes);
+  const std::vector<uint16_t> q = RandomQueries(rng, 2 * kV4Dims);
+  const std::vector<int32_t> all = {0, 1, 2, 3, 4, 5}, first = {0, 1, 2, 3}, last = {4, 5};
+  ReferenceAttentionInputs one;
+  one.batch = 1;
+  one.heads = 2;
+  one.q = q.data();
+  one.selected = {entries.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, all.data(), 6};
+  ReferenceAttentionInputs two = one;
+  two.selected.indices = first.data();
+  two.selected.width = 4;
+  two.window = {entries.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, last.data(), 2};
+  std::vector<double> a(2 * kV4Dims), b(2 * kV4Dims);
+  ExpectOk(ReferenceSparseAttention(one, a.data()));
+  ExpectOk(ReferenceSparseAttention(two, b.data()));
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-14) << i;
+}
+
+// Two entries of score 0 (q = 0): lse = log 2; a sink of log 2 halves the output.
+TEST(ReferenceSparseAttentionTest, SinkScalesByOneOverOnePlusExpOfSinkMinusLse) {
+  std::mt19937_64 rng(13);
+  const Entries entries = RandomEntries(rng, 2, kEntryBytes);
+  const std::vector<uint16_t> q(kV4Dims, 0);
+  const std::vector<int32_t> indices = {0, 1};
+  const float sink = static_cast<float>(std::log(2.0));
+  ReferenceAttentionInputs in;
+  in.batch = 1;
+  in.heads = 1;
+  in.q = q.data();
+  in.selected = {entries.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, indices.data(), 2};
+  in.sink = &sink;
+  std::vector<double> out(kV4Dims);
+  ExpectOk(ReferenceSparseAttention(in, out.data()));
+  const double factor = 1 / (1 + std::exp(double{sink} - std::log(2.0)));  // 0.5 up to float
+  for (int32_t d = 0; d < kV4Dims; ++d) {
+    const double mean = (entries.keys[0][d] + entries.keys[1][d]) / 2;
+    EXPECT_NEAR(out[d], mean * factor, 1e-15) << d;
+  }
+}
+
+TEST(ReferenceSparseAttentionTest, AllMaskedRequestIsZeroWithOrWithoutSink) {
+  std::mt19937_64 rng(14);
+  const Entries entries = RandomEntries(rng, 2, kEntryBytes);
+  const std::vector<uint16_t> q = RandomQueries(rng, 2 * kV4Dims);
+  const std::vector<int32_t> top = {-1, -1, 0, 1}, ring = {-1, 1};  // request 0 all masked
+  const float sink = 2.0f;
+  ReferenceAttentionInputs in;
+  in.batch = 2;
+  in.heads = 1;
+  in.q = q.data();
+  in.selected = {entries.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, top.data(), 2};
+  in.window = {entries.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, ring.data(), 1};
+  for (const float* s : {static_cast<const float*>(nullptr), &sink}) {
+    in.sink = s;
+    std::vector<double> out(2 * kV4Dims, 7.0);
+    ExpectOk(ReferenceSparseAttention(in, out.data()));
+    for (int32_t d = 0; d < kV4Dims; ++d) EXPECT_EQ(out[d], 0.0) << d;
+    EXPECT_NE(out[kV4Dims], 0.0);  // request 1 attends
+  }
+}
+
+TEST(ReferenceSparseAttentionTest, RejectsBadArguments) {
+  std::vector<std::byte> rows(1152);
+  const std::vector<uint16_t> q(576);
+  const int32_t index = 0;
+  std::vector<double> out(512);
+  ReferenceAttentionInputs in;
+  in.batch = 1;
+  in.heads = 1;
+  in.q = q.data();
+  in.selected = {rows.data(), 584, KVRowFormat::kFp8Entry584, &index, 1};
+  ExpectOk(ReferenceSparseAttention(in, out.data()));
+  ReferenceAttentionInputs bad = in;
+  bad.window = {rows.data(), 656, KVRowFormat::kFp8Row656, &index, 1};  // 576-dim keys
+  EXPECT_EQ(ReferenceSparseAttention(bad, out.data()).code(), StatusCode::kInvalidArgument);
+  bad = in;
+  bad.selected.width = 0;  // both scopes empty
+  EXPECT_EQ(ReferenceSparseAttention(bad, out.data()).code(), StatusCode::kInvalidArgument);
+  bad = in;
+  bad.selected.row_stride = 580;
+  EXPECT_EQ(ReferenceSparseAttention(bad, out.data()).code(), StatusCode::kInvalidArgument);
+  bad = in;
+  bad.window.width = -1;
+  EXPECT_EQ(ReferenceSparseAttention(bad, out.data()).code(), StatusCode::kInvalidArgument);
+  bad = in;
+  bad.softmax_scale = -1;
+  EXPECT_EQ(ReferenceSparseAttention(bad, out.data()).code(), StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,61 +1,109 @@
-// The CPU reference of sparse MLA attention: float64 throughout, inputs decoded exactly.
+// The CPU references of sparse attention: float64 throughout, inputs decoded exactly
+// (kv_format.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
-#include "attention/row_layout.h"
 #include "sparsekv/attention.h"
+#include "sparsekv/kv_format.h"
 
 namespace sparsekv {
 namespace {
 
-using mla_layout::kFp8GroupDims;
-using mla_layout::kFp8Groups;
-using mla_layout::kFp8RopeOffset;
-using mla_layout::kFp8ScalesOffset;
-using mla_layout::kRopeDims;
+Status CheckScope(const AttentionScope& scope, const char* name) {
+  const std::string at = std::string("ReferenceSparseAttention: ") + name;
+  if (scope.width < 0) return InvalidArgument(at + ".width must be >= 0");
+  if (scope.width == 0) return Status::Ok();
+  if (!IsKVRowFormat(scope.format)) return InvalidArgument(at + ".format is not a KVRowFormat");
+  if (scope.rows == nullptr || scope.indices == nullptr) {
+    return InvalidArgument(at + ": null rows or indices");
+  }
+  if (scope.row_stride < KVRowBytes(scope.format)) {
+    return InvalidArgument(at + ".row_stride is shorter than a row");
+  }
+  return Status::Ok();
+}
 
-// Decodes the 576 key dims of one stored row into `key`.
-void DecodeRow(KVRowFormat format, const std::byte* row, double* key) {
-  if (format == KVRowFormat::kBf16Row1152) {
-    for (int d = 0; d < kMLAQKDim; ++d) {
-      uint16_t bits;
-      std::memcpy(&bits, row + 2 * d, sizeof(bits));
-      key[d] = DecodeBf16(bits);
-    }
-    return;
-  }
-  float scales[kFp8Groups];
-  std::memcpy(scales, row + kFp8ScalesOffset, sizeof(scales));
-  for (int d = 0; d < kMLAValueDim; ++d) {
-    key[d] = DecodeFp8E4M3(static_cast<uint8_t>(row[d])) * scales[d / kFp8GroupDims];
-  }
-  for (int r = 0; r < kRopeDims; ++r) {
-    uint16_t bits;
-    std::memcpy(&bits, row + kFp8RopeOffset + 2 * r, sizeof(bits));
-    key[kMLAValueDim + r] = DecodeBf16(bits);
+// Decodes request b's unmasked entries of `scope`, appending their keys (key_dims each).
+void DecodeScope(const AttentionScope& scope, int32_t b, int32_t key_dims,
+                 std::vector<double>* keys) {
+  const int32_t* index = scope.indices + int64_t{b} * scope.width;
+  for (int32_t k = 0; k < scope.width; ++k) {
+    if (index[k] < 0) continue;
+    keys->resize(keys->size() + key_dims);
+    DecodeKVRow(scope.format, scope.rows + index[k] * scope.row_stride,
+                keys->data() + keys->size() - key_dims);
   }
 }
 
 }  // namespace
 
-double DecodeBf16(uint16_t bits) {
-  const uint32_t widened = uint32_t{bits} << 16;  // bf16 is the top half of a float
-  float value;
-  std::memcpy(&value, &widened, sizeof(value));
-  return value;
-}
+Status ReferenceSparseAttention(const ReferenceAttentionInputs& in, double* out) {
+  if (in.batch < 0) return InvalidArgument("ReferenceSparseAttention: batch must be >= 0");
+  if (in.heads < 1) return InvalidArgument("ReferenceSparseAttention: heads must be >= 1");
+  if (!(in.softmax_scale >= 0) || !std::isfinite(in.softmax_scale)) {
+    return InvalidArgument("ReferenceSparseAttention: softmax_scale must be finite and >= 0");
+  }
+  SPARSEKV_RETURN_IF_ERROR(CheckScope(in.selected, "selected"));
+  SPARSEKV_RETURN_IF_ERROR(CheckScope(in.window, "window"));
+  if (in.selected.width == 0 && in.window.width == 0) {
+    return InvalidArgument("ReferenceSparseAttention: both scopes are empty");
+  }
+  const KVFormatShape shape =
+      FormatShape(in.selected.width > 0 ? in.selected.format : in.window.format);
+  if (in.selected.width > 0 && in.window.width > 0 &&
+      FormatShape(in.window.format).key_dims != shape.key_dims) {
+    return InvalidArgument("ReferenceSparseAttention: the scopes' keys differ in dims");
+  }
+  if (in.batch == 0) return Status::Ok();
+  if (in.q == nullptr || out == nullptr) {
+    return InvalidArgument("ReferenceSparseAttention: null q or out");
+  }
+  const int32_t key_dims = shape.key_dims;
+  const int32_t value_dims = shape.value_dims;
+  const double scale =
+      in.softmax_scale > 0 ? in.softmax_scale : 1.0 / std::sqrt(static_cast<double>(key_dims));
 
-double DecodeFp8E4M3(uint8_t bits) {
-  if ((bits & 0x7F) == 0x7F) return std::numeric_limits<double>::quiet_NaN();
-  const double sign = (bits & 0x80) != 0 ? -1.0 : 1.0;
-  const int exponent = (bits >> 3) & 0xF;
-  const int mantissa = bits & 0x7;
-  if (exponent == 0) return sign * std::ldexp(mantissa, -9);  // subnormal: 0.mmm * 2^(1 - 7)
-  return sign * std::ldexp(8 + mantissa, exponent - 7 - 3);   // 1.mmm * 2^(e - 7)
+  std::vector<double> keys;  // [entries, key_dims]: request b's unmasked entries, both scopes
+  std::vector<double> query(key_dims);
+  std::vector<double> scores;
+  for (int32_t b = 0; b < in.batch; ++b) {
+    keys.clear();
+    DecodeScope(in.selected, b, key_dims, &keys);
+    if (in.window.width > 0) DecodeScope(in.window, b, key_dims, &keys);
+    const size_t entries = keys.size() / key_dims;
+    scores.resize(entries);
+    for (int32_t h = 0; h < in.heads; ++h) {
+      const int64_t bh = int64_t{b} * in.heads + h;
+      for (int32_t d = 0; d < key_dims; ++d) query[d] = DecodeBf16(in.q[bh * key_dims + d]);
+      double max_score = -std::numeric_limits<double>::infinity();
+      for (size_t k = 0; k < entries; ++k) {
+        const double* key = &keys[k * key_dims];
+        double dot = 0;
+        for (int32_t d = 0; d < key_dims; ++d) dot += query[d] * key[d];
+        scores[k] = scale * dot;
+        max_score = std::max(max_score, scores[k]);
+      }
+      double* o = out + bh * value_dims;
+      std::fill(o, o + value_dims, 0.0);
+      if (entries == 0) continue;  // all masked: zeros
+      double sum = 0;
+      for (size_t k = 0; k < entries; ++k) {
+        const double weight = std::exp(scores[k] - max_score);
+        sum += weight;
+        const double* key = &keys[k * key_dims];
+        for (int32_t d = 0; d < value_dims; ++d) o[d] += weight * key[d];
+      }
+      // exp(s - lse) = weight / sum, and 1 / (1 + exp(sink - lse)) = sum / (sum + exp(sink - max)).
+      const double denominator =
+          in.sink != nullptr ? sum + std::exp(double{in.sink[h]} - max_score) : sum;
+      for (int32_t d = 0; d < value_dims; ++d) o[d] /= denominator;
+    }
+  }
+  return Status::Ok();
 }
 
 Status ReferenceSparseMLA(const SparseMLAOptions& options, int32_t batch, const uint16_t* q,
@@ -72,49 +120,13 @@ Status ReferenceSparseMLA(const SparseMLAOptions& options, int32_t batch, const 
   if (row_stride < KVRowBytes(options.format)) {
     return InvalidArgument("ReferenceSparseMLA: row_stride is shorter than a row");
   }
-  const int heads = options.heads;
-  const int top_k = options.top_k;
-  const double scale = options.effective_softmax_scale();
-
-  std::vector<double> keys(static_cast<size_t>(top_k) * kMLAQKDim);  // [top_k, 576]
-  std::vector<double> query(kMLAQKDim);
-  std::vector<double> scores(top_k);
-  for (int b = 0; b < batch; ++b) {
-    const int32_t* row_index = indices + static_cast<int64_t>(b) * top_k;
-    for (int k = 0; k < top_k; ++k) {
-      if (row_index[k] >= 0) {
-        DecodeRow(options.format, kv_rows + row_index[k] * row_stride,
-                  &keys[static_cast<size_t>(k) * kMLAQKDim]);
-      }
-    }
-    for (int h = 0; h < heads; ++h) {
-      const int64_t bh = int64_t{b} * heads + h;
-      for (int d = 0; d < kMLAQKDim; ++d) query[d] = DecodeBf16(q[bh * kMLAQKDim + d]);
-      double max_score = -std::numeric_limits<double>::infinity();
-      for (int k = 0; k < top_k; ++k) {
-        if (row_index[k] < 0) continue;
-        const double* key = &keys[static_cast<size_t>(k) * kMLAQKDim];
-        double dot = 0;
-        for (int d = 0; d < kMLAQKDim; ++d) dot += query[d] * key[d];
-        scores[k] = scale * dot;
-        max_score = std::max(max_score, scores[k]);
-      }
-      double* o = out + bh * kMLAValueDim;
-      std::fill(o, o + kMLAValueDim, 0.0);
-      double sum = 0;
-      for (int k = 0; k < top_k; ++k) {
-        if (row_index[k] < 0) continue;
-        const double weight = std::exp(scores[k] - max_score);
-        sum += weight;
-        const double* key = &keys[static_cast<size_t>(k) * kMLAQKDim];
-        for (int d = 0; d < kMLAValueDim; ++d) o[d] += weight * key[d];
-      }
-      if (sum > 0) {
-        for (int d = 0; d < kMLAValueDim; ++d) o[d] /= sum;
-      }
-    }
-  }
-  return Status::Ok();
+  ReferenceAttentionInputs in;
+  in.batch = batch;
+  in.heads = options.heads;
+  in.softmax_scale = options.effective_softmax_scale();
+  in.q = q;
+  in.selected = {kv_rows, row_stride, options.format, indices, options.top_k};
+  return ReferenceSparseAttention(in, out);
 }
 
 }  // namespace sparsekv

@@ -20,4 +20,8 @@ inline constexpr int32_t kFp8ScalesOffset = kMLAValueDim;            // 512
 inline constexpr int32_t kFp8RopeOffset = kFp8ScalesOffset + 4 * kFp8Groups;  // 528
 inline constexpr int32_t kFp8RowBytes = kFp8RopeOffset + 2 * kRopeDims;       // 656
 
+static_assert(kBf16RowBytes == KVRowBytes(KVRowFormat::kBf16Row1152) &&
+                  kFp8RowBytes == KVRowBytes(KVRowFormat::kFp8Row656),
+              "kv_format.h and this layout name the same rows");
+
 }  // namespace sparsekv::mla_layout

@@ -4,14 +4,9 @@
 #include <limits>
 #include <string>
 
-#include "attention/row_layout.h"
 #include "sparsekv/attention.h"
 
 namespace sparsekv {
-
-int32_t KVRowBytes(KVRowFormat format) {
-  return format == KVRowFormat::kBf16Row1152 ? mla_layout::kBf16RowBytes : mla_layout::kFp8RowBytes;
-}
 
 float SparseMLAOptions::effective_softmax_scale() const {
   return softmax_scale > 0 ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(kMLAQKDim));

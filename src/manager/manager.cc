@@ -18,6 +18,7 @@ double LayerStats::hit_rate() const {
 StatusOr<std::unique_ptr<SparseKVCacheManager>> SparseKVCacheManager::Create(
     const CacheOptions& options, std::shared_ptr<Backend> backend) {
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options));
+  SPARSEKV_RETURN_IF_ERROR(CheckServedGeometry(options.geometry, options.raw_window));
   if (backend == nullptr) return InvalidArgument("SparseKVCacheManager: backend is null");
   auto impl = std::make_unique<Impl>(options, std::move(backend), nullptr);
   SPARSEKV_RETURN_IF_ERROR(impl->Allocate());
@@ -28,6 +29,7 @@ StatusOr<std::unique_ptr<SparseKVCacheManager>> SparseKVCacheManager::Create(
     const CacheOptions& options, std::shared_ptr<Backend> backend,
     std::shared_ptr<HostKVPool> pool) {
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options));
+  SPARSEKV_RETURN_IF_ERROR(CheckServedGeometry(options.geometry, options.raw_window));
   if (backend == nullptr) return InvalidArgument("SparseKVCacheManager: backend is null");
   if (pool == nullptr) return InvalidArgument("SparseKVCacheManager: pool is null");
   const int32_t pt = options.host_page_tokens;

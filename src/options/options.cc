@@ -1,5 +1,6 @@
 #include "sparsekv/options.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -24,16 +25,143 @@ KVGeometry KVGeometry::Uniform(int32_t num_layers, int32_t row_bytes, int32_t ro
   return g;
 }
 
-StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format) {
-  const int32_t row = format == KVRowFormat::kFp8Row656 ? 656 : 1152;
-  if (name == "deepseek-v3.2") return ModelPreset{name, 61, row, 132, 2048};
-  if (name == "glm-5") return ModelPreset{name, 78, row, 132, 2048};
-  return NotFound("unknown model preset '" + name + "' (known: deepseek-v3.2, glm-5)");
+Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window) {
+  const auto refuse = [](const std::string& what) {
+    return Unimplemented(what +
+                         ": the manager serves only layers that are offloaded, gain a row per "
+                         "token and share the options' top_k, groups and keys "
+                         "(docs/deepseek-v4.md, \"Order of work\")");
+  };
+  for (size_t i = 0; i < geometry.layers.size(); ++i) {
+    const LayerShape& l = geometry.layers[i];
+    const std::string at = "geometry.layers[" + std::to_string(i) + "]";
+    if (l.kind != LayerKind::kOffloaded) {
+      return refuse(at + ".kind is " +
+                    (l.kind == LayerKind::kResident ? "kResident" : "kWindowOnly"));
+    }
+    if (l.entry_tokens != 1) {
+      return refuse(at + ".entry_tokens is " + std::to_string(l.entry_tokens));
+    }
+    if (l.top_k != 0) return refuse(at + ".top_k is set (" + std::to_string(l.top_k) + ")");
+    if (l.index_group != -1) return refuse(at + ".index_group is set");
+    if (!l.indexer_keys) return refuse(at + ".indexer_keys is false");
+  }
+  if (raw_window != 0) return refuse("raw_window is " + std::to_string(raw_window));
+  return Status::Ok();
 }
 
 namespace {
 
 Status Field(const std::string& rule) { return InvalidArgument("CacheOptions: " + rule); }
+
+std::string LayerAt(int32_t i) { return "geometry.layers[" + std::to_string(i) + "]"; }
+
+// The entries per top-k row of an offloaded layer.
+int32_t TopKOf(const CacheOptions& o, const LayerShape& l) {
+  return l.top_k > 0 ? l.top_k : o.top_k;
+}
+
+// The rules on one layer's own fields (kind, cadence, top-k, format, group, keys).
+Status ValidateLayer(const CacheOptions& o, int32_t i) {
+  const LayerShape& l = o.geometry.layers[i];
+  const std::string at = LayerAt(i);
+  if (l.kind != LayerKind::kOffloaded && l.kind != LayerKind::kResident &&
+      l.kind != LayerKind::kWindowOnly) {
+    return Field(at + ".kind is not a known LayerKind");
+  }
+  if (l.entry_tokens < 1) {
+    return Field(at + ".entry_tokens (" + std::to_string(l.entry_tokens) + ") must be >= 1");
+  }
+  if (l.top_k < 0) return Field(at + ".top_k must be >= 0 (0: top_k)");
+  if (l.format.has_value()) {
+    if (!IsKVRowFormat(*l.format)) return Field(at + ".format is not a known KVRowFormat");
+    if (l.row_bytes != KVRowBytes(*l.format)) {
+      return Field(at + ".row_bytes (" + std::to_string(l.row_bytes) + ") must be " +
+                   std::to_string(KVRowBytes(*l.format)) + ", the bytes of its format");
+    }
+  }
+  if (l.index_group < -1 || l.index_group > i) {
+    return Field(at + ".index_group (" + std::to_string(l.index_group) +
+                 ") must be -1 or an earlier layer's index, in [0, " + std::to_string(i) + "]");
+  }
+  if (l.kind == LayerKind::kOffloaded) return Status::Ok();
+  // Resident and window-only layers are never read through a top-k.
+  const std::string kind = l.kind == LayerKind::kResident ? "kResident" : "kWindowOnly";
+  if (l.top_k != 0) return Field(at + ".top_k must be 0 for a " + kind + " layer (no top-k)");
+  if (l.index_group != -1) {
+    return Field(at + ".index_group must be -1 for a " + kind + " layer (no top-k)");
+  }
+  if (l.indexer_keys && o.indexer_key_bytes > 0) {
+    return Field(at + ".indexer_keys must be false for a " + kind + " layer (no top-k)");
+  }
+  if (l.kind == LayerKind::kWindowOnly && o.raw_window < 1) {
+    return Field(at + ".kind is kWindowOnly, which needs a raw_window >= 1 (all it holds)");
+  }
+  return Status::Ok();
+}
+
+// The rules across layers: one cadence for the offloaded layers (the host pool's row r of every
+// offloaded layer is entry r), each top-k within the hot cache, and index groups of offloaded
+// layers that agree.
+Status ValidateLayerKinds(const CacheOptions& o) {
+  const std::vector<LayerShape>& layers = o.geometry.layers;
+  if (o.raw_window < 0) return Field("raw_window must be >= 0 (0: none)");
+  int32_t first = -1;  // the first offloaded layer
+  bool explicit_groups = false;
+  for (int32_t i = 0; i < o.geometry.num_layers(); ++i) {
+    const LayerShape& l = layers[i];
+    if (l.kind != LayerKind::kOffloaded) {
+      if (o.layers_per_index > 1) {
+        return Field("layers_per_index (" + std::to_string(o.layers_per_index) + ") with a " +
+                     "layer that is not offloaded (" + LayerAt(i) + "): give index_group instead");
+      }
+      continue;
+    }
+    if (first < 0) {
+      first = i;
+      explicit_groups = l.index_group >= 0;
+    }
+    const std::string at = LayerAt(i);
+    if (l.entry_tokens != layers[first].entry_tokens) {
+      return Field(at + ".entry_tokens (" + std::to_string(l.entry_tokens) + ") differs from " +
+                   LayerAt(first) + "'s (" + std::to_string(layers[first].entry_tokens) +
+                   "): all offloaded layers share one cadence");
+    }
+    const int32_t top_k = TopKOf(o, l);
+    if (o.hot_slots != 0 && top_k > o.hot_slots) {
+      return Field(at + ".top_k (" + std::to_string(top_k) + ") exceeds hot_slots (" +
+                   std::to_string(o.hot_slots) + "): a step's misses could find no victim");
+    }
+    if ((l.index_group >= 0) != explicit_groups) {
+      return Field(at + ".index_group: set it on every offloaded layer or on none");
+    }
+    if (!explicit_groups) continue;
+    if (o.layers_per_index != 1) {
+      return Field(at + ".index_group is set, and so is layers_per_index (" +
+                   std::to_string(o.layers_per_index) + "): give one of them");
+    }
+    const int32_t g = l.index_group;
+    const LayerShape& head = layers[g];
+    if (head.kind != LayerKind::kOffloaded || head.index_group != g) {
+      return Field(at + ".index_group (" + std::to_string(g) + ") must name the first layer of " +
+                   "its group, whose own index_group is itself");
+    }
+    if (g != i && layers[i - 1].index_group != g) {
+      return Field(at + ".index_group (" + std::to_string(g) + "): a group's layers must be " +
+                   "consecutive");
+    }
+    if (top_k != TopKOf(o, head)) {
+      return Field(at + ".top_k (" + std::to_string(top_k) + ") differs from its group's first " +
+                   "layer's (" + std::to_string(TopKOf(o, head)) + "): a group shares one top-k");
+    }
+    if (o.indexer_key_bytes > 0 && l.indexer_keys && !head.indexer_keys) {
+      return Field(at + ".indexer_keys is true but its group's first layer (" + LayerAt(g) +
+                   ") has none: the group's top-k is computed from the first layer's keys");
+    }
+  }
+  if (first < 0) return Field("geometry.layers has no offloaded layer (kind kOffloaded)");
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -48,8 +176,10 @@ Status ValidateOptions(const CacheOptions& o) {
       return Field(at + ".row_stride (" + std::to_string(l.row_stride) + ") < row_bytes (" +
                    std::to_string(l.row_bytes) + ")");
     }
+    SPARSEKV_RETURN_IF_ERROR(ValidateLayer(o, static_cast<int32_t>(i)));
   }
   if (o.top_k <= 0) return Field("top_k must be > 0");
+  SPARSEKV_RETURN_IF_ERROR(ValidateLayerKinds(o));
   if (o.layers_per_index < 1 || o.layers_per_index > o.geometry.num_layers()) {
     return Field("layers_per_index (" + std::to_string(o.layers_per_index) +
                  ") must be in [1, number of layers = " + std::to_string(o.geometry.num_layers()) +
@@ -133,7 +263,9 @@ Status ValidateOptions(const CacheOptions& o) {
       return Field("max_requests * (hot_slots + window) overflows 32-bit slot indices");
     }
   }
-  const int64_t misses = static_cast<int64_t>(o.effective_max_batch()) * o.top_k;
+  int32_t max_top_k = o.top_k;
+  for (const LayerShape& l : o.geometry.layers) max_top_k = std::max(max_top_k, l.top_k);
+  const int64_t misses = static_cast<int64_t>(o.effective_max_batch()) * max_top_k;
   if (misses > kInt32Max) return Field("max_batch * top_k overflows 32-bit miss indices");
   return Status::Ok();
 }

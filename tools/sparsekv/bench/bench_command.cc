@@ -8,6 +8,7 @@
 #include "tools/sparsekv/bench/gpu_bench.h"
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/output_file.h"
+#include "tools/sparsekv/common/preset_flags.h"
 #include "tools/sparsekv/common/progress.h"
 #include "tools/sparsekv/common/validators.h"
 
@@ -122,7 +123,7 @@ BenchCommand::BenchCommand(CLI::App& parent) {
            (gpu == cpu ? "" : "; CPU: " + std::to_string(cpu)) + "]";
   };
   app_->add_option("--preset", config_.preset, "model shape")
-      ->check(CLI::IsMember({"deepseek-v3.2", "glm-5"}))
+      ->check(ServedPreset())
       ->capture_default_str();
   app_->add_option("--precision", precision_, "KV row format: fp8 (656 B) or bf16 (1152 B)")
       ->check(CLI::IsMember({"fp8", "bf16"}))

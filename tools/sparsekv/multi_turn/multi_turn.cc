@@ -14,6 +14,7 @@
 #include "sparsekv/step_schedule.h"
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/output_file.h"
+#include "tools/sparsekv/common/preset_flags.h"
 #include "tools/sparsekv/common/progress.h"
 #include "tools/sparsekv/common/validators.h"
 
@@ -333,6 +334,8 @@ StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config,
                                        const MultiTurnProgressFn& progress) {
   SPARSEKV_RETURN_IF_ERROR(ValidateMultiTurnConfig(config));
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.row_format));
+  // Its pages count a row per token and layer: what the manager serves.
+  SPARSEKV_RETURN_IF_ERROR(CheckServedGeometry(preset.geometry(), preset.raw_window));
   MultiTurnReport report;
   report.config = config;
   report.token_bytes = preset.geometry().token_stride_bytes();
@@ -395,7 +398,7 @@ MultiTurnCommand::MultiTurnCommand(CLI::App& parent) {
       "and retained conversations vs a private history per request (CPU, preset bytes).");
   MultiTurnConfig& c = config_;
   app_->add_option("--preset", c.preset, "model preset (KV bytes per token)")
-      ->check(CLI::IsMember({"deepseek-v3.2", "glm-5"}))
+      ->check(ServedPreset())
       ->capture_default_str();
   app_->add_option("--precision", precision_, "fp8 or bf16")
       ->check(CLI::IsMember({"fp8", "bf16"}))

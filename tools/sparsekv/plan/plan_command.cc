@@ -16,6 +16,7 @@
 #include "tools/sparsekv/common/output_file.h"
 #include "tools/sparsekv/common/validators.h"
 
+#include "tools/sparsekv/common/preset_flags.h"
 namespace sparsekv::tools {
 namespace {
 
@@ -283,10 +284,9 @@ PlanCommand::PlanCommand(CLI::App& parent) {
       "plan",
       "Capacity and bandwidth model of decode with sparse KV offloading: max batch per GPU by "
       "HBM, tier capacity and TPOT SLO; TPOT and throughput vs batch; across tiers and contexts.");
-  app_->add_option("--preset", preset_, "model shape")
-      ->check(CLI::IsMember({"deepseek-v3.2", "glm-5"}))
-      ->capture_default_str();
-  app_->add_option("--precision", precision_, "KV row format: fp8 (656 B) or bf16 (1152 B)")
+  app_->add_option("--preset", preset_, "model shape")->check(KnownPreset())->capture_default_str();
+  app_->add_option("--precision", precision_,
+                   "KV row format: fp8 (656 B; DeepSeek-V4: its 584-B entries) or bf16 (1152 B)")
       ->check(CLI::IsMember({"fp8", "bf16"}))
       ->capture_default_str();
   app_->add_option("--weights-gb", model_.weights_gb,
@@ -371,8 +371,9 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
     tiers.push_back(*tier);
   }
   if (tiers.empty()) tiers = DefaultTiers();
-  StatusOr<ModelPreset> preset = FindPreset(
-      preset_, precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656);
+  StatusOr<ModelPreset> preset = precision_ == "bf16"
+                                     ? FindPreset(preset_, KVRowFormat::kBf16Row1152)
+                                     : FindPreset(preset_);  // the model's fp8 rows or entries
   if (!preset.ok()) return fail(preset.status(), kExitUsage);
   if (Status s = CheckOutputPath("--json", json_path_); !s.ok()) return fail(s, kExitUsage);
   if (hot_slots_ < preset->top_k) {

@@ -6,7 +6,10 @@
 //   state   each request b owns block b of the hot cache; its C LRU slots hold C distinct random
 //           positions of [0, ctx - W) (slot_token written directly, hot rows filled from the pool
 //           with IndexCopy) in a random LRU order; seq_len = ctx. --eviction slru: segmented
-//           LRU, its protected part full (the last C * --protected_percent / 100 entries).
+//           LRU, its protected part full (the last C * --protected_percent / 100 entries);
+//           --eviction clock (the library's default, CacheOptions::eviction): the same slots with
+//           use counts drawn uniformly from [0, kClockMaxUses], a random hand and the position
+//           map of ctx entries per request.
 //   host    one layer of the pool: ctx * B rows of row_bytes (stride = row bytes), pattern-filled,
 //           in pages of --page_tokens tokens. The pages are a random permutation of the layer dealt
 //           to the requests, as in a long-running pool whose free list has been shuffled by churn:
@@ -60,6 +63,19 @@ namespace {
 
 constexpr double kGiB = double(size_t{1} << 30);
 
+// --eviction's name of CacheOptions' default policy.
+std::string DefaultEviction() {
+  switch (CacheOptions{}.eviction) {
+    case EvictionPolicy::kLru:
+      return "lru";
+    case EvictionPolicy::kSegmentedLru:
+      return "slru";
+    case EvictionPolicy::kClock:
+      return "clock";
+  }
+  return "lru";
+}
+
 // How a step copies its misses (--strategies).
 struct Strategy {
   std::string name;
@@ -81,7 +97,9 @@ struct Options {
   int32_t sort_min_batch;     // sort in steps of at least this many requests
   int32_t fused_min_batch;    // fused strategies: ResolveView::fused_copy_min_batch
   bool segmented;             // --eviction slru
+  bool clock;                 // --eviction clock
   int32_t protected_percent;  // segmented: the protected part's capacity, % of C
+  std::string eviction;       // --eviction: lru, slru or clock
   double max_pool_gib;
   uint64_t seed;
   int device;
@@ -124,6 +142,10 @@ class Bench {
     std::vector<int32_t> lru_protected;
     std::vector<int32_t> page_table;  // [batch, pages_per_request]
     std::vector<BatchEntry> entries;  // [batch]
+    // Clock: [batch, C] use counts, [batch] hands, [batch, ctx] slot of each position.
+    std::vector<uint8_t> uses;
+    std::vector<int32_t> hands;
+    std::vector<int32_t> position_slot;
   };
 
   void Allocate();
@@ -190,6 +212,11 @@ class Bench {
   int32_t *d_slot_token0_ = nullptr, *d_lru0_ = nullptr;  // saved initial state
   // [max_batch] segmented LRU's protected counts, live and saved.
   int32_t *d_lru_protected_ = nullptr, *d_lru_protected0_ = nullptr;
+  // Clock: use counts [max_batch, C], hands [max_batch], position maps [max_batch, max_ctx];
+  // live and saved.
+  uint8_t *d_uses_ = nullptr, *d_uses0_ = nullptr;
+  int32_t *d_hands_ = nullptr, *d_hands0_ = nullptr;
+  int32_t *d_map_ = nullptr, *d_map0_ = nullptr;
   int32_t *d_topk_ = nullptr, *d_topk_sets_ = nullptr;  // [max_batch, K], [runs, max_batch, K]
   int32_t* d_slots_out_ = nullptr;                      // [max_batch, K]
   int32_t* d_page_table_ = nullptr;                     // [max_batch, max_ctx / page_tokens]
@@ -236,6 +263,14 @@ void Bench::Allocate() {
   d_lru0_ = DeviceArray<int32_t>(be, bc, "saved lru_order");
   d_lru_protected_ = DeviceArray<int32_t>(be, max_batch_, "lru_protected");
   d_lru_protected0_ = DeviceArray<int32_t>(be, max_batch_, "saved lru_protected");
+  if (o_.clock) {
+    d_uses_ = DeviceArray<uint8_t>(be, bc, "clock uses");
+    d_uses0_ = DeviceArray<uint8_t>(be, bc, "saved clock uses");
+    d_hands_ = DeviceArray<int32_t>(be, max_batch_, "clock hands");
+    d_hands0_ = DeviceArray<int32_t>(be, max_batch_, "saved clock hands");
+    d_map_ = DeviceArray<int32_t>(be, size_t(max_batch_) * max_ctx_, "position map");
+    d_map0_ = DeviceArray<int32_t>(be, size_t(max_batch_) * max_ctx_, "saved position map");
+  }
   d_topk_ = DeviceArray<int32_t>(be, bk, "topk");
   d_topk_sets_ = DeviceArray<int32_t>(be, bk * runs_, "topk sets");
   d_slots_out_ = DeviceArray<int32_t>(be, bk, "slots_out");
@@ -303,8 +338,27 @@ void Bench::BuildState(int32_t ctx, int32_t batch) {
       fill_dst[size_t(b) * c_ + i] = b * (c_ + o_.window) + i;
     }
   }
+  if (o_.clock) {
+    std::uniform_int_distribution<int32_t> use(0, kClockMaxUses);
+    std::uniform_int_distribution<int32_t> hand(0, c_ - 1);
+    s.uses.resize(size_t(batch) * c_);
+    for (uint8_t& u : s.uses) u = static_cast<uint8_t>(use(rng_));
+    s.hands.resize(batch);
+    for (int32_t& h : s.hands) h = hand(rng_);
+    s.position_slot.assign(size_t(batch) * ctx, -1);
+    for (int32_t b = 0; b < batch; ++b) {
+      for (int32_t i = 0; i < c_; ++i) {
+        s.position_slot[size_t(b) * ctx + s.slot_token[size_t(b) * c_ + i]] = i;
+      }
+    }
+  }
   const int32_t fill_count = batch * c_;
   auto up = [&](void* d, const void* h, size_t bytes) { CopySync(d, h, bytes, stream_); };
+  if (o_.clock) {
+    up(d_uses0_, s.uses.data(), s.uses.size());
+    up(d_hands0_, s.hands.data(), s.hands.size() * 4);
+    up(d_map0_, s.position_slot.data(), s.position_slot.size() * 4);
+  }
   up(d_slot_token0_, s.slot_token.data(), s.slot_token.size() * 4);
   up(d_lru0_, s.lru.data(), s.lru.size() * 4);
   up(d_lru_protected0_, s.lru_protected.data(), s.lru_protected.size() * 4);
@@ -370,6 +424,13 @@ ResolveView Bench::View() const {
   v.lru_order = d_lru_;
   v.lru_protected = o_.segmented ? d_lru_protected_ : nullptr;
   v.protected_capacity = ProtectedCapacity();
+  if (o_.clock) {
+    v.lru_order = nullptr;
+    v.clock_uses = d_uses_;
+    v.clock_hand = d_hands_;
+    v.position_slot = d_map_;
+    v.positions = state_.ctx;
+  }
   v.hot_slots = c_;
   v.window = o_.window;
   v.page_table = d_page_table_;
@@ -435,6 +496,14 @@ void Bench::Prepare(int set) {
   BENCH_CUDA(cudaMemcpyAsync(d_lru_, d_lru0_, bc, cudaMemcpyDeviceToDevice, stream_));
   BENCH_CUDA(cudaMemcpyAsync(d_lru_protected_, d_lru_protected0_, size_t(state_.batch) * 4,
                              cudaMemcpyDeviceToDevice, stream_));
+  if (o_.clock) {
+    BENCH_CUDA(cudaMemcpyAsync(d_uses_, d_uses0_, size_t(state_.batch) * c_,
+                               cudaMemcpyDeviceToDevice, stream_));
+    BENCH_CUDA(cudaMemcpyAsync(d_hands_, d_hands0_, size_t(state_.batch) * 4,
+                               cudaMemcpyDeviceToDevice, stream_));
+    BENCH_CUDA(cudaMemcpyAsync(d_map_, d_map0_, size_t(state_.batch) * state_.ctx * 4,
+                               cudaMemcpyDeviceToDevice, stream_));
+  }
   BENCH_CUDA(cudaMemcpyAsync(d_topk_, d_topk_sets_ + size_t(set) * max_batch_ * k_,
                              size_t(state_.batch) * k_ * 4, cudaMemcpyDeviceToDevice, stream_));
   BENCH_CUDA(cudaMemsetAsync(d_miss_count_, 0, 4, stream_));
@@ -494,6 +563,13 @@ void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses, const Stra
   down(lru_protected, d_lru_protected_);
   down(miss_row, d_miss_row_);
   down(miss_slot, d_miss_slot_);
+  std::vector<uint8_t> uses(s.uses.size());
+  std::vector<int32_t> hands(s.hands.size()), map(s.position_slot.size());
+  if (o_.clock) {
+    CopySync(uses.data(), d_uses_, uses.size(), stream_);
+    down(hands, d_hands_);
+    down(map, d_map_);
+  }
 
   // Reference: the same step on host copies of the initial state, without the fused copy (whose
   // rows VerifyRows checks); a fused launch leaves the miss list empty.
@@ -511,6 +587,14 @@ void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses, const Stra
   v.slot_token = ref_tokens.data();
   v.lru_order = ref_lru.data();
   if (o_.segmented) v.lru_protected = ref_lru_protected.data();
+  std::vector<uint8_t> ref_uses = s.uses;
+  std::vector<int32_t> ref_hands = s.hands, ref_map = s.position_slot;
+  if (o_.clock) {
+    v.lru_order = nullptr;
+    v.clock_uses = ref_uses.data();
+    v.clock_hand = ref_hands.data();
+    v.position_slot = ref_map.data();
+  }
   v.page_table = s.page_table.data();
   v.miss_host_row = ref_miss_row.data();
   v.miss_slot = ref_miss_slot.data();
@@ -521,7 +605,10 @@ void Bench::VerifyAgainstReference(int32_t row_bytes, int32_t misses, const Stra
   const std::string where = Where(row_bytes, misses) + strategy.name + ": ";
   if (slots != ref_slots) errors_.Add(where + "slots_out differs from the CPU reference");
   if (tokens != ref_tokens) errors_.Add(where + "slot_token differs from the CPU reference");
-  if (lru != ref_lru) errors_.Add(where + "lru_order differs from the CPU reference");
+  if (!o_.clock && lru != ref_lru) errors_.Add(where + "lru_order differs from the CPU reference");
+  if (o_.clock && (uses != ref_uses || hands != ref_hands || map != ref_map)) {
+    errors_.Add(where + "the clock's state differs from the CPU reference");
+  }
   if (lru_protected != ref_lru_protected) {
     errors_.Add(where + "lru_protected differs from the CPU reference");
   }
@@ -694,8 +781,13 @@ void Bench::Report() {
              b64_656_128k ? b64_656_128k->to_floor : nan)
         .Add("resolve_copy_us_b1_m20" + suffix, b1 ? b1->resolve_copy.median_ms * 1e3 : nan);
     if (library) {
+      // Suffixed by the cache size and eviction where they are not the standard sweep's (4096
+      // slots, the library's default eviction), so that runs of several sizes merge.
       const Result* hits64 = find(strategy.name, 32768, 64, 0.0, 0);
-      summary.Add("resolve_hits_only_us_b64", hits64 ? hits64->resolve.median_ms * 1e3 : nan);
+      const std::string shape = (c_ == 4096 ? "" : "_c" + std::to_string(c_)) +
+                                (o_.eviction == DefaultEviction() ? "" : "_" + o_.eviction);
+      summary.Add("resolve_hits_only_us_b64" + shape,
+                  hits64 ? hits64->resolve.median_ms * 1e3 : nan);
     }
   }
   summary.Add("resolve_h2d_gbps", h2d_gbps_).Add("resolve_wrong_results", errors_.count());
@@ -730,7 +822,7 @@ void Bench::Report() {
                          .Add("library_defaults", LibraryDefaults())
                          .Add("strategies", StrategyNames())
                          .Add("fused_min_batch", o_.fused_min_batch)
-                         .Add("eviction", o_.segmented ? "slru" : "lru")
+                         .Add("eviction", o_.eviction)
                          .Add("protected_percent", o_.protected_percent)
                          .Add("warmup", o_.warmup)
                          .Add("reps", o_.reps)
@@ -780,7 +872,7 @@ int main(int argc, char** argv) {
        {"sort_min_batch", std::to_string(sparsekv::CacheOptions{}.sort_misses_min_batch)},
        {"strategies", "library"},
        {"fused_min_batch", "1"},
-       {"eviction", "lru"},
+       {"eviction", DefaultEviction()},
        {"protected_percent", "80"},
        {"warmup", "3"},
        {"reps", "20"},
@@ -827,9 +919,12 @@ int main(int argc, char** argv) {
     }
     o.strategies.push_back(strategy);
   }
-  const std::string eviction = flags.Str("eviction");
-  if (eviction != "lru" && eviction != "slru") Fail("--eviction must be lru or slru");
-  o.segmented = eviction == "slru";
+  o.eviction = flags.Str("eviction");
+  if (o.eviction != "lru" && o.eviction != "slru" && o.eviction != "clock") {
+    Fail("--eviction must be lru, slru or clock");
+  }
+  o.segmented = o.eviction == "slru";
+  o.clock = o.eviction == "clock";
   o.protected_percent = static_cast<int32_t>(flags.Int("protected_percent"));
   if (o.protected_percent < 0 || o.protected_percent > 100) {
     Fail("--protected_percent must lie in [0, 100]");

@@ -20,7 +20,7 @@ namespace sparsekv {
 
 // sparsekv's own JSON: an object whose keys are the field names of CacheOptions, with the
 // types of the fields (integers as JSON integers, flags as true/false), and
-//   "eviction":      "lru" | "segmented_lru"
+//   "eviction":      "lru" | "segmented_lru" | "clock"
 //   "copy_strategy": "lattice" | "lattice_wide" | "warp_rows" | "bulk"
 //   "geometry":      {"num_layers": N, "row_bytes": B, "row_stride": S}  (every layer alike;
 //                    row_stride may be left out: row_bytes), or {"layers": [{"row_bytes": B,

@@ -15,9 +15,12 @@
 // nothing fragments. With R = C + W every block is one page and block b, when the blocks are
 // taken and given back as a stack (lowest free first), is slots [b (C + W), (b + 1) (C + W)).
 // Replacement state per index group (layers that share one top-k; a group is one layer unless the
-// model shares its indexer) and block is O(C): slot -> position (-1 = empty), the LRU order of
-// the C slots, and the size of the order's protected part (segmented LRU). Nothing is sized by
-// context length.
+// model shares its indexer) and block (ResolveView in kernel_views.h defines each exactly):
+// slot -> position (-1 = empty), and either the LRU order of the C slots and the size of the
+// order's protected part (kLru, kSegmentedLru: O(C), nothing sized by context length) or the
+// clock's use count per slot, its hand and the slot of each position (kClock: O(C + positions),
+// about 1% of the rows it indexes with budget-sized caches, so that a step's resolve costs
+// O(top_k) instead of a walk over the C slots).
 //
 // Thread safety: not thread-safe; the owning manager serialises calls.
 #pragma once
@@ -54,6 +57,13 @@ struct HotCacheShape {
 // hot_slots) and their keys, or the slots overflow 32-bit indices.
 StatusOr<HotCacheShape> ChooseHotCacheShape(const CacheOptions& options);
 
+// Which replacement state the blocks keep.
+struct HotCacheReplacement {
+  EvictionPolicy policy = EvictionPolicy::kLru;
+  int32_t positions = 0;  // kClock: the positions a request may have (max_context), >= 1
+};
+HotCacheReplacement ReplacementOf(const CacheOptions& options);
+
 class HotCache {
  public:
   // `backend` must outlive the cache. Layers [g * layers_per_state, (g + 1) * layers_per_state)
@@ -61,25 +71,30 @@ class HotCache {
   // are positive, pages >= 0 and pages * page_rows fits 32-bit slots. ResourceExhausted, before
   // any device memory is allocated, if the cache needs more than the backend's device has free
   // (capacity.h: the message names both sizes and hot_slots, max_requests, device_budget_bytes).
+  // kClock needs replacement.positions >= 1 (InvalidArgument otherwise).
   static StatusOr<std::unique_ptr<HotCache>> Create(const KVGeometry& geometry, int32_t hot_slots,
                                                     int32_t window, int32_t max_blocks,
                                                     int64_t pages, int32_t page_rows,
-                                                    Backend* backend, int32_t layers_per_state = 1);
+                                                    Backend* backend, int32_t layers_per_state = 1,
+                                                    const HotCacheReplacement& replacement = {});
   ~HotCache();
   HotCache(const HotCache&) = delete;
   HotCache& operator=(const HotCache&) = delete;
 
   // Takes a free block (lowest first) with pages_per_block() pages (lowest first), uploads its
   // page list and enqueues the reset of its state on `stream`: every slot empty, LRU order
-  // 0..C-1, no protected entry. ResourceExhausted if no block or too few pages are free.
+  // 0..C-1, no protected entry (clock: every count 0, the hand at 0, no position in a slot).
+  // ResourceExhausted if no block or too few pages are free.
   StatusOr<int32_t> Acquire(StreamHandle stream);
   // REQUIRES (not checked, asserted in debug builds; the manager is the only caller): block was
   // acquired and not yet released. Its pages are free again.
   void Release(int32_t block);
   // Acquire, with the block's replacement state seeded instead of reset: slot s < n holds
   // positions[s] (n = positions.size() <= C), the others are empty; the LRU order is the empty
-  // slots, then slots 0..n-1 (so positions[0] is the least recently used); nothing protected.
-  // The caller copies the rows in. InvalidArgument if n > C.
+  // slots, then slots 0..n-1 (so positions[0] is the least recently used); nothing protected
+  // (clock: every count 0 and the hand at slot n mod C, so that the empty slots go first, then
+  // positions[0], ...). The caller copies the rows in. InvalidArgument if n > C, or (clock) for
+  // a position outside [0, positions) or repeated.
   StatusOr<int32_t> AcquireSeeded(std::span<const int32_t> positions, StreamHandle stream);
   // Whether Acquire would succeed now.
   bool CanAcquire() const { return free_blocks() > 0 && free_pages() >= pages_per_block(); }
@@ -124,34 +139,53 @@ class HotCache {
   // Every block's pages, [max_blocks, pages_per_block()] first slots (device memory; a free
   // block's entries are stale).
   const int32_t* block_pages() const { return block_pages_; }
-  // The replacement state `layer` uses (shared by the layers of its group).
+  // The replacement state `layer` uses (shared by the layers of its group); null where the
+  // policy keeps no such state.
   int32_t* slot_token(int32_t layer) const { return slot_token_ + Offset(layer); }  // [blocks, C]
-  int32_t* lru_order(int32_t layer) const { return lru_order_ + Offset(layer); }    // [blocks, C]
+  int32_t* lru_order(int32_t layer) const {                                         // [blocks, C]
+    return lru_order_ == nullptr ? nullptr : lru_order_ + Offset(layer);
+  }
   // Entries at the end of each block's lru_order that are protected (segmented LRU).
   int32_t* lru_protected(int32_t layer) const {  // [blocks]
-    return lru_protected_ + int64_t{layer / layers_per_state_} * max_blocks_;
+    return lru_protected_ == nullptr ? nullptr : lru_protected_ + StateIndex(layer) * max_blocks_;
   }
+  uint8_t* clock_uses(int32_t layer) const {  // [blocks, C]
+    return clock_uses_ == nullptr ? nullptr : clock_uses_ + Offset(layer);
+  }
+  int32_t* clock_hand(int32_t layer) const {  // [blocks]
+    return clock_hand_ == nullptr ? nullptr : clock_hand_ + StateIndex(layer) * max_blocks_;
+  }
+  int32_t* position_slot(int32_t layer) const {  // [blocks, positions]
+    return position_slot_ == nullptr
+               ? nullptr
+               : position_slot_ + StateIndex(layer) * max_blocks_ * replacement_.positions;
+  }
+  const HotCacheReplacement& replacement() const { return replacement_; }
   // Device bytes held: data plus replacement state and page lists.
   int64_t device_bytes() const { return device_bytes_; }
   // Device bytes one block costs over all layers with one page per block: its C + W rows and its
   // replacement state.
   static int64_t BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
-                            int32_t layers_per_state = 1);
+                            int32_t layers_per_state = 1,
+                            const HotCacheReplacement& replacement = {});
   // Device bytes of the replacement state of one block over all layers.
   static int64_t StateBytes(const KVGeometry& geometry, int32_t hot_slots,
-                            int32_t layers_per_state = 1);
+                            int32_t layers_per_state = 1,
+                            const HotCacheReplacement& replacement = {});
 
  private:
   HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window, int32_t max_blocks,
-           int64_t pages, int32_t page_rows, Backend* backend, int32_t layers_per_state);
-  // Enqueues the upload of `image` (C tokens then C order entries) as `block`'s state.
-  Status WriteState(int32_t block, const int32_t* image, StreamHandle stream);
+           int64_t pages, int32_t page_rows, Backend* backend, int32_t layers_per_state,
+           const HotCacheReplacement& replacement);
+  bool clock() const { return replacement_.policy == EvictionPolicy::kClock; }
+  // Enqueues the upload of seed_image_ as `block`'s state in every group: the C tokens, then
+  // the C order entries (LRU) or the hand and the position map's span [first, first + n) (clock).
+  Status WriteState(int32_t block, int32_t map_first, int32_t map_size, StreamHandle stream);
   int32_t states() const {
     return (geometry_.num_layers() + layers_per_state_ - 1) / layers_per_state_;
   }
-  int64_t Offset(int32_t layer) const {
-    return int64_t{layer / layers_per_state_} * max_blocks_ * hot_slots_;
-  }
+  int64_t StateIndex(int32_t layer) const { return layer / layers_per_state_; }
+  int64_t Offset(int32_t layer) const { return StateIndex(layer) * max_blocks_ * hot_slots_; }
 
   KVGeometry geometry_;
   int32_t hot_slots_;
@@ -160,11 +194,15 @@ class HotCache {
   int64_t pages_;
   int32_t page_rows_;  // R
   int32_t layers_per_state_;
+  HotCacheReplacement replacement_;
   Backend* backend_;
   std::vector<std::byte*> data_;
   int32_t* slot_token_ = nullptr;     // [states, blocks, C]
   int32_t* lru_order_ = nullptr;      // [states, blocks, C]
   int32_t* lru_protected_ = nullptr;  // [states, blocks]
+  uint8_t* clock_uses_ = nullptr;     // [states, blocks, C]
+  int32_t* clock_hand_ = nullptr;     // [states, blocks]
+  int32_t* position_slot_ = nullptr;  // [states, blocks, positions]
   int32_t* block_pages_ = nullptr;    // [blocks, pages_per_block]
   int64_t device_bytes_ = 0;
   std::set<int32_t> free_blocks_;

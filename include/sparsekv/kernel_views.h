@@ -174,6 +174,22 @@ struct RouteRowsView {
 // slots): hits are promoted, fills enter the probationary part, and the protected part's overflow
 // (its least recently used entries) is demoted to the probationary part's most recent end, after
 // the fills. With no slot filled, both policies give the same order.
+// Clock (clock_uses not null; lru_order and lru_protected are then not read). The block's state is
+// slot_token, a use count per slot (clock_uses, in [0, kClockMaxUses]), a hand (clock_hand) and
+// the slot of each position (position_slot, -1: none), which replaces the walk over the C slots.
+// A position p >= positions is out of range, as one at or past seq_len. Entry p (not padding, out
+// of range, a duplicate or a window hit) is a hit iff s = position_slot[block][p] is in [0, C),
+// and a miss otherwise. With H the slots hit, the victims are taken by a sweep from the hand (0 if
+// it is outside [0, C)) over the slots in order, wrapping at C: a slot in H or already taken in
+// this step is passed; a slot whose use count is positive has it decremented and is passed; a
+// slot whose count is 0 is the next victim. The sweep stops right after the n_filled-th victim
+// (the hand is then the slot after it; with no victim the hand stays). Miss i gets victim v_i: if
+// slot_token[v_i] = q is in [0, positions), position_slot[q] = -1; then slot_token = p and
+// position_slot[p] = v_i. Each hit slot's count becomes min(kClockMaxUses, count + 1); a filled
+// slot's count is 0 (a victim's count is 0 already). A step costs O(top_k + the slots the hand
+// passes), not O(C): a positive count is passed once per earlier hit that raised it, so the hand's
+// passes are paid for by hits and fills; a step can still sweep up to 1 + kClockMaxUses laps when
+// every count is high.
 // Miss entries of all rows are appended at miss_count (atomically; with chunk_rows, to their
 // chunk's part of the list and count); their order in the list is unspecified (the CUDA backend
 // sorts each row's misses by host row). A launch with the fused miss
@@ -201,6 +217,8 @@ inline constexpr int32_t kMaxFusedCopyRowBytes = 1 << 24;
 // The most hot slots per request and layer (hot_slots, C) that the resolve kernels support
 // (CacheOptions::hot_slots is checked against it).
 inline constexpr int32_t kMaxHotSlots = 65536;
+// Clock: the largest use count of a slot (a hit adds one, the hand takes one away as it passes).
+inline constexpr uint8_t kClockMaxUses = 3;
 struct ResolveView {
   const int32_t* batch_size;   // device scalar: rows in use this step
   const BatchEntry* batch;     // [max_batch]
@@ -212,9 +230,14 @@ struct ResolveView {
   int32_t* lru_order;          // [num_blocks, hot_slots] this layer's slots, LRU first
   int32_t* lru_protected;      // [num_blocks] protected entries at lru_order's end; nullptr = LRU
   int32_t protected_capacity;  // segmented LRU: the most slots the protected part holds, <= C
-  int32_t hot_slots;           // C
-  int32_t window;              // W
-  const int32_t* page_table;   // [max_requests, pages_per_request] host page of each page
+  // Clock (see above); clock_uses null: the LRU order above.
+  uint8_t* clock_uses = nullptr;     // [num_blocks, hot_slots] use count of each slot
+  int32_t* clock_hand = nullptr;     // [num_blocks] the slot the next sweep starts at
+  int32_t* position_slot = nullptr;  // [num_blocks, positions] slot of each position, -1 = none
+  int32_t positions = 0;             // entries per block of position_slot (>= every seq_len)
+  int32_t hot_slots;                 // C
+  int32_t window;                    // W
+  const int32_t* page_table;         // [max_requests, pages_per_request] host page of each page
   int32_t pages_per_request;
   int32_t page_tokens;
   int32_t* miss_host_row;  // [miss_capacity] source row in the host pool layer

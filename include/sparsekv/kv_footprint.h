@@ -41,7 +41,9 @@ struct RequestShape {
 
 // Bytes one request costs. HBM (the variant's KV-related device memory):
 //   full-hbm: tokens * layers * (row + indexer key) + top_k * 4 (row indices)
-//   sparsekv: HotCache::BlockBytes (slots + window rows, slot table, LRU order)
+//   sparsekv: HotCache::BlockBytes (slots + window rows, and the replacement state of the
+//             default CacheOptions::eviction: with the clock a slot table, use counts, a hand and
+//             a position map of `tokens` entries)
 //             + tokens * layers * indexer key + pages * 4 (page table row)
 //             + top_k * (4 * 5 + 1) (slots; two miss lists of host rows and slots, which
 //               index groups alternate between; the fill mask of split runs)

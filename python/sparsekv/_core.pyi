@@ -47,6 +47,7 @@ class EvictionPolicy:
     # A pybind11 enum: its values are instances, and convert to int.
     LRU: ClassVar[EvictionPolicy]
     SEGMENTED_LRU: ClassVar[EvictionPolicy]
+    CLOCK: ClassVar[EvictionPolicy]
     __members__: ClassVar[Dict[str, EvictionPolicy]]
     def __init__(self, value: int) -> None: ...
     def __int__(self) -> int: ...
@@ -113,7 +114,7 @@ class CacheOptions:
         host_page_tokens: int = 64,
         sort_misses: bool = True,
         sort_misses_min_batch: int = 32,
-        eviction: EvictionPolicy = EvictionPolicy.SEGMENTED_LRU,
+        eviction: EvictionPolicy = EvictionPolicy.CLOCK,
         protected_percent: int = 80,
         layers_per_index: int = 1,
         share_repeated_positions: bool = False,

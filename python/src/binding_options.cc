@@ -65,7 +65,9 @@ void RegisterCacheOptions(py::module_& m) {
   py::enum_<EvictionPolicy>(m, "EvictionPolicy", "Replacement of the hot slots.")
       .value("LRU", EvictionPolicy::kLru, "Least recently used slot first.")
       .value("SEGMENTED_LRU", EvictionPolicy::kSegmentedLru,
-             "Segmented LRU: slots hit again are protected; new fills are evicted first.");
+             "Segmented LRU: slots hit again are protected; new fills are evicted first.")
+      .value("CLOCK", EvictionPolicy::kClock,
+             "A clock over use counts: the resolve costs O(top_k), not O(hot_slots).");
   py::enum_<CopyStrategy>(m, "CopyStrategy",
                           "How the CUDA miss copy moves its rows (performance only).")
       .value("LATTICE", CopyStrategy::kLattice, "Fixed (row, chunk) lanes, 4 rows in flight.")

@@ -80,6 +80,7 @@ struct EnumName {
 constexpr EnumName<EvictionPolicy> kEvictionNames[] = {
     {EvictionPolicy::kLru, "lru"},
     {EvictionPolicy::kSegmentedLru, "segmented_lru"},
+    {EvictionPolicy::kClock, "clock"},
 };
 constexpr EnumName<CopyStrategy> kCopyStrategyNames[] = {
     {CopyStrategy::kLattice, "lattice"},

@@ -186,9 +186,10 @@ TEST(CacheOptionsJsonTest, WrongTypesNameTheKey) {
             std::string::npos);
   EXPECT_NE(ErrorOf(CacheOptionsFromJson(R"({"window": null})", Base())).find("window must be"),
             std::string::npos);
-  EXPECT_NE(ErrorOf(CacheOptionsFromJson(R"({"eviction": "fifo"})", Base()))
-                .find("eviction must be one of \"lru\", \"segmented_lru\", got \"fifo\""),
-            std::string::npos);
+  EXPECT_NE(
+      ErrorOf(CacheOptionsFromJson(R"({"eviction": "fifo"})", Base()))
+          .find("eviction must be one of \"lru\", \"segmented_lru\", \"clock\", got \"fifo\""),
+      std::string::npos);
 }
 
 TEST(CacheOptionsJsonTest, ValuesBeyondTheFieldTypeNameTheKey) {

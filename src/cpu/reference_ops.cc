@@ -60,8 +60,8 @@ void CopyMiss(const ResolveView& v, int64_t host_row, int64_t slot) {
 }
 
 // Resolves one batch row; with `fused`, copies its filled misses instead of appending them.
-// Invariant kept: slot_token/lru_order of the block describe exactly the positions resident in its
-// C LRU slots, and lru_order is a permutation of [0, C).
+// Invariant kept: slot_token (and, with the clock, position_slot) of the block describe exactly the
+// positions resident in its C slots, and lru_order is a permutation of [0, C).
 void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t>& misses) {
   const BatchEntry e = v.batch[b];
   const int32_t c = v.hot_slots;
@@ -79,10 +79,24 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
   int32_t* lru = v.lru_order + static_cast<int64_t>(e.block) * c;
   ResolveCounters& n = *v.counters;
 
-  std::unordered_map<int32_t, int32_t> slot_of;  // position -> LRU slot
-  for (int32_t s = 0; s < c; ++s) {
-    if (slot_token[s] >= 0) slot_of.emplace(slot_token[s], s);
+  const bool clock = v.clock_uses != nullptr;
+  int32_t* position_slot =
+      clock ? v.position_slot + static_cast<int64_t>(e.block) * v.positions : nullptr;
+  // Position -> slot: the clock's map (in range only), else from the C slots.
+  std::unordered_map<int32_t, int32_t> slot_of;
+  if (!clock) {
+    for (int32_t s = 0; s < c; ++s) {
+      if (slot_token[s] >= 0) slot_of.emplace(slot_token[s], s);
+    }
   }
+  const auto find_slot = [&](int32_t p) {
+    if (clock) {
+      const int32_t s = position_slot[p];
+      return s >= 0 && s < c ? s : -1;
+    }
+    const auto it = slot_of.find(p);
+    return it == slot_of.end() ? -1 : it->second;
+  };
   std::unordered_map<int32_t, int32_t> seen;  // position -> first entry holding it
   std::vector<char> touched(c, 0);
   std::vector<int32_t> repeats;  // entries repeating an earlier one
@@ -94,7 +108,7 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
     if (fill != nullptr) fill[k] = 0;
     if (p == kPaddingPosition) {
       ++n.padding;
-    } else if (p < 0 || p >= e.seq_len) {
+    } else if (p < 0 || p >= e.seq_len || (clock && p >= v.positions)) {
       ++n.out_of_range;
     } else if (!seen.emplace(p, k).second) {
       ++n.duplicates;
@@ -102,24 +116,53 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
     } else if (p >= window_begin) {
       ++n.window_hits;
       out[k] = slot(c + p % w);
-    } else if (auto it = slot_of.find(p); it != slot_of.end()) {
+    } else if (const int32_t s = find_slot(p); s >= 0) {
       ++n.hits;
-      out[k] = slot(it->second);
-      touched[it->second] = 1;
+      out[k] = slot(s);
+      touched[s] = 1;
     } else {
       misses.push_back(k);
     }
   }
   // Hit slots (touched before any victim is taken); the rest of `touched` become victims.
   const std::vector<char> hit = touched;
-  // Victims: the least recently used slots that no hit touched.
-  size_t next_miss = 0;
-  for (int32_t i = 0; i < c && next_miss < misses.size(); ++i) {
-    const int32_t s = lru[i];
-    if (touched[s]) continue;
-    const int32_t k = misses[next_miss++];
+  const int32_t n_hit = static_cast<int32_t>(std::count(hit.begin(), hit.end(), 1));
+  const size_t n_filled = std::min<size_t>(misses.size(), c - n_hit);
+  // Victims: the least recently used slots that no hit touched, or the clock's sweep.
+  std::vector<int32_t> victims;
+  if (clock) {
+    uint8_t* uses = v.clock_uses + static_cast<int64_t>(e.block) * c;
+    int32_t& hand = v.clock_hand[e.block];
+    if (hand < 0 || hand >= c) hand = 0;
+    while (victims.size() < n_filled) {
+      const int32_t s = hand;
+      hand = s + 1 == c ? 0 : s + 1;
+      if (touched[s]) continue;
+      if (uses[s] > 0) {
+        --uses[s];
+      } else {
+        victims.push_back(s);
+        touched[s] = 1;
+      }
+    }
+    for (int32_t s = 0; s < c; ++s) {
+      if (hit[s]) uses[s] = static_cast<uint8_t>(std::min<int32_t>(kClockMaxUses, uses[s] + 1));
+    }
+  } else {
+    for (int32_t i = 0; i < c && victims.size() < n_filled; ++i) {
+      if (!touched[lru[i]]) victims.push_back(lru[i]);
+    }
+  }
+  for (size_t i = 0; i < n_filled; ++i) {
+    const int32_t s = victims[i];
+    const int32_t k = misses[i];
     const int32_t p = topk[k];
     touched[s] = 1;
+    if (clock) {
+      const int32_t q = slot_token[s];
+      if (q >= 0 && q < v.positions) position_slot[q] = -1;
+      position_slot[p] = s;
+    }
     slot_token[s] = p;
     out[k] = slot(s);
     if (fill != nullptr) fill[k] = 1;
@@ -143,6 +186,7 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
       if (fill != nullptr) fill[k] = fill[first];
     }
   }
+  if (clock) return;
   if (v.lru_protected == nullptr) {
     // Untouched slots first, then touched ones, each in their previous order.
     std::stable_partition(lru, lru + c, [&](int32_t s) { return !touched[s]; });

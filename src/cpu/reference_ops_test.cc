@@ -69,6 +69,13 @@ class ReferenceResolveTest : public ::testing::Test {
       v.lru_protected = &lru_protected_;
       v.protected_capacity = protected_capacity_;
     }
+    if (clock_) {
+      v.lru_order = nullptr;
+      v.clock_uses = uses_.data();
+      v.clock_hand = &hand_;
+      v.position_slot = position_slot_.data();
+      v.positions = kPositions;
+    }
     v.hot_slots = kC;
     v.window = 1;
     v.page_table = page_table_.data();
@@ -117,7 +124,28 @@ class ReferenceResolveTest : public ::testing::Test {
     return std::all_of(hot_.begin() + slot * kHotStride, hot_.begin() + (slot + 1) * kHotStride,
                        [](std::byte b) { return b == std::byte{0xCC}; });
   }
-  static constexpr int32_t kC = 4, kK = 3;
+  // The clock's state (EnableClock), over kPositions positions.
+  void EnableClock() {
+    clock_ = true;
+    uses_.assign(kC, 0);
+    position_slot_.assign(kPositions, -1);
+  }
+  // The position map agrees with slot_token: position p is in slot s iff position_slot[p] = s.
+  bool MapMatchesSlots() const {
+    for (int32_t p = 0; p < kPositions; ++p) {
+      const int32_t s = position_slot_[p];
+      if (s >= 0 && slot_token_[s] != p) return false;
+    }
+    for (int32_t s = 0; s < kC; ++s) {
+      if (slot_token_[s] >= 0 && position_slot_[slot_token_[s]] != s) return false;
+    }
+    return true;
+  }
+  static constexpr int32_t kC = 4, kK = 3, kPositions = 64;
+  bool clock_ = false;
+  std::vector<uint8_t> uses_;
+  int32_t hand_ = 0;
+  std::vector<int32_t> position_slot_;
   std::vector<int32_t> slot_token_, lru_, page_table_, miss_rows_, miss_slots_;
   int32_t miss_count_ = 0;
   ResolveCounters counters_{};
@@ -171,6 +199,51 @@ TEST_F(ReferenceResolveTest, SegmentedLruEvictsProbationarySlotsFirst) {
   EXPECT_EQ(Run({10, 45, -1}, 64), (std::vector<int32_t>{0, 2, kNullSlot}));
   EXPECT_EQ(lru_, (std::vector<int32_t>{3, 2, 1, 0}));
   EXPECT_EQ(lru_protected_, 2);
+}
+
+TEST_F(ReferenceResolveTest, ClockFillsSlotsFromTheHandAndFindsHitsInThePositionMap) {
+  EnableClock();
+  EXPECT_EQ(Run({10, 20, 30}, 40), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(hand_, 3);
+  EXPECT_EQ(slot_token_, (std::vector<int32_t>{10, 20, 30, -1}));
+  EXPECT_EQ(uses_, (std::vector<uint8_t>{0, 0, 0, 0}));  // a fill starts unused
+  EXPECT_TRUE(MapMatchesSlots());
+  // 20 hits slot 1 (its count rises to 1); the misses take slot 3 (empty) and, wrapping, slot 0.
+  EXPECT_EQ(Run({20, 11, 12}, 40), (std::vector<int32_t>{1, 3, 0}));
+  EXPECT_EQ(counters_.hits, 1u);
+  EXPECT_EQ(hand_, 1);
+  EXPECT_EQ(uses_, (std::vector<uint8_t>{0, 1, 0, 0}));
+  EXPECT_EQ(slot_token_, (std::vector<int32_t>{12, 20, 30, 11}));
+  EXPECT_EQ(position_slot_[10], -1);  // evicted
+  EXPECT_TRUE(MapMatchesSlots());
+  // From the hand at 1: slot 1 (count 1) is passed and decremented, slot 2 (30) is the victim.
+  EXPECT_EQ(Run({40, -1, -1}, 50), (std::vector<int32_t>{2, kNullSlot, kNullSlot}));
+  EXPECT_EQ(uses_, (std::vector<uint8_t>{0, 0, 0, 0}));
+  EXPECT_EQ(hand_, 3);
+  EXPECT_TRUE(MapMatchesSlots());
+}
+
+TEST_F(ReferenceResolveTest, ClockPassesThisStepsHitsAndCapsTheUseCount) {
+  EnableClock();
+  Run({10, 20, 30}, 40);
+  Run({10, -1, -1}, 40);
+  Run({10, -1, -1}, 40);
+  Run({10, -1, -1}, 40);
+  Run({10, -1, -1}, 40);  // four hits: the count stops at kClockMaxUses
+  EXPECT_EQ(uses_[0], kClockMaxUses);
+  // Hand at 3 (empty slot): it takes slot 3, then passes slot 0 (hit in this step) and takes 1.
+  EXPECT_EQ(Run({10, 41, 42}, 50), (std::vector<int32_t>{0, 3, 1}));
+  EXPECT_EQ(uses_[0], kClockMaxUses);  // passed as a hit of this step: not decremented
+  EXPECT_EQ(hand_, 2);
+  EXPECT_TRUE(MapMatchesSlots());
+}
+
+TEST_F(ReferenceResolveTest, ClockTreatsPositionsPastItsMapAsOutOfRange) {
+  EnableClock();
+  EXPECT_EQ(Run({kPositions, 5, -1}, kPositions + 8),
+            (std::vector<int32_t>{kNullSlot, 0, kNullSlot}));
+  EXPECT_EQ(counters_.out_of_range, 1u);
+  EXPECT_EQ(counters_.misses, 1u);
 }
 
 TEST_F(ReferenceResolveTest, WindowPaddingDuplicatesAndOutOfRange) {

@@ -312,12 +312,18 @@ struct ResolveShape {
   int32_t window;
   int32_t steps;
   int32_t protected_capacity = -1;  // >= 0: segmented LRU with this capacity; -1: LRU
+  // The clock's state instead of the LRU order (protected_capacity is then ignored); kShortMap:
+  // a position map that later steps' histories outgrow (their newest positions out of range).
+  enum Clock { kNoClock, kClock, kShortMap } clock = kNoClock;
 };
 
 std::string ShapeName(const ResolveShape& s) {
   return "B=" + std::to_string(s.max_batch) + " K=" + std::to_string(s.top_k) +
          " C=" + std::to_string(s.hot_slots) + " W=" + std::to_string(s.window) +
-         (s.protected_capacity >= 0 ? " P=" + std::to_string(s.protected_capacity) : "");
+         (s.protected_capacity >= 0 ? " P=" + std::to_string(s.protected_capacity) : "") +
+         (s.clock == ResolveShape::kClock      ? " clock"
+          : s.clock == ResolveShape::kShortMap ? " clock (short map)"
+                                               : "");
 }
 
 // The fused miss copy of a ResolveHarness (ResolveView's copy fields).
@@ -354,6 +360,17 @@ class ResolveHarness {
         slot_token_(static_cast<size_t>(num_blocks_) * shape.hot_slots, -1),
         lru_order_(static_cast<size_t>(num_blocks_) * shape.hot_slots),
         lru_protected_(num_blocks_, 0),
+        positions_(shape.clock == ResolveShape::kShortMap ? InitialSeqLen() + 64
+                                                          : pages_per_request_ * kPageTokens),
+        clock_uses_(shape.clock != ResolveShape::kNoClock
+                        ? static_cast<size_t>(num_blocks_) * shape.hot_slots
+                        : 0,
+                    0),
+        clock_hand_(num_blocks_, 0),
+        position_slot_(shape.clock != ResolveShape::kNoClock
+                           ? static_cast<size_t>(num_blocks_) * positions_
+                           : 0,
+                       -1),
         batch_(shape.max_batch),
         topk_(static_cast<size_t>(shape.max_batch) * topk_stride_, kPaddingPosition),
         page_table_(static_cast<size_t>(shape.max_batch) * pages_per_request_),
@@ -368,6 +385,9 @@ class ResolveHarness {
         g_slot_token_(gpu, slot_token_.size() * sizeof(int32_t)),
         g_lru_order_(gpu, lru_order_.size() * sizeof(int32_t)),
         g_lru_protected_(gpu, lru_protected_.size() * sizeof(int32_t)),
+        g_clock_uses_(gpu, std::max<size_t>(clock_uses_.size(), 1)),
+        g_clock_hand_(gpu, clock_hand_.size() * sizeof(int32_t)),
+        g_position_slot_(gpu, std::max<size_t>(position_slot_.size(), 1) * sizeof(int32_t)),
         g_page_table_(gpu, page_table_.size() * sizeof(int32_t)),
         g_resident_table_(gpu, resident_table_.size() * sizeof(int32_t)),
         g_block_pages_(gpu, block_pages_.size() * sizeof(int32_t)),
@@ -397,6 +417,13 @@ class ResolveHarness {
     g_slot_token_.Upload(slot_token_);
     g_lru_order_.Upload(lru_order_);
     g_lru_protected_.Upload(lru_protected_);
+    if (clock()) {
+      // Random hands, so that sweeps start anywhere and wrap.
+      for (int32_t& hand : clock_hand_) hand = static_cast<int32_t>(rng_() % s_.hot_slots);
+      g_clock_uses_.Upload(clock_uses_);
+      g_position_slot_.Upload(position_slot_);
+    }
+    g_clock_hand_.Upload(clock_hand_);
     g_page_table_.Upload(page_table_);
     if (fused_.row_bytes > 0) InitRows();
     // Any slots will do: the mapping is checked, not the rows.
@@ -440,7 +467,8 @@ class ResolveHarness {
              block_pages_.data(), want_miss_row.data(), want_miss_slot.data(), &want_miss_count,
              &counters_, flags.fill_mask ? want_fill.data() : nullptr, flags, hot_.data(),
              &copy_invalid_);
-    reference::Resolve(want_view);
+    reference::Resolve(
+        WithClock(want_view, clock_uses_.data(), clock_hand_.data(), position_slot_.data()));
     if (fused_.row_bytes > 0) reference::IndexCopy(ListCopy(want_view));
 
     // GPU.
@@ -461,6 +489,11 @@ class ResolveHarness {
     EXPECT_EQ(g_slot_token_.Download<int32_t>(), slot_token_);
     EXPECT_EQ(g_lru_order_.Download<int32_t>(), lru_order_);
     EXPECT_EQ(g_lru_protected_.Download<int32_t>(), lru_protected_);
+    if (clock()) {
+      EXPECT_EQ(g_clock_uses_.Download<uint8_t>(), clock_uses_);
+      EXPECT_EQ(g_clock_hand_.Download<int32_t>(), clock_hand_);
+      EXPECT_EQ(g_position_slot_.Download<int32_t>(), position_slot_);
+    }
     const ResolveCounters got = g_counters_.Download<ResolveCounters>()[0];
     EXPECT_EQ(got.hits, counters_.hits);
     EXPECT_EQ(got.window_hits, counters_.window_hits);
@@ -519,6 +552,7 @@ class ResolveHarness {
 
  private:
   static int32_t InitialSeqLen() { return 3000; }
+  bool clock() const { return s_.clock != ResolveShape::kNoClock; }
   int64_t MissCapacity() const { return static_cast<int64_t>(s_.max_batch) * s_.top_k; }
   int64_t RowStride() const { return fused_.row_bytes + fused_.stride_pad; }
   // Paged blocks name the slots of num_blocks * pages_per_block pages.
@@ -566,9 +600,22 @@ class ResolveHarness {
         g_copy_invalid_ ? g_copy_invalid_->get<unsigned long long>() : nullptr);
   }
 
+  // `v` with the clock's state (when the shape has it) instead of the LRU order.
+  ResolveView WithClock(ResolveView v, uint8_t* uses, int32_t* hands, int32_t* map) const {
+    if (!clock()) return v;
+    v.lru_order = nullptr;
+    v.lru_protected = nullptr;
+    v.clock_uses = uses;
+    v.clock_hand = hands;
+    v.position_slot = map;
+    v.positions = positions_;
+    return v;
+  }
+
   // Enqueues the GPU side's Resolve and (with a fused copy) IndexCopy on `stream`.
   void EnqueueGpu(Flags flags, StreamHandle stream) {
-    const ResolveView v = GpuView(flags);
+    const ResolveView v = WithClock(GpuView(flags), g_clock_uses_.get<uint8_t>(),
+                                    g_clock_hand_.get<int32_t>(), g_position_slot_.get<int32_t>());
     ExpectOk(gpu_.Resolve(v, s_.max_batch, stream));
     if (fused_.row_bytes > 0) ExpectOk(gpu_.IndexCopy(ListCopy(v), stream));
   }
@@ -742,6 +789,10 @@ class ResolveHarness {
   std::vector<int32_t> slot_token_;
   std::vector<int32_t> lru_order_;
   std::vector<int32_t> lru_protected_;  // [blocks]; stays 0 for LRU
+  const int32_t positions_;             // clock: entries per block of the position map
+  std::vector<uint8_t> clock_uses_;     // clock: [blocks, C]
+  std::vector<int32_t> clock_hand_;     // clock: [blocks]
+  std::vector<int32_t> position_slot_;  // clock: [blocks, positions_]
   std::vector<BatchEntry> batch_;
   std::vector<int32_t> topk_;
   std::vector<int32_t> last_topk_;
@@ -760,6 +811,9 @@ class ResolveHarness {
   Buffer g_slot_token_;
   Buffer g_lru_order_;
   Buffer g_lru_protected_;
+  Buffer g_clock_uses_;
+  Buffer g_clock_hand_;
+  Buffer g_position_slot_;
   Buffer g_page_table_;
   Buffer g_resident_table_;
   Buffer g_block_pages_;
@@ -865,6 +919,24 @@ TEST(CudaResolveTest, SegmentedLruMatchesReference) {
   }
 }
 
+// The clock: one round of its sweep (C <= 4096) and several, the 128K budget-sized cache, a map
+// that the histories outgrow.
+TEST(CudaResolveTest, ClockMatchesReference) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  uint64_t seed = 5000;
+  for (int32_t k : {1, 7, 64, 600, 2048}) {
+    for (int32_t c : {k, 2 * k, 4096, 6000}) {
+      if (c < k) continue;
+      const int32_t max_batch = k >= 2048 ? 24 : 48;
+      RunResolveSchedule(
+          *gpu, {max_batch, k, c, 1 + static_cast<int32_t>(seed % 3), 10, -1, ResolveShape::kClock},
+          seed++);
+    }
+  }
+  RunResolveSchedule(*gpu, {6, 2048, 54527, 1, 10, -1, ResolveShape::kClock}, seed++);
+  RunResolveSchedule(*gpu, {16, 600, 1200, 2, 10, -1, ResolveShape::kShortMap}, seed++);
+}
+
 TEST(CudaResolveTest, ZeroWindow) {
   SPARSEKV_REQUIRE_GPU(gpu);
   RunResolveSchedule(*gpu, {16, 64, 128, 0, 10}, 2000);
@@ -883,13 +955,16 @@ TEST(CudaResolveTest, LargestShapes) {
 // unsorted, LRU and segmented LRU, invalid copies (unmapped and cut-off pool pages) included.
 TEST(CudaResolveTest, FusedCopyMatchesReference) {
   SPARSEKV_REQUIRE_GPU(gpu);
-  const auto [invalid, misses] = RunFusedCases(*gpu,
-                                               {{{6, 2048, 4096, 1, 10}, {656, 0, 5}},
-                                                {{6, 2048, 2048, 1, 10}, {656, 8, 1}},
-                                                {{16, 600, 1200, 4, 10}, {20, 0, 15}},
-                                                {{24, 64, 4096, 1, 10}, {3, 2, 20}},
-                                                {{12, 600, 4096, 1, 10, 3276}, {1152, 0, 11}}},
-                                               6000);
+  const auto [invalid, misses] =
+      RunFusedCases(*gpu,
+                    {{{6, 2048, 4096, 1, 10}, {656, 0, 5}},
+                     {{6, 2048, 2048, 1, 10}, {656, 8, 1}},
+                     {{16, 600, 1200, 4, 10}, {20, 0, 15}},
+                     {{24, 64, 4096, 1, 10}, {3, 2, 20}},
+                     {{12, 600, 4096, 1, 10, 3276}, {1152, 0, 11}},
+                     {{6, 2048, 6000, 1, 10, -1, ResolveShape::kClock}, {656, 0, 4}},
+                     {{16, 600, 1200, 2, 10, -1, ResolveShape::kClock}, {20, 4, 9}}},
+                    6000);
   EXPECT_GT(invalid, 10u);
   EXPECT_GT(misses, 10000u);
 }
@@ -908,28 +983,30 @@ TEST(CudaResolveTest, FusedCopySmallShapes) {
 
 #if defined(SPARSEKV_WITH_CUDA)
 // Resolve with a fused copy and the IndexCopy of its miss list, captured once into a CUDA graph
-// and replayed with new inputs at batch sizes above and below fused_copy_min_batch (8): each replay
-// matches the reference.
+// and replayed with new inputs at batch sizes above and below fused_copy_min_batch (8), with the
+// LRU order and with the clock: each replay matches the reference.
 TEST(CudaResolveTest, CapturedFusedCopyReplaysAtEveryBatchSize) {
   SPARSEKV_REQUIRE_GPU(gpu);
   using Mode = ResolveHarness::Mode;
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  for (const bool sort : {true, false}) {
-    SCOPED_TRACE(sort ? "sorted" : "unsorted");
-    const ResolveShape shape{12, 600, 1200, 1, 9};
-    ResolveHarness h(*gpu, shape, sort ? 7000 : 7001, {656, 0, 8});
-    h.ReplayCapturedOn(stream);
-    const ResolveHarness::Flags flags{sort, false, true};
-    const std::pair<Mode, int32_t> steps[] = {
-        {Mode::kMixed, 12}, {Mode::kMixed, 4},  {Mode::kFresh, 12},
-        {Mode::kMixed, 8},  {Mode::kRepeat, 7}, {Mode::kMixed, 10},
-        {Mode::kFresh, 3},  {Mode::kMixed, 0},  {Mode::kMixed, 12}};
-    for (const auto& [mode, batch_size] : steps) {
-      h.Step(mode, batch_size, flags);
-      if (HasFatalFailure()) break;
+  for (const auto clock : {ResolveShape::kNoClock, ResolveShape::kClock}) {
+    for (const bool sort : {true, false}) {
+      SCOPED_TRACE(sort ? "sorted" : "unsorted");
+      const ResolveShape shape{12, 600, 1200, 1, 9, -1, clock};
+      ResolveHarness h(*gpu, shape, (sort ? 7000 : 7001) + 2 * clock, {656, 0, 8});
+      h.ReplayCapturedOn(stream);
+      const ResolveHarness::Flags flags{sort, false, true};
+      const std::pair<Mode, int32_t> steps[] = {
+          {Mode::kMixed, 12}, {Mode::kMixed, 4},  {Mode::kFresh, 12},
+          {Mode::kMixed, 8},  {Mode::kRepeat, 7}, {Mode::kMixed, 10},
+          {Mode::kFresh, 3},  {Mode::kMixed, 0},  {Mode::kMixed, 12}};
+      for (const auto& [mode, batch_size] : steps) {
+        h.Step(mode, batch_size, flags);
+        if (HasFatalFailure()) break;
+      }
+      EXPECT_GT(h.misses(), 1000u);
     }
-    EXPECT_GT(h.misses(), 1000u);
   }
   cudaStreamDestroy(stream);
 }

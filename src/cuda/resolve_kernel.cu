@@ -1,5 +1,6 @@
 // Resolve: one CTA of kThreads per batch row classifies the row's top-k against its hot-cache
-// block, picks LRU victims, updates slot_token and lru_order, and emits the row's misses.
+// block, picks victims (LRU or the clock), updates the block's replacement state, and emits the
+// row's misses.
 //
 // One CTA per row leaves the kernel latency-bound: its time is the chain of dependent phases, so
 // the chain is kept short. Two global round trips precede the work (the batch entry; then the
@@ -43,6 +44,12 @@
 //      counter, also before step 4.
 //   7. With share_duplicates, after a barrier that makes every other output visible, each repeat
 //      copies the output (and fill flag) of its first entry, whose k step 1 left in a register.
+// With the clock (ResolveView::clock_uses), steps 2 and 4 change and nothing is O(C):
+//   2. each valid entry looks its position up in the block's position map (one round of
+//      independent global loads) instead of the walk over the C slots;
+//   4. the victims come from SweepClock: rounds of min(C, 4096) slots from the hand, each ranking
+//      its free slots (not hit, not taken, count 0) with ballots and one barrier, until n_filled
+//      are taken; hits raise their counts in step 3 and step 5 also updates the position map.
 // Shared memory: the hash, the LRU copy and the sort's storage are live at disjoint times and share
 // one region; the hit bitmask and the victims have their own.
 // Each step is a force-inlined function below, named after it; the kernel calls them in order.
@@ -105,7 +112,7 @@ using Sort = cub::BlockRadixSort<uint32_t, kThreads, kItems, int32_t>;
 // Sizes of the dynamic shared memory, computed identically on host and device.
 struct SmemLayout {
   int32_t hash_bits;       // log2 of the hash cells
-  int32_t region_bytes;    // hash | LRU copy | sort storage
+  int32_t region_bytes;    // hash | LRU copy (not with the clock) | sort storage
   int32_t hit_mask_bytes;  // C bits
   int32_t victims_bytes;   // top_k int32
 
@@ -115,13 +122,15 @@ struct SmemLayout {
 constexpr int32_t RoundUp16(int64_t bytes) { return static_cast<int32_t>((bytes + 15) / 16 * 16); }
 
 template <int kItems>
-SmemLayout MakeLayout(int32_t top_k, int32_t hot_slots) {
+SmemLayout MakeLayout(int32_t top_k, int32_t hot_slots, bool clock) {
   SmemLayout layout{};
   // At least 4 cells: each of the hash's three arrays is then a whole number of 16-byte vectors.
   layout.hash_bits = 2;
   while ((1 << layout.hash_bits) < 2 * top_k) ++layout.hash_bits;
   const int64_t hash_bytes = int64_t{3} * sizeof(int32_t) << layout.hash_bits;
-  const int64_t lru_bytes = int64_t{std::max(0, hot_slots - kLruChunk)} * sizeof(uint16_t);
+  // The clock keeps no order to copy.
+  const int64_t lru_bytes =
+      clock ? 0 : int64_t{std::max(0, hot_slots - kLruChunk)} * sizeof(uint16_t);
   const int64_t sort_bytes = sizeof(typename Sort<kItems>::TempStorage);
   layout.region_bytes = RoundUp16(std::max({hash_bytes, lru_bytes, sort_bytes}));
   layout.hit_mask_bytes = RoundUp16((int64_t{hot_slots} + 31) / 32 * sizeof(uint32_t));
@@ -211,22 +220,46 @@ __device__ __forceinline__ void FindHits(const int32_t* slot_token, int32_t c, i
   __syncthreads();
 }
 
-// Step 3, per thread: classify the valid entries (window hit, hit, miss), set out[j] for all but
-// the misses, mark the hit slots in hit_mask, and count into local[].
+// Step 3, first part (LRU): each valid entry's slot, from its cell's hit slot (kNone: not held),
+// the loads issued together.
 template <int kItems>
-__device__ __forceinline__ void ClassifyEntries(const int32_t (&pos)[kItems],
-                                                const int32_t (&cell)[kItems],
-                                                const int32_t* hit_slot, int32_t window_begin,
-                                                const BlockSlots& block, int32_t c, int32_t w,
-                                                uint32_t* hit_mask, Kind (&kind)[kItems],
-                                                int32_t (&out)[kItems], int32_t (&is_miss)[kItems],
-                                                int32_t (&local)[kNumCounts]) {
-  // The cells' hit slots first, so that the loads issue together.
-  int32_t slot_of[kItems];
+__device__ __forceinline__ void HitSlotsFromCells(const int32_t (&pos)[kItems],
+                                                  const int32_t (&cell)[kItems],
+                                                  const Kind (&kind)[kItems],
+                                                  const int32_t* hit_slot, int32_t window_begin,
+                                                  int32_t (&slot_of)[kItems]) {
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     slot_of[j] = kind[j] == Kind::kValid && pos[j] < window_begin ? hit_slot[cell[j]] : kNone;
   }
+}
+
+// Step 2 and 3's first part with the clock: each valid entry's slot from the block's position
+// map (kNone: not held), the loads issued together; O(top_k), no walk over the C slots.
+template <int kItems>
+__device__ __forceinline__ void HitSlotsFromMap(const int32_t (&pos)[kItems],
+                                                const Kind (&kind)[kItems],
+                                                const int32_t* position_slot, int32_t c,
+                                                int32_t window_begin, int32_t (&slot_of)[kItems]) {
+  int32_t mapped[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    mapped[j] = kind[j] == Kind::kValid && pos[j] < window_begin ? position_slot[pos[j]] : -1;
+  }
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    slot_of[j] = static_cast<uint32_t>(mapped[j]) < static_cast<uint32_t>(c) ? mapped[j] : kNone;
+  }
+}
+
+// Step 3, per thread: classify the valid entries (window hit, hit, miss) given their slots
+// (slot_of), set out[j] for all but the misses, mark the hit slots in hit_mask, and count into
+// local[].
+template <int kItems>
+__device__ __forceinline__ void ClassifyEntries(
+    const int32_t (&pos)[kItems], const int32_t (&slot_of)[kItems], int32_t window_begin,
+    const BlockSlots& block, int32_t c, int32_t w, uint32_t* hit_mask, Kind (&kind)[kItems],
+    int32_t (&out)[kItems], int32_t (&is_miss)[kItems], int32_t (&local)[kNumCounts]) {
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     out[j] = kNullSlot;
@@ -385,6 +418,64 @@ __device__ __forceinline__ void UpdateRecency(int32_t* lru, int32_t c, int32_t n
       const int32_t i = round + tid * kLruItems + j;
       lru_slot[j] = i < c ? lru_copy[i - kLruChunk] : 0;
     }
+  }
+}
+
+// Clock: slots per thread per round of the sweep (a round covers min(C, kThreads * kClockItems)
+// consecutive slots from the hand, so that no slot appears twice in one round).
+constexpr int kClockItems = 4;
+
+// Step 4 with the clock: victims[0, n_filled) by the sweep from *hand_ptr (kernel_views.h), the
+// counts of the slots it passes decremented and the new hand written. Each round ranks the
+// round's free slots (not hit, not taken, count 0) in sweep order; a slot is passed iff fewer
+// free slots than still needed precede it. Called only when n_filled > 0; `hand` is the value
+// every thread read before the first barrier.
+__device__ __forceinline__ void SweepClock(uint8_t* uses, int32_t* hand_ptr, int32_t hand,
+                                           int32_t c, int32_t n_filled, uint32_t* hit_mask,
+                                           int32_t* warp_free, int32_t* victims) {
+  const int32_t tid = threadIdx.x;
+  const int32_t lane = tid % 32;
+  const int32_t warp = tid / 32;
+  const int32_t round_slots = min(c, kThreads * kClockItems);
+  if (hand < 0 || hand >= c) hand = 0;
+  for (int32_t taken = 0; taken < n_filled;) {
+    int32_t slot[kClockItems];
+    int32_t use[kClockItems];
+    int32_t is_free[kClockItems];
+    bool in[kClockItems];
+#pragma unroll
+    for (int j = 0; j < kClockItems; ++j) {
+      const int32_t i = tid * kClockItems + j;
+      in[j] = i < round_slots;
+      const int32_t s = hand + i >= c ? hand + i - c : hand + i;
+      slot[j] = in[j] ? s : 0;
+      const bool passed = in[j] && (hit_mask[slot[j] / 32] >> (slot[j] % 32) & 1u) != 0;
+      in[j] = in[j] && !passed;  // hit or taken: passed, nothing to do
+      use[j] = in[j] ? uses[slot[j]] : 0;
+      is_free[j] = in[j] && use[j] == 0;
+    }
+    int32_t free_rank[kClockItems];
+    const int32_t warp_free_total = WarpRank(is_free, free_rank);
+    if (lane == 0) warp_free[warp] = warp_free_total;
+    __syncthreads();  // warp_free is complete
+    int32_t round_free = 0;
+    const int32_t free_offset = WarpOffset(warp_free, &round_free);
+    const int32_t need = n_filled - taken;
+#pragma unroll
+    for (int j = 0; j < kClockItems; ++j) {
+      const int32_t before = free_offset + free_rank[j];  // free slots before this one
+      if (!in[j] || before >= need) continue;             // not reached by the hand
+      if (is_free[j]) {
+        victims[taken + before] = slot[j];
+        atomicOr(hit_mask + slot[j] / 32, 1u << (slot[j] % 32));  // taken: passed from now on
+        if (before == need - 1) *hand_ptr = slot[j] + 1 == c ? 0 : slot[j] + 1;
+      } else {
+        uses[slot[j]] = static_cast<uint8_t>(use[j] - 1);
+      }
+    }
+    taken += min(round_free, need);
+    hand = hand + round_slots >= c ? hand + round_slots - c : hand + round_slots;
+    __syncthreads();  // victims, the taken marks and the counts are visible; warp_free is read
   }
 }
 
@@ -561,10 +652,11 @@ __device__ __forceinline__ void ShareDuplicates(const Kind (&kind)[kItems],
 template <int kItems>
 __device__ __forceinline__ void TakeVictims(
     const ResolveView& v, const int32_t (&pos)[kItems], const int32_t (&miss_rank)[kItems],
-    const int32_t (&page)[kItems], int32_t n_filled, const int32_t* victims,
+    const int32_t (&page)[kItems], int32_t n_filled, int32_t positions, const int32_t* victims,
     const int32_t& victims_at, int32_t c, const BlockSlots& block, bool segmented, bool by_rank,
-    int32_t* slot_token, int32_t* lru, int32_t* out_row, int32_t* host_row_by_rank,
-    int32_t (&out)[kItems], int32_t (&host_row)[kItems], int32_t& row_min, int32_t& row_max) {
+    int32_t* slot_token, int32_t* lru, int32_t* position_slot, int32_t* out_row,
+    int32_t* host_row_by_rank, int32_t (&out)[kItems], int32_t (&host_row)[kItems],
+    int32_t& row_min, int32_t& row_max) {
   const int32_t tid = threadIdx.x;
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
@@ -572,7 +664,16 @@ __device__ __forceinline__ void TakeVictims(
     const int32_t p = pos[j];
     const int32_t victim = victims[miss_rank[j]];
     // Always in [0, C) unless lru_order was corrupt (fewer free slots than counted).
-    if (static_cast<uint32_t>(victim) < static_cast<uint32_t>(c)) slot_token[victim] = p;
+    if (static_cast<uint32_t>(victim) < static_cast<uint32_t>(c)) {
+      if (position_slot != nullptr) {
+        // Clock: the victim's old position leaves the map (it is no miss of this row, whose
+        // positions the map did not hold), the new one enters.
+        const int32_t old = slot_token[victim];
+        if (static_cast<uint32_t>(old) < static_cast<uint32_t>(positions)) position_slot[old] = -1;
+        position_slot[p] = victim;
+      }
+      slot_token[victim] = p;
+    }
     if (segmented && victims_at + miss_rank[j] < c) lru[victims_at + miss_rank[j]] = victim;
     out[j] = block(victim);
     out_row[tid * kItems + j] = out[j];
@@ -647,7 +748,8 @@ __device__ __forceinline__ void ResolveResidentRow(const ResolveView& v, const B
 }
 
 // kFused: the view has a fused miss copy (copy_dst set), whose access width is copy_vec bytes.
-template <int kItems, bool kFused>
+// kClock: the view has the clock's state (clock_uses set) instead of an LRU order.
+template <int kItems, bool kFused, bool kClock>
 __global__ void __launch_bounds__(kThreads, 1)
     ResolveKernel(const ResolveView v, const SmemLayout layout, const int32_t copy_vec) {
   const int32_t b = blockIdx.x;
@@ -711,11 +813,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t* topk = v.topk + static_cast<int64_t>(b) * v.topk_stride;
   int32_t* out_row = v.slots_out + static_cast<int64_t>(b) * top_k;
   int32_t* slot_token = v.slot_token + static_cast<int64_t>(e.block) * c;
-  int32_t* lru = v.lru_order + static_cast<int64_t>(e.block) * c;
-  const bool segmented = v.lru_protected != nullptr;
+  int32_t* lru = kClock ? nullptr : v.lru_order + static_cast<int64_t>(e.block) * c;
+  const bool segmented = !kClock && v.lru_protected != nullptr;
+  uint8_t* const uses = kClock ? v.clock_uses + static_cast<int64_t>(e.block) * c : nullptr;
+  int32_t* const position_slot =
+      kClock ? v.position_slot + static_cast<int64_t>(e.block) * v.positions : nullptr;
 
   // Global round trip 2: the top-k row, the first chunk of slot_token (step 2) and of lru_order
-  // (step 4), and the protected count, all in flight at once; step 1 waits only for the top-k.
+  // (step 4), and the protected count (clock: the hand), all in flight at once; step 1 waits only
+  // for the top-k.
   int32_t pos[kItems];
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
@@ -723,9 +829,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     pos[j] = k < top_k ? topk[k] : kPaddingPosition;
   }
   int32_t token[kSlotItems];
-  Load4(slot_token, tid * kSlotItems, c, -1, token);  // -1: empty, never looked up
   int32_t lru_slot[kLruItems];
-  Load4(lru, tid * kLruItems, c, 0, lru_slot);
+  int32_t hand = 0;
+  if constexpr (kClock) {
+    hand = v.clock_hand[e.block];
+  } else {
+    Load4(slot_token, tid * kSlotItems, c, -1, token);  // -1: empty, never looked up
+    Load4(lru, tid * kLruItems, c, 0, lru_slot);
+  }
   // Where the protected part begins in the old order (C: none, or plain LRU).
   const int32_t first_protected = segmented ? c - min(max(v.lru_protected[e.block], 0), c) : c;
   __syncthreads();  // the shared memory is initialised
@@ -733,15 +844,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   Kind kind[kItems];
   int32_t cell[kItems];
   int32_t first_of[kItems];  // a repeat's first entry
-  HashEntries(pos, top_k, e.seq_len, keys, first_k, layout.hash_bits, kind, cell, first_of);
-  FindHits(slot_token, c, window_begin, keys, hit_slot, layout.hash_bits, token);
+  // With the clock, positions past the map are out of range too.
+  const int32_t valid_end = kClock ? min(e.seq_len, v.positions) : e.seq_len;
+  HashEntries(pos, top_k, valid_end, keys, first_k, layout.hash_bits, kind, cell, first_of);
+  int32_t slot_of[kItems];
+  if constexpr (kClock) {
+    HitSlotsFromMap(pos, kind, position_slot, c, window_begin, slot_of);
+  } else {
+    FindHits(slot_token, c, window_begin, keys, hit_slot, layout.hash_bits, token);
+    HitSlotsFromCells(pos, cell, kind, hit_slot, window_begin, slot_of);
+  }
 
   // Step 3: classify and rank the misses.
   int32_t out[kItems];
   int32_t is_miss[kItems];
   int32_t local[kNumCounts] = {};
-  ClassifyEntries(pos, cell, hit_slot, window_begin, block, c, w, hit_mask, kind, out, is_miss,
-                  local);
+  ClassifyEntries(pos, slot_of, window_begin, block, c, w, hit_mask, kind, out, is_miss, local);
+  if constexpr (kClock) {
+    // A hit raises its slot's count (each hit slot has one entry; the sweep never reads it).
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if (kind[j] != Kind::kHit) continue;
+      const uint8_t u = uses[slot_of[j]];
+      if (u < kClockMaxUses) uses[slot_of[j]] = static_cast<uint8_t>(u + 1);
+    }
+  }
   int32_t miss_rank[kItems];
   local[kMisses] = WarpRank(is_miss, miss_rank);
 #pragma unroll
@@ -771,7 +898,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                    : 0;
 
   // Step 4. Nothing changes when no slot is hit or filled.
-  if (n_hit + n_filled > 0) {
+  if constexpr (kClock) {
+    if (n_filled > 0) {
+      SweepClock(uses, v.clock_hand + e.block, hand, c, n_filled, hit_mask, warp_free, victims);
+    }
+  } else if (n_hit + n_filled > 0) {
     UpdateRecency(lru, c, n_filled, n_kept, segmented, first_protected, v.protected_capacity,
                   v.lru_protected + e.block, hit_mask, lru_copy, warp_free, victims, victims_at,
                   lru_slot);
@@ -791,9 +922,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     int32_t host_row[kItems];
     int32_t row_min = INT32_MAX;
     int32_t row_max = INT32_MIN;
-    TakeVictims(v, pos, miss_rank, page, n_filled, victims, victims_at, c, block, segmented,
-                sort_misses || fused, slot_token, lru, out_row, host_row_by_rank, out, host_row,
-                row_min, row_max);
+    TakeVictims(v, pos, miss_rank, page, n_filled, v.positions, victims, victims_at, c, block,
+                segmented, sort_misses || fused, slot_token, lru, position_slot, out_row,
+                host_row_by_rank, out, host_row, row_min, row_max);
     if (sort_misses) {
       row_min = __reduce_min_sync(0xffffffffu, row_min);
       row_max = __reduce_max_sync(0xffffffffu, row_max);
@@ -818,28 +949,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (v.share_duplicates) ShareDuplicates(kind, first_of, out_row, fill_row);  // step 7
 }
 
-template <int kItems, bool kFused>
+template <int kItems, bool kFused, bool kClock>
 cudaError_t LaunchKernel(const ResolveView& view, int32_t max_batch, int32_t copy_vec,
                          cudaStream_t stream) {
-  const SmemLayout layout = MakeLayout<kItems>(view.top_k, view.hot_slots);
+  const SmemLayout layout = MakeLayout<kItems>(view.top_k, view.hot_slots, kClock);
   int32_t limit = 0;
   if (cudaError_t err = cuda_common::OptInMaxDynamicSmem(
-          reinterpret_cast<const void*>(ResolveKernel<kItems, kFused>), &limit);
+          reinterpret_cast<const void*>(ResolveKernel<kItems, kFused, kClock>), &limit);
       err != cudaSuccess) {
     return err;
   }
   if (layout.total() > limit) return kUnsupported;
-  ResolveKernel<kItems, kFused>
+  ResolveKernel<kItems, kFused, kClock>
       <<<max_batch, kThreads, layout.total(), stream>>>(view, layout, copy_vec);
   return cudaGetLastError();
 }
 
-template <int kItems>
+template <int kItems, bool kClock>
 cudaError_t Launch(const ResolveView& view, int32_t max_batch, cudaStream_t stream) {
-  if (view.copy_dst == nullptr) return LaunchKernel<kItems, false>(view, max_batch, 0, stream);
+  if (view.copy_dst == nullptr) {
+    return LaunchKernel<kItems, false, kClock>(view, max_batch, 0, stream);
+  }
   const int copy_vec = row_gather::VectorBytes(view.copy_src, view.copy_dst, view.copy_row_bytes,
                                                view.copy_src_stride, view.copy_dst_stride);
-  return LaunchKernel<kItems, true>(view, max_batch, copy_vec, stream);
+  return LaunchKernel<kItems, true, kClock>(view, max_batch, copy_vec, stream);
+}
+
+template <int kItems>
+cudaError_t Launch(const ResolveView& view, int32_t max_batch, cudaStream_t stream) {
+  return view.clock_uses != nullptr ? Launch<kItems, true>(view, max_batch, stream)
+                                    : Launch<kItems, false>(view, max_batch, stream);
 }
 
 }  // namespace
@@ -851,6 +990,8 @@ cudaError_t LaunchResolve(const ResolveView& view, int32_t max_batch, cudaStream
       (view.resident_table != nullptr && view.resident_page_rows < 1) ||
       (view.block_pages != nullptr && (view.block_page_rows < 1 || view.pages_per_block < 1)) ||
       view.chunk_rows < 0 ||
+      (view.clock_uses != nullptr &&
+       (view.clock_hand == nullptr || view.position_slot == nullptr || view.positions < 1)) ||
       (view.copy_dst != nullptr &&
        (view.copy_row_bytes < 1 || view.copy_row_bytes > kMaxFusedCopyRowBytes ||
         view.copy_src_stride < 0 || view.copy_dst_stride < 0 || view.copy_src_rows < 0 ||

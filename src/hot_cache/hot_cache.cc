@@ -11,16 +11,36 @@
 
 namespace sparsekv {
 
+HotCacheReplacement ReplacementOf(const CacheOptions& options) {
+  return {.policy = options.eviction,
+          .positions = options.eviction == EvictionPolicy::kClock ? options.max_context : 0};
+}
+
+namespace {
+
+// Bytes of one block's replacement state in one group: slot_token, then the LRU order and the
+// protected count, or the use counts, the hand and the position map.
+int64_t GroupStateBytes(int32_t hot_slots, const HotCacheReplacement& replacement) {
+  const int64_t tokens = int64_t{hot_slots} * sizeof(int32_t);
+  if (replacement.policy == EvictionPolicy::kClock) {
+    return tokens + int64_t{hot_slots} * sizeof(uint8_t) + sizeof(int32_t) +
+           int64_t{replacement.positions} * sizeof(int32_t);
+  }
+  return tokens + int64_t{hot_slots} * sizeof(int32_t) + sizeof(int32_t);
+}
+
+}  // namespace
+
 int64_t HotCache::StateBytes(const KVGeometry& geometry, int32_t hot_slots,
-                             int32_t layers_per_state) {
+                             int32_t layers_per_state, const HotCacheReplacement& replacement) {
   const int64_t states = (geometry.num_layers() + layers_per_state - 1) / layers_per_state;
-  return states * (hot_slots * int64_t{2} + 1) * sizeof(int32_t);
+  return states * GroupStateBytes(hot_slots, replacement);
 }
 
 int64_t HotCache::BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
-                             int32_t layers_per_state) {
+                             int32_t layers_per_state, const HotCacheReplacement& replacement) {
   return geometry.token_stride_bytes() * (hot_slots + window) +
-         StateBytes(geometry, hot_slots, layers_per_state);
+         StateBytes(geometry, hot_slots, layers_per_state, replacement);
 }
 
 namespace {
@@ -44,9 +64,9 @@ struct Paging {
                                                                    o.indexer_key_bytes)
                                             : 0;
     page_bytes = o.geometry.token_stride_bytes() * page_rows;
-    state_bytes =
-        int64_t{o.max_requests} * (HotCache::StateBytes(o.geometry, c, o.layers_per_index) +
-                                   CeilDiv(c + o.window, page_rows) * int64_t{sizeof(int32_t)});
+    state_bytes = int64_t{o.max_requests} *
+                  (HotCache::StateBytes(o.geometry, c, o.layers_per_index, ReplacementOf(o)) +
+                   CeilDiv(c + o.window, page_rows) * int64_t{sizeof(int32_t)});
     const int64_t key_pages = keys_per_page > 0 ? CeilDiv(o.max_context, keys_per_page) : 0;
     pages_needed = int64_t{o.max_requests} * (CeilDiv(c + o.window, page_rows) + key_pages);
   }
@@ -102,17 +122,19 @@ StatusOr<HotCacheShape> ChooseHotCacheShape(const CacheOptions& o) {
 StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry, int32_t hot_slots,
                                                      int32_t window, int32_t max_blocks,
                                                      int64_t pages, int32_t page_rows,
-                                                     Backend* backend, int32_t layers_per_state) {
+                                                     Backend* backend, int32_t layers_per_state,
+                                                     const HotCacheReplacement& replacement) {
   if (hot_slots <= 0 || window <= 0 || max_blocks <= 0 || geometry.layers.empty() ||
       layers_per_state < 1 || page_rows < 1 || pages < 0 ||
-      pages * page_rows > std::numeric_limits<int32_t>::max()) {
+      pages * page_rows > std::numeric_limits<int32_t>::max() ||
+      (replacement.policy == EvictionPolicy::kClock && replacement.positions < 1)) {
     return InvalidArgument("HotCache: invalid shape");
   }
   std::unique_ptr<HotCache> cache(new HotCache(geometry, hot_slots, window, max_blocks, pages,
-                                               page_rows, backend, layers_per_state));
+                                               page_rows, backend, layers_per_state, replacement));
   const int64_t rows = cache->layer_rows();
-  const int64_t state_bytes = int64_t{cache->states()} * max_blocks * hot_slots * sizeof(int32_t);
-  const int64_t protected_bytes = int64_t{cache->states()} * max_blocks * sizeof(int32_t);
+  const int64_t state_bytes =
+      int64_t{max_blocks} * StateBytes(geometry, hot_slots, layers_per_state, replacement);
   const int64_t page_list_bytes = int64_t{max_blocks} * cache->pages_per_block() * sizeof(int32_t);
   // Against the device's free memory, before any of it is allocated.
   const std::string sizing = "hot_slots = " + std::to_string(hot_slots) +
@@ -120,13 +142,12 @@ StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
                              std::to_string(max_blocks) + " requests (" + std::to_string(rows) +
                              " rows x " + std::to_string(geometry.token_stride_bytes()) +
                              " B over " + std::to_string(geometry.num_layers()) + " layers)";
-  SPARSEKV_RETURN_IF_ERROR(
-      CheckDeviceMemory({.what = "hot cache",
-                         .sizing = sizing,
-                         .bytes = rows * geometry.token_stride_bytes() + 2 * state_bytes +
-                                  protected_bytes + page_list_bytes,
-                         .remedy = "lower hot_slots, max_requests or device_budget_bytes"},
-                        *backend));
+  SPARSEKV_RETURN_IF_ERROR(CheckDeviceMemory(
+      {.what = "hot cache",
+       .sizing = sizing,
+       .bytes = rows * geometry.token_stride_bytes() + state_bytes + page_list_bytes,
+       .remedy = "lower hot_slots, max_requests or device_budget_bytes"},
+      *backend));
   for (const LayerShape& layer : geometry.layers) {
     SPARSEKV_ASSIGN_OR_RETURN(
         void* p, backend->AllocateDevice(std::max<int64_t>(rows, 1) * layer.row_stride));
@@ -135,22 +156,36 @@ StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
     SPARSEKV_RETURN_IF_ERROR(backend->MemsetAsync(p, 0, rows * layer.row_stride, nullptr));
     cache->device_bytes_ += rows * layer.row_stride;
   }
-  SPARSEKV_ASSIGN_OR_RETURN(void* tokens, backend->AllocateDevice(state_bytes));
+  // Per group and block: `per_block` elements of `size` bytes.
+  const int64_t group_blocks = int64_t{cache->states()} * max_blocks;
+  const auto allocate = [&](int64_t per_block, int64_t size) -> StatusOr<void*> {
+    return backend->AllocateDevice(std::max<int64_t>(group_blocks * per_block * size, 1));
+  };
+  SPARSEKV_ASSIGN_OR_RETURN(void* tokens, allocate(hot_slots, sizeof(int32_t)));
   cache->slot_token_ = static_cast<int32_t*>(tokens);
-  SPARSEKV_ASSIGN_OR_RETURN(void* order, backend->AllocateDevice(state_bytes));
-  cache->lru_order_ = static_cast<int32_t*>(order);
-  SPARSEKV_ASSIGN_OR_RETURN(void* protected_counts, backend->AllocateDevice(protected_bytes));
-  cache->lru_protected_ = static_cast<int32_t*>(protected_counts);
+  if (cache->clock()) {
+    SPARSEKV_ASSIGN_OR_RETURN(void* uses, allocate(hot_slots, sizeof(uint8_t)));
+    cache->clock_uses_ = static_cast<uint8_t*>(uses);
+    SPARSEKV_ASSIGN_OR_RETURN(void* hands, allocate(1, sizeof(int32_t)));
+    cache->clock_hand_ = static_cast<int32_t*>(hands);
+    SPARSEKV_ASSIGN_OR_RETURN(void* map, allocate(replacement.positions, sizeof(int32_t)));
+    cache->position_slot_ = static_cast<int32_t*>(map);
+  } else {
+    SPARSEKV_ASSIGN_OR_RETURN(void* order, allocate(hot_slots, sizeof(int32_t)));
+    cache->lru_order_ = static_cast<int32_t*>(order);
+    SPARSEKV_ASSIGN_OR_RETURN(void* protected_counts, allocate(1, sizeof(int32_t)));
+    cache->lru_protected_ = static_cast<int32_t*>(protected_counts);
+  }
   SPARSEKV_ASSIGN_OR_RETURN(void* page_lists, backend->AllocateDevice(page_list_bytes));
   cache->block_pages_ = static_cast<int32_t*>(page_lists);
   SPARSEKV_RETURN_IF_ERROR(backend->MemsetAsync(page_lists, 0xff, page_list_bytes, nullptr));
-  cache->device_bytes_ += 2 * state_bytes + protected_bytes + page_list_bytes;
+  cache->device_bytes_ += state_bytes + page_list_bytes;
   return cache;
 }
 
 HotCache::HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
                    int32_t max_blocks, int64_t pages, int32_t page_rows, Backend* backend,
-                   int32_t layers_per_state)
+                   int32_t layers_per_state, const HotCacheReplacement& replacement)
     : geometry_(geometry),
       hot_slots_(hot_slots),
       window_(window),
@@ -158,6 +193,7 @@ HotCache::HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window
       pages_(pages),
       page_rows_(page_rows),
       layers_per_state_(layers_per_state),
+      replacement_(replacement),
       backend_(backend),
       block_pages_host_(static_cast<size_t>(max_blocks) * pages_per_block(), -1),
       page_block_(static_cast<size_t>(pages), -1) {
@@ -167,21 +203,36 @@ HotCache::HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window
 
 HotCache::~HotCache() {
   for (std::byte* p : data_) backend_->FreeDevice(p);
-  for (void* p :
-       std::initializer_list<void*>{slot_token_, lru_order_, lru_protected_, block_pages_}) {
+  for (void* p : std::initializer_list<void*>{slot_token_, lru_order_, lru_protected_, clock_uses_,
+                                              clock_hand_, position_slot_, block_pages_}) {
     if (p != nullptr) backend_->FreeDevice(p);
   }
 }
 
-Status HotCache::WriteState(int32_t block, const int32_t* image, StreamHandle stream) {
+Status HotCache::WriteState(int32_t block, int32_t map_first, int32_t map_size,
+                            StreamHandle stream) {
   const size_t bytes = static_cast<size_t>(hot_slots_) * sizeof(int32_t);
+  const int32_t* image = seed_image_.data();
   for (int32_t l = 0; l < geometry_.num_layers(); l += layers_per_state_) {
     const int64_t at = int64_t{block} * hot_slots_;
     SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(slot_token(l) + at, image, bytes, stream));
+    if (!clock()) {
+      SPARSEKV_RETURN_IF_ERROR(
+          backend_->CopyAsync(lru_order(l) + at, image + hot_slots_, bytes, stream));
+      SPARSEKV_RETURN_IF_ERROR(
+          backend_->MemsetAsync(lru_protected(l) + block, 0, sizeof(int32_t), stream));
+      continue;
+    }
+    SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(clock_uses(l) + at, 0, hot_slots_, stream));
     SPARSEKV_RETURN_IF_ERROR(
-        backend_->CopyAsync(lru_order(l) + at, image + hot_slots_, bytes, stream));
-    SPARSEKV_RETURN_IF_ERROR(
-        backend_->MemsetAsync(lru_protected(l) + block, 0, sizeof(int32_t), stream));
+        backend_->CopyAsync(clock_hand(l) + block, image + hot_slots_, sizeof(int32_t), stream));
+    int32_t* map = position_slot(l) + int64_t{block} * replacement_.positions;
+    SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(
+        map, 0xff, static_cast<size_t>(replacement_.positions) * sizeof(int32_t), stream));
+    if (map_size > 0) {
+      SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(map + map_first, image + hot_slots_ + 1,
+                                                   map_size * sizeof(int32_t), stream));
+    }
   }
   return Status::Ok();
 }
@@ -204,13 +255,41 @@ StatusOr<int32_t> HotCache::AcquireSeeded(std::span<const int32_t> positions, St
     return ResourceExhausted("HotCache: a block needs " + std::to_string(pages_per_block()) +
                              " pages, " + std::to_string(free_pages()) + " are free");
   }
-  seed_image_.assign(2 * static_cast<size_t>(hot_slots_), -1);
+  // The image WriteState uploads: C tokens, then the order (LRU) or the hand and the position
+  // map over the seeded positions' span (clock).
+  int32_t map_first = 0;
+  int32_t map_size = 0;
+  if (clock()) {
+    for (const int32_t p : positions) {
+      if (p < 0 || p >= replacement_.positions) {
+        return InvalidArgument("HotCache: seed position " + std::to_string(p) + " outside [0, " +
+                               std::to_string(replacement_.positions) + ")");
+      }
+    }
+    if (n > 0) {
+      const auto [lo, hi] = std::minmax_element(positions.begin(), positions.end());
+      map_first = *lo;
+      map_size = *hi - *lo + 1;
+    }
+    seed_image_.assign(static_cast<size_t>(hot_slots_) + 1 + map_size, -1);
+    seed_image_[hot_slots_] = n % hot_slots_;  // the hand: the empty slots first
+    for (int32_t s = 0; s < n; ++s) {
+      int32_t& cell = seed_image_[hot_slots_ + 1 + (positions[s] - map_first)];
+      if (cell >= 0) {
+        return InvalidArgument("HotCache: seed position " + std::to_string(positions[s]) +
+                               " repeated");
+      }
+      cell = s;
+    }
+  } else {
+    seed_image_.assign(2 * static_cast<size_t>(hot_slots_), -1);
+    int32_t* order = seed_image_.data() + hot_slots_;
+    std::iota(order, order + (hot_slots_ - n), n);  // the empty slots: victims first
+    std::iota(order + (hot_slots_ - n), order + hot_slots_, 0);
+  }
   std::copy(positions.begin(), positions.end(), seed_image_.begin());
-  int32_t* order = seed_image_.data() + hot_slots_;
-  std::iota(order, order + (hot_slots_ - n), n);  // the empty slots: victims first
-  std::iota(order + (hot_slots_ - n), order + hot_slots_, 0);
   const int32_t block = *free_blocks_.begin();
-  SPARSEKV_RETURN_IF_ERROR(WriteState(block, seed_image_.data(), stream));
+  SPARSEKV_RETURN_IF_ERROR(WriteState(block, map_first, map_size, stream));
   // The lowest free pages, in order.
   int32_t* pages = block_pages_host_.data() + static_cast<size_t>(block) * pages_per_block();
   for (int32_t i = 0; i < pages_per_block(); ++i) {

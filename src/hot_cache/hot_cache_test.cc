@@ -105,8 +105,47 @@ TEST(HotCacheTest, SeededBlockHoldsThePositionsMostRecentLast) {
   EXPECT_EQ(Read(cache->lru_order(0) + 6, 6), order);
 }
 
+TEST(HotCacheTest, ClockBlockIsSeededWithItsHandAndPositionMap) {
+  auto backend = CreateCpuBackend();
+  const HotCacheReplacement clock{.policy = EvictionPolicy::kClock, .positions = 40};
+  auto created = HotCache::Create(KVGeometry::Uniform(2, 16), 6, 2, 2, 4, 4, backend.get(),
+                                  /*layers_per_state=*/1, clock);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  HotCache& cache = **created;
+  EXPECT_EQ(cache.lru_order(0), nullptr);
+  EXPECT_EQ(cache.lru_protected(0), nullptr);
+  auto block = cache.AcquireSeeded(std::vector<int32_t>{30, 31, 33, 32}, nullptr);
+  ASSERT_TRUE(block.ok()) << block.status().ToString();
+  for (int32_t layer : {0, 1}) {
+    EXPECT_EQ(Read(cache.slot_token(layer), 6), (std::vector<int32_t>{30, 31, 33, 32, -1, -1}));
+    EXPECT_EQ(std::vector<uint8_t>(cache.clock_uses(layer), cache.clock_uses(layer) + 6),
+              std::vector<uint8_t>(6, 0));
+    EXPECT_EQ(cache.clock_hand(layer)[0], 4);  // the empty slots go first
+    std::vector<int32_t> map(40, -1);
+    map[30] = 0;
+    map[31] = 1;
+    map[33] = 2;
+    map[32] = 3;
+    EXPECT_EQ(Read(cache.position_slot(layer), 40), map);
+  }
+  // A plain Acquire of the next block resets it: nothing mapped, the hand at 0.
+  auto next = cache.Acquire(nullptr);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(Read(cache.position_slot(1) + 40, 40), std::vector<int32_t>(40, -1));
+  EXPECT_EQ(cache.clock_hand(1)[1], 0);
+  cache.Release(*next);
+  EXPECT_EQ(cache.AcquireSeeded(std::vector<int32_t>{3, 40}, nullptr).status().code(),
+            StatusCode::kInvalidArgument);  // outside the map
+  EXPECT_EQ(cache.AcquireSeeded(std::vector<int32_t>{3, 3}, nullptr).status().code(),
+            StatusCode::kInvalidArgument);  // repeated
+  EXPECT_FALSE(HotCache::Create(KVGeometry::Uniform(2, 16), 6, 2, 2, 4, 4, backend.get(), 1,
+                                {.policy = EvictionPolicy::kClock, .positions = 0})
+                   .ok());
+}
+
 CacheOptions BudgetOptions() {
   CacheOptions o;
+  o.eviction = EvictionPolicy::kLru;  // the figures below are the LRU order's state
   o.geometry = KVGeometry::Uniform(4, 100);
   o.top_k = 8;
   o.window = 2;
@@ -163,6 +202,22 @@ TEST(ChooseHotCacheShapeTest, TheBudgetIsSpentOnMaxRequestsBlocks) {
   shape = ChooseHotCacheShape(o);
   ASSERT_TRUE(shape.ok());
   EXPECT_EQ(shape->hot_slots, kMaxHotSlots);
+}
+
+TEST(ChooseHotCacheShapeTest, TheClocksPositionMapIsChargedPerBlock) {
+  CacheOptions o = BudgetOptions();
+  o.eviction = EvictionPolicy::kClock;
+  // Per state: C tokens (4 B), C counts (1 B), the hand (4 B), max_context map entries (4 B).
+  const HotCacheReplacement clock = ReplacementOf(o);
+  EXPECT_EQ(clock.positions, 1000);
+  ASSERT_EQ(HotCache::StateBytes(o.geometry, 10, 1, clock), 4 * (10 * 5 + 4 + 1000 * 4));
+  ASSERT_EQ(HotCache::BlockBytes(o.geometry, 10, 2, 1, clock),
+            4 * 100 * 12 + HotCache::StateBytes(o.geometry, 10, 1, clock));
+  // The budget of three such blocks of C = 40 (and their page list entries) chooses C = 40.
+  o.device_budget_bytes = 3 * (HotCache::BlockBytes(o.geometry, 40, 2, 1, clock) + 4);
+  auto shape = ChooseHotCacheShape(o);
+  ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+  EXPECT_EQ(shape->hot_slots, 40);
 }
 
 TEST(ChooseHotCacheShapeTest, IndexerKeysAreChargedToTheBudget) {

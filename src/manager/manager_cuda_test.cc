@@ -408,8 +408,8 @@ TEST(ManagerCudaTest, CapturedHybridStepReplaysExactly) {
   CacheOptions o = ReplayOptions();
   o.hybrid_residency = true;
   o.resident_page_rows = 16;
-  o.device_budget_bytes =
-      12 * HotCache::BlockBytes(o.geometry, o.hot_slots, o.window, o.layers_per_index);
+  o.device_budget_bytes = 12 * HotCache::BlockBytes(o.geometry, o.hot_slots, o.window,
+                                                    o.layers_per_index, ReplacementOf(o));
   ReplayCapturedSteps(gpu, o, testing::RunMode(), /*change_residency=*/true);
 }
 

@@ -36,9 +36,9 @@ Status SparseKVCacheManager::Impl::Allocate() {
   SPARSEKV_ASSIGN_OR_RETURN(const HotCacheShape shape, ChooseHotCacheShape(o));
   options_.hot_slots = shape.hot_slots;
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options_));  // the chosen slots against the rest
-  SPARSEKV_ASSIGN_OR_RETURN(
-      hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks, shape.pages,
-                             shape.page_rows, backend_.get(), o.layers_per_index));
+  SPARSEKV_ASSIGN_OR_RETURN(hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks,
+                                                   shape.pages, shape.page_rows, backend_.get(),
+                                                   o.layers_per_index, ReplacementOf(o)));
   keys_.Attach(*hot_, tables_, shape.keys_per_page);
 
   SPARSEKV_RETURN_IF_ERROR(plan_.Allocate());

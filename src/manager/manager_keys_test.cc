@@ -51,7 +51,7 @@ class ManagerKeysTest : public ::testing::Test {
     o.resident_page_rows = kPageRows;
     o.indexer_key_bytes = kKey;
     const int64_t page = int64_t{kPageRows} * kRow * kLayers;
-    const int64_t state = 4 * (HotCache::StateBytes(o.geometry, 6) + 2 * 4);
+    const int64_t state = 4 * (HotCache::StateBytes(o.geometry, 6, 1, ReplacementOf(o)) + 2 * 4);
     o.device_budget_bytes = requests * 14 * page + state;
     return o;
   }

@@ -39,7 +39,7 @@ class ManagerMemoryTest : public ::testing::Test {
     o.hybrid_residency = true;
     o.resident_page_rows = kPageRows;
     o.indexer_key_bytes = kKey;
-    const int64_t state = 4 * (HotCache::StateBytes(o.geometry, 6) + 2 * 4);
+    const int64_t state = 4 * (HotCache::StateBytes(o.geometry, 6, 1, ReplacementOf(o)) + 2 * 4);
     // Four blocks (2 pages each) with their keys (24 positions: 3 pages), and 8 pages more.
     o.device_budget_bytes = (4 * 5 + 8) * kDevicePage + state;
     return o;

@@ -186,6 +186,10 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
     resolve.lru_protected = hot_->lru_protected(layer);
     resolve.protected_capacity = options_.protected_capacity();
   }
+  resolve.clock_uses = hot_->clock_uses(layer);
+  resolve.clock_hand = hot_->clock_hand(layer);
+  resolve.position_slot = hot_->position_slot(layer);
+  resolve.positions = hot_->replacement().positions;
   resolve.hot_slots = options_.hot_slots;
   resolve.window = options_.window;
   resolve.page_table = tables_.page_table();

@@ -68,8 +68,21 @@ TEST_F(ManagerTest, LeastRecentlyUsedSlotIsEvictedAndHitsAreKept) {
   EXPECT_EQ(Step(1, {1, 2}), (std::vector<int32_t>{1, 2}));
 }
 
+TEST_F(ManagerTest, ClockPassesASlotHitSinceTheHandLastCame) {
+  ASSERT_EQ(SmallOptions().eviction, EvictionPolicy::kClock);  // the default
+  AdmitWithPrompt(1, 10);                                      // C = 3, the hand at slot 0
+  EXPECT_EQ(Step(1, {0, 1}), (std::vector<int32_t>{0, 1}));    // fills slots 0, 1
+  EXPECT_EQ(Step(1, {2, 0}), (std::vector<int32_t>{2, 0}));    // 0 hits (count 1); 2 -> slot 2
+  // From slot 0: position 0's count falls to 0 and it is passed; slot 1 (position 1) is taken.
+  EXPECT_EQ(Step(1, {5, -1}), (std::vector<int32_t>{1, -1}));
+  // Position 0 hits again; position 1 misses and takes slot 2 (position 2, count 0).
+  EXPECT_EQ(Step(1, {0, 1}), (std::vector<int32_t>{0, 2}));
+}
+
 TEST_F(ManagerTest, SegmentedLruEvictsANewFillBeforeASlotHitAgain) {
-  ASSERT_EQ(SmallOptions().eviction, EvictionPolicy::kSegmentedLru);  // the default
+  CacheOptions o = SmallOptions();
+  o.eviction = EvictionPolicy::kSegmentedLru;
+  Create(o);
   AdmitWithPrompt(1, 10);  // C = 3, protected capacity 3 * 80 / 100 = 2
   EXPECT_EQ(Step(1, {0, 1}), (std::vector<int32_t>{0, 1}));  // fills: probationary
   EXPECT_EQ(Step(1, {0, 1}), (std::vector<int32_t>{0, 1}));  // hit again: protected
@@ -206,7 +219,8 @@ TEST_F(ManagerTest, AdmissionsDemoteARequestWhosePromptIsBeingIngested) {
   o.window = 2;
   o.resident_page_rows = 5;  // one page per block (C + W = 5 slots)
   // Three blocks and their page lists.
-  o.device_budget_bytes = 3 * (HotCache::BlockBytes(o.geometry, o.hot_slots, o.window) + 4);
+  o.device_budget_bytes =
+      3 * (HotCache::BlockBytes(o.geometry, o.hot_slots, o.window, 1, ReplacementOf(o)) + 4);
   Create(o);
   // Row of position p in layer l of request id: eight bytes equal to p + 1 + 20 l + 40 (id - 1).
   auto rows = [](RequestId id, int32_t layer, int32_t first, int32_t n) {

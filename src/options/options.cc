@@ -233,7 +233,8 @@ Status ValidateOptions(const CacheOptions& o) {
                    ") exceeds a page (resident_page_rows * row_stride)");
     }
   }
-  if (o.eviction != EvictionPolicy::kLru && o.eviction != EvictionPolicy::kSegmentedLru) {
+  if (o.eviction != EvictionPolicy::kLru && o.eviction != EvictionPolicy::kSegmentedLru &&
+      o.eviction != EvictionPolicy::kClock) {
     return Field("eviction is not a known EvictionPolicy");
   }
   if (o.protected_percent < 0 || o.protected_percent > 100) {

@@ -52,7 +52,7 @@ TEST(OptionsTest, CopyBlocksValidated) {
 
 TEST(OptionsTest, EvictionPolicyValidated) {
   CacheOptions o = Valid();
-  EXPECT_EQ(o.eviction, EvictionPolicy::kSegmentedLru);  // the documented default
+  EXPECT_EQ(o.eviction, EvictionPolicy::kClock);  // the documented default
   o.protected_percent = 101;
   ExpectInvalid(o, "protected_percent");
   o.protected_percent = -1;

@@ -40,6 +40,18 @@ PageOffloadPages OffloadPages(const RequestShape& s) {
   return p;
 }
 
+namespace {
+
+// The replacement state the manager keeps by default (CacheOptions::eviction), whose position
+// map is sized by the request's positions.
+HotCacheReplacement ManagersReplacement(const RequestShape& s) {
+  CacheOptions o;
+  o.max_context = static_cast<int32_t>(std::min<int64_t>(s.tokens, INT32_MAX));
+  return ReplacementOf(o);
+}
+
+}  // namespace
+
 RequestFootprint Footprint(KVVariant variant, const RequestShape& s) {
   const int64_t layers = s.layers;
   const int64_t index = sizeof(int32_t);
@@ -51,9 +63,9 @@ RequestFootprint Footprint(KVVariant variant, const RequestShape& s) {
       break;
     case KVVariant::kSparseKV: {
       const int64_t pages = (s.tokens + s.page_tokens - 1) / s.page_tokens;
-      f.hbm_bytes =
-          HotCache::BlockBytes(KVGeometry::Uniform(s.layers, s.row_bytes), s.hot_slots, s.window) +
-          indexer + pages * index + int64_t{s.top_k} * (index * 5 + 1);
+      f.hbm_bytes = HotCache::BlockBytes(KVGeometry::Uniform(s.layers, s.row_bytes), s.hot_slots,
+                                         s.window, 1, ManagersReplacement(s)) +
+                    indexer + pages * index + int64_t{s.top_k} * (index * 5 + 1);
       f.host_bytes = pages * s.page_tokens * layers * s.row_bytes;
       break;
     }
@@ -136,9 +148,10 @@ BudgetedHotCache PlanBudgetedHotCache(const RequestShape& shape, int64_t hbm_bud
   const KVGeometry geometry = KVGeometry::Uniform(shape.layers, shape.row_bytes);
   BudgetedHotCache out;
   // The manager keeps the blocks and the indexer keys in its own budget.
-  out.per_request_bytes = Footprint(KVVariant::kSparseKV, shape).hbm_bytes -
-                          HotCache::BlockBytes(geometry, shape.hot_slots, shape.window) -
-                          shape.tokens * shape.layers * shape.indexer_key_bytes;
+  out.per_request_bytes =
+      Footprint(KVVariant::kSparseKV, shape).hbm_bytes -
+      HotCache::BlockBytes(geometry, shape.hot_slots, shape.window, 1, ManagersReplacement(shape)) -
+      shape.tokens * shape.layers * shape.indexer_key_bytes;
   // The host-capped batch, then smaller ones until the hot cache holds a block per request.
   RequestShape unbounded = shape;
   const int32_t host_batch =

@@ -91,10 +91,10 @@ CacheOptions RandomHybridOptions(uint64_t seed) {
   const int64_t page_bytes = o.resident_page_rows * o.geometry.token_stride_bytes();
   const int64_t block_pages =
       (o.hot_slots + o.window + o.resident_page_rows - 1) / o.resident_page_rows;
-  o.device_budget_bytes =
-      blocks * (block_pages * page_bytes +
-                HotCache::StateBytes(o.geometry, o.hot_slots, o.layers_per_index) +
-                block_pages * int64_t{sizeof(int32_t)});
+  o.device_budget_bytes = blocks * (block_pages * page_bytes +
+                                    HotCache::StateBytes(o.geometry, o.hot_slots,
+                                                         o.layers_per_index, ReplacementOf(o)) +
+                                    block_pages * int64_t{sizeof(int32_t)});
   if (keys) {
     const int32_t keys_per_page =
         o.resident_page_rows * o.geometry.layers[0].row_stride / o.indexer_key_bytes;

@@ -281,8 +281,10 @@ TEST(BenchTest, TinyCpuRunReportsConsistentFigures) {
   ASSERT_EQ(r->layer_hit_rate.size(), 4u);
   EXPECT_LT(r->layer_hit_rate[0], r->layer_hit_rate[3]);  // layer 0 reuses almost nothing
   EXPECT_EQ(r->full_kv_bytes_per_request, int64_t{2000} * 4 * 656);
+  // Rows, then per layer the clock's state: 256 tokens and counts, its hand and a map of
+  // max_context = 2000 + 8 steps + 16 (a page of headroom) positions.
   EXPECT_EQ(r->hot_cache_bytes_per_request,
-            int64_t{4} * (256 + 4) * 656 + int64_t{4} * (256 * 2 + 1) * 4);
+            int64_t{4} * (256 + 4) * 656 + int64_t{4} * (256 * 5 + 4 + 2024 * 4));
   EXPECT_EQ(r->hbm_saved_bytes_per_request,
             r->full_kv_bytes_per_request - r->hot_cache_bytes_per_request);
   EXPECT_GT(r->host_pool_bytes, int64_t{3} * 2008 * 4 * 656 - 1);
@@ -564,6 +566,24 @@ TEST(CliTest, PlanSaysWhichCasesNoBatchMeetsTheSloIn) {
       << r.out;
 }
 
+// Presets whose layers the manager does not serve yet: bench and multi-turn refuse them at the
+// flag, naming why and the command that models them; plan answers their capacity.
+TEST(CliTest, PresetsTheManagerCannotRunAreRefusedByBenchAndModelledByPlan) {
+  const CliRun bench = Cli({"bench", "--preset", "deepseek-v4-pro"});
+  EXPECT_EQ(bench.code, kExitUsage);
+  EXPECT_NE(bench.err.find("kind is kResident"), std::string::npos) << bench.err;
+  EXPECT_NE(bench.err.find("`sparsekv plan --preset deepseek-v4-pro`"), std::string::npos)
+      << bench.err;
+  EXPECT_EQ(Cli({"multi-turn", "--preset", "glm-5.3"}).code, kExitUsage);
+  const CliRun plan = Cli({"plan", "--preset", "deepseek-v4-pro", "--contexts", "1048576", "--tier",
+                           "dram-2t:2000:55"});
+  ASSERT_EQ(plan.code, kExitOk) << plan.err;
+  // 1.23 GB of HBM and 4.59 GB of host per request: 4 requests in full HBM, 20 offloaded.
+  EXPECT_NE(plan.out.find("5784MB        4     1227MB     4.59GB       20           20"),
+            std::string::npos)
+      << plan.out;
+}
+
 // A node pool whose shape cannot be (the library's refusal) is a usage error too, and leaves no
 // segment behind.
 TEST(CliTest, PoolRefusesANodePoolShapeItCannotHave) {
@@ -579,7 +599,7 @@ TEST(CliTest, PoolRefusesANodePoolShapeItCannotHave) {
 
 // More memory than the machine has is refused before anything is allocated, at once, naming the
 // flags that size it (capacity.h). The newcomer's command (1000 bf16 layers at the CPU's batch 4)
-// needs 57.05 GB, which some machines have; at batch 512, 128 times that (7.30 TB), none has.
+// needs 57.1 GB, which some machines have; at batch 512, 128 times that (7.31 TB), none has.
 TEST(CliTest, ABenchLargerThanTheMachineIsRefusedAtOnceNamingItsFlags) {
   const auto start = std::chrono::steady_clock::now();
   const CliRun r = Cli({"bench", "--backend", "cpu", "--preset", "glm-5", "--precision", "bf16",
@@ -588,7 +608,7 @@ TEST(CliTest, ABenchLargerThanTheMachineIsRefusedAtOnceNamingItsFlags) {
   EXPECT_EQ(r.code, kExitFailure) << r.err;
   EXPECT_TRUE(r.out.empty()) << r.out;
   for (const char* part : {"host pool and hot cache: --batch 512 x 8256 rows", "x 1000 layers",
-                           "needs 7.30 TB of host memory",
+                           "needs 7.31 TB of host memory",
                            "is available; lower --batch, --context, "
                            "--hot-slots or --layers"}) {
     EXPECT_NE(r.err.find(part), std::string::npos) << part << "\n" << r.err;

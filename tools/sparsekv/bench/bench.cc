@@ -97,7 +97,8 @@ Status CheckBenchMemory(const BenchConfig& c, const CacheOptions& o, Backend& ba
   const int64_t pool_rows = o.host_capacity_tokens / c.batch;
   const int64_t pool_bytes = o.host_capacity_tokens * o.geometry.token_stride_bytes();
   const int64_t hot_bytes =
-      int64_t{c.batch} * HotCache::BlockBytes(o.geometry, c.hot_slots, c.window);
+      int64_t{c.batch} *
+      HotCache::BlockBytes(o.geometry, c.hot_slots, c.window, o.layers_per_index, ReplacementOf(o));
   const std::string rows =
       " x " + std::to_string(c.layers) + " layers x " + std::to_string(row) + " B rows";
   const std::string pool = "--batch " + std::to_string(c.batch) + " x " +
@@ -372,7 +373,8 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
                        ? static_cast<double>(stats.bytes_host_to_device) / (total_ms * 1e-3) / 1e9
                        : 0.0;
 
-  r.hot_cache_bytes_per_request = HotCache::BlockBytes(o.geometry, c.hot_slots, c.window);
+  r.hot_cache_bytes_per_request =
+      HotCache::BlockBytes(o.geometry, c.hot_slots, c.window, o.layers_per_index, ReplacementOf(o));
   r.full_kv_bytes_per_request = int64_t{c.context} * o.geometry.token_bytes();
   r.hbm_saved_bytes_per_request = r.full_kv_bytes_per_request - r.hot_cache_bytes_per_request;
   r.hbm_saved_ratio = static_cast<double>(r.full_kv_bytes_per_request) /

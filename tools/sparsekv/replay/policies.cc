@@ -7,6 +7,7 @@
 
 #include "sparsekv/backend.h"
 #include "sparsekv/kernel_views.h"
+#include "sparsekv/options.h"
 
 namespace sparsekv::tools {
 
@@ -121,15 +122,20 @@ void FirstUntouched(const std::vector<int32_t>& order, const std::vector<char>& 
   }
 }
 
-// lru and slru: the library's own resolve (the CPU reference backend) over a one-request view
-// of one block, so that replay measures exactly the policy the manager runs.
+// lru, slru and clock: the library's own resolve (the CPU reference backend) over a one-request
+// view of one block, so that replay measures exactly the policy the manager runs.
 class ReferenceResolve final : public PolicySimulator {
  public:
-  ReferenceResolve(const PolicyConfig& c, bool segmented)
-      : backend_(CreateCpuBackend()), slot_token_(c.slots, -1), lru_order_(c.slots) {
+  ReferenceResolve(const PolicyConfig& c, EvictionPolicy policy)
+      : backend_(CreateCpuBackend()),
+        policy_(policy),
+        slot_token_(c.slots, -1),
+        lru_order_(c.slots),
+        clock_uses_(c.slots, 0) {
     for (int32_t s = 0; s < c.slots; ++s) lru_order_[s] = s;
     view_.batch_size = &batch_size_;
     view_.batch = &entry_;
+    const bool segmented = policy == EvictionPolicy::kSegmentedLru;
     view_.lru_protected = segmented ? &protected_count_ : nullptr;
     view_.protected_capacity = static_cast<int32_t>(int64_t{c.slots} * c.protected_percent / 100);
     view_.hot_slots = c.slots;
@@ -156,7 +162,16 @@ class ReferenceResolve final : public PolicySimulator {
     view_.topk_stride = k;
     view_.slots_out = slots_.data();
     view_.slot_token = slot_token_.data();
-    view_.lru_order = lru_order_.data();
+    if (policy_ == EvictionPolicy::kClock) {
+      // The position map grows with the trace's history (the manager sizes it by max_context).
+      if (position_slot_.size() < static_cast<size_t>(seq_len)) position_slot_.resize(seq_len, -1);
+      view_.clock_uses = clock_uses_.data();
+      view_.clock_hand = &clock_hand_;
+      view_.position_slot = position_slot_.data();
+      view_.positions = static_cast<int32_t>(position_slot_.size());
+    } else {
+      view_.lru_order = lru_order_.data();
+    }
     view_.miss_host_row = miss_host_row_.data();
     view_.miss_slot = miss_slot_.data();
     view_.miss_capacity = k;
@@ -175,9 +190,13 @@ class ReferenceResolve final : public PolicySimulator {
 
  private:
   std::shared_ptr<Backend> backend_;
-  std::vector<int32_t> slot_token_;  // [slots] slot -> position, -1 = empty
-  std::vector<int32_t> lru_order_;   // [slots] least recently used first
-  int32_t protected_count_ = 0;      // slru: entries at lru_order_'s end that are protected
+  EvictionPolicy policy_;
+  std::vector<int32_t> slot_token_;     // [slots] slot -> position, -1 = empty
+  std::vector<int32_t> lru_order_;      // [slots] least recently used first
+  int32_t protected_count_ = 0;         // slru: entries at lru_order_'s end that are protected
+  std::vector<uint8_t> clock_uses_;     // clock: [slots] use counts
+  int32_t clock_hand_ = 0;              // clock: where the next sweep starts
+  std::vector<int32_t> position_slot_;  // clock: [positions seen] slot, -1 = none
   ResolveView view_{};
   BatchEntry entry_{};
   int32_t batch_size_ = 1;
@@ -187,30 +206,6 @@ class ReferenceResolve final : public PolicySimulator {
   std::vector<int32_t> slots_;  // [top_k] the resolve's output, copied to slots_out
   std::vector<int32_t> miss_host_row_;
   std::vector<int32_t> miss_slot_;
-};
-
-class Clock final : public VictimOrderSimulator {
- public:
-  explicit Clock(const PolicyConfig& c) : VictimOrderSimulator(c), referenced_(c.slots, 0) {}
-
- private:
-  // Terminates within two sweeps: the first clears every untouched slot's bit.
-  void PickVictims(int32_t n, std::vector<int32_t>& victims) override {
-    while (static_cast<int32_t>(victims.size()) < n) {
-      const int32_t s = hand_;
-      hand_ = hand_ + 1 == config_.slots ? 0 : hand_ + 1;
-      if (touched_[s]) continue;
-      if (referenced_[s]) {
-        referenced_[s] = 0;
-      } else {
-        victims.push_back(s);
-        touched_[s] = 1;  // not picked twice; Step sets it again when it fills the slot
-      }
-    }
-  }
-  void Use(int32_t s, bool) override { referenced_[s] = 1; }
-  std::vector<char> referenced_;
-  int32_t hand_ = 0;
 };
 
 class LfuDecay final : public VictimOrderSimulator {
@@ -291,17 +286,17 @@ class Aging final : public VictimOrderSimulator {
 std::unique_ptr<PolicySimulator> MakePolicy(const PolicyConfig& config) {
   switch (config.kind) {
     case PolicyKind::kClock:
-      return std::make_unique<Clock>(config);
+      return std::make_unique<ReferenceResolve>(config, EvictionPolicy::kClock);
     case PolicyKind::kLfuDecay:
       return std::make_unique<LfuDecay>(config);
     case PolicyKind::kSlru:
-      return std::make_unique<ReferenceResolve>(config, /*segmented=*/true);
+      return std::make_unique<ReferenceResolve>(config, EvictionPolicy::kSegmentedLru);
     case PolicyKind::kAging:
       return std::make_unique<Aging>(config);
     case PolicyKind::kLru:
       break;
   }
-  return std::make_unique<ReferenceResolve>(config, /*segmented=*/false);
+  return std::make_unique<ReferenceResolve>(config, EvictionPolicy::kLru);
 }
 
 }  // namespace sparsekv::tools

@@ -8,8 +8,10 @@
 // row order) gets the i-th victim the policy names. The policies differ only in that order:
 //   lru:       least recently used first: the manager's policy (EvictionPolicy::kLru), run by the
 //              library's own resolve, the CPU reference backend's, over a one-request view;
-//   clock:     second chance: a hand sweeps the slots, clearing set reference bits, and takes the
-//              first slot whose bit is clear (hits and fills set the bit);
+//   clock:     the manager's EvictionPolicy::kClock (a hand sweeps the slots, decrementing use
+//              counts that hits raised up to kClockMaxUses, and takes the first slot at 0; a fill
+//              starts at 0: ResolveView, kernel_views.h), run like lru by the library's own
+//              resolve;
 //   lfu-decay: lowest score first, score = sum over past uses of decay^(steps since the use)
 //              (empty slots first, ties to the least recently used).
 //   slru:      segmented lru: the manager's EvictionPolicy::kSegmentedLru (its order is defined
@@ -23,11 +25,11 @@
 //              and hits: a use outweighs all older ones.
 // A "window + LRU split" is lru with a wider window at the same memory (replay.h builds it).
 //
-// clock, lfu-decay and aging are simulated here (the library does not implement them).
+// lfu-decay and aging are simulated here (the library does not implement them).
 //
-// Cost: O(top_k + slots) per step for lru and clock (lru and slru through hash maps that the
-// reference resolve builds per step), plus O(slots log slots) for lfu-decay's victim order and
-// the stable sorts of slru and aging; memory O(slots + the largest position seen).
+// Cost: O(top_k + slots) per step for lru, slru and clock (through the reference resolve's hash
+// maps and per-step arrays), plus O(slots log slots) for lfu-decay's victim order and the stable
+// sorts of slru and aging; memory O(slots + the largest position seen).
 #pragma once
 
 #include <cstdint>

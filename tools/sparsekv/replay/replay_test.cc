@@ -36,16 +36,16 @@ TEST(PolicyTest, LruEvictsLeastRecentlyUsed) {
   EXPECT_EQ(o.hits, 1);
 }
 
-TEST(PolicyTest, ClockGivesASecondChance) {
+TEST(PolicyTest, ClockGivesAHitPositionASecondChance) {
   auto clock = MakePolicy({PolicyKind::kClock, 3, 1});
-  StepRow(*clock, {0, 1, 2}, 20);  // every bit set, hand at slot 0
-  // The sweep clears 0, 1, 2 and takes slot 0 (position 0) for position 3.
-  EXPECT_EQ(StepRow(*clock, {3}, 20).misses, 1);
-  StepRow(*clock, {1}, 20);  // sets position 1's bit again
-  // Hand at slot 1: position 1 is referenced (cleared, skipped); slot 2 (position 2) is taken.
-  StepRow(*clock, {4}, 20);
+  StepRow(*clock, {0, 1, 2}, 20);  // fills slots 0, 1, 2 unused; the hand wraps to slot 0
+  EXPECT_EQ(StepRow(*clock, {1}, 20).hits, 1);    // position 1's count rises to 1
+  EXPECT_EQ(StepRow(*clock, {3}, 20).misses, 1);  // slot 0 (position 0) is taken
+  // From slot 1: position 1's count falls to 0 and it is passed; slot 2 (position 2) is taken.
+  EXPECT_EQ(StepRow(*clock, {4}, 20).misses, 1);
   EXPECT_EQ(StepRow(*clock, {1, 3, 4}, 20).hits, 3);
   EXPECT_EQ(StepRow(*clock, {2}, 20).misses, 1);
+  EXPECT_EQ(StepRow(*clock, {0}, 20).misses, 1);
 }
 
 TEST(PolicyTest, LfuDecayKeepsFrequentlyUsedPositions) {

@@ -54,7 +54,7 @@ TESTS=${GPU_CHECK_TESTS:-}
 SKIP_BENCH=${GPU_CHECK_SKIP_BENCH:-0}
 SKIP_SANITIZER=${GPU_CHECK_SKIP_SANITIZER:-$ONLY_BENCH}
 MEMCHECK_FILTER=${GPU_CHECK_MEMCHECK_FILTER:-"-CudaResolveTest.MatchesReferenceOverManySteps:CudaResolveTest.FusedCopyMatchesReference:ManagerCudaTest.RandomOperationsMatchTheCpuBackend:ManagerCudaTest.ProductionShapesMatchTheCpuBackend"}
-RACECHECK_FILTER=${GPU_CHECK_RACECHECK_FILTER:-"CudaIndexCopyTest.*:CudaResolveTest.ZeroWindow:CudaResolveTest.LargestShapes:CudaResolveTest.FusedCopySmallShapes:CudaAssembleTest.*"}
+RACECHECK_FILTER=${GPU_CHECK_RACECHECK_FILTER:-"CudaIndexCopyTest.*:CudaResolveTest.ZeroWindow:CudaResolveTest.LargestShapes:CudaResolveTest.FusedCopySmallShapes:CudaResolveTest.ClockSmallShapes:CudaAssembleTest.*"}
 SANITIZER_TIMEOUT=${GPU_CHECK_SANITIZER_TIMEOUT:-120}
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 

@@ -937,6 +937,18 @@ TEST(CudaResolveTest, ClockMatchesReference) {
   RunResolveSchedule(*gpu, {16, 600, 1200, 2, 10, -1, ResolveShape::kShortMap}, seed++);
 }
 
+// Small clock shapes, sweeps of several rounds and a fused copy, quick enough for racecheck
+// (scripts/gpu-check.sh runs it there).
+TEST(CudaResolveTest, ClockSmallShapes) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  RunResolveSchedule(*gpu, {4, 7, 7, 1, 10, -1, ResolveShape::kClock}, 5100);
+  RunResolveSchedule(*gpu, {5, 64, 128, 2, 10, -1, ResolveShape::kShortMap}, 5101);
+  const auto [invalid, misses] =
+      RunFusedCases(*gpu, {{{3, 300, 5000, 1, 10, -1, ResolveShape::kClock}, {48, 16, 2}}}, 5102);
+  EXPECT_GT(misses, 100u);
+  (void)invalid;
+}
+
 TEST(CudaResolveTest, ZeroWindow) {
   SPARSEKV_REQUIRE_GPU(gpu);
   RunResolveSchedule(*gpu, {16, 64, 128, 0, 10}, 2000);

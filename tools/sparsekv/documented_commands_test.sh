@@ -31,6 +31,7 @@ covered=(
   "sparsekv bench --locality calibrated [--cross-layer-overlap 0.85]"
   "build/tools/sparsekv/sparsekv bench --contexts 32768 --batch 4 --miss-rate 0.2 --variants full-hbm,sparsekv --host-pool-gb 8 --trace-step trace.json"
   "sparsekv bench --backend cpu --config cache.json --batch 2 --context 8192 --steps 4 --warmup 1"
+  "sparsekv plan --contexts 32768,131072 --miss-rates 0.064,0.2 --copy-chunk-rows 8 --crosslayer-prefetch --tier pcie-dram:250:55"
 )
 while IFS= read -r line; do
   line="${line#"${line%%[![:space:]]*}"}"
@@ -106,6 +107,8 @@ run "docs/planning.md" plan --miss-rates 0.2 --contexts 32768,131072 --json "$ou
   --calibration "$root/bench/results/e2e/e2e-glm-5.json"
 run "docs/planning.md" replay --trace "$trace" --synthetic-like --json "$out/replay-smollm2.json"
 run "docs/planning.md" plan
+run "docs/planning.md" plan --contexts 32768,131072 --miss-rates 0.064,0.2 --copy-chunk-rows 8 \
+  --crosslayer-prefetch --tier pcie-dram:250:55
 
 # docs/prefetch.md.
 run "docs/prefetch.md" replay --trace "$trace" --policies lru --hot-slots 64,128,256 \

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -12,11 +13,12 @@
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/options.h"
 #include "sparsekv/planner_calibration.h"
+#include "tools/sparsekv/common/config_file.h"
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/output_file.h"
+#include "tools/sparsekv/common/preset_flags.h"
 #include "tools/sparsekv/common/validators.h"
 
-#include "tools/sparsekv/common/preset_flags.h"
 namespace sparsekv::tools {
 namespace {
 
@@ -29,6 +31,7 @@ struct PlanPoint {
   StepTime step;
   double tokens_per_s = 0;
   bool within_slo = true;
+  std::optional<ScheduleForecast> schedule;  // sparsekv only
 };
 struct PlanCase {
   std::string tier;  // "hbm" for the full-HBM baseline
@@ -62,7 +65,8 @@ RequestShape RequestOf(const ModelShape& model, int32_t context, int32_t hot_slo
 
 PlanCase Model(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
                const MemoryTier& tier, KVVariant variant, int32_t context, double miss_rate,
-               int32_t hot_slots, double slo_ms, double hidden_fraction) {
+               int32_t hot_slots, double slo_ms, double hidden_fraction,
+               const CacheOptions& options) {
   PlanCase c;
   c.tier = tier.name;
   c.variant = variant;
@@ -85,6 +89,8 @@ PlanCase Model(const Calibration& cal, const ModelShape& model, const GpuSpec& g
     p.step = PredictStep(cal, model, gpu, in);
     p.tokens_per_s = b / p.step.total_ms * 1e3;
     p.within_slo = b <= c.limits.by_latency;
+    if (variant == KVVariant::kSparseKV)
+      p.schedule = ForecastSchedule(cal, model, gpu, in, options);
     if (p.within_slo && p.tokens_per_s > c.best.tokens_per_s) c.best = p;
     c.points.push_back(p);
   }
@@ -126,6 +132,20 @@ Json ToJson(const CalibrationCheck& check) {
           {"points", points}};
 }
 
+Json ToJson(const ScheduleForecast& f) {
+  Json candidates = Json::array();
+  for (const ScheduleEstimate& e : f.candidates) {
+    candidates.push_back({{"choice", e.choice.ToString()},
+                          {"modelled", e.modelled},
+                          {"expected_ms", e.modelled ? Json(e.total_ms) : Json()},
+                          {"why", e.why}});
+  }
+  return {{"candidates", candidates},
+          {"expected", f.candidates[f.expected].choice.ToString()},
+          {"expected_ms", f.candidates[f.expected].total_ms},
+          {"reason", f.reason}};
+}
+
 Json ToJson(const PlanCase& c) {
   const auto point = [](const PlanPoint& p) {
     return Json{{"batch", p.batch},
@@ -136,7 +156,8 @@ Json ToJson(const PlanCase& c) {
                 {"overhead_ms", p.step.overhead_ms},
                 {"transfer_ms", p.step.transfer_ms},
                 {"binding", p.step.binding},
-                {"within_slo", p.within_slo}};
+                {"within_slo", p.within_slo},
+                {"schedule", p.schedule ? ToJson(*p.schedule) : Json()}};
   };
   Json points = Json::array();
   for (const PlanPoint& p : c.points) points.push_back(point(p));
@@ -184,21 +205,63 @@ std::string CalibrationText(const Calibration& c) {
 std::string PlanTable(const std::vector<PlanCase>& cases, double slo_ms) {
   std::string out = Format(
       "\nMax batch per GPU and best throughput (TPOT SLO %s)\n  %8s %-13s %5s %6s %6s %6s "
-      "%-8s %9s %9s %-9s %7s\n",
+      "%-8s %9s %9s %-9s %7s  %s\n",
       slo_ms > 0 ? Format("%.0f ms", slo_ms).c_str() : "none", "context", "tier", "miss", "hbm",
-      "cap", "slo", "limit", "tpot", "tok/s", "bound by", "vs hbm");
+      "cap", "slo", "limit", "tpot", "tok/s", "bound by", "vs hbm", "schedule");
   double baseline = 0;
   for (const PlanCase& c : cases) {
     if (c.variant == KVVariant::kFullHbm) baseline = c.best.tokens_per_s;
     const std::string gain = baseline > 0 && c.variant != KVVariant::kFullHbm
                                  ? Format("%.2fx", c.best.tokens_per_s / baseline)
                                  : "";
+    const std::string schedule =
+        c.best.schedule ? c.best.schedule->candidates[c.best.schedule->expected].choice.ToString()
+                        : "-";
     out += Format(
-        "  %8d %-13s %5s %6s %6s %6s %-8s %7.1fms %9.0f %-9s %7s\n", c.context, c.tier.c_str(),
+        "  %8d %-13s %5s %6s %6s %6s %-8s %7.1fms %9.0f %-9s %7s  %s\n", c.context, c.tier.c_str(),
         c.variant == KVVariant::kSparseKV ? Format("%.2f", c.miss_rate).c_str() : "-",
         Limit(c.limits.by_hbm).c_str(), Limit(c.limits.by_capacity).c_str(),
         Limit(c.limits.by_latency).c_str(), c.limits.binding().c_str(), c.best.step.total_ms,
-        c.best.tokens_per_s, c.best.batch > 0 ? c.best.step.binding.c_str() : "-", gain.c_str());
+        c.best.tokens_per_s, c.best.batch > 0 ? c.best.step.binding.c_str() : "-", gain.c_str(),
+        schedule.c_str());
+  }
+  return out;
+}
+
+// Per sparsekv row of PlanTable, at its best batch: the step schedule's candidates with the time
+// the model expects of each, and the one it expects to win, with why.
+std::string ScheduleTable(const std::vector<PlanCase>& cases, const CacheOptions& o,
+                          const std::string& config_path) {
+  std::string out =
+      "\nStep schedule at each row's best batch: the candidates the library would measure "
+      "(AllowedChoices) with the step the model expects of each, the expected winner (*) and "
+      "why; the library measures them and may choose otherwise (docs/planning.md)\n" +
+      Format(
+          "  options%s: layers_per_index %d, max_prefetch %d, copy_chunk_rows %d, copy_blocks "
+          "%d, prefetch_copy_blocks %d\n",
+          config_path.empty() ? "" : (" (--config " + config_path + ")").c_str(),
+          o.layers_per_index, o.max_prefetch, o.copy_chunk_rows, o.copy_blocks,
+          o.prefetch_copy_blocks);
+  for (const PlanCase& c : cases) {
+    if (!c.best.schedule) continue;
+    const ScheduleForecast& f = *c.best.schedule;
+    std::string list;
+    int32_t unmodelled = 0;
+    for (size_t i = 0; i < f.candidates.size(); ++i) {
+      const ScheduleEstimate& e = f.candidates[i];
+      if (!e.modelled) {
+        ++unmodelled;
+        continue;
+      }
+      list += Format("%s%s%s %.2f ms", list.empty() ? "" : ", ", e.choice.ToString().c_str(),
+                     i == f.expected ? "*" : "", e.total_ms);
+    }
+    if (unmodelled > 0) {
+      list += Format("; %d not modelled (the prefetch on every SM, or with chunks)", unmodelled);
+    }
+    out += Format("  %8d %-13s %5.2f batch %4d: %s\n  %36s %s\n", c.context, c.tier.c_str(),
+                  c.miss_rate, c.best.batch, list.c_str(), "",
+                  f.candidates[f.expected].choice.ToString().append(": ").append(f.reason).c_str());
   }
   return out;
 }
@@ -342,6 +405,21 @@ PlanCommand::PlanCommand(CLI::App& parent) {
   app_->add_option("--json", json_path_, "also write the results as JSON to PATH")
       ->option_text("PATH")
       ->check(NonEmpty());
+  app_->add_option("--copy-chunk-rows", copy_chunk_rows_,
+                   "the manager's copy_chunk_rows: the step schedule may copy and attend in "
+                   "chunks of multiples of this many batch rows (0: no chunks)")
+      ->check(AtLeast<int32_t>(0))
+      ->capture_default_str();
+  app_->add_flag("--crosslayer-prefetch", crosslayer_prefetch_,
+                 "the manager's max_prefetch = top-k: the step schedule may prefetch each layer's "
+                 "top-k into the next layer's hot cache");
+  app_->add_option("--config", config_path_,
+                   "the manager's CacheOptions from FILE, sparsekv's own JSON (docs/config.md): "
+                   "its hot_slots and what the step schedule's candidates follow from "
+                   "(layers_per_index, max_prefetch, copy_chunk_rows, copy grids); its geometry "
+                   "and top_k must be the preset's (a flag for a key it sets is refused)")
+      ->option_text("FILE")
+      ->check(NonEmpty());
 }
 
 bool PlanCommand::selected() const { return app_->parsed(); }
@@ -402,6 +480,51 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
                                gpu_.hbm_gb, model_.weights_gb, gpu_.reserved_gb, kv_budget_gb)),
         kExitUsage);
   }
+  // The manager the plan implies, for the step schedule's candidates: the preset's rows and
+  // top-k, the hot cache, the schedule's options; a --config file's over them.
+  CacheOptions options;
+  options.geometry = preset->geometry();
+  options.top_k = preset->top_k;
+  options.hot_slots = hot_slots_;
+  options.copy_chunk_rows = copy_chunk_rows_;
+  options.max_prefetch = crosslayer_prefetch_ ? preset->top_k : 0;
+  options.max_requests = 1;  // each point's batch, in ForecastSchedule
+  options.max_context = *std::max_element(contexts_.begin(), contexts_.end());
+  options.host_capacity_tokens = (int64_t{options.max_context} + options.host_page_tokens - 1) /
+                                 options.host_page_tokens * options.host_page_tokens;
+  if (!config_path_.empty()) {
+    std::vector<FlagKey> given;
+    for (const auto& [flag, key] : {std::pair{"--hot-slots", "hot_slots"},
+                                    {"--copy-chunk-rows", "copy_chunk_rows"},
+                                    {"--crosslayer-prefetch", "max_prefetch"}}) {
+      if (app_->get_option(flag)->count() > 0) given.push_back({flag, key});
+    }
+    StatusOr<ConfigFile> file = ReadConfigFile(config_path_, given, options);
+    if (!file.ok()) return fail(file.status(), kExitUsage);
+    const CacheOptions& f = file->options;
+    if (f.geometry.num_layers() != options.geometry.num_layers() ||
+        f.geometry.token_bytes() != options.geometry.token_bytes() || f.top_k != options.top_k) {
+      return fail(InvalidArgument(Format(
+                      "--config %s: its geometry (%d layers, %lld B per "
+                      "token) and top_k (%d) are not those of --preset %s "
+                      "--precision %s (%d layers, %lld B, top_k %d), which "
+                      "the plan models; give the preset the file describes",
+                      config_path_.c_str(), f.geometry.num_layers(),
+                      static_cast<long long>(f.geometry.token_bytes()), f.top_k, preset_.c_str(),
+                      precision_.c_str(), options.geometry.num_layers(),
+                      static_cast<long long>(options.geometry.token_bytes()), options.top_k)),
+                  kExitUsage);
+    }
+    if (f.hot_slots < f.top_k) {
+      return fail(InvalidArgument(Format("--config %s: hot_slots %d (0: chosen from the device "
+                                         "budget) is not a fixed hot cache of at least top_k "
+                                         "(%d) slots, which the plan models",
+                                         config_path_.c_str(), f.hot_slots, f.top_k)),
+                  kExitUsage);
+    }
+    options = f;
+    hot_slots_ = f.hot_slots;
+  }
   ModelShape model = model_;
   model.layers = preset->num_layers;
   model.row_bytes = preset->row_bytes;
@@ -448,11 +571,11 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
   const MemoryTier hbm{"hbm", 0, 0};
   for (int32_t context : contexts_) {
     cases.push_back(Model(cal, model, gpu_, hbm, KVVariant::kFullHbm, context, 0, hot_slots_,
-                          tpot_slo_ms_, hidden_fraction_));
+                          tpot_slo_ms_, hidden_fraction_, options));
     for (const MemoryTier& tier : tiers) {
       for (double rate : miss_rates_) {
         cases.push_back(Model(cal, model, gpu_, tier, KVVariant::kSparseKV, context, rate,
-                              hot_slots_, tpot_slo_ms_, hidden_fraction_));
+                              hot_slots_, tpot_slo_ms_, hidden_fraction_, options));
       }
     }
   }
@@ -493,7 +616,9 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
                        "compute.\n",
                        hidden_fraction_)
               : std::string("  Copies serial with compute, as with an indexer per layer and "
-                            "copies inline (--hidden-fraction for the overlap paths).\n"));
+                            "copies inline (--hidden-fraction for the overlap paths).\n"))
+      << "  schedule: the step schedule the model expects to win at the best point (below).\n"
+      << ScheduleTable(cases, options, config_path_);
 
   json["budgeted_hot_cache"] = BudgetedHotCaches(model, gpu_, tiers, contexts_, hot_slots_, out);
 
@@ -530,6 +655,12 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
   json["hot_slots"] = hot_slots_;
   json["tpot_slo_ms"] = tpot_slo_ms_;
   json["hidden_fraction"] = hidden_fraction_;
+  json["config"] = config_path_.empty() ? Json() : Json(config_path_);
+  json["schedule_options"] = {{"layers_per_index", options.layers_per_index},
+                              {"max_prefetch", options.max_prefetch},
+                              {"copy_chunk_rows", options.copy_chunk_rows},
+                              {"copy_blocks", options.copy_blocks},
+                              {"prefetch_copy_blocks", options.prefetch_copy_blocks}};
   json["host_ready_gbps"] = host_ready_gbps_;
   json["cases"] = Json::array();
   for (const PlanCase& c : cases) json["cases"].push_back(ToJson(c));

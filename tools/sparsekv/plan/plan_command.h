@@ -46,6 +46,10 @@ class PlanCommand {
   double host_ready_gbps_ = 1.0;  // ModelHostPoolReady's rate
   std::vector<std::string> calibration_paths_;
   std::string json_path_;
+  // The manager's options the step schedule's candidates follow from (ForecastSchedule).
+  int32_t copy_chunk_rows_ = 0;       // --copy-chunk-rows
+  bool crosslayer_prefetch_ = false;  // --crosslayer-prefetch: max_prefetch = top_k
+  std::string config_path_;           // --config
 };
 
 }  // namespace sparsekv::tools

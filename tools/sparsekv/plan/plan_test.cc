@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "sparsekv/planner_calibration.h"
 #include "tools/sparsekv/cli.h"
@@ -157,6 +160,115 @@ TEST(PlanCommandTest, SaysSoWhenNoHbmIsLeftForKV) {
     EXPECT_NE(text.find("no HBM is left for KV: --hbm-gb"), std::string::npos) << text;
     EXPECT_EQ(text.find("Max batch per GPU"), std::string::npos) << text;  // no table of zeros
   }
+}
+
+// ---- The step schedule per row (ForecastSchedule, tested on hand-computed cases in
+// src/planner/planner_test.cc) ----
+
+// One sparsekv case at 32K on one tier, written as JSON; returns the parsed file.
+nlohmann::json PlanJson(std::vector<std::string> extra, const std::string& name) {
+  const std::string path = ::testing::TempDir() + "/plan-" + name + ".json";
+  std::vector<std::string> args = {"plan",         "--contexts", "32768",  "--tier", "pcie:250:55",
+                                   "--miss-rates", "0.2",        "--json", path};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::string text;
+  EXPECT_EQ(Cli(args, &text), kExitOk) << text;
+  std::ifstream file(path);
+  return nlohmann::json::parse(file);
+}
+
+TEST(PlanScheduleTest, DefaultOptionsLeaveSerialTheOnlyCandidate) {
+  std::string text;
+  ASSERT_EQ(Cli({"plan", "--contexts", "32768", "--tier", "pcie:250:55"}, &text), kExitOk);
+  EXPECT_NE(text.find("schedule"), std::string::npos) << text;
+  EXPECT_NE(text.find("serial* "), std::string::npos) << text;
+  EXPECT_NE(text.find("serial: the only choice the options allow (max_prefetch < top_k: no "
+                      "prefetch; copy_chunk_rows 0: no chunks)"),
+            std::string::npos)
+      << text;
+  const nlohmann::json j = PlanJson({}, "serial");
+  EXPECT_TRUE(j["cases"][0]["best"]["schedule"].is_null());  // full-hbm: no schedule
+  const nlohmann::json& best = j["cases"][1]["best"];
+  ASSERT_EQ(best["schedule"]["candidates"].size(), 1u);
+  EXPECT_EQ(best["schedule"]["expected"], "serial");
+  // Serial is the step the plan's own columns model (--hidden-fraction 0).
+  EXPECT_DOUBLE_EQ(best["schedule"]["expected_ms"].get<double>(), best["tpot_ms"].get<double>());
+}
+
+// With chunks of 8 rows and the cross-layer prefetch allowed, every point lists what
+// AllowedChoices gives at its batch, and the expected winner is the fastest modelled one. The
+// prefetch on 16 blocks is the step the plan models at --hidden-fraction 0.34.
+TEST(PlanScheduleTest, CandidatesFollowTheOptionsAndTheFastestIsExpected) {
+  const nlohmann::json j = PlanJson({"--copy-chunk-rows", "8", "--crosslayer-prefetch"}, "both");
+  const nlohmann::json h = PlanJson({"--hidden-fraction", "0.34"}, "hidden");
+  EXPECT_EQ(j["schedule_options"]["copy_chunk_rows"], 8);
+  EXPECT_EQ(j["schedule_options"]["max_prefetch"], 2048);
+  std::map<int, double> hidden_ms;  // batch -> TPOT at --hidden-fraction 0.34
+  for (const nlohmann::json& p : h["cases"][1]["points"]) hidden_ms[p["batch"]] = p["tpot_ms"];
+  const nlohmann::json& points = j["cases"][1]["points"];
+  int compared = 0;
+  for (size_t p = 0; p < points.size(); ++p) {
+    const nlohmann::json& s = points[p]["schedule"];
+    const int batch = points[p]["batch"];
+    double fastest = 1e30;
+    std::string fastest_name;
+    size_t chunked = 0;
+    for (const nlohmann::json& c : s["candidates"]) {
+      const std::string name = c["choice"];
+      if (name.find("chunks") != std::string::npos && name.find("prefetch") == std::string::npos) {
+        ++chunked;
+        EXPECT_LT(std::stoi(name.substr(6)), batch) << name;
+      }
+      if (name == "prefetch:16" && hidden_ms.contains(batch)) {
+        EXPECT_NEAR(c["expected_ms"].get<double>(), hidden_ms[batch], 1e-9) << "batch " << batch;
+        ++compared;
+      }
+      if (c["modelled"] && c["expected_ms"].get<double>() < fastest) {
+        fastest = c["expected_ms"];
+        fastest_name = name;
+      }
+    }
+    // Chunks 8, 16, 32, ... below the batch.
+    size_t want = 0;
+    for (int rows = 8; rows < batch; rows *= 2) ++want;
+    EXPECT_EQ(chunked, want) << "batch " << batch;
+    EXPECT_EQ(s["expected"], fastest_name) << "batch " << batch;
+    EXPECT_DOUBLE_EQ(s["expected_ms"].get<double>(), fastest);
+  }
+  EXPECT_GE(compared, 5);  // batches 1, 2, 4, 8, 16 at least
+}
+
+TEST(PlanScheduleTest, ConfigFileSetsTheManagerOptions) {
+  const std::string config = ::testing::TempDir() + "/plan-config.json";
+  std::ofstream(config) << R"({"layers_per_index": 61, "max_prefetch": 2048,
+                               "copy_chunk_rows": 16, "hot_slots": 6144, "eviction": "lru"})";
+  const nlohmann::json j = PlanJson({"--config", config}, "config");
+  EXPECT_EQ(j["config"], config);
+  EXPECT_EQ(j["hot_slots"], 6144);
+  EXPECT_EQ(j["schedule_options"]["layers_per_index"], 61);
+  EXPECT_EQ(j["schedule_options"]["copy_chunk_rows"], 16);
+  // One index group: no prefetch, whatever max_prefetch says.
+  for (const nlohmann::json& c : j["cases"][1]["best"]["schedule"]["candidates"]) {
+    EXPECT_EQ(c["choice"].get<std::string>().find("prefetch"), std::string::npos) << c;
+  }
+}
+
+TEST(PlanScheduleTest, ConfigFileConflictsAndOtherModelsAreRefused) {
+  const std::string config = ::testing::TempDir() + "/plan-conflict.json";
+  std::ofstream(config) << R"({"copy_chunk_rows": 16})";
+  std::string text;
+  EXPECT_EQ(Cli({"plan", "--config", config, "--copy-chunk-rows", "8"}, &text), kExitUsage);
+  EXPECT_NE(text.find("--config " + config +
+                      ": --copy-chunk-rows sets \"copy_chunk_rows\", which the file sets too"),
+            std::string::npos)
+      << text;
+  const std::string other = ::testing::TempDir() + "/plan-other-model.json";
+  std::ofstream(other) << R"({"geometry": {"num_layers": 3, "row_bytes": 656}})";
+  EXPECT_EQ(Cli({"plan", "--config", other}, &text), kExitUsage);
+  EXPECT_NE(text.find("its geometry (3 layers, 1968 B per token) and top_k (2048) are not those "
+                      "of --preset deepseek-v3.2 --precision fp8 (61 layers"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sparsekv/options.h"
 #include "sparsekv/status.h"
 
 namespace sparsekv {
@@ -26,6 +27,24 @@ enum class KVVariant {
 std::string_view VariantName(KVVariant variant);
 StatusOr<KVVariant> ParseVariant(std::string_view name);
 
+// Layers of one kind and shape, for a model whose layers differ (DeepSeek-V4's CSA, HCA and
+// window-only layers, GLM-5.3's layers with and without indexer keys; docs/deepseek-v4.md,
+// "Sizing").
+struct LayerClass {
+  LayerKind kind = LayerKind::kOffloaded;
+  int32_t layers = 0;
+  int32_t entry_tokens = 1;   // r: a request of T tokens holds floor(T / r) entries per layer
+  int32_t entry_bytes = 656;  // s: an entry's stride
+  int32_t top_k = 0;          // offloaded: entries selected per step
+  int32_t keyed_layers = 0;   // of `layers`, those with indexer keys (one key per entry)
+  int32_t index_groups = 0;   // offloaded: the groups (replacement states) these layers form
+};
+// `preset`'s layers by class: layers of one kind, cadence, stride and top-k (0: preset.top_k)
+// form one class, in the order of their first layer. Keys: the layers with
+// LayerShape::indexer_keys, if the preset has keys. Groups: index_group == the layer itself, or
+// every layer where index_group is -1 (one top-k per layer).
+std::vector<LayerClass> LayerClassesOf(const ModelPreset& preset);
+
 // The shape of one decoding request.
 struct RequestShape {
   int32_t layers = 61;
@@ -37,6 +56,14 @@ struct RequestShape {
   int32_t page_tokens = 64;          // sparsekv: host pool page
   int64_t tokens = 0;                // positions a request holds: prompt + decode headroom
   int32_t offload_page_tokens = 64;  // page-offload: tokens per page it fetches and caches
+  // Layers of several kinds (LayerClassesOf); empty: the `layers` layers above, offloaded, a
+  // row of row_bytes per token, indexer keys in each, one top-k of top_k each. With classes,
+  // layers, row_bytes, indexer_key_bytes' layers and top_k above are not read (the key size is),
+  // hot_slots and window apply to each offloaded layer, page_tokens counts entries, and only
+  // full-hbm and sparsekv are defined.
+  std::vector<LayerClass> classes;
+  int32_t raw_window = 0;           // rows of uncompressed history per layer (CacheOptions'), all
+  int32_t resident_page_rows = 64;  // R: a resident layer's entries are held in pages of R
 };
 
 // Bytes one request costs. HBM (the variant's KV-related device memory):
@@ -59,6 +86,19 @@ struct RequestShape {
 // page_tokens); no-cache: tokens * layers * row; page-offload: pages * Q * layers * row;
 // full-hbm: 0.
 // The indexer keys are charged but not allocated: the engine owns them.
+// With layer classes (docs/deepseek-v4.md, "Sizing"; T = tokens, E = floor(T / r) entries of a
+// class, s its entry stride, C = hot_slots, w = window, R = resident_page_rows, Q = page_tokens,
+// K = the largest top_k):
+//   full-hbm: sum over classes but window-only of layers * E * s + keyed_layers * E * key
+//             + raw_window * sum of layers * s + K * 4
+//   sparsekv: sum over offloaded: layers * (C + w) * s + HotCache::StateBytes of index_groups
+//             (the default eviction's state; the clock's position map holds E entries)
+//             + sum over resident: layers * ceil(E / R) * (R * s + 4) (pages and page ids)
+//             + raw_window * sum of layers * s (every layer's ring)
+//             + sum of keyed_layers * E * key
+//             + ceil(E_offloaded / Q) * 4 (page table row) + K * (4 * 5 + 1)
+//   host (sparsekv): sum over offloaded: layers * ceil(E / Q) * Q * s.
+// Without classes the two agree with the formulas above for a row per token.
 struct RequestFootprint {
   int64_t hbm_bytes = 0;
   int64_t host_bytes = 0;

@@ -61,6 +61,11 @@ struct ModelShape {
   int32_t top_k = 2048;
   double weights_gb = 84;      // per-GPU weight bytes streamed every step (1e9 B)
   double bytes_per_param = 2;  // bf16: converts weight bytes to multiply-adds
+  // Layers of several kinds (RequestShape::classes, LayerClassesOf): DeepSeek-V4, GLM-5.3. Empty:
+  // `layers` uniform layers above. Only Capacity reads a model with classes; PredictStep and
+  // Limits' latency term model uniform layers (the step of the others needs calibration points).
+  std::vector<LayerClass> classes;
+  int32_t raw_window = 0;  // RequestShape::raw_window
 };
 
 struct GpuSpec {
@@ -116,6 +121,24 @@ inline constexpr int32_t kMaxSearchBatch = 4096;
 BatchLimits Limits(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
                    const RequestShape& request, const StepInputs& in, double tier_capacity_gb,
                    double tpot_slo_ms);
+
+// The requests per GPU at one context, from the footprint alone (KV budget = hbm - weights -
+// reserved; RequestShape for `model` at `context` tokens, a hot cache of `hot_slots` per
+// offloaded layer): every entry, key and window in HBM (full-hbm), and the offloaded layers'
+// entries in each tier (sparsekv), bounded by HBM and by the tier's capacity. Capped at
+// kMaxSearchBatch.
+struct CapacityCase {
+  int32_t context = 0;
+  RequestFootprint full_hbm;   // per request
+  RequestFootprint offloaded;  // per request, sparsekv
+  int32_t full_hbm_batch = 0;  // by HBM
+  int32_t offloaded_by_hbm = 0;
+  std::vector<int32_t> offloaded_by_tier;  // per tier: min(offloaded_by_hbm, by its capacity)
+};
+// The request Capacity counts: `model`'s layers (classes or uniform) at `context` tokens.
+RequestShape CapacityRequest(const ModelShape& model, int32_t context, int32_t hot_slots);
+CapacityCase Capacity(const ModelShape& model, const GpuSpec& gpu,
+                      const std::vector<MemoryTier>& tiers, int32_t context, int32_t hot_slots);
 
 // The time to a ready host pool of `pool_gb` (1e9 B) at start-up: populated and registered in
 // chunks of `chunk_gib` GiB (host_memory.h), at `ready_gbps`, the rate of the whole preparation

@@ -52,7 +52,75 @@ HotCacheReplacement ManagersReplacement(const RequestShape& s) {
 
 }  // namespace
 
+std::vector<LayerClass> LayerClassesOf(const ModelPreset& preset) {
+  std::vector<LayerClass> classes;
+  for (int32_t i = 0; i < static_cast<int32_t>(preset.layers.size()); ++i) {
+    const LayerShape& l = preset.layers[i];
+    const bool offloaded = l.kind == LayerKind::kOffloaded;
+    LayerClass key;
+    key.kind = l.kind;
+    key.entry_tokens = l.kind == LayerKind::kWindowOnly ? 1 : l.entry_tokens;
+    key.entry_bytes = l.row_stride;
+    key.top_k = offloaded ? (l.top_k > 0 ? l.top_k : preset.top_k) : 0;
+    auto c = std::find_if(classes.begin(), classes.end(), [&](const LayerClass& other) {
+      return other.kind == key.kind && other.entry_tokens == key.entry_tokens &&
+             other.entry_bytes == key.entry_bytes && other.top_k == key.top_k;
+    });
+    if (c == classes.end()) c = classes.insert(classes.end(), key);
+    ++c->layers;
+    c->keyed_layers += offloaded && l.indexer_keys && preset.indexer_key_bytes > 0;
+    c->index_groups += offloaded && (l.index_group == -1 || l.index_group == i);
+  }
+  return classes;
+}
+
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Footprint for a request with layer classes (the formulas in kv_footprint.h).
+RequestFootprint ClassFootprint(KVVariant variant, const RequestShape& s) {
+  const int64_t index = sizeof(int32_t);
+  int64_t entries_bytes = 0, keys = 0, ring = 0, hot = 0, resident = 0, host = 0;
+  int64_t offloaded_entries = 0;
+  int32_t top_k = 0;
+  for (const LayerClass& c : s.classes) {
+    const int64_t layers = c.layers, stride = c.entry_bytes;
+    const int64_t entries = c.kind == LayerKind::kWindowOnly ? 0 : s.tokens / c.entry_tokens;
+    entries_bytes += layers * entries * stride;
+    keys += int64_t{c.keyed_layers} * entries * s.indexer_key_bytes;
+    ring += int64_t{s.raw_window} * layers * stride;
+    if (c.kind == LayerKind::kOffloaded) {
+      // The replacement state the manager's hot cache keeps, per index group, its position map
+      // (the clock's) in entries.
+      RequestShape in_entries = s;
+      in_entries.tokens = entries;
+      hot += layers * (int64_t{s.hot_slots} + s.window) * stride +
+             HotCache::StateBytes(KVGeometry::Uniform(c.index_groups, c.entry_bytes), s.hot_slots,
+                                  1, ManagersReplacement(in_entries));
+      host += layers * CeilDiv(entries, s.page_tokens) * s.page_tokens * stride;
+      offloaded_entries = std::max(offloaded_entries, entries);
+      top_k = std::max(top_k, c.top_k);
+    } else if (c.kind == LayerKind::kResident) {
+      const int64_t pages = CeilDiv(entries, s.resident_page_rows);
+      resident += layers * (pages * s.resident_page_rows * stride + pages * index);
+    }
+  }
+  RequestFootprint f;
+  if (variant == KVVariant::kFullHbm) {
+    f.hbm_bytes = entries_bytes + keys + ring + int64_t{top_k} * index;
+  } else if (variant == KVVariant::kSparseKV) {
+    f.hbm_bytes = hot + resident + ring + keys + CeilDiv(offloaded_entries, s.page_tokens) * index +
+                  int64_t{top_k} * (index * 5 + 1);
+    f.host_bytes = host;
+  }
+  return f;
+}
+
+}  // namespace
+
 RequestFootprint Footprint(KVVariant variant, const RequestShape& s) {
+  if (!s.classes.empty()) return ClassFootprint(variant, s);
   const int64_t layers = s.layers;
   const int64_t index = sizeof(int32_t);
   const int64_t indexer = s.tokens * layers * s.indexer_key_bytes;

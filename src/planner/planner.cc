@@ -194,6 +194,39 @@ ScheduleForecast ForecastSchedule(const Calibration& cal, const ModelShape& mode
   return f;
 }
 
+RequestShape CapacityRequest(const ModelShape& model, int32_t context, int32_t hot_slots) {
+  RequestShape r;
+  r.layers = model.layers;
+  r.row_bytes = model.row_bytes;
+  r.indexer_key_bytes = model.indexer_key_bytes;
+  r.top_k = model.top_k;
+  r.classes = model.classes;
+  r.raw_window = model.raw_window;
+  r.hot_slots = hot_slots;
+  r.tokens = context;
+  return r;
+}
+
+CapacityCase Capacity(const ModelShape& model, const GpuSpec& gpu,
+                      const std::vector<MemoryTier>& tiers, int32_t context, int32_t hot_slots) {
+  const RequestShape request = CapacityRequest(model, context, hot_slots);
+  const double budget_gb = gpu.hbm_gb - model.weights_gb - gpu.reserved_gb;
+  const int64_t budget = budget_gb > 0 ? static_cast<int64_t>(budget_gb * 1e9) : 0;
+  constexpr int64_t kUnbounded = int64_t{1} << 62;
+  CapacityCase c;
+  c.context = context;
+  c.full_hbm = Footprint(KVVariant::kFullHbm, request);
+  c.offloaded = Footprint(KVVariant::kSparseKV, request);
+  c.full_hbm_batch = MaxBatch(KVVariant::kFullHbm, request, budget, 0, kMaxSearchBatch);
+  c.offloaded_by_hbm = MaxBatch(KVVariant::kSparseKV, request, budget, kUnbounded, kMaxSearchBatch);
+  for (const MemoryTier& tier : tiers) {
+    c.offloaded_by_tier.push_back(MaxBatch(KVVariant::kSparseKV, request, budget,
+                                           static_cast<int64_t>(tier.capacity_gb * 1e9),
+                                           kMaxSearchBatch));
+  }
+  return c;
+}
+
 HostPoolReady ModelHostPoolReady(double pool_gb, double ready_gbps, double chunk_gib) {
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   HostPoolReady r;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "sparsekv/options.h"
 #include "sparsekv/planner_calibration.h"
 
 namespace sparsekv {
@@ -282,6 +283,54 @@ TEST(ScheduleForecastTest, NothingMissingKeepsSerial) {
       h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0, 0, 0}, HandOptions(100, 2));
   EXPECT_EQ(f.expected, 0u);
   EXPECT_EQ(f.reason, "nothing misses: no copy to hide");
+}
+
+// A model with layers of several kinds, from its preset (what `sparsekv plan` models for
+// DeepSeek-V4), at its standard scenario's weights.
+ModelShape ShapeOf(const std::string& name) {
+  const ModelPreset p = *FindPreset(name);
+  ModelShape m;
+  m.layers = p.num_layers;
+  m.row_bytes = p.row_bytes;
+  m.indexer_key_bytes = p.indexer_key_bytes;
+  m.top_k = p.top_k;
+  m.weights_gb = p.weights_per_gpu_gb;
+  m.classes = LayerClassesOf(p);
+  m.raw_window = p.raw_window;
+  return m;
+}
+
+// DeepSeek-V4-Pro at 1M tokens on an H200 (24.9 GB for KV): 4 requests with every entry in HBM,
+// 19 with the CSA entries offloaded, which any host tier of 250 GB to 2 TB holds.
+TEST(CapacityTest, DeepSeekV4ProAtOneMillionIsBoundByHbm) {
+  const std::vector<MemoryTier> tiers = {
+      {"dram-250", 250, 55}, {"dram-500", 500, 55}, {"dram-1t", 1000, 55}, {"dram-2t", 2000, 55}};
+  const CapacityCase c = Capacity(ShapeOf("deepseek-v4-pro"), GpuSpec{}, tiers, 1048576, 2048);
+  EXPECT_EQ(c.full_hbm_batch, 4);
+  EXPECT_EQ(c.offloaded_by_hbm, 19);
+  EXPECT_EQ(c.offloaded_by_tier, (std::vector<int32_t>{19, 19, 19, 19}));
+  EXPECT_NEAR(c.offloaded.host_bytes / 1e9, 4.59, 0.005);
+}
+
+// DeepSeek-V4-Flash at 1M (113 GB for KV): 131 requests by HBM, 77 in 250 GB of host memory.
+TEST(CapacityTest, DeepSeekV4FlashAtOneMillionIsBoundByASmallHostTier) {
+  const std::vector<MemoryTier> tiers = {{"dram-250", 250, 55}, {"dram-2t", 2000, 55}};
+  const CapacityCase c = Capacity(ShapeOf("deepseek-v4-flash"), GpuSpec{}, tiers, 1048576, 1024);
+  EXPECT_EQ(c.full_hbm_batch, 27);
+  EXPECT_EQ(c.offloaded_by_hbm, 131);
+  EXPECT_EQ(c.offloaded_by_tier, (std::vector<int32_t>{77, 131}));
+}
+
+// A uniform model's capacity is the one Limits gives.
+TEST(CapacityTest, UniformModelAgreesWithLimits) {
+  const ModelShape m;  // DeepSeek-V3.2
+  const MemoryTier tier{"pcie-dram", 250, 55};
+  const CapacityCase c = Capacity(m, GpuSpec{}, {tier}, 32768, 4096);
+  const RequestShape r = CapacityRequest(m, 32768, 4096);
+  const StepInputs in{KVVariant::kSparseKV, 1, 0.2, 55, 0};
+  const BatchLimits l = Limits(Calibration{}, m, GpuSpec{}, r, in, tier.capacity_gb, 0);
+  EXPECT_EQ(c.offloaded_by_hbm, l.by_hbm);
+  EXPECT_EQ(c.offloaded_by_tier[0], std::min(l.by_hbm, l.by_capacity));
 }
 
 }  // namespace

@@ -299,6 +299,53 @@ Json BudgetedHotCaches(const ModelShape& model, const GpuSpec& gpu,
   return json;
 }
 
+// The capacity of a preset the manager does not serve yet (DeepSeek-V4, GLM-5.3;
+// docs/deepseek-v4.md): per context, the requests per GPU with every entry, key and window in HBM,
+// and with the offloaded layers' entries in each tier, from the footprint alone. Printed to
+// `out`; returned as JSON.
+Json CapacityReport(const ModelPreset& preset, const ModelShape& model, const GpuSpec& gpu,
+                    const std::vector<MemoryTier>& tiers, const std::vector<int32_t>& contexts,
+                    int32_t hot_slots, std::ostream& out) {
+  out << Format(
+      "%s: %d layers (%d offloaded, %d resident, %d window-only), %d-B entries, top-k %d, raw "
+      "window %d\n  weights %.2f GB per GPU, %.1f GB of HBM for KV; a hot cache of %d entries "
+      "per offloaded layer\n",
+      preset.name.c_str(), preset.num_layers, preset.layers_of(LayerKind::kOffloaded),
+      preset.layers_of(LayerKind::kResident), preset.layers_of(LayerKind::kWindowOnly),
+      preset.row_bytes, preset.top_k, preset.raw_window, model.weights_gb,
+      gpu.hbm_gb - model.weights_gb - gpu.reserved_gb, hot_slots);
+  out << "\nCapacity per GPU in requests (the step time of these layers is not modelled yet: "
+         "docs/deepseek-v4.md)\n"
+      << Format("  %8s %10s %8s %10s %10s %8s", "context", "HBM/req", "full-hbm", "offl. HBM",
+                "host/req", "by HBM");
+  for (const MemoryTier& t : tiers) out << Format(" %12s", t.name.c_str());
+  out << "\n";
+  Json json = Json::array();
+  for (int32_t context : contexts) {
+    const CapacityCase c = Capacity(model, gpu, tiers, context, hot_slots);
+    out << Format("  %8d %8.0fMB %8d %8.0fMB %8.2fGB %8d", context, c.full_hbm.hbm_bytes / 1e6,
+                  c.full_hbm_batch, c.offloaded.hbm_bytes / 1e6, c.offloaded.host_bytes / 1e9,
+                  c.offloaded_by_hbm);
+    Json by_tier = Json::array();
+    for (size_t i = 0; i < tiers.size(); ++i) {
+      out << Format(" %12d", c.offloaded_by_tier[i]);
+      by_tier.push_back({{"tier", tiers[i].name}, {"max_batch", c.offloaded_by_tier[i]}});
+    }
+    out << "\n";
+    json.push_back({{"context", context},
+                    {"full_hbm_bytes_per_request", c.full_hbm.hbm_bytes},
+                    {"full_hbm_max_batch", c.full_hbm_batch},
+                    {"offloaded_hbm_bytes_per_request", c.offloaded.hbm_bytes},
+                    {"offloaded_host_bytes_per_request", c.offloaded.host_bytes},
+                    {"offloaded_max_batch_by_hbm", c.offloaded_by_hbm},
+                    {"offloaded_max_batch_by_tier", by_tier}});
+  }
+  out << "  HBM/req: every entry, key and window in HBM; offl.: the offloaded layers' entries in "
+         "the tier, the rest in HBM;\n  per tier: the batch both HBM and the tier's capacity "
+         "hold.\n";
+  return json;
+}
+
 }  // namespace
 
 std::string CalibrationTable(const Calibration& c) {
@@ -454,6 +501,45 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
                                      : FindPreset(preset_);  // the model's fp8 rows or entries
   if (!preset.ok()) return fail(preset.status(), kExitUsage);
   if (Status s = CheckOutputPath("--json", json_path_); !s.ok()) return fail(s, kExitUsage);
+  if (!CheckServedGeometry(preset->geometry(), preset->raw_window).ok()) {
+    // Layers the manager does not serve yet: capacity from the footprint, at the preset's
+    // weights and a hot cache of 2 x top-k (SGLang's HiSparse for DeepSeek-V4) unless given.
+    ModelShape model = model_;
+    if (app_->count("--weights-gb") == 0 && preset->weights_per_gpu_gb > 0) {
+      model.weights_gb = preset->weights_per_gpu_gb;
+    }
+    model.layers = preset->num_layers;
+    model.row_bytes = preset->row_bytes;
+    model.indexer_key_bytes = preset->indexer_key_bytes;
+    model.top_k = preset->top_k;
+    model.classes = LayerClassesOf(*preset);
+    model.raw_window = preset->raw_window;
+    const int32_t hot_slots = app_->count("--hot-slots") > 0 ? hot_slots_ : 2 * preset->top_k;
+    if (hot_slots < preset->top_k) {
+      return fail(InvalidArgument("--hot-slots (" + std::to_string(hot_slots) +
+                                  ") must be >= the preset's top-k (" +
+                                  std::to_string(preset->top_k) + ")"),
+                  kExitUsage);
+    }
+    if (!(gpu_.hbm_gb - model.weights_gb - gpu_.reserved_gb > 0)) {
+      return fail(InvalidArgument(Format("no HBM is left for KV: --hbm-gb %g - weights %g - "
+                                         "--reserved-gb %g",
+                                         gpu_.hbm_gb, model.weights_gb, gpu_.reserved_gb)),
+                  kExitUsage);
+    }
+    Json json = {{"command", command}, {"preset", preset_}, {"precision", precision_}};
+    json["capacity"] = CapacityReport(*preset, model, gpu_, tiers, contexts_, hot_slots, out);
+    json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
+                   {"reserved_gb", gpu_.reserved_gb},
+                   {"weights_gb", model.weights_gb}};
+    json["hot_slots"] = hot_slots;
+    if (!json_path_.empty()) {
+      if (Status s = WriteOutputFile(json_path_, json.dump(2) + "\n", "JSON"); !s.ok()) {
+        return fail(s, kExitFailure);
+      }
+    }
+    return kExitOk;
+  }
   if (hot_slots_ < preset->top_k) {
     return fail(
         InvalidArgument("--hot-slots (" + std::to_string(hot_slots_) +

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/config.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/topk_generator.h"
 #include "tools/sparsekv/bench/arena_backend.h"
@@ -61,6 +62,27 @@ TEST(E2EPlanTest, TheStandardSweepKeepsWhatTheCommandLineGave) {
   EXPECT_EQ(kept.contexts, c.contexts);
   EXPECT_EQ(kept.miss_rates, all.miss_rates);
   EXPECT_EQ(kept.variants, c.variants);
+}
+
+// The GPU run's report names a --config file in its table and carries the file's options in its
+// JSON (without one, config is null).
+TEST(E2EReportTest, AConfigFileIsNamedInTheTableAndItsOptionsInTheJson) {
+  E2EReport r;
+  EXPECT_TRUE(nlohmann::json::parse(FormatE2EJson(r))["config"].is_null());
+  BenchConfig c;
+  c.config_path = "cache.json";
+  c.config_keys = {"hot_slots", "max_requests"};
+  c.cache_base.hot_slots = 6144;
+  r.config = c.config_path;
+  r.config_summary = ConfigSummary(c);
+  r.config_options = CacheOptionsToJson(c.cache_base);
+  EXPECT_NE(FormatE2ETable(r).find(
+                "  config: cache.json (hot_slots; sized by the bench instead: max_requests)\n"),
+            std::string::npos)
+      << FormatE2ETable(r);
+  const nlohmann::json j = nlohmann::json::parse(FormatE2EJson(r));
+  EXPECT_EQ(j["config"], "cache.json");
+  EXPECT_EQ(j["config_options"]["hot_slots"], 6144);
 }
 
 // ---- Progress (common/progress.h) ----

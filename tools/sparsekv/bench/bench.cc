@@ -384,9 +384,6 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   return r;
 }
 
-namespace {
-
-// "FILE (its keys; sized by the bench instead: the ones the bench replaces)".
 std::string ConfigSummary(const BenchConfig& c) {
   std::string given, sized;
   for (const std::string& key : c.config_keys) {
@@ -398,8 +395,6 @@ std::string ConfigSummary(const BenchConfig& c) {
   return c.config_path + " (" + (given.empty() ? "no keys" : given) +
          (sized.empty() ? "" : "; sized by the bench instead: " + sized) + ")";
 }
-
-}  // namespace
 
 std::string BackendLabel(const BenchResult& r) {
   if (r.backend_kind == BackendKind::kCuda) return "CUDA backend (" + r.backend_name + ")";

@@ -157,6 +157,10 @@ BenchConfig WithStandardSweep(BenchConfig config, SweepKeeps keep = {});
 // configuration cannot run, e.g. top_k > context.
 Status ValidateBenchConfig(const BenchConfig& config);
 
+// "FILE (its keys; sized by the bench instead: the keys of BenchSizedKeys it has)", for the
+// reports of a run with --config.
+std::string ConfigSummary(const BenchConfig& config);
+
 // The CacheOptions keys the bench sets for its own workload, whatever config.cache_base says:
 // the host pool and the request limits, from --batch, --context and --steps, and
 // indexer_key_bytes (0: its steps append no indexer keys; the GPU run's --hybrid sets the

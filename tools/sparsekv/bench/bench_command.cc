@@ -5,6 +5,7 @@
 #include <tuple>
 #include <utility>
 
+#include "sparsekv/config.h"
 #include "tools/sparsekv/bench/gpu_bench.h"
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/output_file.h"
@@ -495,6 +496,11 @@ int BenchCommand::RunOnGpu(const BenchConfig& config, std::shared_ptr<Backend> b
     return kExitFailure;
   }
   report->command = command;
+  if (!config.config_path.empty()) {
+    report->config = config.config_path;
+    report->config_summary = ConfigSummary(config);
+    report->config_options = CacheOptionsToJson(config.cache_base);
+  }
   for (const auto& [path, text, what] :
        {std::tuple{&json_path_, FormatE2EJson(*report), "JSON"},
         std::tuple{&csv_path_, FormatE2ECsv(*report), "CSV"},

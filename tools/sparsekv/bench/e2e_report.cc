@@ -186,6 +186,8 @@ std::string FormatE2ESummaryJson(const E2EReport& r) { return Summary(r).dump(2)
 std::string FormatE2EJson(const E2EReport& r) {
   Json j;
   j["command"] = r.command;
+  j["config"] = r.config.empty() ? Json() : Json(r.config);
+  if (!r.config.empty()) j["config_options"] = Json::parse(r.config_options);
   j["device"] = r.device;
   j["preset"] = r.preset;
   j["precision"] = r.precision;
@@ -279,6 +281,7 @@ std::string FormatE2ETable(const E2EReport& r) {
                         "the rest of the model, not the model)"
                   : std::string("off")) +
          "\n";
+  if (!r.config.empty()) out += "  config: " + r.config_summary + "\n";
   out += "  ceilings: pinned H2D " + Fixed(r.ceilings.pcie_h2d_gbps, 1) + " GB/s, D2H " +
          Fixed(r.ceilings.pcie_d2h_gbps, 1) + " GB/s, device copy " +
          Fixed(r.ceilings.hbm_gbps, 0) + " GB/s (read + write)\n";

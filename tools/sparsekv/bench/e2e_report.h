@@ -78,6 +78,11 @@ struct E2ECheck {
 
 struct E2EReport {
   std::string command;
+  // --config FILE: its path ("" without one), ConfigSummary, and its CacheOptions as read
+  // (CacheOptionsToJson), which every point's manager starts from before the bench sizes it.
+  std::string config;
+  std::string config_summary;
+  std::string config_options;
   std::string device;
   std::string preset;
   std::string precision;

@@ -173,8 +173,12 @@ class HostKVPool {
   const KVGeometry& geometry() const { return geometry_; }
   // The backend that allocated the rows (a node pool: registered them in this process).
   Backend& backend() const { return *backend_; }
-  // Bytes of one page over all layers: page_tokens * token_stride_bytes.
-  int64_t page_bytes() const { return int64_t{page_tokens_} * geometry_.token_stride_bytes(); }
+  // Bytes of one page over all layers: page_tokens * token_stride_bytes (also what the planner
+  // charges a request's host pages, kv_footprint.h).
+  static int64_t PageBytes(const KVGeometry& geometry, int32_t page_tokens) {
+    return int64_t{page_tokens} * geometry.token_stride_bytes();
+  }
+  int64_t page_bytes() const { return PageBytes(geometry_, page_tokens_); }
   int64_t bytes() const { return static_cast<int64_t>(rows_) * geometry_.token_stride_bytes(); }
   // [max_owners, pages_per_owner] host page index of each page of each owner, -1 = none. Not
   // synchronised: for its size, or while no other thread uses the pool.

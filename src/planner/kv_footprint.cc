@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "sparsekv/host_kv_pool.h"
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/options.h"
 
@@ -98,7 +99,8 @@ RequestFootprint ClassFootprint(KVVariant variant, const RequestShape& s) {
       hot += layers * (int64_t{s.hot_slots} + s.window) * stride +
              HotCache::StateBytes(KVGeometry::Uniform(c.index_groups, c.entry_bytes), s.hot_slots,
                                   1, ManagersReplacement(in_entries));
-      host += layers * CeilDiv(entries, s.page_tokens) * s.page_tokens * stride;
+      host += CeilDiv(entries, s.page_tokens) *
+              HostKVPool::PageBytes(KVGeometry::Uniform(c.layers, c.entry_bytes), s.page_tokens);
       offloaded_entries = std::max(offloaded_entries, entries);
       top_k = std::max(top_k, c.top_k);
     } else if (c.kind == LayerKind::kResident) {
@@ -134,7 +136,8 @@ RequestFootprint Footprint(KVVariant variant, const RequestShape& s) {
       f.hbm_bytes = HotCache::BlockBytes(KVGeometry::Uniform(s.layers, s.row_bytes), s.hot_slots,
                                          s.window, 1, ManagersReplacement(s)) +
                     indexer + pages * index + int64_t{s.top_k} * (index * 5 + 1);
-      f.host_bytes = pages * s.page_tokens * layers * s.row_bytes;
+      f.host_bytes =
+          pages * HostKVPool::PageBytes(KVGeometry::Uniform(s.layers, s.row_bytes), s.page_tokens);
       break;
     }
     case KVVariant::kNoCache:

@@ -886,11 +886,13 @@ TEST(CliTest, BenchConfigBadFilesNameTheFileAndWhatIsWrong) {
 }
 
 // The node pool takes its shape from the file and says so before it joins the control plane
-// (none listens here: the run then fails, and leaves no segment behind).
+// (none listens here: the run then fails, and leaves no segment behind). The file's hot-cache
+// keys are the processes' and are checked against the library's defaults, not the pool's.
 TEST(CliTest, PoolConfigFileSetsTheNodePoolShape) {
   const std::string config = WriteConfig(
       "pool_config", R"({"geometry": {"num_layers": 2, "row_bytes": 656}, "host_page_tokens": 16,
-                         "host_capacity_tokens": 1024, "max_context": 512, "hot_slots": 4096})");
+                         "host_capacity_tokens": 1024, "max_context": 512, "top_k": 2048,
+                         "indexer_key_bytes": 132})");
   const std::string name = "sparsekv-cli-config-" + std::to_string(getpid());
   const std::string dir = ::testing::TempDir();
   const CliRun r = Cli({"pool", "--node-id", "a", "--control-plane", "127.0.0.1:1", "--node-pool",

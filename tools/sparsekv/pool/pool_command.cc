@@ -263,7 +263,11 @@ int PoolCommand::Run(std::ostream& out, std::ostream& err) {
                                       {"--max-context", "max_context"}}) {
         if (app_->get_option(flag)->count() > 0) given.push_back({flag, key});
       }
-      const StatusOr<ConfigFile> file = ReadConfigFile(config_path_, given, o);
+      // The hot-cache keys are each process's manager's: checked as the library's defaults are.
+      CacheOptions base = o;
+      base.top_k = CacheOptions{}.top_k;
+      base.hot_slots = CacheOptions{}.hot_slots;
+      const StatusOr<ConfigFile> file = ReadConfigFile(config_path_, given, base);
       if (!file.ok()) {
         err << "sparsekv pool: " << file.status().message() << "\n";
         return kExitUsage;

@@ -538,6 +538,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const StatusOr<ModelPreset> preset = FindPreset(c.preset, KVRowFormat::kFp8Row656);
   if (!preset.ok()) Die("--preset", preset.status());
+  // Its manager holds the preset's rows as uniform layers: only the presets it serves.
+  Check(CheckServedGeometry(preset->geometry(), preset->raw_window), "--preset");
   const int32_t layers = c.layers > 0 ? c.layers : preset->num_layers;
   if (c.batches.empty() || c.steps < 1 || c.warmup < 1 || c.rounds < 1 ||
       c.context < preset->top_k) {

@@ -128,7 +128,8 @@ Status ValidateLayerKinds(const CacheOptions& o) {
                    "): all offloaded layers share one cadence");
     }
     const int32_t top_k = TopKOf(o, l);
-    if (o.hot_slots != 0 && top_k > o.hot_slots) {
+    // A layer's own top-k (CacheOptions::top_k is checked against hot_slots below).
+    if (l.top_k > 0 && o.hot_slots != 0 && l.top_k > o.hot_slots) {
       return Field(at + ".top_k (" + std::to_string(top_k) + ") exceeds hot_slots (" +
                    std::to_string(o.hot_slots) + "): a step's misses could find no victim");
     }

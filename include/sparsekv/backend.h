@@ -40,6 +40,12 @@ class Backend {
   // Host memory for the KV pool: pinned and addressable by the device where there is one.
   virtual StatusOr<void*> AllocateHost(size_t bytes) = 0;
   virtual void FreeHost(void* ptr) = 0;
+  // The host memory AllocateHost can still hand out of memory this backend took up front (an
+  // arena allocated and pinned once), which a capacity check (capacity.h) counts instead of the
+  // machine's; Unavailable (the default) from a backend whose AllocateHost allocates anew.
+  virtual StatusOr<int64_t> ReservedHostBytes() {
+    return Unavailable("backend " + name() + " reserves no host memory");
+  }
   // Makes `bytes` of host memory at `ptr` that the caller mapped (e.g. a node pool's segment,
   // shared with other processes: node_pool.h) pinned and addressable by the operators at its host
   // address, as AllocateHost's memory is: the CUDA backend registers it (cudaHostRegister,

@@ -67,6 +67,10 @@ inline constexpr int64_t kCapacityCheckedBytes = int64_t{64} << 20;
 // (AvailableHostBytes, AvailableAddressSpace).
 Status CheckHostMemory(const AllocationNeed& need,
                        const MachineCapacity& machine = SystemCapacity());
+// The same for an allocation through backend.AllocateHost: against the host memory the backend
+// reserved (Backend::ReservedHostBytes) if it reserved any, else as above.
+Status CheckHostMemory(const AllocationNeed& need, Backend& backend,
+                       const MachineCapacity& machine = SystemCapacity());
 // ResourceExhausted if `need` does not fit in the file system of `directory` (a node pool's
 // segment: every byte is written there when it is created), or, the segment being resident in
 // memory, in the host memory and address space CheckHostMemory counts.

@@ -136,6 +136,17 @@ Status CheckHostMemory(const AllocationNeed& need, const MachineCapacity& machin
   return Status::Ok();
 }
 
+Status CheckHostMemory(const AllocationNeed& need, Backend& backend,
+                       const MachineCapacity& machine) {
+  const StatusOr<int64_t> reserved = backend.ReservedHostBytes();
+  if (!reserved.ok()) return CheckHostMemory(need, machine);
+  if (need.bytes > *reserved) {
+    return Refuse(need, "the host memory " + backend.name() + " reserved", *reserved, "is left",
+                  need.remedy);
+  }
+  return Status::Ok();
+}
+
 Status CheckSharedMemory(const AllocationNeed& need, const std::string& directory,
                          const MachineCapacity& machine) {
   if (need.bytes < kCapacityCheckedBytes) return Status::Ok();

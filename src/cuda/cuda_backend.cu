@@ -8,7 +8,10 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -161,6 +164,7 @@ class CudaBackend final : public Backend {
                  : Internal("host memory is mapped at a different device address (no UVA)");
     }
     std::lock_guard<std::mutex> lock(host_mu_);
+    if (block.memory != nullptr) RememberChunks(block.memory->registration());
     host_blocks_.emplace(ptr, block);
     return ptr;
   }
@@ -174,6 +178,7 @@ class CudaBackend final : public Backend {
       if (it == host_blocks_.end()) return;
       block = it->second;
       host_blocks_.erase(it);
+      if (block.memory != nullptr) ForgetChunks(block.memory->registration());
     }
     DeviceGuard guard(device_);
     Release(ptr, block);
@@ -185,6 +190,7 @@ class CudaBackend final : public Backend {
     SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<HostRegistration> registration,
                               RegisterHostRange(ptr, bytes, preparation_, ChunkRegistrar()));
     std::lock_guard<std::mutex> lock(host_mu_);
+    RememberChunks(*registration);
     registrations_[ptr] = std::move(registration);
     return Status::Ok();
   }
@@ -196,6 +202,7 @@ class CudaBackend final : public Backend {
       if (it == registrations_.end()) return;
       registration = std::move(it->second);
       registrations_.erase(it);
+      ForgetChunks(*registration);
     }
     registration->Release();  // every chunk, in parallel
   }
@@ -227,11 +234,21 @@ class CudaBackend final : public Backend {
     return static_cast<int64_t>(free);
   }
 
+  // One cudaMemcpyAsync may not cross from one registration into the next, so a copy that
+  // crosses a chunk boundary of memory registered in chunks (on either side) is enqueued as one
+  // copy per piece: to the caller it is one range, as for a kernel.
   Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) override {
     if (bytes == 0) return Status::Ok();
     DeviceGuard guard(device_);
-    SPARSEKV_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ToCuda(stream)));
+    auto* d = static_cast<std::byte*>(dst);
+    const auto* s = static_cast<const std::byte*>(src);
+    while (bytes > 0) {
+      const size_t n = std::min({bytes, ChunkRoom(s), ChunkRoom(d)});
+      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, s, n, cudaMemcpyDefault, ToCuda(stream)));
+      d += n;
+      s += n;
+      bytes -= n;
+    }
     return Status::Ok();
   }
 
@@ -592,6 +609,29 @@ class CudaBackend final : public Backend {
         preparation_(preparation),
         numa_node_(numa_node) {}
 
+  // The chunks of memory registered in chunks, by their first byte (host_mu_ held).
+  void RememberChunks(const HostRegistration& registration) {
+    for (const HostChunk& chunk : registration.chunks()) {
+      const auto begin = reinterpret_cast<uintptr_t>(registration.data() + chunk.offset);
+      chunk_ends_[begin] = begin + chunk.bytes;
+    }
+  }
+  void ForgetChunks(const HostRegistration& registration) {
+    for (const HostChunk& chunk : registration.chunks()) {
+      chunk_ends_.erase(reinterpret_cast<uintptr_t>(registration.data() + chunk.offset));
+    }
+  }
+  // Bytes from p to the end of the chunk that holds it, or the most a size can be if no chunk
+  // does.
+  size_t ChunkRoom(const void* p) {
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(host_mu_);
+    auto it = chunk_ends_.upper_bound(at);
+    if (it == chunk_ends_.begin()) return std::numeric_limits<size_t>::max();
+    --it;
+    return at < it->second ? it->second - at : std::numeric_limits<size_t>::max();
+  }
+
   // One chunk's registration as the operators need it: pinned, mapped for the device at its host
   // address (UVA), portable to every context. Called from host_memory's worker threads, so each
   // call makes this backend's device current first.
@@ -667,6 +707,7 @@ class CudaBackend final : public Backend {
   std::mutex host_mu_;
   std::unordered_map<void*, HostBlock> host_blocks_;
   std::unordered_map<void*, std::unique_ptr<HostRegistration>> registrations_;  // RegisterHost
+  std::map<uintptr_t, uintptr_t> chunk_ends_;  // chunk's first byte -> one past its last
   // ImportDevice's mappings of other processes' memory: the imports not yet closed, and the
   // mapping's size (0 if the driver did not say).
   struct Imported {

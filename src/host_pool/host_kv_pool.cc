@@ -28,8 +28,9 @@ StatusOr<std::unique_ptr<HostKVPool>> HostKVPool::Create(const KVGeometry& geome
   const int64_t rows = pages * page_tokens;
   if (rows > INT32_MAX) return InvalidArgument("HostKVPool: capacity overflows 32-bit rows");
   const int32_t pages_per_owner = (max_tokens_per_owner + page_tokens - 1) / page_tokens;
-  // Against what the machine has, before any of it is allocated: a pool larger than the host
-  // memory would otherwise grow toward it as its rows are written, and fail late.
+  // Against what the machine (or the backend's reserved arena) has, before any of it is
+  // allocated: a pool larger than the host memory would otherwise grow toward it as its rows are
+  // written, and fail late.
   const std::string sizing = "host_capacity_tokens = " + std::to_string(capacity_tokens) + " (" +
                              std::to_string(rows) + " rows x " +
                              std::to_string(geometry.token_stride_bytes()) + " B over " +
@@ -38,7 +39,8 @@ StatusOr<std::unique_ptr<HostKVPool>> HostKVPool::Create(const KVGeometry& geome
       CheckHostMemory({.what = "host pool",
                        .sizing = sizing,
                        .bytes = rows * geometry.token_stride_bytes(),
-                       .remedy = "lower host_capacity_tokens, or use a machine with more memory"}));
+                       .remedy = "lower host_capacity_tokens, or use a machine with more memory"},
+                      *backend));
   // The memory first: a pool that cannot be allocated fails before any bookkeeping is built.
   std::vector<std::byte*> layer_base;
   for (size_t l = 0; l < geometry.layers.size(); ++l) {

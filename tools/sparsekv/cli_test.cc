@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/capacity.h"
 #include "sparsekv/config.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/topk_generator.h"
@@ -167,6 +168,28 @@ TEST(ArenaBackendTest, HandsOutPiecesAndStartsOverWhenAllAreFreed) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(*c, (*arena)->arena());
   (*arena)->FreeHost(*c);
+}
+
+// A pool carved from the arena is checked against what is left of the arena, not against the
+// machine's available memory (which the arena already holds).
+TEST(ArenaBackendTest, HostCapacityChecksCountWhatIsLeftOfTheArena) {
+  auto arena = ArenaBackend::Create(CreateCpuBackend(), 6 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+  EXPECT_EQ(*(*arena)->ReservedHostBytes(), 6 << 20);
+  auto piece = (*arena)->AllocateHost(1);
+  ASSERT_TRUE(piece.ok());
+  EXPECT_EQ(*(*arena)->ReservedHostBytes(), 4 << 20);
+  EXPECT_TRUE(CheckHostMemory({.what = "host pool", .bytes = 4 << 20}, **arena).ok());
+  const Status refused = CheckHostMemory(
+      {.what = "host pool", .bytes = (4 << 20) + 1, .remedy = "lower host_capacity_tokens"},
+      **arena);
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("of the host memory " + (*arena)->name() +
+                                   " reserved, 4.19 MB "
+                                   "is left; lower host_capacity_tokens"),
+            std::string::npos)
+      << refused.message();
+  (*arena)->FreeHost(*piece);
 }
 
 // ---- The page-offload variant's cache on the CPU backend (page_offload.h) ----

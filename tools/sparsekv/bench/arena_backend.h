@@ -45,6 +45,9 @@ class ArenaBackend final : public Backend {
   // ResourceExhausted if the rest of the arena is too small.
   StatusOr<void*> AllocateHost(size_t bytes) override;
   void FreeHost(void* ptr) override;
+  // What is left of the arena: the pool's capacity check counts it, not the machine's memory
+  // (which the arena already holds).
+  StatusOr<int64_t> ReservedHostBytes() override { return static_cast<int64_t>(bytes_ - used_); }
   Status RegisterHost(void* ptr, size_t bytes) override { return base_->RegisterHost(ptr, bytes); }
   void UnregisterHost(void* ptr) override { base_->UnregisterHost(ptr); }
   int32_t HostNumaNode() const override { return base_->HostNumaNode(); }

@@ -8,8 +8,9 @@
 //           with IndexCopy) in a random LRU order; seq_len = ctx. --eviction slru: segmented
 //           LRU, its protected part full (the last C * --protected_percent / 100 entries);
 //           --eviction clock (the library's default, CacheOptions::eviction): the same slots with
-//           use counts drawn uniformly from [0, kClockMaxUses], a random hand and the position
-//           map of ctx entries per request.
+//           use counts drawn uniformly from [0, kClockMaxUses] (--clock_free_percent P >= 0:
+//           0 with probability P%, else uniform in [1, kClockMaxUses]), a random hand and the
+//           position map of ctx entries per request.
 //   host    one layer of the pool: ctx * B rows of row_bytes (stride = row bytes), pattern-filled,
 //           in pages of --page_tokens tokens. The pages are a random permutation of the layer dealt
 //           to the requests, as in a long-running pool whose free list has been shuffled by churn:
@@ -94,12 +95,13 @@ struct Options {
   int32_t top_k, hot_slots, window, page_tokens;
   int warmup, reps, verify_samples;
   bool sort_misses;
-  int32_t sort_min_batch;     // sort in steps of at least this many requests
-  int32_t fused_min_batch;    // fused strategies: ResolveView::fused_copy_min_batch
-  bool segmented;             // --eviction slru
-  bool clock;                 // --eviction clock
-  int32_t protected_percent;  // segmented: the protected part's capacity, % of C
-  std::string eviction;       // --eviction: lru, slru or clock
+  int32_t sort_min_batch;      // sort in steps of at least this many requests
+  int32_t fused_min_batch;     // fused strategies: ResolveView::fused_copy_min_batch
+  bool segmented;              // --eviction slru
+  bool clock;                  // --eviction clock
+  int32_t clock_free_percent;  // --clock_free_percent
+  int32_t protected_percent;   // segmented: the protected part's capacity, % of C
+  std::string eviction;        // --eviction: lru, slru or clock
   double max_pool_gib;
   uint64_t seed;
   int device;
@@ -339,10 +341,16 @@ void Bench::BuildState(int32_t ctx, int32_t batch) {
     }
   }
   if (o_.clock) {
-    std::uniform_int_distribution<int32_t> use(0, kClockMaxUses);
+    // A slot's count is 0 with probability --clock_free_percent, else uniform in
+    // [1, kClockMaxUses]; -1: every count uniform in [0, kClockMaxUses].
+    std::uniform_int_distribution<int32_t> use(o_.clock_free_percent < 0 ? 0 : 1, kClockMaxUses);
+    std::uniform_int_distribution<int32_t> percent(0, 99);
     std::uniform_int_distribution<int32_t> hand(0, c_ - 1);
     s.uses.resize(size_t(batch) * c_);
-    for (uint8_t& u : s.uses) u = static_cast<uint8_t>(use(rng_));
+    for (uint8_t& u : s.uses) {
+      const bool free = o_.clock_free_percent >= 0 && percent(rng_) < o_.clock_free_percent;
+      u = free ? 0 : static_cast<uint8_t>(use(rng_));
+    }
     s.hands.resize(batch);
     for (int32_t& h : s.hands) h = hand(rng_);
     s.position_slot.assign(size_t(batch) * ctx, -1);
@@ -874,6 +882,7 @@ int main(int argc, char** argv) {
        {"fused_min_batch", "1"},
        {"eviction", DefaultEviction()},
        {"protected_percent", "80"},
+       {"clock_free_percent", "-1"},
        {"warmup", "3"},
        {"reps", "20"},
        {"verify_samples", "8192"},
@@ -925,6 +934,7 @@ int main(int argc, char** argv) {
   }
   o.segmented = o.eviction == "slru";
   o.clock = o.eviction == "clock";
+  o.clock_free_percent = static_cast<int32_t>(flags.Int("clock_free_percent"));
   o.protected_percent = static_cast<int32_t>(flags.Int("protected_percent"));
   if (o.protected_percent < 0 || o.protected_percent > 100) {
     Fail("--protected_percent must lie in [0, 100]");

@@ -24,7 +24,9 @@
 //           (as in production) and timed over graph replays with CUDA events. Before each run,
 //           untimed: the saved slot_token / LRU state is restored (Resolve turns misses into
 //           residents), the run's top-k set is copied into the fixed top-k buffer, and the miss
-//           count and counters are zeroed. After each run the counters are read back: every run
+//           count and counters are zeroed (--clean_l2 1: then a read of 192 MB, so that the
+//           restore's writes are not dirty in the L2 when the run starts). After each run the
+//           counters are read back: every run
 //           must see exactly the intended hits and misses.
 //   floor   miss bytes / the pinned cudaMemcpy host->device bandwidth of this run.
 //   sort    misses sorted by host row as the library does by default (CacheOptions: sort_misses,
@@ -100,6 +102,7 @@ struct Options {
   bool segmented;              // --eviction slru
   bool clock;                  // --eviction clock
   int32_t clock_free_percent;  // --clock_free_percent
+  bool clean_l2;               // --clean_l2
   int32_t protected_percent;   // segmented: the protected part's capacity, % of C
   std::string eviction;        // --eviction: lru, slru or clock
   double max_pool_gib;
@@ -125,6 +128,19 @@ template <typename T>
 T* DeviceArray(Backend& backend, size_t n, const char* what) {
   return static_cast<T*>(
       ValueOrDie(backend.AllocateDevice(std::max<size_t>(n, 1) * sizeof(T)), what));
+}
+
+// Reads n words and writes nothing unless their sum is the impossible `never`: after it the L2
+// holds clean lines of `p`, and whatever was dirty in it (a state restore's writes) has been
+// written back.
+__global__ void ReadThrough(const uint4* p, size_t n, uint32_t never, uint32_t* sink) {
+  uint32_t sum = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const uint4 v = p[i];
+    sum += v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (sum == never) *sink = sum;
 }
 
 class Bench {
@@ -219,6 +235,10 @@ class Bench {
   uint8_t *d_uses_ = nullptr, *d_uses0_ = nullptr;
   int32_t *d_hands_ = nullptr, *d_hands0_ = nullptr;
   int32_t *d_map_ = nullptr, *d_map0_ = nullptr;
+  // --clean_l2: a buffer larger than the L2 that Prepare reads after the restore.
+  uint4* d_l2_ = nullptr;
+  size_t l2_words_ = 0;
+  uint32_t* d_sink_ = nullptr;
   int32_t *d_topk_ = nullptr, *d_topk_sets_ = nullptr;  // [max_batch, K], [runs, max_batch, K]
   int32_t* d_slots_out_ = nullptr;                      // [max_batch, K]
   int32_t* d_page_table_ = nullptr;                     // [max_batch, max_ctx / page_tokens]
@@ -265,6 +285,12 @@ void Bench::Allocate() {
   d_lru0_ = DeviceArray<int32_t>(be, bc, "saved lru_order");
   d_lru_protected_ = DeviceArray<int32_t>(be, max_batch_, "lru_protected");
   d_lru_protected0_ = DeviceArray<int32_t>(be, max_batch_, "saved lru_protected");
+  if (o_.clean_l2) {
+    l2_words_ = (size_t{192} << 20) / sizeof(uint4);
+    d_l2_ = DeviceArray<uint4>(be, l2_words_, "L2 read-through buffer");
+    d_sink_ = DeviceArray<uint32_t>(be, 1, "sink");
+    BENCH_CUDA(cudaMemsetAsync(d_l2_, 0, l2_words_ * sizeof(uint4), stream_));
+  }
   if (o_.clock) {
     d_uses_ = DeviceArray<uint8_t>(be, bc, "clock uses");
     d_uses0_ = DeviceArray<uint8_t>(be, bc, "saved clock uses");
@@ -516,6 +542,10 @@ void Bench::Prepare(int set) {
                              size_t(state_.batch) * k_ * 4, cudaMemcpyDeviceToDevice, stream_));
   BENCH_CUDA(cudaMemsetAsync(d_miss_count_, 0, 4, stream_));
   BENCH_CUDA(cudaMemsetAsync(d_counters_, 0, sizeof(ResolveCounters), stream_));
+  if (o_.clean_l2) {
+    ReadThrough<<<264, 1024, 0, stream_>>>(d_l2_, l2_words_, 0xFFFFFFFFu, d_sink_);
+    BENCH_LAUNCHED();
+  }
 }
 
 std::string Bench::Where(int32_t row_bytes, int32_t misses) const {
@@ -883,6 +913,7 @@ int main(int argc, char** argv) {
        {"eviction", DefaultEviction()},
        {"protected_percent", "80"},
        {"clock_free_percent", "-1"},
+       {"clean_l2", "0"},
        {"warmup", "3"},
        {"reps", "20"},
        {"verify_samples", "8192"},
@@ -935,6 +966,7 @@ int main(int argc, char** argv) {
   o.segmented = o.eviction == "slru";
   o.clock = o.eviction == "clock";
   o.clock_free_percent = static_cast<int32_t>(flags.Int("clock_free_percent"));
+  o.clean_l2 = flags.Int("clean_l2") != 0;
   o.protected_percent = static_cast<int32_t>(flags.Int("protected_percent"));
   if (o.protected_percent < 0 || o.protected_percent > 100) {
     Fail("--protected_percent must lie in [0, 100]");

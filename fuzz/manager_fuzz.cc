@@ -1565,7 +1565,8 @@ CacheOptions DecodeOptions(FuzzedDataProvider& in) {
   o.top_k = in.ConsumeIntegralInRange<int32_t>(1, 6);
   o.hot_slots = o.top_k + in.ConsumeIntegralInRange<int32_t>(0, 5);
   o.window = in.ConsumeIntegralInRange<int32_t>(1, 3);
-  o.eviction = in.ConsumeBool() ? EvictionPolicy::kSegmentedLru : EvictionPolicy::kLru;
+  // kLru, kSegmentedLru or kClock (one byte, as the choice between the first two took).
+  o.eviction = static_cast<EvictionPolicy>(in.ConsumeIntegralInRange<int>(0, 2));
   o.protected_percent = in.ConsumeIntegralInRange<int32_t>(0, 100);
   o.host_page_tokens = 1 << in.ConsumeIntegralInRange<int>(1, 3);
   o.max_requests = in.ConsumeIntegralInRange<int32_t>(1, 3);

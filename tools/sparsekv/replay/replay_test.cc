@@ -99,13 +99,14 @@ TEST(PolicyTest, AgingPrefersFrequentPositionsAndShiftOneIsRecency) {
   EXPECT_EQ(StepRow(*halving, {0}, 30).misses, 1);
 }
 
-// The lru and slru simulators return the manager's slots (EvictionPolicy kLru and
-// kSegmentedLru), entry for entry, on random rows with reuse, padding, duplicates, out-of-range
-// positions and window hits.
-TEST(PolicyTest, LruAndSlruMatchTheManagerOnTheCpuBackend) {
+// The lru, slru and clock simulators return the manager's slots (EvictionPolicy kLru,
+// kSegmentedLru and kClock), entry for entry, on random rows with reuse, padding, duplicates,
+// out-of-range positions and window hits.
+TEST(PolicyTest, LruSlruAndClockMatchTheManagerOnTheCpuBackend) {
   for (const auto& [window, eviction] :
        {std::pair{1, EvictionPolicy::kLru}, std::pair{3, EvictionPolicy::kLru},
-        std::pair{1, EvictionPolicy::kSegmentedLru}, std::pair{3, EvictionPolicy::kSegmentedLru}}) {
+        std::pair{1, EvictionPolicy::kSegmentedLru}, std::pair{3, EvictionPolicy::kSegmentedLru},
+        std::pair{1, EvictionPolicy::kClock}, std::pair{3, EvictionPolicy::kClock}}) {
     CacheOptions o;
     o.eviction = eviction;
     o.protected_percent = 70;
@@ -125,7 +126,9 @@ TEST(PolicyTest, LruAndSlruMatchTheManagerOnTheCpuBackend) {
     for (int32_t l = 0; l < 2; ++l) ASSERT_TRUE(mgr.IngestPrompt(1, l, rows.data(), nullptr).ok());
 
     std::vector<std::unique_ptr<PolicySimulator>> sims;
-    const PolicyKind kind = eviction == EvictionPolicy::kLru ? PolicyKind::kLru : PolicyKind::kSlru;
+    const PolicyKind kind = eviction == EvictionPolicy::kLru     ? PolicyKind::kLru
+                            : eviction == EvictionPolicy::kClock ? PolicyKind::kClock
+                                                                 : PolicyKind::kSlru;
     for (int32_t l = 0; l < 2; ++l) {
       sims.push_back(
           MakePolicy({.kind = kind, .slots = 24, .window = window, .protected_percent = 70}));

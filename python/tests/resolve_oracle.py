@@ -6,7 +6,8 @@ semantics would have to be made twice, in two languages, to pass unnoticed. Test
 
 It follows the semantics in include/sparsekv/kernel_views.h (ResolveView, exact) and
 include/sparsekv/hot_cache.h (blocks taken lowest first; a taken block starts empty with LRU
-order 0..C-1), and keeps each request's full history, so that it predicts both the slot of every
+order 0..C-1, or with the clock every count 0 and the hand at 0), and keeps each request's full
+history, so that it predicts both the slot of every
 top-k entry and the bytes that slot must hold.
 """
 
@@ -35,10 +36,16 @@ class _Request:
     slot_token: List[List[int]] = field(default_factory=list)  # per layer, [C]
     lru: List[List[int]] = field(default_factory=list)  # per layer, [C], LRU first
     protected: List[int] = field(default_factory=list)  # per layer: lru's protected tail
+    uses: List[List[int]] = field(default_factory=list)  # clock, per layer: [C] use counts
+    hand: List[int] = field(default_factory=list)  # clock, per layer: where the sweep starts
 
     @property
     def seq_len(self) -> int:
         return self.history[0].shape[0]
+
+
+# The clock's largest use count (kClockMaxUses, kernel_views.h).
+CLOCK_MAX_USES = 3
 
 
 def protected_capacity_of(options) -> Optional[int]:
@@ -46,11 +53,18 @@ def protected_capacity_of(options) -> Optional[int]:
     return options.protected_capacity if options.eviction.name == "SEGMENTED_LRU" else None
 
 
+def clock_of(options) -> bool:
+    """ReferenceManager's clock for a sparsekv.CacheOptions."""
+    return options.eviction.name == "CLOCK"
+
+
 class ReferenceManager:
     def __init__(self, hot_slots: int, window: int, max_requests: int, num_layers: int,
-                 protected_capacity: Optional[int] = None):
-        """protected_capacity: segmented LRU with this capacity; None: LRU."""
+                 protected_capacity: Optional[int] = None, clock: bool = False):
+        """protected_capacity: segmented LRU with this capacity; None: LRU (or, with clock, the
+        clock: use counts and a sweeping hand)."""
         self.P = protected_capacity
+        self.clock = clock
         self.C = hot_slots
         self.W = window
         self.max_requests = max_requests
@@ -65,6 +79,8 @@ class ReferenceManager:
         r.slot_token = [[-1] * self.C for _ in range(self.num_layers)]
         r.lru = [list(range(self.C)) for _ in range(self.num_layers)]
         r.protected = [0] * self.num_layers
+        r.uses = [[0] * self.C for _ in range(self.num_layers)]
+        r.hand = [0] * self.num_layers
 
     def admit(self, rid: int, prompt: List[np.ndarray]) -> None:
         r = _Request(history=[p.copy() for p in prompt], block=None)
@@ -121,10 +137,15 @@ class ReferenceManager:
                     else:
                         c.misses += 1
                         misses.append((k, p))
-            victims = [s for s in lru if s not in hit][: len(misses)]
+            if self.clock:
+                victims = self._sweep(r, layer, hit, min(len(misses), C - len(hit)))
+            else:
+                victims = [s for s in lru if s not in hit][: len(misses)]
             for (k, p), v in zip(misses, victims):
                 slot_token[v] = p
                 out[b, k] = base + v
+            if self.clock:
+                continue
             used = hit | set(victims)
             if self.P is None:
                 r.lru[layer] = [s for s in lru if s not in used] + [s for s in lru if s in used]
@@ -137,6 +158,22 @@ class ReferenceManager:
                             untouched_protected + [s for s in lru if s in hit])
             r.protected[layer] = min(self.P, len(untouched_protected) + len(hit))
         return out
+
+    def _sweep(self, r: _Request, layer: int, hit: set, n: int) -> List[int]:
+        """The clock's n victims, its counts and hand updated (ResolveView, kernel_views.h)."""
+        uses, hand, victims = r.uses[layer], r.hand[layer], []
+        while len(victims) < n:
+            s, hand = hand, (hand + 1) % self.C
+            if s in hit or s in victims:
+                continue
+            if uses[s] > 0:
+                uses[s] -= 1
+            else:
+                victims.append(s)
+        r.hand[layer] = hand
+        for s in hit:
+            uses[s] = min(CLOCK_MAX_USES, uses[s] + 1)
+        return victims
 
     def row(self, rid: int, layer: int, position: int) -> np.ndarray:
         return self.requests[rid].history[layer][position]

@@ -5,7 +5,7 @@ import pytest
 
 import sparsekv
 from conftest import LAYERS, TOP_K, make_options
-from resolve_oracle import ReferenceManager, protected_capacity_of
+from resolve_oracle import ReferenceManager, clock_of, protected_capacity_of
 from workload import Flavour, run_workload
 
 torch = pytest.importorskip("torch")
@@ -74,7 +74,7 @@ def test_sglang_adapter_drives_steps_like_an_engine(schedule):
         manager, request_info=request_info, prompt_kv=lambda req, layer: req.prompt[layer],
         schedule=schedule)
     ref = ReferenceManager(options.hot_slots, options.window, options.max_requests, len(LAYERS),
-                           protected_capacity_of(options))
+                           protected_capacity_of(options), clock_of(options))
     rng = np.random.default_rng(7)
 
     def new_req(rid, pool_idx, prompt_len):

@@ -13,7 +13,7 @@ from typing import Callable, List
 import numpy as np
 
 import sparsekv
-from resolve_oracle import ReferenceManager, protected_capacity_of
+from resolve_oracle import ReferenceManager, clock_of, protected_capacity_of
 
 UNTOUCHED = -7  # sentinel in slot rows past the batch
 
@@ -41,7 +41,7 @@ class Workload:
         self.strides = [layer.row_stride for layer in o.geometry.layers]
         self.row_bytes = [layer.row_bytes for layer in o.geometry.layers]
         self.ref = ReferenceManager(o.hot_slots, o.window, o.max_requests, len(self.strides),
-                                    protected_capacity_of(o))
+                                    protected_capacity_of(o), clock_of(o))
         self.next_id = 100
         self.live: List[int] = []  # admitted, holding a hot-cache block
         self.retracted: List[int] = []

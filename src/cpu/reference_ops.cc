@@ -76,10 +76,10 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
   const int32_t* topk = v.topk + static_cast<int64_t>(b) * v.topk_stride;
   int32_t* out = v.slots_out + static_cast<int64_t>(b) * v.top_k;
   int32_t* slot_token = v.slot_token + static_cast<int64_t>(e.block) * c;
-  int32_t* lru = v.lru_order + static_cast<int64_t>(e.block) * c;
+  const bool clock = v.clock_uses != nullptr;
+  int32_t* lru = clock ? nullptr : v.lru_order + static_cast<int64_t>(e.block) * c;
   ResolveCounters& n = *v.counters;
 
-  const bool clock = v.clock_uses != nullptr;
   int32_t* position_slot =
       clock ? v.position_slot + static_cast<int64_t>(e.block) * v.positions : nullptr;
   // Position -> slot: the clock's map (in range only), else from the C slots.

@@ -45,7 +45,8 @@ CacheOptions RandomSmallOptions(uint64_t seed) {
   o.max_context = 120;
   // Tight enough that admission sometimes fails for lack of pages.
   o.host_capacity_tokens = int64_t{o.max_host_requests} * pick({40, 80, 120});
-  // Every replacement policy in turn (from the seed, so that the draws above stay as they were).
+  // Each replacement policy for a third of the seeds (from the seed, so that the draws above stay
+  // as they were).
   o.eviction = static_cast<EvictionPolicy>(seed % 3);
   return o;
 }

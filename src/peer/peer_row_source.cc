@@ -195,7 +195,9 @@ Status PeerRowSource::Map(RequestId id, int32_t region, int32_t first_row, int32
       tables_dirty_ = true;
     }
     ++page_refs_[page];
-    mine.emplace_back(page, region);
+    // The region the page is read from (the first mapping's, if it had one), so that OnDrop
+    // gives back exactly the references taken here.
+    mine.emplace_back(page, page_place_[page] - 1);
   }
   return UploadTables(stream);
 }

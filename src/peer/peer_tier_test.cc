@@ -334,6 +334,35 @@ TEST_P(PeerTierTest, PeerAndLocalRequestsDecodeByteExactly) {
   EXPECT_EQ(RowsRead(), before);
 }
 
+// Pages mapped twice (to two regions) take two references and give back two when the request
+// goes: a page reused by the next request is read from the host pool, never from a region that
+// holds the first request's rows.
+TEST_P(PeerTierTest, PagesMappedToTwoRegionsAreUnmappedWhenTheRequestGoes) {
+  if (backend_ == nullptr) return;
+  Create(ThreeLayerOptions(), 2048, /*max_regions=*/2);
+  const int32_t first = Import(region_->descriptor().Serialize()).value();
+  std::unique_ptr<PeerRegion> second_region =
+      PeerRegion::Create(ThreeLayerOptions().geometry, 2048, backend_).value();
+  const int32_t second = Import(second_region->descriptor().Serialize()).value();
+  Decoder d(*manager_, 14);
+  AdmitPeer(d, 1, first, 0, 256);
+  std::mt19937_64 rng(7);
+  for (int32_t l = 0; l < kLayers; ++l) {  // the first request's rows, in the second region too
+    const Bytes rows(d.model().Row(1, l, 0), d.model().Row(1, l, 0) + 256 * kRowBytes);
+    ASSERT_TRUE(second_region->WriteRows(l, 0, rows.data(), 256, nullptr).ok());
+  }
+  ASSERT_TRUE(backend_->Synchronize(nullptr).ok());
+  ASSERT_TRUE(MapPeerRows(*manager_, 1, second, 0, 256, nullptr).ok());
+  d.Step({1});
+  ASSERT_TRUE(manager_->Release(1).ok());
+  d.model().Remove(1);
+  AdmitLocal(d, 2, 256);  // on the pages the first request held
+  const uint64_t before = RowsRead();
+  for (int step = 0; step < 5; ++step) d.Step({2});  // checks every delivered row's bytes
+  EXPECT_EQ(RowsRead(), before);
+  manager_.reset();  // before the second region, which it maps
+}
+
 TEST_P(PeerTierTest, SplitRunsChunksPrefetchesAndIndexGroupsReadPeerRows) {
   if (backend_ == nullptr) return;
   CacheOptions o = ThreeLayerOptions();

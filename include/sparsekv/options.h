@@ -105,13 +105,13 @@ StatusOr<ModelPreset> FindPreset(const std::string& name);
 // drive a manager call it on a preset's geometry() and raw_window.
 Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window);
 
-// How a request's hot slots are replaced (ResolveView in kernel_views.h defines both exactly;
+// How a request's hot slots are replaced (ResolveView in kernel_views.h defines each exactly;
 // docs/planning.md has the replayed hit rates that chose the default).
 enum class EvictionPolicy {
   kLru,           // least recently used slot first
   kSegmentedLru,  // segmented LRU: slots hit again are protected; new fills are evicted first
-  kClock,         // a clock over use counts: a resolve in O(top_k), not O(hot_slots); hits as
-                  // kSegmentedLru
+  kClock,         // a clock over use counts: a resolve in O(top_k), not O(hot_slots), for the
+                  // hit rate of kSegmentedLru
 };
 
 struct CacheOptions {
@@ -156,7 +156,7 @@ struct CacheOptions {
   int32_t raw_window = 0;
   // Replacement of the hot slots. The clock's resolve does not grow with hot_slots (its state
   // adds 4 bytes per max_context position and block) and it keeps the hit rate of segmented LRU
-  // (within 0.1 points on a real model's trace and the calibrated workload), +0.1 to +1.1 points
+  // (within 0.11 points on a real model's trace and the calibrated workload), +0.1 to +1.2 points
   // over LRU (docs/resolve.md). Segmented LRU kept +1.2 points over LRU at hot_slots = 2 x top_k
   // on the trace.
   EvictionPolicy eviction = EvictionPolicy::kClock;

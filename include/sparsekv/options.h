@@ -120,7 +120,7 @@ struct CacheOptions {
   // ---- Behaviour ----
   // Positions selected per request and layer at every decode step.
   int32_t top_k = 2048;
-  // Least-recently-used hot slots per request and layer, in HBM. Must be >= top_k so that any
+  // Replaceable hot slots per request and layer, in HBM. Must be >= top_k so that any
   // step's misses always find a victim, and at most kMaxHotSlots (kernel_views.h). 0: chosen from
   // device_budget_bytes (ChooseHotCacheShape in hot_cache.h).
   int32_t hot_slots = 4096;

@@ -77,6 +77,7 @@ class CacheOptions:
     top_k: int
     hot_slots: int
     window: int
+    raw_window: int
     host_capacity_tokens: int
     max_requests: int
     max_host_requests: int

@@ -4,17 +4,28 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "binding_util.h"
+#include "option_docs.h"
 #include "sparsekv/config.h"
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/options.h"
 
 namespace sparsekv {
 namespace {
+
+// A CacheOptions field's docstring: its comment in options.h (option_docs.h, generated from it).
+const char* FieldDoc(std::string_view field) {
+  for (const python::OptionDoc& d : python::kCacheOptionDocs) {
+    if (d.field == field) return d.doc.data();  // a string literal: terminated
+  }
+  throw std::logic_error("option_docs.h has no comment for CacheOptions::" + std::string(field));
+}
 
 void RegisterGeometry(py::module_& m) {
   py::class_<LayerShape>(m, "LayerShape", "Bytes one token contributes to one layer.")
@@ -142,65 +153,46 @@ void RegisterCacheOptions(py::module_& m) {
            py::arg("copy_chunk_rows") = defaults.copy_chunk_rows,
            "Keyword arguments only; geometry, host_capacity_tokens, max_requests and max_context "
            "are required. Checked when a manager is created (or by validate()).")
-      .def_readwrite("geometry", &CacheOptions::geometry, "The KV rows of every layer.")
-      .def_readwrite("top_k", &CacheOptions::top_k,
-                     "Positions selected per request and layer at every decode step.")
-      .def_readwrite("hot_slots", &CacheOptions::hot_slots,
-                     "Least-recently-used hot slots per request and layer, >= top_k.")
-      .def_readwrite("window", &CacheOptions::window,
-                     "The newest `window` tokens of each request are always resident, in extra "
-                     "slots.")
+      .def_readwrite("geometry", &CacheOptions::geometry, FieldDoc("geometry"))
+      .def_readwrite("top_k", &CacheOptions::top_k, FieldDoc("top_k"))
+      .def_readwrite("hot_slots", &CacheOptions::hot_slots, FieldDoc("hot_slots"))
+      .def_readwrite("window", &CacheOptions::window, FieldDoc("window"))
+      .def_readwrite("raw_window", &CacheOptions::raw_window, FieldDoc("raw_window"))
       .def_readwrite("host_capacity_tokens", &CacheOptions::host_capacity_tokens,
-                     "Host pool size in tokens (a row of every layer each). Required.")
-      .def_readwrite("max_requests", &CacheOptions::max_requests,
-                     "Requests that may hold a hot-cache block at once. Required.")
+                     FieldDoc("host_capacity_tokens"))
+      .def_readwrite("max_requests", &CacheOptions::max_requests, FieldDoc("max_requests"))
       .def_readwrite("max_host_requests", &CacheOptions::max_host_requests,
-                     "Requests that may hold host pages at once (retracted ones included); 0 "
-                     "means max_requests.")
-      .def_readwrite("max_batch", &CacheOptions::max_batch,
-                     "Largest batch of one decode step; 0 means max_requests.")
-      .def_readwrite("max_context", &CacheOptions::max_context,
-                     "Largest prompt + generated length of one request. Required.")
+                     FieldDoc("max_host_requests"))
+      .def_readwrite("max_batch", &CacheOptions::max_batch, FieldDoc("max_batch"))
+      .def_readwrite("max_context", &CacheOptions::max_context, FieldDoc("max_context"))
       .def_readwrite("host_page_tokens", &CacheOptions::host_page_tokens,
-                     "Host rows are given to requests (and shared) in pages of this many tokens.")
-      .def_readwrite("sort_misses", &CacheOptions::sort_misses,
-                     "Sort each request's misses by host address before copying.")
+                     FieldDoc("host_page_tokens"))
+      .def_readwrite("sort_misses", &CacheOptions::sort_misses, FieldDoc("sort_misses"))
       .def_readwrite("sort_misses_min_batch", &CacheOptions::sort_misses_min_batch,
-                     "Sort only in steps of at least this many requests (0: every step).")
-      .def_readwrite("eviction", &CacheOptions::eviction,
-                     "Replacement of the hot slots (EvictionPolicy).")
+                     FieldDoc("sort_misses_min_batch"))
+      .def_readwrite("eviction", &CacheOptions::eviction, FieldDoc("eviction"))
       .def_readwrite("protected_percent", &CacheOptions::protected_percent,
-                     "SEGMENTED_LRU: the protected part's share of hot_slots, in [0, 100].")
+                     FieldDoc("protected_percent"))
       .def_readwrite("layers_per_index", &CacheOptions::layers_per_index,
-                     "Consecutive layers that share one top-k (an index group).")
+                     FieldDoc("layers_per_index"))
       .def_readwrite("share_repeated_positions", &CacheOptions::share_repeated_positions,
-                     "Repeated positions in a top-k row share one slot instead of being skipped.")
-      .def_readwrite("max_prefetch", &CacheOptions::max_prefetch,
-                     "Positions per request and layer one prefetch_layer call may take; 0: none.")
-      .def_readwrite("copy_blocks", &CacheOptions::copy_blocks,
-                     "Largest grid of the CUDA miss copy in blocks of 256 threads; 0: as many as "
-                     "the GPU holds resident.")
+                     FieldDoc("share_repeated_positions"))
+      .def_readwrite("max_prefetch", &CacheOptions::max_prefetch, FieldDoc("max_prefetch"))
+      .def_readwrite("copy_blocks", &CacheOptions::copy_blocks, FieldDoc("copy_blocks"))
       .def_readwrite("hybrid_residency", &CacheOptions::hybrid_residency,
-                     "Requests keep their whole KV in HBM while the hot cache has room; "
-                     "admissions that need it demote them to hot-cache mode.")
+                     FieldDoc("hybrid_residency"))
       .def_readwrite("device_budget_bytes", &CacheOptions::device_budget_bytes,
-                     "HBM for the hot cache; 0: max_requests blocks. With hot_slots = 0 the "
-                     "library chooses the slots from it.")
+                     FieldDoc("device_budget_bytes"))
       .def_readwrite("resident_page_rows", &CacheOptions::resident_page_rows,
-                     "Rows per page of the device memory (hybrid residency, indexer keys).")
+                     FieldDoc("resident_page_rows"))
       .def_readwrite("indexer_key_bytes", &CacheOptions::indexer_key_bytes,
-                     "Indexer key bytes per position and layer that the manager keeps in its "
-                     "device memory (0: the engine keeps its own).")
+                     FieldDoc("indexer_key_bytes"))
       .def_readwrite("fused_copy_min_batch", &CacheOptions::fused_copy_min_batch,
-                     "Steps of at least this many requests copy each row's misses in its "
-                     "resolve (0: never).")
+                     FieldDoc("fused_copy_min_batch"))
       .def_readwrite("prefetch_copy_blocks", &CacheOptions::prefetch_copy_blocks,
-                     "The same bound for the prefetch copies alone (0: copy_blocks).")
-      .def_readwrite("copy_chunk_rows", &CacheOptions::copy_chunk_rows,
-                     "Batch rows per copy chunk (copy_miss_chunk), for a pipelined layer; 0: one "
-                     "miss list.")
-      .def_readwrite("copy_strategy", &CacheOptions::copy_strategy,
-                     "How the CUDA miss copy moves its rows (CopyStrategy).")
+                     FieldDoc("prefetch_copy_blocks"))
+      .def_readwrite("copy_chunk_rows", &CacheOptions::copy_chunk_rows, FieldDoc("copy_chunk_rows"))
+      .def_readwrite("copy_strategy", &CacheOptions::copy_strategy, FieldDoc("copy_strategy"))
       .def_property_readonly("protected_capacity", &CacheOptions::protected_capacity,
                              "SEGMENTED_LRU: the protected part's capacity in slots.")
       .def_property_readonly("effective_max_batch", &CacheOptions::effective_max_batch,

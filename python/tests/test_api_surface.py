@@ -7,7 +7,9 @@ attribute of its classes; the stub and the py.typed marker must be installed wit
 
 import ast
 import importlib.resources
+import importlib.util
 import inspect
+import pathlib
 
 import numpy as np
 import pytest
@@ -99,6 +101,19 @@ def test_every_public_name_has_a_docstring():
                 if not documentation(vars(obj)[member]):
                     missing.append(f"{name}.{member}")
     assert missing == []
+
+
+def test_cache_option_docstrings_are_the_comments_of_options_h():
+    # The generator the build runs, over the header in this checkout: every CacheOptions field
+    # is bound, and described by its comment there.
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("option_docs", root / "python/src/option_docs.py")
+    option_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(option_docs)
+    docs = option_docs.field_docs((root / "include/sparsekv/options.h").read_text())
+    assert len(docs) > 20
+    for field, text in docs:
+        assert getattr(sparsekv.CacheOptions, field).__doc__ == text, field
 
 
 def test_every_public_name_is_in_the_stub():

@@ -93,7 +93,8 @@ if ! progress "install" "$install_log" install_and_build_example; then
 fi
 grep '^decode_example:' "$install_log" | tail -n 1
 summaries+=("install: examples/cpp against build/install OK (CMake package and pkg-config)")
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$PWD/scripts/lsan-suppressions.txt \
+  UBSAN_OPTIONS=print_stacktrace=1 \
   run_suite "asan" build-asan -DCMAKE_BUILD_TYPE=Debug -DSPARSEKV_SANITIZE=ON -DSPARSEKV_CUDA=OFF
 
 # run_fuzz: a small clang build of the library and the fuzz target only, then a bounded run on a

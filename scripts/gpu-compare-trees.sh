@@ -7,7 +7,13 @@
 #   OUT=/some/dir bash scripts/gpu-compare-trees.sh BASE.tar.gz
 # Writes to $OUT: compare.txt (everything printed), resolve-{base,new}-{1,2}.json,
 # e2e-{base,new}-{1,2}.json. Environment: COMPARE_RESOLVE_ARGS, COMPARE_BENCH_ARGS override the
-# points (defaults below); COMPARE_ROUNDS [2].
+# points (defaults below); COMPARE_NEW_RESOLVE_ARGS, COMPARE_NEW_BENCH_ARGS are added for this tree
+# only (a flag the base tree lacks, e.g. `--config` with the base tree's default eviction);
+# COMPARE_ROUNDS [2].
+# Same eviction as a tree from before the clock became the default (segmented LRU):
+#   COMPARE_RESOLVE_ARGS="... --eviction slru" \
+#   COMPARE_NEW_BENCH_ARGS="--config scripts/testdata/eviction-slru.json" \
+#   OUT=... bash scripts/gpu-compare-trees.sh BASE.tar.gz
 set -u -o pipefail
 
 # shellcheck source=scripts/gpu-common.sh
@@ -17,6 +23,8 @@ gpu_out gpu-compare-out
 ROUNDS=${COMPARE_ROUNDS:-2}
 RESOLVE_ARGS=${COMPARE_RESOLVE_ARGS:-"--contexts 32768 --batches 1,8,64,100 --miss_rates 0,0.2 --row_bytes 656 --reps 20"}
 BENCH_ARGS=${COMPARE_BENCH_ARGS:-"--backend cuda --preset deepseek-v3.2 --contexts 32768 --batch 16 --miss-rate 0.2 --variants full-hbm,sparsekv --host-pool-gb 40 --page-tokens 1024 --steps 8 --warmup 2"}
+NEW_RESOLVE_ARGS=${COMPARE_NEW_RESOLVE_ARGS:-}
+NEW_BENCH_ARGS=${COMPARE_NEW_BENCH_ARGS:-}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
@@ -39,14 +47,18 @@ main() {
   local failed=0 round tree
   for ((round = 1; round <= ROUNDS; ++round)); do
     for tree in base new; do
-      local b=$WORK/build-$tree
-      echo "=== round $round, $tree: resolve_bench $RESOLVE_ARGS"
+      local b=$WORK/build-$tree resolve_args=$RESOLVE_ARGS bench_args=$BENCH_ARGS
+      if [[ $tree == new ]]; then
+        resolve_args+=" $NEW_RESOLVE_ARGS"
+        bench_args+=" $NEW_BENCH_ARGS"
+      fi
+      echo "=== round $round, $tree: resolve_bench $resolve_args"
       # shellcheck disable=SC2086 # the arguments are meant to split
-      "$b/bench/resolve_bench" $RESOLVE_ARGS --json "$OUT/resolve-$tree-$round.json" ||
+      "$b/bench/resolve_bench" $resolve_args --json "$OUT/resolve-$tree-$round.json" ||
         failed=1
-      echo "=== round $round, $tree: sparsekv bench $BENCH_ARGS"
+      echo "=== round $round, $tree: sparsekv bench $bench_args"
       # shellcheck disable=SC2086
-      "$b/tools/sparsekv/sparsekv" bench $BENCH_ARGS --json "$OUT/e2e-$tree-$round.json" ||
+      "$b/tools/sparsekv/sparsekv" bench $bench_args --json "$OUT/e2e-$tree-$round.json" ||
         failed=1
     done
   done

@@ -179,20 +179,22 @@ TEST(ReferenceSparseMLATest, RejectsBadArguments) {
 constexpr int32_t kV4Dims = 512;  // key = value
 constexpr int32_t kEntryBytes = 584;
 
-// `n` random entries encoded as kFp8Entry584, `stride` bytes apart, and their decoded keys.
+// `n` random entries encoded in `format` (a DeepSeek-V4 entry), `stride` bytes apart, and their
+// decoded keys.
 struct Entries {
   std::vector<std::byte> rows;
   std::vector<std::vector<double>> keys;  // as decoded: what attention must see
 };
-Entries RandomEntries(std::mt19937_64& rng, int32_t n, int32_t stride) {
+Entries RandomEntries(std::mt19937_64& rng, int32_t n, int32_t stride,
+                      KVRowFormat format = KVRowFormat::kFp8Entry584) {
   std::normal_distribution<double> normal(0, 0.5);
   Entries e;
   e.rows.assign(static_cast<size_t>(n) * stride, std::byte{0x5A});
   for (int32_t r = 0; r < n; ++r) {
     std::vector<double> key(kV4Dims);
     for (double& x : key) x = normal(rng);
-    EncodeKVRow(KVRowFormat::kFp8Entry584, key.data(), e.rows.data() + int64_t{r} * stride);
-    DecodeKVRow(KVRowFormat::kFp8Entry584, e.rows.data() + int64_t{r} * stride, key.data());
+    EncodeKVRow(format, key.data(), e.rows.data() + int64_t{r} * stride);
+    DecodeKVRow(format, e.rows.data() + int64_t{r} * stride, key.data());
     e.keys.push_back(key);
   }
   return e;
@@ -258,6 +260,31 @@ TEST(ReferenceSparseAttentionTest, TwoScopesWithSinkMatchTheDenseFormula) {
   in.heads = heads;
   in.q = q.data();
   in.selected = {selected.rows.data(), stride, KVRowFormat::kFp8Entry584, top.data(), top_k};
+  in.window = {ring.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, ring_rows.data(), window};
+  in.sink = sink.data();
+  std::vector<double> out(static_cast<size_t>(batch) * heads * kV4Dims);
+  ExpectOk(ReferenceSparseAttention(in, out.data()));
+  const std::vector<double> expected = DenseTwoScope(in, selected, ring, 1 / std::sqrt(512.0));
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_NEAR(out[i], expected[i], 1e-12 * (1 + std::abs(expected[i]))) << i;
+  }
+}
+
+// MXFP4 entries selected, fp8 entries in the window: both are 512-dim keys, decoded exactly.
+TEST(ReferenceSparseAttentionTest, Mxfp4EntriesBesideFp8WindowMatchTheDenseFormula) {
+  std::mt19937_64 rng(15);
+  const int32_t batch = 2, heads = 3, top_k = 4, window = 2;
+  const Entries selected = RandomEntries(rng, 9, 368, KVRowFormat::kMxfp4Entry368);
+  const Entries ring = RandomEntries(rng, 4, kEntryBytes);
+  const std::vector<int32_t> top = {8, 0, -1, 3, 1, 1, 6, -1};
+  const std::vector<int32_t> ring_rows = {0, 1, 3, -1};
+  const std::vector<uint16_t> q = RandomQueries(rng, size_t{batch} * heads * kV4Dims);
+  const std::vector<float> sink = {0.25f, -2.0f, 1.0f};
+  ReferenceAttentionInputs in;
+  in.batch = batch;
+  in.heads = heads;
+  in.q = q.data();
+  in.selected = {selected.rows.data(), 368, KVRowFormat::kMxfp4Entry368, top.data(), top_k};
   in.window = {ring.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, ring_rows.data(), window};
   in.sink = sink.data();
   std::vector<double> out(static_cast<size_t>(batch) * heads * kV4Dims);

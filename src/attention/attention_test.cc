@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "attention/entry_attention_args.h"
+#include "attention/entry_decode.h"
 #include "attention/row_layout.h"
 #include "sparsekv/backend.h"
 #include "sparsekv/model_proxy.h"
@@ -640,6 +641,49 @@ TEST(SparseMLAAttentionCudaTest, RejectsBadArguments) {
 // ---------------------------------------------------------------------------------------------
 // SparseEntryAttention: DeepSeek-V4's attention over entries on the GPU, against the float64
 // oracle (ReferenceSparseAttention) at V4's shapes.
+
+// The kernel's fp32 decoding (entry_decode.h) is kv_format.h's exact one, bit pattern for bit
+// pattern: every e4m3, e2m1 and UE8M0 code, and whole entries of random bytes (NaN codes, scales
+// 0 and 255 included; none above 246, where fp32 overflows) in both formats.
+bool SameValue(float a, double b) { return std::isnan(a) ? std::isnan(b) : double{a} == b; }
+
+TEST(EntryDecodeTest, EveryCodeDecodesAsTheExactDecoder) {
+  for (int bits = 0; bits < 256; ++bits) {
+    const auto b = static_cast<uint8_t>(bits);
+    EXPECT_TRUE(SameValue(entry_decode::Fp8E4M3(b), DecodeFp8E4M3(b))) << bits;
+    EXPECT_TRUE(SameValue(entry_decode::Ue8m0(b), DecodeUe8m0(b))) << bits;
+    EXPECT_TRUE(SameValue(entry_decode::Fp4E2M1(b & 0xF), DecodeFp4E2M1(b))) << bits;
+  }
+}
+
+template <KVRowFormat kFormat>
+void ExpectEntriesDecodeExactly(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int32_t bytes = KVRowBytes(kFormat);
+  std::vector<std::byte> row(bytes);
+  std::vector<double> key(kV4Dims);
+  for (int trial = 0; trial < 200; ++trial) {
+    for (std::byte& x : row) x = std::byte{static_cast<uint8_t>(rng())};
+    using L584 = Fp8Entry584Layout;
+    using L368 = Mxfp4Entry368Layout;
+    const bool fp8 = kFormat == KVRowFormat::kFp8Entry584;
+    const int32_t first_scale = fp8 ? L584::kScalesOffset : L368::kScalesOffset;
+    for (int32_t g = 0; g < (fp8 ? L584::kScales : L368::kScales); ++g) {
+      auto& scale = reinterpret_cast<uint8_t&>(row[first_scale + g]);
+      if (scale > 246 && scale != 255) scale -= 128;
+    }
+    DecodeKVRow(kFormat, row.data(), key.data());
+    for (int d = 0; d < kV4Dims; ++d) {
+      ASSERT_TRUE(SameValue(entry_decode::EntryDim<kFormat>(row.data(), d), key[d]))
+          << "trial " << trial << " dim " << d;
+    }
+  }
+}
+
+TEST(EntryDecodeTest, EntriesOfRandomBytesDecodeAsDecodeKVRow) {
+  ExpectEntriesDecodeExactly<KVRowFormat::kFp8Entry584>(31);
+  ExpectEntriesDecodeExactly<KVRowFormat::kMxfp4Entry368>(32);
+}
 
 // Options and arguments are checked on the host, with or without a GPU.
 TEST(SparseEntryAttentionTest, RejectsBadOptionsAndArguments) {

@@ -3,8 +3,9 @@
 //   grid  (ceil(heads / 16), batch); a block of 16 warps, one warp per query head
 //   per tile of 16 entries of the concatenated scopes [selected | window]:
 //     1. the tile's row addresses (null where masked) into shared memory
-//     2. every thread decodes dims of the tile's entries exactly (e4m3 or e2m1 times a UE8M0
-//        power of two, bf16 rope) into fp32 keys [16][512] in shared memory; masked ones are 0
+//     2. every thread decodes dims of the tile's entries exactly (entry_decode.h: e4m3 or e2m1
+//        times a UE8M0 power of two, bf16 rope) into fp32 keys [16][512] in shared memory;
+//        masked ones are 0
 //     3. each warp: the 16 scores of its head (a lane holds dims lane + 32 i, a shuffle sum),
 //        then the online softmax update of its running max, denominator and 512-dim output
 //   at the end: out = acc / l, times the sink's 1 / (1 + exp(sink - lse)); zeros if l is 0.
@@ -19,6 +20,7 @@
 #include <cstdint>
 
 #include "attention/entry_attention_kernel.h"
+#include "attention/entry_decode.h"
 #include "sparsekv/kv_format.h"
 
 namespace sparsekv::mla_cuda {
@@ -29,55 +31,6 @@ constexpr int kHeadsPerBlock = 16;             // one warp each
 constexpr int kThreads = 32 * kHeadsPerBlock;  // 512
 constexpr int kTile = 16;                      // entries in shared memory at a time
 constexpr int kDimsPerLane = kDims / 32;       // 16: lane l holds dims l + 32 i
-static_assert(Fp8Entry584Layout::kLatentDims == Mxfp4Entry368Layout::kLatentDims);
-
-__device__ float Nan() { return __int_as_float(0x7FC00000); }
-
-// The exact decodings of kv_format.h (DecodeFp8E4M3, DecodeFp4E2M1, DecodeUe8m0, DecodeBf16), in
-// fp32: every value they produce here is representable.
-__device__ float Fp8E4M3(uint8_t bits) {
-  if ((bits & 0x7F) == 0x7F) return Nan();
-  const int exponent = (bits >> 3) & 0xF;
-  const int mantissa = bits & 0x7;
-  const float magnitude =
-      exponent == 0 ? ldexpf(mantissa, -9) : ldexpf(8 + mantissa, exponent - 7 - 3);
-  return (bits & 0x80) != 0 ? -magnitude : magnitude;
-}
-
-__device__ float Fp4E2M1(uint8_t code) {
-  // Magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 by the low three bits: (2 + m) * 2^(e - 2) for e >= 1.
-  const int exponent = (code >> 1) & 0x3;
-  const int mantissa = code & 0x1;
-  const float magnitude = exponent == 0 ? 0.5f * mantissa : ldexpf(2 + mantissa, exponent - 2);
-  return (code & 0x8) != 0 ? -magnitude : magnitude;
-}
-
-__device__ float Ue8m0(uint8_t bits) {
-  if (bits == 0xFF) return Nan();
-  return bits == 0 ? __int_as_float(0x00400000) : __int_as_float(int{bits} << 23);  // 2^(e - 127)
-}
-
-__device__ float Bf16At(const std::byte* at) {
-  const uint32_t bits = uint32_t{static_cast<uint8_t>(at[0])} |
-                        uint32_t{static_cast<uint8_t>(at[1])} << 8;  // little endian
-  return __uint_as_float(bits << 16);
-}
-
-template <KVRowFormat kFormat>
-__device__ float DecodeDim(const std::byte* row, int d) {
-  if constexpr (kFormat == KVRowFormat::kFp8Entry584) {
-    using L = Fp8Entry584Layout;
-    if (d >= L::kLatentDims) return Bf16At(row + L::kRopeOffset + 2 * (d - L::kLatentDims));
-    const uint8_t scale = static_cast<uint8_t>(row[L::kScalesOffset + d / L::kScaleGroupDims]);
-    return Fp8E4M3(static_cast<uint8_t>(row[d])) * Ue8m0(scale);
-  } else {
-    using L = Mxfp4Entry368Layout;
-    if (d >= L::kLatentDims) return Bf16At(row + L::kRopeOffset + 2 * (d - L::kLatentDims));
-    const uint8_t pair = static_cast<uint8_t>(row[d / 2]);
-    const uint8_t scale = static_cast<uint8_t>(row[L::kScalesOffset + d / L::kScaleGroupDims]);
-    return Fp4E2M1((d & 1) != 0 ? pair >> 4 : pair & 0xF) * Ue8m0(scale);
-  }
-}
 
 // The row of entry j of request b in the concatenated scopes, or null where it is masked.
 __device__ const std::byte* EntryRow(const EntryScopeView& selected, const EntryScopeView& window,
@@ -124,7 +77,8 @@ __global__ void __launch_bounds__(kThreads) EntryAttentionKernel(EntryAttentionV
       const std::byte* row = rows[k];
       float x = 0;
       if (row != nullptr) {
-        x = base + k < selected_width ? DecodeDim<kSelected>(row, d) : DecodeDim<kWindow>(row, d);
+        x = base + k < selected_width ? entry_decode::EntryDim<kSelected>(row, d)
+                                      : entry_decode::EntryDim<kWindow>(row, d);
       }
       keys[k][d] = x;
     }

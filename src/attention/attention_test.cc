@@ -881,6 +881,73 @@ INSTANTIATE_TEST_SUITE_P(V4Shapes, SparseEntryAttentionCudaTest,
                                                      false}),
                          EntryCaseName);
 
+#if defined(SPARSEKV_WITH_CUDA)
+// Run captured into a CUDA graph on a stream of its own: the graph's launch writes the bytes the
+// direct run wrote, and a replay after new queries are uploaded reads them (the graph holds the
+// pointers, not the contents), matching the oracle.
+TEST(SparseEntryAttentionCudaTest, CapturedGraphReplaysTheRun) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const EntryCase c{KVRowFormat::kFp8Entry584, 64, 512, 2, true};
+  const auto [format, heads, top_k, batch, with_sink] = c;
+  StatusOr<std::unique_ptr<SparseEntryAttention>> attention =
+      SparseEntryAttention::Create({.max_batch = batch, .heads = heads});
+  ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+  StatusOr<StreamHandle> stream = gpu->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  std::mt19937_64 rng(23);
+  const EntryCaseInputs in = RandomEntryInputs(c, rng);
+  const size_t per_request = size_t{1} * heads * kV4Dims;
+  DeviceBuffer q(*gpu, in.q.size() * 2), pool(*gpu, in.pool.rows.size()),
+      ring(*gpu, in.ring.rows.size()), top(*gpu, in.top.size() * 4),
+      ring_rows(*gpu, in.ring_rows.size() * 4), sink(*gpu, in.sink.size() * 4),
+      out(*gpu, batch * per_request * 2);
+  q.Upload(in.q);
+  pool.Upload(in.pool.rows);
+  ring.Upload(in.ring.rows);
+  top.Upload(in.top);
+  ring_rows.Upload(in.ring_rows);
+  sink.Upload(in.sink);
+  const AttentionScope selected{pool.get(), in.selected_stride, format, top.get<int32_t>(), top_k};
+  const AttentionScope window{ring.get(), kEntryBytes, KVRowFormat::kFp8Entry584,
+                              ring_rows.get<int32_t>(), kWindowRows};
+  const auto run = [&] {
+    return (*attention)
+        ->Run(batch, q.get(), selected, window, sink.get<float>(), out.get(), *stream);
+  };
+  ExpectOk(run());
+  ExpectOk(gpu->Synchronize(*stream));
+  const std::vector<uint16_t> direct = out.Download<uint16_t>();
+
+  out.Fill(kNaNPoison);
+  testing::CapturedGraph graph;
+  ExpectOk(graph.CaptureAndLaunch(static_cast<cudaStream_t>(*stream), run));
+  ExpectOk(gpu->Synchronize(*stream));
+  EXPECT_EQ(out.Download<uint16_t>(), direct);
+
+  const std::vector<uint16_t> new_q = RandomQueries(rng, in.q.size());
+  q.Upload(new_q);
+  out.Fill(kNaNPoison);
+  ExpectOk(graph.Launch(static_cast<cudaStream_t>(*stream)));
+  ExpectOk(gpu->Synchronize(*stream));
+  const std::vector<uint16_t> replayed = out.Download<uint16_t>();
+  ReferenceAttentionInputs ref_in;
+  ref_in.batch = batch;
+  ref_in.heads = heads;
+  ref_in.q = new_q.data();
+  ref_in.selected = {in.pool.rows.data(), in.selected_stride, format, in.top.data(), top_k};
+  ref_in.window = {in.ring.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, in.ring_rows.data(),
+                   kWindowRows};
+  ref_in.sink = in.sink.data();
+  std::vector<double> ref(batch * per_request);
+  ExpectOk(ReferenceSparseAttention(ref_in, ref.data()));
+  for (int32_t b = 0; b < batch; ++b) {
+    EXPECT_LT(RelativeError(&replayed[b * per_request], &ref[b * per_request], per_request), 1e-2)
+        << b;
+  }
+  gpu->DestroyStream(*stream);
+}
+#endif
+
 // A window-only layer: no selected scope, the window alone, with a sink.
 TEST(SparseEntryAttentionCudaTest, WindowOnlyLayer) {
   SPARSEKV_REQUIRE_GPU(gpu);

@@ -177,6 +177,7 @@ class CacheOptions:
         copy_strategy: CopyStrategy = CopyStrategy.LATTICE,
         prefetch_copy_blocks: int = 0,
         copy_chunk_rows: int = 0,
+        raw_window: int = 0,
     ) -> None: ...
     @property
     def protected_capacity(self) -> int: ...

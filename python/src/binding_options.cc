@@ -159,7 +159,7 @@ void RegisterCacheOptions(py::module_& m) {
                        bool hybrid_residency, int64_t device_budget_bytes,
                        int32_t resident_page_rows, int32_t indexer_key_bytes,
                        int32_t fused_copy_min_batch, CopyStrategy copy_strategy,
-                       int32_t prefetch_copy_blocks, int32_t copy_chunk_rows) {
+                       int32_t prefetch_copy_blocks, int32_t copy_chunk_rows, int32_t raw_window) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -187,6 +187,7 @@ void RegisterCacheOptions(py::module_& m) {
              o.copy_strategy = copy_strategy;
              o.prefetch_copy_blocks = prefetch_copy_blocks;
              o.copy_chunk_rows = copy_chunk_rows;
+             o.raw_window = raw_window;
              return o;
            }),
            py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
@@ -211,6 +212,7 @@ void RegisterCacheOptions(py::module_& m) {
            py::arg("copy_strategy") = defaults.copy_strategy,
            py::arg("prefetch_copy_blocks") = defaults.prefetch_copy_blocks,
            py::arg("copy_chunk_rows") = defaults.copy_chunk_rows,
+           py::arg("raw_window") = defaults.raw_window,
            "Keyword arguments only; geometry, host_capacity_tokens, max_requests and max_context "
            "are required. Checked when a manager is created (or by validate()).")
       .def_readwrite("geometry", &CacheOptions::geometry, FieldDoc("geometry"))

@@ -19,11 +19,10 @@ def options_for(preset, **overrides):
         max_requests=2,
         max_context=8192,
         host_page_tokens=64,
+        raw_window=preset.raw_window,
     )
     fields.update(overrides)
-    options = sparsekv.CacheOptions(**fields)
-    options.raw_window = preset.raw_window
-    return options
+    return sparsekv.CacheOptions(**fields)
 
 
 def test_preset_names_are_the_libraries():
@@ -53,6 +52,12 @@ def test_bf16_rows_of_a_dsa_model():
     preset = sparsekv.find_preset("glm-5", KVRowFormat.BF16_ROW_1152)
     assert (preset.num_layers, preset.row_bytes) == (78, 1152)
     assert preset.geometry().token_bytes == 78 * 1152
+
+
+def test_raw_window_is_a_constructor_argument():
+    preset = sparsekv.find_preset("deepseek-v4-flash")
+    assert options_for(preset).raw_window == 128
+    assert options_for(sparsekv.find_preset("glm-5")).raw_window == 0
 
 
 def test_deepseek_v4_pro_layer_kinds():

@@ -425,7 +425,8 @@ PlanCommand::PlanCommand(CLI::App& parent) {
   app_->add_option("--gpus-per-node", gpus_per_node_, "GPUs sharing a node's DRAM (--node-dram-gb)")
       ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
-  app_->add_option("--contexts", contexts_, "context lengths, comma-separated")
+  app_->add_option("--contexts,--context", contexts_,
+                   "context lengths, comma-separated (--context is the same option)")
       ->delimiter(',')
       ->check(AtLeast<int32_t>(1))
       ->capture_default_str();

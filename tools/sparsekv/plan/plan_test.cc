@@ -176,6 +176,22 @@ TEST(PlanCommandTest, DeepSeekV4ProAtOneMillionOnNodeDramTiers) {
   EXPECT_EQ(c["offloaded_max_batch_by_tier"][1]["max_batch"], 19);
 }
 
+// `--context` names the same option: one context, here DeepSeek-V4-Pro's 1M.
+TEST(PlanCommandTest, ContextIsTheContextsOption) {
+  const std::string json_path = ::testing::TempDir() + "/plan-v4-context.json";
+  std::string text;
+  ASSERT_EQ(
+      Cli({"plan", "--preset", "deepseek-v4-pro", "--context", "1048576", "--json", json_path},
+          &text),
+      kExitOk)
+      << text;
+  std::ifstream file(json_path);
+  const nlohmann::json capacity = nlohmann::json::parse(file)["capacity"];
+  ASSERT_EQ(capacity.size(), 1u);
+  EXPECT_EQ(capacity[0]["context"], 1048576);
+  EXPECT_EQ(capacity[0]["offloaded_max_batch_by_hbm"], 19);
+}
+
 TEST(PlanCommandTest, NodeDramTiersAreSharedByTheNodesGpus) {
   const std::string json_path = ::testing::TempDir() + "/plan-v4-gpus.json";
   std::string text;

@@ -153,8 +153,10 @@ Status ReferenceSparseMLA(const SparseMLAOptions& options, int32_t batch, const 
 // One scope: entry k of request b is row indices[b * width + k] of `rows`; an index < 0 is
 // masked. Duplicates are not special: each occurrence is one softmax entry.
 struct AttentionScope {
-  const std::byte* rows = nullptr;  // the scope's row buffer (host memory)
-  int64_t row_stride = 0;           // bytes between rows, >= KVRowBytes(format)
+  // The scope's row buffer: host memory for the oracle, device memory for SparseEntryAttention
+  // (as are the indices).
+  const std::byte* rows = nullptr;
+  int64_t row_stride = 0;  // bytes between rows, >= KVRowBytes(format)
   KVRowFormat format = KVRowFormat::kFp8Entry584;
   const int32_t* indices = nullptr;  // [batch, width]; < 0 = masked
   int32_t width = 0;                 // entries per request; 0: the scope is empty
@@ -177,5 +179,62 @@ struct ReferenceAttentionInputs {
 // where the shapes need one, a stride shorter than its format's row, a format that is none of
 // KVRowFormat's, scopes whose keys differ in dims, or a scale that is negative or not finite.
 Status ReferenceSparseAttention(const ReferenceAttentionInputs& inputs, double* out);
+
+// ---- The same function on one GPU, for DeepSeek-V4's entries ----
+
+struct SparseEntryAttentionOptions {
+  // ---- Behaviour ----
+  // Largest batch a Run accepts. Required, in [1, 65535].
+  int32_t max_batch = 0;
+  // Query heads per request: 64 (DeepSeek-V4-Flash), 128 (V4-Pro), or one GPU's share of them
+  // under tensor parallelism. In [1, 1024].
+  int32_t heads = 64;
+  // Multiplies q . k before the softmax. 0 means 1 / sqrt(512).
+  float softmax_scale = 0;
+
+  float effective_softmax_scale() const;
+};
+
+// InvalidArgument naming the field unless every field is in range.
+Status ValidateSparseEntryAttentionOptions(const SparseEntryAttentionOptions& options);
+
+// The two-scope attention with a sink above (ReferenceSparseAttention's function) over
+// DeepSeek-V4 entries (KVRowFormat::kFp8Entry584 or kMxfp4Entry368; one KV head, key = value =
+// the entry's 512 dims), on one GPU: one kernel that decodes the entries of both scopes exactly
+// (as DecodeKVRow does) into fp32 in shared memory and runs an online softmax over them in fp32
+// per head, writing bf16. The entries' order inside a scope does not matter.
+//
+// Graph safety: Run enqueues one kernel on the caller's stream and neither allocates nor
+// synchronises, so it may be captured into a CUDA graph; the batch, the scopes' widths and the
+// pointers are baked into a captured launch.
+//
+// Thread safety: the object holds no work memory; Run may be called from any thread.
+class SparseEntryAttention {
+ public:
+  // Unavailable if the library was built without CUDA or `device` does not exist; InvalidArgument
+  // for bad options.
+  static StatusOr<std::unique_ptr<SparseEntryAttention>> Create(
+      const SparseEntryAttentionOptions& options, int device = 0);
+  virtual ~SparseEntryAttention() = default;
+
+  // Enqueues out = attention(q, selected, window, sink) for requests [0, batch) on `stream`. All
+  // pointers are device memory of the object's device:
+  //   q        [batch, heads, 512] bf16
+  //   selected a scope of width top-k (or a resident layer's largest entry count, padded with
+  //            -1): rows, row_stride >= KVRowBytes(format), format, indices [batch, width]
+  //   window   the raw window's scope, width 0 for none (its rows may then be null)
+  //   sink     [heads] fp32 sigma_h, or null for none
+  //   out      [batch, heads, 512] bf16; a request whose entries are all masked gets zeros
+  // REQUIRES: every index >= 0 names a row of its scope's buffer (not checked on the device), and
+  // the buffers stay valid until the stream reaches the run. InvalidArgument for batch outside
+  // [0, max_batch], both scopes empty, a negative width, a null pointer where the shapes need
+  // one, a format other than the two entry formats, or a stride shorter than its format's row;
+  // batch 0 enqueues nothing.
+  virtual Status Run(int32_t batch, const void* q, const AttentionScope& selected,
+                     const AttentionScope& window, const float* sink, void* out,
+                     StreamHandle stream) = 0;
+
+  virtual const SparseEntryAttentionOptions& options() const = 0;
+};
 
 }  // namespace sparsekv

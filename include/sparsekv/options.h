@@ -93,7 +93,7 @@ struct ModelPreset {
 const std::vector<std::string>& PresetNames();
 // The preset `name` with rows of `format`. NotFound for a name not in PresetNames();
 // InvalidArgument for a format the model does not have (DeepSeek-V4's entries are kFp8Entry584
-// only; the DSA models' rows are kFp8Row656 or kBf16Row1152).
+// or kMxfp4Entry368; the DSA models' rows are kFp8Row656 or kBf16Row1152).
 StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format);
 // The preset in its fp8 format: kFp8Row656 for the DSA models, kFp8Entry584 for DeepSeek-V4.
 StatusOr<ModelPreset> FindPreset(const std::string& name);

@@ -83,6 +83,11 @@ struct MemoryTier {
 // pcie-dram 250 GB @ 55 GB/s, cxl 500 GB @ 50, nvlink-c2c 480 GB @ 450, scaleup-pool 4000 GB @
 // 450: illustrative per-GPU figures (docs/planning.md says where each comes from).
 std::vector<MemoryTier> DefaultTiers();
+// A host tier of DRAM that a node's GPUs share: `node_gb` (1e9 B) per node, of which each GPU
+// holds node_gb / gpus_per_node, over its own link of `gbps`. Named "node-<node_gb>GB" (e.g.
+// "node-250GB"). The standard node has 250 GB to 2 TB of DRAM and 8 GPUs: 31.25 to 250 GB per
+// GPU. REQUIRES: node_gb > 0, gpus_per_node >= 1, gbps > 0.
+MemoryTier NodeDramTier(double node_gb, int32_t gpus_per_node, double gbps);
 
 // One point of the model.
 struct StepInputs {

@@ -84,6 +84,11 @@ Request ids are Python ints in [0, 2**64); anything else raises ``TypeError`` or
 
 ``sparsekv.sglang_adapter`` has the call shape of an engine's sparse attention backend;
 ``sparsekv.metrics`` has a ``prometheus_client`` collector of the statistics (docs/metrics.md).
+
+``find_preset(name)`` gives a model's shape (``preset_names()``: deepseek-v3.2, glm-5,
+deepseek-v4-flash, deepseek-v4-pro, glm-5.3), whose ``geometry()``, ``top_k``,
+``indexer_key_bytes`` and ``raw_window`` fill ``CacheOptions``; ``check_served_geometry`` says
+whether a manager serves it yet (DeepSeek-V4's and GLM-5.3's layers are described, not served).
 """
 
 from sparsekv._core import (
@@ -103,8 +108,11 @@ from sparsekv._core import (
     InternalError,
     InvalidArgumentError,
     KVGeometry,
+    KVRowFormat,
+    LayerKind,
     LayerShape,
     LayerStats,
+    ModelPreset,
     NodePool,
     NotFoundError,
     PeerRegion,
@@ -118,10 +126,14 @@ from sparsekv._core import (
     UnavailableError,
     UnimplementedError,
     allowed_choices,
+    check_served_geometry,
     choose_hot_cache_shape,
     cpu_backend,
     cuda_backend,
     cuda_compiled,
+    find_preset,
+    kv_row_bytes,
+    preset_names,
 )
 from sparsekv._version import __version__  # the CMake project version, written by the build
 
@@ -142,8 +154,11 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "KVGeometry",
+    "KVRowFormat",
+    "LayerKind",
     "LayerShape",
     "LayerStats",
+    "ModelPreset",
     "NodePool",
     "NotFoundError",
     "PeerRegion",
@@ -157,8 +172,12 @@ __all__ = [
     "UnavailableError",
     "UnimplementedError",
     "allowed_choices",
+    "check_served_geometry",
     "choose_hot_cache_shape",
     "cpu_backend",
     "cuda_backend",
     "cuda_compiled",
+    "find_preset",
+    "kv_row_bytes",
+    "preset_names",
 ]

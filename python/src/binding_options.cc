@@ -1,4 +1,5 @@
-// sparsekv._core: LayerShape, KVGeometry, EvictionPolicy, CacheOptions and its JSON, HotCacheShape.
+// sparsekv._core: KVRowFormat, LayerKind, LayerShape, KVGeometry, EvictionPolicy, CacheOptions and
+// its JSON, the model presets, HotCacheShape.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -28,16 +29,75 @@ const char* FieldDoc(std::string_view field) {
 }
 
 void RegisterGeometry(py::module_& m) {
-  py::class_<LayerShape>(m, "LayerShape", "Bytes one token contributes to one layer.")
-      .def(py::init([](int32_t row_bytes, int32_t row_stride) {
-             return LayerShape{row_bytes, row_stride > 0 ? row_stride : row_bytes};
+  py::enum_<KVRowFormat>(m, "KVRowFormat", "How a KV row (or DeepSeek-V4 entry) is stored.")
+      .value("BF16_ROW_1152", KVRowFormat::kBf16Row1152, "1152 B: the 576 key dims as bf16.")
+      .value("FP8_ROW_656", KVRowFormat::kFp8Row656,
+             "656 B: 512 e4m3 dims, 4 fp32 scales, 64 bf16 rope dims (DeepSeek-V3.2, GLM-5).")
+      .value("FP8_ENTRY_584", KVRowFormat::kFp8Entry584,
+             "584 B, a DeepSeek-V4 entry: 448 e4m3 dims, 64 bf16 rope dims, 7 UE8M0 scales, 1 "
+             "pad.")
+      .value("MXFP4_ENTRY_368", KVRowFormat::kMxfp4Entry368,
+             "368 B, a DeepSeek-V4 entry in MXFP4: 448 e2m1 dims, 14 UE8M0 scales, 2 pad, 64 "
+             "bf16 rope dims.");
+  m.def(
+      "kv_row_bytes",
+      [](KVRowFormat format) {
+        if (!IsKVRowFormat(format)) throw py::value_error("kv_row_bytes: not a KVRowFormat");
+        return KVRowBytes(format);
+      },
+      py::arg("format"), "Meaningful bytes of a row of `format`: 1152, 656, 584 or 368.");
+
+  py::enum_<LayerKind>(m, "LayerKind", "Where a layer's entries live.")
+      .value("OFFLOADED", LayerKind::kOffloaded,
+             "In the host pool with a hot cache in HBM, read through a top-k (the DSA models' "
+             "layers, DeepSeek-V4's CSA layers).")
+      .value("RESIDENT", LayerKind::kResident,
+             "Every entry in HBM, read whole at every step (DeepSeek-V4's HCA layers).")
+      .value("WINDOW_ONLY", LayerKind::kWindowOnly,
+             "No entries, only the raw window (DeepSeek-V4's window-only layers).");
+
+  const LayerShape layer_defaults;
+  py::class_<LayerShape>(m, "LayerShape",
+                         "One attention layer: its rows and where they live (fields as in "
+                         "include/sparsekv/options.h).")
+      .def(py::init([](int32_t row_bytes, int32_t row_stride, LayerKind kind, int32_t entry_tokens,
+                       int32_t top_k, std::optional<KVRowFormat> format, int32_t index_group,
+                       bool indexer_keys) {
+             LayerShape l;
+             l.row_bytes = row_bytes;
+             l.row_stride = row_stride > 0 ? row_stride : row_bytes;
+             l.kind = kind;
+             l.entry_tokens = entry_tokens;
+             l.top_k = top_k;
+             l.format = format;
+             l.index_group = index_group;
+             l.indexer_keys = indexer_keys;
+             return l;
            }),
-           py::arg("row_bytes"), py::arg("row_stride") = 0,
-           "row_stride 0 means row_stride = row_bytes.")
+           py::arg("row_bytes"), py::arg("row_stride") = 0, py::kw_only(),
+           py::arg("kind") = layer_defaults.kind,
+           py::arg("entry_tokens") = layer_defaults.entry_tokens,
+           py::arg("top_k") = layer_defaults.top_k, py::arg("format") = py::none(),
+           py::arg("index_group") = layer_defaults.index_group,
+           py::arg("indexer_keys") = layer_defaults.indexer_keys,
+           "row_stride 0 means row_stride = row_bytes; the other fields default to what the "
+           "manager serves (an offloaded layer with a row per token).")
       .def_readwrite("row_bytes", &LayerShape::row_bytes,
                      "Meaningful bytes per row (DeepSeek-V3.2 fp8: 656; bf16: 1152).")
       .def_readwrite("row_stride", &LayerShape::row_stride,
                      "Bytes between consecutive rows, >= row_bytes.")
+      .def_readwrite("kind", &LayerShape::kind, "Where the layer's entries live (LayerKind).")
+      .def_readwrite("entry_tokens", &LayerShape::entry_tokens,
+                     "Tokens per entry: 1 for a row per token; DeepSeek-V4 4 (CSA) or 128 (HCA).")
+      .def_readwrite("top_k", &LayerShape::top_k,
+                     "Entries per top-k row of an offloaded layer; 0: CacheOptions.top_k.")
+      .def_readwrite("format", &LayerShape::format,
+                     "The row's KVRowFormat, or None for rows the library never decodes.")
+      .def_readwrite("index_group", &LayerShape::index_group,
+                     "The first layer of the layers sharing this layer's top-k; -1: from "
+                     "CacheOptions.layers_per_index.")
+      .def_readwrite("indexer_keys", &LayerShape::indexer_keys,
+                     "Whether the manager holds this layer's indexer keys.")
       .def(
           "__repr__",
           [](const LayerShape& s) {
@@ -99,7 +159,7 @@ void RegisterCacheOptions(py::module_& m) {
                        bool hybrid_residency, int64_t device_budget_bytes,
                        int32_t resident_page_rows, int32_t indexer_key_bytes,
                        int32_t fused_copy_min_batch, CopyStrategy copy_strategy,
-                       int32_t prefetch_copy_blocks, int32_t copy_chunk_rows) {
+                       int32_t prefetch_copy_blocks, int32_t copy_chunk_rows, int32_t raw_window) {
              CacheOptions o;
              o.geometry = std::move(geometry);
              o.top_k = top_k;
@@ -127,6 +187,7 @@ void RegisterCacheOptions(py::module_& m) {
              o.copy_strategy = copy_strategy;
              o.prefetch_copy_blocks = prefetch_copy_blocks;
              o.copy_chunk_rows = copy_chunk_rows;
+             o.raw_window = raw_window;
              return o;
            }),
            py::kw_only(), py::arg("geometry"), py::arg("top_k") = defaults.top_k,
@@ -151,6 +212,7 @@ void RegisterCacheOptions(py::module_& m) {
            py::arg("copy_strategy") = defaults.copy_strategy,
            py::arg("prefetch_copy_blocks") = defaults.prefetch_copy_blocks,
            py::arg("copy_chunk_rows") = defaults.copy_chunk_rows,
+           py::arg("raw_window") = defaults.raw_window,
            "Keyword arguments only; geometry, host_capacity_tokens, max_requests and max_context "
            "are required. Checked when a manager is created (or by validate()).")
       .def_readwrite("geometry", &CacheOptions::geometry, FieldDoc("geometry"))
@@ -247,6 +309,59 @@ void RegisterCacheOptions(py::module_& m) {
           "table.");
 }
 
+void RegisterPresets(py::module_& m) {
+  py::class_<ModelPreset>(m, "ModelPreset",
+                          "A model's shape (docs/workload-shapes.md): its layers, top-k, indexer "
+                          "keys and raw window. find_preset returns one.")
+      .def_readonly("name", &ModelPreset::name, "One of preset_names().")
+      .def_readonly("num_layers", &ModelPreset::num_layers,
+                    "Attention layers (the MTP layer included for DeepSeek-V4).")
+      .def_readonly("row_bytes", &ModelPreset::row_bytes, "The row (entry) of every layer.")
+      .def_readonly("indexer_key_bytes", &ModelPreset::indexer_key_bytes,
+                    "Bytes of an indexer key, for CacheOptions.indexer_key_bytes.")
+      .def_readonly("top_k", &ModelPreset::top_k,
+                    "Top-k entries of the offloaded layers, for CacheOptions.top_k.")
+      .def_readonly("layers", &ModelPreset::layers,
+                    "Every layer: kind, cadence, top-k, index group, keys and format.")
+      .def_readonly("raw_window", &ModelPreset::raw_window,
+                    "Tokens of raw window every layer attends, for CacheOptions.raw_window "
+                    "(DeepSeek-V4: 128; 0 for the DSA models).")
+      .def_readonly("weights_per_gpu_gb", &ModelPreset::weights_per_gpu_gb,
+                    "The model's weights per GPU of an 8-GPU node, in GB (1e9 B); 0 where the "
+                    "preset does not say.")
+      .def("geometry", &ModelPreset::geometry,
+           "The KVGeometry of its layers, for CacheOptions.geometry.")
+      .def("layers_of", &ModelPreset::layers_of, py::arg("kind"), py::arg("keyed") = false,
+           "Layers of `kind` (with keyed=True: only those with indexer keys).")
+      .def(
+          "__repr__",
+          [](const ModelPreset& p) {
+            return "ModelPreset(name='" + p.name + "', num_layers=" + std::to_string(p.num_layers) +
+                   ", row_bytes=" + std::to_string(p.row_bytes) + ")";
+          },
+          "ModelPreset(name=..., num_layers=..., row_bytes=...).");
+  m.def("preset_names", &PresetNames,
+        "The names find_preset knows: deepseek-v3.2, glm-5, deepseek-v4-flash, deepseek-v4-pro, "
+        "glm-5.3.");
+  m.def(
+      "find_preset",
+      [](const std::string& name, std::optional<KVRowFormat> format) {
+        return Check(format.has_value() ? FindPreset(name, *format) : FindPreset(name));
+      },
+      py::arg("name"), py::arg("format") = py::none(),
+      "The preset `name` with rows of `format` (None: its fp8 format, FP8_ROW_656 for the DSA "
+      "models and FP8_ENTRY_584 for DeepSeek-V4). NotFoundError for an unknown name (listing the "
+      "known ones); InvalidArgumentError for a format the model does not have.");
+  m.def(
+      "check_served_geometry",
+      [](const KVGeometry& geometry, int32_t raw_window) {
+        Check(CheckServedGeometry(geometry, raw_window));
+      },
+      py::arg("geometry"), py::arg("raw_window") = 0,
+      "Returns if a manager serves this geometry today; UnimplementedError naming the first "
+      "layer and field it does not serve (DeepSeek-V4's and GLM-5.3's layers, for now).");
+}
+
 void RegisterHotCacheShape(py::module_& m) {
   py::class_<HotCacheShape>(m, "HotCacheShape", "The device memory CacheOptions ask for.")
       .def_readonly("hot_slots", &HotCacheShape::hot_slots,
@@ -275,6 +390,7 @@ void RegisterHotCacheShape(py::module_& m) {
 void RegisterOptions(py::module_& m) {
   RegisterGeometry(m);
   RegisterCacheOptions(m);
+  RegisterPresets(m);
   RegisterHotCacheShape(m);
 }
 

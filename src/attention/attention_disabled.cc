@@ -12,6 +12,11 @@ StatusOr<std::unique_ptr<SparseMLAAttention>> SparseMLAAttention::Create(const S
   return Unavailable("sparsekv was built without CUDA: SparseMLAAttention is unavailable");
 }
 
+StatusOr<std::unique_ptr<SparseEntryAttention>> SparseEntryAttention::Create(
+    const SparseEntryAttentionOptions&, int) {
+  return Unavailable("sparsekv was built without CUDA: SparseEntryAttention is unavailable");
+}
+
 StatusOr<std::unique_ptr<WeightStreamProxy>> WeightStreamProxy::Create(int32_t, int64_t, int32_t,
                                                                        int) {
   return Unavailable("sparsekv was built without CUDA: WeightStreamProxy is unavailable");

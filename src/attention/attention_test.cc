@@ -22,6 +22,8 @@
 #include <tuple>
 #include <vector>
 
+#include "attention/entry_attention_args.h"
+#include "attention/entry_decode.h"
 #include "attention/row_layout.h"
 #include "sparsekv/backend.h"
 #include "sparsekv/model_proxy.h"
@@ -179,20 +181,22 @@ TEST(ReferenceSparseMLATest, RejectsBadArguments) {
 constexpr int32_t kV4Dims = 512;  // key = value
 constexpr int32_t kEntryBytes = 584;
 
-// `n` random entries encoded as kFp8Entry584, `stride` bytes apart, and their decoded keys.
+// `n` random entries encoded in `format` (a DeepSeek-V4 entry), `stride` bytes apart, and their
+// decoded keys.
 struct Entries {
   std::vector<std::byte> rows;
   std::vector<std::vector<double>> keys;  // as decoded: what attention must see
 };
-Entries RandomEntries(std::mt19937_64& rng, int32_t n, int32_t stride) {
+Entries RandomEntries(std::mt19937_64& rng, int32_t n, int32_t stride,
+                      KVRowFormat format = KVRowFormat::kFp8Entry584) {
   std::normal_distribution<double> normal(0, 0.5);
   Entries e;
   e.rows.assign(static_cast<size_t>(n) * stride, std::byte{0x5A});
   for (int32_t r = 0; r < n; ++r) {
     std::vector<double> key(kV4Dims);
     for (double& x : key) x = normal(rng);
-    EncodeKVRow(KVRowFormat::kFp8Entry584, key.data(), e.rows.data() + int64_t{r} * stride);
-    DecodeKVRow(KVRowFormat::kFp8Entry584, e.rows.data() + int64_t{r} * stride, key.data());
+    EncodeKVRow(format, key.data(), e.rows.data() + int64_t{r} * stride);
+    DecodeKVRow(format, e.rows.data() + int64_t{r} * stride, key.data());
     e.keys.push_back(key);
   }
   return e;
@@ -258,6 +262,31 @@ TEST(ReferenceSparseAttentionTest, TwoScopesWithSinkMatchTheDenseFormula) {
   in.heads = heads;
   in.q = q.data();
   in.selected = {selected.rows.data(), stride, KVRowFormat::kFp8Entry584, top.data(), top_k};
+  in.window = {ring.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, ring_rows.data(), window};
+  in.sink = sink.data();
+  std::vector<double> out(static_cast<size_t>(batch) * heads * kV4Dims);
+  ExpectOk(ReferenceSparseAttention(in, out.data()));
+  const std::vector<double> expected = DenseTwoScope(in, selected, ring, 1 / std::sqrt(512.0));
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_NEAR(out[i], expected[i], 1e-12 * (1 + std::abs(expected[i]))) << i;
+  }
+}
+
+// MXFP4 entries selected, fp8 entries in the window: both are 512-dim keys, decoded exactly.
+TEST(ReferenceSparseAttentionTest, Mxfp4EntriesBesideFp8WindowMatchTheDenseFormula) {
+  std::mt19937_64 rng(15);
+  const int32_t batch = 2, heads = 3, top_k = 4, window = 2;
+  const Entries selected = RandomEntries(rng, 9, 368, KVRowFormat::kMxfp4Entry368);
+  const Entries ring = RandomEntries(rng, 4, kEntryBytes);
+  const std::vector<int32_t> top = {8, 0, -1, 3, 1, 1, 6, -1};
+  const std::vector<int32_t> ring_rows = {0, 1, 3, -1};
+  const std::vector<uint16_t> q = RandomQueries(rng, size_t{batch} * heads * kV4Dims);
+  const std::vector<float> sink = {0.25f, -2.0f, 1.0f};
+  ReferenceAttentionInputs in;
+  in.batch = batch;
+  in.heads = heads;
+  in.q = q.data();
+  in.selected = {selected.rows.data(), 368, KVRowFormat::kMxfp4Entry368, top.data(), top_k};
   in.window = {ring.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, ring_rows.data(), window};
   in.sink = sink.data();
   std::vector<double> out(static_cast<size_t>(batch) * heads * kV4Dims);
@@ -607,6 +636,359 @@ TEST(SparseMLAAttentionCudaTest, RejectsBadArguments) {
   ExpectOk((*attention)->Run(0, nullptr, nullptr, 0, nullptr, nullptr, nullptr));
   options.top_k = 0;
   EXPECT_EQ(SparseMLAAttention::Create(options).status().code(), StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SparseEntryAttention: DeepSeek-V4's attention over entries on the GPU, against the float64
+// oracle (ReferenceSparseAttention) at V4's shapes.
+
+// The kernel's fp32 decoding (entry_decode.h) is kv_format.h's exact one, bit pattern for bit
+// pattern: every e4m3, e2m1 and UE8M0 code, and whole entries of random bytes (NaN codes, scales
+// 0 and 255 included; none above 246, where fp32 overflows) in both formats.
+bool SameValue(float a, double b) { return std::isnan(a) ? std::isnan(b) : double{a} == b; }
+
+TEST(EntryDecodeTest, EveryCodeDecodesAsTheExactDecoder) {
+  for (int bits = 0; bits < 256; ++bits) {
+    const auto b = static_cast<uint8_t>(bits);
+    EXPECT_TRUE(SameValue(entry_decode::Fp8E4M3(b), DecodeFp8E4M3(b))) << bits;
+    EXPECT_TRUE(SameValue(entry_decode::Ue8m0(b), DecodeUe8m0(b))) << bits;
+    EXPECT_TRUE(SameValue(entry_decode::Fp4E2M1(b & 0xF), DecodeFp4E2M1(b))) << bits;
+  }
+}
+
+template <KVRowFormat kFormat>
+void ExpectEntriesDecodeExactly(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int32_t bytes = KVRowBytes(kFormat);
+  std::vector<std::byte> row(bytes);
+  std::vector<double> key(kV4Dims);
+  for (int trial = 0; trial < 200; ++trial) {
+    for (std::byte& x : row) x = std::byte{static_cast<uint8_t>(rng())};
+    using L584 = Fp8Entry584Layout;
+    using L368 = Mxfp4Entry368Layout;
+    const bool fp8 = kFormat == KVRowFormat::kFp8Entry584;
+    const int32_t first_scale = fp8 ? L584::kScalesOffset : L368::kScalesOffset;
+    for (int32_t g = 0; g < (fp8 ? L584::kScales : L368::kScales); ++g) {
+      auto& scale = reinterpret_cast<uint8_t&>(row[first_scale + g]);
+      if (scale > 246 && scale != 255) scale -= 128;
+    }
+    DecodeKVRow(kFormat, row.data(), key.data());
+    for (int d = 0; d < kV4Dims; ++d) {
+      ASSERT_TRUE(SameValue(entry_decode::EntryDim<kFormat>(row.data(), d), key[d]))
+          << "trial " << trial << " dim " << d;
+    }
+  }
+}
+
+TEST(EntryDecodeTest, EntriesOfRandomBytesDecodeAsDecodeKVRow) {
+  ExpectEntriesDecodeExactly<KVRowFormat::kFp8Entry584>(31);
+  ExpectEntriesDecodeExactly<KVRowFormat::kMxfp4Entry368>(32);
+}
+
+// Options and arguments are checked on the host, with or without a GPU.
+TEST(SparseEntryAttentionTest, RejectsBadOptionsAndArguments) {
+  EXPECT_TRUE(ValidateSparseEntryAttentionOptions({.max_batch = 4, .heads = 128}).ok());
+  for (const SparseEntryAttentionOptions bad :
+       {SparseEntryAttentionOptions{.max_batch = 0},
+        SparseEntryAttentionOptions{.max_batch = 70000},
+        SparseEntryAttentionOptions{.max_batch = 1, .heads = 0},
+        SparseEntryAttentionOptions{.max_batch = 1, .softmax_scale = -1}}) {
+    const Status s = ValidateSparseEntryAttentionOptions(bad);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("SparseEntryAttentionOptions."), std::string::npos) << s.message();
+  }
+  EXPECT_FLOAT_EQ(SparseEntryAttentionOptions{}.effective_softmax_scale(), 1 / std::sqrt(512.0f));
+
+  const SparseEntryAttentionOptions options{.max_batch = 2, .heads = 8};
+  std::byte rows[584] = {};
+  const int32_t index = 0;
+  const uint16_t q = 0;
+  uint16_t out = 0;
+  const AttentionScope selected{rows, 584, KVRowFormat::kFp8Entry584, &index, 1};
+  const AttentionScope none;
+  ExpectOk(CheckSparseEntryAttentionArgs(options, 1, &q, selected, none, &out));
+  ExpectOk(CheckSparseEntryAttentionArgs(options, 0, nullptr, selected, none, nullptr));
+  auto refused = [&](int32_t batch, const AttentionScope& sel, const AttentionScope& win,
+                     const void* out_ptr, const std::string& what) {
+    const Status s = CheckSparseEntryAttentionArgs(options, batch, &q, sel, win, out_ptr);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  };
+  refused(3, selected, none, &out, "batch 3");
+  refused(1, none, none, &out, "both scopes are empty");
+  refused(1, selected, none, nullptr, "null q or out");
+  AttentionScope bad = selected;
+  bad.format = KVRowFormat::kFp8Row656;  // 576-dim keys: not an entry
+  refused(1, bad, none, &out, "selected.format");
+  bad = selected;
+  bad.format = KVRowFormat::kMxfp4Entry368;
+  bad.row_stride = 360;
+  refused(1, selected, bad, &out, "window.row_stride 360");
+  bad = selected;
+  bad.indices = nullptr;
+  refused(1, bad, none, &out, "selected: null rows or indices");
+  bad = selected;
+  bad.width = -1;
+  refused(1, bad, none, &out, "selected.width");
+}
+
+TEST(SparseEntryAttentionTest, CreateIsUnavailableWithoutAGpu) {
+  const StatusOr<std::unique_ptr<SparseEntryAttention>> attention =
+      SparseEntryAttention::Create({.max_batch = 1, .heads = 64});
+  if (attention.ok()) GTEST_SKIP() << "a GPU is present: the other tests run the operator";
+  EXPECT_EQ(attention.status().code(), StatusCode::kUnavailable) << attention.status().ToString();
+}
+
+// One case: the selected entries' format, heads, top-k (entries of the selected scope), batch,
+// and whether the heads have a sink. The window is 128 rows of 584-B entries.
+using EntryCase = std::tuple<KVRowFormat, int /*heads*/, int /*top_k*/, int /*batch*/, bool>;
+
+std::string EntryCaseName(const ::testing::TestParamInfo<EntryCase>& info) {
+  const auto [format, heads, top_k, batch, sink] = info.param;
+  return std::string(format == KVRowFormat::kFp8Entry584 ? "Fp8" : "Mxfp4") + "_H" +
+         std::to_string(heads) + "_K" + std::to_string(top_k) + "_B" + std::to_string(batch) +
+         (sink ? "_Sink" : "");
+}
+
+// Random inputs of a case, in host memory, with the oracle's view of them.
+struct EntryCaseInputs {
+  int32_t selected_stride = 0;
+  Entries pool;                    // the selected scope's rows
+  Entries ring;                    // the window's rows: request b's are rows [128 b, 128 b + 128)
+  std::vector<int32_t> top;        // [batch, top_k]
+  std::vector<int32_t> ring_rows;  // [batch, 128]
+  std::vector<uint16_t> q;         // [batch, heads, 512]
+  std::vector<float> sink;         // [heads] or empty
+  std::vector<bool> all_masked;    // per request
+};
+
+constexpr int32_t kWindowRows = 128;
+
+// Masked (10 %) and repeated (5 %) entries; request 1 is young (37 window rows), and the last of
+// three or more requests has every entry of both scopes masked.
+EntryCaseInputs RandomEntryInputs(const EntryCase& c, std::mt19937_64& rng) {
+  const auto [format, heads, top_k, batch, with_sink] = c;
+  EntryCaseInputs in;
+  in.selected_stride = KVRowBytes(format) + (batch > 1 ? 8 : 0);  // padded rows too
+  const int32_t pool_rows = std::min(2 * top_k, 4096);
+  in.pool = RandomEntries(rng, pool_rows, in.selected_stride, format);
+  in.ring = RandomEntries(rng, batch * kWindowRows, kEntryBytes);
+  std::uniform_int_distribution<int32_t> row(0, pool_rows - 1);
+  std::uniform_real_distribution<double> coin(0, 1);
+  in.top.resize(size_t{1} * batch * top_k);
+  for (size_t i = 0; i < in.top.size(); ++i) {
+    const double x = coin(rng);
+    in.top[i] = x > 0.9 ? -1 : x < 0.05 && i % top_k != 0 ? in.top[i - 1] : row(rng);
+  }
+  in.ring_rows.resize(size_t{1} * batch * kWindowRows);
+  for (int32_t b = 0; b < batch; ++b) {
+    for (int32_t i = 0; i < kWindowRows; ++i) {
+      in.ring_rows[b * kWindowRows + i] = b == 1 && i >= 37 ? -1 : b * kWindowRows + i;
+    }
+  }
+  in.all_masked.assign(batch, false);
+  if (batch >= 3) {
+    const int32_t last = batch - 1;
+    std::fill_n(in.top.begin() + int64_t{last} * top_k, top_k, -1);
+    std::fill_n(in.ring_rows.begin() + int64_t{last} * kWindowRows, kWindowRows, -1);
+    in.all_masked[last] = true;
+  }
+  in.q = RandomQueries(rng, size_t{1} * batch * heads * kV4Dims);
+  if (with_sink) {
+    std::uniform_real_distribution<float> sigma(-2, 3);
+    for (int32_t h = 0; h < heads; ++h) in.sink.push_back(sigma(rng));
+  }
+  return in;
+}
+
+class SparseEntryAttentionCudaTest : public ::testing::TestWithParam<EntryCase> {};
+
+// The operator's output is within bf16 and fp32 rounding of the float64 oracle on every request;
+// the output is poisoned before the run, one request past the batch included, which must keep
+// its poison. Two runs with fresh inputs on one object.
+TEST_P(SparseEntryAttentionCudaTest, MatchesTheOracle) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const auto [format, heads, top_k, batch, with_sink] = GetParam();
+  StatusOr<std::unique_ptr<SparseEntryAttention>> attention =
+      SparseEntryAttention::Create({.max_batch = batch + 1, .heads = heads});
+  ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+  std::mt19937_64 rng(heads * 7 + top_k * 13 + batch);
+  for (int trial = 0; trial < 2; ++trial) {
+    const EntryCaseInputs in = RandomEntryInputs(GetParam(), rng);
+    DeviceBuffer q(*gpu, in.q.size() * 2);
+    DeviceBuffer pool(*gpu, in.pool.rows.size());
+    DeviceBuffer ring(*gpu, in.ring.rows.size());
+    DeviceBuffer top(*gpu, in.top.size() * 4);
+    DeviceBuffer ring_rows(*gpu, in.ring_rows.size() * 4);
+    DeviceBuffer sink(*gpu, std::max<size_t>(in.sink.size(), 1) * 4);
+    const size_t per_request = size_t{1} * heads * kV4Dims;
+    DeviceBuffer out(*gpu, (batch + 1) * per_request * 2);
+    q.Upload(in.q);
+    pool.Upload(in.pool.rows);
+    ring.Upload(in.ring.rows);
+    top.Upload(in.top);
+    ring_rows.Upload(in.ring_rows);
+    if (with_sink) sink.Upload(in.sink);
+    out.Fill(kNaNPoison);
+    const AttentionScope selected{pool.get(), in.selected_stride, format, top.get<int32_t>(),
+                                  top_k};
+    const AttentionScope window{ring.get(), kEntryBytes, KVRowFormat::kFp8Entry584,
+                                ring_rows.get<int32_t>(), kWindowRows};
+    ExpectOk((*attention)
+                 ->Run(batch, q.get(), selected, window, with_sink ? sink.get<float>() : nullptr,
+                       out.get(), nullptr));
+    ExpectOk(gpu->Synchronize(nullptr));
+    const std::vector<uint16_t> got = out.Download<uint16_t>();
+
+    ReferenceAttentionInputs ref_in;
+    ref_in.batch = batch;
+    ref_in.heads = heads;
+    ref_in.q = in.q.data();
+    ref_in.selected = {in.pool.rows.data(), in.selected_stride, format, in.top.data(), top_k};
+    ref_in.window = {in.ring.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584,
+                     in.ring_rows.data(), kWindowRows};
+    ref_in.sink = with_sink ? in.sink.data() : nullptr;
+    std::vector<double> ref(batch * per_request);
+    ExpectOk(ReferenceSparseAttention(ref_in, ref.data()));
+    for (int32_t b = 0; b < batch; ++b) {
+      if (in.all_masked[b]) {
+        for (size_t i = 0; i < per_request; ++i) {
+          ASSERT_EQ(DecodeBf16(got[b * per_request + i]), 0.0) << "request " << b << " dim " << i;
+        }
+        continue;
+      }
+      EXPECT_LT(RelativeError(&got[b * per_request], &ref[b * per_request], per_request), 1e-2)
+          << "trial " << trial << " request " << b;
+    }
+    size_t poisoned = 0;
+    for (size_t i = batch * per_request; i < got.size(); ++i) poisoned += got[i] == 0xFFFF;
+    EXPECT_EQ(poisoned, per_request) << "a request past the batch was written";
+  }
+}
+
+// V4-Flash (64 heads, top-k 512) and V4-Pro (128 heads, top-k 1024), their per-GPU shares under
+// tensor parallelism 8 (8 and 16 heads), an HCA layer's 8,192 entries at 1M tokens, both entry
+// formats, with and without a sink.
+INSTANTIATE_TEST_SUITE_P(V4Shapes, SparseEntryAttentionCudaTest,
+                         ::testing::Values(EntryCase{KVRowFormat::kFp8Entry584, 64, 512, 3, true},
+                                           EntryCase{KVRowFormat::kFp8Entry584, 128, 1024, 2, true},
+                                           EntryCase{KVRowFormat::kFp8Entry584, 16, 1024, 3, false},
+                                           EntryCase{KVRowFormat::kFp8Entry584, 8, 512, 1, true},
+                                           EntryCase{KVRowFormat::kFp8Entry584, 128, 8192, 1, true},
+                                           EntryCase{KVRowFormat::kFp8Entry584, 64, 512, 4, false},
+                                           EntryCase{KVRowFormat::kMxfp4Entry368, 64, 512, 3, true},
+                                           EntryCase{KVRowFormat::kMxfp4Entry368, 128, 1024, 2,
+                                                     false}),
+                         EntryCaseName);
+
+#if defined(SPARSEKV_WITH_CUDA)
+// Run captured into a CUDA graph on a stream of its own: the graph's launch writes the bytes the
+// direct run wrote, and a replay after new queries are uploaded reads them (the graph holds the
+// pointers, not the contents), matching the oracle.
+TEST(SparseEntryAttentionCudaTest, CapturedGraphReplaysTheRun) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const EntryCase c{KVRowFormat::kFp8Entry584, 64, 512, 2, true};
+  const auto [format, heads, top_k, batch, with_sink] = c;
+  StatusOr<std::unique_ptr<SparseEntryAttention>> attention =
+      SparseEntryAttention::Create({.max_batch = batch, .heads = heads});
+  ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+  StatusOr<StreamHandle> stream = gpu->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  std::mt19937_64 rng(23);
+  const EntryCaseInputs in = RandomEntryInputs(c, rng);
+  const size_t per_request = size_t{1} * heads * kV4Dims;
+  DeviceBuffer q(*gpu, in.q.size() * 2), pool(*gpu, in.pool.rows.size()),
+      ring(*gpu, in.ring.rows.size()), top(*gpu, in.top.size() * 4),
+      ring_rows(*gpu, in.ring_rows.size() * 4), sink(*gpu, in.sink.size() * 4),
+      out(*gpu, batch * per_request * 2);
+  q.Upload(in.q);
+  pool.Upload(in.pool.rows);
+  ring.Upload(in.ring.rows);
+  top.Upload(in.top);
+  ring_rows.Upload(in.ring_rows);
+  sink.Upload(in.sink);
+  const AttentionScope selected{pool.get(), in.selected_stride, format, top.get<int32_t>(), top_k};
+  const AttentionScope window{ring.get(), kEntryBytes, KVRowFormat::kFp8Entry584,
+                              ring_rows.get<int32_t>(), kWindowRows};
+  const auto run = [&] {
+    return (*attention)
+        ->Run(batch, q.get(), selected, window, sink.get<float>(), out.get(), *stream);
+  };
+  ExpectOk(run());
+  ExpectOk(gpu->Synchronize(*stream));
+  const std::vector<uint16_t> direct = out.Download<uint16_t>();
+
+  out.Fill(kNaNPoison);
+  testing::CapturedGraph graph;
+  ExpectOk(graph.CaptureAndLaunch(static_cast<cudaStream_t>(*stream), run));
+  ExpectOk(gpu->Synchronize(*stream));
+  EXPECT_EQ(out.Download<uint16_t>(), direct);
+
+  const std::vector<uint16_t> new_q = RandomQueries(rng, in.q.size());
+  q.Upload(new_q);
+  out.Fill(kNaNPoison);
+  ExpectOk(graph.Launch(static_cast<cudaStream_t>(*stream)));
+  ExpectOk(gpu->Synchronize(*stream));
+  const std::vector<uint16_t> replayed = out.Download<uint16_t>();
+  ReferenceAttentionInputs ref_in;
+  ref_in.batch = batch;
+  ref_in.heads = heads;
+  ref_in.q = new_q.data();
+  ref_in.selected = {in.pool.rows.data(), in.selected_stride, format, in.top.data(), top_k};
+  ref_in.window = {in.ring.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, in.ring_rows.data(),
+                   kWindowRows};
+  ref_in.sink = in.sink.data();
+  std::vector<double> ref(batch * per_request);
+  ExpectOk(ReferenceSparseAttention(ref_in, ref.data()));
+  for (int32_t b = 0; b < batch; ++b) {
+    EXPECT_LT(RelativeError(&replayed[b * per_request], &ref[b * per_request], per_request), 1e-2)
+        << b;
+  }
+  gpu->DestroyStream(*stream);
+}
+#endif
+
+// A window-only layer: no selected scope, the window alone, with a sink.
+TEST(SparseEntryAttentionCudaTest, WindowOnlyLayer) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const int32_t heads = 64, batch = 2;
+  StatusOr<std::unique_ptr<SparseEntryAttention>> attention =
+      SparseEntryAttention::Create({.max_batch = batch, .heads = heads});
+  ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+  std::mt19937_64 rng(21);
+  const Entries ring = RandomEntries(rng, batch * kWindowRows, kEntryBytes);
+  std::vector<int32_t> ring_rows(batch * kWindowRows);
+  for (size_t i = 0; i < ring_rows.size(); ++i) ring_rows[i] = static_cast<int32_t>(i);
+  const std::vector<uint16_t> q = RandomQueries(rng, size_t{1} * batch * heads * kV4Dims);
+  std::vector<float> sink(heads, 1.5f);
+  DeviceBuffer q_d(*gpu, q.size() * 2), ring_d(*gpu, ring.rows.size()),
+      rows_d(*gpu, ring_rows.size() * 4), sink_d(*gpu, sink.size() * 4),
+      out_d(*gpu, size_t{2} * batch * heads * kV4Dims);
+  q_d.Upload(q);
+  ring_d.Upload(ring.rows);
+  rows_d.Upload(ring_rows);
+  sink_d.Upload(sink);
+  out_d.Fill(kNaNPoison);
+  const AttentionScope window{ring_d.get(), kEntryBytes, KVRowFormat::kFp8Entry584,
+                              rows_d.get<int32_t>(), kWindowRows};
+  ExpectOk((*attention)
+               ->Run(batch, q_d.get(), AttentionScope{}, window, sink_d.get<float>(), out_d.get(),
+                     nullptr));
+  ExpectOk(gpu->Synchronize(nullptr));
+  const std::vector<uint16_t> got = out_d.Download<uint16_t>();
+  ReferenceAttentionInputs in;
+  in.batch = batch;
+  in.heads = heads;
+  in.q = q.data();
+  in.window = {ring.rows.data(), kEntryBytes, KVRowFormat::kFp8Entry584, ring_rows.data(),
+               kWindowRows};
+  in.sink = sink.data();
+  std::vector<double> ref(got.size());
+  ExpectOk(ReferenceSparseAttention(in, ref.data()));
+  const size_t per_request = size_t{1} * heads * kV4Dims;
+  for (int32_t b = 0; b < batch; ++b) {
+    EXPECT_LT(RelativeError(&got[b * per_request], &ref[b * per_request], per_request), 1e-2) << b;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -134,7 +134,8 @@ cudaError_t LaunchGatherDequant(KVRowFormat format, const GatherDequantView& vie
       return Launch<KVRowFormat::kBf16Row1152>(view, stream);
     case KVRowFormat::kFp8Row656:
       return Launch<KVRowFormat::kFp8Row656>(view, stream);
-    case KVRowFormat::kFp8Entry584:  // DeepSeek-V4 entries: not read by this operator yet
+    case KVRowFormat::kFp8Entry584:  // DeepSeek-V4 entries: not read by this operator
+    case KVRowFormat::kMxfp4Entry368:
       break;
   }
   return cudaErrorInvalidValue;

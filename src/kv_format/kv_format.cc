@@ -17,6 +17,10 @@ constexpr int32_t kRow656RopeOffset = kRow656ScalesOffset + 4 * kRow656Groups;  
 static_assert(kRow656RopeOffset + 2 * 64 == 656, "the DSA fp8 row is 656 B");
 
 constexpr double kFp8Max = 448;  // the largest finite e4m3 magnitude
+constexpr double kFp4Max = 6;    // the largest e2m1 magnitude
+
+// e2m1's magnitudes, by the low three bits of the code.
+constexpr double kFp4Magnitudes[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
 
 uint16_t LoadU16(const std::byte* at) {
   uint16_t bits;
@@ -33,12 +37,13 @@ double MaxMagnitude(const double* key, int32_t begin, int32_t n) {
   return amax;
 }
 
-// The UE8M0 exponent byte of the smallest power of two p with amax / p <= 448 (127 for 0).
-uint8_t Ue8m0ScaleFor(double amax) {
+// The UE8M0 exponent byte of the smallest power of two p with amax / p <= element_max (127 for
+// 0).
+uint8_t Ue8m0ScaleFor(double amax, double element_max) {
   if (amax == 0) return 127;
-  int k = static_cast<int>(std::ceil(std::log2(amax / kFp8Max)));
-  while (amax / std::ldexp(1.0, k) > kFp8Max) ++k;  // log2's rounding, either way
-  while (amax / std::ldexp(1.0, k - 1) <= kFp8Max) --k;
+  int k = static_cast<int>(std::ceil(std::log2(amax / element_max)));
+  while (amax / std::ldexp(1.0, k) > element_max) ++k;  // log2's rounding, either way
+  while (amax / std::ldexp(1.0, k - 1) <= element_max) --k;
   return static_cast<uint8_t>(std::clamp(k, -127, 127) + 127);
 }
 
@@ -65,6 +70,11 @@ double DecodeUe8m0(uint8_t bits) {
   return std::ldexp(1.0, int{bits} - 127);
 }
 
+double DecodeFp4E2M1(uint8_t bits) {
+  const double magnitude = kFp4Magnitudes[bits & 0x7];
+  return (bits & 0x8) != 0 ? -magnitude : magnitude;
+}
+
 void DecodeKVRow(KVRowFormat format, const std::byte* row, double* key) {
   switch (format) {
     case KVRowFormat::kBf16Row1152:
@@ -85,6 +95,19 @@ void DecodeKVRow(KVRowFormat format, const std::byte* row, double* key) {
       for (int d = 0; d < L::kLatentDims; ++d) {
         const uint8_t scale = static_cast<uint8_t>(row[L::kScalesOffset + d / L::kScaleGroupDims]);
         key[d] = DecodeFp8E4M3(static_cast<uint8_t>(row[d])) * DecodeUe8m0(scale);
+      }
+      for (int j = 0; j < L::kRopeDims; ++j) {
+        key[L::kLatentDims + j] = DecodeBf16(LoadU16(row + L::kRopeOffset + 2 * j));
+      }
+      return;
+    }
+    case KVRowFormat::kMxfp4Entry368: {
+      using L = Mxfp4Entry368Layout;
+      for (int d = 0; d < L::kLatentDims; ++d) {
+        const uint8_t pair = static_cast<uint8_t>(row[d / 2]);
+        const uint8_t nibble = d % 2 == 0 ? pair & 0xF : pair >> 4;
+        const uint8_t scale = static_cast<uint8_t>(row[L::kScalesOffset + d / L::kScaleGroupDims]);
+        key[d] = DecodeFp4E2M1(nibble) * DecodeUe8m0(scale);
       }
       for (int j = 0; j < L::kRopeDims; ++j) {
         key[L::kLatentDims + j] = DecodeBf16(LoadU16(row + L::kRopeOffset + 2 * j));
@@ -129,6 +152,22 @@ uint8_t EncodeFp8E4M3(double value) {
   return sign | static_cast<uint8_t>(((exponent + 7) << 3) | mantissa);
 }
 
+uint8_t EncodeFp4E2M1(double value) {
+  const uint8_t sign = std::signbit(value) ? 0x8 : 0;
+  const double magnitude = std::abs(value);
+  // The nearest magnitude; a tie is between neighbouring codes, and the even one wins.
+  uint8_t code = 0;
+  double best = magnitude;
+  for (uint8_t c = 1; c < 8; ++c) {
+    const double distance = std::abs(kFp4Magnitudes[c] - magnitude);
+    if (distance < best || (distance == best && c % 2 == 0)) {
+      code = c;
+      best = distance;
+    }
+  }
+  return static_cast<uint8_t>(sign | code);
+}
+
 void EncodeKVRow(KVRowFormat format, const double* key, std::byte* row) {
   switch (format) {
     case KVRowFormat::kBf16Row1152:
@@ -152,7 +191,7 @@ void EncodeKVRow(KVRowFormat format, const double* key, std::byte* row) {
       using L = Fp8Entry584Layout;
       for (int g = 0; g < L::kScales; ++g) {
         const uint8_t scale =
-            Ue8m0ScaleFor(MaxMagnitude(key, g * L::kScaleGroupDims, L::kScaleGroupDims));
+            Ue8m0ScaleFor(MaxMagnitude(key, g * L::kScaleGroupDims, L::kScaleGroupDims), kFp8Max);
         row[L::kScalesOffset + g] = std::byte{scale};
         for (int d = g * L::kScaleGroupDims; d < (g + 1) * L::kScaleGroupDims; ++d) {
           row[d] = std::byte{EncodeFp8E4M3(key[d] / DecodeUe8m0(scale))};
@@ -162,6 +201,25 @@ void EncodeKVRow(KVRowFormat format, const double* key, std::byte* row) {
         StoreU16(row + L::kRopeOffset + 2 * j, EncodeBf16(key[L::kLatentDims + j]));
       }
       row[L::kPadOffset] = std::byte{0};
+      return;
+    }
+    case KVRowFormat::kMxfp4Entry368: {
+      using L = Mxfp4Entry368Layout;
+      std::memset(row, 0, L::kScalesOffset);
+      for (int g = 0; g < L::kScales; ++g) {
+        const uint8_t scale =
+            Ue8m0ScaleFor(MaxMagnitude(key, g * L::kScaleGroupDims, L::kScaleGroupDims), kFp4Max);
+        row[L::kScalesOffset + g] = std::byte{scale};
+        for (int d = g * L::kScaleGroupDims; d < (g + 1) * L::kScaleGroupDims; ++d) {
+          const uint8_t code = EncodeFp4E2M1(key[d] / DecodeUe8m0(scale));
+          row[d / 2] |= std::byte{static_cast<uint8_t>(d % 2 == 0 ? code : code << 4)};
+        }
+      }
+      row[L::kPadOffset] = std::byte{0};
+      row[L::kPadOffset + 1] = std::byte{0};
+      for (int j = 0; j < L::kRopeDims; ++j) {
+        StoreU16(row + L::kRopeOffset + 2 * j, EncodeBf16(key[L::kLatentDims + j]));
+      }
       return;
     }
   }

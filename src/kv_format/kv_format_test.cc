@@ -28,6 +28,13 @@ TEST(KVFormatTest, ShapesOfTheThreeFormats) {
   EXPECT_EQ(v4.value_dims, 512);  // key and value are one vector
   EXPECT_EQ(FormatShape(KVRowFormat::kFp8Row656).key_dims, 576);
   EXPECT_FALSE(IsKVRowFormat(static_cast<KVRowFormat>(7)));
+  EXPECT_EQ(KVRowBytes(KVRowFormat::kMxfp4Entry368), 368);
+  const KVFormatShape fp4 = FormatShape(KVRowFormat::kMxfp4Entry368);
+  EXPECT_EQ(fp4.latent_dims, 448);
+  EXPECT_EQ(fp4.key_dims, 512);
+  EXPECT_EQ(fp4.value_dims, 512);
+  EXPECT_EQ(Mxfp4Entry368Layout::kScalesOffset, 224);
+  EXPECT_EQ(Mxfp4Entry368Layout::kRopeOffset, 240);
 }
 
 TEST(KVFormatTest, Fp8E4M3Decoding) {
@@ -159,6 +166,129 @@ TEST(KVFormatTest, Entry584EncodingIsWithinE4M3Rounding) {
     EXPECT_LE(std::abs(decoded[d] - key[d]), 0.5 * ulp * scale) << d;
   }
   for (int j = 0; j < L::kRopeDims; ++j) {
+    EXPECT_LE(std::abs(decoded[448 + j] - key[448 + j]), std::abs(key[448 + j]) * 0x1p-8) << j;
+  }
+}
+
+TEST(KVFormatTest, Fp4E2M1DecodesItsSixteenCodes) {
+  const double magnitudes[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  for (int code = 0; code < 8; ++code) {
+    EXPECT_EQ(DecodeFp4E2M1(static_cast<uint8_t>(code)), magnitudes[code]) << code;
+    EXPECT_EQ(DecodeFp4E2M1(static_cast<uint8_t>(code | 8)), -magnitudes[code]) << code;
+  }
+  EXPECT_TRUE(std::signbit(DecodeFp4E2M1(0x8)));
+  EXPECT_EQ(DecodeFp4E2M1(0xF3), 1.5);  // only the low 4 bits count
+}
+
+TEST(KVFormatTest, Fp4EncodingInvertsDecodingOnEveryCode) {
+  for (int code = 0; code < 16; ++code) {
+    EXPECT_EQ(EncodeFp4E2M1(DecodeFp4E2M1(static_cast<uint8_t>(code))), code) << code;
+  }
+}
+
+TEST(KVFormatTest, Fp4EncodingRoundsToNearestEvenAndSaturates) {
+  // Each midpoint goes to the neighbour with the even code.
+  EXPECT_EQ(EncodeFp4E2M1(0.25), 0);
+  EXPECT_EQ(EncodeFp4E2M1(0.75), 2);  // 1.0
+  EXPECT_EQ(EncodeFp4E2M1(1.25), 2);  // 1.0
+  EXPECT_EQ(EncodeFp4E2M1(1.75), 4);  // 2.0
+  EXPECT_EQ(EncodeFp4E2M1(2.5), 4);   // 2.0
+  EXPECT_EQ(EncodeFp4E2M1(3.5), 6);   // 4.0
+  EXPECT_EQ(EncodeFp4E2M1(5.0), 6);   // 4.0
+  EXPECT_EQ(EncodeFp4E2M1(-5.0), 0xE);
+  // Off the midpoints: the nearest value.
+  EXPECT_EQ(DecodeFp4E2M1(EncodeFp4E2M1(0.26)), 0.5);
+  EXPECT_EQ(DecodeFp4E2M1(EncodeFp4E2M1(2.49)), 2.0);
+  EXPECT_EQ(DecodeFp4E2M1(EncodeFp4E2M1(5.01)), 6.0);
+  EXPECT_EQ(DecodeFp4E2M1(EncodeFp4E2M1(100)), 6.0);
+  EXPECT_EQ(DecodeFp4E2M1(EncodeFp4E2M1(-100)), -6.0);
+}
+
+// Bytes written by hand, decoded value for value: the low nibble is the even dim.
+TEST(KVFormatTest, Entry368DecodesEachDimFromItsNibbles) {
+  using M = Mxfp4Entry368Layout;
+  std::vector<std::byte> row(M::kBytes, std::byte{0});
+  for (int i = 0; i < M::kScalesOffset; ++i) row[i] = std::byte{0xD2};  // dim 2i 1.0, 2i+1 -3.0
+  for (int g = 0; g < M::kScales; ++g) {
+    row[M::kScalesOffset + g] = std::byte{static_cast<uint8_t>(120 + g)};  // 2^(g - 7)
+  }
+  for (int j = 0; j < M::kRopeDims; ++j) StoreBf16(row, M::kRopeOffset + 2 * j, 0xBFC0);  // -1.5
+  std::vector<double> key(512);
+  DecodeKVRow(KVRowFormat::kMxfp4Entry368, row.data(), key.data());
+  for (int d = 0; d < M::kLatentDims; ++d) {
+    EXPECT_EQ(key[d], (d % 2 == 0 ? 1.0 : -3.0) * std::ldexp(1.0, d / 32 - 7)) << d;
+  }
+  for (int j = 0; j < M::kRopeDims; ++j) EXPECT_EQ(key[448 + j], -1.5) << j;
+}
+
+TEST(KVFormatTest, Entry368NaNScaleSpoilsOnlyItsGroup) {
+  using M = Mxfp4Entry368Layout;
+  std::vector<std::byte> row(M::kBytes, std::byte{0});
+  for (int i = 0; i < M::kScalesOffset; ++i) row[i] = std::byte{0x22};  // every latent 1.0
+  for (int g = 0; g < M::kScales; ++g) row[M::kScalesOffset + g] = std::byte{127};
+  row[M::kScalesOffset + 13] = std::byte{255};
+  std::vector<double> key(512);
+  DecodeKVRow(KVRowFormat::kMxfp4Entry368, row.data(), key.data());
+  for (int d = 0; d < M::kLatentDims; ++d) {
+    if (d / 32 == 13) {
+      EXPECT_TRUE(std::isnan(key[d])) << d;
+    } else {
+      EXPECT_EQ(key[d], 1.0) << d;
+    }
+  }
+}
+
+// Dims that are e2m1 values times their group's power of two survive encoding exactly, nibble
+// for nibble; the scale is the smallest power of two that fits the group's largest magnitude.
+TEST(KVFormatTest, Entry368EncodingIsExactOnRepresentableDims) {
+  using M = Mxfp4Entry368Layout;
+  std::mt19937 rng(7);
+  std::vector<double> key(512);
+  std::vector<uint8_t> codes(M::kLatentDims);
+  for (int d = 0; d < M::kLatentDims; ++d) {
+    codes[d] = d % 32 == 0 ? 0x7 : static_cast<uint8_t>(rng() & 0xF);  // 6.0: the group's max
+    key[d] = DecodeFp4E2M1(codes[d]) * std::ldexp(1.0, d / 32 - 5);
+  }
+  for (int j = 0; j < M::kRopeDims; ++j)
+    key[448 + j] = DecodeBf16(static_cast<uint16_t>(rng()) & 0xBFFF);
+  std::vector<std::byte> row(M::kBytes, std::byte{0xAB});
+  EncodeKVRow(KVRowFormat::kMxfp4Entry368, key.data(), row.data());
+  for (int i = 0; i < M::kScalesOffset; ++i) {
+    EXPECT_EQ(static_cast<int>(row[i]), codes[2 * i] | codes[2 * i + 1] << 4) << i;
+  }
+  for (int g = 0; g < M::kScales; ++g) {
+    EXPECT_EQ(static_cast<int>(row[M::kScalesOffset + g]), 127 + g - 5) << g;
+  }
+  EXPECT_EQ(row[M::kPadOffset], std::byte{0});
+  EXPECT_EQ(row[M::kPadOffset + 1], std::byte{0});
+  std::vector<double> decoded(512);
+  DecodeKVRow(KVRowFormat::kMxfp4Entry368, row.data(), decoded.data());
+  for (int d = 0; d < 512; ++d) EXPECT_EQ(decoded[d], key[d]) << d;
+}
+
+TEST(KVFormatTest, Entry368EncodingIsWithinE2M1Rounding) {
+  using M = Mxfp4Entry368Layout;
+  std::mt19937 rng(8);
+  std::normal_distribution<double> normal(0, 3);
+  std::vector<double> key(512);
+  for (double& x : key) x = normal(rng);
+  key[40] = 0;                               // a zero among the others
+  for (int d = 64; d < 96; ++d) key[d] = 0;  // an all-zero group: scale 1
+  std::vector<std::byte> row(M::kBytes);
+  EncodeKVRow(KVRowFormat::kMxfp4Entry368, key.data(), row.data());
+  EXPECT_EQ(static_cast<int>(row[M::kScalesOffset + 2]), 127);
+  std::vector<double> decoded(512);
+  DecodeKVRow(KVRowFormat::kMxfp4Entry368, row.data(), decoded.data());
+  for (int d = 0; d < M::kLatentDims; ++d) {
+    // Half the spacing of e2m1 values around the scaled magnitude: 0.25 below 2, 0.5 below 4,
+    // 1 above.
+    const double scale = DecodeUe8m0(static_cast<uint8_t>(row[M::kScalesOffset + d / 32]));
+    const double m = std::abs(key[d]) / scale;
+    EXPECT_LE(m, 6.0) << d;
+    const double half_step = m <= 2 ? 0.25 : m <= 4 ? 0.5 : 1.0;
+    EXPECT_LE(std::abs(decoded[d] - key[d]), half_step * scale) << d;
+  }
+  for (int j = 0; j < M::kRopeDims; ++j) {
     EXPECT_LE(std::abs(decoded[448 + j] - key[448 + j]), std::abs(key[448 + j]) * 0x1p-8) << j;
   }
 }

@@ -47,24 +47,23 @@ ModelPreset DsaPreset(const std::string& name, int32_t layers, KVRowFormat forma
 // DeepSeek-V4 from its config.json's compress_ratios (one per attention layer, the MTP layer's
 // last): 4 = a CSA layer (offloaded, one entry per 4 tokens, its own top-k and indexer keys), 128
 // = an HCA layer (resident, one entry per 128 tokens, read whole), 0 = window-only. Every layer
-// attends the newest 128 tokens (`sliding_window`), and an entry is 584 B
-// (docs/workload-shapes.md, "DeepSeek-V4: three kinds of layer", has the sources).
+// attends the newest 128 tokens (`sliding_window`), and an entry is 584 B in fp8 or 368 B in
+// MXFP4 (docs/workload-shapes.md, "DeepSeek-V4: three kinds of layer", has the sources).
 ModelPreset V4Preset(const std::string& name, const std::vector<int32_t>& compress_ratios,
-                     int32_t top_k, double weights_per_gpu_gb) {
-  constexpr KVRowFormat kFormat = KVRowFormat::kFp8Entry584;
+                     int32_t top_k, KVRowFormat format, double weights_per_gpu_gb) {
   ModelPreset p;
   p.name = name;
   p.num_layers = static_cast<int32_t>(compress_ratios.size());
-  p.row_bytes = KVRowBytes(kFormat);
+  p.row_bytes = KVRowBytes(format);
   p.indexer_key_bytes = 132;  // index_head_dim 128 in fp8 + an fp32 scale
   p.top_k = top_k;            // index_topk
   p.raw_window = 128;         // sliding_window
   p.weights_per_gpu_gb = weights_per_gpu_gb;
   for (int32_t i = 0; i < p.num_layers; ++i) {
     const int32_t r = compress_ratios[i];
-    p.layers.push_back(r == 4     ? Layer(kFormat, LayerKind::kOffloaded, 4, top_k, i, true)
-                       : r == 128 ? Layer(kFormat, LayerKind::kResident, 128, 0, -1, false)
-                                  : Layer(kFormat, LayerKind::kWindowOnly, 1, 0, -1, false));
+    p.layers.push_back(r == 4     ? Layer(format, LayerKind::kOffloaded, 4, top_k, i, true)
+                       : r == 128 ? Layer(format, LayerKind::kResident, 128, 0, -1, false)
+                                  : Layer(format, LayerKind::kWindowOnly, 1, 0, -1, false));
   }
   return p;
 }
@@ -79,6 +78,10 @@ std::vector<int32_t> Ratios(std::vector<int32_t> head, std::vector<int32_t> pair
 
 bool IsDsaFormat(KVRowFormat f) {
   return f == KVRowFormat::kFp8Row656 || f == KVRowFormat::kBf16Row1152;
+}
+
+bool IsV4Format(KVRowFormat f) {
+  return f == KVRowFormat::kFp8Entry584 || f == KVRowFormat::kMxfp4Entry368;
 }
 
 }  // namespace
@@ -96,11 +99,12 @@ StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format) {
     for (const std::string& n : PresetNames()) known += (known.empty() ? "" : ", ") + n;
     return NotFound("unknown model preset '" + name + "' (known: " + known + ")");
   }
-  if (v4 ? format != KVRowFormat::kFp8Entry584 : !IsDsaFormat(format)) {
+  if (v4 ? !IsV4Format(format) : !IsDsaFormat(format)) {
     return InvalidArgument(
         "model preset '" + name + "' has no " +
         (IsKVRowFormat(format) ? std::to_string(KVRowBytes(format)) + "-B" : std::string("such")) +
-        " rows (its rows: " + (v4 ? "584-B fp8 entries" : "656-B fp8 or 1152-B bf16") + ")");
+        " rows (its rows: " +
+        (v4 ? "584-B fp8 or 368-B MXFP4 entries" : "656-B fp8 or 1152-B bf16") + ")");
   }
   // DeepSeek-V3.2: 671B parameters in fp8 over 8 GPUs (docs/benchmark.md, "The HBM budget").
   if (name == "deepseek-v3.2") return DsaPreset(name, 61, format, 84);
@@ -108,12 +112,12 @@ StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format) {
   // compress_ratios [0, 0] + [4, 128] x 20 + [4], MTP 0: 21 CSA, 20 HCA, 3 window-only;
   // index_topk 512; 159.6 GB of weights (fp4 experts, fp8 elsewhere) over 8 GPUs.
   if (name == "deepseek-v4-flash") {
-    return V4Preset(name, Ratios({0, 0}, {4, 128}, 20, {4, 0}), 512, 19.95);
+    return V4Preset(name, Ratios({0, 0}, {4, 128}, 20, {4, 0}), 512, format, 19.95);
   }
   // compress_ratios [128, 128] + [4, 128] x 29 + [4], MTP 0: 30 CSA, 31 HCA, 1 window-only;
   // index_topk 1024; 864.7 GB of weights over 8 GPUs.
   if (name == "deepseek-v4-pro") {
-    return V4Preset(name, Ratios({128, 128}, {4, 128}, 29, {4, 0}), 1024, 108.1);
+    return V4Preset(name, Ratios({128, 128}, {4, 128}, 29, {4, 0}), 1024, format, 108.1);
   }
   // GLM-5.3, assumed to have GLM-5.2's shape (its own config.json was not found): GLM-5's 78
   // layers with IndexShare. Only the layers indexer_types marks "full" (0, 1, 2, then every

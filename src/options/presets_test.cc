@@ -123,6 +123,19 @@ TEST(PresetsTest, FormatsAModelDoesNotHaveAreRefused) {
   EXPECT_EQ(FindPreset("glm-5.3", KVRowFormat::kFp8Entry584).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(FindPreset("glm-5.3", KVRowFormat::kBf16Row1152).ok());
+  EXPECT_EQ(FindPreset("glm-5", KVRowFormat::kMxfp4Entry368).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(PresetsTest, DeepSeekV4InMxfp4Has368ByteEntries) {
+  const StatusOr<ModelPreset> p = FindPreset("deepseek-v4-flash", KVRowFormat::kMxfp4Entry368);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(p->row_bytes, 368);
+  for (const LayerShape& layer : p->layers) {
+    EXPECT_EQ(layer.format, KVRowFormat::kMxfp4Entry368);
+    EXPECT_EQ(layer.row_bytes, 368);
+  }
+  EXPECT_EQ(p->layers_of(LayerKind::kOffloaded), 21);  // the layer list does not change
 }
 
 TEST(PresetsTest, NewPresetsAreNotServedYet) {

@@ -33,6 +33,12 @@ std::vector<MemoryTier> DefaultTiers() {
           {"scaleup-pool", 4000, 450}};
 }
 
+MemoryTier NodeDramTier(double node_gb, int32_t gpus_per_node, double gbps) {
+  char name[48];
+  std::snprintf(name, sizeof(name), "node-%gGB", node_gb);
+  return {name, node_gb / gpus_per_node, gbps};
+}
+
 StepTime PredictStep(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
                      const StepInputs& in) {
   const double b = in.batch;

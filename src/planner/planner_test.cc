@@ -321,6 +321,28 @@ TEST(CapacityTest, DeepSeekV4FlashAtOneMillionIsBoundByASmallHostTier) {
   EXPECT_EQ(c.offloaded_by_tier, (std::vector<int32_t>{77, 131}));
 }
 
+TEST(CapacityTest, NodeDramTierIsEachGpusShareOfTheNode) {
+  const MemoryTier t = NodeDramTier(250, 8, 55);
+  EXPECT_EQ(t.name, "node-250GB");
+  EXPECT_EQ(t.capacity_gb, 31.25);
+  EXPECT_EQ(t.gbps, 55);
+  EXPECT_EQ(NodeDramTier(2000, 8, 55).name, "node-2000GB");
+  EXPECT_EQ(NodeDramTier(2000, 4, 55).capacity_gb, 500);
+}
+
+// DeepSeek-V4-Pro at 1M with 250 GB to 2 TB of DRAM per 8-GPU node (31.25 to 250 GB per GPU) and
+// 4.59 GB of host memory per request: the two smaller nodes bind (6 and 13 requests per GPU), from
+// 1 TB per node the HBM does (19).
+TEST(CapacityTest, DeepSeekV4ProAtOneMillionOnNodesOf250GbTo2Tb) {
+  std::vector<MemoryTier> tiers;
+  for (double node_gb : {250.0, 500.0, 1000.0, 2000.0}) {
+    tiers.push_back(NodeDramTier(node_gb, 8, 55));
+  }
+  const CapacityCase c = Capacity(ShapeOf("deepseek-v4-pro"), GpuSpec{}, tiers, 1048576, 2048);
+  EXPECT_EQ(c.offloaded_by_hbm, 19);
+  EXPECT_EQ(c.offloaded_by_tier, (std::vector<int32_t>{6, 13, 19, 19}));
+}
+
 // A uniform model's capacity is the one Limits gives.
 TEST(CapacityTest, UniformModelAgreesWithLimits) {
   const ModelShape m;  // DeepSeek-V3.2

@@ -389,6 +389,18 @@ TEST(BenchTest, InvalidConfigsNameTheOption) {
   EXPECT_TRUE(ValidateBenchConfig(c).ok());
 }
 
+// Contexts to 1M tokens pass the checks (the GPU run sizes its host pool from them); 2^30 and
+// more are refused, saying why.
+TEST(BenchTest, ContextsUpToOneMillionAreAccepted) {
+  BenchConfig c = Tiny();
+  c.contexts = {131072, 1048576};
+  EXPECT_TRUE(ValidateBenchConfig(c).ok()) << ValidateBenchConfig(c).message();
+  c.contexts = {1 << 30};
+  const Status s = ValidateBenchConfig(c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("32-bit positions"), std::string::npos) << s.message();
+}
+
 // ---- Command line ----
 
 struct CliRun {
@@ -620,6 +632,13 @@ TEST(CliTest, PresetsTheManagerCannotRunAreRefusedByBenchAndModelledByPlan) {
   EXPECT_NE(bench.err.find("`sparsekv plan --preset deepseek-v4-pro`"), std::string::npos)
       << bench.err;
   EXPECT_EQ(Cli({"multi-turn", "--preset", "glm-5.3"}).code, kExitUsage);
+  // With contexts to 1M the refusal is still the preset's, not the contexts'.
+  const CliRun long_bench =
+      Cli({"bench", "--preset", "deepseek-v4-flash", "--contexts", "131072,1048576"});
+  EXPECT_EQ(long_bench.code, kExitUsage);
+  EXPECT_NE(long_bench.err.find("deepseek-v4-flash cannot run here yet"), std::string::npos)
+      << long_bench.err;
+  EXPECT_EQ(long_bench.err.find("--contexts"), std::string::npos) << long_bench.err;
   const CliRun plan = Cli({"plan", "--preset", "deepseek-v4-pro", "--contexts", "1048576", "--tier",
                            "dram-2t:2000:55"});
   ASSERT_EQ(plan.code, kExitOk) << plan.err;

@@ -168,7 +168,10 @@ Status ValidateBenchConfig(const BenchConfig& c) {
   }
   for (int32_t context : c.contexts) {
     if (context < c.top_k || int64_t{context} + 16 * int64_t{c.steps} > kInt32Max / 2) {
-      return Bad("--contexts values must be in [--top-k, 2^30)");
+      return Bad(
+          "--contexts values must be in [--top-k, 2^30): a row selects --top-k distinct "
+          "positions, and a context and its steps' positions stay below 2^30 so that "
+          "32-bit positions keep their headroom (1048576 = 1M tokens is accepted)");
     }
   }
   for (const std::string& v : c.variants) {

@@ -416,7 +416,17 @@ PlanCommand::PlanCommand(CLI::App& parent) {
   app_->add_option("--tier", tiers_,
                    "memory tier NAME:CAPACITY_GB_PER_GPU:GBPS, repeatable [default: "
                    "pcie-dram:250:55 cxl:500:50 nvlink-c2c:480:450 scaleup-pool:4000:450]");
-  app_->add_option("--contexts", contexts_, "context lengths, comma-separated")
+  app_->add_option("--node-dram-gb", node_dram_gb_,
+                   "host tiers of DRAM per node, comma-separated GB (e.g. 250,500,1000,2000): "
+                   "each GPU holds its share (/ --gpus-per-node) over pcie-dram's link; added "
+                   "to the --tier tiers (the defaults only when neither is given)")
+      ->delimiter(',')
+      ->check(PositiveReal());
+  app_->add_option("--gpus-per-node", gpus_per_node_, "GPUs sharing a node's DRAM (--node-dram-gb)")
+      ->check(AtLeast<int32_t>(1))
+      ->capture_default_str();
+  app_->add_option("--contexts,--context", contexts_,
+                   "context lengths, comma-separated (--context is the same option)")
       ->delimiter(',')
       ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
@@ -494,6 +504,17 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
                   kExitUsage);
     }
     tiers.push_back(*tier);
+  }
+  for (double node_gb : node_dram_gb_) {
+    const MemoryTier tier = NodeDramTier(node_gb, gpus_per_node_, DefaultTiers()[0].gbps);
+    for (const MemoryTier& other : tiers) {
+      if (other.name == tier.name) {
+        return fail(InvalidArgument("--node-dram-gb: the tier '" + tier.name +
+                                    "' is given twice; give each size once"),
+                    kExitUsage);
+      }
+    }
+    tiers.push_back(tier);
   }
   if (tiers.empty()) tiers = DefaultTiers();
   StatusOr<ModelPreset> preset = precision_ == "bf16"

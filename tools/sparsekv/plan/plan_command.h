@@ -38,6 +38,8 @@ class PlanCommand {
   ModelShape model_;
   GpuSpec gpu_;
   std::vector<std::string> tiers_;
+  std::vector<double> node_dram_gb_;  // --node-dram-gb: NodeDramTier per value
+  int32_t gpus_per_node_ = 8;         // --gpus-per-node
   std::vector<int32_t> contexts_ = {16384, 32768, 65536, 131072, 262144, 524288, 1048576};
   std::vector<double> miss_rates_ = {0.2};
   int32_t hot_slots_ = 4096;

@@ -150,6 +150,68 @@ TEST(PlanCommandTest, RefusesAHotCacheSmallerThanTheTopK) {
   EXPECT_NE(text.find("--contexts: 1024 is below the preset's top-k"), std::string::npos) << text;
 }
 
+// DeepSeek-V4-Pro at 1M tokens with a host tier of 250 GB and of 2 TB of DRAM per 8-GPU node:
+// 4.59 GB of host memory per request, 31.25 GB per GPU hold 6 requests; 250 GB per GPU hold all
+// 19 that the HBM admits.
+TEST(PlanCommandTest, DeepSeekV4ProAtOneMillionOnNodeDramTiers) {
+  const std::string json_path = ::testing::TempDir() + "/plan-v4-node.json";
+  std::string text;
+  ASSERT_EQ(Cli({"plan", "--preset", "deepseek-v4-pro", "--contexts", "1048576", "--node-dram-gb",
+                 "250,2000", "--json", json_path},
+                &text),
+            kExitOk)
+      << text;
+  EXPECT_NE(text.find("node-250GB"), std::string::npos) << text;
+  std::ifstream file(json_path);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  ASSERT_EQ(j["capacity"].size(), 1u);
+  const nlohmann::json& c = j["capacity"][0];
+  EXPECT_EQ(c["context"], 1048576);
+  EXPECT_EQ(c["full_hbm_max_batch"], 4);
+  EXPECT_EQ(c["offloaded_max_batch_by_hbm"], 19);
+  ASSERT_EQ(c["offloaded_max_batch_by_tier"].size(), 2u);  // only the node tiers
+  EXPECT_EQ(c["offloaded_max_batch_by_tier"][0]["tier"], "node-250GB");
+  EXPECT_EQ(c["offloaded_max_batch_by_tier"][0]["max_batch"], 6);
+  EXPECT_EQ(c["offloaded_max_batch_by_tier"][1]["tier"], "node-2000GB");
+  EXPECT_EQ(c["offloaded_max_batch_by_tier"][1]["max_batch"], 19);
+}
+
+// `--context` names the same option: one context, here DeepSeek-V4-Pro's 1M.
+TEST(PlanCommandTest, ContextIsTheContextsOption) {
+  const std::string json_path = ::testing::TempDir() + "/plan-v4-context.json";
+  std::string text;
+  ASSERT_EQ(
+      Cli({"plan", "--preset", "deepseek-v4-pro", "--context", "1048576", "--json", json_path},
+          &text),
+      kExitOk)
+      << text;
+  std::ifstream file(json_path);
+  const nlohmann::json capacity = nlohmann::json::parse(file)["capacity"];
+  ASSERT_EQ(capacity.size(), 1u);
+  EXPECT_EQ(capacity[0]["context"], 1048576);
+  EXPECT_EQ(capacity[0]["offloaded_max_batch_by_hbm"], 19);
+}
+
+TEST(PlanCommandTest, NodeDramTiersAreSharedByTheNodesGpus) {
+  const std::string json_path = ::testing::TempDir() + "/plan-v4-gpus.json";
+  std::string text;
+  ASSERT_EQ(Cli({"plan", "--preset", "deepseek-v4-pro", "--contexts", "1048576", "--node-dram-gb",
+                 "250", "--gpus-per-node", "4", "--tier", "cxl:500:50", "--json", json_path},
+                &text),
+            kExitOk)
+      << text;
+  std::ifstream file(json_path);
+  const nlohmann::json tiers =
+      nlohmann::json::parse(file)["capacity"][0]["offloaded_max_batch_by_tier"];
+  ASSERT_EQ(tiers.size(), 2u);  // --tier's, then the node's
+  EXPECT_EQ(tiers[0]["tier"], "cxl");
+  EXPECT_EQ(tiers[1]["max_batch"], 13);  // 62.5 GB per GPU / 4.59 GB
+  EXPECT_EQ(Cli({"plan", "--node-dram-gb", "250,250"}, &text), kExitUsage);
+  EXPECT_NE(text.find("'node-250GB' is given twice"), std::string::npos) << text;
+  EXPECT_EQ(Cli({"plan", "--node-dram-gb", "0"}, &text), kExitUsage);
+  EXPECT_EQ(Cli({"plan", "--gpus-per-node", "0"}, &text), kExitUsage);
+}
+
 TEST(PlanCommandTest, SaysSoWhenNoHbmIsLeftForKV) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"plan", "--hbm-gb", "1"},

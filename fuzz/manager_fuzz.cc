@@ -157,7 +157,11 @@ class Fuzzer {
       bool changed = true;  // false: the operation failed and must have changed nothing
       bool admission = false;
       // Weighted so that most inputs reach steps; about half of the calls are steps.
-      const int kind = in_.ConsumeIntegralInRange<int>(0, 31);
+      // One byte: its low five bits pick the operation; a step through StepSchedule takes the
+      // high values of the byte that picks a step (so that inputs written before it decode as
+      // they did, unless their byte was one of those).
+      const int byte = in_.ConsumeIntegralInRange<int>(0, 255);
+      const int kind = byte % 32;
       switch (kind) {
         case 0:
         case 1:
@@ -211,7 +215,7 @@ class Fuzzer {
           changed = NodePoolDescriptor();
           break;
         case 20:
-          if (!step_open_) {
+          if (!step_open_ && byte >= 128) {
             changed = ScheduledStep();
             break;
           }
@@ -1812,7 +1816,13 @@ CacheOptions DecodeOptions(FuzzedDataProvider& in) {
   o.window = in.ConsumeIntegralInRange<int32_t>(1, 3);
   // kLru, kSegmentedLru or kClock (one byte, as the choice between the first two took).
   o.eviction = static_cast<EvictionPolicy>(in.ConsumeIntegralInRange<int>(0, 2));
-  o.protected_percent = in.ConsumeIntegralInRange<int32_t>(0, 100);
+  // One byte: protected_percent, and the fused copy (each request's resolve copies its misses)
+  // in every step, in steps of two requests or more, or never (the default's 80, above every
+  // batch here) from the byte's high values (so that inputs written before it decode as they
+  // did, unless their byte was one of those).
+  const int32_t percent_and_fused = in.ConsumeIntegralInRange<int32_t>(0, 255);
+  o.protected_percent = percent_and_fused % 101;
+  if (percent_and_fused > 100) o.fused_copy_min_batch = percent_and_fused / 101;
   o.host_page_tokens = 1 << in.ConsumeIntegralInRange<int>(1, 3);
   o.max_requests = in.ConsumeIntegralInRange<int32_t>(1, 3);
   o.max_host_requests = o.max_requests + in.ConsumeIntegralInRange<int32_t>(0, 2);
@@ -1851,9 +1861,6 @@ CacheOptions DecodeOptions(FuzzedDataProvider& in) {
       }
     }
   }
-  // The fused copy (each request's resolve copies its misses) in steps of at least this many
-  // requests; 0 never.
-  o.fused_copy_min_batch = in.ConsumeIntegralInRange<int32_t>(0, o.max_batch + 1);
   return o;
 }
 

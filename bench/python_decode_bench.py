@@ -24,7 +24,7 @@ sizes them for the batch (hot slots from --hot-slots; at batch 59 no request is 
 automatic schedule's two trials per candidate, the tok/s definition. What is not: the
 attention and the proxy are torch operations, not the bench's sparse MLA kernel and weight
 stream; the top-k is this script's uncorrelated-miss workload (each step, a fraction R of every
-request's previous top-k is replaced by fresh uniform positions of its history; the rest hits),
+request's previous top-k is replaced by fresh uniform positions of its history, independently per layer; the rest hits),
 not the bench's generator, and there is no calibrated-locality workload (its feed is the C++
 bench's); the manager keeps no indexer keys (the C++ bench's --hybrid appends them too); the
 prompt rows are zeros; steps run eagerly (no CUDA graph). The ratio to the C++ bench
@@ -97,19 +97,14 @@ def parse_args(argv):
 
 
 def cache_options(a):
-    o = sparsekv.CacheOptions()
-    o.geometry = sparsekv.KVGeometry.uniform(a.layers, a.row_bytes)
-    o.top_k = a.top_k
-    o.hot_slots = a.hot_slots
-    o.window = a.window
-    o.host_page_tokens = a.page_tokens
-    o.max_requests = a.batch
-    o.max_context = a.context + a.steps + 1
-    pages = -(-o.max_context // a.page_tokens)
-    o.host_capacity_tokens = a.batch * pages * a.page_tokens
-    o.copy_chunk_rows = a.copy_chunk_rows
-    o.max_prefetch = a.top_k
-    return o
+    max_context = a.context + a.steps + 1
+    pages = -(-max_context // a.page_tokens)
+    return sparsekv.CacheOptions(
+        geometry=sparsekv.KVGeometry.uniform(a.layers, a.row_bytes),
+        top_k=a.top_k, hot_slots=a.hot_slots, window=a.window, host_page_tokens=a.page_tokens,
+        max_requests=a.batch, max_context=max_context,
+        host_capacity_tokens=a.batch * pages * a.page_tokens,
+        copy_chunk_rows=a.copy_chunk_rows, max_prefetch=a.top_k)
 
 
 class TopKFeed:
@@ -206,12 +201,13 @@ def run(a, out=sys.stdout):
     manager = sparsekv.SparseKVCacheManager(cache_options(a), backend)
     ops = (CpuOps if a.device == "cpu" else CudaOps)(a, manager)
     written = {}  # with --check: (request, layer) -> rows
-    zeros = np.zeros((a.context, a.row_bytes), np.uint8)
+    zeros = ops.buffer(np.zeros((a.context, a.row_bytes), np.uint8))
 
     def prompt_rows(rid, layer):
-        rows = rng.integers(0, 256, zeros.shape, dtype=np.uint8) if a.check else zeros
-        if a.check:
-            written[rid, layer] = list(rows)
+        if not a.check:
+            return zeros
+        rows = rng.integers(0, 256, (a.context, a.row_bytes), dtype=np.uint8)
+        written[rid, layer] = list(rows)
         return ops.buffer(rows)
 
     requests = list(range(1, a.batch + 1))
@@ -240,7 +236,9 @@ def run(a, out=sys.stdout):
             manager, fixed=None if a.schedule == "auto" else a.schedule, trials=2)
     ops.synchronize()
 
-    feed = TopKFeed(rng, a.batch, a.top_k, a.context, a.miss_rate)
+    # A top-k per layer, drawn independently (uncorrelated across layers, as the C++ bench's
+    # miss-rate workload).
+    feeds = [TopKFeed(rng, a.batch, a.top_k, a.context, a.miss_rate) for _ in range(a.layers)]
     slots = ops.buffer(np.zeros((a.batch, a.top_k), np.int32))
     lengths = [a.context] * a.batch
     times, misses, lookups = [], 0, 0
@@ -248,8 +246,8 @@ def run(a, out=sys.stdout):
         new_rows = [ops.buffer(rng.integers(0, 256, (a.batch, a.row_bytes), dtype=np.uint8))
                     for _ in range(a.layers)] if a.check else None
         zero_rows = ops.buffer(np.zeros((a.batch, a.row_bytes), np.uint8))
-        topk_host = feed.next(lengths)
-        topk = ops.buffer(topk_host)
+        topk_host = [feed.next(lengths) for feed in feeds]
+        topk = [ops.buffer(t) for t in topk_host]
         if a.check:
             ops.read = [np.zeros((a.batch, a.top_k, a.row_bytes), np.uint8)
                         for _ in range(a.layers)]
@@ -266,12 +264,13 @@ def run(a, out=sys.stdout):
             rows = new_rows[layer] if a.check else zero_rows
             if coordinator is not None:
                 coordinator.append_token_kv(layer, rows)
-                got = coordinator.swap_in_selected_pages(pool_rows_device, None, topk, layer)
+                got = coordinator.swap_in_selected_pages(pool_rows_device, None, topk[layer],
+                                                         layer)
                 ops.attend(layer, got, 0, a.batch)
             else:
                 def attend(l, first, count, stream):
                     ops.attend(l, slots, first, count)
-                schedule.run_layer(layer, rows, topk, slots, attend)
+                schedule.run_layer(layer, rows, topk[layer], slots, attend)
             ops.proxy()
         if schedule is not None:
             schedule.finish_step()  # the adapter ends the step with the last layer's swap-in
@@ -289,7 +288,8 @@ def run(a, out=sys.stdout):
     tokens_per_s = a.batch * 1e3 / tpot_ms
     chosen = str(schedule.choice) if schedule is not None else (
         str(coordinator.schedule.choice) if coordinator.schedule is not None else "manager")
-    out.write(f"sparsekv python ({a.path}) @{a.context // 1024}K miss {a.miss_rate:g} - batch "
+    context = f"{a.context // 1024}K" if a.context % 1024 == 0 else str(a.context)
+    out.write(f"sparsekv python ({a.path}) @{context} miss {a.miss_rate:g} - batch "
               f"{a.batch}: TPOT {tpot_ms:.2f} ms, {tokens_per_s:.0f} tok/s, "
               f"missed {misses / max(lookups, 1):.1%}, schedule {chosen}\n")
     result = {
@@ -318,7 +318,7 @@ def check(a, ops, written, new_rows, topk, lengths, requests):
             assert len(history) == lengths[b]
             seen = set()
             for k in range(a.top_k):
-                p = int(topk[b, k])
+                p = int(topk[layer][b, k])
                 got = ops.read[layer][b, k]
                 if p in seen:
                     continue

@@ -143,6 +143,8 @@ class StepSchedule {
 
   // SparseKVCacheManager::PlanStep, with its errors, then the choice for the step. Reads the
   // time of the previous eager step first (waiting for it if it is still running).
+  // InvalidArgument, before anything else, for a stream of another device than the manager's
+  // backend (Backend::CheckStream); the step's other calls take streams of that device too.
   Status PlanStep(std::span<const RequestId> batch, StreamHandle stream);
   Status PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
                   StreamHandle stream);
@@ -174,7 +176,7 @@ class StepSchedule {
   // engine that drops the step's output releases those requests (or retracts and re-ingests
   // them). An aborted step is not timed. Allocates its zero rows and top-k on the first call.
   // Errors: FailedPrecondition outside a step or while `stream` is capturing (end the capture
-  // first); the manager's errors.
+  // first); InvalidArgument for a stream of another device; the manager's errors.
   Status AbortStep(StreamHandle stream);
   // After a replay of a step captured through this schedule (in the planned step's choice):
   // SparseKVCacheManager::FinishReplayedStep, and `seconds`, the replay's time (< 0: not
@@ -190,6 +192,8 @@ class StepSchedule {
   Status Choose();
   // Reads the previous eager step's time and hands it to the tuner.
   Status ObservePendingTime();
+  // Backend::CheckStream, its error prefixed with the call's name.
+  Status CheckStream(StreamHandle stream, const char* call);
   Status CopyAndAttend(int32_t layer, const AttendFn& attend, StreamHandle stream);
   Status Prefetch(int32_t layer, const int32_t* topk, StreamHandle stream);
   // The device buffers AbortStep reads (zero rows and keys, an all-padding top-k) and the slots

@@ -185,7 +185,14 @@ StepSchedule::~StepSchedule() {
   }
 }
 
+Status StepSchedule::CheckStream(StreamHandle stream, const char* call) {
+  const Status s = backend_.CheckStream(stream);
+  if (s.ok()) return s;
+  return Status(s.code(), std::string("StepSchedule::") + call + ": " + s.message());
+}
+
 Status StepSchedule::PlanStep(std::span<const RequestId> batch, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckStream(stream, "PlanStep"));
   SPARSEKV_RETURN_IF_ERROR(ObservePendingTime());
   SPARSEKV_RETURN_IF_ERROR(manager_.PlanStep(batch, stream));
   batch_.assign(batch.begin(), batch.end());
@@ -194,6 +201,7 @@ Status StepSchedule::PlanStep(std::span<const RequestId> batch, StreamHandle str
 
 Status StepSchedule::PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
                               StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckStream(stream, "PlanStep"));
   SPARSEKV_RETURN_IF_ERROR(ObservePendingTime());
   SPARSEKV_RETURN_IF_ERROR(manager_.PlanStep(batch, token_ids, stream));
   batch_.assign(batch.begin(), batch.end());
@@ -395,6 +403,7 @@ Status StepSchedule::CopyRemaining(int32_t layer, StreamHandle stream) {
 
 Status StepSchedule::AbortStep(StreamHandle stream) {
   if (!step_open_) return FailedPrecondition("StepSchedule::AbortStep: no step is planned");
+  SPARSEKV_RETURN_IF_ERROR(CheckStream(stream, "AbortStep"));
   SPARSEKV_ASSIGN_OR_RETURN(const bool capturing, backend_.IsCapturing(stream));
   if (capturing) {
     return FailedPrecondition(

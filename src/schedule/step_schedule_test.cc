@@ -216,7 +216,9 @@ class ScheduleWorkload {
       ASSERT_TRUE(finished.ok()) << finished.ToString();
     }
     ASSERT_TRUE(manager_->backend().Synchronize(stream_).ok());
-    if (!abort || fail_layer > 0) EXPECT_GT(attended, 0);
+    if (!abort || fail_layer > 0) {
+      EXPECT_GT(attended, 0);
+    }
   }
 
   StepSchedule& schedule() { return *schedule_; }
@@ -678,6 +680,33 @@ TEST(StepScheduleCudaTest, AbortStepIsRefusedWhileCapturing) {
   EXPECT_TRUE(aborted.ok()) << aborted.ToString();
   EXPECT_TRUE(gpu->Synchronize(*stream).ok());
   gpu->DestroyStream(*stream);
+#endif
+}
+
+// On two GPUs: a stream of the other device is refused before the step is planned, which then
+// plans on a stream of the manager's device.
+TEST(StepScheduleCudaTest, RefusesAStreamOfAnotherDevice) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+#if defined(SPARSEKV_WITH_CUDA)
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) GTEST_SKIP() << "needs two GPUs";
+  ScheduleWorkload w(Options(1, false), ScheduleOptions{}, 13, gpu);
+  int current = 0;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&other), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(current), cudaSuccess);
+  const std::vector<RequestId> batch = {1, 2};
+  const Status refused = w.schedule().PlanStep(batch, other);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+  EXPECT_NE(refused.message().find("device 1"), std::string::npos) << refused.ToString();
+  EXPECT_EQ(w.manager().batch_size(), 0);  // nothing planned
+  ASSERT_TRUE(w.schedule().PlanStep(batch, nullptr).ok());
+  EXPECT_EQ(w.schedule().AbortStep(other).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(w.schedule().AbortStep(nullptr).ok());
+  cudaStreamDestroy(other);
 #endif
 }
 

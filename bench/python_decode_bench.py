@@ -24,10 +24,10 @@ sizes them for the batch (hot slots from --hot-slots; at batch 59 no request is 
 automatic schedule's two trials per candidate, the tok/s definition. What is not: the
 attention and the proxy are torch operations, not the bench's sparse MLA kernel and weight
 stream; the top-k is this script's uncorrelated-miss workload (each step, a fraction R of every
-request's previous top-k is replaced by fresh uniform positions of its history, independently per layer; the rest hits),
-not the bench's generator, and there is no calibrated-locality workload (its feed is the C++
-bench's); the manager keeps no indexer keys (the C++ bench's --hybrid appends them too); the
-prompt rows are zeros; steps run eagerly (no CUDA graph). The ratio to the C++ bench
+request's previous top-k is replaced by fresh uniform positions of its history, independently per
+layer; the rest hits), not the bench's generator, and there is no calibrated-locality workload (its
+feed is the C++ bench's); the manager keeps no indexer keys (the C++ bench's --hybrid appends them
+too); the prompt rows are zeros; steps run eagerly (no CUDA graph). The ratio to the C++ bench
 therefore bounds what driving the step from Python costs, with these stand-ins.
 
 --device cpu runs the same loop on the CPU backend (small sizes; what the package's tests run),

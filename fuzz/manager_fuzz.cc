@@ -6,15 +6,18 @@
 // arbitrary arguments: lifecycle (admit, ingest, release, retract, resume), prefixes (admission
 // with token ids, suffix ingestion, fork, retain, eviction), hybrid residency (promote) and
 // indexer keys (ingestion, appends), steps whose run phase is driven call by call (append,
-// prefetch, run or resolve / copy / assemble per layer, copy chunks, finish) with top-k rows
-// holding padding, repeats, out-of-range and arbitrary positions, and calls that the API
-// documents as errors in between. A model of every request's history (each row is a
-// deterministic pattern of the token that wrote it) checks after every operation:
+// prefetch, run or resolve / copy / assemble per layer, copy chunks, finish) or whole through
+// StepSchedule (in a schedule the input forces or the schedule's own, with attention calls that
+// fail, the step then finished or aborted), with top-k rows holding padding, repeats,
+// out-of-range and arbitrary positions, and calls that the API documents as errors in between. A
+// model of every request's history (each row is a deterministic pattern of the token that wrote it)
+// checks after every operation:
 //   * every status is the one the API documents, or one of the documented alternatives;
 //   * an operation that fails changes nothing (lengths, pages, blocks, retained conversations);
 //   * every slot is -1 or names a row whose bytes are the model's row for the position asked
 //     for (in the request's own hot-cache block, unless it is resident), and assembled rows
-//     match; every indexer key of the step's requests is the model's;
+//     match, also when the schedule calls attention over a slice; every indexer key of the
+//     step's requests is the model's;
 //   * every live request's history and every retained conversation is intact in the host pool;
 //   * the statistics count every top-k entry once, with padding, out-of-range, repeated and
 //     window entries exactly as the top-k rows hold them.

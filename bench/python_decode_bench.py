@@ -118,7 +118,7 @@ class TopKFeed:
         self.topk = self.topk.astype(np.int32)
 
     def next(self, lengths):
-        fresh = int(round(self.rate * self.top_k))
+        fresh = int(self.rate * self.top_k + 0.5)
         for b, length in enumerate(lengths):
             if fresh == 0:
                 break

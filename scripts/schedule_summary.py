@@ -35,7 +35,7 @@ PYTHON_BATCH = 59
 
 def workload(point):
     rate = point.get("miss_rate_target")
-    name = "calibrated" if rate is None else f"m{round(rate * 100)}"
+    name = "calibrated" if rate is None else f"m{rate * 100:.0f}"
     return f"{point['context'] // 1024}k_{name}"
 
 

@@ -6,15 +6,18 @@
 // arbitrary arguments: lifecycle (admit, ingest, release, retract, resume), prefixes (admission
 // with token ids, suffix ingestion, fork, retain, eviction), hybrid residency (promote) and
 // indexer keys (ingestion, appends), steps whose run phase is driven call by call (append,
-// prefetch, run or resolve / copy / assemble per layer, copy chunks, finish) with top-k rows
-// holding padding, repeats, out-of-range and arbitrary positions, and calls that the API
-// documents as errors in between. A model of every request's history (each row is a
-// deterministic pattern of the token that wrote it) checks after every operation:
+// prefetch, run or resolve / copy / assemble per layer, copy chunks, finish) or whole through
+// StepSchedule (in a schedule the input forces or the schedule's own, with attention calls that
+// fail, the step then finished or aborted), with top-k rows holding padding, repeats,
+// out-of-range and arbitrary positions, and calls that the API documents as errors in between. A
+// model of every request's history (each row is a deterministic pattern of the token that wrote it)
+// checks after every operation:
 //   * every status is the one the API documents, or one of the documented alternatives;
 //   * an operation that fails changes nothing (lengths, pages, blocks, retained conversations);
 //   * every slot is -1 or names a row whose bytes are the model's row for the position asked
 //     for (in the request's own hot-cache block, unless it is resident), and assembled rows
-//     match; every indexer key of the step's requests is the model's;
+//     match, also when the schedule calls attention over a slice; every indexer key of the
+//     step's requests is the model's;
 //   * every live request's history and every retained conversation is intact in the host pool;
 //   * the statistics count every top-k entry once, with padding, out-of-range, repeated and
 //     window entries exactly as the top-k rows hold them.
@@ -39,6 +42,7 @@
 #include "sparsekv/manager.h"
 #include "sparsekv/node_pool.h"
 #include "sparsekv/peer_tier.h"
+#include "sparsekv/step_schedule.h"
 
 namespace sparsekv {
 namespace {
@@ -88,7 +92,8 @@ std::string Code(const Status& s) { return s.ToString(); }
 struct Reached {
   uint64_t inputs = 0, steps = 0, prefix_hits = 0, forks = 0, retained = 0, evictions = 0,
            copy_on_write = 0, prefetches = 0, split_resolves = 0, chunk_copies = 0, key_ingests = 0,
-           promotions = 0, peer_imports = 0, peer_maps = 0, errors = 0;
+           promotions = 0, peer_imports = 0, peer_maps = 0, errors = 0, scheduled_steps = 0,
+           failed_attention = 0, aborted_steps = 0;
 } reached;
 
 constexpr uint64_t kRoot = 0x243f6a8885a308d3ull;  // row seed chain of token ids starts here
@@ -155,7 +160,11 @@ class Fuzzer {
       bool changed = true;  // false: the operation failed and must have changed nothing
       bool admission = false;
       // Weighted so that most inputs reach steps; about half of the calls are steps.
-      const int kind = in_.ConsumeIntegralInRange<int>(0, 31);
+      // One byte: its low five bits pick the operation; a step through StepSchedule takes the
+      // high values of the byte that picks a step (so that inputs written before it decode as
+      // they did, unless their byte was one of those).
+      const int byte = in_.ConsumeIntegralInRange<int>(0, 255);
+      const int kind = byte % 32;
       switch (kind) {
         case 0:
         case 1:
@@ -208,6 +217,12 @@ class Fuzzer {
         case 19:
           changed = NodePoolDescriptor();
           break;
+        case 20:
+          if (!step_open_ && byte >= 128) {
+            changed = ScheduledStep();
+            break;
+          }
+          [[fallthrough]];
         default:
           changed = step_open_ ? RunNext() : Plan();
           break;
@@ -818,7 +833,8 @@ class Fuzzer {
 
   // ---- Steps ----
 
-  bool Plan() {
+  // PlanStep on the manager, or through `schedule`, which passes the manager's errors on.
+  bool Plan(StepSchedule* schedule = nullptr) {
     std::vector<RequestId> batch;
     const int32_t n = SmallInt(0, max_batch_ + 1);
     for (int32_t i = 0; i < n; ++i) {
@@ -838,7 +854,12 @@ class Fuzzer {
       const size_t count = mode == 7 ? batch.size() + 1 : batch.size();
       for (size_t i = 0; i < count; ++i) ids.push_back(TokenId());
     }
-    const Status s = with_ids ? m_->PlanStep(batch, ids, nullptr) : m_->PlanStep(batch, nullptr);
+    Status s;
+    if (schedule != nullptr) {
+      s = with_ids ? schedule->PlanStep(batch, ids, nullptr) : schedule->PlanStep(batch, nullptr);
+    } else {
+      s = with_ids ? m_->PlanStep(batch, ids, nullptr) : m_->PlanStep(batch, nullptr);
+    }
     StatusCode want = StatusCode::kOk;
     if (step_open_) {
       want = StatusCode::kFailedPrecondition;
@@ -1112,17 +1133,7 @@ class Fuzzer {
     GroupState& gs = group_[g];
     const int32_t leader = g * lpi_;
     gs.stride = o_.top_k + (choose ? SmallInt(0, 2) : 0);
-    gs.topk.assign(static_cast<size_t>(max_batch_) * gs.stride, 0);
-    for (int32_t b = 0; b < max_batch_; ++b) {
-      std::vector<int32_t> row;
-      const int32_t len = b < static_cast<int32_t>(batch_.size()) ? live_.at(batch_[b]).len() : 1;
-      for (int32_t k = 0; k < gs.stride; ++k) {
-        // Entries past top_k and rows past the batch must be ignored: anything goes there.
-        const int32_t p = choose ? TopKEntry(len, row) : kPaddingPosition;
-        gs.topk[b * gs.stride + k] = p;
-        row.push_back(p);
-      }
-    }
+    FillTopK(gs, choose);
     const int32_t stride_arg =
         gs.stride == o_.top_k && (!choose || in_.ConsumeBool()) ? 0 : gs.stride;
     const int mode = choose ? in_.ConsumeIntegralInRange<int>(0, 3) : 0;
@@ -1146,6 +1157,245 @@ class Fuzzer {
     }
     gs.resolved = true;
     CountResolve(leader, gs.topk, gs.stride);
+  }
+
+  // The group's top-k rows ([max_batch, gs.stride]) from the input (else padding).
+  void FillTopK(GroupState& gs, bool choose) {
+    gs.topk.assign(static_cast<size_t>(max_batch_) * gs.stride, 0);
+    for (int32_t b = 0; b < max_batch_; ++b) {
+      std::vector<int32_t> row;
+      const int32_t len = b < static_cast<int32_t>(batch_.size()) ? live_.at(batch_[b]).len() : 1;
+      for (int32_t k = 0; k < gs.stride; ++k) {
+        // Entries past top_k and rows past the batch must be ignored: anything goes there.
+        const int32_t p = choose ? TopKEntry(len, row) : kPaddingPosition;
+        gs.topk[b * gs.stride + k] = p;
+        row.push_back(p);
+      }
+    }
+  }
+
+  // ---- Steps through StepSchedule ----
+
+  // A choice for ScheduleOptions::fixed from the input: the prefetch on or off, on the options'
+  // grid, the bounded one or any other (negative ones refused), chunks of multiples of
+  // copy_chunk_rows up to past the batch, or of any size (refused unless such a multiple).
+  StepChoice PickChoice() {
+    StepChoice c;
+    c.crosslayer_prefetch = in_.ConsumeBool();
+    switch (in_.ConsumeIntegralInRange<int>(0, 3)) {
+      case 0:
+        break;
+      case 1:
+        c.prefetch_copy_blocks = kBoundedPrefetchCopyBlocks;
+        break;
+      case 2:
+        c.prefetch_copy_blocks = SmallInt(1, 64);
+        break;
+      default:
+        c.prefetch_copy_blocks = -SmallInt(1, 2);
+        break;
+    }
+    switch (in_.ConsumeIntegralInRange<int>(0, 3)) {
+      case 0:
+        break;
+      case 1:
+      case 2:
+        c.chunk_rows = std::max(o_.copy_chunk_rows, 1) * SmallInt(1, max_batch_ + 1);
+        break;
+      default:
+        c.chunk_rows = SmallInt(-1, max_batch_ + 2);
+        break;
+    }
+    return c;
+  }
+  bool ChoiceAllowed(const StepChoice& c) const {
+    const bool prefetch = groups_ > 1 && o_.max_prefetch >= o_.top_k;
+    if (c.crosslayer_prefetch && (!prefetch || c.prefetch_copy_blocks < 0)) return false;
+    return c.chunk_rows == 0 ||
+           (c.chunk_rows > 0 && o_.copy_chunk_rows > 0 && c.chunk_rows % o_.copy_chunk_rows == 0);
+  }
+
+  // Every top-k entry of batch rows [first, first + rows) of `layer` that has a slot names the
+  // model's row there: what the engine's attention over the slice reads when it is called.
+  void CheckAttended(int32_t layer, int32_t first, int32_t rows) {
+    const GroupState& gs = group_[layer / lpi_];
+    const LayerShape shape = o_.geometry.layers[layer];
+    for (int32_t b = first; b < first + rows; ++b) {
+      const Req& r = live_.at(batch_[b]);
+      for (int32_t k = 0; k < o_.top_k; ++k) {
+        const int32_t p = gs.topk[b * gs.stride + k];
+        const int32_t slot = gs.slots[b * o_.top_k + k];
+        const std::string where = "attention of layer " + std::to_string(layer) + " request " +
+                                  std::to_string(batch_[b]) + " position " + std::to_string(p) +
+                                  " slot " + std::to_string(slot);
+        if (p < 0 || p >= r.len()) {
+          FUZZ_CHECK(slot == kNullSlot, where + ": a skipped entry has a slot");
+          continue;
+        }
+        if (slot == kNullSlot) continue;  // a repeat, without share_repeated_positions
+        FUZZ_CHECK(slot >= 0 && slot < m_->HotLayerRows(), where + ": out of the hot cache");
+        const std::byte* row = m_->HotLayer(layer) + static_cast<int64_t>(slot) * shape.row_stride;
+        FUZZ_CHECK(RowIs(row, r.seeds[p], layer, shape.row_bytes), where + ": wrong bytes");
+      }
+    }
+  }
+
+  // A whole decode step through StepSchedule: in a choice the input forces (refused where the
+  // options do not allow it), or in the schedule's own (calibrating, then the fastest). The
+  // schedule's attention calls must tile the batch in the choice's slices, each reading the
+  // model's rows. For some inputs one slice's attention fails: the step then goes on to
+  // FinishStep, or AbortStep ends it and the step's requests are released (their later layers
+  // hold zero rows for the step's token). Out-of-order calls and a top-k the prefetch cannot
+  // read are refused on the way.
+  bool ScheduledStep() {
+    std::unique_ptr<StepSchedule> fixed;
+    StepSchedule* schedule = nullptr;
+    if (in_.ConsumeIntegralInRange<int>(0, 3) == 0) {
+      if (auto_schedule_ == nullptr) {
+        ScheduleOptions so;
+        so.trials = SmallInt(1, 3);
+        StatusOr<std::unique_ptr<StepSchedule>> made = StepSchedule::Create(*m_, so);
+        FUZZ_CHECK(made.ok(), Code(made.status()));
+        auto_schedule_ = std::move(*made);
+      }
+      schedule = auto_schedule_.get();
+    } else {
+      ScheduleOptions so;
+      so.fixed = PickChoice();
+      StatusOr<std::unique_ptr<StepSchedule>> made = StepSchedule::Create(*m_, so);
+      ExpectCode(made.status(),
+                 ChoiceAllowed(*so.fixed) ? StatusCode::kOk : StatusCode::kInvalidArgument,
+                 ("StepSchedule::Create " + so.fixed->ToString()).c_str());
+      if (!made.ok()) return false;
+      fixed = std::move(*made);
+      schedule = fixed.get();
+    }
+    if (!Plan(schedule)) return false;
+    ++reached.scheduled_steps;
+    const StepChoice choice = schedule->choice();
+    const int32_t batch = static_cast<int32_t>(batch_.size());
+    const int32_t slice = choice.chunk_rows > 0 ? choice.chunk_rows : batch;
+    const int32_t slices = (batch + slice - 1) / slice;
+    int32_t fail_layer = -1, fail_slice = -1;
+    bool abort = false;
+    if (in_.ConsumeIntegralInRange<int>(0, 3) == 0) {
+      fail_layer = SmallInt(0, layers_ - 1);
+      fail_slice = SmallInt(0, slices - 1);
+      abort = in_.ConsumeBool();
+    }
+    const AttendFn ok = [](int32_t, int32_t, int32_t, StreamHandle) { return Status::Ok(); };
+    int32_t aborted_at = -1;
+    for (int32_t l = 0; l < layers_; ++l) {
+      const int32_t g = l / lpi_;
+      GroupState& gs = group_[g];
+      const bool leader = l % lpi_ == 0;
+      int32_t stride_arg = 0;
+      if (leader) {
+        gs.stride = o_.top_k + (choice.crosslayer_prefetch ? 0 : SmallInt(0, 2));
+        FillTopK(gs, /*choose=*/true);
+        stride_arg = gs.stride == o_.top_k && in_.ConsumeBool() ? 0 : gs.stride;
+      }
+      LayerWork work{layer_[l].new_rows.data(), keys_ > 0 ? layer_[l].new_keys.data() : nullptr,
+                     gs.topk.data(), stride_arg, gs.slots.data()};
+      switch (in_.ConsumeIntegralInRange<int>(0, 15)) {
+        case 0:  // out of order
+          ExpectCode(schedule->RunLayer(l + 1 + SmallInt(0, 1), work, ok, nullptr),
+                     StatusCode::kFailedPrecondition, "StepSchedule::RunLayer out of order");
+          break;
+        case 1:  // before every layer ran
+          ExpectCode(schedule->FinishStep(nullptr), StatusCode::kFailedPrecondition,
+                     "StepSchedule::FinishStep");
+          break;
+        case 2:
+          if (leader && choice.crosslayer_prefetch) {
+            LayerWork wide = work;
+            wide.topk_stride = o_.top_k + 1;
+            ExpectCode(schedule->RunLayer(l, wide, ok, nullptr), StatusCode::kInvalidArgument,
+                       "StepSchedule::RunLayer with a top-k stride the prefetch cannot read");
+          }
+          break;
+        default:
+          break;
+      }
+      int32_t next_first = 0, index = 0;
+      std::string misplaced;
+      const AttendFn attend = [&](int32_t layer, int32_t first, int32_t rows,
+                                  StreamHandle) -> Status {
+        if (layer != l || first != next_first || rows != std::min(slice, batch - first)) {
+          misplaced = "attention of layer " + std::to_string(layer) + " over [" +
+                      std::to_string(first) + ", +" + std::to_string(rows) + ") in layer " +
+                      std::to_string(l) + " at row " + std::to_string(next_first);
+        }
+        next_first += rows;
+        if (l == fail_layer && index++ == fail_slice) return Unavailable("attention failed");
+        CheckAttended(l, first, rows);
+        return Status::Ok();
+      };
+      const Status s = schedule->RunLayer(l, work, attend, nullptr);
+      FUZZ_CHECK(misplaced.empty(), misplaced);
+      const bool fails = l == fail_layer;
+      ExpectCode(s, fails ? StatusCode::kUnavailable : StatusCode::kOk, "StepSchedule::RunLayer");
+      const int32_t attended = fails ? std::min(batch, (fail_slice + 1) * slice) : batch;
+      FUZZ_CHECK(next_first == attended, "attention over " + std::to_string(next_first) +
+                                             " rows of " + std::to_string(attended));
+      layer_[l].appended = layer_[l].copied = true;
+      if (leader) {
+        gs.resolved = true;
+        CountResolve(l, gs.topk, gs.stride);
+        if (choice.crosslayer_prefetch && g + 1 < groups_) CountPrefetchLookups(gs);
+      }
+      if (fails) ++reached.failed_attention;
+      if (fails && abort) {
+        aborted_at = l;
+        break;
+      }
+    }
+    if (aborted_at >= 0) {
+      if (aborted_at + 1 < layers_) {
+        ExpectCode(schedule->FinishStep(nullptr), StatusCode::kFailedPrecondition,
+                   "StepSchedule::FinishStep of a step with layers to run");
+      }
+      ExpectCode(schedule->AbortStep(nullptr), StatusCode::kOk, "StepSchedule::AbortStep");
+      ExpectCode(schedule->AbortStep(nullptr), StatusCode::kFailedPrecondition,
+                 "StepSchedule::AbortStep twice");
+      // The groups AbortStep resolved, with an all-padding top-k.
+      const std::vector<int32_t> padding(static_cast<size_t>(max_batch_) * o_.top_k,
+                                         kPaddingPosition);
+      for (int32_t leader = (aborted_at / lpi_ + 1) * lpi_; leader < layers_; leader += lpi_) {
+        CountResolve(leader, padding, o_.top_k);
+      }
+      ++reached.aborted_steps;
+      ++finished_steps_;
+      step_open_ = false;
+      // The step's token holds zero rows in the layers after aborted_at: an engine that drops
+      // the step's output releases its requests.
+      for (RequestId id : batch_) {
+        ExpectCode(m_->Release(id), StatusCode::kOk, "Release after AbortStep");
+        live_.erase(id);
+        history_ids_.erase(id);
+      }
+      batch_.clear();
+      return true;
+    }
+    ExpectCode(schedule->FinishStep(nullptr), StatusCode::kOk, "StepSchedule::FinishStep");
+    CheckStep();
+    ++reached.steps;
+    ++finished_steps_;
+    step_open_ = false;
+    batch_.clear();
+    return true;
+  }
+
+  // The cross-layer prefetch's lookups: each batch row's distinct positions in range.
+  void CountPrefetchLookups(const GroupState& gs) {
+    for (size_t b = 0; b < batch_.size(); ++b) {
+      const int32_t len = live_.at(batch_[b]).len();
+      std::set<int32_t> seen;
+      for (int32_t k = 0; k < o_.top_k; ++k) {
+        const int32_t p = gs.topk[b * gs.stride + k];
+        prefetch_lookups_ += p >= 0 && p < len && seen.insert(p).second;
+      }
+    }
   }
 
   void Prefetch(int32_t g, bool choose) {
@@ -1533,6 +1783,8 @@ class Fuzzer {
   std::map<int32_t, PeerRegion*> imported_;
   bool peer_ = false;
   std::unique_ptr<SparseKVCacheManager> m_;
+  // The schedule that chooses for itself (its calibration spans the input's scheduled steps).
+  std::unique_ptr<StepSchedule> auto_schedule_;
   const int32_t layers_, lpi_, groups_, max_batch_;
   // With hybrid residency or indexer keys, the device's pages decide admissions too: where the
   // host-side checks allow one, it may still be refused with ResourceExhausted.
@@ -1567,7 +1819,13 @@ CacheOptions DecodeOptions(FuzzedDataProvider& in) {
   o.window = in.ConsumeIntegralInRange<int32_t>(1, 3);
   // kLru, kSegmentedLru or kClock (one byte, as the choice between the first two took).
   o.eviction = static_cast<EvictionPolicy>(in.ConsumeIntegralInRange<int>(0, 2));
-  o.protected_percent = in.ConsumeIntegralInRange<int32_t>(0, 100);
+  // One byte: protected_percent, and the fused copy (each request's resolve copies its misses)
+  // in every step, in steps of two requests or more, or never (the default's 80, above every
+  // batch here) from the byte's high values (so that inputs written before it decode as they
+  // did, unless their byte was one of those).
+  const int32_t percent_and_fused = in.ConsumeIntegralInRange<int32_t>(0, 255);
+  o.protected_percent = percent_and_fused % 101;
+  if (percent_and_fused > 100) o.fused_copy_min_batch = percent_and_fused / 101;
   o.host_page_tokens = 1 << in.ConsumeIntegralInRange<int>(1, 3);
   o.max_requests = in.ConsumeIntegralInRange<int32_t>(1, 3);
   o.max_host_requests = o.max_requests + in.ConsumeIntegralInRange<int32_t>(0, 2);
@@ -1617,7 +1875,8 @@ extern "C" void ManagerFuzzPrintReached() {
   std::printf(
       "%llu inputs: %llu steps, %llu split resolves, %llu chunk copies, %llu prefetches, "
       "%llu prefix hits, %llu forks, %llu retained, %llu evictions, %llu copy-on-write pages, "
-      "%llu key ingests, %llu promotions, %llu peer imports, %llu peer maps, %llu failed calls\n",
+      "%llu key ingests, %llu promotions, %llu peer imports, %llu peer maps, %llu failed calls, "
+      "%llu scheduled steps, %llu failed attention calls, %llu aborted steps\n",
       static_cast<unsigned long long>(r.inputs), static_cast<unsigned long long>(r.steps),
       static_cast<unsigned long long>(r.split_resolves),
       static_cast<unsigned long long>(r.chunk_copies),
@@ -1627,7 +1886,9 @@ extern "C" void ManagerFuzzPrintReached() {
       static_cast<unsigned long long>(r.copy_on_write),
       static_cast<unsigned long long>(r.key_ingests), static_cast<unsigned long long>(r.promotions),
       static_cast<unsigned long long>(r.peer_imports), static_cast<unsigned long long>(r.peer_maps),
-      static_cast<unsigned long long>(r.errors));
+      static_cast<unsigned long long>(r.errors), static_cast<unsigned long long>(r.scheduled_steps),
+      static_cast<unsigned long long>(r.failed_attention),
+      static_cast<unsigned long long>(r.aborted_steps));
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -9,11 +9,25 @@
 #           (manual-off, manual-on: only those with the prefetch off, on);
 # each beside full-hbm's whole sweep (its peak, for the ratio; its attention, for the check).
 #   all:    auto and manual. Several modes run one after the other (e.g. `auto manual-off`).
-# Every run first checks attention against full-hbm bit for bit (the bench's check steps).
-# Writes to $OUT: schedule.txt (everything printed) and one JSON per run.
+# Every run above first checks attention against full-hbm bit for bit (the bench's check steps).
+# The summary keys (scripts/schedule_summary.py, docs/schedule.md "Measuring it"):
+#   sweep-calibrated, sweep-m20 (sweep: both): the automatic schedule and the eight manual ones,
+#           each over the bench's own batch sweep at 32K (1, 2, 4, 8, 16, 32 and the host pool's
+#           59), the calibrated workload or 20% uncorrelated misses; sparsekv only, except the
+#           automatic run, which also runs full-hbm for the check. SCHEDULE_SWEEP_PREFETCH
+#           [both] = off or on keeps the manual runs with the prefetch off or on (the automatic
+#           run is in each), to split one sweep over two calls;
+#   python: the package (CUDA, against the machine's torch) and bench/python_decode_bench.py
+#           through its StepSchedule at 32K, batch 59, 20% misses, beside the C++ bench's
+#           automatic run at the same point;
+#   adapter: the same through sparsekv.sglang_adapter.SparseKVCoordinator.
+# Writes to $OUT: schedule.txt (everything printed), one JSON per run, and, after sweep, python
+# or adapter, schedule-summary.json (the keys from every JSON in $OUT) merged into summary.json.
 # Environment: SCHEDULE_STEPS [40], SCHEDULE_WARMUP [26] (the auto schedule measures its
 # candidates in the warm-up), SCHEDULE_HOST_POOL_GB [80], SCHEDULE_BUILD [build-e2e],
-# SCHEDULE_MISS_RATE (set: the miss-rate mode at that rate instead of the calibrated workload).
+# SCHEDULE_MISS_RATE (set: the miss-rate mode at that rate instead of the calibrated workload,
+# for auto and manual), SCHEDULE_PYTHON_SITE [/tmp/sparsekv-python] (where python and adapter
+# install the package).
 set -u -o pipefail
 
 # shellcheck source=scripts/gpu-common.sh
@@ -60,17 +74,88 @@ main() {
   wants manual all manual-off && prefetches+=(off)
   wants manual all manual-on && prefetches+=(on)
   if ((${#prefetches[@]})); then
-    for prefetch in "${prefetches[@]}"; do
-      for chunk in 0 8 16 32; do
-        local flags=(--variants full-hbm,sparsekv --batch "$BATCH" --schedule manual)
-        [[ $prefetch == on ]] && flags+=(--crosslayer-prefetch)
-        ((chunk > 0)) && flags+=(--copy-chunk-rows "$chunk")
-        run "manual-prefetch-$prefetch-chunks$chunk" "${flags[@]}"
-      done
-    done
+    manual_runs manual "${prefetches[@]}" -- --variants full-hbm,sparsekv --batch "$BATCH"
+  fi
+  local sweeps=() summarize=0
+  wants sweep sweep-calibrated && sweeps+=(calibrated)
+  wants sweep sweep-m20 && sweeps+=(m20)
+  for sweep in "${sweeps[@]}"; do
+    local load=(--locality calibrated)
+    [[ $sweep == m20 ]] && load=(--miss-rate 0.2)
+    common=(bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024
+      --hybrid --steps "$STEPS" --warmup "$WARMUP" "${load[@]}" --contexts 32768)
+    run "sweep-$sweep-auto" --variants full-hbm,sparsekv --schedule auto
+    case ${SCHEDULE_SWEEP_PREFETCH:-both} in
+      off | on) prefetches=("$SCHEDULE_SWEEP_PREFETCH") ;;
+      *) prefetches=(off on) ;;
+    esac
+    manual_runs "sweep-$sweep-manual" "${prefetches[@]}" -- --variants sparsekv
+    summarize=1
+  done
+  if wants python adapter; then
+    python_runs || failed=1
+    summarize=1
+  fi
+  if ((summarize)); then
+    python3 "$ROOT/scripts/schedule_summary.py" --out "$OUT/schedule-summary.json" "$OUT"/*.json ||
+      failed=1
+    python3 "$ROOT/scripts/merge_summary.py" "$OUT/summary.json" "$OUT/schedule-summary.json" \
+      >/dev/null || failed=1
   fi
   echo "=== done in ${SECONDS}s (failed=$failed)"
   return "$failed"
+}
+
+# manual_runs PREFIX PREFETCH... -- FLAGS...: a manual run per prefetch (off, on) and chunk size
+# (none, 8, 16, 32), named PREFIX-prefetch-<off|on>-chunks<N>, each with FLAGS.
+manual_runs() {
+  local prefix=$1 prefetches=()
+  shift
+  while (($#)) && [[ $1 != -- ]]; do
+    prefetches+=("$1")
+    shift
+  done
+  shift
+  for prefetch in "${prefetches[@]}"; do
+    for chunk in 0 8 16 32; do
+      local flags=("$@" --schedule manual)
+      [[ $prefetch == on ]] && flags+=(--crosslayer-prefetch)
+      ((chunk > 0)) && flags+=(--copy-chunk-rows "$chunk")
+      run "$prefix-prefetch-$prefetch-chunks$chunk" "${flags[@]}"
+    done
+  done
+}
+
+# python_runs: the package built against the machine's torch (no network: no build isolation),
+# then the Python benchmark (python, adapter) at 32K, batch 59, 20% misses, and the C++ bench's
+# automatic run at that point (the ratio's reference).
+python_runs() {
+  local site=${SCHEDULE_PYTHON_SITE:-/tmp/sparsekv-python}
+  rm -rf "$site"
+  echo "=== pip install (CUDA) into $site (log: $OUT/python-build.log)"
+  if ! python3 -m pip install --no-build-isolation --no-deps --target "$site" \
+    -Ccmake.define.SPARSEKV_CUDA=ON "$ROOT" >"$OUT/python-build.log" 2>&1; then
+    tail -n 40 "$OUT/python-build.log"
+    return 1
+  fi
+  common=(bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024
+    --hybrid --steps "$STEPS" --warmup "$WARMUP" --miss-rate 0.2 --contexts 32768)
+  run cpp-auto-m20-b59 --variants sparsekv --batch "$BATCH" --schedule auto
+  local hot_slots
+  hot_slots=$(python3 -c 'import json, sys
+print(json.load(open(sys.argv[1]))["points"][0]["hot_slots"])' "$OUT/cpp-auto-m20-b59.json") ||
+    return 1
+  local path status=0
+  for path in schedule adapter; do
+    wants "$([[ $path == schedule ]] && echo python || echo adapter)" || continue
+    echo "=== python $path: batch $BATCH, 20% misses, $hot_slots hot slots (the C++ run's)"
+    PYTHONPATH="$site" python3 "$ROOT/bench/python_decode_bench.py" --device cuda --path "$path" \
+      --context 32768 --batch "$BATCH" --miss-rate 0.2 --hot-slots "$hot_slots" \
+      --steps "$STEPS" --warmup "$WARMUP" --json "$OUT/python-$path.json" \
+      >"$OUT/python-$path.txt" 2>&1 || status=1
+    tail -n 3 "$OUT/python-$path.txt"
+  done
+  return "$status"
 }
 
 gpu_main -a "$OUT/schedule.txt"

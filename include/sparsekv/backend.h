@@ -109,6 +109,12 @@ class Backend {
   virtual StatusOr<double> ElapsedSeconds(EventHandle start, EventHandle end) = 0;
   // Whether `stream` is being captured into a graph (what it enqueues then runs only at a launch).
   virtual StatusOr<bool> IsCapturing(StreamHandle stream) = 0;
+  // Whether `stream` can carry this backend's work: InvalidArgument naming both devices for a
+  // stream of another device (CUDA). The default stream (null) and every CPU stream can.
+  virtual Status CheckStream(StreamHandle stream) {
+    (void)stream;
+    return Status::Ok();
+  }
 
   // The operators (semantics in kernel_views.h). They never allocate and never synchronise.
   virtual Status IndexCopy(const IndexCopyView& view, StreamHandle stream) = 0;

@@ -114,7 +114,7 @@ struct LayerWork {
 
 // Enqueues the engine's attention of `layer` over batch rows [first, first + rows) on `stream`;
 // the rows of their slots are in the hot cache once `stream` reaches the work. An error ends the
-// layer with that error.
+// layer's attention with that error (RunLayer returns it; the step stays open, see AbortStep).
 using AttendFn =
     std::function<Status(int32_t layer, int32_t first, int32_t rows, StreamHandle stream)>;
 
@@ -143,6 +143,8 @@ class StepSchedule {
 
   // SparseKVCacheManager::PlanStep, with its errors, then the choice for the step. Reads the
   // time of the previous eager step first (waiting for it if it is still running).
+  // InvalidArgument, before anything else, for a stream of another device than the manager's
+  // backend (Backend::CheckStream); the step's other calls take streams of that device too.
   Status PlanStep(std::span<const RequestId> batch, StreamHandle stream);
   Status PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
                   StreamHandle stream);
@@ -157,10 +159,25 @@ class StepSchedule {
   // once, every call on the engine's `stream`. Errors: FailedPrecondition outside a step or out
   // of order; InvalidArgument for missing work pointers or a topk_stride that the choice's
   // prefetch cannot read; the manager's and `attend`'s errors.
+  // An error from `attend` stops the layer's attention (later slices are not attended) once the
+  // layer's own work is enqueued (append, resolve, copies): the layer counts as run and the step
+  // stays open, so the engine may go on with the next layer and FinishStep, or end the step with
+  // AbortStep. After any other error the layer is not run; AbortStep ends the step.
   Status RunLayer(int32_t layer, const LayerWork& work, const AttendFn& attend,
                   StreamHandle stream);
   // Joins the schedule's streams into `stream` and ends the manager's step (FinishStep).
   Status FinishStep(StreamHandle stream);
+  // Ends the open step without the engine, typically after a RunLayer error: the manager's
+  // remaining run-phase calls for the step (append, resolve, copies of every layer RunLayer did
+  // not complete) with zero rows (and zero indexer keys) and an all-padding top-k, on `stream`,
+  // then FinishStep. No attention is called. Nothing stored before the step changes. The step's
+  // token stays in the history of each of its requests (the manager takes no planned token back):
+  // its rows are the engine's in the layers RunLayer appended and zero in the others, so an
+  // engine that drops the step's output releases those requests (or retracts and re-ingests
+  // them). An aborted step is not timed. Allocates its zero rows and top-k on the first call.
+  // Errors: FailedPrecondition outside a step or while `stream` is capturing (end the capture
+  // first); InvalidArgument for a stream of another device; the manager's errors.
+  Status AbortStep(StreamHandle stream);
   // After a replay of a step captured through this schedule (in the planned step's choice):
   // SparseKVCacheManager::FinishReplayedStep, and `seconds`, the replay's time (< 0: not
   // measured), counts for the choice.
@@ -175,8 +192,18 @@ class StepSchedule {
   Status Choose();
   // Reads the previous eager step's time and hands it to the tuner.
   Status ObservePendingTime();
+  // Backend::CheckStream, its error prefixed with the call's name.
+  Status CheckStream(StreamHandle stream, const char* call);
   Status CopyAndAttend(int32_t layer, const AttendFn& attend, StreamHandle stream);
   Status Prefetch(int32_t layer, const int32_t* topk, StreamHandle stream);
+  // The device buffers AbortStep reads (zero rows and keys, an all-padding top-k) and the slots
+  // it writes, allocated once.
+  Status AllocateAbortWork(StreamHandle stream);
+  // The current layer's copies that are not enqueued yet, on `stream` (AbortStep).
+  Status CopyRemaining(int32_t layer, StreamHandle stream);
+
+  // How far RunLayer got with layer next_layer_, for AbortStep to complete it.
+  enum class LayerStage { kNone, kAppended, kResolved, kCopied };
 
   SparseKVCacheManager& manager_;
   Backend& backend_;
@@ -191,6 +218,10 @@ class StepSchedule {
   EventHandle prefetched_ = nullptr;         // the last prefetch copy is done
   EventHandle step_start_ = nullptr;         // timing of eager steps
   EventHandle step_end_ = nullptr;
+  void* abort_rows_ = nullptr;   // [max_batch, largest row_stride] zeros
+  void* abort_keys_ = nullptr;   // [max_batch, indexer_key_bytes] zeros, with indexer keys
+  void* abort_topk_ = nullptr;   // [max_batch, top_k] kPaddingPosition
+  void* abort_slots_ = nullptr;  // [max_batch, top_k] written by AbortStep's resolves
 
   // The planned step.
   std::vector<RequestId> batch_;
@@ -198,9 +229,12 @@ class StepSchedule {
   std::string reason_;
   bool step_open_ = false;
   int32_t next_layer_ = 0;
-  bool prefetch_used_ = false;  // a prefetch copy was enqueued in the step
-  bool timing_ = false;         // the step's start was recorded (eager)
-  bool time_pending_ = false;   // an eager step ended and its time is not read yet
+  LayerStage stage_ = LayerStage::kNone;  // of layer next_layer_
+  int32_t chunks_copied_ = 0;             // of layer next_layer_, when copied in chunks
+  bool attention_failed_ = false;         // an attend callback failed in the step: not timed
+  bool prefetch_used_ = false;            // a prefetch copy was enqueued in the step
+  bool timing_ = false;                   // the step's start was recorded (eager)
+  bool time_pending_ = false;             // an eager step ended and its time is not read yet
   int32_t pending_batch_ = 0, pending_hot_ = 0;
   StepChoice pending_choice_;
   int32_t hot_requests_ = 0;  // of the planned batch, in hot-cache mode

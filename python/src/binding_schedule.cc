@@ -3,7 +3,8 @@
 // The engine's attention is a Python callable, attend(layer, first, rows, stream), called while
 // run_layer runs (so under a graph capture it is captured too): it enqueues attention of `layer`
 // over batch rows [first, first + rows) on `stream`, an int (the cudaStream_t given to run_layer;
-// 0 on the CPU backend). An exception it raises ends run_layer with that same exception.
+// 0 on the CPU backend). An exception it raises ends run_layer with that same exception; the step
+// stays open (the layer's copies are enqueued), to go on or to end with abort_step.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -89,6 +90,7 @@ class PySchedule {
   }
 
   void FinishStep(const py::object& stream) { Check(schedule_->FinishStep(Stream(stream))); }
+  void AbortStep(const py::object& stream) { Check(schedule_->AbortStep(Stream(stream))); }
   void FinishReplayedStep(double seconds) { Check(schedule_->FinishReplayedStep(seconds)); }
 
   const StepChoice& choice() const { return schedule_->choice(); }
@@ -172,6 +174,13 @@ void RegisterSchedule(py::module_& m) {
            "order, each once.")
       .def("finish_step", &PySchedule::FinishStep, no_stream,
            "Joins the schedule's streams into `stream` and ends the step.")
+      .def("abort_step", &PySchedule::AbortStep, no_stream,
+           "Ends the open step without the engine (after run_layer raised, typically): the "
+           "manager's remaining calls with zero rows and an all-padding top-k, no attention, "
+           "then the step's end. Nothing stored before the step changes; the step's token stays "
+           "in its requests' histories, zero in the layers run_layer did not append, so an "
+           "engine that drops the step's output releases them. FailedPreconditionError outside "
+           "a step or while the stream captures a graph.")
       .def("finish_replayed_step", &PySchedule::FinishReplayedStep, py::arg("seconds") = -1.0,
            "After replaying a step captured through this schedule: closes it, and `seconds` "
            "(the replay's time; < 0: not measured) counts for the choice.")

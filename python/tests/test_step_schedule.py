@@ -182,6 +182,16 @@ def test_bad_calls_raise_and_a_raising_callable_ends_the_layer_with_its_exceptio
 
     with pytest.raises(ZeroDivisionError, match="attention kernel failed"):
         schedule.run_layer(0, rows, topk, slots, fails)
+    # The step is not lost: it cannot finish with layers left, abort_step ends it, and the next
+    # one plans.
+    with pytest.raises(sparsekv.FailedPreconditionError):
+        schedule.finish_step()
+    schedule.abort_step()
+    with pytest.raises(sparsekv.FailedPreconditionError, match="no step is planned"):
+        schedule.abort_step()
+    length = manager.sequence_length(1)
+    schedule.plan_step([1, 2])
+    assert manager.sequence_length(1) == length + 1
 
 
 torch = None

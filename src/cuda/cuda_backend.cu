@@ -329,6 +329,16 @@ class CudaBackend final : public Backend {
     SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ToCuda(stream), &status));
     return status != cudaStreamCaptureStatusNone;
   }
+  Status CheckStream(StreamHandle stream) override {
+    if (stream == nullptr) return Status::Ok();
+    int device = -1;
+    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(ToCuda(stream), &device));
+    if (device != device_) {
+      return InvalidArgument("a stream of device " + std::to_string(device) +
+                             " for the CUDA backend of device " + std::to_string(device_));
+    }
+    return Status::Ok();
+  }
 
   Status IndexCopy(const IndexCopyView& view, StreamHandle stream) override {
     DeviceGuard guard(device_);

@@ -7,6 +7,9 @@
 //     its chunks; every copy of a layer is therefore complete before the engine's stream moves on
 //     to the next layer (group g + 2 resolves into group g's miss list);
 //   * FinishStep joins the prefetch stream, so that the step ends with every copy it enqueued.
+// A failed attention callback leaves the layer's copies enqueued and the engine's stream ordered
+// after them, so that the step can go on or be aborted from any layer boundary; AbortStep
+// completes the layer RunLayer stopped in from its stage (appended, resolved, copied).
 #include "sparsekv/step_schedule.h"
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 #include <string_view>
 
 #include "schedule/schedule_tuner.h"
+#include "sparsekv/kernel_views.h"
 
 namespace sparsekv {
 
@@ -176,9 +180,19 @@ StepSchedule::~StepSchedule() {
   for (StreamHandle s : {copy_stream_, prefetch_stream_}) {
     if (s != nullptr) backend_.DestroyStream(s);
   }
+  for (void* p : {abort_rows_, abort_keys_, abort_topk_, abort_slots_}) {
+    if (p != nullptr) backend_.FreeDevice(p);
+  }
+}
+
+Status StepSchedule::CheckStream(StreamHandle stream, const char* call) {
+  const Status s = backend_.CheckStream(stream);
+  if (s.ok()) return s;
+  return Status(s.code(), std::string("StepSchedule::") + call + ": " + s.message());
 }
 
 Status StepSchedule::PlanStep(std::span<const RequestId> batch, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckStream(stream, "PlanStep"));
   SPARSEKV_RETURN_IF_ERROR(ObservePendingTime());
   SPARSEKV_RETURN_IF_ERROR(manager_.PlanStep(batch, stream));
   batch_.assign(batch.begin(), batch.end());
@@ -187,6 +201,7 @@ Status StepSchedule::PlanStep(std::span<const RequestId> batch, StreamHandle str
 
 Status StepSchedule::PlanStep(std::span<const RequestId> batch, std::span<const int32_t> token_ids,
                               StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckStream(stream, "PlanStep"));
   SPARSEKV_RETURN_IF_ERROR(ObservePendingTime());
   SPARSEKV_RETURN_IF_ERROR(manager_.PlanStep(batch, token_ids, stream));
   batch_.assign(batch.begin(), batch.end());
@@ -208,6 +223,9 @@ Status StepSchedule::Choose() {
   }
   step_open_ = true;
   next_layer_ = 0;
+  stage_ = LayerStage::kNone;
+  chunks_copied_ = 0;
+  attention_failed_ = false;
   prefetch_used_ = false;
   timing_ = false;
   ++stats_.steps;
@@ -253,14 +271,21 @@ Status StepSchedule::RunLayer(int32_t layer, const LayerWork& work, const Attend
     if (timing_) SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(step_start_, stream));
   }
   SPARSEKV_RETURN_IF_ERROR(manager_.AppendToken(layer, work.new_rows, work.new_keys, stream));
+  stage_ = LayerStage::kAppended;
   if (leader) {
     SPARSEKV_RETURN_IF_ERROR(
         manager_.ResolveLayer(layer, work.topk, work.slots, nullptr, stream, work.topk_stride));
+    stage_ = LayerStage::kResolved;
     if (choice_.crosslayer_prefetch) SPARSEKV_RETURN_IF_ERROR(Prefetch(layer, work.topk, stream));
   }
-  SPARSEKV_RETURN_IF_ERROR(CopyAndAttend(layer, attend, stream));
+  stage_ = LayerStage::kResolved;
+  const Status attended = CopyAndAttend(layer, attend, stream);
+  if (stage_ != LayerStage::kCopied) return attended;  // the manager's error: the layer is not run
   ++next_layer_;
-  return Status::Ok();
+  stage_ = LayerStage::kNone;
+  chunks_copied_ = 0;
+  attention_failed_ = attention_failed_ || !attended.ok();
+  return attended;
 }
 
 Status StepSchedule::Prefetch(int32_t layer, const int32_t* topk, StreamHandle stream) {
@@ -294,6 +319,7 @@ Status StepSchedule::CopyAndAttend(int32_t layer, const AttendFn& attend, Stream
   };
   if (slice == 0) {
     SPARSEKV_RETURN_IF_ERROR(manager_.CopyMisses(layer, stream));
+    stage_ = LayerStage::kCopied;
     return attend_rows(0, batch);
   }
   // The chunks of the batch, slice after slice, on the copy stream; attention over each slice
@@ -303,15 +329,24 @@ Status StepSchedule::CopyAndAttend(int32_t layer, const AttendFn& attend, Stream
   const int32_t per_slice = slice / chunk;
   SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(resolved_, stream));
   SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(copy_stream_, resolved_));
-  for (int32_t s = 0, c = 0; c < chunks; ++s) {
+  int32_t slices = 0;
+  for (int32_t c = 0; c < chunks; ++slices) {
     for (int32_t end = std::min(chunks, c + per_slice); c < end; ++c) {
       SPARSEKV_RETURN_IF_ERROR(manager_.CopyMissChunk(layer, c, copy_stream_));
+      ++chunks_copied_;
     }
-    SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(slice_copied_[s], copy_stream_));
+    SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(slice_copied_[slices], copy_stream_));
   }
+  stage_ = LayerStage::kCopied;
   for (int32_t s = 0, first = 0; first < batch; ++s, first += slice) {
     SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, slice_copied_[s]));
-    SPARSEKV_RETURN_IF_ERROR(attend_rows(first, std::min(slice, batch - first)));
+    const Status attended = attend_rows(first, std::min(slice, batch - first));
+    if (!attended.ok()) {
+      // The layer's later slices are not attended, but the engine's stream still follows every
+      // copy of the layer (the next group's resolve may reuse its miss list).
+      SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, slice_copied_[slices - 1]));
+      return attended;
+    }
   }
   return Status::Ok();
 }
@@ -323,11 +358,89 @@ Status StepSchedule::FinishStep(StreamHandle stream) {
   step_open_ = false;
   if (timing_) {
     SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(step_end_, stream));
-    time_pending_ = !fixed_.has_value();
+    time_pending_ = !fixed_.has_value() && !attention_failed_;
     pending_batch_ = static_cast<int32_t>(batch_.size());
     pending_hot_ = hot_requests_;
     pending_choice_ = choice_;
   }
+  return Status::Ok();
+}
+
+Status StepSchedule::AllocateAbortWork(StreamHandle stream) {
+  if (abort_slots_ != nullptr) return Status::Ok();
+  const CacheOptions& o = manager_.options();
+  const size_t batch = static_cast<size_t>(o.effective_max_batch());
+  int32_t stride = 0;
+  for (const LayerShape& l : o.geometry.layers) stride = std::max(stride, l.row_stride);
+  const size_t row_bytes = batch * static_cast<size_t>(stride);
+  const size_t key_bytes = batch * static_cast<size_t>(o.indexer_key_bytes);
+  const size_t topk_bytes = batch * static_cast<size_t>(o.top_k) * sizeof(int32_t);
+  // Filled one by one: a failed allocation leaves the others for the destructor.
+  SPARSEKV_ASSIGN_OR_RETURN(abort_rows_, backend_.AllocateDevice(row_bytes));
+  SPARSEKV_RETURN_IF_ERROR(backend_.MemsetAsync(abort_rows_, 0, row_bytes, stream));
+  if (key_bytes > 0) {
+    SPARSEKV_ASSIGN_OR_RETURN(abort_keys_, backend_.AllocateDevice(key_bytes));
+    SPARSEKV_RETURN_IF_ERROR(backend_.MemsetAsync(abort_keys_, 0, key_bytes, stream));
+  }
+  SPARSEKV_ASSIGN_OR_RETURN(abort_topk_, backend_.AllocateDevice(topk_bytes));
+  static_assert(kPaddingPosition == -1, "an all-ones int32 is the padding position");
+  SPARSEKV_RETURN_IF_ERROR(backend_.MemsetAsync(abort_topk_, 0xFF, topk_bytes, stream));
+  SPARSEKV_ASSIGN_OR_RETURN(abort_slots_, backend_.AllocateDevice(topk_bytes));
+  return Status::Ok();
+}
+
+Status StepSchedule::CopyRemaining(int32_t layer, StreamHandle stream) {
+  if (chunks_copied_ == 0) return manager_.CopyMisses(layer, stream);
+  // Chunks were copied (a chunk's copy failed): CopyMisses is refused after one of them.
+  const int32_t batch = static_cast<int32_t>(batch_.size());
+  const int32_t chunk = manager_.options().copy_chunk_rows;
+  for (int32_t c = chunks_copied_; c < (batch + chunk - 1) / chunk; ++c) {
+    SPARSEKV_RETURN_IF_ERROR(manager_.CopyMissChunk(layer, c, stream));
+    ++chunks_copied_;
+  }
+  return Status::Ok();
+}
+
+Status StepSchedule::AbortStep(StreamHandle stream) {
+  if (!step_open_) return FailedPrecondition("StepSchedule::AbortStep: no step is planned");
+  SPARSEKV_RETURN_IF_ERROR(CheckStream(stream, "AbortStep"));
+  SPARSEKV_ASSIGN_OR_RETURN(const bool capturing, backend_.IsCapturing(stream));
+  if (capturing) {
+    return FailedPrecondition(
+        "StepSchedule::AbortStep: the stream is capturing a graph; end the capture first");
+  }
+  SPARSEKV_RETURN_IF_ERROR(AllocateAbortWork(stream));
+  const CacheOptions& o = manager_.options();
+  // The copy stream's work (the chunks of the layer RunLayer stopped in) comes first.
+  SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(resolved_, copy_stream_));
+  SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, resolved_));
+  for (; next_layer_ < o.geometry.num_layers(); ++next_layer_) {
+    const int32_t layer = next_layer_;
+    if (stage_ == LayerStage::kNone) {
+      SPARSEKV_RETURN_IF_ERROR(manager_.AppendToken(layer, abort_rows_, abort_keys_, stream));
+      stage_ = LayerStage::kAppended;
+    }
+    if (stage_ == LayerStage::kAppended) {
+      if (layer % o.layers_per_index == 0) {
+        // As in RunLayer: the group's resolve follows the last prefetch copy.
+        if (prefetch_used_) SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, prefetched_));
+        SPARSEKV_RETURN_IF_ERROR(
+            manager_.ResolveLayer(layer, static_cast<const int32_t*>(abort_topk_),
+                                  static_cast<int32_t*>(abort_slots_), nullptr, stream));
+      }
+      stage_ = LayerStage::kResolved;
+    }
+    if (stage_ == LayerStage::kResolved) {
+      SPARSEKV_RETURN_IF_ERROR(CopyRemaining(layer, stream));
+      stage_ = LayerStage::kCopied;
+    }
+    stage_ = LayerStage::kNone;
+    chunks_copied_ = 0;
+  }
+  if (prefetch_used_) SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, prefetched_));
+  SPARSEKV_RETURN_IF_ERROR(manager_.FinishStep(stream));
+  step_open_ = false;
+  timing_ = false;
   return Status::Ok();
 }
 

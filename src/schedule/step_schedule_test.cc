@@ -160,6 +160,67 @@ class ScheduleWorkload {
     }
   }
 
+  // A step of every request whose attention of `fail_layer` fails over its last slice. Then
+  // either the step goes on (the later layers run and FinishStep ends it) or AbortStep ends it,
+  // and the layers after fail_layer hold zero rows for the step's token. Eager only.
+  void FailingStep(int32_t fail_layer, bool abort) {
+    std::vector<RequestId> ids;
+    for (RequestId id = 1; id <= kRequests; ++id) ids.push_back(id);
+    std::shuffle(ids.begin(), ids.end(), rng_);
+    const int32_t batch = kRequests;
+    ASSERT_TRUE(schedule_->PlanStep(ids, stream_).ok());
+    const CacheOptions& o = manager_->options();
+    const Bytes zeros(kStride);
+    for (int32_t l = 0; l < kLayers; ++l) {
+      const Bytes rows = testing::RandomRows(rng_, o.effective_max_batch(), kStride);
+      const bool stored = !abort || l <= fail_layer;
+      for (int32_t b = 0; b < batch; ++b) {
+        model_.Append(ids[b], l, stored ? rows.data() + b * kStride : zeros.data());
+      }
+      rows_[l]->Upload(rows.data(), rows.size(), stream_);
+      if (l % o.layers_per_index == 0) {
+        const std::vector<int32_t> topk = RandomTopK(ids, o.effective_max_batch(), l);
+        topk_[l]->Upload(topk.data(), topk.size() * 4, stream_);
+      }
+    }
+    int32_t attended = 0;
+    const AttendFn attend = [&](int32_t layer, int32_t first, int32_t n, StreamHandle) {
+      if (layer == fail_layer && first + n == batch) return Unavailable("attention kernel failed");
+      ++attended;
+      return Status::Ok();
+    };
+    for (int32_t l = 0; l < kLayers; ++l) {
+      const int32_t leader = l - l % o.layers_per_index;
+      const LayerWork work{rows_[l]->get(), nullptr, topk_[leader]->get<int32_t>(), 0,
+                           slots_[leader]->get<int32_t>()};
+      const Status s = schedule_->RunLayer(l, work, attend, stream_);
+      if (l != fail_layer) {
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        continue;
+      }
+      ASSERT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+      EXPECT_NE(s.message().find("attention of layer " + std::to_string(l)), std::string::npos)
+          << s.ToString();
+      if (abort) break;
+    }
+    if (abort) {
+      if (fail_layer + 1 < kLayers) {
+        // The manager's step is not complete: only AbortStep ends it.
+        EXPECT_EQ(schedule_->FinishStep(stream_).code(), StatusCode::kFailedPrecondition);
+      }
+      const Status aborted = schedule_->AbortStep(stream_);
+      ASSERT_TRUE(aborted.ok()) << aborted.ToString();
+      EXPECT_EQ(schedule_->AbortStep(stream_).code(), StatusCode::kFailedPrecondition);
+    } else {
+      const Status finished = schedule_->FinishStep(stream_);
+      ASSERT_TRUE(finished.ok()) << finished.ToString();
+    }
+    ASSERT_TRUE(manager_->backend().Synchronize(stream_).ok());
+    if (!abort || fail_layer > 0) {
+      EXPECT_GT(attended, 0);
+    }
+  }
+
   StepSchedule& schedule() { return *schedule_; }
   SparseKVCacheManager& manager() { return *manager_; }
   size_t graphs() const { return graphs_.size(); }
@@ -477,6 +538,68 @@ TEST(StepScheduleTest, RefusesRunPhaseCallsOutOfOrderAndReportsAttentionErrors) 
   EXPECT_NE(failed.message().find("layer 0 over rows [2, 3)"), std::string::npos)
       << failed.ToString();
   EXPECT_EQ(s.FinishStep(nullptr).code(), StatusCode::kFailedPrecondition);
+  // The step is not lost: AbortStep ends it, and the next one plans.
+  const Status aborted = s.AbortStep(nullptr);
+  ASSERT_TRUE(aborted.ok()) << aborted.ToString();
+  EXPECT_EQ(s.AbortStep(nullptr).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(s.PlanStep(batch, nullptr).ok());
+}
+
+// An attention callback that fails mid-step (in every choice, at the first, a middle and the last
+// layer) leaves a step that goes on or aborts; the rows stored before it, and those the step
+// appended before the failure, are intact: later steps read every row against the model (an
+// aborted step's later layers hold zero rows).
+TEST(StepScheduleTest, AFailedAttentionLeavesTheStepToFinishOrAbort) {
+  for (int32_t lpi : {1, 2}) {
+    const CacheOptions o = Options(lpi, /*hybrid=*/false);
+    for (const StepChoice& c : AllowedChoices(o)) {
+      for (bool abort : {false, true}) {
+        for (int32_t fail_layer : {0, 3, kLayers - 1}) {
+          SCOPED_TRACE(c.ToString() + " layers_per_index " + std::to_string(lpi) +
+                       (abort ? " aborted" : " finished") + " at layer " +
+                       std::to_string(fail_layer));
+          ScheduleOptions so;
+          so.fixed = c;
+          ScheduleWorkload w(o, so, 5 + fail_layer);
+          w.Step();
+          w.FailingStep(fail_layer, abort);
+          for (int32_t step = 0; step < 4 && !::testing::Test::HasFatalFailure(); ++step) {
+            w.Step();
+          }
+          if (::testing::Test::HasFatalFailure()) return;
+          EXPECT_EQ(w.schedule().stats().steps, 6);
+        }
+      }
+    }
+  }
+}
+
+// A step whose manager calls fail part-way through a layer (its append enqueued, its resolve
+// refused) aborts from where it stopped.
+TEST(StepScheduleTest, AbortStepCompletesALayerTheManagerStopped) {
+  const CacheOptions o = Options(1, false);
+  ScheduleOptions so;
+  so.fixed = StepChoice{false, 2};
+  ScheduleWorkload w(o, so, 3);
+  StepSchedule& s = w.schedule();
+  std::vector<int32_t> slots(kRequests * kTopK), topk(kRequests * kTopK, 0);
+  const Bytes rows(kRequests * kStride);
+  const LayerWork work{rows.data(), nullptr, topk.data(), 0, slots.data()};
+  LayerWork narrow = work;
+  narrow.topk_stride = 1;  // less than top_k: the resolve refuses it
+  const AttendFn ok = [](int32_t, int32_t, int32_t, StreamHandle) { return Status::Ok(); };
+  const std::vector<RequestId> batch = {2, 4};
+  ASSERT_TRUE(s.PlanStep(batch, nullptr).ok());
+  ASSERT_TRUE(s.RunLayer(0, work, ok, nullptr).ok());
+  EXPECT_EQ(s.RunLayer(1, narrow, ok, nullptr).code(), StatusCode::kInvalidArgument);
+  // The layer's append is done: running it again is refused by the manager.
+  EXPECT_EQ(s.RunLayer(1, work, ok, nullptr).code(), StatusCode::kFailedPrecondition);
+  const Status aborted = s.AbortStep(nullptr);
+  ASSERT_TRUE(aborted.ok()) << aborted.ToString();
+  const StatusOr<int32_t> len = w.manager().SequenceLength(2);
+  ASSERT_TRUE(len.ok());
+  EXPECT_TRUE(s.PlanStep(batch, nullptr).ok());
+  EXPECT_EQ(*w.manager().SequenceLength(2), *len + 1);
 }
 
 // On the GPU: every choice the options allow, eagerly and as one graph per choice replayed with
@@ -533,6 +656,58 @@ TEST(StepScheduleCudaTest, ReplayedGraphsFollowTheTunersChoice) {
   int64_t steps = 0;
   for (const auto& [choice, n] : stats.steps_by_choice) steps += n;
   EXPECT_EQ(steps, 30);
+}
+
+// On the GPU: AbortStep enqueues work of its own, so it is refused while the stream captures a
+// graph, and ends the step once the capture is over.
+TEST(StepScheduleCudaTest, AbortStepIsRefusedWhileCapturing) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+#if defined(SPARSEKV_WITH_CUDA)
+  ScheduleOptions so;
+  so.fixed = StepChoice{};
+  ScheduleWorkload w(Options(1, false), so, 11, gpu);
+  StatusOr<StreamHandle> stream = gpu->CreateStream();
+  ASSERT_TRUE(stream.ok());
+  auto* s = static_cast<cudaStream_t>(*stream);
+  const std::vector<RequestId> batch = {1, 2};
+  ASSERT_TRUE(w.schedule().PlanStep(batch, *stream).ok());
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(w.schedule().AbortStep(*stream).code(), StatusCode::kFailedPrecondition);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphDestroy(graph);
+  const Status aborted = w.schedule().AbortStep(*stream);
+  EXPECT_TRUE(aborted.ok()) << aborted.ToString();
+  EXPECT_TRUE(gpu->Synchronize(*stream).ok());
+  gpu->DestroyStream(*stream);
+#endif
+}
+
+// On two GPUs: a stream of the other device is refused before the step is planned, which then
+// plans on a stream of the manager's device.
+TEST(StepScheduleCudaTest, RefusesAStreamOfAnotherDevice) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+#if defined(SPARSEKV_WITH_CUDA)
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) GTEST_SKIP() << "needs two GPUs";
+  ScheduleWorkload w(Options(1, false), ScheduleOptions{}, 13, gpu);
+  int current = 0;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&other), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(current), cudaSuccess);
+  const std::vector<RequestId> batch = {1, 2};
+  const Status refused = w.schedule().PlanStep(batch, other);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+  EXPECT_NE(refused.message().find("device 1"), std::string::npos) << refused.ToString();
+  EXPECT_EQ(w.manager().batch_size(), 0);  // nothing planned
+  ASSERT_TRUE(w.schedule().PlanStep(batch, nullptr).ok());
+  EXPECT_EQ(w.schedule().AbortStep(other).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(w.schedule().AbortStep(nullptr).ok());
+  cudaStreamDestroy(other);
+#endif
 }
 
 }  // namespace

@@ -77,6 +77,7 @@ class ArenaBackend final : public Backend {
     return base_->ElapsedSeconds(start, end);
   }
   StatusOr<bool> IsCapturing(StreamHandle stream) override { return base_->IsCapturing(stream); }
+  Status CheckStream(StreamHandle stream) override { return base_->CheckStream(stream); }
   Status IndexCopy(const IndexCopyView& view, StreamHandle stream) override {
     return base_->IndexCopy(view, stream);
   }

@@ -176,6 +176,8 @@ def test_lifecycle(arrays):
     stats = m.read_stats()
     assert stats.prefetch_lookups == 2 * len(LAYERS)
     assert stats.prefetch_rows <= stats.prefetch_lookups
+    assert stats.prefetch_useful_rows + stats.prefetch_wasted_rows <= stats.prefetch_rows
+    assert 0.0 <= stats.prefetch_precision() <= 1.0 and 0.0 <= stats.prefetch_recall() <= 1.0
 
     m.retract(1)
     assert m.read_stats().hot_blocks_used == 1
@@ -371,7 +373,8 @@ def test_statistics_fields_dict_and_reset(arrays):
     for name in ("bytes_host_to_device", "bytes_device_to_host", "bytes_assembled",
                  "bytes_ingested", "prefix_lookup_tokens", "prefix_hit_tokens",
                  "copy_on_write_pages", "evictions", "evicted_pages", "prefetch_lookups",
-                 "prefetch_rows", "invalid_copy_entries"):
+                 "prefetch_rows", "prefetch_useful_rows", "prefetch_wasted_rows",
+                 "prefetch_missed_rows", "invalid_copy_entries"):
         assert getattr(cleared, name) == 0, name
     assert cleared.total.hits + cleared.total.misses + cleared.total.window_hits == 0
     assert cleared.hot_blocks_used == 1  # a gauge: not reset

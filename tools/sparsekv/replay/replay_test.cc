@@ -442,9 +442,9 @@ TEST(ReplayCommandTest, RefusesFlagsThatDoNotApplyNamingThem) {
       {{"--zipf-exponent", "1"}, "--zipf-exponent: locality mode's, which is off"},
       {{"--decay", "0.5", "--policies", "lru"}, "--decay is lfu-decay's"},
       {{"--prefetch-budget", "4"}, "--prefetch-budget: the prefetch replay's, which is off"},
-      {{"--crosslayer-prefetch", "--policies", "clock"},
-       "--crosslayer-prefetch replays lru and slru only: add one of them to --policies (got "
-       "clock)"},
+      {{"--crosslayer-prefetch", "--policies", "lfu-decay,aging"},
+       "--crosslayer-prefetch replays the manager's policies (lru, slru, clock) only: add one of "
+       "them to --policies (got lfu-decay,aging)"},
   };
   for (const auto& [flags, expected] : cases) {
     std::vector<std::string> args = {"replay"};
@@ -484,6 +484,29 @@ TEST(ReplayCommandTest, PoliciesWithoutLruReplayNoLru) {
   EXPECT_EQ(j["summary"]["replay_best_policy"], "clock");
   EXPECT_TRUE(j["summary"]["replay_best_policy_hit_rate_gain"].is_null());
   for (const auto& r : j["trace"]["results"]) EXPECT_EQ(r["policy"], "clock");
+}
+
+// The cross-layer prefetch replays the policies asked for, and only those: clock alone.
+TEST(ReplayCommandTest, CrossLayerPrefetchWithClockReplaysOnlyClock) {
+  const std::string json_path = ::testing::TempDir() + "replay_crosslayer_clock.json";
+  std::ostringstream out, err;
+  ASSERT_EQ(Cli({"replay", "--layers", "3", "--steps", "24", "--context", "512", "--top-k", "32",
+                 "--hot-slots", "64", "--warmup", "4", "--policies", "clock",
+                 "--crosslayer-prefetch", "--json", json_path},
+                out, err),
+            kExitOk)
+      << err.str();
+  std::ifstream file(json_path);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  ASSERT_FALSE(j["crosslayer_prefetch"].empty()) << j.dump();
+  for (const auto& r : j["crosslayer_prefetch"]) EXPECT_EQ(r["policy"], "clock") << r.dump();
+  for (const auto& r : j["trace"]["results"]) EXPECT_EQ(r["policy"], "clock") << r.dump();
+  EXPECT_EQ(j["summary"]["crosslayer_prefetch_policy"], "clock");
+  for (const char* row : {"64 lru", "64 slru"}) {
+    EXPECT_EQ(out.str().find(row), std::string::npos) << row << "\n" << out.str();
+  }
+  EXPECT_NE(out.str().find("cross-layer prefetch at 64 slots (clock)"), std::string::npos)
+      << out.str();
 }
 
 // The published preset at its calibration shape (32K context, top-2048, one layer, 64 steps):

@@ -514,7 +514,9 @@ class ResolveHarness {
     EXPECT_EQ(got.prefetch_useful, counters_.prefetch_useful);
     EXPECT_EQ(got.prefetch_wasted, counters_.prefetch_wasted);
     EXPECT_EQ(got.prefetch_missed, counters_.prefetch_missed);
-    if (s_.marks) EXPECT_EQ(g_marks_.Download<uint8_t>(), marks_);
+    if (s_.marks) {
+      EXPECT_EQ(g_marks_.Download<uint8_t>(), marks_);
+    }
 
     const int32_t got_miss_count = g_miss_count_.Download<int32_t>()[0];
     ASSERT_EQ(got_miss_count, want_miss_count);

@@ -862,8 +862,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* const uses = kClock ? v.clock_uses + static_cast<int64_t>(e.block) * c : nullptr;
   int32_t* const position_slot =
       kClock ? v.position_slot + static_cast<int64_t>(e.block) * v.positions : nullptr;
-  uint8_t* const mark =
-      v.prefetch_mark == nullptr ? nullptr : v.prefetch_mark + static_cast<int64_t>(e.block) * c;
 
   // Global round trip 2: the top-k row, the first chunk of slot_token (step 2) and of lru_order
   // (step 4), and the protected count (clock: the hand), all in flight at once; step 1 waits only
@@ -915,7 +913,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (u < kClockMaxUses) uses[slot_of[j]] = static_cast<uint8_t>(u + 1);
     }
   }
-  if (mark != nullptr && !v.prefetch_fills) CountPrefetchHits(kind, slot_of, mark, v.counters);
+  // The block's marks are addressed where they are used, not held in a register across the steps.
+  if (v.prefetch_mark != nullptr && !v.prefetch_fills) {
+    CountPrefetchHits(kind, slot_of, v.prefetch_mark + static_cast<int64_t>(e.block) * c,
+                      v.counters);
+  }
   int32_t miss_rank[kItems];
   local[kMisses] = WarpRank(is_miss, miss_rank);
 #pragma unroll
@@ -935,7 +937,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; j < kItems; ++j) miss_rank[j] = is_miss[j] ? miss_offset + miss_rank[j] : kNone;
 
   AddCounters(v.counters, warp_counts);  // step 6, early
-  if (mark != nullptr && v.count_prefetch_misses && !v.prefetch_fills && tid == 0 && n_miss > 0) {
+  if (v.prefetch_mark != nullptr && v.count_prefetch_misses && !v.prefetch_fills && tid == 0 &&
+      n_miss > 0) {
     atomicAdd(&v.counters->prefetch_missed, static_cast<unsigned long long>(n_miss));
   }
   uint8_t* const fill_row =
@@ -975,8 +978,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     TakeVictims(v, pos, miss_rank, page, n_filled, v.positions, victims, victims_at, c, block,
                 segmented, sort_misses || fused, slot_token, lru, position_slot, out_row,
                 host_row_by_rank, out, host_row, row_min, row_max);
-    if (mark != nullptr) {
-      MarkFilledSlots(miss_rank, n_filled, victims, c, mark, v.prefetch_fills, v.counters);
+    if (v.prefetch_mark != nullptr) {
+      MarkFilledSlots(miss_rank, n_filled, victims, c,
+                      v.prefetch_mark + static_cast<int64_t>(e.block) * c, v.prefetch_fills,
+                      v.counters);
     }
     if (sort_misses) {
       row_min = __reduce_min_sync(0xffffffffu, row_min);

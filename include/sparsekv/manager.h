@@ -177,13 +177,13 @@ struct CacheStats : HostCounters {
   //   prefetch_useful_rows = prefetched rows that a step's resolve (ResolveLayer) hit before any
   //                          resolve took their slot;
   //   prefetch_wasted_rows = prefetched rows whose slot a resolve or a later prefetch took before
-  //                          any step's resolve hit it (also when the request was released and its
-  //                          block reused: counted when the slot is next filled);
+  //                          any step's resolve hit it;
   //   prefetch_missed_rows = misses of the step resolves that followed a prefetch of their group
   //                          (one since the group's previous step resolve): the rows the group
   //                          needed that the prefetch did not bring.
-  // prefetch_rows >= useful + wasted: the rest are prefetched rows not yet hit or evicted (and
-  // positions a prefetch found no free slot for). ResetStats clears the marks, so that a row
+  // prefetch_rows >= useful + wasted: the rest are prefetched rows not yet hit or evicted, rows
+  // of requests that left the hot cache (released, retracted, made resident) before a hit, and
+  // positions a prefetch found no free slot for. ResetStats clears the marks, so that a row
   // prefetched before it counts in neither.
   uint64_t prefetch_useful_rows = 0;
   uint64_t prefetch_wasted_rows = 0;

@@ -45,6 +45,7 @@ Status SparseKVCacheManager::Impl::Allocate() {
   SPARSEKV_RETURN_IF_ERROR(plan_.Allocate());
   SPARSEKV_RETURN_IF_ERROR(stats_.Allocate());
   SPARSEKV_RETURN_IF_ERROR(marks_.Allocate(shape.blocks, o.hot_slots));
+  hot_->AttachSlotBytes(marks_.marks());  // before any block is acquired
   SPARSEKV_RETURN_IF_ERROR(residency_.Allocate(*pool_, *hot_, tables_, stats_.invalid_copies()));
   const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
   SPARSEKV_RETURN_IF_ERROR(tables_.Allocate(

@@ -336,6 +336,36 @@ TEST_F(ManagerTest, PrefetchedRowsCountAsUsefulWastedOrMissedUnderEveryPolicy) {
   ExpectPrefetchOutcome(EvictionPolicy::kClock);
 }
 
+// A request that leaves with a prefetched row unused takes its marks with it: the next request in
+// its block counts its own fills of those slots as nothing of the prefetch's.
+TEST_F(ManagerTest, ABlockHandedOutAgainStartsWithoutPrefetchMarks) {
+  CacheOptions o = SmallOptions();
+  o.max_prefetch = 2;
+  Create(o);
+  AdmitWithPrompt(1, 20);
+  const std::vector<int32_t> prefetch = {5, 6};
+  ASSERT_TRUE(m_->PlanStep(std::vector<RequestId>{1}, nullptr).ok());
+  const Bytes row = Rows(20, 1);
+  ASSERT_TRUE(m_->AppendToken(0, row.data(), nullptr).ok());
+  ASSERT_TRUE(m_->PrefetchLayer(0, prefetch.data(), 2, nullptr).ok());
+  const std::vector<int32_t> topk = {5, 9};  // 6 stays prefetched and unused
+  std::vector<int32_t> slots(2);
+  ASSERT_TRUE(m_->ResolveLayer(0, topk.data(), slots.data(), nullptr, nullptr).ok());
+  ASSERT_TRUE(m_->CopyMisses(0, nullptr).ok());
+  ASSERT_TRUE(m_->FinishStep(nullptr).ok());
+  ASSERT_TRUE(m_->Release(1).ok());
+
+  AdmitWithPrompt(2, 20);  // the same block
+  Step(2, {10, 11});
+  Step(2, {12, 13});
+  Step(2, {14, 15});  // every slot filled again
+  const StatusOr<CacheStats> s = m_->ReadStats(nullptr);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->prefetch_rows, 2u);
+  EXPECT_EQ(s->prefetch_useful_rows, 1u);
+  EXPECT_EQ(s->prefetch_wasted_rows, 0u);  // 6 left with request 1
+}
+
 TEST_F(ManagerTest, WithoutAPrefetchTheMarksTakeNoMemory) {
   CacheOptions o = SmallOptions();
   auto without = SparseKVCacheManager::Create(o, CreateCpuBackend());

@@ -9,6 +9,10 @@
 // are the rows the prefetch did not bring (prefetch_missed), those of a group with no prefetch
 // before it are not.
 //
+// The hot cache clears a block's marks when it acquires the block (HotCache::AttachSlotBytes):
+// rows prefetched into a block whose request left before any hit count neither as useful nor as
+// wasted, and a block seeded with a new request's rows starts with no mark.
+//
 // Without a prefetch (CacheOptions::max_prefetch 0) it holds nothing and leaves the views as they
 // are (a null prefetch_mark: the resolve does no extra work).
 //
@@ -38,6 +42,10 @@ class PrefetchMarks {
   // Without: nothing. REQUIRES: called once.
   Status Allocate(int32_t blocks, int32_t hot_slots);
   bool enabled() const { return marks_ != nullptr; }
+  // [groups, blocks, hot_slots], the layout of the hot cache's replacement state, for
+  // HotCache::AttachSlotBytes (a block's marks are cleared when it is acquired); null when not
+  // enabled().
+  uint8_t* marks() const { return marks_; }
 
   // Sets `view`'s prefetch accounting for a resolve of the group of `layer` (the group's first
   // layer): a prefetch's when `prefetch`, which the group's next step resolve will follow; else

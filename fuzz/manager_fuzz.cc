@@ -1754,6 +1754,8 @@ class Fuzzer {
     FUZZ_CHECK(s.invalid_copy_entries == 0, "copies skipped as out of bounds");
     FUZZ_CHECK(s.prefetch_lookups == prefetch_lookups_, "prefetch lookup count");
     FUZZ_CHECK(s.prefetch_rows <= s.prefetch_lookups, "prefetched rows exceed lookups");
+    FUZZ_CHECK(s.prefetch_useful_rows + s.prefetch_wasted_rows <= s.prefetch_rows,
+               "more prefetched rows used or wasted than prefetched");
     FUZZ_CHECK(s.hot_blocks_used + s.resident_requests == LiveBlocks(),
                "hot-cache blocks and resident requests");
     FUZZ_CHECK(s.retained_conversations == static_cast<int32_t>(retained_.size()),

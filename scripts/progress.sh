@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Sourced by scripts/test.sh: progress lines for long stages, so that none is silent for minutes.
+# Sourced by scripts/test.sh and scripts/python-test.sh: progress lines for long stages, so that
+# none is silent for minutes.
 #
 # progress NAME LOG COMMAND...: runs COMMAND (a command or a shell function) with its output in
 # LOG; while it runs, every SPARSEKV_PROGRESS_EVERY seconds (default 30), prints
@@ -22,5 +23,24 @@ progress() {
     fi
   done
   wait "$pid" || status=$?
+  return "$status"
+}
+
+# filtered LOG REGEX COMMAND...: runs COMMAND with its whole output in LOG, printing the lines that
+# match REGEX as they come (pip's "Collecting" and "  Downloading ... (366.1 MB)" lines, ninja's
+# "[n/N]"); on failure prints "failed (exit N): COMMAND; the end of LOG:" and LOG's last 40 lines.
+# Returns COMMAND's status.
+filtered() {
+  local -
+  set -o pipefail
+  local log="$1" regex="$2"
+  shift 2
+  mkdir -p "$(dirname "$log")"
+  local status=0
+  "$@" 2>&1 | tee "$log" | { grep --line-buffered -E "$regex" || true; } || status=$?
+  if ((status != 0)); then
+    echo "failed (exit $status): $*; the end of $log:"
+    tail -n 40 "$log"
+  fi
   return "$status"
 }

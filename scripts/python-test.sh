@@ -28,20 +28,10 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
 # Progress lines, so that a long step is never silent.
 say() { echo "python-test: $*"; }
-# filtered LOG REGEX COMMAND...: runs COMMAND with its whole output in LOG, printing the lines
-# that match REGEX as they come; on failure prints the end of LOG and exits with its status.
-filtered() {
-  local log="$1" regex="$2"
-  shift 2
-  mkdir -p "$(dirname "$log")"
-  local status=0
-  "$@" 2>&1 | tee "$log" | { grep --line-buffered -E "$regex" || true; } || status=$?
-  if ((status != 0)); then
-    say "failed (exit $status): $*; the end of $log:"
-    tail -n 40 "$log"
-    exit "$status"
-  fi
-}
+# filtered LOG REGEX COMMAND...: COMMAND's output into LOG, the lines matching REGEX shown as they
+# come (progress_test.sh checks it).
+# shellcheck source=scripts/progress.sh
+source "$root/scripts/progress.sh"
 
 start=$SECONDS
 say "installing numpy, pytest and prometheus_client from PyPI"
@@ -54,7 +44,7 @@ if [[ "${SPARSEKV_PYTHON_TORCH:-1}" != 0 ]]; then
   say "installing torch from PyPI: the Linux wheel bundles the CUDA libraries, about 3.3 GB to" \
     "download and 5.3 GB installed (3-4 min on a fast link; SPARSEKV_PYTHON_TORCH=0 skips it)"
   filtered "$root/build/python-torch.log" '^ *(Collecting|Downloading|Using cached|Successfully)' \
-    "${pip[@]}" install --progress-bar off torch
+    "${pip[@]}" install --progress-bar off torch || exit $?
   # Source only: the conformance test reads the signatures SGLang's coordinator has.
   say "installing sglang==$sglang_version without its dependencies (source only)"
   "${pip[@]}" install -q --no-deps "sglang==$sglang_version"
@@ -65,7 +55,7 @@ start=$SECONDS
 say "building and installing the package (pip install .: CMake compiles the library and the" \
   "binding; minutes on 2 cores, a build line per file)"
 filtered "$root/build/python-install.log" '^ *\[[0-9]+/[0-9]+\]|^ *-- sparsekv|^Successfully' \
-  "${pip[@]}" install -v . -Ccmake.define.SPARSEKV_CUDA="${SPARSEKV_PYTHON_CUDA:-OFF}"
+  "${pip[@]}" install -v . -Ccmake.define.SPARSEKV_CUDA="${SPARSEKV_PYTHON_CUDA:-OFF}" || exit $?
 say "pip install . took $((SECONDS - start)) s"
 
 # Run from outside the source tree so that `import sparsekv` finds the installed package.

@@ -96,6 +96,12 @@ class HotCache {
   // positions[0], ...). The caller copies the rows in. InvalidArgument if n > C, or (clock) for
   // a position outside [0, positions) or repeated.
   StatusOr<int32_t> AcquireSeeded(std::span<const int32_t> positions, StreamHandle stream);
+  // Bytes per slot that another part of the manager keeps beside the replacement state (the
+  // prefetch's marks: [states, max_blocks, C], not owned, device memory of the same backend):
+  // zeroed with a block's state at every Acquire and AcquireSeeded, so that a new block starts
+  // with none of them set. Null (the default): none. REQUIRES: `bytes` outlives the hot cache's
+  // last Acquire.
+  void AttachSlotBytes(uint8_t* bytes) { slot_bytes_ = bytes; }
   // Whether Acquire would succeed now.
   bool CanAcquire() const { return free_blocks() > 0 && free_pages() >= pages_per_block(); }
 
@@ -204,6 +210,7 @@ class HotCache {
   int32_t* clock_hand_ = nullptr;     // [states, blocks]
   int32_t* position_slot_ = nullptr;  // [states, blocks, positions]
   int32_t* block_pages_ = nullptr;    // [blocks, pages_per_block]
+  uint8_t* slot_bytes_ = nullptr;     // [states, blocks, C], not owned (AttachSlotBytes)
   int64_t device_bytes_ = 0;
   std::set<int32_t> free_blocks_;
   std::set<int32_t> free_pages_;           // page indices (slot / R)

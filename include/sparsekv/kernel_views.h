@@ -32,6 +32,10 @@ struct ResolveCounters {
   unsigned long long duplicates;     // repeats of a position earlier in the same top-k row
   unsigned long long out_of_range;   // positions < -1 or >= seq_len; skipped
   unsigned long long resident_hits;  // positions of a fully resident request (no hot cache)
+  // Prefetch accounting, counted only by launches with ResolveView::prefetch_mark set (see there).
+  unsigned long long prefetch_useful;  // hits on a slot a prefetch filled and no launch hit since
+  unsigned long long prefetch_wasted;  // such slots taken as victims before any hit
+  unsigned long long prefetch_missed;  // misses of a launch with count_prefetch_misses
 };
 
 // A BatchEntry's `resident` for a request in hot-cache mode (or an unused row).
@@ -190,6 +194,19 @@ struct RouteRowsView {
 // passes), not O(C): a positive count is passed once per earlier hit that raised it, so the hand's
 // passes are paid for by hits and fills; a step can still sweep up to 1 + kClockMaxUses laps when
 // every count is high.
+// Prefetch accounting (prefetch_mark not null; rows in hot-cache mode only). prefetch_mark holds a
+// byte per slot of each block, like slot_token: nonzero = a prefetch launch filled the slot and no
+// launch without prefetch_fills has hit it since. With mark = prefetch_mark[block]:
+//   * a launch without prefetch_fills (a step's resolve), for each hit slot s (not a window hit):
+//     if mark[s] != 0, ++prefetch_useful and mark[s] = 0; a launch with prefetch_fills leaves the
+//     marks of its hit slots as they are;
+//   * every launch, for each victim v it fills: if mark[v] != 0, ++prefetch_wasted; then
+//     mark[v] = 1 with prefetch_fills, else 0;
+//   * a launch with count_prefetch_misses (and without prefetch_fills) adds its misses (every miss,
+//     filled or not) to prefetch_missed too.
+// So every slot a prefetch launch fills is counted once, as useful or wasted, unless it is still
+// marked, and the three counters are the same under every eviction policy given the same hits
+// and victims. With prefetch_mark null none of this is done (no load, no store).
 // Miss entries of all rows are appended at miss_count (atomically; with chunk_rows, to their
 // chunk's part of the list and count); their order in the list is unspecified (the CUDA backend
 // sorts each row's misses by host row). A launch with the fused miss
@@ -274,6 +291,10 @@ struct ResolveView {
   int64_t copy_dst_rows = 0;
   unsigned long long* copy_invalid = nullptr;  // device scalar or nullptr; += skipped copies
   int32_t fused_copy_min_batch = 0;  // fused in launches whose *batch_size is at least this
+  // Prefetch accounting (see above); null: none.
+  uint8_t* prefetch_mark = nullptr;    // [num_blocks, hot_slots] 1 = filled by a prefetch, unused
+  bool prefetch_fills = false;         // this launch is a prefetch's: its fills set the marks
+  bool count_prefetch_misses = false;  // misses also count in prefetch_missed
 };
 
 // The indexer keys of one layer that the manager keeps (CacheOptions::indexer_key_bytes), for an

@@ -171,6 +171,35 @@ struct CacheStats : HostCounters {
   // the rows fetched (not resident). Their bytes are in bytes_host_to_device.
   uint64_t prefetch_lookups = 0;
   uint64_t prefetch_rows = 0;
+  // What became of the prefetched rows, counted on the device with a prefetch configured
+  // (CacheOptions::max_prefetch > 0; ResolveView::prefetch_mark in kernel_views.h), once per index
+  // group like prefetch_rows, and the same under every eviction policy:
+  //   prefetch_useful_rows = prefetched rows that a step's resolve (ResolveLayer) hit before any
+  //                          resolve took their slot;
+  //   prefetch_wasted_rows = prefetched rows whose slot a resolve or a later prefetch took before
+  //                          any step's resolve hit it;
+  //   prefetch_missed_rows = misses of the step resolves that followed a prefetch of their group
+  //                          (one since the group's previous step resolve): the rows the group
+  //                          needed that the prefetch did not bring.
+  // prefetch_rows >= useful + wasted: the rest are prefetched rows not yet hit or evicted, rows
+  // of requests that left the hot cache (released, retracted, made resident) before a hit, and
+  // positions a prefetch found no free slot for. ResetStats clears the marks, so that a row
+  // prefetched before it counts in neither.
+  uint64_t prefetch_useful_rows = 0;
+  uint64_t prefetch_wasted_rows = 0;
+  uint64_t prefetch_missed_rows = 0;
+  // prefetch_precision = prefetch_useful_rows / prefetch_rows (0 with no prefetched row): the
+  // share of the rows fetched ahead that a resolve used.
+  double prefetch_precision() const {
+    return prefetch_rows == 0 ? 0.0 : static_cast<double>(prefetch_useful_rows) / prefetch_rows;
+  }
+  // prefetch_recall = prefetch_useful_rows / (prefetch_useful_rows + prefetch_missed_rows) (0 when
+  // both are 0): of the rows that prefetched groups' resolves needed from the host, the share the
+  // prefetch had already brought (the replay's "hidden fraction", docs/prefetch.md).
+  double prefetch_recall() const {
+    const uint64_t needed = prefetch_useful_rows + prefetch_missed_rows;
+    return needed == 0 ? 0.0 : static_cast<double>(prefetch_useful_rows) / needed;
+  }
 };
 
 class SparseKVCacheManager {

@@ -125,7 +125,8 @@ struct CacheOptions {
   // device_budget_bytes (ChooseHotCacheShape in hot_cache.h).
   int32_t hot_slots = 4096;
   // HBM for the hot cache, in bytes (rows and replacement state; the manager's small plan
-  // buffers come on top). 0: exactly max_requests blocks of hot_slots. Otherwise the hot cache
+  // buffers, and with max_prefetch > 0 the prefetch's marks, a byte per slot of every block and
+  // index group, come on top). 0: exactly max_requests blocks of hot_slots. Otherwise the hot cache
   // takes as many blocks as fit, at least max_requests, and with hot_slots = 0 each block has the
   // most slots with which max_requests blocks fit: the budget spent on the batch the host pool
   // allows, since slots are the cheapest bandwidth there is.
@@ -200,7 +201,9 @@ struct CacheOptions {
   bool sort_misses = true;
   int32_t sort_misses_min_batch = 32;
   // Positions per request and layer that one PrefetchLayer call may take (its device buffers
-  // are sized for max_batch * max_prefetch entries). 0: no prefetch.
+  // are sized for max_batch * max_prefetch entries). 0: no prefetch. With a prefetch, the
+  // resolves also count what became of the prefetched rows (CacheStats::prefetch_useful_rows and
+  // the rest, over a byte per hot slot of every block and index group).
   int32_t max_prefetch = 0;
   // Largest grid of the miss and prefetch copies (CopyMisses, PrefetchLayer), in blocks of 256
   // threads; 0: as many as the GPU holds resident (4 per SM). A copy from host memory is bound by

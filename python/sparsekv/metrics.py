@@ -186,6 +186,12 @@ class SparseKVCollector:
             ("prefetch_lookups", "Positions the cross-layer prefetch looked up.",
              s.prefetch_lookups),
             ("prefetch_rows", "Of those, rows fetched (not resident).", s.prefetch_rows),
+            ("prefetch_useful_rows", "Prefetched rows a resolve then hit (precision = useful / "
+             "prefetch_rows).", s.prefetch_useful_rows),
+            ("prefetch_wasted_rows", "Prefetched rows evicted before any resolve hit them.",
+             s.prefetch_wasted_rows),
+            ("prefetch_missed_rows", "Misses of resolves that followed a prefetch: rows it did "
+             "not bring (recall = useful / (useful + missed)).", s.prefetch_missed_rows),
             ("invalid_copy_entries", "Copy entries skipped as out of bounds (0 unless something "
              "is wrong).", s.invalid_copy_entries),
         ):

@@ -152,10 +152,22 @@ void RegisterStats(py::module_& m) {
       "prefetch_lookups", &CacheStats::prefetch_lookups,
       "Positions prefetch_layer looked up, once per index group.")(
       "prefetch_rows", &CacheStats::prefetch_rows, "Of those, rows fetched (not resident).")(
+      "prefetch_useful_rows", &CacheStats::prefetch_useful_rows,
+      "Prefetched rows that a resolve hit before their slot was taken (with max_prefetch > 0).")(
+      "prefetch_wasted_rows", &CacheStats::prefetch_wasted_rows,
+      "Prefetched rows whose slot was taken before any resolve hit them.")(
+      "prefetch_missed_rows", &CacheStats::prefetch_missed_rows,
+      "Misses of the resolves that followed a prefetch of their index group: rows the prefetch "
+      "did not bring.")(
       "demotions", &CacheStats::demotions,
       "Resident requests demoted to hot-cache mode to make room for an admission.")(
       "promotions", &CacheStats::promotions, "Hot-cache requests made resident by promote().")(
       "resident_requests", &CacheStats::resident_requests, "Now: requests resident in HBM.");
+  stats.def("prefetch_precision", &CacheStats::prefetch_precision,
+            "prefetch_useful_rows / prefetch_rows (0 with no prefetched row).");
+  stats.def("prefetch_recall", &CacheStats::prefetch_recall,
+            "prefetch_useful_rows / (prefetch_useful_rows + prefetch_missed_rows) (0 when both "
+            "are 0).");
   stats.def(
       "to_dict",
       [](const py::object& self) {

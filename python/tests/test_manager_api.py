@@ -176,6 +176,8 @@ def test_lifecycle(arrays):
     stats = m.read_stats()
     assert stats.prefetch_lookups == 2 * len(LAYERS)
     assert stats.prefetch_rows <= stats.prefetch_lookups
+    assert stats.prefetch_useful_rows + stats.prefetch_wasted_rows <= stats.prefetch_rows
+    assert 0.0 <= stats.prefetch_precision() <= 1.0 and 0.0 <= stats.prefetch_recall() <= 1.0
 
     m.retract(1)
     assert m.read_stats().hot_blocks_used == 1
@@ -349,8 +351,9 @@ def test_statistics_fields_dict_and_reset(arrays):
     d.step([1])
     stats = m.read_stats()
     as_dict = stats.to_dict()
+    # Every field (not the methods: to_dict, prefetch_precision, prefetch_recall).
     fields = sorted(n for n in dir(sparsekv.CacheStats)
-                    if not n.startswith("_") and n != "to_dict")
+                    if not n.startswith("_") and not callable(getattr(sparsekv.CacheStats, n)))
     assert sorted(as_dict) == fields
     for name in fields:
         if name not in ("layers", "total", "device_memory", "host_memory"):
@@ -366,12 +369,14 @@ def test_statistics_fields_dict_and_reset(arrays):
     assert len(as_dict["layers"]) == len(LAYERS)
     assert stats.host_pages_total == d.options.host_capacity_tokens // PAGE
     assert stats.device_bytes > 0
+    assert stats.prefetch_precision() == 0.0 and stats.prefetch_recall() == 0.0  # no prefetch
     m.reset_stats()
     cleared = m.read_stats()
     for name in ("bytes_host_to_device", "bytes_device_to_host", "bytes_assembled",
                  "bytes_ingested", "prefix_lookup_tokens", "prefix_hit_tokens",
                  "copy_on_write_pages", "evictions", "evicted_pages", "prefetch_lookups",
-                 "prefetch_rows", "invalid_copy_entries"):
+                 "prefetch_rows", "prefetch_useful_rows", "prefetch_wasted_rows",
+                 "prefetch_missed_rows", "invalid_copy_entries"):
         assert getattr(cleared, name) == 0, name
     assert cleared.total.hits + cleared.total.misses + cleared.total.window_hits == 0
     assert cleared.hot_blocks_used == 1  # a gauge: not reset

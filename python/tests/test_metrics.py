@@ -105,6 +105,13 @@ def test_the_exposition_has_every_documented_metric_with_the_statistics_values(d
         2 * STEPS * sum(row_bytes for row_bytes, _ in LAYERS)
     assert value("sparsekv_ingested_bytes_total") == stats.bytes_ingested
     assert value("sparsekv_hot_cache_used_blocks") == 2
+    assert stats.prefetch_rows > 0
+    assert value("sparsekv_prefetch_rows_total") == stats.prefetch_rows
+    assert value("sparsekv_prefetch_useful_rows_total") == stats.prefetch_useful_rows
+    assert value("sparsekv_prefetch_wasted_rows_total") == stats.prefetch_wasted_rows
+    assert value("sparsekv_prefetch_missed_rows_total") == stats.prefetch_missed_rows
+    assert stats.prefetch_useful_rows + stats.prefetch_wasted_rows <= stats.prefetch_rows
+    assert stats.prefetch_precision() == stats.prefetch_useful_rows / stats.prefetch_rows
     assert value("sparsekv_device_memory_bytes") == stats.device_bytes
     d, h = stats.device_memory, stats.host_memory
     assert sum(value("sparsekv_device_memory_use_bytes", use=u) for u in (

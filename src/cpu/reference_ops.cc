@@ -79,6 +79,8 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
   const bool clock = v.clock_uses != nullptr;
   int32_t* lru = clock ? nullptr : v.lru_order + static_cast<int64_t>(e.block) * c;
   ResolveCounters& n = *v.counters;
+  uint8_t* mark =
+      v.prefetch_mark == nullptr ? nullptr : v.prefetch_mark + static_cast<int64_t>(e.block) * c;
 
   int32_t* position_slot =
       clock ? v.position_slot + static_cast<int64_t>(e.block) * v.positions : nullptr;
@@ -120,6 +122,10 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
       ++n.hits;
       out[k] = slot(s);
       touched[s] = 1;
+      if (mark != nullptr && !v.prefetch_fills && mark[s] != 0) {
+        ++n.prefetch_useful;
+        mark[s] = 0;
+      }
     } else {
       misses.push_back(k);
     }
@@ -164,6 +170,10 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
       position_slot[p] = s;
     }
     slot_token[s] = p;
+    if (mark != nullptr) {
+      n.prefetch_wasted += mark[s] != 0;
+      mark[s] = v.prefetch_fills ? 1 : 0;
+    }
     out[k] = slot(s);
     if (fill != nullptr) fill[k] = 1;
     const int32_t page = v.page_table[static_cast<int64_t>(e.page_table_row) * v.pages_per_request +
@@ -179,6 +189,9 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
     v.miss_slot[slot_index] = out[k];
   }
   n.misses += misses.size();
+  if (mark != nullptr && v.count_prefetch_misses && !v.prefetch_fills) {
+    n.prefetch_missed += misses.size();
+  }
   if (v.share_duplicates) {
     for (const int32_t k : repeats) {
       const int32_t first = seen.at(topk[k]);

@@ -100,7 +100,19 @@ class ReferenceResolveTest : public ::testing::Test {
       v.copy_invalid = &copy_invalid_;
       v.fused_copy_min_batch = fused_min_batch_;
     }
+    if (!marks_.empty()) {
+      v.prefetch_mark = marks_.data();
+      v.prefetch_fills = prefetch_fills_;
+      v.count_prefetch_misses = count_prefetch_misses_;
+    }
     reference::Resolve(v);
+    return out;
+  }
+  // A prefetch's resolve of `topk` (its fills set the marks), then the next resolves are a step's.
+  std::vector<int32_t> Prefetch(std::vector<int32_t> topk, int32_t seq_len) {
+    prefetch_fills_ = true;
+    std::vector<int32_t> out = Run(std::move(topk), seq_len);
+    prefetch_fills_ = false;
     return out;
   }
   // A fused copy from pool_ (kPoolRows rows; row r's bytes are r + 1, r + 2, r + 3, then 0xBB)
@@ -159,6 +171,38 @@ class ReferenceResolveTest : public ::testing::Test {
   int32_t fused_min_batch_ = 0;
   std::vector<std::byte> pool_, hot_;
   unsigned long long copy_invalid_ = 0;
+  // A prefetched row hit, one evicted unused, one miss the prefetch did not bring; every policy
+  // picks the same slots here, and counts the same.
+  void ExpectPrefetchOutcome() {
+    marks_.assign(kC, 0);
+    // The prefetch brings 10 and 20 into slots 0 and 1.
+    EXPECT_EQ(Prefetch({10, 20, -1}, 40), (std::vector<int32_t>{0, 1, kNullSlot}));
+    EXPECT_EQ(marks_, (std::vector<uint8_t>{1, 1, 0, 0}));
+    const ResolveCounters& n = counters_;
+    EXPECT_EQ(n.prefetch_useful + n.prefetch_wasted + n.prefetch_missed, 0u);
+    // The step's resolve after it: 10 hits its prefetched slot (useful), 30 misses (missed).
+    count_prefetch_misses_ = true;
+    EXPECT_EQ(Run({10, 30, -1}, 40), (std::vector<int32_t>{0, 2, kNullSlot}));
+    EXPECT_EQ(n.prefetch_useful, 1u);
+    EXPECT_EQ(n.prefetch_missed, 1u);
+    EXPECT_EQ(marks_, (std::vector<uint8_t>{0, 1, 0, 0}));
+    // A resolve that follows no prefetch does not count its misses as missed. 10 hits again: its
+    // row was used once, it counts once.
+    count_prefetch_misses_ = false;
+    Run({10, -1, -1}, 40);
+    EXPECT_EQ(n.prefetch_useful, 1u);
+    // Three misses take slots 3, 1 and 2: slot 1 (20, prefetched, never hit) is wasted.
+    EXPECT_EQ(Run({41, 42, 43}, 50), (std::vector<int32_t>{3, 1, 2}));
+    EXPECT_EQ(n.prefetch_wasted, 1u);
+    EXPECT_EQ(n.prefetch_missed, 1u);
+    EXPECT_EQ(n.prefetch_useful, 1u);
+    EXPECT_EQ(marks_, (std::vector<uint8_t>{0, 0, 0, 0}));
+  }
+
+  // Prefetch accounting: not empty, kC marks of the block.
+  std::vector<uint8_t> marks_;
+  bool prefetch_fills_ = false;
+  bool count_prefetch_misses_ = false;
 };
 
 TEST_F(ReferenceResolveTest, MissesFillLeastRecentlyUsedSlotsInOrder) {
@@ -244,6 +288,41 @@ TEST_F(ReferenceResolveTest, ClockTreatsPositionsPastItsMapAsOutOfRange) {
             (std::vector<int32_t>{kNullSlot, 0, kNullSlot}));
   EXPECT_EQ(counters_.out_of_range, 1u);
   EXPECT_EQ(counters_.misses, 1u);
+}
+
+TEST_F(ReferenceResolveTest, PrefetchedRowsCountAsUsefulWastedOrMissedUnderLru) {
+  ExpectPrefetchOutcome();
+}
+
+TEST_F(ReferenceResolveTest, PrefetchedRowsCountTheSameUnderSegmentedLru) {
+  protected_capacity_ = 2;
+  ExpectPrefetchOutcome();
+}
+
+TEST_F(ReferenceResolveTest, PrefetchedRowsCountTheSameUnderTheClock) {
+  EnableClock();
+  ExpectPrefetchOutcome();
+}
+
+TEST_F(ReferenceResolveTest, APrefetchKeepsMarksItHitsAndCountsTheOnesItEvicts) {
+  marks_.assign(kC, 0);
+  Prefetch({10, 20, 30}, 40);  // slots 0, 1, 2
+  Prefetch({10, 11, 12}, 40);  // 10 hits (still unused); 11, 12 take slots 3 and 1 (20: wasted)
+  EXPECT_EQ(counters_.prefetch_useful, 0u);
+  EXPECT_EQ(counters_.prefetch_wasted, 1u);
+  EXPECT_EQ(marks_, (std::vector<uint8_t>{1, 1, 1, 1}));
+  // Only a step's resolve uses a row, and it counts no misses without count_prefetch_misses.
+  Run({10, 12, 50}, 60);
+  EXPECT_EQ(counters_.prefetch_useful, 2u);
+  EXPECT_EQ(counters_.prefetch_missed, 0u);
+}
+
+TEST_F(ReferenceResolveTest, WithoutMarksNothingIsCountedForThePrefetch) {
+  count_prefetch_misses_ = true;  // ignored without marks
+  Prefetch({10, 20, -1}, 40);
+  Run({10, 30, -1}, 40);
+  Run({41, 42, 43}, 50);
+  EXPECT_EQ(counters_.prefetch_useful + counters_.prefetch_wasted + counters_.prefetch_missed, 0u);
 }
 
 TEST_F(ReferenceResolveTest, WindowPaddingDuplicatesAndOutOfRange) {

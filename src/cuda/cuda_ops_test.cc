@@ -315,6 +315,9 @@ struct ResolveShape {
   // The clock's state instead of the LRU order (protected_capacity is then ignored); kShortMap:
   // a position map that later steps' histories outgrow (their newest positions out of range).
   enum Clock { kNoClock, kClock, kShortMap } clock = kNoClock;
+  // Prefetch accounting (ResolveView::prefetch_mark), starting from random marks; steps take
+  // turns as a prefetch's launch, a step's that counts its misses, and a step's that does not.
+  bool marks = false;
 };
 
 std::string ShapeName(const ResolveShape& s) {
@@ -323,7 +326,8 @@ std::string ShapeName(const ResolveShape& s) {
          (s.protected_capacity >= 0 ? " P=" + std::to_string(s.protected_capacity) : "") +
          (s.clock == ResolveShape::kClock      ? " clock"
           : s.clock == ResolveShape::kShortMap ? " clock (short map)"
-                                               : "");
+                                               : "") +
+         (s.marks ? " marks" : "");
 }
 
 // The fused miss copy of a ResolveHarness (ResolveView's copy fields).
@@ -378,6 +382,7 @@ class ResolveHarness {
         paged_(seed % 2 == 1),
         pages_per_block_((shape.hot_slots + shape.window + kBlockPageRows - 1) / kBlockPageRows),
         block_pages_(static_cast<size_t>(num_blocks_) * pages_per_block_),
+        marks_(shape.marks ? static_cast<size_t>(num_blocks_) * shape.hot_slots : 0),
         g_batch_size_(gpu, sizeof(int32_t)),
         g_batch_(gpu, batch_.size() * sizeof(BatchEntry)),
         g_topk_(gpu, topk_.size() * sizeof(int32_t)),
@@ -395,7 +400,8 @@ class ResolveHarness {
         g_miss_slot_(gpu, MissCapacity() * sizeof(int32_t)),
         g_miss_count_(gpu, sizeof(int32_t)),
         g_counters_(gpu, sizeof(ResolveCounters)),
-        g_fill_mask_(gpu, MissCapacity()) {
+        g_fill_mask_(gpu, MissCapacity()),
+        g_marks_(gpu, std::max<size_t>(marks_.size(), 1)) {
     for (int32_t block = 0; block < num_blocks_; ++block) {
       std::iota(lru_order_.begin() + static_cast<int64_t>(block) * s_.hot_slots,
                 lru_order_.begin() + static_cast<int64_t>(block + 1) * s_.hot_slots, 0);
@@ -424,6 +430,8 @@ class ResolveHarness {
       g_position_slot_.Upload(position_slot_);
     }
     g_clock_hand_.Upload(clock_hand_);
+    for (uint8_t& mark : marks_) mark = static_cast<uint8_t>(rng_() % 2);
+    if (s_.marks) g_marks_.Upload(marks_);
     g_page_table_.Upload(page_table_);
     if (fused_.row_bytes > 0) InitRows();
     // Any slots will do: the mapping is checked, not the rows.
@@ -467,8 +475,9 @@ class ResolveHarness {
              block_pages_.data(), want_miss_row.data(), want_miss_slot.data(), &want_miss_count,
              &counters_, flags.fill_mask ? want_fill.data() : nullptr, flags, hot_.data(),
              &copy_invalid_);
-    reference::Resolve(
-        WithClock(want_view, clock_uses_.data(), clock_hand_.data(), position_slot_.data()));
+    reference::Resolve(WithMarks(
+        WithClock(want_view, clock_uses_.data(), clock_hand_.data(), position_slot_.data()),
+        marks_.data()));
     if (fused_.row_bytes > 0) reference::IndexCopy(ListCopy(want_view));
 
     // GPU.
@@ -502,6 +511,12 @@ class ResolveHarness {
     EXPECT_EQ(got.duplicates, counters_.duplicates);
     EXPECT_EQ(got.out_of_range, counters_.out_of_range);
     EXPECT_EQ(got.resident_hits, counters_.resident_hits);
+    EXPECT_EQ(got.prefetch_useful, counters_.prefetch_useful);
+    EXPECT_EQ(got.prefetch_wasted, counters_.prefetch_wasted);
+    EXPECT_EQ(got.prefetch_missed, counters_.prefetch_missed);
+    if (s_.marks) {
+      EXPECT_EQ(g_marks_.Download<uint8_t>(), marks_);
+    }
 
     const int32_t got_miss_count = g_miss_count_.Download<int32_t>()[0];
     ASSERT_EQ(got_miss_count, want_miss_count);
@@ -537,6 +552,8 @@ class ResolveHarness {
 
   // Misses and invalid copies so far (the reference's counts, which the GPU's matched).
   uint64_t misses() const { return counters_.misses; }
+  // The reference's prefetch counters so far (which the GPU's matched).
+  const ResolveCounters& counters() const { return counters_; }
   uint64_t copy_invalid() const { return copy_invalid_ - kInvalidStart; }
 
   // From now on the GPU side runs one CUDA graph, captured at the next Step, on `stream`: Resolve
@@ -612,10 +629,21 @@ class ResolveHarness {
     return v;
   }
 
+  // `v` with the prefetch marks (when the shape has them); step_ picks the launch's role.
+  ResolveView WithMarks(ResolveView v, uint8_t* marks) const {
+    if (!s_.marks) return v;
+    v.prefetch_mark = marks;
+    v.prefetch_fills = step_ % 3 == 1;
+    v.count_prefetch_misses = step_ % 3 == 2;
+    return v;
+  }
+
   // Enqueues the GPU side's Resolve and (with a fused copy) IndexCopy on `stream`.
   void EnqueueGpu(Flags flags, StreamHandle stream) {
-    const ResolveView v = WithClock(GpuView(flags), g_clock_uses_.get<uint8_t>(),
-                                    g_clock_hand_.get<int32_t>(), g_position_slot_.get<int32_t>());
+    const ResolveView v =
+        WithMarks(WithClock(GpuView(flags), g_clock_uses_.get<uint8_t>(),
+                            g_clock_hand_.get<int32_t>(), g_position_slot_.get<int32_t>()),
+                  g_marks_.get<uint8_t>());
     ExpectOk(gpu_.Resolve(v, s_.max_batch, stream));
     if (fused_.row_bytes > 0) ExpectOk(gpu_.IndexCopy(ListCopy(v), stream));
   }
@@ -640,6 +668,7 @@ class ResolveHarness {
       cudaGraphDestroy(graph);
       exec_ = exec;
     }
+    ASSERT_FALSE(s_.marks) << "the marks' roles change from step to step; a graph captures one";
     ASSERT_TRUE(flags.sort_misses == captured_flags_.sort_misses &&
                 flags.share_duplicates == captured_flags_.share_duplicates &&
                 flags.fill_mask == captured_flags_.fill_mask)
@@ -801,6 +830,7 @@ class ResolveHarness {
   const bool paged_;                     // the view names block_pages_
   const int32_t pages_per_block_;
   std::vector<int32_t> block_pages_;  // [num_blocks, pages_per_block_]
+  std::vector<uint8_t> marks_;        // with shape.marks: [blocks, C]
   ResolveCounters counters_{};
 
   // The GPU's.
@@ -822,6 +852,7 @@ class ResolveHarness {
   Buffer g_miss_count_;
   Buffer g_counters_;
   Buffer g_fill_mask_;
+  Buffer g_marks_;
 
   // The rows (with a fused copy): the pool, read by both sides; each side's hot cache and count
   // of invalid copies.
@@ -888,6 +919,36 @@ std::pair<uint64_t, uint64_t> RunFusedCases(Backend& gpu, const std::vector<Fuse
     misses += h.misses();
   }
   return {invalid, misses};
+}
+
+TEST(CudaResolveTest, CountsThePrefetchOutcomeAsTheReferenceUnderEveryPolicy) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  uint64_t seed = 4000;
+  uint64_t useful = 0, wasted = 0, missed = 0;
+  for (int32_t k : {7, 64, 600}) {
+    for (const ResolveShape::Clock clock : {ResolveShape::kNoClock, ResolveShape::kClock}) {
+      for (const int32_t protected_capacity : {-1, k}) {
+        if (clock != ResolveShape::kNoClock && protected_capacity >= 0) continue;
+        ResolveShape shape{32, k, 2 * k, 1, 10, protected_capacity, clock};
+        shape.marks = true;
+        ResolveHarness h(*gpu, shape, seed++);
+        RunResolveSchedule(h, shape);
+        if (::testing::Test::HasFatalFailure()) return;
+        useful += h.counters().prefetch_useful;
+        wasted += h.counters().prefetch_wasted;
+        missed += h.counters().prefetch_missed;
+      }
+    }
+  }
+  // The schedule exercised every counter.
+  EXPECT_GT(useful, 0u);
+  EXPECT_GT(wasted, 0u);
+  EXPECT_GT(missed, 0u);
+  // With a fused copy, whose victims are sorted after the marks are counted.
+  ResolveShape shape{16, 64, 128, 1, 10};
+  shape.marks = true;
+  ResolveHarness h(*gpu, shape, seed++, {.row_bytes = 24, .stride_pad = 8, .min_batch = 1});
+  RunResolveSchedule(h, shape);
 }
 
 TEST(CudaResolveTest, MatchesReferenceOverManySteps) {

@@ -50,6 +50,9 @@
 //   4. the victims come from SweepClock: rounds of min(C, 4096) slots from the hand, each ranking
 //      its free slots (not hit, not taken, count 0) with ballots and one barrier, until n_filled
 //      are taken; hits raise their counts in step 3 and step 5 also updates the position map.
+// Prefetch accounting (ResolveView::prefetch_mark set): step 3 reads the mark of each hit slot
+// (a step's launch clears and counts it), step 5 reads and writes each victim's; a view without
+// marks skips both on one uniform branch.
 // Shared memory: the hash, the LRU copy and the sort's storage are live at disjoint times and share
 // one region; the hit bitmask and the victims have their own.
 // Each step is a force-inlined function below, named after it; the kernel calls them in order.
@@ -323,6 +326,47 @@ __device__ __forceinline__ void AddCounters(ResolveCounters* n,
       add(&n->duplicates, total[kDuplicates]);
       add(&n->out_of_range, total[kOutOfRange]);
     }
+  }
+}
+
+// Prefetch accounting, hits (a step's launch with prefetch_mark set): a hit slot's mark is read,
+// and cleared and counted as useful when set. Each hit slot has one entry, so no two threads
+// touch one mark. One atomic per warp that found any.
+template <int kItems>
+__device__ __forceinline__ void CountPrefetchHits(const Kind (&kind)[kItems],
+                                                  const int32_t (&slot_of)[kItems], uint8_t* mark,
+                                                  ResolveCounters* n) {
+  int32_t useful = 0;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (kind[j] != Kind::kHit || mark[slot_of[j]] == 0) continue;
+    mark[slot_of[j]] = 0;
+    ++useful;
+  }
+  useful = __reduce_add_sync(0xffffffffu, useful);
+  if (threadIdx.x % 32 == 0 && useful != 0) {
+    atomicAdd(&n->prefetch_useful, static_cast<unsigned long long>(useful));
+  }
+}
+
+// Prefetch accounting, fills (prefetch_mark set, n_filled > 0): a victim still marked is counted
+// as wasted; its mark becomes `fills` (set by a prefetch's launch, cleared by a step's).
+template <int kItems>
+__device__ __forceinline__ void MarkFilledSlots(const int32_t (&miss_rank)[kItems],
+                                                int32_t n_filled, const int32_t* victims, int32_t c,
+                                                uint8_t* mark, bool fills, ResolveCounters* n) {
+  int32_t wasted = 0;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (miss_rank[j] >= n_filled) continue;
+    const int32_t victim = victims[miss_rank[j]];
+    if (static_cast<uint32_t>(victim) >= static_cast<uint32_t>(c)) continue;
+    wasted += mark[victim] != 0;
+    mark[victim] = fills ? 1 : 0;
+  }
+  wasted = __reduce_add_sync(0xffffffffu, wasted);
+  if (threadIdx.x % 32 == 0 && wasted != 0) {
+    atomicAdd(&n->prefetch_wasted, static_cast<unsigned long long>(wasted));
   }
 }
 
@@ -869,6 +913,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (u < kClockMaxUses) uses[slot_of[j]] = static_cast<uint8_t>(u + 1);
     }
   }
+  // The block's marks are addressed where they are used, not held in a register across the steps.
+  if (v.prefetch_mark != nullptr && !v.prefetch_fills) {
+    CountPrefetchHits(kind, slot_of, v.prefetch_mark + static_cast<int64_t>(e.block) * c,
+                      v.counters);
+  }
   int32_t miss_rank[kItems];
   local[kMisses] = WarpRank(is_miss, miss_rank);
 #pragma unroll
@@ -888,6 +937,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; j < kItems; ++j) miss_rank[j] = is_miss[j] ? miss_offset + miss_rank[j] : kNone;
 
   AddCounters(v.counters, warp_counts);  // step 6, early
+  if (v.prefetch_mark != nullptr && v.count_prefetch_misses && !v.prefetch_fills && tid == 0 &&
+      n_miss > 0) {
+    atomicAdd(&v.counters->prefetch_missed, static_cast<unsigned long long>(n_miss));
+  }
   uint8_t* const fill_row =
       v.fill_mask == nullptr ? nullptr : v.fill_mask + static_cast<int64_t>(b) * top_k;
   EmitSettled(kind, miss_rank, out, n_filled, out_row, fill_row);
@@ -925,6 +978,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     TakeVictims(v, pos, miss_rank, page, n_filled, v.positions, victims, victims_at, c, block,
                 segmented, sort_misses || fused, slot_token, lru, position_slot, out_row,
                 host_row_by_rank, out, host_row, row_min, row_max);
+    if (v.prefetch_mark != nullptr) {
+      MarkFilledSlots(miss_rank, n_filled, victims, c,
+                      v.prefetch_mark + static_cast<int64_t>(e.block) * c, v.prefetch_fills,
+                      v.counters);
+    }
     if (sort_misses) {
       row_min = __reduce_min_sync(0xffffffffu, row_min);
       row_max = __reduce_max_sync(0xffffffffu, row_max);

@@ -4,10 +4,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -291,6 +296,76 @@ TEST(HostMemoryTest, AllocatesPopulatedRegisteredMemoryAndReleasesIt) {
     (*memory)->data()[12 * kMB - 1] = std::byte{7};
   }
   EXPECT_TRUE(fake.live_.empty());
+}
+
+// The VmFlags of the mapping that holds `p` (/proc/self/smaps: "hg" = MADV_HUGEPAGE, "ht" =
+// hugetlb); empty if it cannot be read.
+std::string VmFlagsOf(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> begin >> dash >> end && dash == '-') {
+      inside = at >= begin && at < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line.substr(8) + " ";
+    }
+  }
+  return "";
+}
+
+TEST(HostMemoryTest, AsksForHugePagesUnlessToldNotTo) {
+  FakeRegistrar fake;
+  HostMemoryOptions options;
+  options.chunk_bytes = 4 * kMB;
+  options.threads = 2;
+  auto huge = HostMemory::Allocate(8 * kMB, options, fake.Get());
+  ASSERT_TRUE(huge.ok()) << huge.status().ToString();
+  const std::string flags = VmFlagsOf((*huge)->data());
+  if (flags.empty()) GTEST_SKIP() << "/proc/self/smaps has no VmFlags here";
+  // Reserved huge pages where the machine has them free, else transparent ones asked for.
+  EXPECT_NE(flags.find((*huge)->huge_tlb() ? " ht " : " hg "), std::string::npos) << flags;
+
+  options.huge_pages = false;
+  auto ordinary = HostMemory::Allocate(8 * kMB, options, fake.Get());
+  ASSERT_TRUE(ordinary.ok()) << ordinary.status().ToString();
+  EXPECT_FALSE((*ordinary)->huge_tlb());
+  const std::string plain = VmFlagsOf((*ordinary)->data());
+  EXPECT_EQ(plain.find(" hg "), std::string::npos) << plain;
+  EXPECT_EQ(plain.find(" ht "), std::string::npos) << plain;
+}
+
+// Teardown unregisters the chunks on several threads at once, not one after another: with 4
+// threads, 4 unregistrations are in flight together (each waits, up to a bound, for the others).
+TEST(RegisterHostRangeTest, ReleaseUnregistersChunksInParallel) {
+  const size_t bytes = 32 * kMB;
+  Mapping m(bytes);
+  ASSERT_NE(m.data(), nullptr);
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_flight = 0, most = 0;
+  HostRegistrar registrar{[](void*, size_t) { return Status::Ok(); },
+                          [&](void*) {
+                            std::unique_lock<std::mutex> lock(mu);
+                            most = std::max(most, ++in_flight);
+                            cv.notify_all();
+                            cv.wait_for(lock, std::chrono::seconds(5), [&] { return most >= 4; });
+                            --in_flight;
+                          }};
+  HostMemoryOptions options;
+  options.chunk_bytes = 2 * kMB;  // 16 chunks
+  options.threads = 4;
+  options.huge_pages = false;
+  auto r = RegisterHostRange(m.data(), bytes, options, registrar);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  (*r)->Release();
+  EXPECT_EQ(most, 4);
+  // Bounded: no chunk waited out the 5-s bound.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST(HostMemoryTest, FailedRegistrationUnmapsAndUnregisters) {

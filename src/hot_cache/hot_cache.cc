@@ -216,6 +216,10 @@ Status HotCache::WriteState(int32_t block, int32_t map_first, int32_t map_size,
   for (int32_t l = 0; l < geometry_.num_layers(); l += layers_per_state_) {
     const int64_t at = int64_t{block} * hot_slots_;
     SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(slot_token(l) + at, image, bytes, stream));
+    if (slot_bytes_ != nullptr) {
+      SPARSEKV_RETURN_IF_ERROR(
+          backend_->MemsetAsync(slot_bytes_ + Offset(l) + at, 0, hot_slots_, stream));
+    }
     if (!clock()) {
       SPARSEKV_RETURN_IF_ERROR(
           backend_->CopyAsync(lru_order(l) + at, image + hot_slots_, bytes, stream));

@@ -155,6 +155,36 @@ CacheOptions BudgetOptions() {
   return o;
 }
 
+// Bytes kept beside the replacement state (the prefetch's marks) start cleared in every block the
+// cache hands out, seeded or not, in every state; other blocks' bytes are left alone.
+TEST(HotCacheTest, AttachedSlotBytesAreClearedWhenABlockIsAcquired) {
+  auto backend = CreateCpuBackend();
+  // Two layers, one state each: [2 states, 2 blocks, C = 6].
+  auto cache = MakeCache(backend, 2, 4, 8);
+  std::vector<uint8_t> bytes(2 * 2 * 6, 1);
+  cache->AttachSlotBytes(bytes.data());
+  auto first = cache->Acquire(nullptr);
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(*first, 0);
+  ASSERT_TRUE(backend->Synchronize(nullptr).ok());
+  const std::vector<uint8_t> cleared(6, 0), set(6, 1);
+  for (int32_t state = 0; state < 2; ++state) {
+    const auto at = bytes.begin() + state * 12;
+    EXPECT_EQ(std::vector<uint8_t>(at, at + 6), cleared) << "state " << state << ", block 0";
+    EXPECT_EQ(std::vector<uint8_t>(at + 6, at + 12), set) << "state " << state << ", block 1";
+  }
+  std::fill(bytes.begin(), bytes.end(), 1);
+  auto seeded = cache->AcquireSeeded(std::vector<int32_t>{3, 4}, nullptr);
+  ASSERT_TRUE(seeded.ok());
+  ASSERT_EQ(*seeded, 1);
+  ASSERT_TRUE(backend->Synchronize(nullptr).ok());
+  for (int32_t state = 0; state < 2; ++state) {
+    const auto at = bytes.begin() + state * 12;
+    EXPECT_EQ(std::vector<uint8_t>(at, at + 6), set) << "state " << state << ", block 0";
+    EXPECT_EQ(std::vector<uint8_t>(at + 6, at + 12), cleared) << "state " << state << ", block 1";
+  }
+}
+
 TEST(ChooseHotCacheShapeTest, WithoutABudgetTheOptionsDecide) {
   CacheOptions o = BudgetOptions();
   o.hot_slots = 16;

@@ -23,6 +23,7 @@ SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Ba
       tables_(*backend_),
       keys_(options_, *backend_),
       stats_(options_, *backend_),
+      marks_(options_, *backend_),
       residency_(options_, *backend_, requests_, stats_.host()) {}
 
 Status SparseKVCacheManager::Impl::Allocate() {
@@ -43,6 +44,8 @@ Status SparseKVCacheManager::Impl::Allocate() {
 
   SPARSEKV_RETURN_IF_ERROR(plan_.Allocate());
   SPARSEKV_RETURN_IF_ERROR(stats_.Allocate());
+  SPARSEKV_RETURN_IF_ERROR(marks_.Allocate(shape.blocks, o.hot_slots));
+  hot_->AttachSlotBytes(marks_.marks());  // before any block is acquired
   SPARSEKV_RETURN_IF_ERROR(residency_.Allocate(*pool_, *hot_, tables_, stats_.invalid_copies()));
   const int64_t positions = int64_t{pool_->pages_per_owner()} * o.host_page_tokens;
   SPARSEKV_RETURN_IF_ERROR(tables_.Allocate(
@@ -52,7 +55,7 @@ Status SparseKVCacheManager::Impl::Allocate() {
            o.hybrid_residency ? static_cast<int32_t>(residency_.ResidentPagesFor(positions)) : 0,
        .key_pages_per_owner = static_cast<int32_t>(keys_.PagesFor(positions))}));
   device_bytes_ = hot_->device_bytes() + plan_.device_bytes() + tables_.device_bytes() +
-                  residency_.device_bytes() + stats_.device_bytes();
+                  residency_.device_bytes() + stats_.device_bytes() + marks_.device_bytes();
   return backend_->Synchronize(nullptr);
 }
 

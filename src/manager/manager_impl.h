@@ -21,6 +21,8 @@
 //             the copies that fill them (indexer_key_pages.h).
 //   stats_    Statistics: the host counters, the device resolve and copy counters, and the
 //             bytes a replayed step counts (statistics.h).
+//   marks_    PrefetchMarks: which hot-cache slots a prefetch filled and no resolve has hit yet,
+//             behind the prefetch's precision and recall (prefetch_marks.h).
 //   extensions_ ExtensionChain: the installed ManagerExtensions (the remote tier's, the peer
 //             tier's), in installation order; each one's per-layer hooks run only in steps it
 //             declared itself active for at PlanStep (extension_chain.h).
@@ -44,6 +46,7 @@
 #include "manager/extension_chain.h"
 #include "manager/indexer_key_pages.h"
 #include "manager/page_ledger.h"
+#include "manager/prefetch_marks.h"
 #include "manager/request_state.h"
 #include "manager/residency.h"
 #include "manager/statistics.h"
@@ -209,6 +212,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
 
   // The host and device counters, and the bytes a replayed step counts.
   Statistics stats_;
+  // The prefetched slots not yet hit, per index group (with a prefetch configured).
+  PrefetchMarks marks_;
 
   // Placement on the device, demotion and promotion, and the loads they need.
   Residency residency_;

@@ -226,6 +226,8 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
     resolve.copy_invalid = stats_.invalid_copies();
     resolve.fused_copy_min_batch = options_.fused_copy_min_batch;
   }
+  // A resolve with own_copy is the step's, the others are prefetches.
+  marks_.Attach(resolve, layer, /*prefetch=*/!own_copy);
   return backend_->Resolve(resolve, max_batch, stream);
 }
 
@@ -390,7 +392,7 @@ DeviceMemoryUse SparseKVCacheManager::Impl::DeviceMemoryByUse() const {
   use.replacement_state = hot_->device_bytes() - hot_->pages() * page_bytes;
   use.tables = tables_.device_bytes();
   use.plan = plan_.device_bytes() + residency_.device_bytes();
-  use.counters = stats_.device_bytes();
+  use.counters = stats_.device_bytes() + marks_.device_bytes();
   return use;
 }
 
@@ -409,7 +411,10 @@ HostMemoryUse SparseKVCacheManager::Impl::HostMemoryByUse() const {
   return use;
 }
 
-Status SparseKVCacheManager::Impl::ResetStats(StreamHandle stream) { return stats_.Reset(stream); }
+Status SparseKVCacheManager::Impl::ResetStats(StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(marks_.Reset(stream));
+  return stats_.Reset(stream);
+}
 
 StatusOr<int32_t> SparseKVCacheManager::Impl::SequenceLength(RequestId id) const {
   auto it = requests_.find(id);

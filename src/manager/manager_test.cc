@@ -272,6 +272,113 @@ TEST_F(ManagerTest, AdmissionsDemoteARequestWhosePromptIsBeingIngested) {
   }
 }
 
+// One step with a prefetch of {5, 6} before the resolve of {5, 9}, then one of {10, 11}: 5 is a
+// prefetched row hit, 6 one evicted unused, 9 a miss the prefetch did not bring. C = 3: the two
+// misses of the second step take slot 1 (6) and slot 2 (9) under each policy.
+void ExpectPrefetchOutcome(EvictionPolicy policy) {
+  SCOPED_TRACE(static_cast<int>(policy));
+  CacheOptions o = SmallOptions();
+  o.eviction = policy;
+  o.max_prefetch = 2;
+  auto created = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  SparseKVCacheManager& m = **created;
+  ASSERT_TRUE(m.Admit(1, 20, 8, nullptr).ok());
+  const Bytes prompt = Rows(0, 20);
+  ASSERT_TRUE(m.IngestPrompt(1, 0, prompt.data(), nullptr).ok());
+  const auto step = [&](std::vector<int32_t> topk, const std::vector<int32_t>* prefetch) {
+    const int32_t len = *m.SequenceLength(1);
+    const Bytes row = Rows(len, 1);
+    std::vector<int32_t> slots(2);
+    ASSERT_TRUE(m.PlanStep(std::vector<RequestId>{1}, nullptr).ok());
+    ASSERT_TRUE(m.AppendToken(0, row.data(), nullptr).ok());
+    if (prefetch != nullptr) {
+      const Status s = m.PrefetchLayer(0, prefetch->data(), 2, nullptr);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+    ASSERT_TRUE(m.ResolveLayer(0, topk.data(), slots.data(), nullptr, nullptr).ok());
+    ASSERT_TRUE(m.CopyMisses(0, nullptr).ok());
+    ASSERT_TRUE(m.FinishStep(nullptr).ok());
+    for (int32_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(static_cast<int>(m.HotLayer(0)[int64_t{slots[k]} * 8]), topk[k] + 1);
+    }
+  };
+  const std::vector<int32_t> prefetch = {5, 6};
+  step({5, 9}, &prefetch);
+  StatusOr<CacheStats> s = m.ReadStats(nullptr);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->prefetch_rows, 2u);
+  EXPECT_EQ(s->prefetch_useful_rows, 1u);
+  EXPECT_EQ(s->prefetch_wasted_rows, 0u);
+  EXPECT_EQ(s->prefetch_missed_rows, 1u);
+  step({10, 11}, nullptr);  // follows no prefetch: its misses are not the prefetch's
+  s = m.ReadStats(nullptr);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->total.misses, 3u);
+  EXPECT_EQ(s->prefetch_useful_rows, 1u);
+  EXPECT_EQ(s->prefetch_wasted_rows, 1u);
+  EXPECT_EQ(s->prefetch_missed_rows, 1u);
+  EXPECT_DOUBLE_EQ(s->prefetch_precision(), 0.5);
+  EXPECT_DOUBLE_EQ(s->prefetch_recall(), 0.5);
+  // The marks are device memory of the statistics, and the uses still add up.
+  EXPECT_EQ(s->device_memory.sum(), s->device_bytes);
+
+  ASSERT_TRUE(m.ResetStats(nullptr).ok());
+  step({6, 12}, nullptr);  // 6 was evicted; nothing is counted for a prefetch before the reset
+  s = m.ReadStats(nullptr);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->prefetch_useful_rows + s->prefetch_wasted_rows + s->prefetch_missed_rows, 0u);
+}
+
+TEST_F(ManagerTest, PrefetchedRowsCountAsUsefulWastedOrMissedUnderEveryPolicy) {
+  ExpectPrefetchOutcome(EvictionPolicy::kLru);
+  ExpectPrefetchOutcome(EvictionPolicy::kSegmentedLru);
+  ExpectPrefetchOutcome(EvictionPolicy::kClock);
+}
+
+// A request that leaves with a prefetched row unused takes its marks with it: the next request in
+// its block counts its own fills of those slots as nothing of the prefetch's.
+TEST_F(ManagerTest, ABlockHandedOutAgainStartsWithoutPrefetchMarks) {
+  CacheOptions o = SmallOptions();
+  o.max_prefetch = 2;
+  Create(o);
+  AdmitWithPrompt(1, 20);
+  const std::vector<int32_t> prefetch = {5, 6};
+  ASSERT_TRUE(m_->PlanStep(std::vector<RequestId>{1}, nullptr).ok());
+  const Bytes row = Rows(20, 1);
+  ASSERT_TRUE(m_->AppendToken(0, row.data(), nullptr).ok());
+  ASSERT_TRUE(m_->PrefetchLayer(0, prefetch.data(), 2, nullptr).ok());
+  const std::vector<int32_t> topk = {5, 9};  // 6 stays prefetched and unused
+  std::vector<int32_t> slots(2);
+  ASSERT_TRUE(m_->ResolveLayer(0, topk.data(), slots.data(), nullptr, nullptr).ok());
+  ASSERT_TRUE(m_->CopyMisses(0, nullptr).ok());
+  ASSERT_TRUE(m_->FinishStep(nullptr).ok());
+  ASSERT_TRUE(m_->Release(1).ok());
+
+  AdmitWithPrompt(2, 20);  // the same block
+  Step(2, {10, 11});
+  Step(2, {12, 13});
+  Step(2, {14, 15});  // every slot filled again
+  const StatusOr<CacheStats> s = m_->ReadStats(nullptr);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->prefetch_rows, 2u);
+  EXPECT_EQ(s->prefetch_useful_rows, 1u);
+  EXPECT_EQ(s->prefetch_wasted_rows, 0u);  // 6 left with request 1
+}
+
+TEST_F(ManagerTest, WithoutAPrefetchTheMarksTakeNoMemory) {
+  CacheOptions o = SmallOptions();
+  auto without = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  o.max_prefetch = 2;
+  auto with = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  ASSERT_TRUE(without.ok() && with.ok());
+  const StatusOr<CacheStats> a = (*without)->ReadStats(nullptr);
+  const StatusOr<CacheStats> b = (*with)->ReadStats(nullptr);
+  ASSERT_TRUE(a.ok() && b.ok());
+  // One byte per slot of every block: max_requests 2 blocks of C = 3 slots.
+  EXPECT_EQ(b->device_memory.counters - a->device_memory.counters, 2 * 3);
+}
+
 TEST_F(ManagerTest, CreateRejectsInvalidOptions) {
   CacheOptions o = SmallOptions();
   o.hot_slots = 1;

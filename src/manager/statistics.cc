@@ -39,6 +39,11 @@ StatusOr<CacheStats> Statistics::Read(StreamHandle stream) const {
     s.total.duplicates += ls.duplicates;
     s.total.out_of_range += ls.out_of_range;
     s.total.resident_hits += ls.resident_hits;
+    if (l % options_.layers_per_index == 0) {
+      s.prefetch_useful_rows += c.prefetch_useful;
+      s.prefetch_wasted_rows += c.prefetch_wasted;
+      s.prefetch_missed_rows += c.prefetch_missed;
+    }
     s.bytes_host_to_device += ls.misses * options_.geometry.layers[l].row_bytes;
   }
   for (int32_t l = 0; l < layers; ++l) {
@@ -46,6 +51,7 @@ StatusOr<CacheStats> Statistics::Read(StreamHandle stream) const {
     if (l % options_.layers_per_index == 0) {
       s.prefetch_lookups += p.hits + p.window_hits + p.misses + p.resident_hits;
       s.prefetch_rows += p.misses;
+      s.prefetch_wasted_rows += p.prefetch_wasted;  // a prefetch took a prefetched row's slot
     }
     s.bytes_host_to_device += p.misses * options_.geometry.layers[l].row_bytes;
   }

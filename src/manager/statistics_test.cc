@@ -81,6 +81,36 @@ TEST_F(StatisticsTest, ReadSumsTheDeviceCountersPerLayerAndGroup) {
   EXPECT_EQ(s->device_bytes, 0);  // a gauge: the manager's to fill
 }
 
+TEST_F(StatisticsTest, ReadSumsThePrefetchOutcomeOncePerGroup) {
+  // The step resolves count useful, wasted and missed rows; a prefetch's resolve only wasted ones.
+  Write(stats_.resolve_counters(0),
+        {.misses = 3, .prefetch_useful = 4, .prefetch_wasted = 1, .prefetch_missed = 3});
+  Write(stats_.resolve_counters(1), {.prefetch_useful = 1000});  // layer 1 shares group 0's
+  Write(stats_.resolve_counters(2), {.prefetch_useful = 2, .prefetch_missed = 5});
+  Write(stats_.prefetch_counters(0), {.misses = 8, .prefetch_wasted = 2});
+  Write(stats_.prefetch_counters(2), {.misses = 2});
+  StatusOr<CacheStats> s = stats_.Read(nullptr);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->prefetch_rows, 10u);
+  EXPECT_EQ(s->prefetch_useful_rows, 6u);
+  EXPECT_EQ(s->prefetch_wasted_rows, 3u);
+  EXPECT_EQ(s->prefetch_missed_rows, 8u);
+  EXPECT_DOUBLE_EQ(s->prefetch_precision(), 6.0 / 10.0);
+  EXPECT_DOUBLE_EQ(s->prefetch_recall(), 6.0 / (6.0 + 8.0));
+}
+
+TEST(CacheStatsTest, PrefetchRatiosAreZeroWithNothingToDivideBy) {
+  CacheStats s;
+  EXPECT_EQ(s.prefetch_precision(), 0.0);
+  EXPECT_EQ(s.prefetch_recall(), 0.0);
+  s.prefetch_missed_rows = 4;
+  EXPECT_EQ(s.prefetch_recall(), 0.0);
+  s.prefetch_rows = 2;
+  s.prefetch_useful_rows = 1;
+  EXPECT_DOUBLE_EQ(s.prefetch_precision(), 0.5);
+  EXPECT_DOUBLE_EQ(s.prefetch_recall(), 0.2);
+}
+
 TEST_F(StatisticsTest, ResetClearsEveryCounter) {
   Write(stats_.resolve_counters(0), {.hits = 5});
   Write(stats_.prefetch_counters(2), {.misses = 1});

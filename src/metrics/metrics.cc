@@ -136,6 +136,15 @@ void AddCache(const CacheStats& s, FamilyBuilder& b) {
   b.Counter("prefetch_lookups_total", "Positions the cross-layer prefetch looked up.",
             D(s.prefetch_lookups));
   b.Counter("prefetch_rows_total", "Of those, rows fetched (not resident).", D(s.prefetch_rows));
+  b.Counter("prefetch_useful_rows_total",
+            "Prefetched rows a resolve then hit (precision = useful / prefetch_rows).",
+            D(s.prefetch_useful_rows));
+  b.Counter("prefetch_wasted_rows_total", "Prefetched rows evicted before any resolve hit them.",
+            D(s.prefetch_wasted_rows));
+  b.Counter("prefetch_missed_rows_total",
+            "Misses of resolves that followed a prefetch: rows it did not bring (recall = useful "
+            "/ (useful + missed)).",
+            D(s.prefetch_missed_rows));
   b.Counter("invalid_copy_entries_total",
             "Copy entries skipped as out of bounds (0 unless something is wrong).",
             D(s.invalid_copy_entries));

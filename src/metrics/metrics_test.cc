@@ -156,6 +156,12 @@ TEST_F(MetricsTest, ScrapeShowsEveryDocumentedMetricWithTheStatisticsValues) {
             stats->bytes_assembled);
   EXPECT_EQ(value("sparsekv_ingested_bytes_total"), 2 * kLayers * kPrompt * kStride);
   EXPECT_EQ(value("sparsekv_prefetch_rows_total"), stats->prefetch_rows);
+  EXPECT_EQ(value("sparsekv_prefetch_useful_rows_total"), stats->prefetch_useful_rows);
+  EXPECT_EQ(value("sparsekv_prefetch_wasted_rows_total"), stats->prefetch_wasted_rows);
+  EXPECT_EQ(value("sparsekv_prefetch_missed_rows_total"), stats->prefetch_missed_rows);
+  // The schedule ran prefetch steps: their rows were fetched, and some were used.
+  EXPECT_GT(stats->prefetch_rows, 0u);
+  EXPECT_LE(stats->prefetch_useful_rows + stats->prefetch_wasted_rows, stats->prefetch_rows);
   EXPECT_EQ(value("sparsekv_hot_cache_used_blocks"), 2);
   EXPECT_EQ(value("sparsekv_device_memory_bytes"), stats->device_bytes);
   double device_uses = 0, host_uses = 0;

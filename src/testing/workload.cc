@@ -492,6 +492,9 @@ void RandomWorkload::CheckStats() {
     EXPECT_EQ(s.bytes_device_to_host, stats[0].bytes_device_to_host);
     EXPECT_EQ(s.prefetch_lookups, stats[0].prefetch_lookups);
     EXPECT_EQ(s.prefetch_rows, stats[0].prefetch_rows);
+    EXPECT_EQ(std::tie(s.prefetch_useful_rows, s.prefetch_wasted_rows, s.prefetch_missed_rows),
+              std::tie(stats[0].prefetch_useful_rows, stats[0].prefetch_wasted_rows,
+                       stats[0].prefetch_missed_rows));
     EXPECT_EQ(std::tie(s.demotions, s.promotions, s.resident_requests),
               std::tie(stats[0].demotions, stats[0].promotions, stats[0].resident_requests));
   }

@@ -96,9 +96,9 @@ StatusOr<std::vector<CrossLayerResult>> ReplayCrossLayerPrefetch(const Trace& tr
     }
   }
   for (PolicyKind kind : o.policies) {
-    if (kind != PolicyKind::kLru && kind != PolicyKind::kSlru) {
+    if (kind != PolicyKind::kLru && kind != PolicyKind::kSlru && kind != PolicyKind::kClock) {
       return InvalidArgument(
-          "cross-layer prefetch replays the manager's policies (lru, slru), not " +
+          "cross-layer prefetch replays the manager's policies (lru, slru, clock), not " +
           PolicyName(kind));
     }
   }

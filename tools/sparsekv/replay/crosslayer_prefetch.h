@@ -41,7 +41,7 @@ namespace sparsekv::tools {
 
 struct CrossLayerOptions {
   std::vector<int32_t> hot_slots;                         // each >= top_k
-  std::vector<PolicyKind> policies = {PolicyKind::kLru};  // the manager's: lru or slru
+  std::vector<PolicyKind> policies = {PolicyKind::kLru};  // the manager's: lru, slru or clock
   int32_t protected_percent = 80;                         // slru
   int32_t warmup_steps = 16;
   int32_t row_bytes = 656;
@@ -68,7 +68,7 @@ struct CrossLayerResult {
 };
 
 // Every hot_slots x policy, in that nesting order. InvalidArgument for no hot-cache size, one
-// below top_k, a policy other than lru and slru, or warmup outside [0, steps).
+// below top_k, a policy other than lru, slru and clock, or warmup outside [0, steps).
 StatusOr<std::vector<CrossLayerResult>> ReplayCrossLayerPrefetch(
     const Trace& trace, const CrossLayerOptions& options,
     const ReplayProgressFn& progress = nullptr);

@@ -116,19 +116,23 @@ TEST(CrossLayerPrefetchTest, RejectsPoliciesTheManagerDoesNotRun) {
   CrossLayerOptions o;
   o.hot_slots = {2};
   o.warmup_steps = 0;
-  o.policies = {PolicyKind::kClock};
+  o.policies = {PolicyKind::kLfuDecay};
   EXPECT_EQ(ReplayCrossLayerPrefetch(trace, o).status().code(), StatusCode::kInvalidArgument);
+  o.policies = {PolicyKind::kClock};
+  EXPECT_TRUE(ReplayCrossLayerPrefetch(trace, o).ok());
   o.policies = {PolicyKind::kLru};
   o.hot_slots = {1};
   EXPECT_EQ(ReplayCrossLayerPrefetch(trace, o).status().code(), StatusCode::kInvalidArgument);
 }
 
-// The replay's prefetch is the manager's: a CPU-backend manager driven in the order the e2e
-// benchmark uses (ResolveLayer(L), then PrefetchLayer(L + 1, top-k of L, top_k), then layer
-// L + 1's resolve) counts the same misses per layer and the same prefetched rows.
+// The replay's prefetch is the manager's, under each of its policies: a CPU-backend manager
+// driven in the order the e2e benchmark uses (ResolveLayer(L), then PrefetchLayer(L + 1, top-k of
+// L, top_k), then layer L + 1's resolve) counts the same misses per layer and the same prefetched
+// rows.
 TEST(CrossLayerPrefetchTest, MatchesTheManagersPrefetchLayer) {
   constexpr int32_t kLayers = 4, kTopK = 8, kSteps = 24, kPrompt = 64;
-  for (EvictionPolicy eviction : {EvictionPolicy::kLru, EvictionPolicy::kSegmentedLru}) {
+  for (EvictionPolicy eviction :
+       {EvictionPolicy::kLru, EvictionPolicy::kSegmentedLru, EvictionPolicy::kClock}) {
     CacheOptions options;
     options.geometry = KVGeometry::Uniform(kLayers, 16);
     options.top_k = kTopK;
@@ -183,7 +187,9 @@ TEST(CrossLayerPrefetchTest, MatchesTheManagersPrefetchLayer) {
 
     CrossLayerOptions o;
     o.hot_slots = {options.hot_slots};
-    o.policies = {eviction == EvictionPolicy::kLru ? PolicyKind::kLru : PolicyKind::kSlru};
+    o.policies = {eviction == EvictionPolicy::kLru            ? PolicyKind::kLru
+                  : eviction == EvictionPolicy::kSegmentedLru ? PolicyKind::kSlru
+                                                              : PolicyKind::kClock};
     o.protected_percent = options.protected_percent;
     o.warmup_steps = 0;
     o.row_bytes = 1;
@@ -195,6 +201,12 @@ TEST(CrossLayerPrefetchTest, MatchesTheManagersPrefetchLayer) {
     EXPECT_EQ(r.misses, misses);
     EXPECT_EQ(r.prefetched, stats.prefetch_rows);
     EXPECT_DOUBLE_EQ(r.critical_bytes, static_cast<double>(misses + stats.layers[0].misses));
+    // The manager's own count of the outcome: every layer from 1 on follows a prefetch, so its
+    // misses are the prefetch's missed rows; a row the replay finds useful (hit in the step that
+    // prefetched it) is useful to the manager too, which also counts rows hit a later step.
+    EXPECT_EQ(stats.prefetch_missed_rows, misses);
+    EXPECT_GE(stats.prefetch_useful_rows, r.useful);
+    EXPECT_LE(stats.prefetch_useful_rows + stats.prefetch_wasted_rows, stats.prefetch_rows);
   }
 }
 

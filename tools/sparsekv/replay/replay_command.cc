@@ -339,8 +339,8 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(AtLeast<int32_t>(1));
   app_->add_flag("--crosslayer-prefetch", crosslayer_prefetch_,
                  "also replay cross-layer speculative prefetch: layer L's top-k prefetched into "
-                 "layer L + 1's cache before its resolve (docs/prefetch.md), on lru and slru "
-                 "where --policies has them");
+                 "layer L + 1's cache before its resolve (docs/prefetch.md), on the manager's "
+                 "policies (lru, slru, clock) where --policies has them");
   app_->add_flag("--synthetic-like", synthetic_like_,
                  "also replay the generator with the parameters fitted to the trace");
   app_->add_option("--write-trace", write_trace_path_, "write the replayed trace to PATH")
@@ -421,12 +421,12 @@ Status ReplayCommand::CheckFlagsApply() const {
                              "'s, which --policies leaves out");
     }
   }
-  if (crosslayer_prefetch_ && !has_policy("lru") && !has_policy("slru")) {
+  if (crosslayer_prefetch_ && !has_policy("lru") && !has_policy("slru") && !has_policy("clock")) {
     std::string asked;
     for (const std::string& p : policies_) asked += (asked.empty() ? "" : ",") + p;
     return InvalidArgument(
-        "--crosslayer-prefetch replays lru and slru only: add one of them to "
-        "--policies (got " +
+        "--crosslayer-prefetch replays the manager's policies (lru, slru, clock) only: add one "
+        "of them to --policies (got " +
         asked + ")");
   }
   return Status::Ok();
@@ -650,7 +650,7 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     CrossLayerOptions crosslayer{
         options.hot_slots, {}, options.protected_percent, options.warmup_steps, options.row_bytes};
     for (PolicyKind kind : options.policies) {
-      if (kind == PolicyKind::kLru || kind == PolicyKind::kSlru) {
+      if (kind == PolicyKind::kLru || kind == PolicyKind::kSlru || kind == PolicyKind::kClock) {
         crosslayer.policies.push_back(kind);
       }
     }

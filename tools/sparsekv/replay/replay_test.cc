@@ -11,10 +11,14 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "sparsekv/backend.h"
 #include "sparsekv/manager.h"
 #include "tools/sparsekv/cli.h"
+#include "tools/sparsekv/replay/crosslayer_prefetch.h"
 #include "tools/sparsekv/replay/prefetch_predictors.h"
 
 namespace sparsekv::tools {
@@ -188,6 +192,51 @@ TEST(ReplayTest, CountsHitsAndBytesOnATinyTrace) {
   EXPECT_EQ(r->stats.first_uses, 4u);
   o.hot_slots = {1};
   EXPECT_EQ(Replay(t, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// `sparsekv replay` prints what its ProgressBar is told (cli_test's ProgressBarTest): the replay
+// and the cross-layer prefetch report every unit of work, in order, up to their totals.
+TEST(ReplayTest, ReportsProgressUpToItsTotal) {
+  TopKGeneratorOptions g;
+  g.top_k = 16;
+  const Trace t = SyntheticTrace(g, 3, 24, 256);
+  struct Seen {
+    std::vector<std::string> phases;
+    int64_t calls = 0, last = -1, total = 0;
+    bool ordered = true;
+  };
+  const auto recorder = [](Seen& seen) {
+    return [&seen](std::string_view phase, int64_t done, int64_t total) {
+      if (seen.phases.empty() || seen.phases.back() != phase) seen.phases.emplace_back(phase);
+      seen.ordered = seen.ordered && done >= seen.last && done <= total;
+      seen.last = done;
+      seen.total = total;
+      ++seen.calls;
+    };
+  };
+  ReplayOptions o;
+  o.hot_slots = {32, 64};
+  o.policies = {PolicyKind::kLru, PolicyKind::kClock};
+  o.warmup_steps = 4;
+  Seen replay;
+  ASSERT_TRUE(Replay(t, o, recorder(replay)).ok());
+  EXPECT_FALSE(replay.phases.empty());
+  EXPECT_GT(replay.calls, 1);
+  EXPECT_TRUE(replay.ordered);
+  EXPECT_GT(replay.total, 0);
+  EXPECT_EQ(replay.last, replay.total);
+
+  CrossLayerOptions c;
+  c.hot_slots = {32};
+  c.policies = {PolicyKind::kClock};
+  c.warmup_steps = 4;
+  Seen crosslayer;
+  ASSERT_TRUE(ReplayCrossLayerPrefetch(t, c, recorder(crosslayer)).ok());
+  EXPECT_EQ(crosslayer.phases, std::vector<std::string>{"cross-layer prefetch"});
+  EXPECT_EQ(crosslayer.total, 3);  // a unit per layer
+  EXPECT_EQ(crosslayer.last, crosslayer.total);
+  EXPECT_GE(crosslayer.calls, 3);
+  EXPECT_TRUE(crosslayer.ordered);
 }
 
 TEST(ReplayTest, FitsTheGeneratorsReuseFromItsOwnTrace) {
@@ -442,9 +491,9 @@ TEST(ReplayCommandTest, RefusesFlagsThatDoNotApplyNamingThem) {
       {{"--zipf-exponent", "1"}, "--zipf-exponent: locality mode's, which is off"},
       {{"--decay", "0.5", "--policies", "lru"}, "--decay is lfu-decay's"},
       {{"--prefetch-budget", "4"}, "--prefetch-budget: the prefetch replay's, which is off"},
-      {{"--crosslayer-prefetch", "--policies", "clock"},
-       "--crosslayer-prefetch replays lru and slru only: add one of them to --policies (got "
-       "clock)"},
+      {{"--crosslayer-prefetch", "--policies", "lfu-decay,aging"},
+       "--crosslayer-prefetch replays the manager's policies (lru, slru, clock) only: add one of "
+       "them to --policies (got lfu-decay,aging)"},
   };
   for (const auto& [flags, expected] : cases) {
     std::vector<std::string> args = {"replay"};
@@ -484,6 +533,29 @@ TEST(ReplayCommandTest, PoliciesWithoutLruReplayNoLru) {
   EXPECT_EQ(j["summary"]["replay_best_policy"], "clock");
   EXPECT_TRUE(j["summary"]["replay_best_policy_hit_rate_gain"].is_null());
   for (const auto& r : j["trace"]["results"]) EXPECT_EQ(r["policy"], "clock");
+}
+
+// The cross-layer prefetch replays the policies asked for, and only those: clock alone.
+TEST(ReplayCommandTest, CrossLayerPrefetchWithClockReplaysOnlyClock) {
+  const std::string json_path = ::testing::TempDir() + "replay_crosslayer_clock.json";
+  std::ostringstream out, err;
+  ASSERT_EQ(Cli({"replay", "--layers", "3", "--steps", "24", "--context", "512", "--top-k", "32",
+                 "--hot-slots", "64", "--warmup", "4", "--policies", "clock",
+                 "--crosslayer-prefetch", "--json", json_path},
+                out, err),
+            kExitOk)
+      << err.str();
+  std::ifstream file(json_path);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  ASSERT_FALSE(j["crosslayer_prefetch"].empty()) << j.dump();
+  for (const auto& r : j["crosslayer_prefetch"]) EXPECT_EQ(r["policy"], "clock") << r.dump();
+  for (const auto& r : j["trace"]["results"]) EXPECT_EQ(r["policy"], "clock") << r.dump();
+  EXPECT_EQ(j["summary"]["crosslayer_prefetch_policy"], "clock");
+  for (const char* row : {"64 lru", "64 slru"}) {
+    EXPECT_EQ(out.str().find(row), std::string::npos) << row << "\n" << out.str();
+  }
+  EXPECT_NE(out.str().find("cross-layer prefetch at 64 slots (clock)"), std::string::npos)
+      << out.str();
 }
 
 // The published preset at its calibration shape (32K context, top-2048, one layer, 64 steps):

@@ -1,0 +1,39 @@
+#include "manager/prefetch_marks.h"
+
+#include <algorithm>
+
+namespace sparsekv {
+
+PrefetchMarks::PrefetchMarks(const CacheOptions& options, Backend& backend)
+    : options_(options), memory_(backend) {}
+
+Status PrefetchMarks::Allocate(int32_t blocks, int32_t hot_slots) {
+  if (options_.max_prefetch <= 0) return Status::Ok();
+  const int32_t per = options_.layers_per_index;
+  const int32_t groups = (options_.geometry.num_layers() + per - 1) / per;
+  group_bytes_ = int64_t{blocks} * hot_slots;
+  SPARSEKV_ASSIGN_OR_RETURN(marks_, memory_.Allocate<uint8_t>(groups * group_bytes_));
+  prefetched_.assign(groups, 0);
+  return Status::Ok();
+}
+
+void PrefetchMarks::Attach(ResolveView& view, int32_t layer, bool prefetch) {
+  if (!enabled()) return;
+  const int32_t group = layer / options_.layers_per_index;
+  view.prefetch_mark = marks_ + group * group_bytes_;
+  view.prefetch_fills = prefetch;
+  if (prefetch) {
+    prefetched_[group] = 1;
+  } else {
+    view.count_prefetch_misses = prefetched_[group] != 0;
+    prefetched_[group] = 0;
+  }
+}
+
+Status PrefetchMarks::Reset(StreamHandle stream) {
+  if (!enabled()) return Status::Ok();
+  std::fill(prefetched_.begin(), prefetched_.end(), 0);
+  return memory_.backend().MemsetAsync(marks_, 0, prefetched_.size() * group_bytes_, stream);
+}
+
+}  // namespace sparsekv

@@ -246,9 +246,15 @@ struct ResolveView {
   int32_t* miss_count;
   int32_t miss_capacity;  // >= max_batch * top_k (with chunk_rows: rounded up to whole chunks)
   // 0: one miss list. Otherwise row b's misses go to chunk c = b / chunk_rows: list entries from
-  // c * chunk_rows * top_k on, counted in miss_count[c] (so that the rows of a chunk can be
+  // c * chunk_entries() on, counted in miss_count[c] (so that the rows of a chunk can be
   // copied, and attended, before the others).
   int32_t chunk_rows = 0;
+  // Entries of the list per chunk, >= chunk_rows * top_k; 0: chunk_rows * top_k. Larger where
+  // one list serves layers of several top-k (the largest one's chunks).
+  int32_t chunk_stride = 0;
+  SPARSEKV_HD int64_t chunk_entries() const {
+    return chunk_stride > 0 ? chunk_stride : int64_t{chunk_rows} * top_k;
+  }
   ResolveCounters* counters;  // this layer's counters
   uint8_t* fill_mask;         // [max_batch, top_k] or nullptr; see above
   bool sort_misses;           // sort each row's misses by host row (performance only),

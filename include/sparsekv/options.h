@@ -99,10 +99,11 @@ StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format);
 StatusOr<ModelPreset> FindPreset(const std::string& name);
 
 // OK if SparseKVCacheManager serves `options`' layers today: every layer offloaded with a row per
-// token, no per-layer top_k or index_group, indexer keys in every layer, and raw_window = 0.
-// Unimplemented otherwise, naming the first layer and field that is not (docs/deepseek-v4.md says
-// what is left to build). SparseKVCacheManager::Create calls it after ValidateOptions; tools that
-// drive a manager call it on a preset's geometry() and raw_window.
+// token (entry_tokens = 1), and raw_window = 0; per-layer top_k, explicit index groups and
+// indexer keys on some layers only are served (GLM-5.3). Unimplemented otherwise, naming the
+// first layer and field that is not (docs/deepseek-v4.md says what is left to build).
+// SparseKVCacheManager::Create calls it after ValidateOptions; tools that drive a manager call it
+// on a preset's geometry() and raw_window.
 Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window);
 
 // How a request's hot slots are replaced (ResolveView in kernel_views.h defines each exactly;
@@ -181,10 +182,11 @@ struct CacheOptions {
   // shorter); they share one replacement state, so the group's first layer resolves the top-k and
   // every layer of the group copies the same misses into its own rows
   // (SparseKVCacheManager::ResolveLayer / CopyMisses). 1: every layer has its own top-k.
+  // Must be 1 where the layers name their groups (LayerShape::index_group).
   int32_t layers_per_index = 1;
-  int32_t index_groups() const {
-    return (geometry.num_layers() + layers_per_index - 1) / layers_per_index;
-  }
+  // The number of index groups: from the layers' index_group if they name them, else from
+  // layers_per_index (IndexGroups, index_groups.h, has the groups themselves).
+  int32_t index_groups() const;
   // A top-k row may repeat a position, and repeats share its slot (instead of being skipped as
   // duplicates). For several query tokens per step (speculative / MTP decoding): concatenate the
   // T tokens' selections into one row of top_k = T * k entries; each missed row is fetched once.

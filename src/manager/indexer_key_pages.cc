@@ -9,7 +9,7 @@ using manager_internal::Describe;
 
 IndexerKeyView IndexerKeyPages::View(int32_t layer, const int32_t* batch_size,
                                      const BatchEntry* batch) const {
-  if (keys_per_page_ == 0 || layer < 0 || layer >= options_.geometry.num_layers()) return {};
+  if (layer < 0 || layer >= options_.geometry.num_layers() || !Keyed(layer)) return {};
   IndexerKeyView v{};
   v.batch_size = batch_size;
   v.batch = batch;
@@ -35,6 +35,11 @@ Status IndexerKeyPages::Ingest(RequestId id, RequestState& r, int32_t layer, con
                                StreamHandle stream) {
   if (layer < 0 || layer >= options_.geometry.num_layers()) {
     return InvalidArgument("IngestIndexerKeys: layer " + std::to_string(layer) + " out of range");
+  }
+  if (!Keyed(layer)) {
+    return InvalidArgument("IngestIndexerKeys: layer " + std::to_string(layer) +
+                           " holds no indexer keys (geometry.layers[" + std::to_string(layer) +
+                           "].indexer_keys is false; its group's first layer has them)");
   }
   if (keys == nullptr) return InvalidArgument("IngestIndexerKeys: keys is null");
   if (r.keys_ingested[layer]) {

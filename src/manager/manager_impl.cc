@@ -13,13 +13,14 @@ using manager_internal::Describe;
 SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Backend> backend,
                                  std::shared_ptr<HostKVPool> pool)
     : options_(options),
+      groups_(options),
       backend_(std::move(backend)),
       pool_(std::move(pool)),
       plan_(options, *backend_),
       order_({.layers = options.geometry.num_layers(),
-              .layers_per_index = options.layers_per_index,
               .max_batch = options.effective_max_batch(),
-              .copy_chunk_rows = options.copy_chunk_rows}),
+              .copy_chunk_rows = options.copy_chunk_rows},
+             groups_),
       tables_(*backend_),
       keys_(options_, *backend_),
       stats_(options_, *backend_),
@@ -36,9 +37,9 @@ Status SparseKVCacheManager::Impl::Allocate() {
   SPARSEKV_ASSIGN_OR_RETURN(const HotCacheShape shape, ChooseHotCacheShape(o));
   options_.hot_slots = shape.hot_slots;
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options_));  // the chosen slots against the rest
-  SPARSEKV_ASSIGN_OR_RETURN(hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks,
-                                                   shape.pages, shape.page_rows, backend_.get(),
-                                                   o.layers_per_index, ReplacementOf(o)));
+  SPARSEKV_ASSIGN_OR_RETURN(
+      hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks, shape.pages,
+                             shape.page_rows, backend_.get(), groups_, ReplacementOf(o)));
   keys_.Attach(*hot_, tables_, shape.keys_per_page);
 
   SPARSEKV_RETURN_IF_ERROR(plan_.Allocate());

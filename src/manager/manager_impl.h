@@ -49,6 +49,7 @@
 #include "manager/statistics.h"
 #include "manager/step_order.h"
 #include "manager/step_plan.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/manager_extension.h"
 
@@ -186,6 +187,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status CopyChunk(int32_t layer, int32_t c, StreamHandle stream);
 
   CacheOptions options_;
+  // Which layers share a top-k, and each group's top-k.
+  const IndexGroups groups_;
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<HostKVPool> pool_;
   std::unique_ptr<HotCache> hot_;

@@ -64,7 +64,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     if (r->ingested_layers != options_.geometry.num_layers()) {
       return FailedPrecondition("PlanStep: " + Describe(id) + " has layers not yet ingested");
     }
-    if (keys_.enabled() && r->keys_ingested_layers != options_.geometry.num_layers()) {
+    if (keys_.enabled() && r->keys_ingested_layers != keys_.keyed_layers()) {
       return FailedPrecondition("PlanStep: " + Describe(id) +
                                 " has layers whose indexer keys are not yet ingested");
     }
@@ -104,8 +104,10 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
                                                const void* new_keys, StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "AppendToken"));
   if (new_rows == nullptr) return InvalidArgument("AppendToken: new_rows is null");
-  if (keys_.enabled() && new_keys == nullptr) {
-    return InvalidArgument("AppendToken: new_keys is null (the manager keeps indexer keys)");
+  if (keys_.Keyed(layer) && new_keys == nullptr) {
+    return InvalidArgument(
+        "AppendToken: new_keys is null (the manager keeps indexer keys of layer " +
+        std::to_string(layer) + ")");
   }
   SPARSEKV_RETURN_IF_ERROR(order_.CheckAppend(layer));
   const LayerShape shape = options_.geometry.layers[layer];
@@ -123,7 +125,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   to_window.dst_rows = hot_->layer_rows();
   to_window.invalid = stats_.invalid_copies();
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_window, stream));
-  if (keys_.enabled()) {
+  if (keys_.Keyed(layer)) {
     SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(
         keys_.AppendCopy(to_window, shape, new_keys, plan_.append_key_device()), stream));
   }
@@ -158,10 +160,15 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
   if (topk == nullptr || slots == nullptr) {
     return InvalidArgument("ResolveLayer: topk and slots must not be null");
   }
-  if (topk_stride == 0) topk_stride = options_.top_k;
-  if (topk_stride < options_.top_k) return InvalidArgument("ResolveLayer: topk_stride < top_k");
+  const int32_t top_k = groups_.LayerTopK(layer);
+  if (topk_stride == 0) topk_stride = top_k;
+  if (topk_stride < top_k) {
+    return InvalidArgument("ResolveLayer: topk_stride " + std::to_string(topk_stride) +
+                           " < top_k of layer " + std::to_string(layer) + " (" +
+                           std::to_string(top_k) + ")");
+  }
   SPARSEKV_RETURN_IF_ERROR(order_.CheckResolveOrder(layer));
-  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask,
+  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, top_k, topk_stride, slots, fill_mask,
                                    plan_.StepMissList(layer), stats_.resolve_counters(layer),
                                    /*own_copy=*/true, stream));
   order_.MarkResolved(layer);
@@ -200,6 +207,7 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.miss_count = list.count;
   resolve.miss_capacity = own_copy ? plan_.step_list_capacity() : max_batch * top_k;
   resolve.chunk_rows = own_copy ? options_.copy_chunk_rows : 0;
+  resolve.chunk_stride = own_copy && options_.copy_chunk_rows > 0 ? plan_.chunk_entries() : 0;
   resolve.counters = counters;
   resolve.fill_mask = fill_mask;
   resolve.sort_misses = options_.sort_misses;
@@ -211,8 +219,9 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.block_pages = hot_->block_pages();
   resolve.pages_per_block = hot_->pages_per_block();
   resolve.block_page_rows = hot_->page_rows();
-  // A step's resolve may copy its own misses; the list then stays empty.
-  if (own_copy && options_.fused_copy_min_batch > 0 && options_.layers_per_index == 1 &&
+  // A step's resolve may copy its own misses; the list then stays empty. Not where other layers
+  // of the group copy from the list.
+  if (own_copy && options_.fused_copy_min_batch > 0 && groups_.Size(groups_.Of(layer)) == 1 &&
       !extensions_.active()) {
     const IndexCopyView copy = PoolToHotCopy(*pool_, *hot_, options_.geometry.layers[layer], layer,
                                              list, max_batch * top_k, stats_.invalid_copies());
@@ -283,11 +292,11 @@ Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* s
   a.hot_rows = hot_->layer_rows();
   a.slots = slots;
   a.out = static_cast<std::byte*>(assembled);
-  a.top_k = options_.top_k;
+  a.top_k = groups_.LayerTopK(layer);
   a.row_bytes = shape.row_bytes;
   a.stride = shape.row_stride;
   SPARSEKV_RETURN_IF_ERROR(backend_->Assemble(a, max_batch, stream));
-  stats_.CountAssemble(plan_.batch().size(), options_.top_k, shape.row_bytes);
+  stats_.CountAssemble(plan_.batch().size(), a.top_k, shape.row_bytes);
   return Status::Ok();
 }
 
@@ -329,10 +338,8 @@ Status SparseKVCacheManager::Impl::CopyPrefetch(int32_t layer, StreamHandle stre
     copy_blocks =
         options_.prefetch_copy_blocks > 0 ? options_.prefetch_copy_blocks : options_.copy_blocks;
   }
-  const int32_t group = layer / options_.layers_per_index;
-  const int32_t first = group * options_.layers_per_index;
-  const int32_t last = std::min(first + options_.layers_per_index, options_.geometry.num_layers());
-  for (int32_t l = first; l < last; ++l) {
+  const int32_t group = groups_.Of(layer);
+  for (int32_t l = groups_.First(group); l < groups_.End(group); ++l) {
     SPARSEKV_RETURN_IF_ERROR(
         Copy(l, plan_.prefetch_list(), plan_.prefetch_capacity(), copy_blocks, stream));
   }

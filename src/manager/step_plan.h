@@ -27,6 +27,7 @@
 
 #include "manager/device_memory.h"
 #include "sparsekv/backend.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/kernel_views.h"
 #include "sparsekv/manager_extension.h"
 #include "sparsekv/options.h"
@@ -103,13 +104,14 @@ class StepPlan {
   // The miss list of `layer`'s index group: groups alternate between two lists, and each group's
   // counts (one per chunk) are its own, in the plan region.
   MissList StepMissList(int32_t layer) const {
-    const int32_t group = layer / layers_per_index_;
+    const int32_t group = groups_.Of(layer);
     MissList list = lists_[group % 2];
     list.count = At<int32_t>(device_, layout_.miss_count) + group * chunks_;
     return list;
   }
   // Copy chunks of a step list: ceil(max_batch / copy_chunk_rows), or 1 without chunks; the
-  // entries of one (the whole list without chunks), and of a whole step list.
+  // entries of one (the whole list without chunks; rows of the largest top-k of any group), and
+  // of a whole step list.
   int32_t chunks() const { return chunks_; }
   int32_t chunk_entries() const { return chunk_entries_; }
   int32_t step_list_capacity() const { return chunks_ * chunk_entries_; }
@@ -144,7 +146,7 @@ class StepPlan {
   }
 
   const int32_t max_batch_;
-  const int32_t layers_per_index_;
+  const IndexGroups groups_;
   const int32_t max_prefetch_;
   const int32_t chunks_;
   const int32_t chunk_entries_;

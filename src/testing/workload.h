@@ -35,6 +35,11 @@ CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch);
 // The same with hybrid residency: a device budget of a few blocks more than max_requests (half
 // the seeds with hot_slots = 0, chosen from it) and small resident pages.
 CacheOptions RandomHybridOptions(uint64_t seed);
+// GLM-5.3's shape, small: 6 or 10 layers in explicit index groups {0}, {1}, {2-5}(, {6-9})
+// (LayerShape::index_group), two top-k among the groups (LayerShape::top_k), and the transfer-
+// hiding options of RandomOverlapOptions; half the seeds keep indexer keys on the groups' first
+// layers only, a third use hybrid residency.
+CacheOptions RandomGroupedOptions(uint64_t seed, int32_t prefetch);
 
 // Seeds to run: SPARSEKV_TEST_SEED (one seed) if set, else `count` fixed seeds 1..count.
 std::vector<uint64_t> TestSeeds(int count);
@@ -111,6 +116,7 @@ class RandomWorkload {
   int32_t Length(RequestId id) const { return model_.Length(id, 0); }
 
   CacheOptions options_;
+  IndexGroups groups_;
   Shape shape_;
   std::mt19937_64 rng_;
   std::vector<SparseKVCacheManager*> managers_;
@@ -122,7 +128,7 @@ class RandomWorkload {
   // Per manager: page -> its bytes in every layer, for pages with more than one holder.
   std::vector<std::map<int32_t, Bytes>> shared_snapshots_;
   RequestId next_id_ = 1;
-  uint64_t entries_ = 0;  // top-k entries resolved, per layer
+  std::vector<uint64_t> entries_;  // top-k entries resolved, per layer
   int steps_ = 0;
 };
 

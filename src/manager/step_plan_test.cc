@@ -165,5 +165,28 @@ TEST(StepPlanNoChunksTest, OneChunkIsTheWholeList) {
   EXPECT_EQ(plan.Lane(plan.StepMissList(0)), 0);
 }
 
+// GLM-5.3's groups, scaled down: {0}, {1}, {2-3}, the middle group with a top-k of 3 against
+// the options' 2. A group's counts follow its group index, and the chunks hold rows of the
+// largest top-k, whichever group resolves into them.
+TEST(StepPlanGroupsTest, ExplicitGroupsAndTheLargestTopK) {
+  CacheOptions o = testing::SmallOptions();  // max_batch 2, top_k 2, hot_slots 3
+  o.geometry = KVGeometry::Uniform(4, 8);
+  const int32_t group[] = {0, 1, 2, 2};
+  for (int32_t l = 0; l < 4; ++l) o.geometry.layers[l].index_group = group[l];
+  o.geometry.layers[1].top_k = 3;
+  o.copy_chunk_rows = 1;
+  std::shared_ptr<Backend> backend = CreateCpuBackend();
+  StepPlan plan(o, *backend);
+  ASSERT_TRUE(plan.Allocate().ok());
+  EXPECT_EQ(plan.layout().bytes, plan.layout().miss_count + 3 * 2 * sizeof(int32_t));
+  EXPECT_EQ(plan.chunk_entries(), 3);  // 1 row x the largest top-k
+  EXPECT_EQ(plan.step_list_capacity(), 6);
+  const MissList g0 = plan.StepMissList(0);
+  EXPECT_NE(plan.StepMissList(1).host_row, g0.host_row);
+  EXPECT_EQ(plan.StepMissList(2).host_row, g0.host_row);  // group 2, the first list again
+  EXPECT_EQ(plan.StepMissList(3).count, g0.count + 4);    // group 2's counts
+  EXPECT_EQ(plan.Chunk(g0, 1).host_row, g0.host_row + 3);
+}
+
 }  // namespace
 }  // namespace sparsekv

@@ -229,9 +229,9 @@ struct CacheOptions {
   // In steps of at least this many requests, each request's resolve copies its own misses (the
   // CTA that resolved the row, right after taking the victims), so that early rows' copies overlap
   // later rows' resolves and CopyMisses has nothing left to do; below it the resolve emits the
-  // miss list and CopyMisses copies it on the whole grid. 0: never. Only for layers_per_index = 1
-  // (a group's other layers need the list) and steps without an extension (the remote tier reads
-  // the list). Measured on an H200 (32K context, 20% misses, 656-B rows; docs/resolve.md): equal
+  // miss list and CopyMisses copies it on the whole grid. 0: never. Only for index groups of one
+  // layer (a group's other layers need the list) and steps without an extension (the remote tier
+  // reads the list). Measured on an H200 (32K context, 20% misses, 656-B rows; docs/resolve.md): equal
   // at batch 48-64, 4% faster at 80, 17% at 100; in a whole step at batch 59, 4% slower (its
   // resolve holds an SM per request while it copies). CUDA only.
   int32_t fused_copy_min_batch = 80;

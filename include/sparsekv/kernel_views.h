@@ -40,9 +40,11 @@ inline constexpr int32_t kNotResident = -1;
 // One row of the step's batch table, written by the manager's plan phase. A row is in use if it
 // names a hot-cache block (hot-cache mode) or a residency-table row (resident mode), not both.
 struct BatchEntry {
-  int32_t block;           // the request's hot-cache block; -1 = none
-  int32_t seq_len;         // tokens with KV, the newest included; top-k positions are < seq_len
-  int32_t page_table_row;  // the request's row in the host pool's page table
+  int32_t block;  // the request's hot-cache block; -1 = none
+  // Entries with KV, the newest included (tokens at LayerShape::entry_tokens 1; the manager's
+  // offloaded layers share one cadence); top-k positions are entry indices < seq_len.
+  int32_t seq_len;
+  int32_t page_table_row;           // the request's row in the host pool's page table
   int32_t resident = kNotResident;  // the request's row in the residency table; -1 = none
 
   SPARSEKV_HD bool in_use() const { return block >= 0 || resident >= 0; }

@@ -205,13 +205,17 @@ class SparseKVCacheManager {
 
   // ---- Lifecycle (host side) ----
 
-  // Reserves host pages for prompt_len + max_new_tokens positions and a hot-cache block.
+  // Reserves host pages for prompt_len + max_new_tokens tokens and a hot-cache block. With
+  // layers of entry_tokens r (LayerShape), a request of n tokens holds floor(n / r) entries: the
+  // host pages, the hot cache, the batch table (BatchEntry::seq_len), the top-k and the indexer
+  // keys count entries, and SequenceLength counts tokens.
   // AlreadyExists for a known id (live or retained); OutOfRange if the length exceeds
   // max_context; ResourceExhausted if the hot cache or the pool's owners are all in use, or the
   // host pool is full even after evicting every retained conversation (nothing changes then).
   Status Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens, StreamHandle stream);
   // Writes the prompt KV of one layer into the host pool and its newest `window` rows into the
-  // hot cache. `rows` is [prompt_len, row_stride(layer)] in host or device memory and must stay
+  // hot cache. `rows` is [floor(prompt_len / entry_tokens), row_stride(layer)] (the prompt's
+  // entries; null if it has none) in host or device memory and must stay
   // valid until `stream` reaches the copies; rows of positions found by AdmitWithPrefix are
   // skipped (the pool's shared copy is kept). Every layer must be ingested before the request
   // joins a step. Errors: NotFound unless the request is live (admitted, not released);
@@ -238,7 +242,8 @@ class SparseKVCacheManager {
   // changes. Keys live only in HBM: a retracted request keeps them, a forked child gets a copy of
   // its parent's, and a request admitted with a shared prefix is given all its prompt's keys.
 
-  // Writes the prompt's indexer keys of one layer. `keys` is [prompt_len, indexer_key_bytes] in
+  // Writes the prompt's indexer keys of one layer. `keys` is [prompt entries, indexer_key_bytes]
+  // (one key per entry: per token at entry_tokens 1; null if the prompt holds no entry) in
   // host or device memory, every prompt position (a shared prefix's too), and must stay valid
   // until `stream` reaches the copies. Every keyed layer's keys (LayerShape::indexer_keys: all
   // layers by default, GLM-5.3's groups' first layers) must be ingested before the request joins

@@ -98,10 +98,11 @@ StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format);
 // The preset in its fp8 format: kFp8Row656 for the DSA models, kFp8Entry584 for DeepSeek-V4.
 StatusOr<ModelPreset> FindPreset(const std::string& name);
 
-// OK if SparseKVCacheManager serves `options`' layers today: every layer offloaded with a row per
-// token (entry_tokens = 1), and raw_window = 0; per-layer top_k, explicit index groups and
-// indexer keys on some layers only are served (GLM-5.3). Unimplemented otherwise, naming the
-// first layer and field that is not (docs/deepseek-v4.md says what is left to build).
+// OK if SparseKVCacheManager serves `options`' layers today: every layer offloaded (with one
+// cadence, entry_tokens, as ValidateOptions requires of offloaded layers) and raw_window = 0;
+// per-layer top_k, explicit index groups and indexer keys on some layers only are served
+// (GLM-5.3). Unimplemented otherwise, naming the first layer and field that is not
+// (docs/deepseek-v4.md says what is left to build).
 // SparseKVCacheManager::Create calls it after ValidateOptions; tools that drive a manager call it
 // on a preset's geometry() and raw_window.
 Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window);
@@ -231,8 +232,8 @@ struct CacheOptions {
   // later rows' resolves and CopyMisses has nothing left to do; below it the resolve emits the
   // miss list and CopyMisses copies it on the whole grid. 0: never. Only for index groups of one
   // layer (a group's other layers need the list) and steps without an extension (the remote tier
-  // reads the list). Measured on an H200 (32K context, 20% misses, 656-B rows; docs/resolve.md): equal
-  // at batch 48-64, 4% faster at 80, 17% at 100; in a whole step at batch 59, 4% slower (its
+  // reads the list). Measured on an H200 (32K context, 20% misses, 656-B rows; docs/resolve.md):
+  // equal at batch 48-64, 4% faster at 80, 17% at 100; in a whole step at batch 59, 4% slower (its
   // resolve holds an SM per request while it copies). CUDA only.
   int32_t fused_copy_min_batch = 80;
   // Batch rows per copy chunk: with R > 0, the misses of rows [c R, (c + 1) R) of a step form

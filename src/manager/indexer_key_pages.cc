@@ -41,7 +41,8 @@ Status IndexerKeyPages::Ingest(RequestId id, RequestState& r, int32_t layer, con
                            " holds no indexer keys (geometry.layers[" + std::to_string(layer) +
                            "].indexer_keys is false; its group's first layer has them)");
   }
-  if (keys == nullptr) return InvalidArgument("IngestIndexerKeys: keys is null");
+  // A prompt shorter than an entry (entry_tokens > 1) has no keys to give.
+  if (keys == nullptr && r.seq_len > 0) return InvalidArgument("IngestIndexerKeys: keys is null");
   if (r.keys_ingested[layer]) {
     return AlreadyExists("IngestIndexerKeys: the keys of layer " + std::to_string(layer) + " of " +
                          Describe(id) + " were already ingested");

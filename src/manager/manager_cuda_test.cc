@@ -127,6 +127,26 @@ TEST(ManagerCudaTest, ExplicitIndexGroupsMatchTheCpuBackend) {
       500);
 }
 
+// An entry every 4 tokens in lockstep (testing::RandomCadenceOptions): the compact append list
+// (its count on the device), resolves in entry units, requests without an entry yet; identical
+// slots, fill masks, rows and keys.
+TEST(ManagerCudaTest, EntriesEveryFourTokensMatchTheCpuBackend) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  EXPECT_GT(RunLockstep(gpu,
+                        [](uint64_t seed) {
+                          testing::WorkloadShape shape;
+                          shape.deferred_ingest = seed % 3 != 0;
+                          shape.run.split = seed % 5 < 2;
+                          shape.run.prefetch =
+                              seed % 4 == 1 ? 1 + static_cast<int32_t>(seed % 3) : 0;
+                          const CacheOptions o =
+                              testing::RandomCadenceOptions(seed, shape.run.prefetch, 4);
+                          shape.run.prefetch = std::min(shape.run.prefetch, o.max_prefetch);
+                          return std::pair(o, shape);
+                        }),
+            500);
+}
+
 // Production shapes: K = 2048, C in {K, 2K}, 656-B and 1152-B rows, batches up to 8.
 TEST(ManagerCudaTest, ProductionShapesMatchTheCpuBackend) {
   SPARSEKV_REQUIRE_GPU(gpu);

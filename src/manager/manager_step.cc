@@ -68,30 +68,33 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
       return FailedPrecondition("PlanStep: " + Describe(id) +
                                 " has layers whose indexer keys are not yet ingested");
     }
-    if (r->seq_len >= r->reserved) {
+    if (r->tokens >= r->reserved_tokens) {
       return OutOfRange("PlanStep: " + Describe(id) + " reached its reserved length (" +
-                        std::to_string(r->reserved) + " tokens)");
+                        std::to_string(r->reserved_tokens) + " tokens)");
     }
   }
-  const auto [entries, append_slot, append_row, append_key] =
-      plan_.Begin(static_cast<int32_t>(batch.size()));
+  BatchEntry* entries = plan_.Begin(static_cast<int32_t>(batch.size())).entries;
   for (int32_t b = 0; b < max_batch; ++b) {
     if (b >= static_cast<int32_t>(batch.size())) {
       entries[b] = BatchEntry{-1, 0, 0};
-      append_slot[b] = append_row[b] = append_key[b] = -1;
       continue;
     }
     Request& r = requests_.at(batch[b]);
-    const int32_t position = r.seq_len++;
-    SPARSEKV_RETURN_IF_ERROR(PrepareAppend(r, position, stream));
-    if (r.token_ids.size() == static_cast<size_t>(position) && token_ids != nullptr) {
-      r.token_ids.push_back((*token_ids)[b]);
+    // The step's token completes an entry every cadence_ tokens (EntriesAt); only those rows
+    // append.
+    if (EntriesAt(++r.tokens, cadence_).completed != kNoEntry) {
+      const int32_t position = r.seq_len++;
+      SPARSEKV_RETURN_IF_ERROR(PrepareAppend(r, position, stream));
+      if (cadence_ == 1 && r.token_ids.size() == static_cast<size_t>(position) &&
+          token_ids != nullptr) {
+        r.token_ids.push_back((*token_ids)[b]);
+      }
+      plan_.Append(
+          b,
+          r.resident() ? residency_.ResidentSlot(r, position) : hot_->WindowSlot(r.block, position),
+          pool_->HostRow(r.owner, position), keys_.enabled() ? keys_.Word(r, position) : -1);
     }
     entries[b] = BatchEntry{r.block, r.seq_len, r.owner, r.resident() ? r.owner : kNotResident};
-    append_slot[b] =
-        r.resident() ? residency_.ResidentSlot(r, position) : hot_->WindowSlot(r.block, position);
-    append_row[b] = pool_->HostRow(r.owner, position);
-    append_key[b] = keys_.enabled() ? keys_.Word(r, position) : -1;
   }
   plan_.SetBatch(batch);
   extensions_.BeginStep(plan_.batch(), stream);
@@ -117,7 +120,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   to_window.dst = hot_->layer_data(layer);
   to_window.src_index = plan_.append_src_device();
   to_window.dst_index = plan_.append_slot_device();
-  to_window.count = plan_.batch_size_device();
+  to_window.count = plan_.append_count_device();
   to_window.capacity = max_batch;
   to_window.row_bytes = shape.row_stride;
   to_window.src_stride = to_window.dst_stride = shape.row_stride;
@@ -144,7 +147,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   SPARSEKV_RETURN_IF_ERROR(backend_->Fork(stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_host, backend_->SideStream()));
   order_.MarkAppended(layer);
-  stats_.CountAppend(plan_.batch().size(), shape.row_bytes);
+  stats_.CountAppend(plan_.append_count(), shape.row_bytes);
   return Status::Ok();
 }
 
@@ -364,7 +367,7 @@ void SparseKVCacheManager::Impl::CloseStep() {
 
 Status SparseKVCacheManager::Impl::FinishReplayedStep() {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckFinishReplayed(stats_.run_phase_recorded()));
-  stats_.CountReplayedStep(plan_.batch().size());
+  stats_.CountReplayedStep(plan_.batch().size(), plan_.append_count());
   CloseStep();
   return Status::Ok();
 }
@@ -421,7 +424,7 @@ Status SparseKVCacheManager::Impl::ResetStats(StreamHandle stream) { return stat
 StatusOr<int32_t> SparseKVCacheManager::Impl::SequenceLength(RequestId id) const {
   auto it = requests_.find(id);
   if (it == requests_.end()) return NotFound("SequenceLength: " + Describe(id) + " is unknown");
-  return it->second.seq_len;
+  return it->second.tokens;
 }
 
 StatusOr<std::vector<int32_t>> SparseKVCacheManager::Impl::HostPages(RequestId id) const {

@@ -195,9 +195,6 @@ TEST(LayerKindsTest, ManagerServesOffloadedLayersOfOneRowPerToken) {
   KVGeometry g = uniform;
   g.layers[1].kind = LayerKind::kResident;
   expect_refused(g, 0, "geometry.layers[1].kind is kResident");
-  g = uniform;
-  g.layers[2].entry_tokens = 4;
-  expect_refused(g, 0, "geometry.layers[2].entry_tokens is 4");
   expect_refused(uniform, 128, "raw_window is 128");
   // GLM-5.3's layers: their own top-k, explicit groups, keys on the groups' first layers.
   g = uniform;
@@ -205,6 +202,10 @@ TEST(LayerKindsTest, ManagerServesOffloadedLayersOfOneRowPerToken) {
   g.layers[0].index_group = 0;
   g.layers[1].index_group = g.layers[2].index_group = 1;
   g.layers[2].indexer_keys = false;
+  EXPECT_TRUE(CheckServedGeometry(g, 0).ok());
+  // One entry per 4 tokens in every layer.
+  g = uniform;
+  for (LayerShape& l : g.layers) l.entry_tokens = 4;
   EXPECT_TRUE(CheckServedGeometry(g, 0).ok());
 }
 

@@ -37,8 +37,8 @@ int32_t CacheOptions::index_groups() const {
 Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window) {
   const auto refuse = [](const std::string& what) {
     return Unimplemented(what +
-                         ": the manager serves only layers that are offloaded and gain a row "
-                         "per token (docs/deepseek-v4.md, \"Order of work\")");
+                         ": the manager serves only offloaded layers "
+                         "(docs/deepseek-v4.md, \"Order of work\")");
   };
   for (size_t i = 0; i < geometry.layers.size(); ++i) {
     const LayerShape& l = geometry.layers[i];
@@ -46,9 +46,6 @@ Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window) {
     if (l.kind != LayerKind::kOffloaded) {
       return refuse(at + ".kind is " +
                     (l.kind == LayerKind::kResident ? "kResident" : "kWindowOnly"));
-    }
-    if (l.entry_tokens != 1) {
-      return refuse(at + ".entry_tokens is " + std::to_string(l.entry_tokens));
     }
   }
   if (raw_window != 0) return refuse("raw_window is " + std::to_string(raw_window));

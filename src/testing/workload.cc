@@ -154,6 +154,13 @@ CacheOptions RandomGroupedOptions(uint64_t seed, int32_t prefetch) {
   return o;
 }
 
+CacheOptions RandomCadenceOptions(uint64_t seed, int32_t prefetch, int32_t entry_tokens) {
+  CacheOptions o =
+      seed % 4 < 2 ? RandomOverlapOptions(seed, prefetch) : RandomGroupedOptions(seed, prefetch);
+  for (LayerShape& l : o.geometry.layers) l.entry_tokens = entry_tokens;
+  return o;
+}
+
 std::vector<uint64_t> TestSeeds(int count) {
   if (const char* s = std::getenv("SPARSEKV_TEST_SEED")) return {std::stoull(s)};
   std::vector<uint64_t> seeds;
@@ -165,6 +172,7 @@ RandomWorkload::RandomWorkload(const CacheOptions& options, uint64_t seed,
                                std::vector<SparseKVCacheManager*> managers, Shape shape)
     : options_(options),
       groups_(options),
+      cadence_(options.geometry.layers[0].entry_tokens),
       shape_(shape),
       rng_(seed),
       managers_(std::move(managers)),
@@ -254,7 +262,7 @@ void RandomWorkload::Admit() {
   }
   Ingesting a{.id = id, .prompt = prompt, .max_new = max_new, .rows = {}, .order = {}, .next = 0};
   for (const LayerShape& l : options_.geometry.layers) {
-    a.rows.push_back(RandomRows(rng_, prompt, l.row_stride));
+    a.rows.push_back(RandomRows(rng_, prompt / cadence_, l.row_stride));
   }
   // Ingest layers in a random order; a step may not include the request before all are in.
   a.order.resize(options_.geometry.num_layers());
@@ -309,7 +317,7 @@ void RandomWorkload::Ingest(Ingesting a, size_t layers) {
         "IngestPrompt",
         [&](SparseKVCacheManager& m) { return m.IngestPrompt(id, l, a.rows[l].data(), nullptr); },
         StatusCode::kOk);
-    IngestKeys(id, l, a.rows[l].data(), a.prompt);
+    IngestKeys(id, l, a.rows[l].data(), a.prompt / cadence_);
   }
   if (a.next < a.order.size()) {
     ingesting_.push_back(std::move(a));
@@ -321,9 +329,10 @@ void RandomWorkload::Ingest(Ingesting a, size_t layers) {
         return m.IngestPrompt(id, a.order[0], a.rows[a.order[0]].data(), nullptr);
       },
       StatusCode::kAlreadyExists);
-  model_.Add(id, a.rows, a.prompt);
+  model_.Add(id, a.rows, a.prompt / cadence_);
   live_[id] = Req{a.prompt + a.max_new, false,
                   std::vector<std::vector<int32_t>>(options_.geometry.num_layers())};
+  live_[id].length = a.prompt;
 }
 
 std::vector<int32_t> RandomWorkload::RandomTopKRow(RequestId id, int32_t layer, int32_t seq_len) {
@@ -332,6 +341,10 @@ std::vector<int32_t> RandomWorkload::RandomTopKRow(RequestId id, int32_t layer, 
   const std::vector<int32_t>& last = live_[id].last_topk[layer];
   for (int32_t k = 0; k < top_k; ++k) {
     const uint64_t r = rng_() % 100;
+    if (seq_len == 0) {  // no entry yet (fewer tokens than entry_tokens): nothing in range
+      row[k] = r < 50 ? kPaddingPosition : static_cast<int32_t>(rng_() % 1000);
+      continue;
+    }
     if (r < 40 && !last.empty()) {
       row[k] = last[rng_() % last.size()];  // temporal locality: hits
     } else if (r < 75) {
@@ -356,7 +369,7 @@ std::vector<int32_t> RandomWorkload::RandomTopKRow(RequestId id, int32_t layer, 
 void RandomWorkload::Step() {
   std::vector<RequestId> ready;
   for (const auto& [id, r] : live_) {
-    if (!r.retracted && Length(id) < r.reserved) ready.push_back(id);
+    if (!r.retracted && r.length < r.reserved) ready.push_back(id);
   }
   if (ready.empty()) return;
   std::shuffle(ready.begin(), ready.end(), rng_);
@@ -383,8 +396,11 @@ void RandomWorkload::Step() {
     } else {
       new_rows.push_back(RandomRows(rng_, static_cast<int64_t>(n), stride));
     }
+    // Only the rows whose token completes an entry append.
     for (size_t b = 0; b < n; ++b) {
-      model_.Append(batch[b], l, new_rows[l].data() + b * stride);
+      if ((live_[batch[b]].length + 1) % cadence_ == 0) {
+        model_.Append(batch[b], l, new_rows[l].data() + b * stride);
+      }
     }
     if (!groups_.Leads(l)) {
       topk[l] = topk[l - 1];  // the group's top-k
@@ -395,6 +411,7 @@ void RandomWorkload::Step() {
       topk[l].insert(topk[l].end(), row.begin(), row.end());
     }
   }
+  for (RequestId id : batch) ++live_[id].length;
   std::vector<std::vector<LayerResult>> results;
   for (auto& d : drivers_) results.push_back(d->Step(batch, new_rows, topk, token_ids));
   if (options_.indexer_key_bytes > 0) {
@@ -508,7 +525,7 @@ void RandomWorkload::BadInput() {
       },
       StatusCode::kFailedPrecondition);
   for (const auto& [id, r] : live_) {
-    if (r.retracted || Length(id) >= r.reserved) continue;
+    if (r.retracted || r.length >= r.reserved) continue;
     const std::vector<RequestId> twice = {id, id};
     ExpectAll(
         "PlanStep duplicate", [&](SparseKVCacheManager& m) { return m.PlanStep(twice, nullptr); },
@@ -639,9 +656,9 @@ void RandomWorkload::AdmitTokens(std::vector<int32_t> tokens, int32_t max_new) {
     IngestKeys(id, l, prompt_rows[l].data(), prompt);  // the cached prefix's too
   }
   model_.Add(id, prompt_rows, prompt);
-  live_[id] =
-      Req{prompt + max_new, false,
-          std::vector<std::vector<int32_t>>(options_.geometry.num_layers()), std::move(tokens)};
+  live_[id] = Req{prompt + max_new, false,
+                  std::vector<std::vector<int32_t>>(options_.geometry.num_layers()),
+                  std::move(tokens), prompt};
 }
 
 void RandomWorkload::Continue() {
@@ -685,7 +702,7 @@ void RandomWorkload::Fork() {
   }
   model_.Copy(parent, child);
   Req r = it->second;
-  r.reserved = Length(parent) + max_new;
+  r.reserved = r.length + max_new;
   r.retracted = false;
   live_[child] = std::move(r);
 }

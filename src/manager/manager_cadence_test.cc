@@ -25,11 +25,12 @@ Bytes Entries(int32_t first, int32_t n) {
   return b;
 }
 
-// One layer of 8-byte rows, an entry per 4 tokens; K = 2, C = 3, W = 1; 8-entry pages; 64 tokens
-// (16 entries) in the pool; requests of up to 32 tokens (8 entries).
+// One layer of 8-byte rows, an entry per 4 tokens; K = 2, C = 3, W = 1; 8-entry pages; 128 tokens
+// (32 entries, 4 pages) in the pool; requests of up to 32 tokens (8 entries).
 CacheOptions CadenceFour() {
   CacheOptions o = testing::SmallOptions();
   o.geometry.layers[0].entry_tokens = 4;
+  o.host_capacity_tokens = 128;
   return o;
 }
 
@@ -97,6 +98,35 @@ TEST_F(ManagerCadenceTest, ResolvedRowsAreTheEntriesTheyName) {
     EXPECT_EQ(testing::CheckLayer(model, m_->options().geometry, 0, {1}, topk, r, 2), 0)
         << "token " << token;
   }
+}
+
+// A fork shares the parent's entry pages (the partial one copied on the first write) and counts
+// tokens from the parent's: the child completes its next entry where the parent would, and
+// neither sees the other's.
+TEST_F(ManagerCadenceTest, AForkContinuesTheParentsEntries) {
+  ASSERT_TRUE(m_->Admit(1, 9, 12, nullptr).ok());  // entries 0-1, token 9 pending
+  const Bytes prompt = Entries(0, 2);
+  ASSERT_TRUE(m_->IngestPrompt(1, 0, prompt.data(), nullptr).ok());
+  const Status forked = m_->Fork(1, 2, 7, nullptr);  // the child may reach 16 tokens: 4 entries
+  ASSERT_TRUE(forked.ok()) << forked.ToString();
+  EXPECT_EQ(*m_->SequenceLength(2), 9);
+  testing::DenseModel model(m_->options().geometry);
+  model.Add(1, {prompt}, 2);
+  model.Copy(1, 2);
+  for (int32_t token = 10; token <= 16; ++token) {
+    for (RequestId id : {RequestId{1}, RequestId{2}}) {
+      // Distinct rows per request: 40 + entry for the parent, 80 + entry for the child.
+      const int32_t entry = token / 4 - 1;
+      const Bytes row = Entries((id == 1 ? 40 : 80) + entry, 1);
+      if (token % 4 == 0) model.Append(id, 0, row.data());
+      const std::vector<int32_t> topk = {0, model.Length(id, 0) - 1};
+      const testing::LayerResult r = driver_->Step({id}, {row}, {topk})[0];
+      EXPECT_EQ(testing::CheckLayer(model, m_->options().geometry, 0, {id}, topk, r, 2), 0)
+          << "request " << id << " token " << token;
+    }
+  }
+  EXPECT_EQ(m_->PlanStep({2}, nullptr).code(), StatusCode::kOutOfRange);  // 16 tokens reached
+  EXPECT_EQ(model.Length(2, 0), 4);
 }
 
 TEST_F(ManagerCadenceTest, WhatAddressesPagesByTokenIsRefused) {

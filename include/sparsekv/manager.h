@@ -176,12 +176,16 @@ struct CacheStats : HostCounters {
 class SparseKVCacheManager {
  public:
   // Validates `options` (ValidateOptions) and allocates the host pool, the hot cache and the fixed
-  // device buffers of the run phase. Every layer must be offloaded with a row per token; its
-  // top-k (LayerShape::top_k), its index group (LayerShape::index_group, or layers_per_index) and
-  // whether it keeps indexer keys (LayerShape::indexer_keys) may differ per layer, as GLM-5.3's
-  // do: a group resolves its own top-k once, on its first layer, and only keyed layers take and
-  // show keys. Unimplemented for layers it does not serve yet (resident or window-only layers, a
-  // cadence other than a row per token, a raw window: CheckServedGeometry in options.h).
+  // device buffers of the run phase. Every layer must be offloaded. Its top-k (LayerShape::top_k),
+  // its index group (LayerShape::index_group, or layers_per_index) and whether it keeps indexer
+  // keys (LayerShape::indexer_keys) may differ per layer, as GLM-5.3's do: a group resolves its
+  // own top-k once, on its first layer, and only keyed layers take and show keys. All layers gain
+  // an entry every LayerShape::entry_tokens = r tokens (1: a row per token): the manager then
+  // counts entries (Admit says where), sizes the host pool and its max_context in entries
+  // (host_capacity_tokens / r rows), and refuses with Unimplemented, at r > 1, what addresses
+  // pages by token (AdmitWithPrefix, Retain, AdmitSealedPrompt, InstallExtension, a shared pool).
+  // Unimplemented for layers it does not serve yet (resident or window-only layers, a raw window:
+  // CheckServedGeometry in options.h).
   static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
                                                                 std::shared_ptr<Backend> backend);
   // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared, or

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
 
@@ -76,6 +77,13 @@ class HotCache {
                                                     int32_t window, int32_t max_blocks,
                                                     int64_t pages, int32_t page_rows,
                                                     Backend* backend, int32_t layers_per_state = 1,
+                                                    const HotCacheReplacement& replacement = {});
+  // The same with a replacement state per group of `groups` (groups.layers() must be the
+  // geometry's layer count; InvalidArgument otherwise).
+  static StatusOr<std::unique_ptr<HotCache>> Create(const KVGeometry& geometry, int32_t hot_slots,
+                                                    int32_t window, int32_t max_blocks,
+                                                    int64_t pages, int32_t page_rows,
+                                                    Backend* backend, const IndexGroups& groups,
                                                     const HotCacheReplacement& replacement = {});
   ~HotCache();
   HotCache(const HotCache&) = delete;
@@ -178,19 +186,20 @@ class HotCache {
   static int64_t StateBytes(const KVGeometry& geometry, int32_t hot_slots,
                             int32_t layers_per_state = 1,
                             const HotCacheReplacement& replacement = {});
+  // The same for `states` replacement states (one per index group).
+  static int64_t StateBytesOf(int32_t states, int32_t hot_slots,
+                              const HotCacheReplacement& replacement);
 
  private:
   HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window, int32_t max_blocks,
-           int64_t pages, int32_t page_rows, Backend* backend, int32_t layers_per_state,
+           int64_t pages, int32_t page_rows, Backend* backend, const IndexGroups& groups,
            const HotCacheReplacement& replacement);
   bool clock() const { return replacement_.policy == EvictionPolicy::kClock; }
   // Enqueues the upload of seed_image_ as `block`'s state in every group: the C tokens, then
   // the C order entries (LRU) or the hand and the position map's span [first, first + n) (clock).
   Status WriteState(int32_t block, int32_t map_first, int32_t map_size, StreamHandle stream);
-  int32_t states() const {
-    return (geometry_.num_layers() + layers_per_state_ - 1) / layers_per_state_;
-  }
-  int64_t StateIndex(int32_t layer) const { return layer / layers_per_state_; }
+  int32_t states() const { return groups_.count(); }
+  int64_t StateIndex(int32_t layer) const { return groups_.Of(layer); }
   int64_t Offset(int32_t layer) const { return StateIndex(layer) * max_blocks_ * hot_slots_; }
 
   KVGeometry geometry_;
@@ -198,8 +207,8 @@ class HotCache {
   int32_t window_;
   int32_t max_blocks_;
   int64_t pages_;
-  int32_t page_rows_;  // R
-  int32_t layers_per_state_;
+  int32_t page_rows_;   // R
+  IndexGroups groups_;  // a replacement state per group
   HotCacheReplacement replacement_;
   Backend* backend_;
   std::vector<std::byte*> data_;

@@ -44,9 +44,11 @@ inline constexpr int32_t kNotResident = -1;
 // One row of the step's batch table, written by the manager's plan phase. A row is in use if it
 // names a hot-cache block (hot-cache mode) or a residency-table row (resident mode), not both.
 struct BatchEntry {
-  int32_t block;           // the request's hot-cache block; -1 = none
-  int32_t seq_len;         // tokens with KV, the newest included; top-k positions are < seq_len
-  int32_t page_table_row;  // the request's row in the host pool's page table
+  int32_t block;  // the request's hot-cache block; -1 = none
+  // Entries with KV, the newest included (tokens at LayerShape::entry_tokens 1; the manager's
+  // offloaded layers share one cadence); top-k positions are entry indices < seq_len.
+  int32_t seq_len;
+  int32_t page_table_row;           // the request's row in the host pool's page table
   int32_t resident = kNotResident;  // the request's row in the residency table; -1 = none
 
   SPARSEKV_HD bool in_use() const { return block >= 0 || resident >= 0; }
@@ -263,9 +265,15 @@ struct ResolveView {
   int32_t* miss_count;
   int32_t miss_capacity;  // >= max_batch * top_k (with chunk_rows: rounded up to whole chunks)
   // 0: one miss list. Otherwise row b's misses go to chunk c = b / chunk_rows: list entries from
-  // c * chunk_rows * top_k on, counted in miss_count[c] (so that the rows of a chunk can be
+  // c * chunk_entries() on, counted in miss_count[c] (so that the rows of a chunk can be
   // copied, and attended, before the others).
   int32_t chunk_rows = 0;
+  // Entries of the list per chunk, >= chunk_rows * top_k; 0: chunk_rows * top_k. Larger where
+  // one list serves layers of several top-k (the largest one's chunks).
+  int32_t chunk_stride = 0;
+  SPARSEKV_HD int64_t chunk_entries() const {
+    return chunk_stride > 0 ? chunk_stride : int64_t{chunk_rows} * top_k;
+  }
   ResolveCounters* counters;  // this layer's counters
   uint8_t* fill_mask;         // [max_batch, top_k] or nullptr; see above
   bool sort_misses;           // sort each row's misses by host row (performance only),

@@ -205,9 +205,16 @@ struct CacheStats : HostCounters {
 class SparseKVCacheManager {
  public:
   // Validates `options` (ValidateOptions) and allocates the host pool, the hot cache and the fixed
-  // device buffers of the run phase. Unimplemented for layers it does not serve yet (resident or
-  // window-only layers, a cadence other than a row per token, per-layer top-k, groups or keys, a
-  // raw window: CheckServedGeometry in options.h).
+  // device buffers of the run phase. Every layer must be offloaded. Its top-k (LayerShape::top_k),
+  // its index group (LayerShape::index_group, or layers_per_index) and whether it keeps indexer
+  // keys (LayerShape::indexer_keys) may differ per layer, as GLM-5.3's do: a group resolves its
+  // own top-k once, on its first layer, and only keyed layers take and show keys. All layers gain
+  // an entry every LayerShape::entry_tokens = r tokens (1: a row per token): the manager then
+  // counts entries (Admit says where), sizes the host pool and its max_context in entries
+  // (host_capacity_tokens / r rows), and refuses with Unimplemented, at r > 1, what addresses
+  // pages by token (AdmitWithPrefix, Retain, AdmitSealedPrompt, InstallExtension, a shared pool).
+  // Unimplemented for layers it does not serve yet (resident or window-only layers, a raw window:
+  // CheckServedGeometry in options.h).
   static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
                                                                 std::shared_ptr<Backend> backend);
   // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared, or
@@ -231,13 +238,17 @@ class SparseKVCacheManager {
 
   // ---- Lifecycle (host side) ----
 
-  // Reserves host pages for prompt_len + max_new_tokens positions and a hot-cache block.
+  // Reserves host pages for prompt_len + max_new_tokens tokens and a hot-cache block. With
+  // layers of entry_tokens r (LayerShape), a request of n tokens holds floor(n / r) entries: the
+  // host pages, the hot cache, the batch table (BatchEntry::seq_len), the top-k and the indexer
+  // keys count entries, and SequenceLength counts tokens.
   // AlreadyExists for a known id (live or retained); OutOfRange if the length exceeds
   // max_context; ResourceExhausted if the hot cache or the pool's owners are all in use, or the
   // host pool is full even after evicting every retained conversation (nothing changes then).
   Status Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens, StreamHandle stream);
   // Writes the prompt KV of one layer into the host pool and its newest `window` rows into the
-  // hot cache. `rows` is [prompt_len, row_stride(layer)] in host or device memory and must stay
+  // hot cache. `rows` is [floor(prompt_len / entry_tokens), row_stride(layer)] (the prompt's
+  // entries; null if it has none) in host or device memory and must stay
   // valid until `stream` reaches the copies; rows of positions found by AdmitWithPrefix are
   // skipped (the pool's shared copy is kept). Every layer must be ingested before the request
   // joins a step. Errors: NotFound unless the request is live (admitted, not released);
@@ -264,17 +275,19 @@ class SparseKVCacheManager {
   // changes. Keys live only in HBM: a retracted request keeps them, a forked child gets a copy of
   // its parent's, and a request admitted with a shared prefix is given all its prompt's keys.
 
-  // Writes the prompt's indexer keys of one layer. `keys` is [prompt_len, indexer_key_bytes] in
+  // Writes the prompt's indexer keys of one layer. `keys` is [prompt entries, indexer_key_bytes]
+  // (one key per entry: per token at entry_tokens 1; null if the prompt holds no entry) in
   // host or device memory, every prompt position (a shared prefix's too), and must stay valid
-  // until `stream` reaches the copies. Every layer's keys must be ingested before the request
-  // joins a step (a forked child has its parent's). Errors: FailedPrecondition without indexer
-  // keys; NotFound unless the request is live; InvalidArgument for a bad layer or null keys;
-  // AlreadyExists for a layer ingested already.
+  // until `stream` reaches the copies. Every keyed layer's keys (LayerShape::indexer_keys: all
+  // layers by default, GLM-5.3's groups' first layers) must be ingested before the request joins
+  // a step (a forked child has its parent's). Errors: FailedPrecondition without indexer keys;
+  // NotFound unless the request is live; InvalidArgument for a bad layer, a layer without keys or
+  // null keys; AlreadyExists for a layer ingested already.
   Status IngestIndexerKeys(RequestId id, int32_t layer, const void* keys, StreamHandle stream);
   // Where an indexer kernel reads the keys of `layer` (device memory) for the planned step's
   // batch; the view stays valid for the manager's lifetime (captured graphs may keep it), while
-  // the pages it names change with admissions, between steps. With indexer_key_bytes = 0 every
-  // pointer is null.
+  // the pages it names change with admissions, between steps. With indexer_key_bytes = 0, or for
+  // a layer without keys, every pointer is null.
   IndexerKeyView IndexerKeys(int32_t layer) const;
 
   // ---- Hybrid residency (host side, between steps) ----
@@ -364,11 +377,12 @@ class SparseKVCacheManager {
 
   // Stores the newest token's KV of `layer` for every request of the step: into its window slot
   // (in place) and, on a side stream, into the host pool (write-back). `new_rows` is
-  // [max_batch, row_stride(layer)], row b for the b-th request of the batch. With indexer keys,
-  // `new_keys` ([max_batch, indexer_key_bytes]) holds the newest token's keys, stored next to
-  // the others (it is ignored without). Must precede RunLayer(layer) in the step. Errors:
-  // FailedPrecondition outside a step or for a layer appended already; InvalidArgument for a bad
-  // layer, null new_rows, or null new_keys with indexer keys.
+  // [max_batch, row_stride(layer)], row b for the b-th request of the batch. With indexer keys
+  // in `layer` (indexer_key_bytes > 0 and LayerShape::indexer_keys), `new_keys` ([max_batch,
+  // indexer_key_bytes]) holds the newest token's keys, stored next to the others (it is ignored
+  // otherwise). Must precede RunLayer(layer) in the step. Errors: FailedPrecondition outside a
+  // step or for a layer appended already; InvalidArgument for a bad layer, null new_rows, or
+  // null new_keys for a layer with keys.
   Status AppendToken(int32_t layer, const void* new_rows, StreamHandle stream);
   Status AppendToken(int32_t layer, const void* new_rows, const void* new_keys,
                      StreamHandle stream);
@@ -376,16 +390,18 @@ class SparseKVCacheManager {
   // batch are ignored) against the hot cache of `layer`, copies the misses in, and writes
   // `slots` ([max_batch, top_k] int32 layer-wide slots, -1 = skipped entry). If `assembled` is
   // not null, also gathers the selected rows into it ([max_batch, top_k, row_stride(layer)];
-  // skipped entries are zero rows). topk_stride 0 means top_k.
+  // skipped entries are zero rows). top_k is the layer's own (LayerShape::top_k, else
+  // CacheOptions::top_k: IndexGroups::LayerTopK); topk_stride 0 means top_k.
   // RunLayer is ResolveLayer + CopyMisses + AssembleLayer (if `assembled` is not null) on one
-  // stream, with their errors; with layers_per_index > 1, only for the first layer of an index
-  // group, and the group's other layers call CopyMisses (and AssembleLayer) themselves.
+  // stream, with their errors; in an index group of several layers (layers_per_index > 1 or
+  // LayerShape::index_group), only for the group's first layer, and the group's other layers call
+  // CopyMisses (and AssembleLayer) themselves.
   Status RunLayer(int32_t layer, const int32_t* topk, int32_t* slots, void* assembled,
                   StreamHandle stream, int32_t topk_stride = 0);
 
   // The parts of RunLayer, for engines that overlap the miss copy with other work.
   //
-  // ResolveLayer resolves `topk` for `layer`'s index group (see CacheOptions::layers_per_index)
+  // ResolveLayer resolves `topk` for `layer`'s index group (IndexGroups, index_groups.h)
   // and writes `slots` as RunLayer does, and if `fill_mask` is not null, fill_mask[b * top_k + k]
   // = 1 where the row of slots[b, k] arrives with the group's miss copy, else 0 ([max_batch,
   // top_k] uint8, device memory). Rows with fill_mask 0 are readable once `stream` reaches the

@@ -98,11 +98,13 @@ StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format);
 // The preset in its fp8 format: kFp8Row656 for the DSA models, kFp8Entry584 for DeepSeek-V4.
 StatusOr<ModelPreset> FindPreset(const std::string& name);
 
-// OK if SparseKVCacheManager serves `options`' layers today: every layer offloaded with a row per
-// token, no per-layer top_k or index_group, indexer keys in every layer, and raw_window = 0.
-// Unimplemented otherwise, naming the first layer and field that is not (docs/deepseek-v4.md says
-// what is left to build). SparseKVCacheManager::Create calls it after ValidateOptions; tools that
-// drive a manager call it on a preset's geometry() and raw_window.
+// OK if SparseKVCacheManager serves `options`' layers today: every layer offloaded (with one
+// cadence, entry_tokens, as ValidateOptions requires of offloaded layers) and raw_window = 0;
+// per-layer top_k, explicit index groups and indexer keys on some layers only are served
+// (GLM-5.3). Unimplemented otherwise, naming the first layer and field that is not
+// (docs/deepseek-v4.md says what is left to build).
+// SparseKVCacheManager::Create calls it after ValidateOptions; tools that drive a manager call it
+// on a preset's geometry() and raw_window.
 Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window);
 
 // How a request's hot slots are replaced (ResolveView in kernel_views.h defines each exactly;
@@ -182,10 +184,11 @@ struct CacheOptions {
   // shorter); they share one replacement state, so the group's first layer resolves the top-k and
   // every layer of the group copies the same misses into its own rows
   // (SparseKVCacheManager::ResolveLayer / CopyMisses). 1: every layer has its own top-k.
+  // Must be 1 where the layers name their groups (LayerShape::index_group).
   int32_t layers_per_index = 1;
-  int32_t index_groups() const {
-    return (geometry.num_layers() + layers_per_index - 1) / layers_per_index;
-  }
+  // The number of index groups: from the layers' index_group if they name them, else from
+  // layers_per_index (IndexGroups, index_groups.h, has the groups themselves).
+  int32_t index_groups() const;
   // A top-k row may repeat a position, and repeats share its slot (instead of being skipped as
   // duplicates). For several query tokens per step (speculative / MTP decoding): concatenate the
   // T tokens' selections into one row of top_k = T * k entries; each missed row is fetched once.
@@ -230,10 +233,10 @@ struct CacheOptions {
   // In steps of at least this many requests, each request's resolve copies its own misses (the
   // CTA that resolved the row, right after taking the victims), so that early rows' copies overlap
   // later rows' resolves and CopyMisses has nothing left to do; below it the resolve emits the
-  // miss list and CopyMisses copies it on the whole grid. 0: never. Only for layers_per_index = 1
-  // (a group's other layers need the list) and steps without an extension (the remote tier reads
-  // the list). Measured on an H200 (32K context, 20% misses, 656-B rows; docs/resolve.md): equal
-  // at batch 48-64, 4% faster at 80, 17% at 100; in a whole step at batch 59, 4% slower (its
+  // miss list and CopyMisses copies it on the whole grid. 0: never. Only for index groups of one
+  // layer (a group's other layers need the list) and steps without an extension (the remote tier
+  // reads the list). Measured on an H200 (32K context, 20% misses, 656-B rows; docs/resolve.md):
+  // equal at batch 48-64, 4% faster at 80, 17% at 100; in a whole step at batch 59, 4% slower (its
   // resolve holds an SM per request while it copies). CUDA only.
   int32_t fused_copy_min_batch = 80;
   // Batch rows per copy chunk: with R > 0, the misses of rows [c R, (c + 1) R) of a step form

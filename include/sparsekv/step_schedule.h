@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/status.h"
 #include "sparsekv/types.h"
@@ -206,6 +207,7 @@ class StepSchedule {
   enum class LayerStage { kNone, kAppended, kResolved, kCopied };
 
   SparseKVCacheManager& manager_;
+  const IndexGroups groups_;  // the manager's
   Backend& backend_;
   std::unique_ptr<ScheduleTuner> tuner_;
   std::optional<StepChoice> fixed_;

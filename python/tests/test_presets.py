@@ -108,13 +108,22 @@ def test_an_unknown_name_lists_the_known_ones():
         sparsekv.find_preset("deepseek-v5")
 
 
-@pytest.mark.parametrize("name", ["deepseek-v4-flash", "deepseek-v4-pro", "glm-5.3"])
+@pytest.mark.parametrize("name", ["deepseek-v4-flash", "deepseek-v4-pro"])
 def test_presets_the_manager_does_not_serve_yet_are_refused(name):
     preset = sparsekv.find_preset(name)
     with pytest.raises(sparsekv.UnimplementedError):
         sparsekv.check_served_geometry(preset.geometry(), preset.raw_window)
     with pytest.raises(sparsekv.UnimplementedError):
         sparsekv.SparseKVCacheManager(options_for(preset), sparsekv.cpu_backend())
+
+
+def test_glm_53_is_served_with_its_index_groups():
+    preset = sparsekv.find_preset("glm-5.3")
+    sparsekv.check_served_geometry(preset.geometry(), preset.raw_window)
+    options = options_for(preset, hot_slots=preset.top_k, host_capacity_tokens=256,
+                          max_requests=1, max_context=256)
+    manager = sparsekv.SparseKVCacheManager(options, sparsekv.cpu_backend())
+    assert manager.options.index_groups == 21
 
 
 def test_layer_shape_takes_the_layer_fields():

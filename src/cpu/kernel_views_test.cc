@@ -52,5 +52,16 @@ TEST(CadenceTest, DeepSeekV4ProAtOneMillionTokens) {
   EXPECT_EQ(RawWindowSlot(1048577, 128), 0);
 }
 
+// A resolve's copy chunks: chunk_rows rows of its own top-k, or the stride of the largest top-k
+// where one list serves groups of several.
+TEST(ResolveViewTest, ChunkEntriesFollowTheStrideWhereSet) {
+  ResolveView v{};
+  v.chunk_rows = 3;
+  v.top_k = 5;
+  EXPECT_EQ(v.chunk_entries(), 15);
+  v.chunk_stride = 24;
+  EXPECT_EQ(v.chunk_entries(), 24);
+}
+
 }  // namespace
 }  // namespace sparsekv

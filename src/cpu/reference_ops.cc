@@ -184,7 +184,7 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
       continue;
     }
     const int32_t chunk = v.chunk_rows > 0 ? b / v.chunk_rows : 0;
-    const int32_t slot_index = chunk * v.chunk_rows * v.top_k + v.miss_count[chunk]++;
+    const int64_t slot_index = chunk * v.chunk_entries() + v.miss_count[chunk]++;
     v.miss_host_row[slot_index] = host_row;
     v.miss_slot[slot_index] = out[k];
   }

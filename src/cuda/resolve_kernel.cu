@@ -381,7 +381,8 @@ __device__ __forceinline__ int32_t IssueMissReads(
   if (threadIdx.x == 0 && append) {
     // With chunks, the row's chunk: its part of the list and its own count.
     const int32_t chunk = v.chunk_rows > 0 ? b / v.chunk_rows : 0;
-    list_base = chunk * v.chunk_rows * v.top_k + atomicAdd(v.miss_count + chunk, n_filled);
+    list_base =
+        static_cast<int32_t>(chunk * v.chunk_entries()) + atomicAdd(v.miss_count + chunk, n_filled);
   }
   const int32_t* page_row =
       v.page_table + static_cast<int64_t>(page_table_row) * v.pages_per_request;
@@ -1048,6 +1049,7 @@ cudaError_t LaunchResolve(const ResolveView& view, int32_t max_batch, cudaStream
       (view.resident_table != nullptr && view.resident_page_rows < 1) ||
       (view.block_pages != nullptr && (view.block_page_rows < 1 || view.pages_per_block < 1)) ||
       view.chunk_rows < 0 ||
+      (view.chunk_stride != 0 && view.chunk_stride < int64_t{view.chunk_rows} * view.top_k) ||
       (view.clock_uses != nullptr &&
        (view.clock_hand == nullptr || view.position_slot == nullptr || view.positions < 1)) ||
       (view.copy_dst != nullptr &&

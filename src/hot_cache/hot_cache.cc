@@ -33,8 +33,13 @@ int64_t GroupStateBytes(int32_t hot_slots, const HotCacheReplacement& replacemen
 
 int64_t HotCache::StateBytes(const KVGeometry& geometry, int32_t hot_slots,
                              int32_t layers_per_state, const HotCacheReplacement& replacement) {
-  const int64_t states = (geometry.num_layers() + layers_per_state - 1) / layers_per_state;
-  return states * GroupStateBytes(hot_slots, replacement);
+  const int32_t states = (geometry.num_layers() + layers_per_state - 1) / layers_per_state;
+  return StateBytesOf(states, hot_slots, replacement);
+}
+
+int64_t HotCache::StateBytesOf(int32_t states, int32_t hot_slots,
+                               const HotCacheReplacement& replacement) {
+  return int64_t{states} * GroupStateBytes(hot_slots, replacement);
 }
 
 int64_t HotCache::BlockBytes(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
@@ -64,9 +69,9 @@ struct Paging {
                                                                    o.indexer_key_bytes)
                                             : 0;
     page_bytes = o.geometry.token_stride_bytes() * page_rows;
-    state_bytes = int64_t{o.max_requests} *
-                  (HotCache::StateBytes(o.geometry, c, o.layers_per_index, ReplacementOf(o)) +
-                   CeilDiv(c + o.window, page_rows) * int64_t{sizeof(int32_t)});
+    state_bytes =
+        int64_t{o.max_requests} * (HotCache::StateBytesOf(o.index_groups(), c, ReplacementOf(o)) +
+                                   CeilDiv(c + o.window, page_rows) * int64_t{sizeof(int32_t)});
     const int64_t key_pages = keys_per_page > 0 ? CeilDiv(o.max_context, keys_per_page) : 0;
     pages_needed = int64_t{o.max_requests} * (CeilDiv(c + o.window, page_rows) + key_pages);
   }
@@ -92,7 +97,7 @@ StatusOr<HotCacheShape> ChooseHotCacheShape(const CacheOptions& o) {
     }
     shape.hot_slots = lo;
   }
-  const int32_t needed_slots = std::max(shape.hot_slots, o.top_k);
+  const int32_t needed_slots = std::max(shape.hot_slots, IndexGroups(o).max_top_k());
   const Paging needed(o, needed_slots);
   if (o.device_budget_bytes > 0 && needed.bytes_needed() > o.device_budget_bytes) {
     return InvalidArgument(
@@ -124,17 +129,30 @@ StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
                                                      int64_t pages, int32_t page_rows,
                                                      Backend* backend, int32_t layers_per_state,
                                                      const HotCacheReplacement& replacement) {
+  if (layers_per_state < 1 || geometry.layers.empty()) {
+    return InvalidArgument("HotCache: invalid shape");
+  }
+  return Create(geometry, hot_slots, window, max_blocks, pages, page_rows, backend,
+                IndexGroups::Uniform(geometry.num_layers(), layers_per_state, hot_slots),
+                replacement);
+}
+
+StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry, int32_t hot_slots,
+                                                     int32_t window, int32_t max_blocks,
+                                                     int64_t pages, int32_t page_rows,
+                                                     Backend* backend, const IndexGroups& groups,
+                                                     const HotCacheReplacement& replacement) {
   if (hot_slots <= 0 || window <= 0 || max_blocks <= 0 || geometry.layers.empty() ||
-      layers_per_state < 1 || page_rows < 1 || pages < 0 ||
+      groups.layers() != geometry.num_layers() || page_rows < 1 || pages < 0 ||
       pages * page_rows > std::numeric_limits<int32_t>::max() ||
       (replacement.policy == EvictionPolicy::kClock && replacement.positions < 1)) {
     return InvalidArgument("HotCache: invalid shape");
   }
   std::unique_ptr<HotCache> cache(new HotCache(geometry, hot_slots, window, max_blocks, pages,
-                                               page_rows, backend, layers_per_state, replacement));
+                                               page_rows, backend, groups, replacement));
   const int64_t rows = cache->layer_rows();
   const int64_t state_bytes =
-      int64_t{max_blocks} * StateBytes(geometry, hot_slots, layers_per_state, replacement);
+      int64_t{max_blocks} * StateBytesOf(groups.count(), hot_slots, replacement);
   const int64_t page_list_bytes = int64_t{max_blocks} * cache->pages_per_block() * sizeof(int32_t);
   // Against the device's free memory, before any of it is allocated.
   const std::string sizing = "hot_slots = " + std::to_string(hot_slots) +
@@ -185,14 +203,14 @@ StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
 
 HotCache::HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window,
                    int32_t max_blocks, int64_t pages, int32_t page_rows, Backend* backend,
-                   int32_t layers_per_state, const HotCacheReplacement& replacement)
+                   const IndexGroups& groups, const HotCacheReplacement& replacement)
     : geometry_(geometry),
       hot_slots_(hot_slots),
       window_(window),
       max_blocks_(max_blocks),
       pages_(pages),
       page_rows_(page_rows),
-      layers_per_state_(layers_per_state),
+      groups_(groups),
       replacement_(replacement),
       backend_(backend),
       block_pages_host_(static_cast<size_t>(max_blocks) * pages_per_block(), -1),
@@ -213,7 +231,8 @@ Status HotCache::WriteState(int32_t block, int32_t map_first, int32_t map_size,
                             StreamHandle stream) {
   const size_t bytes = static_cast<size_t>(hot_slots_) * sizeof(int32_t);
   const int32_t* image = seed_image_.data();
-  for (int32_t l = 0; l < geometry_.num_layers(); l += layers_per_state_) {
+  for (int32_t g = 0; g < groups_.count(); ++g) {
+    const int32_t l = groups_.First(g);
     const int64_t at = int64_t{block} * hot_slots_;
     SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(slot_token(l) + at, image, bytes, stream));
     if (slot_bytes_ != nullptr) {

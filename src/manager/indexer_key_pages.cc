@@ -9,7 +9,7 @@ using manager_internal::Describe;
 
 IndexerKeyView IndexerKeyPages::View(int32_t layer, const int32_t* batch_size,
                                      const BatchEntry* batch) const {
-  if (keys_per_page_ == 0 || layer < 0 || layer >= options_.geometry.num_layers()) return {};
+  if (layer < 0 || layer >= options_.geometry.num_layers() || !Keyed(layer)) return {};
   IndexerKeyView v{};
   v.batch_size = batch_size;
   v.batch = batch;
@@ -36,7 +36,13 @@ Status IndexerKeyPages::Ingest(RequestId id, RequestState& r, int32_t layer, con
   if (layer < 0 || layer >= options_.geometry.num_layers()) {
     return InvalidArgument("IngestIndexerKeys: layer " + std::to_string(layer) + " out of range");
   }
-  if (keys == nullptr) return InvalidArgument("IngestIndexerKeys: keys is null");
+  if (!Keyed(layer)) {
+    return InvalidArgument("IngestIndexerKeys: layer " + std::to_string(layer) +
+                           " holds no indexer keys (geometry.layers[" + std::to_string(layer) +
+                           "].indexer_keys is false; its group's first layer has them)");
+  }
+  // A prompt shorter than an entry (entry_tokens > 1) has no keys to give.
+  if (keys == nullptr && r.seq_len > 0) return InvalidArgument("IngestIndexerKeys: keys is null");
   if (r.keys_ingested[layer]) {
     return AlreadyExists("IngestIndexerKeys: the keys of layer " + std::to_string(layer) + " of " +
                          Describe(id) + " were already ingested");

@@ -6,7 +6,9 @@
 // placed on the device), in every layer's memory; the key table (DeviceTables) holds those
 // first slots for the indexer (IndexerKeyView). Prompt keys come in per layer (Ingest), a fork's
 // are copied from its parent (Copy), and each step's newest key is appended with its row
-// (AppendCopy).
+// (AppendCopy). Only keyed layers (LayerShape::indexer_keys: GLM-5.3's groups' first layers) hold
+// keys; a key page still spans every layer's memory, so the other layers' part of it lies
+// unused.
 //
 // Not thread-safe; owned by the manager.
 #pragma once
@@ -36,6 +38,16 @@ class IndexerKeyPages {
   }
 
   bool enabled() const { return keys_per_page_ > 0; }
+  // Whether `layer` holds keys: the manager keeps keys and the layer's indexer_keys is set.
+  bool Keyed(int32_t layer) const {
+    return enabled() && options_.geometry.layers[layer].indexer_keys;
+  }
+  // The keyed layers: each request ingests their keys before it may join a step.
+  int32_t keyed_layers() const {
+    int32_t n = 0;
+    for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) n += Keyed(l);
+    return n;
+  }
   // Pages the keys of `tokens` positions take (0 without keys).
   int64_t PagesFor(int64_t tokens) const {
     return keys_per_page_ > 0 ? (tokens + keys_per_page_ - 1) / keys_per_page_ : 0;
@@ -48,11 +60,12 @@ class IndexerKeyPages {
     return static_cast<int32_t>(byte / 4);
   }
   // The keys of `layer` for the step whose device batch is `batch_size` / `batch` (empty
-  // without keys or for a layer out of range).
+  // without keys, for a layer out of range or one without keys).
   IndexerKeyView View(int32_t layer, const int32_t* batch_size, const BatchEntry* batch) const;
 
   // IngestIndexerKeys: FailedPrecondition without keys (checked before the request is looked
-  // up); then, for the live request `id`, InvalidArgument for a bad layer or null keys and
+  // up); then, for the live request `id`, InvalidArgument for a bad layer, a layer without keys
+  // or null keys, and
   // AlreadyExists for a layer ingested already; else copies `keys` ([prompt, key_bytes], the
   // request's positions [0, seq_len)) into its key pages and marks the layer ingested.
   Status CheckEnabled() const;

@@ -32,6 +32,11 @@ StatusOr<std::unique_ptr<SparseKVCacheManager>> SparseKVCacheManager::Create(
   SPARSEKV_RETURN_IF_ERROR(CheckServedGeometry(options.geometry, options.raw_window));
   if (backend == nullptr) return InvalidArgument("SparseKVCacheManager: backend is null");
   if (pool == nullptr) return InvalidArgument("SparseKVCacheManager: pool is null");
+  if (options.geometry.layers[0].entry_tokens != 1) {
+    return Unimplemented("SparseKVCacheManager: a shared host pool with entry_tokens " +
+                         std::to_string(options.geometry.layers[0].entry_tokens) +
+                         " (pools are shared only at one entry per token; docs/deepseek-v4.md)");
+  }
   const int32_t pt = options.host_page_tokens;
   const auto same_layers = [](const LayerShape& a, const LayerShape& b) {
     return a.row_bytes == b.row_bytes && a.row_stride == b.row_stride;

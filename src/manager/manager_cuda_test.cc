@@ -12,6 +12,7 @@
 
 #include "sparsekv/host_kv_pool.h"
 #include "sparsekv/hot_cache.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/node_pool.h"
 #include "testing/cuda_test_util.h"
@@ -102,6 +103,46 @@ TEST(ManagerCudaTest, HybridResidencyMatchesTheCpuBackend) {
                           shape.sharing = seed % 2 == 0;
                           shape.deferred_ingest = !shape.sharing;
                           return std::pair(testing::RandomHybridOptions(seed), shape);
+                        }),
+            500);
+}
+
+// GLM-5.3's layers in lockstep (testing::RandomGroupedOptions): explicit index groups of one and
+// four layers, two top-k, indexer keys on the groups' first layers, hybrid residency, sharing,
+// split runs and prefetches; identical slots, fill masks, rows and keys.
+TEST(ManagerCudaTest, ExplicitIndexGroupsMatchTheCpuBackend) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  EXPECT_GT(
+      RunLockstep(gpu,
+                  [](uint64_t seed) {
+                    testing::WorkloadShape shape;
+                    shape.sharing = seed % 4 < 2;
+                    shape.deferred_ingest = !shape.sharing;
+                    shape.run.split = seed % 5 < 2;
+                    shape.run.prefetch = seed % 3 == 1 ? 1 + static_cast<int32_t>(seed % 4) : 0;
+                    const CacheOptions o = testing::RandomGroupedOptions(seed, shape.run.prefetch);
+                    shape.run.prefetch = std::min(shape.run.prefetch, o.max_prefetch);
+                    return std::pair(o, shape);
+                  }),
+      500);
+}
+
+// An entry every 4 tokens in lockstep (testing::RandomCadenceOptions): the compact append list
+// (its count on the device), resolves in entry units, requests without an entry yet; identical
+// slots, fill masks, rows and keys.
+TEST(ManagerCudaTest, EntriesEveryFourTokensMatchTheCpuBackend) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  EXPECT_GT(RunLockstep(gpu,
+                        [](uint64_t seed) {
+                          testing::WorkloadShape shape;
+                          shape.deferred_ingest = seed % 3 != 0;
+                          shape.run.split = seed % 5 < 2;
+                          shape.run.prefetch =
+                              seed % 4 == 1 ? 1 + static_cast<int32_t>(seed % 3) : 0;
+                          const CacheOptions o =
+                              testing::RandomCadenceOptions(seed, shape.run.prefetch, 4);
+                          shape.run.prefetch = std::min(shape.run.prefetch, o.max_prefetch);
+                          return std::pair(o, shape);
                         }),
             500);
 }
@@ -256,7 +297,7 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
   }
   ASSERT_TRUE(dev->backend().Synchronize(stream).ok());
 
-  const int32_t group = o.layers_per_index;
+  const IndexGroups groups(o);
   testing::CapturedRunPhase run_phase(*dev, dev_driver, stream);
   for (int step = 0; step < 60; ++step) {
     if (node_pool && step == 30) {
@@ -290,13 +331,13 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
       for (size_t b = 0; b < batch.size(); ++b) {
         model.Append(batch[b], l, new_rows[l].data() + b * stride);
       }
-      if (l % group != 0) {  // the layers of an index group share its first layer's top-k
-        topk[l] = topk[l - l % group];
+      if (!groups.Leads(l)) {  // the layers of an index group share its first layer's top-k
+        topk[l] = topk[groups.Leader(l)];
         continue;
       }
       for (size_t b = 0; b < batch.size(); ++b) {
         const int32_t len = model.Length(batch[b], l);
-        for (int32_t k = 0; k < o.top_k; ++k) {
+        for (int32_t k = 0; k < groups.LayerTopK(l); ++k) {
           // Mostly a slowly moving range (hits), some random history (misses), some bad input.
           const uint64_t r = rng() % 100;
           int32_t p = static_cast<int32_t>(std::max<int64_t>(0, len - 80) + rng() % 80);
@@ -317,9 +358,10 @@ void ReplayCapturedSteps(const std::shared_ptr<Backend>& gpu, const CacheOptions
     auto got = dev_driver.DownloadOutputs(static_cast<int32_t>(batch.size()));
     for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
       SCOPED_TRACE("step " + std::to_string(step) + " layer " + std::to_string(l));
-      EXPECT_TRUE(testing::SameRows(got[l], want[l], batch.size() * o.top_k, o.geometry.layers[l]));
+      const int32_t top_k = groups.LayerTopK(l);
+      EXPECT_TRUE(testing::SameRows(got[l], want[l], batch.size() * top_k, o.geometry.layers[l]));
       EXPECT_EQ(got[l].fill, want[l].fill);
-      EXPECT_EQ(testing::CheckLayer(model, o.geometry, l, batch, topk[l], got[l], o.top_k,
+      EXPECT_EQ(testing::CheckLayer(model, o.geometry, l, batch, topk[l], got[l], top_k,
                                     o.share_repeated_positions),
                 0);
     }
@@ -411,6 +453,24 @@ TEST(ManagerCudaTest, CapturedHybridStepReplaysExactly) {
   o.device_budget_bytes = 12 * HotCache::BlockBytes(o.geometry, o.hot_slots, o.window,
                                                     o.layers_per_index, ReplacementOf(o));
   ReplayCapturedSteps(gpu, o, testing::RunMode(), /*change_residency=*/true);
+}
+
+// GLM-5.3's groups under one captured graph: layers {0}, {1}, {2-5}, the middle group with its
+// own top-k and chunked copies, split runs and prefetches, so that the chunks of a group of the
+// smaller top-k lie where the larger one's would.
+TEST(ManagerCudaTest, CapturedExplicitGroupsStepReplaysExactly) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  CacheOptions o = ReplayOptions();
+  o.geometry.layers.assign(6, LayerShape{656, 656});
+  for (int32_t l = 0; l < 6; ++l) o.geometry.layers[l].index_group = l <= 2 ? l : 2;
+  o.geometry.layers[1].top_k = 40;
+  o.max_prefetch = 4;
+  o.copy_chunk_rows = 2;
+  testing::RunMode mode;
+  mode.split = true;
+  mode.prefetch = 3;
+  mode.seed = 11;
+  ReplayCapturedSteps(gpu, o, mode);
 }
 
 #endif  // SPARSEKV_WITH_CUDA

@@ -10,24 +10,40 @@ namespace sparsekv {
 
 using manager_internal::Describe;
 
+namespace {
+
+// `o` in entry units (manager_impl.h, entries_). All served layers share one cadence.
+CacheOptions EntryOptions(const CacheOptions& o) {
+  const int32_t r = o.geometry.layers[0].entry_tokens;
+  CacheOptions e = o;
+  e.max_context = std::max(1, o.max_context / r);
+  e.host_capacity_tokens = o.host_capacity_tokens / r;
+  return e;
+}
+
+}  // namespace
+
 SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Backend> backend,
                                  std::shared_ptr<HostKVPool> pool)
     : options_(options),
+      cadence_(options.geometry.layers[0].entry_tokens),
+      entries_(EntryOptions(options)),
+      groups_(options),
       backend_(std::move(backend)),
       pool_(std::move(pool)),
-      plan_(options, *backend_),
+      plan_(entries_, *backend_),
       order_({.layers = options.geometry.num_layers(),
-              .layers_per_index = options.layers_per_index,
               .max_batch = options.effective_max_batch(),
-              .copy_chunk_rows = options.copy_chunk_rows}),
+              .copy_chunk_rows = options.copy_chunk_rows},
+             groups_),
       tables_(*backend_),
-      keys_(options_, *backend_),
-      stats_(options_, *backend_),
-      marks_(options_, *backend_),
-      residency_(options_, *backend_, requests_, stats_.host()) {}
+      keys_(entries_, *backend_),
+      stats_(entries_, *backend_),
+      marks_(entries_, groups_, *backend_),
+      residency_(entries_, *backend_, requests_, stats_.host()) {}
 
 Status SparseKVCacheManager::Impl::Allocate() {
-  const CacheOptions& o = options_;
+  const CacheOptions& o = entries_;
   if (pool_ == nullptr) {
     SPARSEKV_ASSIGN_OR_RETURN(
         pool_, HostKVPool::Create(o.geometry, o.host_capacity_tokens, o.host_page_tokens,
@@ -35,11 +51,11 @@ Status SparseKVCacheManager::Impl::Allocate() {
   }
   ledger_ = std::make_unique<PageLedger>(pool_.get());
   SPARSEKV_ASSIGN_OR_RETURN(const HotCacheShape shape, ChooseHotCacheShape(o));
-  options_.hot_slots = shape.hot_slots;
+  options_.hot_slots = entries_.hot_slots = shape.hot_slots;
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options_));  // the chosen slots against the rest
-  SPARSEKV_ASSIGN_OR_RETURN(hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks,
-                                                   shape.pages, shape.page_rows, backend_.get(),
-                                                   o.layers_per_index, ReplacementOf(o)));
+  SPARSEKV_ASSIGN_OR_RETURN(
+      hot_, HotCache::Create(o.geometry, o.hot_slots, o.window, shape.blocks, shape.pages,
+                             shape.page_rows, backend_.get(), groups_, ReplacementOf(o)));
   keys_.Attach(*hot_, tables_, shape.keys_per_page);
 
   SPARSEKV_RETURN_IF_ERROR(plan_.Allocate());
@@ -87,7 +103,7 @@ Status SparseKVCacheManager::Impl::UploadPageTable(const Request& r, StreamHandl
 }
 
 StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::AdmitShared(
-    RequestId id, int32_t seq_len, int64_t tokens, std::span<const int32_t> shared,
+    RequestId id, int32_t prompt_tokens, int64_t tokens, std::span<const int32_t> shared,
     int32_t spare_pages, std::vector<int32_t>& spares, bool may_be_resident, StreamHandle stream) {
   if (requests_.contains(id) || ledger_->IsRetained(id)) {
     return AlreadyExists("Admit: " + Describe(id) + " already exists");
@@ -111,8 +127,11 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
                              "(max_host_requests)");
   }
   const int32_t owner = *owner_or;
-  const int64_t key_pages = keys_.PagesFor(tokens);
-  if (!residency_.CanPlace(tokens, may_be_resident, key_pages, OpenBatch())) {
+  // In entries from here on; at least one, so that a resident request holds a page.
+  const int32_t seq_len = prompt_tokens / cadence_;
+  const int64_t entries = std::max<int64_t>(tokens / cadence_, 1);
+  const int64_t key_pages = keys_.PagesFor(entries);
+  if (!residency_.CanPlace(entries, may_be_resident, key_pages, OpenBatch())) {
     pool_->ReleaseOwner(owner);
     return ResourceExhausted(
         residency_.OnDeviceRequests() >= options_.max_requests
@@ -122,7 +141,7 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
                   " free pages, and demoting resident requests frees too few)");
   }
   const int32_t pt = options_.host_page_tokens;
-  const int64_t fresh = (tokens + pt - 1) / pt - static_cast<int64_t>(shared.size()) + spare_pages;
+  const int64_t fresh = (entries + pt - 1) / pt - static_cast<int64_t>(shared.size()) + spare_pages;
   // With a shared pool, another manager may take the pages MakeRoom found before Reserve runs;
   // Reserve then fails, all or nothing.
   PageLedger::Evictions evicted;
@@ -130,7 +149,7 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
   stats_.host().evictions += evicted.conversations;
   stats_.host().evicted_pages += evicted.pages;
   if (reserved.ok()) {
-    reserved = pool_->Reserve(owner, static_cast<int32_t>(tokens), shared, spare_pages, &spares);
+    reserved = pool_->Reserve(owner, static_cast<int32_t>(entries), shared, spare_pages, &spares);
   }
   if (!reserved.ok()) {
     pool_->ReleaseOwner(owner);
@@ -140,11 +159,13 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
   Request r{.owner = owner,
             .block = -1,
             .seq_len = seq_len,
-            .reserved = static_cast<int32_t>(tokens),
+            .reserved = static_cast<int32_t>(entries),
             .ingested = std::vector<bool>(options_.geometry.num_layers(), false),
             .ingested_layers = 0,
             .may_be_resident = may_be_resident,
-            .keys_ingested = std::vector<bool>(options_.geometry.num_layers(), false)};
+            .keys_ingested = std::vector<bool>(options_.geometry.num_layers(), false),
+            .tokens = prompt_tokens,
+            .reserved_tokens = static_cast<int32_t>(tokens)};
   // Room was checked above; a demotion that fails after all, or the backend's copies, can still.
   if (Status placed = residency_.PlaceOnDevice(r, key_pages, OpenBatch(), stream); !placed.ok()) {
     ReleaseDevice(r);
@@ -174,6 +195,7 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
                                                               std::span<const int32_t> token_ids,
                                                               int32_t max_new_tokens,
                                                               StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckCadenceOne("AdmitWithPrefix"));
   if (token_ids.empty() || max_new_tokens < 0) {
     return InvalidArgument("AdmitWithPrefix: token_ids must not be empty and max_new_tokens >= 0");
   }
@@ -229,10 +251,10 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
   const bool child_spare = partial && max_new_tokens > 0;
   const bool parent_spare = partial && p->seq_len < p->reserved && p->cow_page < 0;
   std::vector<int32_t> spares;
-  SPARSEKV_ASSIGN_OR_RETURN(Request * c,
-                            AdmitShared(child, seq_len, int64_t{seq_len} + max_new_tokens, shared,
-                                        int32_t{child_spare} + int32_t{parent_spare}, spares,
-                                        /*may_be_resident=*/false, stream));
+  SPARSEKV_ASSIGN_OR_RETURN(
+      Request * c, AdmitShared(child, p->tokens, int64_t{p->tokens} + max_new_tokens, shared,
+                               int32_t{child_spare} + int32_t{parent_spare}, spares,
+                               /*may_be_resident=*/false, stream));
   if (child_spare) c->cow_page = spares[0];
   if (parent_spare) p->cow_page = spares.back();
   c->cached = seq_len;
@@ -253,6 +275,7 @@ Status SparseKVCacheManager::Impl::IngestIndexerKeys(RequestId id, int32_t layer
 
 Status SparseKVCacheManager::Impl::AdmitSealedPrompt(RequestId id, int32_t owner, uint64_t seal,
                                                      int32_t max_new_tokens, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckCadenceOne("AdmitSealedPrompt"));
   if (max_new_tokens < 0) return InvalidArgument("AdmitSealedPrompt: max_new_tokens must be >= 0");
   if (requests_.contains(id) || ledger_->IsRetained(id)) {
     return AlreadyExists("AdmitSealedPrompt: " + Describe(id) + " already exists");
@@ -293,7 +316,10 @@ Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const voi
   if (layer < 0 || layer >= options_.geometry.num_layers()) {
     return InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) + " out of range");
   }
-  if (rows == nullptr) return InvalidArgument(std::string(op) + ": rows is null");
+  // A prompt shorter than an entry (entry_tokens > 1) has no rows to give.
+  if (rows == nullptr && r->seq_len > r->cached) {
+    return InvalidArgument(std::string(op) + ": rows is null");
+  }
   if (r->ingested[layer]) {
     return AlreadyExists(std::string(op) + ": layer " + std::to_string(layer) + " of " +
                          Describe(id) + " was already ingested (stored KV is never overwritten)");
@@ -370,6 +396,7 @@ Status SparseKVCacheManager::Impl::Release(RequestId id) {
 }
 
 StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
+  SPARSEKV_RETURN_IF_ERROR(CheckCadenceOne("Retain"));
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retain"));
   if (InOpenStep(id)) {
     return FailedPrecondition("Retain: " + Describe(id) + " is in the open step");
@@ -435,7 +462,16 @@ Status SparseKVCacheManager::Impl::Promote(RequestId id, StreamHandle stream) {
 
 Status SparseKVCacheManager::Impl::InstallExtension(const ExtensionFactory& make) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckInstallExtension());
+  SPARSEKV_RETURN_IF_ERROR(CheckCadenceOne("InstallExtension"));
   return extensions_.Install(make, *this);
+}
+
+Status SparseKVCacheManager::Impl::CheckCadenceOne(const char* op) const {
+  if (cadence_ == 1) return Status::Ok();
+  return Unimplemented(std::string(op) + ": the layers gain an entry every " +
+                       std::to_string(cadence_) +
+                       " tokens (entry_tokens), and prefix sharing, sealed prompts and extensions "
+                       "are served only at one entry per token (docs/deepseek-v4.md)");
 }
 
 Status SparseKVCacheManager::Impl::AdmitWithPages(RequestId id, int32_t prompt_len,

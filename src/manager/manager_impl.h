@@ -52,6 +52,7 @@
 #include "manager/statistics.h"
 #include "manager/step_order.h"
 #include "manager/step_plan.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/manager_extension.h"
 
@@ -117,6 +118,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   StatusOr<CacheStats> ReadStats(StreamHandle stream);
   Status ResetStats(StreamHandle stream);
   StatusOr<int32_t> SequenceLength(RequestId id) const;
+  // Unimplemented for `op` at a cadence above one token per entry (prefix sharing, sealed
+  // prompts and extensions address pages by token), else OK.
+  Status CheckCadenceOne(const char* op) const;
   StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
   const std::byte* HotLayer(int32_t layer) const { return hot_->layer_data(layer); }
   int64_t HotLayerRows() const { return hot_->layer_rows(); }
@@ -147,10 +151,11 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   StatusOr<Request*> Find(RequestId id, const char* op);
   Status UploadPageTable(const Request& r, StreamHandle stream);
   // Admission shared by Admit, AdmitWithPrefix, Fork, AdmitSealedPrompt and AdmitWithPages:
-  // checks, makes room, reserves `tokens` with `shared` as the first pages plus `spare_pages`
+  // checks, makes room, reserves the entries of `tokens` tokens (at least one) with `shared` as
+  // the first pages plus `spare_pages`
   // private pages (returned in `spares`), and places the request on the device
   // (Residency::PlaceOnDevice). REQUIRES: the caller holds a reference to every page of `shared`.
-  StatusOr<Request*> AdmitShared(RequestId id, int32_t seq_len, int64_t tokens,
+  StatusOr<Request*> AdmitShared(RequestId id, int32_t prompt_tokens, int64_t tokens,
                                  std::span<const int32_t> shared, int32_t spare_pages,
                                  std::vector<int32_t>& spares, bool may_be_resident,
                                  StreamHandle stream);
@@ -189,6 +194,14 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status CopyChunk(int32_t layer, int32_t c, StreamHandle stream);
 
   CacheOptions options_;
+  // The offloaded layers' cadence r (LayerShape::entry_tokens), and the options in entry units,
+  // which the parts are sized and addressed in: a request of n tokens holds floor(n / r) entries,
+  // a row of the host pool and a slot of the hot cache each; max_context and
+  // host_capacity_tokens count entries (at r = 1, options_ itself).
+  const int32_t cadence_;
+  CacheOptions entries_;
+  // Which layers share a top-k, and each group's top-k.
+  const IndexGroups groups_;
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<HostKVPool> pool_;
   std::unique_ptr<HotCache> hot_;

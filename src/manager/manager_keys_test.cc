@@ -124,6 +124,37 @@ TEST_F(ManagerKeysTest, KeysAndResidentRowsShareTheMemory) {
   Step({1, 2, 3});
 }
 
+// GLM-5.3: only a group's first layer holds keys. Layer 1 shares layer 0's top-k and has none:
+// its keys are refused, its view is empty, a step appends no key to it (null keys are fine), and
+// a request needs only layer 0's keys to join a step.
+TEST_F(ManagerKeysTest, OnlyKeyedLayersHoldKeys) {
+  CacheOptions o = Options(3);
+  o.geometry.layers[0].index_group = o.geometry.layers[1].index_group = 0;
+  o.geometry.layers[1].indexer_keys = false;
+  Create(o);
+  ASSERT_TRUE(m_->Admit(1, kPrompt, kNew, nullptr).ok());
+  std::vector<Bytes> layers;
+  for (int32_t l = 0; l < kLayers; ++l) {
+    layers.push_back(Rows(1, l, 0, kPrompt));
+    ASSERT_TRUE(m_->IngestPrompt(1, l, layers.back().data(), nullptr).ok());
+  }
+  const Bytes keys = testing::KeysOf(layers[0].data(), kPrompt, LayerShape{kRow, kRow}, kKey);
+  const Status refused = m_->IngestIndexerKeys(1, 1, keys.data(), nullptr);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("indexer_keys is false"), std::string::npos)
+      << refused.message();
+  ASSERT_TRUE(m_->IngestIndexerKeys(1, 0, keys.data(), nullptr).ok());
+  model_->Add(1, layers, kPrompt);
+  EXPECT_EQ(m_->IndexerKeys(1).keys, nullptr);
+  Step({1});  // CheckKeys: layer 0's keys, layer 1's empty view
+
+  // By hand: AppendToken of the unkeyed layer takes null keys, the keyed one does not.
+  ASSERT_TRUE(m_->PlanStep(std::vector<RequestId>{1}, nullptr).ok());
+  const Bytes row = Rows(1, 0, kPrompt + 1, 1);
+  EXPECT_EQ(m_->AppendToken(0, row.data(), nullptr, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(m_->AppendToken(1, row.data(), nullptr, nullptr).ok());
+}
+
 TEST_F(ManagerKeysTest, RetractedRequestsKeepTheirKeysAndForksCopyThem) {
   Create(Options(3));
   AdmitAndIngest(1);

@@ -131,5 +131,82 @@ TEST(ManagerModelTest, HybridResidencyMatchesTheDenseModel) {
   EXPECT_GT(mixed, 0u);
 }
 
+// GLM-5.3's layers (testing::RandomGroupedOptions): explicit index groups of one and four layers,
+// two top-k among them, indexer keys on the groups' first layers only, with hybrid residency,
+// sharing operations (prefixes, forks, retained conversations), retract / resume, deferred
+// ingestion, the split run, prefetches and copy chunks drawn per seed. Exactness as above, keys
+// included.
+TEST(ManagerModelTest, ExplicitIndexGroupsMatchTheDenseModel) {
+  int total_steps = 0;
+  uint64_t keyed = 0, resident_hits = 0, prefetched = 0, chunked = 0, shared = 0;
+  for (uint64_t seed : testing::TestSeeds(24)) {
+    SCOPED_TRACE("seed " + std::to_string(seed) +
+                 " (rerun with SPARSEKV_TEST_SEED=" + std::to_string(seed) + ")");
+    testing::WorkloadShape shape;
+    shape.sharing = seed % 4 < 2;
+    shape.deferred_ingest = !shape.sharing;
+    shape.run.split = seed % 5 < 2;
+    shape.run.prefetch = seed % 3 == 1 ? 1 + static_cast<int32_t>(seed % 4) : 0;
+    const CacheOptions options = testing::RandomGroupedOptions(seed, shape.run.prefetch);
+    shape.run.prefetch = std::min(shape.run.prefetch, options.max_prefetch);
+    ASSERT_EQ(options.index_groups(), options.geometry.num_layers() == 6 ? 3 : 4);
+    auto m = SparseKVCacheManager::Create(options, CreateCpuBackend());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    testing::RandomWorkload w(options, seed, {m->get()}, shape);
+    total_steps += w.Run(300);
+    w.CheckStats();
+    const CacheStats s = *(*m)->ReadStats(nullptr);
+    keyed += options.indexer_key_bytes > 0;
+    resident_hits += s.total.resident_hits;
+    prefetched += s.prefetch_rows;
+    chunked += options.copy_chunk_rows > 0;
+    shared += s.prefix_hit_tokens > 0;
+    w.ReleaseAll();
+    if (HasFailure()) break;
+  }
+  RecordProperty("steps", total_steps);
+  EXPECT_GT(total_steps, 1000);
+  EXPECT_GT(keyed, 0u);
+  EXPECT_GT(resident_hits, 0u);
+  EXPECT_GT(prefetched, 0u);
+  EXPECT_GT(chunked, 0u);
+  EXPECT_GT(shared, 0u);
+}
+
+// An entry every 4 tokens in every layer (testing::RandomCadenceOptions: uniform or GLM-5.3's
+// groups, keys, hybrid residency, split runs, prefetches, copy chunks): only the steps that
+// complete an entry append, the top-k names entries, requests may hold none yet; with deferred
+// ingestion, retract / resume and promotion. Exactness as above, keys (one per entry) included.
+TEST(ManagerModelTest, EntriesEveryFourTokensMatchTheDenseModel) {
+  int total_steps = 0;
+  uint64_t appended = 0, keyed = 0, resident_hits = 0;
+  for (uint64_t seed : testing::TestSeeds(24)) {
+    SCOPED_TRACE("seed " + std::to_string(seed) +
+                 " (rerun with SPARSEKV_TEST_SEED=" + std::to_string(seed) + ")");
+    testing::WorkloadShape shape;
+    shape.deferred_ingest = seed % 3 != 0;
+    shape.run.split = seed % 5 < 2;
+    shape.run.prefetch = seed % 4 == 1 ? 1 + static_cast<int32_t>(seed % 3) : 0;
+    const CacheOptions options = testing::RandomCadenceOptions(seed, shape.run.prefetch, 4);
+    shape.run.prefetch = std::min(shape.run.prefetch, options.max_prefetch);
+    auto m = SparseKVCacheManager::Create(options, CreateCpuBackend());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    testing::RandomWorkload w(options, seed, {m->get()}, shape);
+    total_steps += w.Run(300);
+    w.CheckStats();
+    const CacheStats s = *(*m)->ReadStats(nullptr);
+    appended += s.bytes_device_to_host;
+    keyed += options.indexer_key_bytes > 0;
+    resident_hits += s.total.resident_hits;
+    w.ReleaseAll();
+    if (HasFailure()) break;
+  }
+  RecordProperty("steps", total_steps);
+  EXPECT_GT(total_steps, 1000);
+  EXPECT_GT(appended, 0u);
+  EXPECT_GT(keyed, 0u);
+  EXPECT_GT(resident_hits, 0u);
+}
+
 }  // namespace
 }  // namespace sparsekv

@@ -64,34 +64,37 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     if (r->ingested_layers != options_.geometry.num_layers()) {
       return FailedPrecondition("PlanStep: " + Describe(id) + " has layers not yet ingested");
     }
-    if (keys_.enabled() && r->keys_ingested_layers != options_.geometry.num_layers()) {
+    if (keys_.enabled() && r->keys_ingested_layers != keys_.keyed_layers()) {
       return FailedPrecondition("PlanStep: " + Describe(id) +
                                 " has layers whose indexer keys are not yet ingested");
     }
-    if (r->seq_len >= r->reserved) {
+    if (r->tokens >= r->reserved_tokens) {
       return OutOfRange("PlanStep: " + Describe(id) + " reached its reserved length (" +
-                        std::to_string(r->reserved) + " tokens)");
+                        std::to_string(r->reserved_tokens) + " tokens)");
     }
   }
-  const auto [entries, append_slot, append_row, append_key] =
-      plan_.Begin(static_cast<int32_t>(batch.size()));
+  BatchEntry* entries = plan_.Begin(static_cast<int32_t>(batch.size())).entries;
   for (int32_t b = 0; b < max_batch; ++b) {
     if (b >= static_cast<int32_t>(batch.size())) {
       entries[b] = BatchEntry{-1, 0, 0};
-      append_slot[b] = append_row[b] = append_key[b] = -1;
       continue;
     }
     Request& r = requests_.at(batch[b]);
-    const int32_t position = r.seq_len++;
-    SPARSEKV_RETURN_IF_ERROR(PrepareAppend(r, position, stream));
-    if (r.token_ids.size() == static_cast<size_t>(position) && token_ids != nullptr) {
-      r.token_ids.push_back((*token_ids)[b]);
+    // The step's token completes an entry every cadence_ tokens (EntriesAt); only those rows
+    // append.
+    if (EntriesAt(++r.tokens, cadence_).completed != kNoEntry) {
+      const int32_t position = r.seq_len++;
+      SPARSEKV_RETURN_IF_ERROR(PrepareAppend(r, position, stream));
+      if (cadence_ == 1 && r.token_ids.size() == static_cast<size_t>(position) &&
+          token_ids != nullptr) {
+        r.token_ids.push_back((*token_ids)[b]);
+      }
+      plan_.Append(
+          b,
+          r.resident() ? residency_.ResidentSlot(r, position) : hot_->WindowSlot(r.block, position),
+          pool_->HostRow(r.owner, position), keys_.enabled() ? keys_.Word(r, position) : -1);
     }
     entries[b] = BatchEntry{r.block, r.seq_len, r.owner, r.resident() ? r.owner : kNotResident};
-    append_slot[b] =
-        r.resident() ? residency_.ResidentSlot(r, position) : hot_->WindowSlot(r.block, position);
-    append_row[b] = pool_->HostRow(r.owner, position);
-    append_key[b] = keys_.enabled() ? keys_.Word(r, position) : -1;
   }
   plan_.SetBatch(batch);
   extensions_.BeginStep(plan_.batch(), stream);
@@ -104,8 +107,10 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
                                                const void* new_keys, StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "AppendToken"));
   if (new_rows == nullptr) return InvalidArgument("AppendToken: new_rows is null");
-  if (keys_.enabled() && new_keys == nullptr) {
-    return InvalidArgument("AppendToken: new_keys is null (the manager keeps indexer keys)");
+  if (keys_.Keyed(layer) && new_keys == nullptr) {
+    return InvalidArgument(
+        "AppendToken: new_keys is null (the manager keeps indexer keys of layer " +
+        std::to_string(layer) + ")");
   }
   SPARSEKV_RETURN_IF_ERROR(order_.CheckAppend(layer));
   const LayerShape shape = options_.geometry.layers[layer];
@@ -115,7 +120,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   to_window.dst = hot_->layer_data(layer);
   to_window.src_index = plan_.append_src_device();
   to_window.dst_index = plan_.append_slot_device();
-  to_window.count = plan_.batch_size_device();
+  to_window.count = plan_.append_count_device();
   to_window.capacity = max_batch;
   to_window.row_bytes = shape.row_stride;
   to_window.src_stride = to_window.dst_stride = shape.row_stride;
@@ -123,7 +128,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   to_window.dst_rows = hot_->layer_rows();
   to_window.invalid = stats_.invalid_copies();
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_window, stream));
-  if (keys_.enabled()) {
+  if (keys_.Keyed(layer)) {
     SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(
         keys_.AppendCopy(to_window, shape, new_keys, plan_.append_key_device()), stream));
   }
@@ -142,7 +147,7 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
   SPARSEKV_RETURN_IF_ERROR(backend_->Fork(stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_host, backend_->SideStream()));
   order_.MarkAppended(layer);
-  stats_.CountAppend(plan_.batch().size(), shape.row_bytes);
+  stats_.CountAppend(plan_.append_count(), shape.row_bytes);
   return Status::Ok();
 }
 
@@ -158,10 +163,15 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
   if (topk == nullptr || slots == nullptr) {
     return InvalidArgument("ResolveLayer: topk and slots must not be null");
   }
-  if (topk_stride == 0) topk_stride = options_.top_k;
-  if (topk_stride < options_.top_k) return InvalidArgument("ResolveLayer: topk_stride < top_k");
+  const int32_t top_k = groups_.LayerTopK(layer);
+  if (topk_stride == 0) topk_stride = top_k;
+  if (topk_stride < top_k) {
+    return InvalidArgument("ResolveLayer: topk_stride " + std::to_string(topk_stride) +
+                           " < top_k of layer " + std::to_string(layer) + " (" +
+                           std::to_string(top_k) + ")");
+  }
   SPARSEKV_RETURN_IF_ERROR(order_.CheckResolveOrder(layer));
-  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, options_.top_k, topk_stride, slots, fill_mask,
+  SPARSEKV_RETURN_IF_ERROR(Resolve(layer, topk, top_k, topk_stride, slots, fill_mask,
                                    plan_.StepMissList(layer), stats_.resolve_counters(layer),
                                    /*own_copy=*/true, stream));
   order_.MarkResolved(layer);
@@ -200,6 +210,7 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.miss_count = list.count;
   resolve.miss_capacity = own_copy ? plan_.step_list_capacity() : max_batch * top_k;
   resolve.chunk_rows = own_copy ? options_.copy_chunk_rows : 0;
+  resolve.chunk_stride = own_copy && options_.copy_chunk_rows > 0 ? plan_.chunk_entries() : 0;
   resolve.counters = counters;
   resolve.fill_mask = fill_mask;
   resolve.sort_misses = options_.sort_misses;
@@ -211,8 +222,9 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   resolve.block_pages = hot_->block_pages();
   resolve.pages_per_block = hot_->pages_per_block();
   resolve.block_page_rows = hot_->page_rows();
-  // A step's resolve may copy its own misses; the list then stays empty.
-  if (own_copy && options_.fused_copy_min_batch > 0 && options_.layers_per_index == 1 &&
+  // A step's resolve may copy its own misses; the list then stays empty. Not where other layers
+  // of the group copy from the list.
+  if (own_copy && options_.fused_copy_min_batch > 0 && groups_.Size(groups_.Of(layer)) == 1 &&
       !extensions_.active()) {
     const IndexCopyView copy = PoolToHotCopy(*pool_, *hot_, options_.geometry.layers[layer], layer,
                                              list, max_batch * top_k, stats_.invalid_copies());
@@ -285,11 +297,11 @@ Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* s
   a.hot_rows = hot_->layer_rows();
   a.slots = slots;
   a.out = static_cast<std::byte*>(assembled);
-  a.top_k = options_.top_k;
+  a.top_k = groups_.LayerTopK(layer);
   a.row_bytes = shape.row_bytes;
   a.stride = shape.row_stride;
   SPARSEKV_RETURN_IF_ERROR(backend_->Assemble(a, max_batch, stream));
-  stats_.CountAssemble(plan_.batch().size(), options_.top_k, shape.row_bytes);
+  stats_.CountAssemble(plan_.batch().size(), a.top_k, shape.row_bytes);
   return Status::Ok();
 }
 
@@ -331,10 +343,8 @@ Status SparseKVCacheManager::Impl::CopyPrefetch(int32_t layer, StreamHandle stre
     copy_blocks =
         options_.prefetch_copy_blocks > 0 ? options_.prefetch_copy_blocks : options_.copy_blocks;
   }
-  const int32_t group = layer / options_.layers_per_index;
-  const int32_t first = group * options_.layers_per_index;
-  const int32_t last = std::min(first + options_.layers_per_index, options_.geometry.num_layers());
-  for (int32_t l = first; l < last; ++l) {
+  const int32_t group = groups_.Of(layer);
+  for (int32_t l = groups_.First(group); l < groups_.End(group); ++l) {
     SPARSEKV_RETURN_IF_ERROR(
         Copy(l, plan_.prefetch_list(), plan_.prefetch_capacity(), copy_blocks, stream));
   }
@@ -359,7 +369,7 @@ void SparseKVCacheManager::Impl::CloseStep() {
 
 Status SparseKVCacheManager::Impl::FinishReplayedStep() {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckFinishReplayed(stats_.run_phase_recorded()));
-  stats_.CountReplayedStep(plan_.batch().size());
+  stats_.CountReplayedStep(plan_.batch().size(), plan_.append_count());
   CloseStep();
   return Status::Ok();
 }
@@ -419,7 +429,7 @@ Status SparseKVCacheManager::Impl::ResetStats(StreamHandle stream) {
 StatusOr<int32_t> SparseKVCacheManager::Impl::SequenceLength(RequestId id) const {
   auto it = requests_.find(id);
   if (it == requests_.end()) return NotFound("SequenceLength: " + Describe(id) + " is unknown");
-  return it->second.seq_len;
+  return it->second.tokens;
 }
 
 StatusOr<std::vector<int32_t>> SparseKVCacheManager::Impl::HostPages(RequestId id) const {

@@ -4,13 +4,13 @@
 
 namespace sparsekv {
 
-PrefetchMarks::PrefetchMarks(const CacheOptions& options, Backend& backend)
-    : options_(options), memory_(backend) {}
+PrefetchMarks::PrefetchMarks(const CacheOptions& options, const IndexGroups& groups,
+                             Backend& backend)
+    : options_(options), groups_(groups), memory_(backend) {}
 
 Status PrefetchMarks::Allocate(int32_t blocks, int32_t hot_slots) {
   if (options_.max_prefetch <= 0) return Status::Ok();
-  const int32_t per = options_.layers_per_index;
-  const int32_t groups = (options_.geometry.num_layers() + per - 1) / per;
+  const int32_t groups = groups_.count();
   group_bytes_ = int64_t{blocks} * hot_slots;
   SPARSEKV_ASSIGN_OR_RETURN(marks_, memory_.Allocate<uint8_t>(groups * group_bytes_));
   prefetched_.assign(groups, 0);
@@ -19,7 +19,7 @@ Status PrefetchMarks::Allocate(int32_t blocks, int32_t hot_slots) {
 
 void PrefetchMarks::Attach(ResolveView& view, int32_t layer, bool prefetch) {
   if (!enabled()) return;
-  const int32_t group = layer / options_.layers_per_index;
+  const int32_t group = groups_.Of(layer);
   view.prefetch_mark = marks_ + group * group_bytes_;
   view.prefetch_fills = prefetch;
   if (prefetch) {

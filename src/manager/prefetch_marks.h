@@ -24,6 +24,7 @@
 
 #include "manager/device_memory.h"
 #include "sparsekv/backend.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/kernel_views.h"
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
@@ -32,8 +33,8 @@ namespace sparsekv {
 
 class PrefetchMarks {
  public:
-  // `options` must outlive it.
-  PrefetchMarks(const CacheOptions& options, Backend& backend);
+  // `options` and `groups` (the index groups of `options`) must outlive it.
+  PrefetchMarks(const CacheOptions& options, const IndexGroups& groups, Backend& backend);
   PrefetchMarks(const PrefetchMarks&) = delete;
   PrefetchMarks& operator=(const PrefetchMarks&) = delete;
 
@@ -61,6 +62,7 @@ class PrefetchMarks {
 
  private:
   const CacheOptions& options_;
+  const IndexGroups& groups_;
   DeviceMemory memory_;
   uint8_t* marks_ = nullptr;      // [groups, blocks, hot_slots]
   int64_t group_bytes_ = 0;       // blocks * hot_slots

@@ -23,7 +23,8 @@ CacheOptions Options(int32_t max_prefetch) {
 TEST(PrefetchMarksTest, WithoutAPrefetchHoldsNothingAndLeavesViewsAlone) {
   const CacheOptions options = Options(0);
   std::shared_ptr<Backend> backend = CreateCpuBackend();
-  PrefetchMarks marks(options, *backend);
+  const IndexGroups groups(options);
+  PrefetchMarks marks(options, groups, *backend);
   ASSERT_TRUE(marks.Allocate(4, 8).ok());
   EXPECT_FALSE(marks.enabled());
   EXPECT_EQ(marks.device_bytes(), 0);
@@ -39,7 +40,8 @@ TEST(PrefetchMarksTest, WithoutAPrefetchHoldsNothingAndLeavesViewsAlone) {
 TEST(PrefetchMarksTest, GivesEachGroupItsMarksAndCountsMissesOnlyAfterAPrefetch) {
   const CacheOptions options = Options(2);
   std::shared_ptr<Backend> backend = CreateCpuBackend();
-  PrefetchMarks marks(options, *backend);
+  const IndexGroups groups(options);
+  PrefetchMarks marks(options, groups, *backend);
   ASSERT_TRUE(marks.Allocate(4, 8).ok());
   ASSERT_TRUE(marks.enabled());
   EXPECT_EQ(marks.device_bytes(), 2 * 4 * 8);  // two groups of 4 blocks of 8 slots
@@ -70,7 +72,8 @@ TEST(PrefetchMarksTest, GivesEachGroupItsMarksAndCountsMissesOnlyAfterAPrefetch)
 TEST(PrefetchMarksTest, ResetClearsTheMarksAndThePendingPrefetches) {
   const CacheOptions options = Options(2);
   std::shared_ptr<Backend> backend = CreateCpuBackend();
-  PrefetchMarks marks(options, *backend);
+  const IndexGroups groups(options);
+  PrefetchMarks marks(options, groups, *backend);
   ASSERT_TRUE(marks.Allocate(1, 4).ok());
   ResolveView prefetch{};
   marks.Attach(prefetch, 0, /*prefetch=*/true);

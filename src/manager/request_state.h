@@ -10,10 +10,12 @@
 namespace sparsekv {
 
 struct RequestState {
-  int32_t owner;               // row in the host pool's page table (and the residency table)
-  int32_t block;               // hot-cache block; -1 while resident or retracted
-  int32_t seq_len;             // tokens with KV
-  int32_t reserved;            // tokens reserved in the host pool
+  int32_t owner;  // row in the host pool's page table (and the residency table)
+  int32_t block;  // hot-cache block; -1 while resident or retracted
+  // Entries (rows of the host pool, one per LayerShape::entry_tokens tokens: tokens at cadence 1)
+  // with KV, and entries reserved in the host pool; the tokens are below.
+  int32_t seq_len;
+  int32_t reserved;
   std::vector<bool> ingested;  // per layer
   int32_t ingested_layers;
   int32_t cached = 0;  // prompt positions [0, cached) shared at admission, never ingested
@@ -34,6 +36,10 @@ struct RequestState {
   std::vector<int32_t> key_pages{};
   std::vector<bool> keys_ingested{};
   int32_t keys_ingested_layers = 0;
+
+  // Tokens appended (the prompt's and each step's), and the tokens the request may reach.
+  int32_t tokens = 0;
+  int32_t reserved_tokens = 0;
 
   bool resident() const { return !resident_pages.empty(); }
   bool on_device() const { return block >= 0 || resident(); }

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "sparsekv/index_groups.h"
+
 namespace sparsekv {
 
 Statistics::Statistics(const CacheOptions& options, Backend& backend)
@@ -24,11 +26,12 @@ StatusOr<CacheStats> Statistics::Read(StreamHandle stream) const {
   SPARSEKV_RETURN_IF_ERROR(backend.CopyAsync(&invalid, invalid_copies_, sizeof(invalid), stream));
   SPARSEKV_RETURN_IF_ERROR(backend.Synchronize(stream));
 
+  const IndexGroups groups(options_);
   CacheStats s;
   static_cast<HostCounters&>(s) = host_;  // bytes_host_to_device gains the copies
   for (int32_t l = 0; l < layers; ++l) {
     // A layer that shares its group's top-k copies what the group's first layer resolved.
-    const ResolveCounters& c = counters[l - l % options_.layers_per_index];
+    const ResolveCounters& c = counters[groups.Leader(l)];
     LayerStats ls{c.hits,       c.window_hits,  c.misses,       c.padding,
                   c.duplicates, c.out_of_range, c.resident_hits};
     s.layers.push_back(ls);
@@ -47,8 +50,8 @@ StatusOr<CacheStats> Statistics::Read(StreamHandle stream) const {
     s.bytes_host_to_device += ls.misses * options_.geometry.layers[l].row_bytes;
   }
   for (int32_t l = 0; l < layers; ++l) {
-    const ResolveCounters& p = counters[layers + l - l % options_.layers_per_index];
-    if (l % options_.layers_per_index == 0) {
+    const ResolveCounters& p = counters[layers + groups.Leader(l)];
+    if (groups.Leads(l)) {
       s.prefetch_lookups += p.hits + p.window_hits + p.misses + p.resident_hits;
       s.prefetch_rows += p.misses;
       s.prefetch_wasted_rows += p.prefetch_wasted;  // a prefetch took a prefetched row's slot

@@ -60,8 +60,11 @@ class Statistics {
   }
   // Whether a complete run phase was ever recorded (a replay has bytes to count).
   bool run_phase_recorded() const { return step_bytes_to_host_ != 0; }
-  void CountReplayedStep(size_t batch_size) {
-    host_.bytes_device_to_host += batch_size * step_bytes_to_host_;
+  void CountReplayedStep(size_t batch_size) { CountReplayedStep(batch_size, batch_size); }
+  // The same where only `appended` of the requests appended (the others' steps completed no
+  // entry: LayerShape::entry_tokens > 1).
+  void CountReplayedStep(size_t batch_size, size_t appended) {
+    host_.bytes_device_to_host += appended * step_bytes_to_host_;
     host_.bytes_assembled += batch_size * step_bytes_assembled_;
   }
 

@@ -5,7 +5,11 @@
 namespace sparsekv {
 
 StepOrder::StepOrder(const Shape& shape)
+    : StepOrder(shape, IndexGroups::Uniform(shape.layers, shape.layers_per_index, 1)) {}
+
+StepOrder::StepOrder(const Shape& shape, const IndexGroups& groups)
     : shape_(shape),
+      groups_(groups),
       chunks_(shape.copy_chunk_rows > 0
                   ? (shape.max_batch + shape.copy_chunk_rows - 1) / shape.copy_chunk_rows
                   : 1),
@@ -44,9 +48,7 @@ Status StepOrder::RefuseAppend(int32_t layer) const {
 }
 
 int32_t StepOrder::FirstUncopied(int32_t group) const {
-  const int32_t n = shape_.layers_per_index;
-  const int32_t last = std::min((group + 1) * n, shape_.layers);
-  for (int32_t l = group * n; l < last; ++l) {
+  for (int32_t l = groups_.First(group); l < groups_.End(group); ++l) {
     if (!copied_[l]) return l;
   }
   return -1;
@@ -57,11 +59,11 @@ std::string StepOrder::DescribeLayer(int32_t layer) const {
 }
 
 Status StepOrder::CheckResolveLayer(int32_t layer) const {
-  if (layer % shape_.layers_per_index != 0) {
+  if (!groups_.Leads(layer)) {
     return FailedPrecondition("ResolveLayer: layer " + std::to_string(layer) +
                               " shares the top-k of layer " +
-                              std::to_string(layer - layer % shape_.layers_per_index) +
-                              " (layers_per_index); that layer resolves for it");
+                              std::to_string(groups_.Leader(layer)) + " (" + groups_.option() +
+                              "); that layer resolves for it");
   }
   if (!appended_[layer]) {
     return FailedPrecondition("ResolveLayer: AppendToken(" + std::to_string(layer) +
@@ -155,7 +157,7 @@ Status StepOrder::CheckAssemble(int32_t layer) const {
 }
 
 Status StepOrder::CheckPrefetchLayer(int32_t layer) const {
-  if (layer % shape_.layers_per_index != 0) {
+  if (!groups_.Leads(layer)) {
     return FailedPrecondition("PrefetchLayer: layer " + std::to_string(layer) +
                               " is not the first of its index group");
   }

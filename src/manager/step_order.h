@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "sparsekv/index_groups.h"
 #include "sparsekv/status.h"
 
 namespace sparsekv {
@@ -25,18 +26,19 @@ class StepOrder {
  public:
   struct Shape {
     int32_t layers = 1;
-    int32_t layers_per_index = 1;  // layers sharing one top-k (an index group)
+    int32_t layers_per_index = 1;  // layers sharing one top-k (uniform index groups)
     int32_t max_batch = 1;
     int32_t copy_chunk_rows = 0;  // batch rows per copy chunk; 0: one miss list, no chunks
   };
+  // Uniform index groups of shape.layers_per_index layers.
   explicit StepOrder(const Shape& shape);
+  // The index groups `groups` (over shape.layers layers; shape.layers_per_index is not read).
+  StepOrder(const Shape& shape, const IndexGroups& groups);
 
   bool open() const { return open_; }
   // Copy chunks of a step's miss list: ceil(max_batch / copy_chunk_rows), or 1 without chunks.
   int32_t chunks() const { return chunks_; }
-  int32_t groups() const {
-    return (shape_.layers + shape_.layers_per_index - 1) / shape_.layers_per_index;
-  }
+  int32_t groups() const { return groups_.count(); }
 
   // ---- Planning ----
   Status CheckPlan() const;              // PlanStep: no step may be open
@@ -91,7 +93,7 @@ class StepOrder {
   int32_t prefetch_pending() const { return prefetch_pending_; }
 
  private:
-  int32_t Group(int32_t layer) const { return layer / shape_.layers_per_index; }
+  int32_t Group(int32_t layer) const { return groups_.Of(layer); }
   // The first layer of `group` that has no CopyMisses in the open step, or -1.
   int32_t FirstUncopied(int32_t group) const;
   // "layer 3 (index group 1)": how the run-phase errors name a layer.
@@ -100,6 +102,7 @@ class StepOrder {
   Status RefuseAppend(int32_t layer) const;
 
   Shape shape_;
+  IndexGroups groups_;
   int32_t chunks_;
   bool open_ = false;
   int32_t batch_chunks_ = 0;    // chunks holding a row of the open step's batch

@@ -273,5 +273,34 @@ TEST(StepOrderTest, OpeningAStepForgetsTheLastOne) {
   EXPECT_TRUE(order.CheckAppend(0).ok());
 }
 
+// Explicit groups (GLM-5.3's {0}, {1}, {2-5}): only a group's first layer resolves, the error
+// names index_group, and group 2 waits for group 0's copies (the list they share).
+TEST(StepOrderGroupsTest, ExplicitGroupsResolveOnTheirFirstLayer) {
+  CacheOptions o;
+  o.geometry = KVGeometry::Uniform(6, 8);
+  for (int32_t l = 0; l < 6; ++l) o.geometry.layers[l].index_group = l <= 2 ? l : 2;
+  StepOrder order({.layers = 6, .max_batch = 4}, IndexGroups(o));
+  EXPECT_EQ(order.groups(), 3);
+  order.Open(2);
+  for (int32_t l = 0; l < 6; ++l) order.MarkAppended(l);
+  ExpectRefused(order.CheckResolveLayer(4), StatusCode::kFailedPrecondition,
+                "ResolveLayer: layer 4 shares the top-k of layer 2 (index_group); that layer "
+                "resolves for it");
+  ASSERT_TRUE(order.CheckResolveOrder(0).ok());
+  order.MarkResolved(0);
+  ASSERT_TRUE(order.CheckResolveOrder(1).ok());
+  order.MarkResolved(1);
+  ExpectRefused(order.CheckResolveOrder(2), StatusCode::kFailedPrecondition,
+                "ResolveLayer: layer 2 (index group 2) reuses the miss list of index group 0, "
+                "whose layer 0 has no CopyMisses in this step yet");
+  EXPECT_TRUE(order.MarkChunkCopied(0, 0));
+  ASSERT_TRUE(order.CheckResolveLayer(2).ok());
+  ASSERT_TRUE(order.CheckResolveOrder(2).ok());
+  order.MarkResolved(2);
+  EXPECT_TRUE(order.CheckCopyMisses(5).ok());
+  ExpectRefused(order.CheckPrefetchLayer(3), StatusCode::kFailedPrecondition,
+                "PrefetchLayer: layer 3 is not the first of its index group");
+}
+
 }  // namespace
 }  // namespace sparsekv

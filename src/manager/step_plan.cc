@@ -14,12 +14,12 @@ int32_t ChunksOf(const CacheOptions& o) {
 
 StepPlan::StepPlan(const CacheOptions& options, Backend& backend)
     : max_batch_(options.effective_max_batch()),
-      layers_per_index_(options.layers_per_index),
+      groups_(options),
       max_prefetch_(options.max_prefetch),
       chunks_(ChunksOf(options)),
       chunk_entries_((options.copy_chunk_rows > 0 ? options.copy_chunk_rows : max_batch_) *
-                     options.top_k),
-      miss_counts_(options.index_groups() * chunks_),
+                     groups_.max_top_k()),
+      miss_counts_(groups_.count() * chunks_),
       layout_(max_batch_, miss_counts_),
       backend_(&backend),
       memory_(backend) {}

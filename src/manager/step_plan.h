@@ -7,12 +7,16 @@
 // hands it.
 //
 // The plan region, uploaded with one copy per step:
-//   [batch_size: int32, padded to 16 B][batch: BatchEntry x max_batch]
-//   [append_src: int32 x max_batch]   b -> b (row of the caller's new_rows)
-//   [append_slot: int32 x max_batch]  window slot of the newest token
-//   [append_row: int32 x max_batch]   host row of the newest token
-//   [append_key: int32 x max_batch]   with indexer keys: where the newest token's key goes, in
+//   [batch_size: int32, append_count: int32, padded to 16 B][batch: BatchEntry x max_batch]
+//   [append_src: int32 x max_batch]   the append list: the batch rows whose step completes an
+//                                     entry (every row at entry_tokens 1), as rows of the
+//                                     caller's new_rows, compacted; append_count of them
+//   [append_slot: int32 x max_batch]  window slot of each appended entry
+//   [append_row: int32 x max_batch]   host row of each appended entry
+//   [append_key: int32 x max_batch]   with indexer keys: where each appended entry's key goes, in
 //                                     4-byte words of a layer's device memory
+// The append kernels are launched for max_batch entries and read append_count on the device, so
+// a captured graph stays valid whichever rows complete an entry.
 //   [miss_count: int32 x index groups x chunks] each group's miss count (per copy chunk), 0
 //                                     until its resolve (so that no resolve needs a memset)
 //
@@ -27,6 +31,7 @@
 
 #include "manager/device_memory.h"
 #include "sparsekv/backend.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/kernel_views.h"
 #include "sparsekv/manager_extension.h"
 #include "sparsekv/options.h"
@@ -47,6 +52,7 @@ class StepPlan {
           miss_count(append_key + sizeof(int32_t) * max_batch),
           bytes(miss_count + sizeof(int32_t) * counts) {}
     size_t batch_size = 0;
+    size_t append_count = sizeof(int32_t);
     size_t batch;
     size_t append_src;
     size_t append_slot;
@@ -55,7 +61,8 @@ class StepPlan {
     size_t miss_count;
     size_t bytes;
   };
-  // The host mirror's per-row parts, [max_batch] each, for PlanStep to fill.
+  // The host mirror's per-row parts, [max_batch] each, for PlanStep to fill: the batch table
+  // by batch row; the append list (its entries in list order) through Append.
   struct Rows {
     BatchEntry* entries;
     int32_t* append_slot;
@@ -70,13 +77,30 @@ class StepPlan {
   Status Allocate();
 
   // ---- Plan phase ----
-  // Starts the host mirror of a step of `batch_size` rows: its size, and every miss count 0.
+  // Starts the host mirror of a step of `batch_size` rows: its size, an empty append list, and
+  // every miss count 0.
   Rows Begin(int32_t batch_size) {
     std::byte* plan = host_.data();
     *At<int32_t>(plan, layout_.batch_size) = batch_size;
+    *At<int32_t>(plan, layout_.append_count) = 0;
     std::fill_n(At<int32_t>(plan, layout_.miss_count), miss_counts_, 0);
     return Rows{At<BatchEntry>(plan, layout_.batch), At<int32_t>(plan, layout_.append_slot),
                 At<int32_t>(plan, layout_.append_row), At<int32_t>(plan, layout_.append_key)};
+  }
+  // Adds batch row b, whose step completes an entry, to the append list: its entry goes to
+  // `slot` (device), `row` (host pool) and, with keys, key word `key` (-1: none).
+  void Append(int32_t b, int32_t slot, int32_t row, int32_t key) {
+    std::byte* plan = host_.data();
+    int32_t& count = *At<int32_t>(plan, layout_.append_count);
+    At<int32_t>(plan, layout_.append_src)[count] = b;
+    At<int32_t>(plan, layout_.append_slot)[count] = slot;
+    At<int32_t>(plan, layout_.append_row)[count] = row;
+    At<int32_t>(plan, layout_.append_key)[count] = key;
+    ++count;
+  }
+  // Entries in the append list of the planned step (the host mirror's).
+  int32_t append_count() const {
+    return *At<int32_t>(const_cast<std::byte*>(host_.data()), layout_.append_count);
   }
   void SetBatch(std::span<const RequestId> batch) { batch_.assign(batch.begin(), batch.end()); }
   // Copies the host mirror to the device copy on `stream`.
@@ -93,6 +117,7 @@ class StepPlan {
 
   // ---- The device copy, for the run phase's views ----
   int32_t* batch_size_device() const { return At<int32_t>(device_, layout_.batch_size); }
+  int32_t* append_count_device() const { return At<int32_t>(device_, layout_.append_count); }
   BatchEntry* batch_device() const { return At<BatchEntry>(device_, layout_.batch); }
   int32_t* append_src_device() const { return At<int32_t>(device_, layout_.append_src); }
   int32_t* append_slot_device() const { return At<int32_t>(device_, layout_.append_slot); }
@@ -103,13 +128,14 @@ class StepPlan {
   // The miss list of `layer`'s index group: groups alternate between two lists, and each group's
   // counts (one per chunk) are its own, in the plan region.
   MissList StepMissList(int32_t layer) const {
-    const int32_t group = layer / layers_per_index_;
+    const int32_t group = groups_.Of(layer);
     MissList list = lists_[group % 2];
     list.count = At<int32_t>(device_, layout_.miss_count) + group * chunks_;
     return list;
   }
   // Copy chunks of a step list: ceil(max_batch / copy_chunk_rows), or 1 without chunks; the
-  // entries of one (the whole list without chunks), and of a whole step list.
+  // entries of one (the whole list without chunks; rows of the largest top-k of any group), and
+  // of a whole step list.
   int32_t chunks() const { return chunks_; }
   int32_t chunk_entries() const { return chunk_entries_; }
   int32_t step_list_capacity() const { return chunks_ * chunk_entries_; }
@@ -144,7 +170,7 @@ class StepPlan {
   }
 
   const int32_t max_batch_;
-  const int32_t layers_per_index_;
+  const IndexGroups groups_;
   const int32_t max_prefetch_;
   const int32_t chunks_;
   const int32_t chunk_entries_;

@@ -165,5 +165,58 @@ TEST(StepPlanNoChunksTest, OneChunkIsTheWholeList) {
   EXPECT_EQ(plan.Lane(plan.StepMissList(0)), 0);
 }
 
+// An entry every 4 tokens: of a batch at 3, 4, 8, 9 and 12 tokens (after the step's token), the
+// rows at 4, 8 and 12 complete entries 0, 1 and 2 (EntriesAt) and alone form the append list, in
+// batch order, with its count on the device.
+TEST_F(StepPlanTest, TheAppendListHoldsTheRowsThatCompleteAnEntry) {
+  const int32_t tokens[] = {3, 4, 8, 9, 12};
+  const StepPlan::Rows rows = plan_.Begin(5);
+  for (int32_t b = 0; b < 5; ++b) {
+    const LayerEntries e = EntriesAt(tokens[b], 4);
+    rows.entries[b] = BatchEntry{b, e.count, b, kNotResident};
+    if (e.completed != kNoEntry) plan_.Append(b, 100 + e.completed, 200 + e.completed, -1);
+  }
+  EXPECT_EQ(plan_.append_count(), 3);
+  ASSERT_TRUE(plan_.Upload(nullptr).ok());
+  const std::vector<std::byte> device = DeviceRegion();
+  int32_t count = 0;
+  std::memcpy(&count, plan_.append_count_device(), 4);
+  EXPECT_EQ(count, 3);
+  const auto list = [&](size_t offset) {
+    std::vector<int32_t> v(3);
+    std::memcpy(v.data(), device.data() + offset, 3 * sizeof(int32_t));
+    return v;
+  };
+  EXPECT_EQ(list(plan_.layout().append_src), (std::vector<int32_t>{1, 2, 4}));
+  EXPECT_EQ(list(plan_.layout().append_slot), (std::vector<int32_t>{100, 101, 102}));
+  EXPECT_EQ(list(plan_.layout().append_row), (std::vector<int32_t>{200, 201, 202}));
+  // The next step starts an empty list.
+  plan_.Begin(1);
+  EXPECT_EQ(plan_.append_count(), 0);
+}
+
+// GLM-5.3's groups, scaled down: {0}, {1}, {2-3}, the middle group with a top-k of 3 against
+// the options' 2. A group's counts follow its group index, and the chunks hold rows of the
+// largest top-k, whichever group resolves into them.
+TEST(StepPlanGroupsTest, ExplicitGroupsAndTheLargestTopK) {
+  CacheOptions o = testing::SmallOptions();  // max_batch 2, top_k 2, hot_slots 3
+  o.geometry = KVGeometry::Uniform(4, 8);
+  const int32_t group[] = {0, 1, 2, 2};
+  for (int32_t l = 0; l < 4; ++l) o.geometry.layers[l].index_group = group[l];
+  o.geometry.layers[1].top_k = 3;
+  o.copy_chunk_rows = 1;
+  std::shared_ptr<Backend> backend = CreateCpuBackend();
+  StepPlan plan(o, *backend);
+  ASSERT_TRUE(plan.Allocate().ok());
+  EXPECT_EQ(plan.layout().bytes, plan.layout().miss_count + 3 * 2 * sizeof(int32_t));
+  EXPECT_EQ(plan.chunk_entries(), 3);  // 1 row x the largest top-k
+  EXPECT_EQ(plan.step_list_capacity(), 6);
+  const MissList g0 = plan.StepMissList(0);
+  EXPECT_NE(plan.StepMissList(1).host_row, g0.host_row);
+  EXPECT_EQ(plan.StepMissList(2).host_row, g0.host_row);  // group 2, the first list again
+  EXPECT_EQ(plan.StepMissList(3).count, g0.count + 4);    // group 2's counts
+  EXPECT_EQ(plan.Chunk(g0, 1).host_row, g0.host_row + 3);
+}
+
 }  // namespace
 }  // namespace sparsekv

@@ -185,7 +185,7 @@ TEST(LayerKindsTest, DefaultsAreToday) {
   EXPECT_TRUE(CheckServedGeometry(KVGeometry::Uniform(61, 656), 0).ok());
 }
 
-TEST(LayerKindsTest, ManagerServesOnlyTheDefaults) {
+TEST(LayerKindsTest, ManagerServesOffloadedLayersOfOneRowPerToken) {
   const auto expect_refused = [](const KVGeometry& g, int32_t raw_window, const std::string& m) {
     const Status s = CheckServedGeometry(g, raw_window);
     EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
@@ -195,19 +195,18 @@ TEST(LayerKindsTest, ManagerServesOnlyTheDefaults) {
   KVGeometry g = uniform;
   g.layers[1].kind = LayerKind::kResident;
   expect_refused(g, 0, "geometry.layers[1].kind is kResident");
-  g = uniform;
-  g.layers[2].entry_tokens = 4;
-  expect_refused(g, 0, "geometry.layers[2].entry_tokens is 4");
+  expect_refused(uniform, 128, "raw_window is 128");
+  // GLM-5.3's layers: their own top-k, explicit groups, keys on the groups' first layers.
   g = uniform;
   g.layers[0].top_k = 512;
-  expect_refused(g, 0, "geometry.layers[0].top_k is set");
-  g = uniform;
   g.layers[0].index_group = 0;
-  expect_refused(g, 0, "geometry.layers[0].index_group is set");
+  g.layers[1].index_group = g.layers[2].index_group = 1;
+  g.layers[2].indexer_keys = false;
+  EXPECT_TRUE(CheckServedGeometry(g, 0).ok());
+  // One entry per 4 tokens in every layer.
   g = uniform;
-  g.layers[0].indexer_keys = false;
-  expect_refused(g, 0, "geometry.layers[0].indexer_keys is false");
-  expect_refused(uniform, 128, "raw_window is 128");
+  for (LayerShape& l : g.layers) l.entry_tokens = 4;
+  EXPECT_TRUE(CheckServedGeometry(g, 0).ok());
 }
 
 }  // namespace

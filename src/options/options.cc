@@ -25,11 +25,19 @@ KVGeometry KVGeometry::Uniform(int32_t num_layers, int32_t row_bytes, int32_t ro
   return g;
 }
 
+int32_t CacheOptions::index_groups() const {
+  int32_t groups = 0;
+  for (int32_t l = 0; l < geometry.num_layers(); ++l) {
+    const int32_t g = geometry.layers[l].index_group;
+    groups += l == 0 || (g >= 0 ? g == l : l % std::max(layers_per_index, 1) == 0);
+  }
+  return groups;
+}
+
 Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window) {
   const auto refuse = [](const std::string& what) {
     return Unimplemented(what +
-                         ": the manager serves only layers that are offloaded, gain a row per "
-                         "token and share the options' top_k, groups and keys "
+                         ": the manager serves only offloaded layers "
                          "(docs/deepseek-v4.md, \"Order of work\")");
   };
   for (size_t i = 0; i < geometry.layers.size(); ++i) {
@@ -39,12 +47,6 @@ Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window) {
       return refuse(at + ".kind is " +
                     (l.kind == LayerKind::kResident ? "kResident" : "kWindowOnly"));
     }
-    if (l.entry_tokens != 1) {
-      return refuse(at + ".entry_tokens is " + std::to_string(l.entry_tokens));
-    }
-    if (l.top_k != 0) return refuse(at + ".top_k is set (" + std::to_string(l.top_k) + ")");
-    if (l.index_group != -1) return refuse(at + ".index_group is set");
-    if (!l.indexer_keys) return refuse(at + ".indexer_keys is false");
   }
   if (raw_window != 0) return refuse("raw_window is " + std::to_string(raw_window));
   return Status::Ok();

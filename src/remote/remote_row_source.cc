@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "sparsekv/index_groups.h"
 #include "sparsekv/manager.h"
 
 namespace sparsekv {
@@ -30,7 +31,8 @@ StatusOr<std::unique_ptr<RemoteRowSource>> RemoteRowSource::Create(ExtensionHost
   }
   RemoteRowSource& s = *source;
   s.stride_ = *std::max_element(strides.begin(), strides.end());
-  s.capacity_ = options.effective_max_batch() * std::max(options.top_k, options.max_prefetch);
+  s.capacity_ = options.effective_max_batch() *
+                std::max(IndexGroups(options).max_top_k(), options.max_prefetch);
   const size_t index_bytes = sizeof(int32_t) * s.capacity_;
   SPARSEKV_ASSIGN_OR_RETURN(
       void* rows, backend.AllocateHost(static_cast<size_t>(int64_t{s.capacity_} * s.stride_)));
@@ -245,7 +247,7 @@ Status RemoteRowSource::AfterCopy(int32_t layer, StreamHandle stream) {
 }
 
 Status RemoteRowSource::AfterResolve(int32_t layer, int32_t* slots, StreamHandle stream) {
-  slots_[layer / host_.options().layers_per_index % 2] = slots;
+  slots_[IndexGroups(host_.options()).Of(layer) % 2] = slots;
   return BlankFailedSlots(layer, stream);
 }
 
@@ -254,8 +256,9 @@ Status RemoteRowSource::AfterMissCopy(int32_t layer, StreamHandle stream) {
 }
 
 Status RemoteRowSource::BlankFailedSlots(int32_t layer, StreamHandle stream) {
-  const int32_t top_k = host_.options().top_k;
-  int32_t* slots = slots_[layer / host_.options().layers_per_index % 2];
+  const IndexGroups groups(host_.options());
+  const int32_t top_k = groups.LayerTopK(layer);
+  int32_t* slots = slots_[groups.Of(layer) % 2];
   if (slots == nullptr) return Status::Ok();
   const std::span<const RequestId> batch = host_.batch();
   for (size_t b = 0; b < batch.size(); ++b) {

@@ -70,7 +70,7 @@ StatusOr<StepChoice> ParseStepChoice(std::string_view text) {
 }
 
 std::vector<StepChoice> AllowedChoices(const CacheOptions& o) {
-  const bool prefetch = o.index_groups() > 1 && o.max_prefetch >= o.top_k;
+  const bool prefetch = o.index_groups() > 1 && o.max_prefetch >= IndexGroups(o).max_top_k();
   std::vector<int32_t> chunks = {0};
   if (o.copy_chunk_rows > 0) {
     for (int32_t rows = o.copy_chunk_rows; rows < o.effective_max_batch(); rows *= 2) {
@@ -145,6 +145,7 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManage
 StepSchedule::StepSchedule(SparseKVCacheManager& manager, std::unique_ptr<ScheduleTuner> tuner,
                            std::optional<StepChoice> fixed)
     : manager_(manager),
+      groups_(manager.options()),
       backend_(manager.backend()),
       tuner_(std::move(tuner)),
       fixed_(std::move(fixed)) {}
@@ -250,16 +251,15 @@ Status StepSchedule::RunLayer(int32_t layer, const LayerWork& work, const Attend
     return FailedPrecondition("StepSchedule::RunLayer: layer " + std::to_string(layer) +
                               " out of order (layer " + std::to_string(next_layer_) + " is next)");
   }
-  const CacheOptions& o = manager_.options();
-  const bool leader = layer % o.layers_per_index == 0;
+  const bool leader = groups_.Leads(layer);
+  const int32_t top_k = groups_.LayerTopK(layer);
   if (work.new_rows == nullptr || work.slots == nullptr || (leader && work.topk == nullptr) ||
       !attend) {
     return InvalidArgument(
         "StepSchedule::RunLayer: new_rows, slots, attend and (for the first layer of an index "
         "group) topk are required");
   }
-  if (leader && choice_.crosslayer_prefetch && work.topk_stride != 0 &&
-      work.topk_stride != o.top_k) {
+  if (leader && choice_.crosslayer_prefetch && work.topk_stride != 0 && work.topk_stride != top_k) {
     return InvalidArgument(
         "StepSchedule::RunLayer: the cross-layer prefetch reads the top-k as "
         "[max_batch, top_k]; topk_stride " +
@@ -293,9 +293,10 @@ Status StepSchedule::Prefetch(int32_t layer, const int32_t* topk, StreamHandle s
   // The group's copies (a victim may be a slot the last prefetch filled) and the next prefetch
   // resolve (the one prefetch list) follow the last prefetch copy.
   if (prefetch_used_) SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, prefetched_));
-  const int32_t next = layer + o.layers_per_index;
+  const int32_t next = groups_.End(groups_.Of(layer));
   if (next >= o.geometry.num_layers()) return Status::Ok();
-  SPARSEKV_RETURN_IF_ERROR(manager_.ResolvePrefetch(next, topk, o.top_k, stream));
+  // This group's top-k, as positions the next group will likely select.
+  SPARSEKV_RETURN_IF_ERROR(manager_.ResolvePrefetch(next, topk, groups_.LayerTopK(layer), stream));
   SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(prefetch_resolved_, stream));
   SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(prefetch_stream_, prefetch_resolved_));
   SPARSEKV_RETURN_IF_ERROR(

@@ -95,6 +95,12 @@ int CheckKeys(const DenseModel& model, SparseKVCacheManager& m, const std::vecto
   int mismatches = 0;
   for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
     const IndexerKeyView v = m.IndexerKeys(l);
+    if (!o.geometry.layers[l].indexer_keys) {
+      if (v.keys != nullptr && ++mismatches <= 5) {
+        ADD_FAILURE() << "layer " << l << " keeps no indexer keys but has a key view";
+      }
+      continue;
+    }
     std::vector<BatchEntry> entries(batch.size());
     EXPECT_TRUE(
         backend.CopyAsync(entries.data(), v.batch, entries.size() * sizeof(BatchEntry), stream)
@@ -128,9 +134,9 @@ int CheckKeys(const DenseModel& model, SparseKVCacheManager& m, const std::vecto
 }
 
 StepDriver::StepDriver(SparseKVCacheManager& manager, StreamHandle stream, RunMode mode)
-    : m_(manager), stream_(stream), mode_(mode), rng_(mode.seed) {
+    : m_(manager), groups_(manager.options()), stream_(stream), mode_(mode), rng_(mode.seed) {
   const CacheOptions& o = manager.options();
-  const size_t rows = static_cast<size_t>(o.effective_max_batch()) * o.top_k;
+  const size_t rows = static_cast<size_t>(o.effective_max_batch()) * groups_.max_top_k();
   for (const LayerShape& l : o.geometry.layers) {
     Backend& b = manager.backend();
     new_rows_.push_back(std::make_unique<DeviceBuffer>(
@@ -194,7 +200,7 @@ Status StepDriver::RunPhase() {
       // Every other group in two parts (ResolvePrefetch + CopyPrefetch), as an engine that
       // copies on another stream calls them.
       const int32_t* positions = prefetch_[l]->get<int32_t>();
-      if (l / m_.options().layers_per_index % 2 == 0) {
+      if (groups_.Of(l) % 2 == 0) {
         SPARSEKV_RETURN_IF_ERROR(m_.PrefetchLayer(l, positions, mode_.prefetch, stream_));
       } else {
         SPARSEKV_RETURN_IF_ERROR(m_.ResolvePrefetch(l, positions, mode_.prefetch, stream_));
@@ -246,8 +252,9 @@ std::vector<LayerResult> StepDriver::DownloadOutputs(int32_t batch) {
     Bytes hot(static_cast<size_t>(hot_rows) * stride);
     EXPECT_TRUE(m_.backend().CopyAsync(hot.data(), m_.HotLayer(l), hot.size(), stream_).ok());
     EXPECT_TRUE(m_.backend().Synchronize(stream_).ok());
-    r.gathered.assign(static_cast<size_t>(batch) * o.top_k * stride, std::byte{0});
-    for (int64_t i = 0; i < int64_t{batch} * o.top_k; ++i) {
+    const int32_t top_k = groups_.LayerTopK(l);
+    r.gathered.assign(static_cast<size_t>(batch) * top_k * stride, std::byte{0});
+    for (int64_t i = 0; i < int64_t{batch} * top_k; ++i) {
       const int32_t s = r.slots[i];
       if (s >= 0 && s < hot_rows) {
         std::memcpy(r.gathered.data() + i * stride, hot.data() + int64_t{s} * stride, stride);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/manager.h"
 
 namespace sparsekv {
@@ -113,8 +114,8 @@ struct LayerResult {
 // How a StepDriver runs a layer.
 struct RunMode {
   // RunLayer (false), or ResolveLayer with a fill mask, AssembleLayer, then CopyMisses (true).
-  // Layers that share their group's top-k (layers_per_index > 1) always copy and assemble with
-  // the group's slots.
+  // Layers that share their group's top-k (IndexGroups) always copy and assemble with the
+  // group's slots.
   bool split = false;
   // After each layer: PrefetchLayer of this many random positions per request (0 = none).
   int32_t prefetch = 0;
@@ -129,7 +130,8 @@ class StepDriver {
                       RunMode mode = RunMode());
 
   // Plans `batch` (with the appended tokens' ids if `token_ids` is not empty), then per layer:
-  // uploads new_rows[layer] ([batch, stride]) and topk[layer] ([batch, top_k]), appends, runs
+  // uploads new_rows[layer] ([batch, stride]) and topk[layer] ([batch, the layer's top_k]),
+  // appends (with keys where the layer keeps them), runs
   // (with assemble), and downloads the results. EXPECTs every call to succeed.
   std::vector<LayerResult> Step(const std::vector<RequestId>& batch,
                                 const std::vector<Bytes>& new_rows,
@@ -150,9 +152,10 @@ class StepDriver {
 
  private:
   // The layer whose slots `layer` uses: the first of its index group.
-  int32_t Leader(int32_t layer) const { return layer - layer % m_.options().layers_per_index; }
+  int32_t Leader(int32_t layer) const { return groups_.Leader(layer); }
 
   SparseKVCacheManager& m_;
+  const IndexGroups groups_;  // the manager's
   StreamHandle stream_;
   RunMode mode_;
   std::mt19937_64 rng_;
@@ -175,7 +178,8 @@ int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t laye
                const LayerResult& result, int32_t top_k, bool repeats_share = false);
 
 // With indexer keys: checks the keys of every position of every request of the planned step
-// (through SparseKVCacheManager::IndexerKeys, every layer) against KeysOf the model's rows.
+// (through SparseKVCacheManager::IndexerKeys, every keyed layer) against KeysOf the model's rows,
+// and that layers without keys (LayerShape::indexer_keys false) have an empty view.
 // Returns the number of mismatches (0 = exact) and reports the first ones with ADD_FAILURE.
 int CheckKeys(const DenseModel& model, SparseKVCacheManager& m, const std::vector<RequestId>& batch,
               StreamHandle stream);

@@ -72,6 +72,29 @@ CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch) {
   return o;
 }
 
+namespace {
+
+// A device budget of `blocks` blocks of `o`'s hot slots and the indexer keys of max_requests
+// requests of max_context positions (none without keys).
+int64_t BudgetFor(const CacheOptions& o, int32_t blocks) {
+  const int64_t page_bytes = o.resident_page_rows * o.geometry.token_stride_bytes();
+  const int64_t block_pages =
+      (o.hot_slots + o.window + o.resident_page_rows - 1) / o.resident_page_rows;
+  int64_t budget =
+      blocks * (block_pages * page_bytes +
+                HotCache::StateBytesOf(o.index_groups(), o.hot_slots, ReplacementOf(o)) +
+                block_pages * int64_t{sizeof(int32_t)});
+  if (o.indexer_key_bytes > 0) {
+    const int32_t keys_per_page =
+        o.resident_page_rows * o.geometry.layers[0].row_stride / o.indexer_key_bytes;
+    budget += int64_t{o.max_requests} * ((o.max_context + keys_per_page - 1) / keys_per_page) *
+              page_bytes;
+  }
+  return budget;
+}
+
+}  // namespace
+
 CacheOptions RandomHybridOptions(uint64_t seed) {
   CacheOptions o = RandomSmallOptions(seed);
   std::mt19937_64 rng(seed * 6007 + 11);
@@ -91,21 +114,50 @@ CacheOptions RandomHybridOptions(uint64_t seed) {
   // admissions demote others, and the keys of max_requests requests; half the seeds let the
   // library choose the slots.
   const int32_t blocks = o.max_requests + static_cast<int32_t>(rng() % 4);
-  const int64_t page_bytes = o.resident_page_rows * o.geometry.token_stride_bytes();
-  const int64_t block_pages =
-      (o.hot_slots + o.window + o.resident_page_rows - 1) / o.resident_page_rows;
-  o.device_budget_bytes = blocks * (block_pages * page_bytes +
-                                    HotCache::StateBytes(o.geometry, o.hot_slots,
-                                                         o.layers_per_index, ReplacementOf(o)) +
-                                    block_pages * int64_t{sizeof(int32_t)});
-  if (keys) {
-    const int32_t keys_per_page =
-        o.resident_page_rows * o.geometry.layers[0].row_stride / o.indexer_key_bytes;
-    o.device_budget_bytes += int64_t{o.max_requests} *
-                             ((o.max_context + keys_per_page - 1) / keys_per_page) * page_bytes;
-  }
+  o.device_budget_bytes = BudgetFor(o, blocks);
   if (rng() % 2 == 0) o.hot_slots = 0;
   o.fused_copy_min_batch = rng() % 3 == 0 ? 1 + static_cast<int32_t>(rng() % 3) : 0;
+  return o;
+}
+
+CacheOptions RandomGroupedOptions(uint64_t seed, int32_t prefetch) {
+  CacheOptions o = RandomOverlapOptions(seed, prefetch);
+  std::mt19937_64 rng(seed * 15485863 + 5);
+  o.layers_per_index = 1;
+  // One row for every layer, a multiple of 4 (as indexer keys need).
+  const std::vector<LayerShape> rows = {{24, 32}, {132, 132}, {48, 48}};
+  const int32_t layers = seed % 2 == 0 ? 6 : 10;
+  o.geometry.layers.assign(layers, rows[rng() % rows.size()]);
+  // A second top-k for every other group, within the hot slots.
+  if (o.top_k + 3 > o.hot_slots) o.hot_slots = o.top_k + 3 + static_cast<int32_t>(rng() % 4);
+  const int32_t other_top_k = rng() % 2 == 0 ? o.top_k + 3 : std::max(1, o.top_k / 2);
+  o.max_prefetch = std::min(o.max_prefetch, o.hot_slots);
+  int32_t group = -1;
+  for (int32_t l = 0; l < layers; ++l) {
+    LayerShape& shape = o.geometry.layers[l];
+    shape.index_group = l <= 2 ? l : 2 + (l - 2) / 4 * 4;
+    group += shape.index_group == l;
+    shape.top_k = group % 2 == 1 ? other_top_k : 0;
+    shape.indexer_keys = shape.index_group == l;
+  }
+  if (seed % 2 == 0 || seed % 3 == 0) {
+    o.resident_page_rows = std::min(o.hot_slots + o.window, 1 + static_cast<int32_t>(rng() % 9));
+  }
+  if (seed % 2 == 0) {
+    const int32_t page = o.resident_page_rows * o.geometry.layers[0].row_stride;
+    o.indexer_key_bytes = 4 * (1 + static_cast<int32_t>(rng() % std::max(1, page / 4)));
+  }
+  if (seed % 3 == 0) {
+    o.hybrid_residency = true;
+    o.device_budget_bytes = BudgetFor(o, o.max_requests + static_cast<int32_t>(rng() % 4));
+  }
+  return o;
+}
+
+CacheOptions RandomCadenceOptions(uint64_t seed, int32_t prefetch, int32_t entry_tokens) {
+  CacheOptions o =
+      seed % 4 < 2 ? RandomOverlapOptions(seed, prefetch) : RandomGroupedOptions(seed, prefetch);
+  for (LayerShape& l : o.geometry.layers) l.entry_tokens = entry_tokens;
   return o;
 }
 
@@ -119,11 +171,14 @@ std::vector<uint64_t> TestSeeds(int count) {
 RandomWorkload::RandomWorkload(const CacheOptions& options, uint64_t seed,
                                std::vector<SparseKVCacheManager*> managers, Shape shape)
     : options_(options),
+      groups_(options),
+      cadence_(options.geometry.layers[0].entry_tokens),
       shape_(shape),
       rng_(seed),
       managers_(std::move(managers)),
       model_(options.geometry),
-      shared_snapshots_(managers_.size()) {
+      shared_snapshots_(managers_.size()),
+      entries_(options.geometry.num_layers(), 0) {
   RunMode run = shape.run;
   run.seed = seed;
   for (SparseKVCacheManager* m : managers_) {
@@ -207,7 +262,7 @@ void RandomWorkload::Admit() {
   }
   Ingesting a{.id = id, .prompt = prompt, .max_new = max_new, .rows = {}, .order = {}, .next = 0};
   for (const LayerShape& l : options_.geometry.layers) {
-    a.rows.push_back(RandomRows(rng_, prompt, l.row_stride));
+    a.rows.push_back(RandomRows(rng_, prompt / cadence_, l.row_stride));
   }
   // Ingest layers in a random order; a step may not include the request before all are in.
   a.order.resize(options_.geometry.num_layers());
@@ -221,6 +276,13 @@ void RandomWorkload::Admit() {
 void RandomWorkload::IngestKeys(RequestId id, int32_t layer, const std::byte* rows,
                                 int32_t prompt) {
   if (options_.indexer_key_bytes == 0) return;
+  if (!options_.geometry.layers[layer].indexer_keys) {
+    ExpectAll(
+        "IngestIndexerKeys of a layer without keys",
+        [&](SparseKVCacheManager& m) { return m.IngestIndexerKeys(id, layer, rows, nullptr); },
+        StatusCode::kInvalidArgument);
+    return;
+  }
   const Bytes keys =
       KeysOf(rows, prompt, options_.geometry.layers[layer], options_.indexer_key_bytes);
   ExpectAll(
@@ -255,7 +317,7 @@ void RandomWorkload::Ingest(Ingesting a, size_t layers) {
         "IngestPrompt",
         [&](SparseKVCacheManager& m) { return m.IngestPrompt(id, l, a.rows[l].data(), nullptr); },
         StatusCode::kOk);
-    IngestKeys(id, l, a.rows[l].data(), a.prompt);
+    IngestKeys(id, l, a.rows[l].data(), a.prompt / cadence_);
   }
   if (a.next < a.order.size()) {
     ingesting_.push_back(std::move(a));
@@ -267,16 +329,22 @@ void RandomWorkload::Ingest(Ingesting a, size_t layers) {
         return m.IngestPrompt(id, a.order[0], a.rows[a.order[0]].data(), nullptr);
       },
       StatusCode::kAlreadyExists);
-  model_.Add(id, a.rows, a.prompt);
+  model_.Add(id, a.rows, a.prompt / cadence_);
   live_[id] = Req{a.prompt + a.max_new, false,
                   std::vector<std::vector<int32_t>>(options_.geometry.num_layers())};
+  live_[id].length = a.prompt;
 }
 
 std::vector<int32_t> RandomWorkload::RandomTopKRow(RequestId id, int32_t layer, int32_t seq_len) {
-  std::vector<int32_t> row(options_.top_k);
+  const int32_t top_k = groups_.LayerTopK(layer);
+  std::vector<int32_t> row(top_k);
   const std::vector<int32_t>& last = live_[id].last_topk[layer];
-  for (int32_t k = 0; k < options_.top_k; ++k) {
+  for (int32_t k = 0; k < top_k; ++k) {
     const uint64_t r = rng_() % 100;
+    if (seq_len == 0) {  // no entry yet (fewer tokens than entry_tokens): nothing in range
+      row[k] = r < 50 ? kPaddingPosition : static_cast<int32_t>(rng_() % 1000);
+      continue;
+    }
     if (r < 40 && !last.empty()) {
       row[k] = last[rng_() % last.size()];  // temporal locality: hits
     } else if (r < 75) {
@@ -301,7 +369,7 @@ std::vector<int32_t> RandomWorkload::RandomTopKRow(RequestId id, int32_t layer, 
 void RandomWorkload::Step() {
   std::vector<RequestId> ready;
   for (const auto& [id, r] : live_) {
-    if (!r.retracted && Length(id) < r.reserved) ready.push_back(id);
+    if (!r.retracted && r.length < r.reserved) ready.push_back(id);
   }
   if (ready.empty()) return;
   std::shuffle(ready.begin(), ready.end(), rng_);
@@ -328,10 +396,13 @@ void RandomWorkload::Step() {
     } else {
       new_rows.push_back(RandomRows(rng_, static_cast<int64_t>(n), stride));
     }
+    // Only the rows whose token completes an entry append.
     for (size_t b = 0; b < n; ++b) {
-      model_.Append(batch[b], l, new_rows[l].data() + b * stride);
+      if ((live_[batch[b]].length + 1) % cadence_ == 0) {
+        model_.Append(batch[b], l, new_rows[l].data() + b * stride);
+      }
     }
-    if (l % options_.layers_per_index != 0) {
+    if (!groups_.Leads(l)) {
       topk[l] = topk[l - 1];  // the group's top-k
       continue;
     }
@@ -340,6 +411,7 @@ void RandomWorkload::Step() {
       topk[l].insert(topk[l].end(), row.begin(), row.end());
     }
   }
+  for (RequestId id : batch) ++live_[id].length;
   std::vector<std::vector<LayerResult>> results;
   for (auto& d : drivers_) results.push_back(d->Step(batch, new_rows, topk, token_ids));
   if (options_.indexer_key_bytes > 0) {
@@ -349,25 +421,25 @@ void RandomWorkload::Step() {
     }
   }
   ++steps_;
-  entries_ += n * options_.top_k;
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    const int32_t top_k = groups_.LayerTopK(l);
+    entries_[l] += n * top_k;
     for (size_t b = 0; b < n; ++b) {
-      auto first = topk[l].begin() + b * options_.top_k;
+      auto first = topk[l].begin() + b * top_k;
       std::vector<int32_t>& last = live_[batch[b]].last_topk[l];
       last.clear();
-      for (auto it = first; it != first + options_.top_k; ++it) {
+      for (auto it = first; it != first + top_k; ++it) {
         if (*it >= 0 && *it < Length(batch[b])) last.push_back(*it);
       }
     }
     for (size_t i = 0; i < results.size(); ++i) {
-      EXPECT_EQ(CheckLayer(model_, options_.geometry, l, batch, topk[l], results[i][l],
-                           options_.top_k, options_.share_repeated_positions),
+      EXPECT_EQ(CheckLayer(model_, options_.geometry, l, batch, topk[l], results[i][l], top_k,
+                           options_.share_repeated_positions),
                 0)
           << "step " << steps_ << " layer " << l << " on " << managers_[i]->backend().name();
       if (i > 0) {
         // Identical slot choices and bytes across backends (the rows of the batch).
-        EXPECT_TRUE(
-            SameRows(results[i][l], results[0][l], n * options_.top_k, options_.geometry.layers[l]))
+        EXPECT_TRUE(SameRows(results[i][l], results[0][l], n * top_k, options_.geometry.layers[l]))
             << "backends differ at step " << steps_ << " layer " << l;
       }
     }
@@ -453,7 +525,7 @@ void RandomWorkload::BadInput() {
       },
       StatusCode::kFailedPrecondition);
   for (const auto& [id, r] : live_) {
-    if (r.retracted || Length(id) >= r.reserved) continue;
+    if (r.retracted || r.length >= r.reserved) continue;
     const std::vector<RequestId> twice = {id, id};
     ExpectAll(
         "PlanStep duplicate", [&](SparseKVCacheManager& m) { return m.PlanStep(twice, nullptr); },
@@ -476,7 +548,7 @@ void RandomWorkload::CheckStats() {
     const LayerStats& a = stats[0].layers[l];
     EXPECT_EQ(a.hits + a.window_hits + a.misses + a.padding + a.duplicates + a.out_of_range +
                   a.resident_hits,
-              entries_)
+              entries_[l])
         << "layer " << l << ": every top-k entry is counted exactly once";
     for (const CacheStats& s : stats) {
       const LayerStats& b = s.layers[l];
@@ -587,9 +659,9 @@ void RandomWorkload::AdmitTokens(std::vector<int32_t> tokens, int32_t max_new) {
     IngestKeys(id, l, prompt_rows[l].data(), prompt);  // the cached prefix's too
   }
   model_.Add(id, prompt_rows, prompt);
-  live_[id] =
-      Req{prompt + max_new, false,
-          std::vector<std::vector<int32_t>>(options_.geometry.num_layers()), std::move(tokens)};
+  live_[id] = Req{prompt + max_new, false,
+                  std::vector<std::vector<int32_t>>(options_.geometry.num_layers()),
+                  std::move(tokens), prompt};
 }
 
 void RandomWorkload::Continue() {
@@ -633,7 +705,7 @@ void RandomWorkload::Fork() {
   }
   model_.Copy(parent, child);
   Req r = it->second;
-  r.reserved = Length(parent) + max_new;
+  r.reserved = r.length + max_new;
   r.retracted = false;
   live_[child] = std::move(r);
 }

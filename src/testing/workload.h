@@ -35,6 +35,14 @@ CacheOptions RandomOverlapOptions(uint64_t seed, int32_t prefetch);
 // The same with hybrid residency: a device budget of a few blocks more than max_requests (half
 // the seeds with hot_slots = 0, chosen from it) and small resident pages.
 CacheOptions RandomHybridOptions(uint64_t seed);
+// GLM-5.3's shape, small: 6 or 10 layers in explicit index groups {0}, {1}, {2-5}(, {6-9})
+// (LayerShape::index_group), two top-k among the groups (LayerShape::top_k), and the transfer-
+// hiding options of RandomOverlapOptions; half the seeds keep indexer keys on the groups' first
+// layers only, a third use hybrid residency.
+CacheOptions RandomGroupedOptions(uint64_t seed, int32_t prefetch);
+// The same options (RandomOverlapOptions for half the seeds, RandomGroupedOptions for the rest)
+// with every layer gaining an entry every `entry_tokens` tokens (LayerShape::entry_tokens).
+CacheOptions RandomCadenceOptions(uint64_t seed, int32_t prefetch, int32_t entry_tokens);
 
 // Seeds to run: SPARSEKV_TEST_SEED (one seed) if set, else `count` fixed seeds 1..count.
 std::vector<uint64_t> TestSeeds(int count);
@@ -67,10 +75,12 @@ class RandomWorkload {
 
  private:
   struct Req {
-    int32_t reserved;
+    int32_t reserved;  // tokens the request may reach
     bool retracted;
     std::vector<std::vector<int32_t>> last_topk;  // per layer, last step's positions
     std::vector<int32_t> tokens{};                // sharing: ids of positions [0, length)
+    // Tokens appended; the model holds floor(length / entry_tokens) entries (Length).
+    int32_t length = 0;
   };
   // Sharing: the token ids of the retained conversations the managers may still hold.
   using Conversations = std::map<RequestId, std::vector<int32_t>>;
@@ -108,9 +118,12 @@ class RandomWorkload {
   std::vector<int32_t> RandomTopKRow(RequestId id, int32_t layer, int32_t seq_len);
   void ExpectAll(const char* what, const std::function<Status(SparseKVCacheManager&)>& op,
                  StatusCode want);
+  // Entries the request holds (tokens at entry_tokens 1).
   int32_t Length(RequestId id) const { return model_.Length(id, 0); }
 
   CacheOptions options_;
+  IndexGroups groups_;
+  int32_t cadence_;  // tokens per entry (LayerShape::entry_tokens, one for every layer)
   Shape shape_;
   std::mt19937_64 rng_;
   std::vector<SparseKVCacheManager*> managers_;
@@ -122,7 +135,7 @@ class RandomWorkload {
   // Per manager: page -> its bytes in every layer, for pages with more than one holder.
   std::vector<std::map<int32_t, Bytes>> shared_snapshots_;
   RequestId next_id_ = 1;
-  uint64_t entries_ = 0;  // top-k entries resolved, per layer
+  std::vector<uint64_t> entries_;  // top-k entries resolved, per layer
   int steps_ = 0;
 };
 

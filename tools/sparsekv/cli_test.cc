@@ -623,15 +623,16 @@ TEST(CliTest, PlanSaysWhichCasesNoBatchMeetsTheSloIn) {
       << r.out;
 }
 
-// Presets whose layers the manager does not serve yet: bench and multi-turn refuse them at the
-// flag, naming why and the command that models them; plan answers their capacity.
+// Presets whose layers the manager does not serve yet (DeepSeek-V4's): bench and multi-turn
+// refuse them at the flag, naming why and the command that models them; plan answers their
+// capacity.
 TEST(CliTest, PresetsTheManagerCannotRunAreRefusedByBenchAndModelledByPlan) {
   const CliRun bench = Cli({"bench", "--preset", "deepseek-v4-pro"});
   EXPECT_EQ(bench.code, kExitUsage);
   EXPECT_NE(bench.err.find("kind is kResident"), std::string::npos) << bench.err;
   EXPECT_NE(bench.err.find("`sparsekv plan --preset deepseek-v4-pro`"), std::string::npos)
       << bench.err;
-  EXPECT_EQ(Cli({"multi-turn", "--preset", "glm-5.3"}).code, kExitUsage);
+  EXPECT_EQ(Cli({"multi-turn", "--preset", "deepseek-v4-flash"}).code, kExitUsage);
   // With contexts to 1M the refusal is still the preset's, not the contexts'.
   const CliRun long_bench =
       Cli({"bench", "--preset", "deepseek-v4-flash", "--contexts", "131072,1048576"});
@@ -646,6 +647,20 @@ TEST(CliTest, PresetsTheManagerCannotRunAreRefusedByBenchAndModelledByPlan) {
   EXPECT_NE(plan.out.find("5784MB        4     1259MB     4.59GB       19           19"),
             std::string::npos)
       << plan.out;
+}
+
+// GLM-5.3 runs: its first 7 layers keep the preset's groups {0}, {1}, {2-5}, {6}, resolved once
+// per group (the other layers copy and assemble with their group's slots).
+TEST(CliTest, BenchRunsGlm53sIndexGroupsOnTheCpu) {
+  std::vector<std::string> args = SmallCpuArgs();
+  args[4] = "7";  // --layers
+  args.insert(args.end(), {"--preset", "glm-5.3"});
+  const CliRun r = Cli(args);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("glm-5.3, fp8 (656 B rows), 7 of 78 layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("index groups      4 (top-k resolved once per group)"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(Cli({"bench", "--backend", "cpu", "--preset", "deepseek-v4-pro"}).code, kExitUsage);
 }
 
 // A node pool whose shape cannot be (the library's refusal) is a usage error too, and leaves no

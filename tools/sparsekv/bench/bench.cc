@@ -14,6 +14,7 @@
 #include "sparsekv/capacity.h"
 #include "sparsekv/config.h"
 #include "sparsekv/hot_cache.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/topk_generator.h"
@@ -92,13 +93,17 @@ std::string HumanBytes(double bytes) {
 // The host pool and the hot cache the run allocates, against what the machine has, in the flags'
 // words, before the manager allocates them (whose own refusal names library fields). On the CPU
 // backend both are host memory.
+// Device bytes of one request's hot-cache block: its rows and its replacement state.
+int64_t BlockBytes(const CacheOptions& o) {
+  return o.geometry.token_stride_bytes() * (int64_t{o.hot_slots} + o.window) +
+         HotCache::StateBytesOf(o.index_groups(), o.hot_slots, ReplacementOf(o));
+}
+
 Status CheckBenchMemory(const BenchConfig& c, const CacheOptions& o, Backend& backend) {
   const int64_t row = o.geometry.token_stride_bytes() / o.geometry.num_layers();
   const int64_t pool_rows = o.host_capacity_tokens / c.batch;
   const int64_t pool_bytes = o.host_capacity_tokens * o.geometry.token_stride_bytes();
-  const int64_t hot_bytes =
-      int64_t{c.batch} *
-      HotCache::BlockBytes(o.geometry, c.hot_slots, c.window, o.layers_per_index, ReplacementOf(o));
+  const int64_t hot_bytes = int64_t{c.batch} * BlockBytes(o);
   const std::string rows =
       " x " + std::to_string(c.layers) + " layers x " + std::to_string(row) + " B rows";
   const std::string pool = "--batch " + std::to_string(c.batch) + " x " +
@@ -212,10 +217,24 @@ const std::vector<std::string>& BenchSizedKeys() {
   return keys;
 }
 
+bool NamesIndexGroups(const ModelPreset& preset) {
+  return std::any_of(preset.layers.begin(), preset.layers.end(),
+                     [](const LayerShape& l) { return l.index_group >= 0; });
+}
+
 StatusOr<CacheOptions> BenchCacheOptions(const BenchConfig& c) {
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c.preset, c.row_format));
   CacheOptions o = c.cache_base;
   o.geometry = KVGeometry::Uniform(c.layers > 0 ? c.layers : preset.num_layers, preset.row_bytes);
+  if (NamesIndexGroups(preset)) {
+    // The preset's groups and top-k over its first --layers layers (a cut group stays a group).
+    for (int32_t l = 0; l < o.geometry.num_layers() && l < preset.num_layers; ++l) {
+      o.geometry.layers[l].index_group = preset.layers[l].index_group;
+      o.geometry.layers[l].top_k = preset.layers[l].top_k;
+      o.geometry.layers[l].indexer_keys = preset.layers[l].indexer_keys;
+    }
+    o.layers_per_index = 1;
+  }
   o.top_k = c.top_k;
   o.hot_slots = c.hot_slots;
   o.window = c.window;
@@ -278,6 +297,7 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   Backend& be = *backend;
   const StreamHandle stream = nullptr;
   const int32_t layers = c.layers;
+  const IndexGroups groups(o);
   const int64_t stride = o.geometry.layers[0].row_stride;  // uniform geometry
   const int64_t topk_elems = int64_t{c.batch} * c.top_k;   // one layer's top-k rows
 
@@ -344,10 +364,19 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
     for (int32_t l = 0; l < layers; ++l) {
       SPARSEKV_RETURN_IF_ERROR(
           manager->AppendToken(l, rows_device->get() + int64_t{l} * c.batch * stride, stream));
-      SPARSEKV_RETURN_IF_ERROR(manager->RunLayer(
-          l, reinterpret_cast<const int32_t*>(topk_device->get()) + l * topk_elems,
-          reinterpret_cast<int32_t*>(slots_device->get()),
-          assembled_device ? assembled_device->get() : nullptr, stream));
+      auto* slots = reinterpret_cast<int32_t*>(slots_device->get());
+      void* assembled = assembled_device ? assembled_device->get() : nullptr;
+      if (groups.Leads(l)) {
+        SPARSEKV_RETURN_IF_ERROR(manager->RunLayer(
+            l, reinterpret_cast<const int32_t*>(topk_device->get()) + l * topk_elems, slots,
+            assembled, stream));
+        continue;
+      }
+      // A layer of a named group (glm-5.3) reads the slots its group's first layer resolved.
+      SPARSEKV_RETURN_IF_ERROR(manager->CopyMisses(l, stream));
+      if (assembled != nullptr) {
+        SPARSEKV_RETURN_IF_ERROR(manager->AssembleLayer(l, slots, assembled, stream));
+      }
     }
     SPARSEKV_RETURN_IF_ERROR(manager->FinishStep(stream));
     SPARSEKV_RETURN_IF_ERROR(be.Synchronize(stream));
@@ -376,8 +405,7 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
                        ? static_cast<double>(stats.bytes_host_to_device) / (total_ms * 1e-3) / 1e9
                        : 0.0;
 
-  r.hot_cache_bytes_per_request =
-      HotCache::BlockBytes(o.geometry, c.hot_slots, c.window, o.layers_per_index, ReplacementOf(o));
+  r.hot_cache_bytes_per_request = BlockBytes(o);
   r.full_kv_bytes_per_request = int64_t{c.context} * o.geometry.token_bytes();
   r.hbm_saved_bytes_per_request = r.full_kv_bytes_per_request - r.hot_cache_bytes_per_request;
   r.hbm_saved_ratio = static_cast<double>(r.full_kv_bytes_per_request) /
@@ -411,6 +439,8 @@ std::string FormatBenchTable(const BenchResult& r) {
       {"preset", c.preset + ", " + std::string(PrecisionName(c.row_format)) + " (" +
                      std::to_string(r.row_bytes) + " B rows), " + std::to_string(c.layers) +
                      " of " + std::to_string(r.preset_layers) + " layers"},
+      {"index groups",
+       std::to_string(r.options.index_groups()) + " (top-k resolved once per group)"},
       {"batch", std::to_string(c.batch) + " requests"},
       {"context", std::to_string(c.context) + " tokens"},
       {"steps", std::to_string(c.steps) + " (" + std::to_string(c.warmup_steps) + " warm-up, " +

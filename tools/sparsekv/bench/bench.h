@@ -167,10 +167,14 @@ std::string ConfigSummary(const BenchConfig& config);
 // preset's).
 const std::vector<std::string>& BenchSizedKeys();
 
+// Whether the preset's layers name their index groups (LayerShape::index_group: glm-5.3).
+bool NamesIndexGroups(const ModelPreset& preset);
+
 // The options of the CPU run's manager: config.cache_base with the geometry (the preset's rows,
-// config.layers of them, or the preset's count if 0), top_k, hot_slots, window and
-// host_page_tokens of `config`, and the BenchSizedKeys sized for `config`'s requests. Not
-// validated (SparseKVCacheManager::Create does that). NotFound for an unknown preset.
+// config.layers of them, or the preset's count if 0; for a preset that names its index groups,
+// its first layers' groups and top-k), top_k, hot_slots, window and host_page_tokens of
+// `config`, and the BenchSizedKeys sized for `config`'s requests. Not validated
+// (SparseKVCacheManager::Create does that). NotFound for an unknown preset.
 StatusOr<CacheOptions> BenchCacheOptions(const BenchConfig& config);
 
 struct BenchResult {

@@ -707,6 +707,11 @@ Status E2ERun::RunContext(const ContextPlan& plan) {
 
 StatusOr<E2EReport> E2ERun::Run() {
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c_.preset, c_.row_format));
+  if (NamesIndexGroups(preset)) {
+    return Unimplemented("--preset " + c_.preset +
+                         ": the GPU benchmark's variants share top-k by --layers-per-index only; "
+                         "its named index groups run on the CPU backend (--backend cpu)");
+  }
   SPARSEKV_RETURN_IF_ERROR(Plan(preset));
   report_.device = cuda_->name();
   if (c_.peer_device >= 0) {

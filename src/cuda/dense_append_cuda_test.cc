@@ -223,7 +223,7 @@ TEST_P(CudaDenseAppendTest, CapturedLaunchReplaysOverNewSteps) {
 }
 #endif
 
-TEST(CudaDenseAppendTest, RefusesUnsupportedShapes) {
+TEST(CudaDenseAppendShapeTest, RefusesUnsupportedShapes) {
   SPARSEKV_REQUIRE_GPU(gpu);
   DenseAppendView v{};
   v.entry_tokens = 0;

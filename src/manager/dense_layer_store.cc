@@ -205,11 +205,16 @@ Status DenseLayerStore::UploadRow(const Held& held, StreamHandle stream) {
   return Status::Ok();
 }
 
-Status DenseLayerStore::Admit(RequestId id, int64_t reserved_tokens, StreamHandle stream) {
+Status DenseLayerStore::Admit(RequestId id, int32_t prompt_tokens, int64_t reserved_tokens,
+                              StreamHandle stream) {
   if (reserved_tokens < 1 || reserved_tokens > options_.max_request_tokens) {
     return InvalidArgument("DenseLayerStore::Admit: reserved tokens " + Num(reserved_tokens) +
                            " outside [1, max_request_tokens = " + Num(options_.max_request_tokens) +
                            "]");
+  }
+  if (prompt_tokens < 0 || prompt_tokens > reserved_tokens) {
+    return InvalidArgument("DenseLayerStore::Admit: prompt tokens " + Num(prompt_tokens) +
+                           " outside [0, reserved tokens = " + Num(reserved_tokens) + "]");
   }
   if (requests_.contains(id)) {
     return AlreadyExists("DenseLayerStore::Admit: request " + Num(static_cast<int64_t>(id)) +
@@ -217,6 +222,7 @@ Status DenseLayerStore::Admit(RequestId id, int64_t reserved_tokens, StreamHandl
   }
   Held held;
   held.reserved_tokens = reserved_tokens;
+  held.tokens = prompt_tokens;
   held.layout = LayoutFor(reserved_tokens);
   SPARSEKV_RETURN_IF_ERROR(Place(id, held, stream));
   requests_.emplace(id, std::move(held));
@@ -239,10 +245,9 @@ Status DenseLayerStore::Fork(RequestId parent, RequestId child, int64_t reserved
     return InvalidArgument("DenseLayerStore::Fork: reserved tokens " + Num(reserved_tokens) +
                            " below the parent's " + Num(tokens) + " tokens");
   }
-  SPARSEKV_RETURN_IF_ERROR(Admit(child, reserved_tokens, stream));
+  SPARSEKV_RETURN_IF_ERROR(Admit(child, tokens, reserved_tokens, stream));
   const Held& from = requests_.at(parent);
-  Held& to = requests_.at(child);
-  to.tokens = tokens;
+  const Held& to = requests_.at(child);
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
     const LayerShape& shape = options_.geometry.layers[l];
     if (shape.kind == LayerKind::kResident) {
@@ -260,6 +265,52 @@ Status DenseLayerStore::Fork(RequestId parent, RequestId child, int64_t reserved
     SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(to.memory + to.layout.ring_offset[0],
                                                  from.memory + from.layout.ring_offset[0],
                                                  to.layout.bytes.windows, stream));
+  }
+  return Status::Ok();
+}
+
+Status DenseLayerStore::IngestPrompt(RequestId id, int32_t layer, const void* entry_rows,
+                                     const void* window_rows, StreamHandle stream) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) {
+    return NotFound("DenseLayerStore::IngestPrompt: request " + Num(static_cast<int64_t>(id)) +
+                    " is not held");
+  }
+  const Held& held = it->second;
+  if (held.table_row < 0) {
+    return FailedPrecondition("DenseLayerStore::IngestPrompt: request " +
+                              Num(static_cast<int64_t>(id)) + " is retracted");
+  }
+  if (layer < 0 || layer >= options_.geometry.num_layers()) {
+    return InvalidArgument("DenseLayerStore::IngestPrompt: layer " + Num(layer) + " outside [0, " +
+                           Num(options_.geometry.num_layers()) + ")");
+  }
+  const LayerShape& shape = options_.geometry.layers[layer];
+  const int64_t stride = shape.row_stride;
+  const int32_t entries = shape.kind == LayerKind::kResident ? held.tokens / shape.entry_tokens : 0;
+  const int32_t valid = std::min(held.tokens, options_.raw_window);
+  if ((entries > 0 && entry_rows == nullptr) || (valid > 0 && window_rows == nullptr)) {
+    return InvalidArgument("DenseLayerStore::IngestPrompt: layer " + Num(layer) + " of request " +
+                           Num(static_cast<int64_t>(id)) + " takes " + Num(entries) +
+                           " entry rows and " + Num(valid) + " window rows; a pointer is null");
+  }
+  if (entries > 0) {
+    // The layer's pages are consecutive in the request's allocation: its entries are one run.
+    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(held.memory + held.layout.page_offset[layer],
+                                                 entry_rows, entries * stride, stream));
+  }
+  if (valid > 0) {
+    // Token t lies in slot t mod raw_window: the newest rows are at most two runs of the ring.
+    const int32_t first = (held.tokens - valid) % options_.raw_window;
+    const int32_t head = std::min(valid, options_.raw_window - first);
+    std::byte* ring = held.memory + held.layout.ring_offset[layer];
+    const auto* rows = static_cast<const std::byte*>(window_rows);
+    SPARSEKV_RETURN_IF_ERROR(
+        backend_->CopyAsync(ring + first * stride, rows, head * stride, stream));
+    if (valid > head) {
+      SPARSEKV_RETURN_IF_ERROR(
+          backend_->CopyAsync(ring, rows + head * stride, (valid - head) * stride, stream));
+    }
   }
   return Status::Ok();
 }

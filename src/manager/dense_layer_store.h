@@ -76,10 +76,20 @@ class DenseLayerStore {
 
   // ---- Lifecycle ----
 
-  // Holds `id` with 0 tokens, reserving for `reserved_tokens`. InvalidArgument if reserved_tokens
-  // is outside [1, max_request_tokens]; AlreadyExists if `id` is held (or retracted);
-  // ResourceExhausted if no table row is free or its bytes exceed what is left of the budget.
-  Status Admit(RequestId id, int64_t reserved_tokens, StreamHandle stream);
+  // Holds `id` with `prompt_tokens` tokens (whose rows IngestPrompt writes; until then they read
+  // as zeros), reserving for `reserved_tokens`. InvalidArgument if reserved_tokens is outside
+  // [1, max_request_tokens] or prompt_tokens outside [0, reserved_tokens]; AlreadyExists if `id`
+  // is held (or retracted); ResourceExhausted if no table row is free or its bytes exceed what is
+  // left of the budget.
+  Status Admit(RequestId id, int32_t prompt_tokens, int64_t reserved_tokens, StreamHandle stream);
+  // Writes `layer`'s rows for the request's tokens n now: for a resident layer of cadence r, its
+  // floor(n / r) entries from `entry_rows` (consecutive rows of the layer's row_stride); with a
+  // raw window, its newest min(n, raw_window) rows from `window_rows` (oldest first, the same
+  // stride) into their ring slots. A pointer is read only where it has rows to give; the layer's
+  // other rows are left as they are. NotFound, FailedPrecondition for a retracted request,
+  // InvalidArgument for a layer out of range or a null pointer that has rows to give.
+  Status IngestPrompt(RequestId id, int32_t layer, const void* entry_rows, const void* window_rows,
+                      StreamHandle stream);
   // Holds `child` with a device copy of `parent`'s entries and rings and its token count,
   // reserving `reserved_tokens` (>= the parent's tokens). Errors as Admit; NotFound for a parent
   // not held, FailedPrecondition for a retracted one.

@@ -126,8 +126,8 @@ TEST(DenseLayerStoreTest, MemoryByUseIsWhatWasAllocated) {
   const int64_t tables = (*store)->MemoryByUse().tables;
   EXPECT_GT(tables, 0);
   EXPECT_EQ(backend->live_bytes(), tables);
-  ExpectOk((*store)->Admit(1, 300, nullptr));
-  ExpectOk((*store)->Admit(2, 700, nullptr));
+  ExpectOk((*store)->Admit(1, 0, 300, nullptr));
+  ExpectOk((*store)->Admit(2, 0, 700, nullptr));
   const DenseMemoryUse a = (*store)->RequestBytes(300), b = (*store)->RequestBytes(700);
   const DenseMemoryUse use = (*store)->MemoryByUse();
   EXPECT_EQ(use.resident_entries, a.resident_entries + b.resident_entries);
@@ -149,8 +149,8 @@ TEST(DenseLayerStoreTest, RefusesWhatExceedsTheBudgetNamingTheBytes) {
   auto backend = std::make_shared<CountingBackend>();
   auto store = DenseLayerStore::Create(o, backend);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
-  ExpectOk((*store)->Admit(1, 700, nullptr));
-  const Status refused = (*store)->Admit(2, 1, nullptr);
+  ExpectOk((*store)->Admit(1, 0, 700, nullptr));
+  const Status refused = (*store)->Admit(2, 0, 1, nullptr);
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
   const int64_t need = (*store)->RequestBytes(1).sum();
   EXPECT_NE(refused.message().find("needs " + std::to_string(need) + " bytes"), std::string::npos)
@@ -162,7 +162,7 @@ TEST(DenseLayerStoreTest, RefusesWhatExceedsTheBudgetNamingTheBytes) {
   // A retracted request's memory is free for another; it cannot come back until there is room.
   std::vector<std::byte> host(request);
   ExpectOk((*store)->Retract(1, host.data(), request, nullptr));
-  ExpectOk((*store)->Admit(2, 1, nullptr));
+  ExpectOk((*store)->Admit(2, 0, 1, nullptr));
   EXPECT_EQ((*store)->Resume(1, host.data(), request, nullptr).code(),
             StatusCode::kResourceExhausted);
   ExpectOk((*store)->Release(2));
@@ -203,9 +203,9 @@ TEST(DenseLayerStoreTest, RefusesCallsOutOfOrder) {
   auto store = DenseLayerStore::Create(MixedOptions(), std::make_shared<CountingBackend>());
   ASSERT_TRUE(store.ok());
   DenseLayerStore& s = **store;
-  EXPECT_EQ(s.Admit(1, 701, nullptr).code(), StatusCode::kInvalidArgument);
-  ExpectOk(s.Admit(1, 1, nullptr));
-  EXPECT_EQ(s.Admit(1, 1, nullptr).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(s.Admit(1, 0, 701, nullptr).code(), StatusCode::kInvalidArgument);
+  ExpectOk(s.Admit(1, 0, 1, nullptr));
+  EXPECT_EQ(s.Admit(1, 0, 1, nullptr).code(), StatusCode::kAlreadyExists);
   const RequestId twice[] = {1, 1};
   EXPECT_EQ(s.PlanStep(twice, nullptr).code(), StatusCode::kInvalidArgument);
   const RequestId one[] = {1};
@@ -228,6 +228,14 @@ TEST(DenseLayerStoreTest, RefusesCallsOutOfOrder) {
   EXPECT_EQ(s.Retract(1, host.data(), 1 << 20, nullptr).code(), StatusCode::kFailedPrecondition);
   ExpectOk(s.Release(1));
   EXPECT_EQ(s.Release(1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(s.Admit(2, 9, 8, nullptr).code(), StatusCode::kInvalidArgument);
+  ExpectOk(s.Admit(2, 8, 8, nullptr));
+  std::vector<std::byte> rows(8 * 40);
+  EXPECT_EQ(s.IngestPrompt(2, 1, nullptr, rows.data(), nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.IngestPrompt(2, 3, nullptr, nullptr, nullptr).code(), StatusCode::kInvalidArgument);
+  ExpectOk(s.IngestPrompt(2, 3, nullptr, rows.data(), nullptr));
+  EXPECT_EQ(s.IngestPrompt(7, 3, nullptr, rows.data(), nullptr).code(), StatusCode::kNotFound);
 }
 
 TEST(DenseLayerStoreTest, WithoutRawWindowThereIsNoRing) {
@@ -237,7 +245,7 @@ TEST(DenseLayerStoreTest, WithoutRawWindowThereIsNoRing) {
   ASSERT_TRUE(store.ok());
   EXPECT_EQ((*store)->RawWindow(0).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ((*store)->RequestBytes(300).windows, 0);
-  ExpectOk((*store)->Admit(1, 8, nullptr));
+  ExpectOk((*store)->Admit(1, 0, 8, nullptr));
   const RequestId one[] = {1};
   ExpectOk((*store)->PlanStep(one, nullptr));
   std::vector<std::byte> rows(4 * 40);
@@ -257,9 +265,10 @@ struct ModelRequest {
 
 class DenseLayerStoreModelTest : public ::testing::TestWithParam<uint64_t> {};
 
-// Random admit / step / fork / retract / resume / release under a budget that fits about three
-// large requests; after every step, each batch row's entries and window rows read through the
-// views are the model's, and the memory figures are what the backend has allocated.
+// Random admit (with a prompt, or none) / step / fork / retract / resume / release under a budget
+// that fits about three large requests; after every step, each batch row's entries and window rows
+// read through the views are the model's, and the memory figures are what the backend has
+// allocated.
 TEST_P(DenseLayerStoreModelTest, MatchesAModelInPlainArrays) {
   std::mt19937_64 rng(GetParam());
   DenseLayerStoreOptions o = MixedOptions();
@@ -276,7 +285,7 @@ TEST_P(DenseLayerStoreModelTest, MatchesAModelInPlainArrays) {
   std::map<RequestId, ModelRequest> model;
   RequestId next_id = 1;
   int64_t steps_checked = 0, entries_checked = 0, hca_entries_checked = 0, refusals = 0;
-  int64_t forks = 0, resumes = 0;
+  int64_t forks = 0, resumes = 0, prompts = 0;
   const auto placed_bytes = [&] {
     int64_t sum = store.MemoryByUse().tables;
     for (const auto& [id, m] : model) {
@@ -312,10 +321,36 @@ TEST_P(DenseLayerStoreModelTest, MatchesAModelInPlainArrays) {
     const int kind = static_cast<int>(rng() % 24);
     if (kind == 0) {  // admit
       const int64_t reserved = 1 + static_cast<int64_t>(rng() % 700);
-      const Status s = store.Admit(next_id, reserved, nullptr);
+      const int32_t prompt = rng() % 2 ? 0 : static_cast<int32_t>(rng() % (reserved + 1));
+      const Status s = store.Admit(next_id, prompt, reserved, nullptr);
       if (fits(reserved)) {
         ASSERT_TRUE(s.ok()) << s.ToString();
-        model[next_id] = new_model(reserved);
+        ModelRequest m = new_model(reserved);
+        m.tokens = prompt;
+        for (int32_t l = 0; l < layers; ++l) {
+          const LayerShape& shape = o.geometry.layers[l];
+          const int32_t entries =
+              shape.kind == LayerKind::kResident ? prompt / shape.entry_tokens : 0;
+          const int32_t valid = std::min(prompt, W);
+          std::vector<std::byte> entry_rows(entries * shape.row_stride);
+          std::vector<std::byte> window_rows(valid * shape.row_stride);
+          for (auto& byte : entry_rows) byte = static_cast<std::byte>(rng());
+          for (auto& byte : window_rows) byte = static_cast<std::byte>(rng());
+          ASSERT_TRUE(
+              store.IngestPrompt(next_id, l, entry_rows.data(), window_rows.data(), nullptr).ok());
+          for (int32_t e = 0; e < entries; ++e) {
+            const std::byte* row = entry_rows.data() + e * shape.row_stride;
+            m.entries[l].emplace_back(row, row + shape.row_bytes);
+          }
+          // Tokens older than the window were never given: the model keeps no bytes for them.
+          m.window[l].resize(prompt - valid);
+          for (int32_t i = 0; i < valid; ++i) {
+            const std::byte* row = window_rows.data() + i * shape.row_stride;
+            m.window[l].emplace_back(row, row + shape.row_bytes);
+          }
+        }
+        ++prompts;
+        model[next_id] = std::move(m);
       } else {
         ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
         ++refusals;
@@ -429,6 +464,7 @@ TEST_P(DenseLayerStoreModelTest, MatchesAModelInPlainArrays) {
   EXPECT_GT(refusals, 0);
   EXPECT_GT(hca_entries_checked, 0);
   EXPECT_GT(forks, 0);
+  EXPECT_GT(prompts, 0);
   EXPECT_GT(resumes, 0);
 }
 

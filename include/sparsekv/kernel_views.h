@@ -85,7 +85,7 @@ struct DenseEntriesView {
   const int32_t* table_row;   // [max_batch] the request's row of `pages`, -1 = unused
   const int32_t* seq_len;     // [max_batch] tokens of the request, this step's included
   std::byte* const* pages;    // [table_rows, pages_per_row] address of each page of the layer
-  int32_t pages_per_row;      // pages of one request (its reserved entries, rounded up)
+  int32_t pages_per_row;      // pages of one request: ceil(its reserved entries / page_rows)
   int32_t page_rows;          // entries per page
   int32_t row_stride;         // bytes between the entries of a page
   int32_t entry_tokens;       // the layer's cadence r

@@ -85,7 +85,7 @@ struct DenseEntriesView {
   const int32_t* table_row;   // [max_batch] the request's row of `pages`, -1 = unused
   const int32_t* seq_len;     // [max_batch] tokens of the request, this step's included
   std::byte* const* pages;    // [table_rows, pages_per_row] address of each page of the layer
-  int32_t pages_per_row;      // pages of one request: ceil(its reserved entries / page_rows)
+  int32_t pages_per_row;      // pages per table row (null past a request's reserved pages)
   int32_t page_rows;          // entries per page
   int32_t row_stride;         // bytes between the entries of a page
   int32_t entry_tokens;       // the layer's cadence r
@@ -141,14 +141,14 @@ struct DenseAppendView {
   const std::byte* window_rows;  // [max_batch, window_stride] the window rows; null: no window
   int64_t window_stride;         // bytes between rows of window_rows
   std::byte* const* pages;       // [table_rows, pages_per_row] address of each page of the layer
-  int32_t pages_per_row;
-  int32_t page_rows;            // entries per page
-  std::byte* const* rings;      // [table_rows] address of the layer's ring of each request
-  int32_t raw_window;           // rows per ring, >= 1 when window_rows is set
-  int32_t entry_tokens;         // the layer's cadence r >= 1
-  int32_t row_bytes;            // bytes copied per row
-  int32_t row_stride;           // bytes between rows of a page or ring (>= row_bytes)
-  unsigned long long* invalid;  // device scalar or nullptr; += skipped rows
+  int32_t pages_per_row;         // pages per table row (null past a request's reserved pages)
+  int32_t page_rows;             // entries per page
+  std::byte* const* rings;       // [table_rows] address of the layer's ring of each request
+  int32_t raw_window;            // rows per ring, >= 1 when window_rows is set
+  int32_t entry_tokens;          // the layer's cadence r >= 1
+  int32_t row_bytes;             // bytes copied per row
+  int32_t row_stride;            // bytes between rows of a page or ring (>= row_bytes)
+  unsigned long long* invalid;   // device scalar or nullptr; += skipped rows
 };
 // The shapes every backend's DenseAppend supports.
 inline bool DenseAppendShapeOk(const DenseAppendView& v) {

@@ -169,7 +169,11 @@ Status DenseLayerStore::Place(RequestId id, Held& held, StreamHandle stream) {
   free_rows_.pop_back();
   resident_entries_ += held.layout.bytes.resident_entries;
   windows_ += held.layout.bytes.windows;
-  return UploadRow(held, stream);
+  if (Status s = UploadRow(held, stream); !s.ok()) {
+    Unplace(held);
+    return s;
+  }
+  return Status::Ok();
 }
 
 void DenseLayerStore::Unplace(Held& held) {
@@ -246,8 +250,15 @@ Status DenseLayerStore::Fork(RequestId parent, RequestId child, int64_t reserved
                            " below the parent's " + Num(tokens) + " tokens");
   }
   SPARSEKV_RETURN_IF_ERROR(Admit(child, tokens, reserved_tokens, stream));
-  const Held& from = requests_.at(parent);
-  const Held& to = requests_.at(child);
+  if (Status s = CopyRows(requests_.at(parent), requests_.at(child), tokens, stream); !s.ok()) {
+    (void)Release(child);
+    return s;
+  }
+  return Status::Ok();
+}
+
+Status DenseLayerStore::CopyRows(const Held& from, const Held& to, int32_t tokens,
+                                 StreamHandle stream) {
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
     const LayerShape& shape = options_.geometry.layers[l];
     if (shape.kind == LayerKind::kResident) {

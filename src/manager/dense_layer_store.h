@@ -160,6 +160,8 @@ class DenseLayerStore {
   // Frees `held`'s memory and row. REQUIRES: it is placed.
   void Unplace(Held& held);
   Status UploadRow(const Held& held, StreamHandle stream);
+  // Copies the entries of `tokens` tokens and the rings of `from` into `to` (a fork).
+  Status CopyRows(const Held& from, const Held& to, int32_t tokens, StreamHandle stream);
 
   DenseLayerStoreOptions options_;
   std::shared_ptr<Backend> backend_;

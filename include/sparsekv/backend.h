@@ -122,6 +122,10 @@ class Backend {
   virtual Status Assemble(const AssembleView& view, int32_t max_batch, StreamHandle stream) = 0;
   // InvalidArgument for places outside [1, kMaxRoutePlaces] or page_rows < 1.
   virtual Status RouteRows(const RouteRowsView& view, StreamHandle stream) = 0;
+  // InvalidArgument for entry_tokens < 1, page_rows < 1, pages_per_row < 0, row_bytes < 1,
+  // row_stride < row_bytes, or window rows with raw_window < 1.
+  virtual Status DenseAppend(const DenseAppendView& view, int32_t max_batch,
+                             StreamHandle stream) = 0;
 
   // ---- Device memory shared between processes (the peer tier, peer_tier.h) ----
 

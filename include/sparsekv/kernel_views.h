@@ -75,6 +75,93 @@ SPARSEKV_HD inline int32_t RawWindowSlot(int32_t tokens, int32_t raw_window) {
   return (tokens - 1) % raw_window;
 }
 
+// The resident entries and raw windows of DeepSeek-V4's layers (docs/deepseek-v4.md, "The step
+// for a layer with cadence r"), held per request by the manager's DenseLayerStore
+// (src/manager/dense_layer_store.h). A request has a row of two device tables: for each resident
+// layer the address of each of its pages of page_rows entries, and for every layer the address of
+// its ring of raw_window rows. A view names one layer's part of the tables and the step's batch:
+// batch row b is the request of table row table_row[b] (-1: unused) with seq_len[b] tokens, the
+// newest (this step's) included.
+
+// Every entry of a resident layer, read in place by attention: batch row b (< *batch_size, with
+// table_row[b] >= 0) holds Count(b) = floor(seq_len[b] / entry_tokens) entries, entry e at
+// Entry(b, e).
+struct DenseEntriesView {
+  const int32_t* batch_size;  // device scalar: rows in use this step
+  const int32_t* table_row;   // [max_batch] the request's row of `pages`, -1 = unused
+  const int32_t* seq_len;     // [max_batch] tokens of the request, this step's included
+  std::byte* const* pages;    // [table_rows, pages_per_row] address of each page of the layer
+  int32_t pages_per_row;      // pages per table row (null past a request's reserved pages)
+  int32_t page_rows;          // entries per page
+  int32_t row_stride;         // bytes between the entries of a page
+  int32_t entry_tokens;       // the layer's cadence r
+
+  SPARSEKV_HD int32_t Count(int32_t b) const { return seq_len[b] / entry_tokens; }
+  SPARSEKV_HD const std::byte* Entry(int32_t b, int32_t e) const {
+    const std::byte* page =
+        pages[static_cast<int64_t>(table_row[b]) * pages_per_row + e / page_rows];
+    return page + static_cast<int64_t>(e % page_rows) * row_stride;
+  }
+};
+
+// A layer's raw window: batch row b (< *batch_size, with table_row[b] >= 0) has
+// Valid(b) = min(seq_len[b], raw_window) rows, Row(b, i) for i < Valid(b), oldest first: the row
+// of token seq_len[b] - Valid(b) + i, which lies in ring slot (that token) mod raw_window
+// (RawWindowSlot).
+struct RawWindowView {
+  const int32_t* batch_size;  // device scalar: rows in use this step
+  const int32_t* table_row;   // [max_batch] the request's row of `rings`, -1 = unused
+  const int32_t* seq_len;     // [max_batch] tokens of the request, this step's included
+  std::byte* const* rings;    // [table_rows] address of the layer's ring of each request
+  int32_t raw_window;         // rows per ring (>= 1)
+  int32_t row_stride;         // bytes between the rows of a ring
+
+  SPARSEKV_HD int32_t Valid(int32_t b) const {
+    return seq_len[b] < raw_window ? seq_len[b] : raw_window;
+  }
+  SPARSEKV_HD const std::byte* Row(int32_t b, int32_t i) const {
+    const int32_t token = seq_len[b] - Valid(b) + i;
+    return rings[table_row[b]] + static_cast<int64_t>(token % raw_window) * row_stride;
+  }
+};
+
+// The step's append to one layer's resident entries and raw window. For every batch row
+// b < min(*batch_size, max_batch) with t = table_row[b] >= 0 and n = seq_len[b] >= 1:
+//   * if entry_rows is not null and the step completes entry c = EntriesAt(n, entry_tokens)
+//     .completed (not kNoEntry), the row_bytes bytes at entry_rows + b * entry_stride go to
+//     entry c of the request: pages[t * pages_per_row + c / page_rows] + (c % page_rows) *
+//     row_stride; an entry past the request's pages (c / page_rows >= pages_per_row) or whose
+//     page is null is skipped and counted in *invalid (if not null);
+//   * if window_rows is not null, the row_bytes bytes at window_rows + b * window_stride go to
+//     ring slot RawWindowSlot(n, raw_window): rings[t] + slot * row_stride (a null ring is
+//     skipped and counted in *invalid).
+// Rows with table_row < 0 or seq_len < 1, and rows at or past *batch_size, are not touched;
+// entry_rows' rows for which no entry completes are not read. Distinct batch rows must name
+// distinct table rows.
+struct DenseAppendView {
+  const int32_t* batch_size;     // device scalar: rows in use this step
+  const int32_t* table_row;      // [max_batch] the request's table row, -1 = unused
+  const int32_t* seq_len;        // [max_batch] tokens of the request, this step's included
+  const std::byte* entry_rows;   // [max_batch, entry_stride] the entries; null: none (window-only)
+  int64_t entry_stride;          // bytes between rows of entry_rows
+  const std::byte* window_rows;  // [max_batch, window_stride] the window rows; null: no window
+  int64_t window_stride;         // bytes between rows of window_rows
+  std::byte* const* pages;       // [table_rows, pages_per_row] address of each page of the layer
+  int32_t pages_per_row;         // pages per table row (null past a request's reserved pages)
+  int32_t page_rows;             // entries per page
+  std::byte* const* rings;       // [table_rows] address of the layer's ring of each request
+  int32_t raw_window;            // rows per ring, >= 1 when window_rows is set
+  int32_t entry_tokens;          // the layer's cadence r >= 1
+  int32_t row_bytes;             // bytes copied per row
+  int32_t row_stride;            // bytes between rows of a page or ring (>= row_bytes)
+  unsigned long long* invalid;   // device scalar or nullptr; += skipped rows
+};
+// The shapes every backend's DenseAppend supports.
+inline bool DenseAppendShapeOk(const DenseAppendView& v) {
+  return v.entry_tokens >= 1 && v.page_rows >= 1 && v.pages_per_row >= 0 && v.row_bytes >= 1 &&
+         v.row_stride >= v.row_bytes && (v.window_rows == nullptr || v.raw_window >= 1);
+}
+
 // How the CUDA IndexCopy moves its rows (performance only: every strategy writes the same bytes
 // and counts the same invalid entries; docs/index-copy.md compares them). Other backends ignore it.
 enum class CopyStrategy : int32_t {

@@ -123,6 +123,15 @@ class CpuBackend final : public Backend {
     reference::RouteRows(view);
     return Status::Ok();
   }
+  Status DenseAppend(const DenseAppendView& view, int32_t max_batch, StreamHandle) override {
+    if (!DenseAppendShapeOk(view)) {
+      return InvalidArgument(
+          "DenseAppend: entry_tokens < 1, page_rows < 1, pages_per_row < 0, row_bytes < 1, "
+          "row_stride < row_bytes, or window rows with raw_window < 1");
+    }
+    reference::DenseAppend(view, max_batch);
+    return Status::Ok();
+  }
 
   // "Device" memory is ordinary memory of this process: its handle is its address, and only this
   // process may import it.

@@ -10,5 +10,6 @@ void IndexCopy(const IndexCopyView& view);
 void Resolve(const ResolveView& view);
 void Assemble(const AssembleView& view);
 void RouteRows(const RouteRowsView& view);
+void DenseAppend(const DenseAppendView& view, int32_t max_batch);
 
 }  // namespace sparsekv::reference

@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "sparsekv/backend.h"
+
 namespace sparsekv {
 namespace {
 
@@ -569,6 +571,80 @@ TEST(ReferenceResolveResidentTest, MapsPositionsAndSkipsAsAHotRowWould) {
     EXPECT_EQ(counters.hits + counters.window_hits + counters.misses, 0u);
     EXPECT_EQ(miss_count, 0);
   }
+}
+
+// Two table rows of two pages of 2 entries (row 1's second page null) and two rings of 4 rows
+// (row 1's null); rows of 3 bytes at a stride of 4. Cadence 2.
+TEST(ReferenceDenseAppendTest, WritesCompletedEntriesAndWindowSlotsAndCountsSkips) {
+  constexpr int32_t kStride = 4, kRow = 3;
+  std::vector<std::byte> pages(4 * 2 * kStride, std::byte{0xAA});
+  std::vector<std::byte> ring(4 * kStride, std::byte{0xAA});
+  std::vector<std::byte*> page_table = {pages.data(), pages.data() + 2 * kStride,
+                                        pages.data() + 4 * kStride, nullptr};
+  std::vector<std::byte*> ring_table = {ring.data(), nullptr};
+  std::vector<std::byte> entry_rows(5 * kStride), window_rows(5 * kStride);
+  for (size_t i = 0; i < entry_rows.size(); ++i) entry_rows[i] = std::byte(i);
+  for (size_t i = 0; i < window_rows.size(); ++i) window_rows[i] = std::byte(100 + i);
+  // Batch rows: 0 -> table row 0 at 6 tokens (completes entry 2: page 1, row 0; window slot 1);
+  // 1 -> table row 1 at 6 tokens (entry 2 lies in the null page; the ring is null: two skips);
+  // 2 -> unused; 3 -> table row 1 at 3 tokens (no entry; null ring: a skip); 4 past the batch.
+  const int32_t batch_size = 4;
+  const std::vector<int32_t> table_row = {0, 1, -1, 1, 0};
+  const std::vector<int32_t> seq_len = {6, 6, 6, 3, 2};
+  unsigned long long invalid = 0;
+  DenseAppendView v{};
+  v.batch_size = &batch_size;
+  v.table_row = table_row.data();
+  v.seq_len = seq_len.data();
+  v.entry_rows = entry_rows.data();
+  v.entry_stride = kStride;
+  v.window_rows = window_rows.data();
+  v.window_stride = kStride;
+  v.pages = page_table.data();
+  v.pages_per_row = 2;
+  v.page_rows = 2;
+  v.rings = ring_table.data();
+  v.raw_window = 4;
+  v.entry_tokens = 2;
+  v.row_bytes = kRow;
+  v.row_stride = kStride;
+  v.invalid = &invalid;
+  reference::DenseAppend(v, 5);
+  EXPECT_EQ(invalid, 3u);
+  std::vector<std::byte> want_pages(pages.size(), std::byte{0xAA});
+  std::memcpy(want_pages.data() + 2 * kStride, entry_rows.data(), kRow);
+  EXPECT_EQ(pages, want_pages);
+  std::vector<std::byte> want_ring(ring.size(), std::byte{0xAA});
+  std::memcpy(want_ring.data() + 1 * kStride, window_rows.data(), kRow);
+  EXPECT_EQ(ring, want_ring);
+  // Without entry rows only the windows are written; a step of 5 tokens completes no entry.
+  const std::vector<int32_t> odd = {5, 6, 6, 3, 2};
+  v.seq_len = odd.data();
+  v.entry_rows = nullptr;
+  invalid = 0;
+  reference::DenseAppend(v, 5);
+  EXPECT_EQ(invalid, 2u);  // the null rings of batch rows 1 and 3
+  EXPECT_EQ(pages, want_pages);
+  std::memcpy(want_ring.data() + 0 * kStride, window_rows.data(), kRow);
+  EXPECT_EQ(ring, want_ring);
+}
+
+TEST(ReferenceDenseAppendTest, TheCpuBackendRefusesUnsupportedShapes) {
+  const int32_t batch_size = 0;
+  DenseAppendView v{};
+  v.batch_size = &batch_size;
+  v.entry_tokens = 1;
+  v.page_rows = 2;
+  v.row_bytes = 8;
+  v.row_stride = 8;
+  auto cpu = CreateCpuBackend();
+  EXPECT_TRUE(cpu->DenseAppend(v, 4, nullptr).ok());
+  v.row_stride = 4;  // < row_bytes
+  EXPECT_EQ(cpu->DenseAppend(v, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  v.row_stride = 8;
+  const std::byte row[8] = {};
+  v.window_rows = row;  // a window without raw_window
+  EXPECT_EQ(cpu->DenseAppend(v, 4, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

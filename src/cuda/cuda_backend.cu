@@ -371,6 +371,20 @@ class CudaBackend final : public Backend {
     });
   }
 
+  Status DenseAppend(const DenseAppendView& view, int32_t max_batch, StreamHandle stream) override {
+    DeviceGuard guard(device_);
+    return LaunchStatus(LaunchDenseAppend(view, max_batch, ToCuda(stream)), "LaunchDenseAppend",
+                        [&] {
+                          return "entry_tokens=" + std::to_string(view.entry_tokens) +
+                                 " page_rows=" + std::to_string(view.page_rows) +
+                                 " pages_per_row=" + std::to_string(view.pages_per_row) +
+                                 " raw_window=" + std::to_string(view.raw_window) +
+                                 " row_bytes=" + std::to_string(view.row_bytes) +
+                                 " row_stride=" + std::to_string(view.row_stride) +
+                                 " max_batch=" + std::to_string(max_batch);
+                        });
+  }
+
   Status RouteRows(const RouteRowsView& view, StreamHandle stream) override {
     DeviceGuard guard(device_);
     return LaunchStatus(LaunchRouteRows(view, ToCuda(stream)), "LaunchRouteRows", [&] {

@@ -35,4 +35,7 @@ cudaError_t LaunchAssemble(const AssembleView& view, int32_t max_batch, cudaStre
 // Enqueues a memset of the counts before the kernel.
 cudaError_t LaunchRouteRows(const RouteRowsView& view, cudaStream_t stream);
 
+// Unsupported: what DenseAppendShapeOk (kernel_views.h) refuses, or max_batch < 0.
+cudaError_t LaunchDenseAppend(const DenseAppendView& view, int32_t max_batch, cudaStream_t stream);
+
 }  // namespace sparsekv

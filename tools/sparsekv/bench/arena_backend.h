@@ -90,6 +90,9 @@ class ArenaBackend final : public Backend {
   Status RouteRows(const RouteRowsView& view, StreamHandle stream) override {
     return base_->RouteRows(view, stream);
   }
+  Status DenseAppend(const DenseAppendView& view, int32_t max_batch, StreamHandle stream) override {
+    return base_->DenseAppend(view, max_batch, stream);
+  }
   StatusOr<std::string> ExportDevice(void* ptr) override { return base_->ExportDevice(ptr); }
   StatusOr<void*> ImportDevice(std::string_view handle) override {
     return base_->ImportDevice(handle);

@@ -27,6 +27,7 @@ StatusOr<PresetReplayShape> FindPresetReplayShape(const std::string& name) {
   PresetReplayShape s;
   s.preset = name;
   s.model_layers = p.num_layers;
+  s.row_bytes = p.row_bytes;
   s.max_context_tokens = kMaxContextTokens;
   s.manager_serves = CheckServedGeometry(p.geometry(), p.raw_window).ok();
   std::vector<int32_t> replayed_index(p.num_layers, -1);  // model layer -> replayed layer

@@ -28,6 +28,7 @@ struct PresetReplayShape {
   int32_t layers = 0;        // the offloaded layers, the ones replayed
   int32_t top_k = 0;         // entries per row of an offloaded layer
   int32_t entry_tokens = 1;  // tokens per entry: 1 (DSA) or 4 (CSA)
+  int32_t row_bytes = 0;     // bytes per entry in the preset's fp8 format: 656 (DSA), 584 (V4)
   // [layers]: the replayed layer (an index into the offloaded layers) whose row each layer
   // reads; itself for a layer with its own indexer. Leaders come before their members.
   std::vector<int32_t> row_source;

@@ -36,6 +36,7 @@ TEST(PresetReplayShapeTest, DeepSeekV4ReplaysItsCsaLayersInEntriesOfFourTokens) 
   EXPECT_EQ(pro.row_sources(), 30);
   EXPECT_EQ(pro.top_k, 1024);
   EXPECT_EQ(pro.entry_tokens, 4);
+  EXPECT_EQ(pro.row_bytes, 584);
   EXPECT_FALSE(pro.manager_serves);
   EXPECT_EQ(pro.entries(1 << 20), 262144);
   EXPECT_EQ(pro.entries(131075), 32768);  // the newest 3 tokens have no entry yet
@@ -168,6 +169,7 @@ TEST(PresetReplayTest, UncorrelatedRowsHitTheCacheShareOfTheHistory) {
   ASSERT_GE(j["trace"]["results"].size(), 2u);
   for (const nlohmann::json& r : j["trace"]["results"]) {
     EXPECT_EQ(r["hot_slots"], 1024);  // 2 x top-k by default
+    EXPECT_DOUBLE_EQ(r["bytes_moved"].get<double>(), r["misses"].get<double>() * 584);
     EXPECT_NEAR(r["hit_rate"].get<double>(), 1025 / history, 0.01) << r["policy"];
   }
   EXPECT_NE(out.str().find("the replay's own (the manager does not serve these layers yet)"),

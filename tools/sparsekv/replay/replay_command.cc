@@ -224,6 +224,7 @@ Json ToJson(const PresetReplayShape& s, int32_t context_tokens) {
           {"row_sources", s.row_sources()},
           {"top_k", s.top_k},
           {"entry_tokens", s.entry_tokens},
+          {"row_bytes", s.row_bytes},
           {"context_tokens", context_tokens},
           {"context_entries", s.entries(context_tokens)},
           {"manager_serves", s.manager_serves}};
@@ -387,9 +388,9 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
   app_->add_option("--warmup", options_.warmup_steps, "first steps not counted")
       ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
-  app_->add_option("--row-bytes", options_.row_bytes, "bytes per missed row")
-      ->check(AtLeast<int32_t>(1))
-      ->capture_default_str();
+  app_->add_option("--row-bytes", options_.row_bytes,
+                   "bytes per missed row [default: 656; with --preset its fp8 entry's]")
+      ->check(AtLeast<int32_t>(1));
   app_->add_option("--prefetch", prefetch_,
                    "also replay cross-step prefetch with these predictors, comma-separated "
                    "(docs/prefetch.md), on lru")
@@ -631,6 +632,7 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     target.push_back(p);
   }
   ReplayOptions options = options_;
+  if (shape && app_->count("--row-bytes") == 0) options.row_bytes = shape->row_bytes;
   options.hot_slots = hot_slots_;
   if (options.hot_slots.empty() && shape) {
     options.hot_slots = {2 * trace.top_k};  // as SGLang's V4 HiSparse configuration

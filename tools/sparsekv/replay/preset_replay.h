@@ -4,12 +4,14 @@
 //
 // Units: a row's positions and the hot cache count entries; a DSA model (DeepSeek-V3.2, GLM-5,
 // GLM-5.3) has an entry per token, a DeepSeek-V4 CSA layer one per 4 tokens. Contexts are given
-// in tokens: a history of T tokens holds T / entry_tokens entries (rounded down: the newest,
+// in tokens: a history of T tokens holds floor(T / entry_tokens) entries (the newest,
 // incomplete group of tokens has no entry yet, docs/deepseek-v4.md).
 //
 // Only the offloaded layers are replayed: DeepSeek-V4's HCA layers are resident and read whole,
 // its window-only layers have no entries (docs/workload-shapes.md). Layers of one index group
 // (GLM-5.3's IndexShare) read the same row at every step, each through its own hot cache.
+//
+// Thread safety: the functions keep no state; a shape is a plain value.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +32,7 @@ struct PresetReplayShape {
   int32_t entry_tokens = 1;  // tokens per entry: 1 (DSA) or 4 (CSA)
   int32_t row_bytes = 0;     // bytes per entry in the preset's fp8 format: 656 (DSA), 584 (V4)
   // [layers]: the replayed layer (an index into the offloaded layers) whose row each layer
-  // reads; itself for a layer with its own indexer. Leaders come before their members.
+  // reads; itself for a layer with its own indexer, which comes before the layers that share it.
   std::vector<int32_t> row_source;
   int32_t max_context_tokens = 0;  // the longest history accepted, in tokens
   // Whether SparseKVCacheManager serves these layers today (CheckServedGeometry). Where it does,

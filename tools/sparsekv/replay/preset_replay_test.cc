@@ -225,6 +225,37 @@ TEST(PresetReplayTest, LruOfAManagerServedPresetIsTheManagers) {
   }
 }
 
+// --preset defaults to the calibrated locality; --miss-rate asks for miss-rate mode instead, its
+// fresh positions drawn from the entries of the first step's history.
+TEST(PresetReplayCommandTest, DefaultsToTheCalibratedLocalityUnlessMissRateIsAsked) {
+  const std::string dir = ::testing::TempDir();
+  std::ostringstream out, err;
+  ASSERT_EQ(Cli({"replay", "--preset", "deepseek-v4-flash", "--context", "65536", "--steps", "24",
+                 "--policies", "lru", "--json", dir + "preset_calibrated.json"},
+                out, err),
+            kExitOk)
+      << err.str();
+  ASSERT_EQ(
+      Cli({"replay", "--preset", "deepseek-v4-flash", "--context", "65536", "--steps", "24",
+           "--policies", "lru", "--miss-rate", "0.25", "--json", dir + "preset_missrate.json"},
+          out, err),
+      kExitOk)
+      << err.str();
+  std::ifstream calibrated_file(dir + "preset_calibrated.json");
+  const nlohmann::json calibrated =
+      nlohmann::json::parse(nlohmann::json::parse(calibrated_file)["metadata"].get<std::string>());
+  EXPECT_EQ(calibrated["generator"]["locality"], true);
+  EXPECT_FALSE(calibrated["generator"].contains("miss_rate"));
+  std::ifstream missrate_file(dir + "preset_missrate.json");
+  const nlohmann::json j = nlohmann::json::parse(missrate_file);
+  const nlohmann::json missrate = nlohmann::json::parse(j["metadata"].get<std::string>());
+  EXPECT_EQ(missrate["generator"]["locality"], false);
+  EXPECT_EQ(missrate["generator"]["miss_rate"], 0.25);
+  EXPECT_EQ(missrate["generator"]["fresh_range"], 16383);  // 16384 entries at the first step
+  // An lru cache of 1024 slots misses the fresh 25% of each row of 512 (topk_generator.h).
+  EXPECT_NEAR(j["trace"]["results"][0]["hit_rate"].get<double>(), 0.75, 0.01);
+}
+
 TEST(PresetReplayCommandTest, RefusesWhatDoesNotApplyNamingIt) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--preset", "deepseek-v4-pro", "--trace", "/dev/null"},

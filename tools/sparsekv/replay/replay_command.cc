@@ -567,7 +567,8 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
       shape = std::move(*found);
       if (Status s = CheckPresetApplies(*shape); !s.ok()) return fail(s, kExitUsage);
       generator_.top_k = shape->top_k;
-      if (locality_.empty()) locality_ = "calibrated";
+      // The calibrated locality unless a mode is asked for (--miss-rate is miss-rate mode).
+      if (locality_.empty() && app_->count("--miss-rate") == 0) locality_ = "calibrated";
     } else if (generator_.top_k > context_) {
       return fail(InvalidArgument("--top-k must be <= --context"), kExitUsage);
     }

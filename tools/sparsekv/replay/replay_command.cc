@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "sparsekv/options.h"
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/output_file.h"
 #include "tools/sparsekv/common/progress.h"
@@ -216,6 +217,60 @@ Json CrossLayerJson(const std::vector<CrossLayerResult>& runs) {
   return out;
 }
 
+Json ToJson(const PresetReplayShape& s, int32_t context_tokens) {
+  return {{"name", s.preset},
+          {"model_layers", s.model_layers},
+          {"offloaded_layers", s.layers},
+          {"row_sources", s.row_sources()},
+          {"top_k", s.top_k},
+          {"entry_tokens", s.entry_tokens},
+          {"row_bytes", s.row_bytes},
+          {"context_tokens", context_tokens},
+          {"context_entries", s.entries(context_tokens)},
+          {"manager_serves", s.manager_serves}};
+}
+
+std::string PresetLine(const PresetReplayShape& s, int32_t context_tokens, const Trace& trace) {
+  return Format(
+      "  preset %s: %d offloaded layers of %d (%d with their own top-k), top-k %d entries of %d "
+      "token%s; history %d tokens = %d entries at the first step, + 1 token per step over %d "
+      "steps; policies: %s\n",
+      s.preset.c_str(), s.layers, s.model_layers, s.row_sources(), s.top_k, s.entry_tokens,
+      s.entry_tokens == 1 ? "" : "s", context_tokens, s.entries(context_tokens), trace.steps,
+      s.manager_serves ? "lru, slru and clock are the manager's (which serves these layers)"
+                       : "the replay's own (the manager does not serve these layers yet)");
+}
+
+// The mean history of the steps the hit rates count (steps >= warmup), over all layers.
+double MeanCountedHistory(const Trace& trace, int32_t warmup_steps) {
+  double sum = 0;
+  int64_t n = 0;
+  for (int32_t step = warmup_steps; step < trace.steps; ++step) {
+    for (int32_t layer = 0; layer < trace.layers; ++layer, ++n) {
+      sum += trace.seq_len_at(step, layer);
+    }
+  }
+  return n > 0 ? sum / n : 0;
+}
+
+// Uncorrelated rows: whatever a policy keeps, the next row is drawn independently of it, so a
+// full cache of C slots and the one-entry window hit (C + 1) / history of it (C + window in all,
+// the same memory for the window-split lru).
+std::string UncorrelatedLine(const ReplayResult& r, const Trace& trace, int32_t warmup_steps) {
+  const double history = MeanCountedHistory(trace, warmup_steps);
+  std::string out =
+      Format("  uncorrelated rows: expected hit rate (C + 1) / history at the mean history %.0f:",
+             history);
+  std::vector<int32_t> sizes;
+  for (const PolicyResult& p : r.results) {
+    if (std::find(sizes.begin(), sizes.end(), p.hot_slots) == sizes.end()) {
+      sizes.push_back(p.hot_slots);
+    }
+  }
+  for (int32_t c : sizes) out += Format(" %d: %.4f", c, std::min(1.0, (c + 1) / history));
+  return out + "\n";
+}
+
 }  // namespace
 
 ReplayCommand::ReplayCommand(CLI::App& parent) {
@@ -233,7 +288,13 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
   app_->add_option("--steps", steps_, "synthetic: decode steps")
       ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
-  app_->add_option("--context", context_, "synthetic: history at the first step")
+  app_->add_option("--preset", preset_,
+                   "synthetic: replay this model preset's offloaded layers (DeepSeek-V4: its CSA "
+                   "layers, in entries of 4 tokens) with their top-k; --context is then in tokens "
+                   "(docs/workload.md)")
+      ->check(CLI::IsMember(PresetNames()));
+  app_->add_option("--context", context_,
+                   "synthetic: history at the first step (with --preset: in tokens, at most 1M)")
       ->check(AtLeast<int32_t>(1))
       ->capture_default_str();
   app_->add_option("--top-k", generator_.top_k, "synthetic: positions per row")
@@ -264,9 +325,12 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(AtLeast<int32_t>(1));
   app_->add_option("--synthetic-locality", locality_,
                    "synthetic: a locality-mode preset whose lru miss rate falls with the cache "
-                   "size (calibrated = glm5-published; docs/workload.md), or miss-rate (the "
-                   "worst case: --miss-rate, default 0.2)")
-      ->check(CLI::IsMember({"calibrated", "glm5-published", "smollm2", "miss-rate"}));
+                   "size (calibrated = glm5-published; docs/workload.md), miss-rate (the "
+                   "worst case: --miss-rate, default 0.2), or uncorrelated (every row drawn "
+                   "uniformly, no reuse: any cache of C slots hits (C + 1) / history) [default "
+                   "with --preset: calibrated]")
+      ->check(
+          CLI::IsMember({"calibrated", "glm5-published", "smollm2", "miss-rate", "uncorrelated"}));
   app_->add_option("--zipf-exponent", generator_.zipf_exponent,
                    "synthetic, locality mode: popularity exponent")
       ->check(AtLeast(0.0));
@@ -299,7 +363,7 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
       ->check(AtLeast<int32_t>(1));
   app_->add_option("--hot-slots", hot_slots_,
                    "hot-cache sizes (slots per request and layer), comma-separated [default: "
-                   "1, 2, 3 and 4 times top-k]")
+                   "1, 2, 3 and 4 times top-k; with --preset 2 times top-k]")
       ->delimiter(',')
       ->check(AtLeast<int32_t>(1));
   app_->add_option("--policies", policies_, "policies, comma-separated")
@@ -324,9 +388,9 @@ ReplayCommand::ReplayCommand(CLI::App& parent) {
   app_->add_option("--warmup", options_.warmup_steps, "first steps not counted")
       ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
-  app_->add_option("--row-bytes", options_.row_bytes, "bytes per missed row")
-      ->check(AtLeast<int32_t>(1))
-      ->capture_default_str();
+  app_->add_option("--row-bytes", options_.row_bytes,
+                   "bytes per missed row [default: 656; with --preset its fp8 entry's]")
+      ->check(AtLeast<int32_t>(1));
   app_->add_option("--prefetch", prefetch_,
                    "also replay cross-step prefetch with these predictors, comma-separated "
                    "(docs/prefetch.md), on lru")
@@ -363,6 +427,26 @@ Status ReplayCommand::CheckFlagsApply() const {
     }
     return list;
   };
+  if (!preset_.empty()) {
+    if (!trace_path_.empty()) {
+      return InvalidArgument(
+          "--preset replays the synthetic generator over the preset's layers, --trace the "
+          "trace's own layers: give one of them");
+    }
+    if (const std::string shape = given_of({"--layers", "--top-k"}); !shape.empty()) {
+      return InvalidArgument(shape + ": --preset " + preset_ +
+                             " sets them (its offloaded layers and their top-k); leave them out");
+    }
+  }
+  if (locality_ == "uncorrelated") {
+    if (const std::string shares = given_of({"--reuse", "--early-layer-reuse", "--recency",
+                                             "--sinks", "--miss-rate", "--cross-layer-overlap"});
+        !shares.empty()) {
+      return InvalidArgument(shares +
+                             ": --synthetic-locality uncorrelated draws every row uniformly, "
+                             "with no reuse, recency, sinks or shared positions; leave them out");
+    }
+  }
   if (!trace_path_.empty()) {
     std::string synthetic =
         given_of({"--layers", "--steps", "--context", "--top-k", "--reuse", "--early-layer-reuse",
@@ -382,7 +466,8 @@ Status ReplayCommand::CheckFlagsApply() const {
                              "own layers, steps and rows are replayed); leave them out");
     }
   }
-  const bool locality_preset = !locality_.empty() && locality_ != "miss-rate";
+  const bool locality_preset =
+      !locality_.empty() && locality_ != "miss-rate" && locality_ != "uncorrelated";
   const bool miss_rate_mode = given("--miss-rate") || locality_ == "miss-rate";
   if (given("--miss-rate") && locality_preset) {
     return InvalidArgument("--miss-rate selects miss-rate mode, --synthetic-locality " + locality_ +
@@ -432,6 +517,30 @@ Status ReplayCommand::CheckFlagsApply() const {
   return Status::Ok();
 }
 
+Status ReplayCommand::CheckPresetApplies(const PresetReplayShape& shape) const {
+  if (Status s = CheckPresetContext(shape, context_, "--context"); !s.ok()) return s;
+  const int64_t last = static_cast<int64_t>(context_) + steps_ - 1;
+  if (last > shape.max_context_tokens) {
+    return InvalidArgument("--steps " + std::to_string(steps_) + ": the history would reach " +
+                           std::to_string(last) + " tokens, beyond the " +
+                           std::to_string(shape.max_context_tokens) + " that " + shape.preset +
+                           " replays; lower --context or --steps");
+  }
+  if (!shape.manager_serves) {
+    const std::string manager_paths =
+        (prefetch_.empty() ? "" : "--prefetch") +
+        std::string(crosslayer_prefetch_ && !prefetch_.empty() ? ", " : "") +
+        (crosslayer_prefetch_ ? "--crosslayer-prefetch" : "");
+    if (!manager_paths.empty()) {
+      return InvalidArgument(
+          manager_paths +
+          ": replays the manager's prefetch paths, and the manager does not serve " + shape.preset +
+          "'s offloaded layers yet (docs/deepseek-v4.md); leave them out");
+    }
+  }
+  return Status::Ok();
+}
+
 int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostream& err,
                        bool progress_bar) {
   const auto fail = [&](const Status& s, int code) {
@@ -445,17 +554,32 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
   }
   if (Status s = CheckFlagsApply(); !s.ok()) return fail(s, kExitUsage);
   Trace trace;
+  std::optional<PresetReplayShape> shape;  // with --preset
   std::string source = trace_path_;
   if (!trace_path_.empty()) {
     StatusOr<Trace> read = ReadTrace(trace_path_);
     if (!read.ok()) return fail(read.status(), kExitFailure);
     trace = std::move(*read);
   } else {
-    if (generator_.top_k > context_) {
+    if (!preset_.empty()) {
+      StatusOr<PresetReplayShape> found = FindPresetReplayShape(preset_);
+      if (!found.ok()) return fail(found.status(), kExitUsage);
+      shape = std::move(*found);
+      if (Status s = CheckPresetApplies(*shape); !s.ok()) return fail(s, kExitUsage);
+      generator_.top_k = shape->top_k;
+      // The calibrated locality unless a mode is asked for (--miss-rate is miss-rate mode).
+      if (locality_.empty() && app_->count("--miss-rate") == 0) locality_ = "calibrated";
+    } else if (generator_.top_k > context_) {
       return fail(InvalidArgument("--top-k must be <= --context"), kExitUsage);
     }
+    // The history at the first step, in the rows' units (entries with --preset).
+    const int32_t first_history = shape ? shape->entries(context_) : context_;
     if (locality_ == "miss-rate") {
       if (generator_.miss_rate < 0) generator_.miss_rate = 0.2;
+    } else if (locality_ == "uncorrelated") {
+      // The four-source mode with every share 0: each row uniform over the history.
+      generator_.reuse = generator_.early_layer_reuse = generator_.recency = 0;
+      generator_.sinks = 0;
     } else if (!locality_.empty()) {
       const std::string name = locality_ == "calibrated" ? "glm5-published" : locality_;
       // The preset, then every generator option given explicitly on top of it.
@@ -472,17 +596,27 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     if (cross_layer_overlap_ >= 0) generator_.cross_layer_overlap = cross_layer_overlap_;
     Json generator = ToJson(generator_);
     if (generator_.miss_rate >= 0) {
-      if (generator_.fresh_range == 0) generator_.fresh_range = context_ - 1;
-      if (generator_.fresh_range >= context_ || generator_.top_k > generator_.fresh_range + 1) {
-        return fail(InvalidArgument("--fresh-range must be in [top-k - 1, context)"), kExitUsage);
+      if (generator_.fresh_range == 0) generator_.fresh_range = first_history - 1;
+      if (generator_.fresh_range >= first_history ||
+          generator_.top_k > generator_.fresh_range + 1) {
+        return fail(InvalidArgument(std::string("--fresh-range must be in [top-k - 1, context") +
+                                    (shape ? " in entries)" : ")")),
+                    kExitUsage);
       }
       generator["miss_rate"] = generator_.miss_rate;
       generator["fresh_range"] = generator_.fresh_range;
     }
-    trace = SyntheticTrace(generator_, layers_, steps_, context_);
-    trace.metadata =
-        Json{{"source", "synthetic"}, {"generator", generator}, {"context", context_}}.dump();
-    source = "synthetic generator";
+    if (locality_ == "uncorrelated") generator["locality_mode"] = "uncorrelated";
+    Json metadata = {{"source", "synthetic"}, {"generator", generator}, {"context", context_}};
+    if (shape) {
+      trace = PresetTrace(*shape, generator_, steps_, context_);
+      metadata["preset"] = ToJson(*shape, context_);
+      source = "synthetic generator over " + shape->preset + "'s offloaded layers";
+    } else {
+      trace = SyntheticTrace(generator_, layers_, steps_, context_);
+      source = "synthetic generator";
+    }
+    trace.metadata = metadata.dump();
   }
   if (!write_trace_path_.empty()) {
     if (Status s = WriteTrace(write_trace_path_, trace); !s.ok()) return fail(s, kExitFailure);
@@ -499,8 +633,11 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     target.push_back(p);
   }
   ReplayOptions options = options_;
+  if (shape && app_->count("--row-bytes") == 0) options.row_bytes = shape->row_bytes;
   options.hot_slots = hot_slots_;
-  if (options.hot_slots.empty()) {
+  if (options.hot_slots.empty() && shape) {
+    options.hot_slots = {2 * trace.top_k};  // as SGLang's V4 HiSparse configuration
+  } else if (options.hot_slots.empty()) {
     for (int32_t m = 1; m <= 4; ++m) options.hot_slots.push_back(m * trace.top_k);
   }
   // The window-split lru is lru's variant: by default only beside lru.
@@ -516,6 +653,8 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
   StatusOr<ReplayResult> result = Replay(trace, options, progress);
   if (!result.ok()) return fail(result.status(), kExitUsage);
   out << Table(*result, trace, "Trace: " + source);
+  if (shape) out << PresetLine(*shape, context_, trace);
+  if (locality_ == "uncorrelated") out << UncorrelatedLine(*result, trace, options.warmup_steps);
   const TraceEntryCounts entries = CountTraceEntries(trace);
   out << Format(
       "  entries: %llu, padding %llu, out of [0, seq_len) %llu, repeated in a row %llu%s\n",
@@ -566,6 +705,10 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
         {"replay_best_policy", gain.policy},
         {"replay_reference_hot_slots", reference_slots}}}};
   json["lru_miss_curve"] = CurveJson(curve);
+  if (shape) json["preset"] = ToJson(*shape, context_);
+  if (locality_ == "uncorrelated") {
+    json["summary"]["uncorrelated_mean_history"] = MeanCountedHistory(trace, options.warmup_steps);
+  }
   json["trace_entries"] = {{"entries", entries.entries},
                            {"padding", entries.padding},
                            {"out_of_range", entries.out_of_range},
@@ -598,9 +741,9 @@ int ReplayCommand::Run(const std::string& command, std::ostream& out, std::ostre
     if (app_->count("--sinks") > 0) base.sinks = generator_.sinks;
     base.cross_layer_overlap = 0;
     LocalityFitOptions fit;
-    fit.context = fit_context_ > 0      ? fit_context_
-                  : trace_path_.empty() ? context_
-                                        : trace.seq_len_at(0, 0);
+    // The first history in the rows' units: --context, its entries with --preset, or the
+    // trace's.
+    fit.context = fit_context_ > 0 ? fit_context_ : trace.seq_len_at(0, 0);
     fit.context = std::max(fit.context, trace.top_k);
     fit.steps = std::max(trace.steps, options.warmup_steps + 1);
     fit.warmup_steps = options.warmup_steps;

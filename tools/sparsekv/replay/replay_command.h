@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/sparsekv/replay/preset_replay.h"
 #include "tools/sparsekv/replay/replay.h"
 
 namespace CLI {
@@ -26,8 +27,12 @@ class ReplayCommand {
 
  private:
   // InvalidArgument naming the given flags that the run would not read: the generator's with
-  // --trace, a mode's own flags outside it, a policy's parameter without the policy.
+  // --trace, a mode's own flags outside it, a policy's parameter without the policy, the shape
+  // flags a --preset sets.
   Status CheckFlagsApply() const;
+  // --preset's refusals that need the preset: the context outside what it replays, and the
+  // replays of the manager's own paths where the manager does not serve its layers.
+  Status CheckPresetApplies(const PresetReplayShape& shape) const;
 
   CLI::App* app_;
   std::string trace_path_;
@@ -43,7 +48,9 @@ class ReplayCommand {
   std::vector<std::string> prefetch_;      // predictors; empty: no prefetch replay
   std::vector<int32_t> prefetch_budgets_;  // empty: 1, 2, top_k / 16, / 8, / 4, / 2
   bool crosslayer_prefetch_ = false;
-  std::string locality_;  // --synthetic-locality: a preset name, "calibrated", "miss-rate"
+  std::string locality_;  // --synthetic-locality: a preset name, "calibrated", "miss-rate",
+                          // "uncorrelated"
+  std::string preset_;    // --preset: a model preset's offloaded layers (preset_replay.h)
   double cross_layer_overlap_ = -1;  // -1: the preset's (0 outside locality mode)
   bool layer_overlap_ = false;
   bool fit_locality_ = false;

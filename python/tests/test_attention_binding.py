@@ -57,6 +57,19 @@ def test_gpu_operators_are_unavailable_without_cuda():
         sparsekv.WeightStreamProxy(4, 1 << 20)
 
 
+def test_gpu_operators_are_unavailable_without_a_gpu():
+    try:
+        import ctypes
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("a CUDA driver is present: the GPU tests below run the operators")
+    except OSError:
+        pass
+    with pytest.raises(sparsekv.UnavailableError):
+        sparsekv.SparseMLAAttention(sparsekv.SparseMLAOptions(4))
+    with pytest.raises(sparsekv.UnavailableError):
+        sparsekv.WeightStreamProxy(4, 1 << 20)
+
+
 # ---- LayerTopKGenerator: the C++ generator's rows ----
 
 def locality_options():

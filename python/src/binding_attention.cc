@@ -72,10 +72,9 @@ SparseMLAOptions::Split SplitOf(const std::string& name) {
 
 class PyAttention {
  public:
-  PyAttention(const SparseMLAOptions& options, int device) : device_(device) {
-    Check(ValidateSparseMLAOptions(options));
-    attention_ = Check(SparseMLAAttention::Create(options, device));
-  }
+  // Create validates the options before it looks for a device, on every build.
+  PyAttention(const SparseMLAOptions& options, int device)
+      : device_(device), attention_(Check(SparseMLAAttention::Create(options, device))) {}
 
   void Run(int32_t batch, const py::object& q, const py::object& kv_rows, int64_t row_stride,
            const py::object& indices, const py::object& out, const py::object& stream) {

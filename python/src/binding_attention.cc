@@ -356,7 +356,8 @@ void RegisterAttention(py::module_& m) {
                      "Positions 0 .. sinks-1 are always selected.")
       .def_readwrite("seed", &TopKGeneratorOptions::seed, "The random seed.")
       .def_readwrite("miss_rate", &TopKGeneratorOptions::miss_rate,
-                     ">= 0: miss-rate mode, F = round(miss_rate * K) fresh positions per row.")
+                     ">= 0: miss-rate mode, F = miss_rate * K (to the nearest integer) fresh "
+                     "positions per row.")
       .def_readwrite("fresh_range", &TopKGeneratorOptions::fresh_range,
                      "Miss-rate mode: fresh positions come from [0, fresh_range).")
       .def_readwrite("locality", &TopKGeneratorOptions::locality,

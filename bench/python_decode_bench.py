@@ -11,27 +11,35 @@ Run (from the repository root, with the package installed: `pip install .`):
         --miss-rate 0.2 --json python.json                       # through StepSchedule
     python bench/python_decode_bench.py --device cuda ... --path adapter --json adapter.json
 
-Each step: plan_step for the batch; per layer, the layer's new KV rows and its index group's
-top-k go to run_layer (the adapter: append_token_kv, then swap_in_selected_pages), and the
-attention callable, per slice of the batch, gathers the top-k rows of the slots from the hot cache
-and reduces them against a query (on the GPU: torch; on the CPU backend: numpy); after each layer
-a proxy for the rest of the model reads --weights-gb / layers of device memory (the C++ bench
-streams the same bytes per step). Then finish_step.
+Each step: the step's top-k of every layer from the C++ bench's generator
+(sparsekv.LayerTopKGenerator, outside the timed part); plan_step for the batch; per layer, the
+layer's new KV rows and its index group's top-k go to run_layer (the adapter: append_token_kv,
+then swap_in_selected_pages), and the attention callable, per slice of the batch, attends over the
+slots' hot-cache rows; after each layer the proxy for the rest of the model runs. Then finish_step.
 
-What is the same as `sparsekv bench --hybrid --miss-rate R`: the model's shape (DeepSeek-V3.2:
-61 layers, 656-byte rows, top-k 2048, one top-k per layer), the manager's options as the bench
-sizes them for the batch (hot slots from --hot-slots; at batch 59 no request is resident), the
-automatic schedule's two trials per candidate, the tok/s definition. What is not: the
-attention and the proxy are torch operations, not the bench's sparse MLA kernel and weight
-stream; the top-k is this script's uncorrelated-miss workload (each step, a fraction R of every
-request's previous top-k is replaced by fresh uniform positions of its history, independently per
-layer; the rest hits), not the bench's generator, and there is no calibrated-locality workload (its
-feed is the C++ bench's); the manager keeps no indexer keys (the C++ bench's --hybrid appends them
-too); the prompt rows are zeros; steps run eagerly (no CUDA graph). The ratio to the C++ bench
-therefore bounds what driving the step from Python costs, with these stand-ins.
+On the GPU the attention and the proxy are the C++ bench's own operators, bound in the package:
+sparsekv.SparseMLAAttention (sparse MLA decode, --heads query heads of 576 dims over the top-k
+rows, fp8 656-byte rows) and sparsekv.WeightStreamProxy (one bf16 GEMM per layer streaming
+--weights-gb / 61 bytes of weights, the per-layer bytes of the bench's DeepSeek-V3.2 preset
+whatever --layers is). The top-k is the bench's workload: --miss-rate R is the generator's
+miss-rate mode (fresh positions from the whole prompt, as `sparsekv bench --miss-rate R`),
+--locality calibrated its fitted locality preset (as `sparsekv bench --locality calibrated`),
+each layer's rows taking the shared positions of the layer below's as the bench's feed does.
 
---device cpu runs the same loop on the CPU backend (small sizes; what the package's tests run),
-with --check comparing every row attention read with the rows written.
+What is the same as `sparsekv bench --hybrid`: the model's shape (DeepSeek-V3.2: 61 layers,
+656-byte rows, top-k 2048, one top-k per layer), the attention and proxy kernels and their
+shapes, the top-k generator and its seed, the manager's options as the bench sizes them for the
+batch (hot slots from --hot-slots; at batch 59 no request is resident), the automatic schedule's
+two trials per candidate, the tok/s definition. What is not: the manager keeps no indexer keys
+(the C++ bench's --hybrid appends them too); the prompt rows are zeros (the bench fills them with
+a pattern: the kernels' time does not depend on it); steps run eagerly (no CUDA graph); the
+top-k is generated on one thread. The ratio to the C++ bench is therefore what driving the step
+from Python costs.
+
+--device cpu runs the same loop on the CPU backend (small sizes; what the package's tests run):
+the GPU operators are unavailable there, so attention is a numpy reduction over the same rows and
+the proxy reads --weights-gb / 61 bytes per layer of host memory; --check compares every row
+attention read with the rows written.
 """
 import argparse
 import json
@@ -43,8 +51,10 @@ import numpy as np
 import sparsekv
 
 ROW_BYTES = 656  # DeepSeek-V3.2's fp8 latent row
-LAYERS = 61
+LAYERS = 61  # the preset's layer count: the proxy's bytes per layer are --weights-gb / LAYERS
 TOP_K = 2048
+# The attention's row formats by row size (on the GPU --row-bytes must be one of these).
+ROW_FORMATS = {656: "FP8_ROW_656", 1152: "BF16_ROW_1152"}
 
 
 def parse_args(argv):
@@ -65,7 +75,11 @@ def parse_args(argv):
     p.add_argument("--window", type=int, default=1, help="newest tokens always resident")
     p.add_argument("--page-tokens", type=int, default=1024)
     p.add_argument("--miss-rate", type=float, default=0.2,
-                   help="fraction of each request's top-k replaced by fresh positions per step")
+                   help="the generator's miss-rate mode: fraction of each request's top-k "
+                   "replaced by fresh positions per step")
+    p.add_argument("--locality", choices=["calibrated"],
+                   help="draw the top-k from the generator's calibrated locality preset "
+                   "(glm5-published) instead of --miss-rate")
     p.add_argument("--copy-chunk-rows", type=int, default=8,
                    help="CacheOptions.copy_chunk_rows (the schedule's slices; 0: none)")
     p.add_argument("--heads", type=int, default=128, help="query heads of the attention")
@@ -88,6 +102,9 @@ def parse_args(argv):
         p.error("--warmup must be in [0, --steps)")
     if args.top_k > args.context:
         p.error("--top-k must be <= --context")
+    if args.device == "cuda" and args.row_bytes not in ROW_FORMATS:
+        p.error("--row-bytes on the GPU: 656 (fp8 rows) or 1152 (bf16 rows), the formats the "
+                "attention reads")
     if args.check and args.device != "cpu":
         p.error("--check reads the hot cache on the host: --device cpu")
     if args.path == "adapter" and args.schedule != "auto" and "chunks" in args.schedule:
@@ -108,23 +125,27 @@ def cache_options(a):
 
 
 class TopKFeed:
-    """Per request, its top-k of the last step; each step a fraction `rate` of it is replaced by
-    fresh uniform positions of the history (those miss unless the hot cache kept them), the rest
-    repeats (and hits)."""
+    """The C++ bench's top-k feed: one sparsekv.LayerTopKGenerator per layer, each layer's rows
+    taking the shared positions of the layer below's (cross_layer_overlap), in miss-rate mode
+    (fresh positions from [0, context)) or the calibrated locality preset."""
 
-    def __init__(self, rng, batch, top_k, context, rate):
-        self.rng, self.top_k, self.rate = rng, top_k, rate
-        self.topk = np.stack([rng.choice(context, top_k, replace=False) for _ in range(batch)])
-        self.topk = self.topk.astype(np.int32)
+    def __init__(self, a):
+        if a.locality == "calibrated":
+            o = sparsekv.locality_preset("glm5-published")
+        else:
+            o = sparsekv.TopKGeneratorOptions()
+            o.miss_rate, o.fresh_range, o.cross_layer_overlap = a.miss_rate, a.context, 0.0
+        o.top_k, o.seed = a.top_k, a.seed
+        self.chained = o.cross_layer_overlap > 0
+        self.layers = [sparsekv.LayerTopKGenerator(o, layer, a.batch) for layer in range(a.layers)]
 
-    def next(self, lengths):
-        fresh = int(self.rate * self.top_k + 0.5)
-        for b, length in enumerate(lengths):
-            if fresh == 0:
-                break
-            k = self.rng.choice(self.top_k, fresh, replace=False)
-            self.topk[b, k] = self.rng.integers(0, length, fresh, dtype=np.int32)
-        return self.topk
+    def next(self, seq_lens):
+        """Every layer's rows, int32 [batch, top_k] each, for histories of seq_lens tokens."""
+        rows, lower = [], None
+        for g in self.layers:
+            lower = g.next(seq_lens, lower if self.chained else None)
+            rows.append(lower)
+        return rows
 
 
 class CpuOps:
@@ -136,13 +157,13 @@ class CpuOps:
             (a.heads, a.row_bytes)).astype(np.float32)
         self.out = np.zeros((a.batch, a.heads), np.float32)
         self.read = None  # with --check: [layer][batch] -> rows read
-        self.weights = np.zeros(int(a.weights_gb * 1e9 / a.layers), np.uint8) \
+        self.weights = np.zeros(int(a.weights_gb * 1e9 / LAYERS), np.uint8) \
             if a.weights_gb > 0 else None
 
     def buffer(self, array):
         return np.ascontiguousarray(array)
 
-    def attend(self, layer, slots, first, rows):
+    def attend(self, layer, slots, first, rows, stream=None):
         idx = np.asarray(slots[first:first + rows])
         kv = self.hot[layer][np.maximum(idx, 0)].astype(np.float32)  # [rows, top_k, row_bytes]
         scores = np.einsum("hd,bkd->bhk", self.query, kv)
@@ -152,7 +173,7 @@ class CpuOps:
             self.read[layer][first:first + rows] = np.where(
                 (idx >= 0)[:, :, None], self.hot[layer][np.maximum(idx, 0)], 0)
 
-    def proxy(self):
+    def proxy(self, layer):
         if self.weights is not None:
             self.weights.sum()
 
@@ -161,35 +182,35 @@ class CpuOps:
 
 
 class CudaOps:
-    """torch on the CUDA backend, on the current stream."""
+    """The C++ bench's operators on the CUDA backend: SparseMLAAttention over the hot cache's
+    rows and WeightStreamProxy, on the stream the schedule gives (else torch's current one)."""
 
     def __init__(self, a, manager):
         import torch
-        self.torch = torch
+        self.torch, self.row_bytes = torch, a.row_bytes
         self.hot = [torch.as_tensor(manager.hot_layer(l), device="cuda") for l in range(a.layers)]
+        format = getattr(sparsekv.KVRowFormat, ROW_FORMATS[a.row_bytes])
+        self.attention = sparsekv.SparseMLAAttention(
+            sparsekv.SparseMLAOptions(a.batch, heads=a.heads, top_k=a.top_k, format=format))
         g = torch.Generator(device="cpu").manual_seed(a.seed)
-        self.query = torch.randn(a.heads, a.row_bytes // 2, generator=g).to(
-            "cuda", torch.bfloat16)
-        self.out = torch.zeros(a.batch, a.heads, device="cuda", dtype=torch.float32)
-        self.weights = torch.zeros(int(a.weights_gb * 1e9 / a.layers) // 2, device="cuda",
-                                   dtype=torch.bfloat16) if a.weights_gb > 0 else None
+        self.q = torch.randn(a.batch, a.heads, 576, generator=g).to("cuda", torch.bfloat16)
+        self.out = torch.zeros(a.batch, a.heads, 512, device="cuda", dtype=torch.bfloat16)
+        self.weights = sparsekv.WeightStreamProxy(a.batch, int(a.weights_gb * 1e9 / LAYERS)) \
+            if a.weights_gb > 0 else None
+        self.batch = a.batch
         self.read = None
 
     def buffer(self, array):
         return self.torch.from_numpy(np.ascontiguousarray(array)).to("cuda")
 
-    def attend(self, layer, slots, first, rows):
-        torch = self.torch
-        idx = slots[first:first + rows].long()
-        # The fp8 row read as bf16 pairs: the bytes attention moves, not its arithmetic.
-        kv = self.hot[layer][idx.clamp(min=0)].view(torch.bfloat16)[..., : self.query.shape[1]]
-        scores = torch.einsum("hd,bkd->bhk", self.query, kv).float()
-        scores.masked_fill_((idx < 0)[:, None, :], float("-inf"))
-        self.out[first:first + rows] = torch.softmax(scores, dim=2).amax(dim=2)
+    def attend(self, layer, slots, first, rows, stream=None):
+        end = first + rows
+        self.attention.run(rows, self.q[first:end], self.hot[layer], self.row_bytes,
+                           slots[first:end], self.out[first:end], stream)
 
-    def proxy(self):
+    def proxy(self, layer):
         if self.weights is not None:
-            self.weights.sum()
+            self.weights.run(self.batch, layer)
 
     def synchronize(self):
         self.torch.cuda.synchronize()
@@ -236,9 +257,7 @@ def run(a, out=sys.stdout):
             manager, fixed=None if a.schedule == "auto" else a.schedule, trials=2)
     ops.synchronize()
 
-    # A top-k per layer, drawn independently (uncorrelated across layers, as the C++ bench's
-    # miss-rate workload).
-    feeds = [TopKFeed(rng, a.batch, a.top_k, a.context, a.miss_rate) for _ in range(a.layers)]
+    feed = TopKFeed(a)
     slots = ops.buffer(np.zeros((a.batch, a.top_k), np.int32))
     lengths = [a.context] * a.batch
     times, misses, lookups = [], 0, 0
@@ -246,7 +265,8 @@ def run(a, out=sys.stdout):
         new_rows = [ops.buffer(rng.integers(0, 256, (a.batch, a.row_bytes), dtype=np.uint8))
                     for _ in range(a.layers)] if a.check else None
         zero_rows = ops.buffer(np.zeros((a.batch, a.row_bytes), np.uint8))
-        topk_host = [feed.next(lengths) for feed in feeds]
+        # As the C++ bench: histories of seq_len = length + 1 tokens (this step's token too).
+        topk_host = feed.next([n + 1 for n in lengths])
         topk = [ops.buffer(t) for t in topk_host]
         if a.check:
             ops.read = [np.zeros((a.batch, a.top_k, a.row_bytes), np.uint8)
@@ -269,9 +289,9 @@ def run(a, out=sys.stdout):
                 ops.attend(layer, got, 0, a.batch)
             else:
                 def attend(l, first, count, stream):
-                    ops.attend(l, slots, first, count)
+                    ops.attend(l, slots, first, count, stream)
                 schedule.run_layer(layer, rows, topk[layer], slots, attend)
-            ops.proxy()
+            ops.proxy(layer)
         if schedule is not None:
             schedule.finish_step()  # the adapter ends the step with the last layer's swap-in
         ops.synchronize()
@@ -289,7 +309,8 @@ def run(a, out=sys.stdout):
     chosen = str(schedule.choice) if schedule is not None else (
         str(coordinator.schedule.choice) if coordinator.schedule is not None else "manager")
     context = f"{a.context // 1024}K" if a.context % 1024 == 0 else str(a.context)
-    out.write(f"sparsekv python ({a.path}) @{context} miss {a.miss_rate:g} - batch "
+    workload = "calibrated" if a.locality else f"miss {a.miss_rate:g}"
+    out.write(f"sparsekv python ({a.path}) @{context} {workload} - batch "
               f"{a.batch}: TPOT {tpot_ms:.2f} ms, {tokens_per_s:.0f} tok/s, "
               f"missed {misses / max(lookups, 1):.1%}, schedule {chosen}\n")
     result = {
@@ -297,7 +318,9 @@ def run(a, out=sys.stdout):
         "command": " ".join(["python_decode_bench.py"] + sys.argv[1:]),
         "device": a.device,
         "points": [{
-            "variant": "sparsekv", "context": a.context, "miss_rate_target": a.miss_rate,
+            "variant": "sparsekv", "context": a.context,
+            "workload": "calibrated" if a.locality else "miss-rate",
+            "miss_rate_target": None if a.locality else a.miss_rate,
             "batch": a.batch, "timed_steps": len(times), "tpot_ms": tpot_ms,
             "tokens_per_s": tokens_per_s, "miss_rate": misses / max(lookups, 1),
             "schedule": chosen}],

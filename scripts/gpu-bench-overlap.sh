@@ -4,16 +4,11 @@
 # The standard scenario (DeepSeek-V3.2 fp8, 84 GB proxy, 49 GB KV budget) at 32K context and 20%
 # misses, full-hbm and sparsekv at batch 1 .. 64, once per configuration (OVERLAP_RUNS):
 #   base        every layer its own top-k, copies on the critical path
-#   gather      --overlap gather: side-stream copies; the resident rows gathered meanwhile
-#   merge       --overlap merge: attention over the resident rows meanwhile, log-sum-exp merge
-#   share4      --layers-per-index 4 (a shared indexer: one top-k per 4 layers), no overlap
-#   share4-copies  + --overlap copies: a group's later layers copied ahead of their turn
-#   share4-gather  + --overlap gather
-# and, composed with '-' from these parts (e.g. unsorted-share4-copies, unsorted-prefetch16):
+#   share4      --layers-per-index 4 (a shared indexer: one top-k per 4 layers)
+# and, composed with '-' from these parts (e.g. unsorted-share4, chunk8-cl85):
 #   unsorted    --sort-misses false: Resolve never sorts each request's misses by host row
 #   sorted      --sort-misses-min-batch 0: Resolve sorts them at every batch (the default sorts
 #               from batch 32 on)
-#   prefetchN   --prefetch N: N predicted positions per request prefetched after each attention
 #   mtpN        --mtp N: N query tokens per request and step, one resolve of all their top-k
 #   locality    no --miss-rate: the generator's locality parameters decide the misses
 #   blocksN     --copy-blocks N: the miss and prefetch copies on a grid of at most N blocks
@@ -26,7 +21,10 @@
 #   pcbN        --prefetch-copy-blocks N: the prefetch copies alone on at most N blocks
 # Each run measures its own full-hbm, so every overhead is a ratio within one run. Writes
 # overlap-<name>.json and overlap.txt to $OUT; scripts/overlap_summary.py turns the JSONs into the
-# table of docs/overlap.md and the summary keys.
+# table of docs/overlap.md and the summary keys. The bench's --overlap and --prefetch experiments
+# (and so the runs gather, merge, share4-copies, share4-gather and prefetchN) were retired on
+# 2026-12-04: every sparsekv step runs through the library's StepSchedule, whose choices (the
+# pipelined layer, chunkN; the cross-layer prefetch, clN) replace them.
 # Knobs: OVERLAP_HOST_POOL_GB [90], OVERLAP_STEPS [8], OVERLAP_WARMUP [2], OVERLAP_RUNS (names),
 # OVERLAP_MAX_BATCH [64], OVERLAP_EXTRA (more flags for every run, e.g. "--batch 59"),
 # OVERLAP_BUILD [build-e2e] (a build directory with the tool, e.g. gpu-check.sh's build-gpu).
@@ -39,7 +37,7 @@ BUILD=${OVERLAP_BUILD:-build-e2e}
 POOL=${OVERLAP_HOST_POOL_GB:-90}
 STEPS=${OVERLAP_STEPS:-8}
 WARMUP=${OVERLAP_WARMUP:-2}
-RUNS=${OVERLAP_RUNS:-"base gather merge share4 share4-copies share4-gather"}
+RUNS=${OVERLAP_RUNS:-"base share4 chunk8 cl85 chunk8-cl85"}
 MAX_BATCH=${OVERLAP_MAX_BATCH:-64}
 EXTRA=${OVERLAP_EXTRA:-}
 
@@ -72,11 +70,8 @@ flags_of() {
     wide-*) echo "--copy-strategy lattice-wide $(flags_of "${1#wide-}")" ;;
     warp-*) echo "--copy-strategy warp-rows $(flags_of "${1#warp-}")" ;;
     bulk-*) echo "--copy-strategy bulk $(flags_of "${1#bulk-}")" ;;
-    prefetch*) echo "--miss-rate 0.2 --prefetch ${1#prefetch}" ;;
     mtp*) echo "--miss-rate 0.2 --mtp ${1#mtp}" ;;
-    gather | merge) echo "--miss-rate 0.2 --overlap $1" ;;
     share4) echo "--miss-rate 0.2 --layers-per-index 4" ;;
-    share4-*) echo "--miss-rate 0.2 --layers-per-index 4 --overlap ${1#share4-}" ;;
   esac
 }
 

@@ -18,9 +18,10 @@
 #           [both] = off or on keeps the manual runs with the prefetch off or on (the automatic
 #           run is in each), to split one sweep over two calls;
 #   python: the package (CUDA, against the machine's torch) and bench/python_decode_bench.py
-#           through its StepSchedule at 32K, batch 59, 20% misses, beside the C++ bench's
+#           through its StepSchedule, with the bench's attention, proxy and top-k generator, at
+#           32K, batch 59, the calibrated workload and 20% misses, each beside the C++ bench's
 #           automatic run at the same point;
-#   adapter: the same through sparsekv.sglang_adapter.SparseKVCoordinator.
+#   adapter: the same through sparsekv.sglang_adapter.SparseKVCoordinator (20% misses).
 # Writes to $OUT: schedule.txt (everything printed), one JSON per run, and, after sweep, python
 # or adapter, schedule-summary.json (the keys from every JSON in $OUT) merged into summary.json.
 # Environment: SCHEDULE_STEPS [40], SCHEDULE_WARMUP [26] (the auto schedule measures its
@@ -127,8 +128,9 @@ manual_runs() {
 }
 
 # python_runs: the package built against the machine's torch (no network: no build isolation),
-# then the Python benchmark (python, adapter) at 32K, batch 59, 20% misses, and the C++ bench's
-# automatic run at that point (the ratio's reference).
+# then per workload (calibrated, 20% misses) the C++ bench's automatic run at 32K, batch 59 (the
+# ratio's reference) and the Python benchmark at the same point with the C++ run's hot slots:
+# python through the StepSchedule at both workloads, adapter at 20% misses.
 python_runs() {
   local site=${SCHEDULE_PYTHON_SITE:-/tmp/sparsekv-python}
   rm -rf "$site"
@@ -138,22 +140,32 @@ python_runs() {
     tail -n 40 "$OUT/python-build.log"
     return 1
   fi
-  common=(bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024
-    --hybrid --steps "$STEPS" --warmup "$WARMUP" --miss-rate 0.2 --contexts 32768)
-  run cpp-auto-m20-b59 --variants sparsekv --batch "$BATCH" --schedule auto
-  local hot_slots
-  hot_slots=$(python3 -c 'import json, sys
-print(json.load(open(sys.argv[1]))["points"][0]["hot_slots"])' "$OUT/cpp-auto-m20-b59.json") ||
-    return 1
-  local path status=0
-  for path in schedule adapter; do
-    wants "$([[ $path == schedule ]] && echo python || echo adapter)" || continue
-    echo "=== python $path: batch $BATCH, 20% misses, $hot_slots hot slots (the C++ run's)"
-    PYTHONPATH="$site" python3 "$ROOT/bench/python_decode_bench.py" --device cuda --path "$path" \
-      --context 32768 --batch "$BATCH" --miss-rate 0.2 --hot-slots "$hot_slots" \
-      --steps "$STEPS" --warmup "$WARMUP" --json "$OUT/python-$path.json" \
-      >"$OUT/python-$path.txt" 2>&1 || status=1
-    tail -n 3 "$OUT/python-$path.txt"
+  local name status=0
+  for name in calibrated m20; do
+    local cpp_flags=(--miss-rate 0.2) py_flags=(--miss-rate 0.2) paths=(schedule adapter)
+    if [[ $name == calibrated ]]; then
+      cpp_flags=(--locality calibrated)
+      py_flags=(--locality calibrated)
+      paths=(schedule)
+    fi
+    wants python || [[ $name == m20 ]] || continue
+    common=(bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024
+      --hybrid --steps "$STEPS" --warmup "$WARMUP" "${cpp_flags[@]}" --contexts 32768)
+    run "cpp-auto-$name-b$BATCH" --variants sparsekv --batch "$BATCH" --schedule auto
+    local hot_slots
+    hot_slots=$(python3 -c 'import json, sys
+print(json.load(open(sys.argv[1]))["points"][0]["hot_slots"])' "$OUT/cpp-auto-$name-b$BATCH.json") ||
+      return 1
+    local path
+    for path in "${paths[@]}"; do
+      wants "$([[ $path == schedule ]] && echo python || echo adapter)" || continue
+      echo "=== python $path: batch $BATCH, $name, $hot_slots hot slots (the C++ run's)"
+      PYTHONPATH="$site" python3 "$ROOT/bench/python_decode_bench.py" --device cuda \
+        --path "$path" --context 32768 --batch "$BATCH" "${py_flags[@]}" \
+        --hot-slots "$hot_slots" --steps "$STEPS" --warmup "$WARMUP" \
+        --json "$OUT/python-$path-$name.json" >"$OUT/python-$path-$name.txt" 2>&1 || status=1
+      tail -n 3 "$OUT/python-$path-$name.txt"
+    done
   done
   return "$status"
 }

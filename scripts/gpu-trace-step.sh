@@ -8,8 +8,6 @@
 # points' timed steps; then scripts/step_profile.py on each trace. Runs:
 #   base      DeepSeek-V3.2 fp8, 32K, batch 4, 20% misses, full-hbm and sparsekv (the defaults:
 #             miss copies on the main stream; write-back on the manager's side stream)
-#   overlap   the same with --overlap copies --layers-per-index 4 (copies on a side stream, a
-#             group's later layers ahead of their turn)
 #   xl85      adjacent layers' top-k share 85% (--cross-layer-overlap 0.85), nothing hidden
 #   cl85-pcb16  the same with the cross-layer prefetch, its copies on 16 blocks
 #   chunk16-blocks16  a pipelined layer: chunks of 16 rows copied (on 16 blocks) and attended in
@@ -17,7 +15,9 @@
 # Writes to $OUT: build.log, gpu_trace_test.log, trace-<run>.json (the traces), bench-<run>.json
 # and plain-<run>.json (the two runs' reports), profile-<run>.txt (step_profile.py), timelines
 # under timeline-<run>/ when matplotlib is there, and gpu-trace-step.txt (all that is printed).
-# Knobs: TRACE_BUILD [build-e2e], TRACE_RUNS ["base overlap"], TRACE_ARGS (replaces the common
+# (The run `overlap`, --overlap copies, went with that flag on 2026-12-04: the step schedule's
+# pipelined layer, chunk16-blocks16, is its replacement.)
+# Knobs: TRACE_BUILD [build-e2e], TRACE_RUNS ["base chunk16-blocks16"], TRACE_ARGS (replaces the common
 # flags below), TRACE_EXTRA (added to every run), TRACE_TIMEOUT [300] (seconds per command: a
 # CUPTI older than 13.0 Update 1 can deadlock when kernel tracing is disabled, per its notes).
 set -u -o pipefail
@@ -26,7 +26,7 @@ set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh"
 gpu_out gpu-trace-step-out
 BUILD=${TRACE_BUILD:-build-e2e}
-RUNS=${TRACE_RUNS:-"base overlap"}
+RUNS=${TRACE_RUNS:-"base chunk16-blocks16"}
 ARGS=${TRACE_ARGS:-"--preset deepseek-v3.2 --contexts 32768 --batch 4 --miss-rate 0.2 --steps 4 --warmup 2 --host-pool-gb 8 --variants full-hbm,sparsekv"}
 EXTRA=${TRACE_EXTRA:-}
 LIMIT=${TRACE_TIMEOUT:-300}
@@ -34,7 +34,6 @@ LIMIT=${TRACE_TIMEOUT:-300}
 flags_of() {
   case $1 in
     base) echo "" ;;
-    overlap) echo "--overlap copies --layers-per-index 4" ;;
     xl85) echo "--cross-layer-overlap 0.85" ;;
     cl85-pcb16) echo "--cross-layer-overlap 0.85 --crosslayer-prefetch --prefetch-copy-blocks 16" ;;
     chunk16-blocks16) echo "--cross-layer-overlap 0 --copy-chunk-rows 16 --copy-blocks 16" ;;

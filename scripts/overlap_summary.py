@@ -15,6 +15,8 @@ import argparse
 import json
 import pathlib
 
+# The runs with --overlap or --prefetch N are in the committed results only: the bench retired
+# both flags on 2026-12-04 (docs/overlap.md, "Retired benchmark experiments").
 RUNS = [  # name, what it adds over "base"; the table keeps this order, other runs follow
     ("base", "every layer its own top-k; copies on the critical path"),
     ("sorted", "base with --sort-misses-min-batch 0: misses sorted by host row at every batch"),

@@ -18,9 +18,9 @@ Keys (null where the runs needed are missing):
   e2e_python_to_cpp_tokens_ratio_32k     the Python benchmark's tok/s through the package's
                                          StepSchedule (driver "schedule") at 32K, batch 59, over
                                          the automatic C++ run's at the same workload and batch:
-                                         the calibrated one where the Python benchmark ran it,
-                                         else 20% misses (the Python benchmark has no calibrated
-                                         workload yet);
+                                         the calibrated one where the Python benchmark ran it
+                                         (python_decode_bench.py --locality calibrated), else
+                                         20% misses;
   e2e_adapter_to_cpp_tokens_ratio_32k_m20  the same for the SGLang-shaped adapter
                                          (driver "adapter") at 32K with 20% misses.
 Prints a table of every point, then the keys as one JSON object; --out also writes them there

@@ -89,6 +89,13 @@ Request ids are Python ints in [0, 2**64); anything else raises ``TypeError`` or
 deepseek-v4-flash, deepseek-v4-pro, glm-5.3), whose ``geometry()``, ``top_k``,
 ``indexer_key_bytes`` and ``raw_window`` fill ``CacheOptions``; ``check_served_geometry`` says
 whether a manager serves it yet (DeepSeek-V4's and GLM-5.3's layers are described, not served).
+
+The C++ benchmark's GPU operators are bound too, so that a decode driven from Python does the same
+work: ``SparseMLAAttention`` (sparse MLA decode attention over the slots' rows, on tensors or raw
+device pointers and a stream) and ``WeightStreamProxy`` (the rest of a layer as one GEMM that
+streams the layer's weight bytes); without CUDA they raise ``UnavailableError``. Its synthetic
+top-k workload is ``LayerTopKGenerator`` (CPU; ``locality_preset("glm5-published")`` is the
+benchmark's calibrated workload).
 """
 
 from sparsekv._core import (
@@ -112,6 +119,7 @@ from sparsekv._core import (
     LayerKind,
     LayerShape,
     LayerStats,
+    LayerTopKGenerator,
     ModelPreset,
     NodePool,
     NotFoundError,
@@ -121,10 +129,14 @@ from sparsekv._core import (
     SparseKVCacheManager,
     ScheduleStats,
     SparseKVError,
+    SparseMLAAttention,
+    SparseMLAOptions,
     StepChoice,
     StepSchedule,
+    TopKGeneratorOptions,
     UnavailableError,
     UnimplementedError,
+    WeightStreamProxy,
     allowed_choices,
     check_served_geometry,
     choose_hot_cache_shape,
@@ -133,6 +145,7 @@ from sparsekv._core import (
     cuda_compiled,
     find_preset,
     kv_row_bytes,
+    locality_preset,
     preset_names,
 )
 from sparsekv._version import __version__  # the CMake project version, written by the build
@@ -158,6 +171,7 @@ __all__ = [
     "LayerKind",
     "LayerShape",
     "LayerStats",
+    "LayerTopKGenerator",
     "ModelPreset",
     "NodePool",
     "NotFoundError",
@@ -167,10 +181,14 @@ __all__ = [
     "SparseKVCacheManager",
     "ScheduleStats",
     "SparseKVError",
+    "SparseMLAAttention",
+    "SparseMLAOptions",
     "StepChoice",
     "StepSchedule",
+    "TopKGeneratorOptions",
     "UnavailableError",
     "UnimplementedError",
+    "WeightStreamProxy",
     "allowed_choices",
     "check_served_geometry",
     "choose_hot_cache_shape",
@@ -179,5 +197,6 @@ __all__ = [
     "cuda_compiled",
     "find_preset",
     "kv_row_bytes",
+    "locality_preset",
     "preset_names",
 ]

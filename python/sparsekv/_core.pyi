@@ -652,3 +652,114 @@ class StepSchedule:
     @property
     def reason(self) -> str: ...
     def stats(self) -> ScheduleStats: ...
+
+# ---- The C++ benchmark's GPU operators and top-k workload (binding_attention.cc) ----
+
+# A device argument of SparseMLAAttention: a tensor on its device, or an int device pointer.
+_DeviceArg = Union[_Tensor, int]
+
+class SparseMLAOptions:
+    def __init__(
+        self,
+        max_batch: int,
+        heads: int = 128,
+        top_k: int = 2048,
+        format: KVRowFormat = ...,
+        softmax_scale: float = 0.0,
+        split: str = "gather-first",
+    ) -> None: ...
+    @property
+    def max_batch(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def format(self) -> KVRowFormat: ...
+    @property
+    def softmax_scale(self) -> float: ...
+    @property
+    def split(self) -> str: ...
+
+class SparseMLAAttention:
+    def __init__(self, options: SparseMLAOptions, device: int = 0) -> None: ...
+    def run(
+        self,
+        batch: int,
+        q: _DeviceArg,
+        kv_rows: _DeviceArg,
+        row_stride: int,
+        indices: _DeviceArg,
+        out: _DeviceArg,
+        stream: _Stream = None,
+    ) -> None: ...
+    def run_hits(
+        self,
+        batch: int,
+        q: _DeviceArg,
+        kv_rows: _DeviceArg,
+        row_stride: int,
+        indices: _DeviceArg,
+        fill: _DeviceArg,
+        stream: _Stream = None,
+    ) -> None: ...
+    def run_fills_and_merge(
+        self,
+        batch: int,
+        q: _DeviceArg,
+        kv_rows: _DeviceArg,
+        row_stride: int,
+        indices: _DeviceArg,
+        fill: _DeviceArg,
+        out: _DeviceArg,
+        stream: _Stream = None,
+    ) -> None: ...
+    def set_sm_count_target(self, sms: int) -> None: ...
+    @property
+    def workspace_bytes(self) -> int: ...
+    @property
+    def options(self) -> SparseMLAOptions: ...
+    @property
+    def device(self) -> int: ...
+
+class WeightStreamProxy:
+    def __init__(
+        self, max_batch: int, bytes_per_layer: int, num_buffers: int = 2, device: int = 0
+    ) -> None: ...
+    def run(self, batch: int, layer: int, stream: _Stream = None) -> None: ...
+    def set_sm_count_target(self, sms: int) -> None: ...
+    @property
+    def bytes_per_layer(self) -> int: ...
+    @property
+    def device_bytes(self) -> int: ...
+    @property
+    def out_features(self) -> int: ...
+    @property
+    def max_batch(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+
+class TopKGeneratorOptions:
+    def __init__(self) -> None: ...
+    top_k: int
+    reuse: float
+    early_layer_reuse: float
+    early_layers: int
+    recency: float
+    sinks: int
+    seed: int
+    miss_rate: float
+    fresh_range: int
+    locality: bool
+    zipf_exponent: float
+    recency_window: int
+    cross_layer_overlap: float
+
+def locality_preset(name: str) -> TopKGeneratorOptions: ...
+
+class LayerTopKGenerator:
+    def __init__(self, options: TopKGeneratorOptions, layer: int, batch: int) -> None: ...
+    def next(self, seq_lens: Sequence[int], lower: Optional[Any] = None) -> Any: ...
+    def set_miss_rate(self, miss_rate: float) -> None: ...
+    @property
+    def reuse(self) -> float: ...

@@ -8,6 +8,7 @@
 //   binding_manager.cc  Backend and its factories, HotLayer, SparseKVCacheManager
 //   binding_node_pool.cc NodePool
 //   binding_peer.cc     PeerRegion
+//   binding_attention.cc SparseMLAAttention, WeightStreamProxy, LayerTopKGenerator
 //   binding_util.cc     Status to exception, tensor views, stream arguments
 #include <pybind11/pybind11.h>
 
@@ -80,4 +81,5 @@ PYBIND11_MODULE(_core, m) {
   RegisterPeerRegion(m);
   RegisterManager(m);
   RegisterSchedule(m);
+  RegisterAttention(m);
 }

@@ -132,6 +132,8 @@ TensorArg FromCudaArrayInterface(const py::handle& obj, const char* name) {
   return t;
 }
 
+}  // namespace
+
 TensorArg ParseTensor(const py::handle& obj, const char* name) {
   if (py::hasattr(obj, "__array_interface__")) {
     return FromArrayInterface(obj.attr("__array_interface__").cast<py::dict>(), Memory::kHost,
@@ -150,8 +152,6 @@ TensorArg ParseTensor(const py::handle& obj, const char* name) {
 std::string DeviceString(const TensorArg& t) {
   return t.memory == Memory::kHost ? "host memory" : "cuda:" + std::to_string(t.device);
 }
-
-}  // namespace
 
 TensorArg CheckTensor(const py::handle& obj, const TensorRules& r, const PyBackend& backend) {
   TensorArg t = ParseTensor(obj, r.name);
@@ -207,6 +207,10 @@ TensorArg CheckTensor(const py::handle& obj, const TensorRules& r, const PyBacke
 
 // See the file comment of binding_util.h for the rules.
 StreamHandle StreamResolver::Resolve(const py::object& stream, const PyBackend& backend) {
+  return Resolve(stream, backend.is_cuda() ? backend.device : -1);
+}
+
+StreamHandle StreamResolver::Resolve(const py::object& stream, int cuda_device) {
   if (py::isinstance<py::int_>(stream)) {
     return reinterpret_cast<StreamHandle>(stream.cast<uintptr_t>());
   }
@@ -218,7 +222,7 @@ StreamHandle StreamResolver::Resolve(const py::object& stream, const PyBackend& 
         "stream must be None, an int (cudaStream_t) or an object with "
         ".cuda_stream");
   }
-  if (!backend.is_cuda()) return nullptr;
+  if (cuda_device < 0) return nullptr;
   if (!torch_current_stream_.has_value()) {
     // Looked up once: a failed import is not retried at every call.
     try {
@@ -228,7 +232,7 @@ StreamHandle StreamResolver::Resolve(const py::object& stream, const PyBackend& 
     }
   }
   if (torch_current_stream_->is_none()) return nullptr;
-  const py::object current = (*torch_current_stream_)(backend.device);
+  const py::object current = (*torch_current_stream_)(cuda_device);
   return reinterpret_cast<StreamHandle>(current.attr("cuda_stream").cast<uintptr_t>());
 }
 

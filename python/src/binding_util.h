@@ -78,6 +78,8 @@ void RegisterNodePool(py::module_& m);    // binding_node_pool.cc: NodePool
 void RegisterPeerRegion(py::module_& m);  // binding_peer.cc: PeerRegion
 void RegisterManager(py::module_& m);     // binding_manager.cc: HotLayer, SparseKVCacheManager
 void RegisterSchedule(py::module_& m);    // binding_schedule.cc: StepChoice, StepSchedule
+// binding_attention.cc: SparseMLAAttention, WeightStreamProxy, LayerTopKGenerator
+void RegisterAttention(py::module_& m);
 
 // ---- Errors ----
 
@@ -194,6 +196,12 @@ struct TensorRules {
   bool output = false;           // written by the library: must not be read-only
 };
 
+// Views `obj` as a tensor (by the rules of the file comment), unchecked; TypeError naming `name`
+// for an object that is none.
+TensorArg ParseTensor(const py::handle& obj, const char* name);
+// "host memory" or "cuda:N".
+std::string DeviceString(const TensorArg& t);
+
 // Views `obj` as a tensor and checks it against `r` and the memory `backend` works on; raises
 // TypeError or ValueError naming r.name otherwise.
 TensorArg CheckTensor(const py::handle& obj, const TensorRules& r, const PyBackend& backend);
@@ -205,6 +213,8 @@ TensorArg CheckTensor(const py::handle& obj, const TensorRules& r, const PyBacke
 class StreamResolver {
  public:
   StreamHandle Resolve(const py::object& stream, const PyBackend& backend);
+  // The same for work on CUDA device `cuda_device` (-1: none, as the CPU backend).
+  StreamHandle Resolve(const py::object& stream, int cuda_device);
 
  private:
   std::optional<py::object> torch_current_stream_;  // torch.cuda.current_stream, or None

@@ -47,15 +47,47 @@ def test_the_decode_reads_the_rows_written_and_reports_the_benchs_tokens_per_sec
     assert "tok/s" in out.getvalue()
 
 
-def test_the_feed_replaces_the_miss_rates_share_of_each_top_k():
+def test_the_miss_rate_feed_is_the_generators_miss_rate_mode():
     import numpy as np
-    rng = np.random.default_rng(3)
-    feed = bench.TopKFeed(rng, batch=2, top_k=10, context=1000, rate=0.3)
-    before = feed.topk.copy()
-    after = feed.next([1000, 1000])
-    changed = (before != after).sum(axis=1)
-    assert all(c <= 3 for c in changed)  # 3 replaced per request (a fresh one may repeat one)
-    assert (after >= 0).all() and (after < 1000).all()
+    import sparsekv
+    a = bench.parse_args(SMALL[:-1] + ["--context", "1000", "--top-k", "10", "--miss-rate", "0.3"])
+    feed = bench.TopKFeed(a)
+    o = sparsekv.TopKGeneratorOptions()
+    o.top_k, o.seed, o.miss_rate, o.fresh_range = 10, a.seed, 0.3, 1000
+    own = [sparsekv.LayerTopKGenerator(o, layer, a.batch) for layer in range(a.layers)]
+    previous = None
+    for step in range(3):
+        lens = [1001 + step] * a.batch
+        rows = feed.next(lens)
+        for layer, g in enumerate(own):
+            assert np.array_equal(rows[layer], g.next(lens))
+        if previous is not None:  # 3 fresh positions, and the newest one, per row
+            for new, old in zip(rows[0], previous[0]):
+                assert len(set(new.tolist()) - set(old.tolist())) <= 4
+        previous = rows
+
+
+def test_the_calibrated_feed_chains_the_layers_as_the_cpp_feed():
+    import numpy as np
+    import sparsekv
+    a = bench.parse_args(SMALL[:-1] + ["--locality", "calibrated"])
+    feed = bench.TopKFeed(a)
+    o = sparsekv.locality_preset("glm5-published")
+    o.top_k, o.seed = a.top_k, a.seed
+    assert o.cross_layer_overlap > 0
+    own = [sparsekv.LayerTopKGenerator(o, layer, a.batch) for layer in range(a.layers)]
+    lens = [a.context + 1] * a.batch
+    rows = feed.next(lens)
+    lower = None
+    for layer, g in enumerate(own):
+        lower = g.next(lens, lower)
+        assert np.array_equal(rows[layer], lower)
+
+
+def test_the_calibrated_workload_is_named_in_the_result():
+    result = bench.run(bench.parse_args(SMALL + ["--locality", "calibrated"]), out=io.StringIO())
+    (point,) = result["points"]
+    assert point["workload"] == "calibrated" and point["miss_rate_target"] is None
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -63,11 +95,18 @@ def test_the_feed_replaces_the_miss_rates_share_of_each_top_k():
     (["--miss-rate", "1.5"], "--miss-rate"),
     (["--batch", "0"], "--batch"),
     (["--path", "adapter", "--schedule", "chunks2"], "attention slices"),
+    (["--locality", "uniform"], "--locality"),
 ])
 def test_bad_options_are_refused_naming_the_option(bad, message, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(SMALL + bad)
     assert message in capsys.readouterr().err
+
+
+def test_the_gpu_needs_a_row_format_the_attention_reads(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cuda", "--row-bytes", "16"])
+    assert "--row-bytes" in capsys.readouterr().err
 
 
 def test_check_needs_the_cpu(capsys):

@@ -436,11 +436,12 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
       {"bench", "--backend", "cpu", "--context", "100", "--top-k", "200"},
       {"bench", "--backend", "cpu", "--top-k", "512", "--hot-slots", "256"},
       {"bench", "--backend", "cpu", "--steps", "4", "--warmup", "4"},
-      {"bench", "--miss-rate", "1.5"},                           // not a rate
-      {"bench", "--miss-rate", "0.1,x"},                         // not a number
-      {"bench", "--offload-page-tokens", "0"},                   // out of range
-      {"bench", "--offload-max-batch", "-1"},                    // negative
-      {"bench", "--overlap", "always"},                          // not an overlap mode
+      {"bench", "--miss-rate", "1.5"},          // not a rate
+      {"bench", "--miss-rate", "0.1,x"},        // not a number
+      {"bench", "--offload-page-tokens", "0"},  // out of range
+      {"bench", "--offload-max-batch", "-1"},   // negative
+      {"bench", "--overlap", "copies"},         // retired: the step schedule's chunks replace it
+      {"bench", "--prefetch", "16"},  // retired: the schedule's cross-layer prefetch replaces it
       {"bench", "--layers-per-index", "0"},                      // out of range
       {"bench", "--copy-blocks", "-1"},                          // negative
       {"bench", "--variants", "sparsekv,nope"},                  // not a variant
@@ -480,8 +481,6 @@ TEST(CliTest, GpuOnlyFlagsAreRefusedOnTheCpuNamingThem) {
                                              "40",
                                              "--time-limit",
                                              "100",
-                                             "--prefetch",
-                                             "4",
                                              "--mtp",
                                              "2",
                                              "--sort-misses",
@@ -489,8 +488,6 @@ TEST(CliTest, GpuOnlyFlagsAreRefusedOnTheCpuNamingThem) {
                                              "--copy-blocks",
                                              "16",
                                              "--hybrid",
-                                             "--overlap",
-                                             "copies",
                                              "--layers-per-index",
                                              "2",
                                              "--offload-page-tokens",

@@ -184,8 +184,8 @@ Status ValidateBenchConfig(const BenchConfig& c) {
   }
   if (c.variants.empty()) return Bad("--variants must name at least one variant");
   if (c.mtp < 1 || c.mtp > 8) return Bad("--mtp must be in [1, 8]");
-  if (c.copy_chunk_rows > 0 && (c.mtp > 1 || c.overlap != "off" || c.layers_per_index > 1)) {
-    return Bad("--copy-chunk-rows needs --mtp 1, --overlap off and --layers-per-index 1");
+  if (c.copy_chunk_rows > 0 && (c.mtp > 1 || c.layers_per_index > 1)) {
+    return Bad("--copy-chunk-rows needs --mtp 1 and --layers-per-index 1");
   }
   if (c.mtp > 1) {
     for (const std::string& v : c.variants) {

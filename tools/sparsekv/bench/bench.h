@@ -70,13 +70,9 @@ struct BenchConfig {
   // page-offload: cap on its batch (0: none). Its page copies run at the PCIe limit from small
   // batches on, so its tokens/s stops growing early while each step grows with the batch.
   int32_t offload_max_batch = 0;
-  // sparsekv transfer hiding (VariantSetup): layers per shared top-k (also applied to the top-k
-  // every variant reads), and the overlap mode: "off"; "copies" (miss copies on a side stream, a
-  // group's later layers ahead of their turn); "gather" (also: the resident rows gathered for
-  // attention while the copy is in flight, SparseMLAOptions::Split::kGatherFirst); "merge" (also:
-  // attention over the resident rows in flight, log-sum-exp merge, Split::kMergeHalves).
+  // sparsekv: layers per shared top-k (CacheOptions::layers_per_index; also applied to the top-k
+  // every variant reads).
   int32_t layers_per_index = 1;
-  std::string overlap = "off";
   // sparsekv: Resolve sorts each request's misses by host row in steps of at least
   // sort_misses_min_batch requests (CacheOptions::sort_misses, sort_misses_min_batch).
   bool sort_misses = true;
@@ -90,8 +86,8 @@ struct BenchConfig {
   int32_t fused_copy_min_batch = CacheOptions{}.fused_copy_min_batch;
   int32_t prefetch_copy_blocks = 0;  // sparsekv: CacheOptions::prefetch_copy_blocks
   // sparsekv: a pipelined layer: each chunk of this many batch rows is copied on its own and
-  // attended as soon as it is in (CacheOptions::copy_chunk_rows; 0: off). Not with --mtp,
-  // --overlap or --layers-per-index.
+  // attended as soon as it is in (CacheOptions::copy_chunk_rows; 0: off). Not with --mtp or
+  // --layers-per-index.
   int32_t copy_chunk_rows = 0;
   std::string copy_strategy = "lattice";
   // sparsekv: the SMs cuBLAS plans the attention's and the proxy's GEMMs for
@@ -107,10 +103,6 @@ struct BenchConfig {
   // the slots chosen by the library (--hot-slots is then unused), requests resident while
   // they fit (docs/residency.md).
   bool hybrid = false;
-  // sparsekv cross-step prefetch: after each layer group's attention, the device predictor
-  // (sparsekv/prefetch.h) picks this many positions per request and PrefetchLayer fetches them on
-  // a side stream for the next step. 0 = off.
-  int32_t prefetch = 0;
   // sparsekv cross-layer speculative prefetch: right after each index group's resolve, its top-k
   // is prefetched into the next group's hot cache on a side stream (PrefetchLayer), ahead of that
   // group's own resolve, which waits for it (docs/prefetch.md).

@@ -245,13 +245,6 @@ void BenchCommand::AddGpuOptions() {
                    "resolves once per group")
       ->check(Between<int64_t>(1, 128))
       ->capture_default_str();
-  app_->add_option("--overlap", config_.overlap,
-                   "GPU: how sparsekv hides its miss copies: off; copies (on a side stream, a "
-                   "group's later layers ahead of their turn); gather (also gather the resident "
-                   "rows for attention meanwhile); merge (also attend over them meanwhile, "
-                   "log-sum-exp merge)")
-      ->check(CLI::IsMember({"off", "copies", "gather", "merge"}))
-      ->capture_default_str();
   app_->add_option("--sort-misses", config_.sort_misses,
                    "GPU: sparsekv's Resolve sorts each request's misses by host row ...")
       ->capture_default_str();
@@ -297,11 +290,6 @@ void BenchCommand::AddGpuOptions() {
                  "GPU: sparsekv keeps requests resident in HBM while they fit and sizes its hot "
                  "cache by the HBM budget at the batch the host pool allows (the library chooses "
                  "the slots; --hot-slots is unused)");
-  app_->add_option("--prefetch", config_.prefetch,
-                   "GPU: sparsekv predicts this many positions per request after each layer's "
-                   "attention and prefetches them on a side stream for the next step (0: off)")
-      ->check(Between<int64_t>(0, 1024))
-      ->capture_default_str();
   app_->add_flag("--crosslayer-prefetch", config_.crosslayer_prefetch,
                  "GPU: sparsekv prefetches each layer's top-k into the next layer's hot cache "
                  "on a side stream as soon as it is resolved, ahead of that layer's own resolve");

@@ -232,8 +232,6 @@ std::string FormatE2EJson(const E2EReport& r) {
                       {"bytes_compared", c.bytes_compared},
                       {"bytes_different", c.bytes_different},
                       {"output_nonzero", c.output_nonzero},
-                      {"split_attention", c.split_attention},
-                      {"max_relative_error", c.max_relative_error},
                       {"passed", c.passed()}});
   }
   j["checks"] = checks;
@@ -289,12 +287,10 @@ std::string FormatE2ETable(const E2EReport& r) {
     out += "  check " + std::string(VariantName(c.variant)) + " vs full-hbm @" +
            std::to_string(c.context / 1024) + "K, batch " + std::to_string(c.batch) + ", " +
            std::to_string(c.steps) + " steps, all layers: " +
-           (c.passed() && c.split_attention ? "PASS (split attention: largest relative error " +
-                                                  Fixed(c.max_relative_error, 5) + ")"
-            : c.passed() ? "PASS (bit-identical attention output)"
-                         : "FAIL (" + std::to_string(c.bytes_different) + " of " +
-                               std::to_string(c.bytes_compared) + " bytes differ" +
-                               (c.output_nonzero ? "" : ", output all zero") + ")") +
+           (c.passed() ? "PASS (bit-identical attention output)"
+                       : "FAIL (" + std::to_string(c.bytes_different) + " of " +
+                             std::to_string(c.bytes_compared) + " bytes differ" +
+                             (c.output_nonzero ? "" : ", output all zero") + ")") +
            "\n";
   }
   char line[512];

@@ -53,8 +53,7 @@ struct Shared {
   DeviceBuffer out;                          // [max_batch, heads, 512] bf16
   DeviceBuffer new_rows;                     // [layers, max_batch, row]
   std::map<int32_t, double> proxy_us;        // per layer, by batch
-  bool split_attention = false;  // attention starts on the resident rows (--overlap gather|merge)
-  int32_t queries = 1;           // query tokens per request (--mtp): attention and proxy rows
+  int32_t queries = 1;  // query tokens per request (--mtp): attention and proxy rows
 
   size_t OutBytes(int32_t batch) const {
     return size_t(batch) * queries * heads * kMLAValueDim * 2;
@@ -82,19 +81,8 @@ Status StepBody(StepVariant& v, const Shared& sh, const TopKFeed& feed, int32_t 
         sh.out.get<std::byte>() + size_t(first) * sh.heads * kMLAValueDim * 2, st);
   };
   for (int32_t l = 0; l < sh.shape.layers; ++l) {
-    if (const uint8_t* fill = v.FillMask(); fill != nullptr && sh.split_attention) {
-      SPARSEKV_RETURN_IF_ERROR(v.RunLayer(l, batch, feed.layer(l), sh.NewRows(l), s));
-      // Split attention: the resident rows while the copy is in flight, then the copied ones.
-      SPARSEKV_RETURN_IF_ERROR(sh.attention->RunHits(rows, sh.q.get(), v.Rows(l),
-                                                     sh.shape.row_bytes, v.Indices(), fill, s));
-      SPARSEKV_RETURN_IF_ERROR(v.WaitForRows(l, s));
-      SPARSEKV_RETURN_IF_ERROR(sh.attention->RunFillsAndMerge(
-          rows, sh.q.get(), v.Rows(l), sh.shape.row_bytes, v.Indices(), fill, sh.out.get(), s));
-    } else {
-      SPARSEKV_RETURN_IF_ERROR(
-          v.RunLayerAndAttend(l, batch, feed.layer(l), sh.NewRows(l), attend, s));
-    }
-    SPARSEKV_RETURN_IF_ERROR(v.AfterAttention(l, s));
+    SPARSEKV_RETURN_IF_ERROR(
+        v.RunLayerAndAttend(l, batch, feed.layer(l), sh.NewRows(l), attend, s));
     if (check_out != nullptr) {
       SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(check_out + l * sh.OutBytes(batch),
                                                     sh.out.get(), sh.OutBytes(batch),
@@ -478,9 +466,6 @@ Status E2ERun::Setup(const ModelPreset& preset) {
   ao.heads = c_.heads;
   ao.top_k = c_.top_k;
   ao.format = c_.row_format;
-  ao.split = c_.overlap == "merge" ? SparseMLAOptions::Split::kMergeHalves
-                                   : SparseMLAOptions::Split::kGatherFirst;
-  shared_.split_attention = c_.overlap == "gather" || c_.overlap == "merge";
   SPARSEKV_ASSIGN_OR_RETURN(shared_.attention, SparseMLAAttention::Create(ao));
   if (c_.proxy) {
     // Per-layer bytes from the preset's full layer count, so that --layers does not change them.
@@ -542,11 +527,9 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
                         : c_.copy_strategy == "warp-rows"  ? CopyStrategy::kWarpRows
                         : c_.copy_strategy == "bulk"       ? CopyStrategy::kBulk
                                                            : CopyStrategy::kLattice;
-  setup.prefetch = c_.prefetch;
   setup.crosslayer_prefetch = c_.crosslayer_prefetch;
   setup.auto_schedule = c_.schedule == "auto";
   setup.queries = c_.mtp;
-  setup.overlap = c_.overlap != "off";
   if (kind == KVVariant::kSparseKV) setup.peer_device = c_.peer_device;
   if (c_.hybrid && kind == KVVariant::kSparseKV) {
     setup.hybrid = true;
@@ -588,10 +571,6 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
       if (out.size() != reference_.size()) check.bytes_different += 1;
       check.output_nonzero = std::any_of(reference_.begin(), reference_.end(),
                                          [](std::byte b) { return b != std::byte{0}; });
-      if (kind == KVVariant::kSparseKV && c_.overlap == "merge") {
-        check.split_attention = true;
-        check.max_relative_error = MaxRelativeError(out, reference_, kMLAValueDim * c_.heads);
-      }
       Log(label + ": check vs full-hbm " + (check.passed() ? "PASS" : "FAIL"));
       report_.checks.push_back(check);
     }
@@ -750,10 +729,6 @@ StatusOr<E2EReport> E2ERun::Run() {
     report_.notes.push_back("layers share a top-k in groups of " +
                             std::to_string(c_.layers_per_index) +
                             " (--layers-per-index); every variant reads the same top-k");
-  }
-  if (c_.overlap != "off") {
-    report_.notes.push_back("sparsekv runs with --overlap " + c_.overlap +
-                            " (tools/sparsekv/bench.h BenchConfig::overlap)");
   }
   report_.warmup_steps = std::max(1, c_.warmup_steps);
   if (c_.trace_step) {

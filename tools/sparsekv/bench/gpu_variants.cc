@@ -8,7 +8,6 @@
 
 #include "sparsekv/manager.h"
 #include "sparsekv/peer_tier.h"
-#include "sparsekv/prefetch.h"
 #include "tools/sparsekv/bench/gpu_kernels.h"
 #include "tools/sparsekv/bench/page_offload_variant.h"
 
@@ -91,16 +90,6 @@ class FullHbmVariant final : public StepVariant {
 class SparseKVVariant final : public StepVariant {
  public:
   explicit SparseKVVariant(const VariantSetup& s) : s_(s) {}
-  ~SparseKVVariant() override {
-    for (cudaEvent_t e : resolved_) cudaEventDestroy(e);
-    for (cudaEvent_t e : copied_) cudaEventDestroy(e);
-    for (cudaEvent_t e : {attended_, prefetched_}) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
-    for (cudaStream_t s : {copy_stream_, prefetch_stream_}) {
-      if (s != nullptr) cudaStreamDestroy(s);
-    }
-  }
 
   Status Init(std::shared_ptr<Backend> host, cudaStream_t stream) {
     const RequestShape& r = s_.shape;
@@ -122,20 +111,12 @@ class SparseKVVariant final : public StepVariant {
     o.copy_blocks = s_.copy_blocks;
     o.fused_copy_min_batch = s_.fused_copy_min_batch;
     o.prefetch_copy_blocks = s_.prefetch_copy_blocks;
-    // The step schedule runs every step but those of the overlap and cross-step prefetch
-    // experiments, which keep their own streams below.
-    const bool scheduled = !s_.overlap && s_.prefetch == 0;
-    if (!scheduled && (s_.crosslayer_prefetch || s_.copy_chunk_rows > 0 || s_.auto_schedule)) {
-      return InvalidArgument(
-          "sparsekv bench: --crosslayer-prefetch, --copy-chunk-rows and --schedule auto run "
-          "through the step schedule, which --overlap and --prefetch do not use");
-    }
+    // Every step runs through the library's StepSchedule, as an engine's would.
     o.copy_chunk_rows =
         s_.copy_chunk_rows > 0 || !s_.auto_schedule ? s_.copy_chunk_rows : kAutoChunkRows;
     o.copy_strategy = s_.copy_strategy;
     // A cross-layer prefetch passes a whole top-k row per request.
-    o.max_prefetch =
-        s_.crosslayer_prefetch || s_.auto_schedule ? std::max(s_.prefetch, r.top_k) : s_.prefetch;
+    o.max_prefetch = s_.crosslayer_prefetch || s_.auto_schedule ? r.top_k : 0;
     o.share_repeated_positions = s_.queries > 1;
     o.hybrid_residency = s_.hybrid;
     o.device_budget_bytes = s_.device_budget_bytes;
@@ -143,18 +124,16 @@ class SparseKVVariant final : public StepVariant {
     // requests that are not running is not tied up in their keys.
     o.indexer_key_bytes = s_.hybrid ? r.indexer_key_bytes : 0;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
-    if (scheduled) {
-      ScheduleOptions so;
-      if (!s_.auto_schedule) so.fixed = StepChoice{s_.crosslayer_prefetch, s_.copy_chunk_rows};
-      so.trials = 2;  // 8 candidates: 24 steps, within the calibrated run's 26 warm-up steps
-      if (s_.auto_schedule && s_.queries > 1) {
-        // Attention over a slice of requests does not split their query rows.
-        for (const StepChoice& c : AllowedChoices(manager_->options())) {
-          if (c.chunk_rows == 0) so.candidates.push_back(c);
-        }
+    ScheduleOptions so;
+    if (!s_.auto_schedule) so.fixed = StepChoice{s_.crosslayer_prefetch, s_.copy_chunk_rows};
+    so.trials = 2;  // 8 candidates: 24 steps, within the calibrated run's 26 warm-up steps
+    if (s_.auto_schedule && s_.queries > 1) {
+      // Attention over a slice of requests does not split their query rows.
+      for (const StepChoice& c : AllowedChoices(manager_->options())) {
+        if (c.chunk_rows == 0) so.candidates.push_back(c);
       }
-      SPARSEKV_ASSIGN_OR_RETURN(schedule_, StepSchedule::Create(*manager_, so));
     }
+    SPARSEKV_ASSIGN_OR_RETURN(schedule_, StepSchedule::Create(*manager_, so));
     if (s_.peer_device >= 0) {
       // Every request's prompt rows are also lent by a region on the peer device, at rows
       // [b * context, (b + 1) * context) for request b (AdmitRequests).
@@ -170,40 +149,6 @@ class SparseKVVariant final : public StepVariant {
     }
     SPARSEKV_ASSIGN_OR_RETURN(
         slots_, DeviceBuffer::Allocate(Int32s(int64_t{s_.max_batch} * r.top_k), kBenchMemory));
-    if (s_.overlap || s_.prefetch > 0) {
-      // With prefetch, one mask per group: the group's prediction reads it on the side stream
-      // while later groups resolve.
-      const size_t masks = s_.prefetch > 0 ? static_cast<size_t>(o.index_groups()) : 1;
-      SPARSEKV_ASSIGN_OR_RETURN(
-          fill_, DeviceBuffer::Allocate(masks * s_.max_batch * r.top_k, kBenchMemory));
-    }
-    if (s_.prefetch > 0) {
-      const size_t groups = static_cast<size_t>(o.index_groups());
-      SPARSEKV_ASSIGN_OR_RETURN(
-          predicted_,
-          DeviceBuffer::Allocate(Int32s(groups * s_.max_batch * s_.prefetch), kBenchMemory));
-      SPARSEKV_ASSIGN_OR_RETURN(
-          batch_, DeviceBuffer::Allocate(sizeof(BatchEntry) * (s_.max_batch + 1), kBenchMemory));
-      group_topk_.assign(groups, nullptr);
-    }
-    if (s_.prefetch > 0) {
-      SPARSEKV_CUDA_RETURN_IF_ERROR(
-          cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
-      for (cudaEvent_t* e : {&attended_, &prefetched_}) {
-        SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-      }
-    }
-    if (s_.overlap) {
-      SPARSEKV_CUDA_RETURN_IF_ERROR(
-          cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-      resolved_.resize(o.index_groups());
-      copied_.resize(r.layers);
-      for (auto* events : {&resolved_, &copied_}) {
-        for (cudaEvent_t& e : *events) {
-          SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        }
-      }
-    }
     if (o.indexer_key_bytes > 0) {
       // The new tokens' keys (their content is not read by the benchmark).
       SPARSEKV_ASSIGN_OR_RETURN(
@@ -259,107 +204,28 @@ class SparseKVVariant final : public StepVariant {
 
   KVVariant kind() const override { return KVVariant::kSparseKV; }
   Status Plan(std::span<const int32_t> positions, cudaStream_t stream) override {
-    if (s_.prefetch > 0) {
-      // The predictor's view of the batch: [0] holds the batch size, [1, max_batch] the rows
-      // (seq_len with this step's token; any block >= 0 marks a row in use).
-      std::vector<BatchEntry> entries(static_cast<size_t>(s_.max_batch) + 1, BatchEntry{-1, 0, 0});
-      entries[0].block = static_cast<int32_t>(positions.size());
-      for (size_t b = 0; b < positions.size(); ++b) {
-        entries[b + 1] = BatchEntry{static_cast<int32_t>(b), positions[b] + 1, 0};
-      }
-      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(batch_.get(), entries.data(),
-                                                    entries.size() * sizeof(BatchEntry),
-                                                    cudaMemcpyHostToDevice, stream));
-    }
     const std::span<const RequestId> batch(ids_.data(), positions.size());
-    if (schedule_ != nullptr) return schedule_->PlanStep(batch, stream);
-    return manager_->PlanStep(batch, stream);
+    return schedule_->PlanStep(batch, stream);
   }
   // Through the schedule: it appends, resolves, prefetches, copies and calls `attend` as the
   // rows come in.
-  Status RunLayerAndAttend(int32_t layer, int32_t batch, const int32_t* topk,
+  Status RunLayerAndAttend(int32_t layer, int32_t /*batch*/, const int32_t* topk,
                            const std::byte* new_rows, const AttendFn& attend,
                            cudaStream_t stream) override {
-    if (schedule_ == nullptr) {
-      return StepVariant::RunLayerAndAttend(layer, batch, topk, new_rows, attend, stream);
-    }
-    if (layer % s_.layers_per_index == 0) group_ = layer / s_.layers_per_index;
     const LayerWork work{new_rows, NewKeys(layer), topk, 0, slots_.get<int32_t>()};
     return schedule_->RunLayer(layer, work, attend, stream);
   }
-  std::string GraphKey() const override {
-    return schedule_ != nullptr ? schedule_->choice().ToString() : "";
+  std::string GraphKey() const override { return schedule_->choice().ToString(); }
+  // The schedule runs a layer together with its attention (RunLayerAndAttend): a layer without
+  // one is not a step an engine takes.
+  Status RunLayer(int32_t /*layer*/, int32_t /*batch*/, const int32_t* /*topk*/,
+                  const std::byte* /*new_rows*/, cudaStream_t /*stream*/) override {
+    return FailedPrecondition(
+        "sparsekv bench: sparsekv runs each layer with its attention through the step schedule "
+        "(RunLayerAndAttend)");
   }
-  Status RunLayer(int32_t layer, int32_t /*batch*/, const int32_t* topk, const std::byte* new_rows,
-                  cudaStream_t stream) override {
-    SPARSEKV_RETURN_IF_ERROR(manager_->AppendToken(layer, new_rows, NewKeys(layer), stream));
-    const int32_t n = s_.layers_per_index;
-    const bool leader = layer % n == 0;
-    if (leader) group_ = layer / n;
-    if (leader && s_.prefetch > 0) group_topk_[group_] = topk;
-    if (!s_.overlap) {
-      if (leader) {
-        SPARSEKV_RETURN_IF_ERROR(
-            manager_->ResolveLayer(layer, topk, slots_.get<int32_t>(), FillOf(group_), stream));
-      }
-      return manager_->CopyMisses(layer, stream);
-    }
-    if (!leader) return Status::Ok();  // its copy was issued with the group's resolve
-    // Resolve on the main stream; every layer of the group copies on the side stream at once,
-    // each copy recording when its layer's rows are complete.
-    const int32_t group = layer / n;
-    SPARSEKV_RETURN_IF_ERROR(
-        manager_->ResolveLayer(layer, topk, slots_.get<int32_t>(), FillOf(group), stream));
-    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(resolved_[group], stream));
-    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, resolved_[group]));
-    for (int32_t l = layer; l < std::min(layer + n, s_.shape.layers); ++l) {
-      SPARSEKV_RETURN_IF_ERROR(manager_->CopyMisses(l, copy_stream_));
-      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_[l], copy_stream_));
-    }
-    return Status::Ok();
-  }
-  const uint8_t* FillMask() const override { return s_.overlap ? FillOf(group_) : nullptr; }
-  Status WaitForRows(int32_t layer, cudaStream_t stream) override {
-    if (!s_.overlap) return Status::Ok();
-    return CudaStatus(cudaStreamWaitEvent(stream, copied_[layer]), "wait for the miss copy");
-  }
-  // Once a group's last layer has attended: predict and prefetch on the side stream (joined at
-  // FinishStep), from the group's own top-k and fill mask.
-  Status AfterAttention(int32_t layer, cudaStream_t stream) override {
-    const int32_t n = s_.layers_per_index;
-    if (s_.prefetch == 0 || ((layer + 1) % n != 0 && layer + 1 != s_.shape.layers)) {
-      return Status::Ok();
-    }
-    const int32_t group = layer / n;
-    int32_t* predicted = predicted_.get<int32_t>() + int64_t{group} * s_.max_batch * s_.prefetch;
-    PrefetchView view{};
-    view.batch_size = reinterpret_cast<const int32_t*>(batch_.get<BatchEntry>());  // [0].block
-    view.batch = batch_.get<BatchEntry>() + 1;
-    view.topk = group_topk_[group];
-    view.top_k = view.topk_stride = s_.shape.top_k;
-    view.fill_mask = FillOf(group);
-    view.window = s_.shape.window;
-    view.budget = s_.prefetch;
-    view.predicted = predicted;
-    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(attended_, stream));
-    SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(prefetch_stream_, attended_));
-    SPARSEKV_RETURN_IF_ERROR(PredictPrefetchCuda(view, s_.max_batch, prefetch_stream_));
-    return manager_->PrefetchLayer(group * n, predicted, s_.prefetch, prefetch_stream_);
-  }
-  Status FinishStep(cudaStream_t stream) override {
-    // Joins the prefetch stream if this step used it (a captured step may only wait for work it
-    // captured).
-    if (schedule_ != nullptr) return schedule_->FinishStep(stream);
-    if (s_.prefetch > 0) {
-      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(prefetched_, prefetch_stream_));
-      SPARSEKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, prefetched_));
-    }
-    return manager_->FinishStep(stream);
-  }
-  Status AfterReplay(double seconds) override {
-    if (schedule_ != nullptr) return schedule_->FinishReplayedStep(seconds);
-    return manager_->FinishReplayedStep();
-  }
+  Status FinishStep(cudaStream_t stream) override { return schedule_->FinishStep(stream); }
+  Status AfterReplay(double seconds) override { return schedule_->FinishReplayedStep(seconds); }
   const std::byte* Rows(int32_t layer) const override { return manager_->HotLayer(layer); }
   const int32_t* Indices() const override { return slots_.get<int32_t>(); }
   Status SetLiveBatch(int32_t batch, cudaStream_t stream) override {
@@ -390,10 +256,8 @@ class SparseKVVariant final : public StepVariant {
     out.misses = double(t.misses);
     out.prefetched = double(stats.prefetch_rows) * s_.layers_per_index;
     out.resident_requests = stats.resident_requests;
-    if (schedule_ != nullptr) {
-      out.schedule = schedule_->choice().ToString();
-      out.schedule_reason = schedule_->reason();
-    }
+    out.schedule = schedule_->choice().ToString();
+    out.schedule_reason = schedule_->reason();
     return out;
   }
 
@@ -410,34 +274,14 @@ class SparseKVVariant final : public StepVariant {
   std::vector<bool> live_;  // per admitted request: on the device (not retracted)
   DeviceBuffer new_keys_;   // with indexer keys: [layers, max_batch, indexer_key_bytes]
   DeviceBuffer slots_;      // [max_batch, top_k] layer-wide hot-cache slots
-  // Overlap or prefetch: ResolveLayer's fill masks, [max_batch, top_k] each; one per index group
-  // with prefetch, else one.
-  DeviceBuffer fill_;
-  int32_t group_ = 0;  // the index group of the last RunLayer
-  uint8_t* FillOf(int32_t group) const {
-    if (fill_.get() == nullptr) return nullptr;
-    const int64_t mask = int64_t{s_.max_batch} * s_.shape.top_k;
-    return fill_.get<uint8_t>() + (s_.prefetch > 0 ? group * mask : 0);
-  }
   // With --schedule auto and no --copy-chunk-rows: the chunks the schedule may copy by.
   static constexpr int32_t kAutoChunkRows = 8;
-  std::unique_ptr<StepSchedule> schedule_;  // null for the overlap and cross-step experiments
+  std::unique_ptr<StepSchedule> schedule_;
   const std::byte* NewKeys(int32_t layer) const {
     if (new_keys_.get() == nullptr) return nullptr;
     return new_keys_.get<std::byte>() +
            size_t(layer) * s_.max_batch * manager_->options().indexer_key_bytes;
   }
-  // Overlap only.
-  cudaStream_t copy_stream_ = nullptr;  // the miss copies
-  std::vector<cudaEvent_t> resolved_;   // per index group: its resolve is done
-  std::vector<cudaEvent_t> copied_;     // per layer: its miss copy is done
-  // Cross-step prefetch only (the stream and the two events also with cross-layer prefetch).
-  DeviceBuffer predicted_;                  // [groups, max_batch, prefetch] positions
-  DeviceBuffer batch_;                      // [1 + max_batch] BatchEntry: size, then the rows
-  std::vector<const int32_t*> group_topk_;  // per index group: this step's top-k
-  cudaStream_t prefetch_stream_ = nullptr;
-  cudaEvent_t attended_ = nullptr;    // the group's last attention is enqueued
-  cudaEvent_t prefetched_ = nullptr;  // the step's prefetches are done
 };
 
 // No cache: every top-k row of every layer gathered from the host pool into a staging buffer at

@@ -42,10 +42,6 @@ struct VariantSetup {
   // sparsekv only. Layers per shared top-k (CacheOptions::layers_per_index): the group's first
   // layer resolves, the others only copy.
   int32_t layers_per_index = 1;
-  // sparsekv only, transfer hiding: the miss copies run on a side stream, a group's later layers
-  // copied ahead of their turn, right after the group's resolve; and FillMask() tells attention
-  // which rows are still in flight (split attention, if the bench asks for it).
-  bool overlap = false;
   bool sort_misses = true;            // sparsekv only: CacheOptions::sort_misses
   int32_t sort_misses_min_batch = 0;  // sparsekv only: CacheOptions::sort_misses_min_batch
   int32_t copy_blocks = 0;            // sparsekv only: CacheOptions::copy_blocks
@@ -53,12 +49,8 @@ struct VariantSetup {
   int32_t prefetch_copy_blocks = 0;   // sparsekv only: CacheOptions::prefetch_copy_blocks
   int32_t copy_chunk_rows = 0;        // sparsekv only: CacheOptions::copy_chunk_rows
   CopyStrategy copy_strategy = CopyStrategy::kLattice;  // sparsekv only
-  // sparsekv only: positions per request predicted and prefetched after each index group's last
-  // attention (AfterAttention), on a side stream joined at FinishStep. 0 = none.
-  int32_t prefetch = 0;
-  // sparsekv only, cross-layer speculative prefetch: after each index group's resolve, its top-k
-  // is prefetched into the next group (PrefetchLayer with count top_k) on the prefetch side
-  // stream; the next group's resolve waits for it.
+  // sparsekv only, the StepChoice's cross-layer speculative prefetch: each index group's top-k
+  // prefetched into the next group's hot cache on the schedule's side stream.
   bool crosslayer_prefetch = false;
   // sparsekv only: the library's StepSchedule chooses each step's prefetch and chunks (chunks of
   // copy_chunk_rows, 8 if 0); otherwise it runs the choice the two fields above name.
@@ -98,13 +90,12 @@ class StepVariant {
   // (topk [max_batch, top_k] positions).
   virtual Status RunLayer(int32_t layer, int32_t batch, const int32_t* topk,
                           const std::byte* new_rows, cudaStream_t stream) = 0;
-  // RunLayer, then `attend` over all `batch` rows once they are ready; a variant whose library
-  // drives the layer (sparsekv through its StepSchedule) calls `attend` as its rows come in.
+  // RunLayer, then `attend` over all `batch` rows on `stream`; a variant whose library drives
+  // the layer (sparsekv through its StepSchedule) calls `attend` as its rows come in.
   virtual Status RunLayerAndAttend(int32_t layer, int32_t batch, const int32_t* topk,
                                    const std::byte* new_rows, const AttendFn& attend,
                                    cudaStream_t stream) {
     SPARSEKV_RETURN_IF_ERROR(RunLayer(layer, batch, topk, new_rows, stream));
-    SPARSEKV_RETURN_IF_ERROR(WaitForRows(layer, stream));
     return attend(layer, 0, batch, stream);
   }
   virtual Status FinishStep(cudaStream_t stream) = 0;
@@ -114,13 +105,6 @@ class StepVariant {
   virtual std::string GraphKey() const { return ""; }
   virtual const std::byte* Rows(int32_t layer) const = 0;
   virtual const int32_t* Indices() const = 0;  // [max_batch, top_k]
-  // With overlap: after RunLayer(layer), the entries of Indices() whose rows are still being
-  // copied ([max_batch, top_k], 1 = in flight); null for a variant whose rows are ready at once.
-  virtual const uint8_t* FillMask() const { return nullptr; }
-  // Makes `stream` wait for the copies that bring `layer`'s rows (no-op if there are none).
-  virtual Status WaitForRows(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
-  // After `layer`'s attention has been enqueued on `stream` (cross-step prefetch).
-  virtual Status AfterAttention(int32_t /*layer*/, cudaStream_t /*stream*/) { return Status::Ok(); }
   // Host side, before the steps of a batch size: the requests [0, batch) are the live ones
   // (sparsekv with hybrid residency releases the others, as finished requests, and admits new
   // ones when the batch grows: those start again at the context length; it makes the live ones

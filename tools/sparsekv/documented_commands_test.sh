@@ -32,6 +32,7 @@ covered=(
   "build/tools/sparsekv/sparsekv bench --contexts 32768 --batch 4 --miss-rate 0.2 --variants full-hbm,sparsekv --host-pool-gb 8 --trace-step trace.json"
   "sparsekv bench --backend cpu --config cache.json --batch 2 --context 8192 --steps 4 --warmup 1"
   "sparsekv plan --contexts 32768,131072 --miss-rates 0.064,0.2 --copy-chunk-rows 8 --crosslayer-prefetch --tier pcie-dram:250:55"
+  "sparsekv replay --preset deepseek-v4-pro --context 1048320 [--synthetic-locality uncorrelated]"
 )
 while IFS= read -r line; do
   line="${line#"${line%%[![:space:]]*}"}"
@@ -124,6 +125,9 @@ run "docs/workload.md" replay --synthetic-locality calibrated --cross-layer-over
   --layer-overlap --steps 48 --warmup 16
 run "docs/workload.md" replay --trace "$trace" --hot-slots 64,128,256 --policies lru \
   --layer-overlap --fit-locality
+run "docs/workload.md" replay --preset deepseek-v4-pro --context 1048320 --steps 8 --warmup 2
+run "docs/workload.md" replay --preset deepseek-v4-pro --context 1048320 --steps 8 --warmup 2 \
+  --synthetic-locality uncorrelated
 gpu_only "docs/workload.md" --locality bench --locality calibrated
 gpu_only "docs/workload.md" --cross-layer-overlap bench --locality calibrated \
   --cross-layer-overlap 0.85

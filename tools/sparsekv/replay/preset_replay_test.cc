@@ -54,7 +54,7 @@ TEST(PresetReplayShapeTest, Glm53ReplaysEveryLayerWithItsIndexGroupsRow) {
   EXPECT_EQ(glm.row_sources(), 21);
   EXPECT_EQ(glm.top_k, 2048);
   EXPECT_EQ(glm.entry_tokens, 1);
-  EXPECT_FALSE(glm.manager_serves);  // index groups: not served yet
+  EXPECT_TRUE(glm.manager_serves);  // explicit index groups, keys on the groups' first layers
   EXPECT_EQ(glm.row_source[1], 1);
   EXPECT_EQ(glm.row_source[2], 2);
   EXPECT_EQ(glm.row_source[5], 2);
@@ -269,7 +269,7 @@ TEST(PresetReplayCommandTest, RefusesWhatDoesNotApplyNamingIt) {
       {{"--preset", "deepseek-v4-pro", "--context", "8192", "--prefetch", "window-exit"},
        "--prefetch: replays the manager's prefetch paths, and the manager does not serve "
        "deepseek-v4-pro's offloaded layers"},
-      {{"--preset", "glm-5.3", "--context", "8192", "--crosslayer-prefetch"},
+      {{"--preset", "deepseek-v4-flash", "--context", "8192", "--crosslayer-prefetch"},
        "--crosslayer-prefetch: replays the manager's prefetch paths"},
       {{"--preset", "deepseek-v4-pro", "--synthetic-locality", "uncorrelated", "--reuse", "0.5"},
        "--reuse: --synthetic-locality uncorrelated draws every row uniformly"},

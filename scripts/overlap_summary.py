@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The transfer-hiding table (docs/overlap.md) and summary keys from gpu-bench-overlap.sh's JSONs.
 
-    python3 scripts/overlap_summary.py bench/results/overlap [--summary out.json]
+    python3 scripts/overlap_summary.py bench/results/2026-11-30-overlap [--summary out.json]
 
 Every run holds its own full-hbm points; a sparsekv point's overhead is TPOT / full-hbm's TPOT at
 the same batch - 1, from the same run. full-hbm holds at most 31 requests at 32K within the 49 GB

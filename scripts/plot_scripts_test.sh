@@ -35,8 +35,8 @@ expect plain/plan_tpot_throughput.png plain/plan_tiers_vs_context.png
 
 # As docs/planning.md runs it: calibrated, with the predicted-vs-measured check.
 "$tool" plan --miss-rates 0.2 --contexts 32768,131072 --json "$out/plan-cal.json" \
-  --calibration "$root/bench/results/e2e/e2e-deepseek-v3.2.json" \
-  --calibration "$root/bench/results/e2e/e2e-glm-5.json" >/dev/null
+  --calibration "$root/bench/results/2026-11-30-e2e-sweep/e2e-deepseek-v3.2.json" \
+  --calibration "$root/bench/results/2026-11-30-e2e-sweep/e2e-glm-5.json" >/dev/null
 "$python" "$root/scripts/plot_plan.py" --out "$out/cal" "$out/plan-cal.json"
 expect cal/plan_tpot_throughput.png cal/plan_tiers_vs_context.png cal/plan_calibration.png
 
@@ -51,6 +51,6 @@ expect cal/plan_tpot_throughput.png cal/plan_tiers_vs_context.png cal/plan_calib
 "$python" "$root/scripts/plot_locality.py" --out "$out/locality" "$out/locality.json"
 expect locality/miss_rate_vs_slots.png locality/locality.json
 
-"$python" "$root/scripts/plot_bench.py" --out "$out/bench" "$root/bench/results/e2e/e2e-deepseek-v3.2.json"
+"$python" "$root/scripts/plot_bench.py" --out "$out/bench" "$root/bench/results/2026-11-30-e2e-sweep/e2e-deepseek-v3.2.json"
 expect bench/tpot_vs_batch.png bench/peak_throughput.png bench/hbm_per_request.png
 echo "plot scripts: plan, calibrated plan, replay, locality and bench plots written"

@@ -200,7 +200,7 @@ struct CacheOptions {
   // layer at any batch; it pays only once the step's misses are more than the copy keeps in
   // flight at once. Measured on an H200 (32K context, 20% misses, DeepSeek-V3.2 rows): not
   // sorting gains 0.1-0.4 ms per step at batch 1-16 and sorting gains 0.2-0.8 ms at 32-64
-  // (bench/results/overlap, docs/overlap.md). 0: every step; sort_misses = false: never.
+  // (bench/results/2026-11-30-overlap, docs/overlap.md). 0: every step; sort_misses = false: never.
   bool sort_misses = true;
   int32_t sort_misses_min_batch = 32;
   // Positions per request and layer that one PrefetchLayer call may take (its device buffers
@@ -215,7 +215,7 @@ struct CacheOptions {
   // run ahead on a side stream (a shared indexer's later layers, prefetch): with one top-k per 4
   // layers that hid 60-77% of the transfer time at batch 4-64, against 4-10% on the default grid.
   // Copies on the critical path gain nothing from it below batch 64 (0.1-0.35 ms per step
-  // slower), hence the default (bench/results/overlap-copy-blocks, docs/overlap.md). CUDA only.
+  // slower), hence the default (bench/results/2026-11-30-overlap-copy-blocks, docs/overlap.md). CUDA only.
   int32_t copy_blocks = 0;
   // The same bound for the prefetch copies alone (PrefetchLayer, CopyPrefetch), which run ahead
   // of their turn beside other work while the miss copies wait on the critical path: e.g. the

@@ -157,7 +157,7 @@ TEST(PlanCalibrationTest, FitRecoversTheModelsParameters) {
 
 // The acceptance criterion on the committed H200 results: every point within 15%.
 TEST(PlanCalibrationTest, CommittedResultsWithinFifteenPercent) {
-  const std::string dir = std::string(SPARSEKV_SOURCE_DIR) + "/bench/results/e2e/";
+  const std::string dir = std::string(SPARSEKV_SOURCE_DIR) + "/bench/results/2026-11-30-e2e-sweep/";
   StatusOr<MeasuredRun> run =
       ReadMeasured({dir + "e2e-deepseek-v3.2.json", dir + "e2e-glm-5.json"});
   ASSERT_TRUE(run.ok()) << run.status().message();

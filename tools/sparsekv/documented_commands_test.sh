@@ -104,8 +104,8 @@ gpu_only "docs/benchmark.md" --trace-step bench --contexts 32768 --batch 4 --mis
 # docs/planning.md.
 run "docs/planning.md" replay --trace "$trace" --hot-slots 4096,6144 --json "$out/replay.json"
 run "docs/planning.md" plan --miss-rates 0.2 --contexts 32768,131072 --json "$out/plan.json" \
-  --calibration "$root/bench/results/e2e/e2e-deepseek-v3.2.json" \
-  --calibration "$root/bench/results/e2e/e2e-glm-5.json"
+  --calibration "$root/bench/results/2026-11-30-e2e-sweep/e2e-deepseek-v3.2.json" \
+  --calibration "$root/bench/results/2026-11-30-e2e-sweep/e2e-glm-5.json"
 run "docs/planning.md" replay --trace "$trace" --synthetic-like --json "$out/replay-smollm2.json"
 run "docs/planning.md" plan
 run "docs/planning.md" plan --contexts 32768,131072 --miss-rates 0.064,0.2 --copy-chunk-rows 8 \

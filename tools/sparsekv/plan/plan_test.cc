@@ -88,7 +88,7 @@ TEST(PlanCommandTest, HiddenFractionRaisesTheLatencyLimitedBatch) {
 }
 
 TEST(PlanCommandTest, CalibrationReportsEveryPoint) {
-  const std::string dir = std::string(SPARSEKV_SOURCE_DIR) + "/bench/results/e2e/";
+  const std::string dir = std::string(SPARSEKV_SOURCE_DIR) + "/bench/results/2026-11-30-e2e-sweep/";
   const std::string json_path = ::testing::TempDir() + "/plan_cal.json";
   ASSERT_EQ(Cli({"plan", "--contexts", "32768", "--calibration", dir + "e2e-glm-5.json",
                  "--calibration", dir + "e2e-deepseek-v3.2.json", "--json", json_path}),
@@ -122,7 +122,7 @@ TEST(PlanCommandTest, DocsShowTheBuiltInCalibration) {
       << "docs/planning.md must show the built-in calibration as:\n"
       << table;
   // The refit to the committed results, which the docs' check is of.
-  const std::string e2e = std::string(SPARSEKV_SOURCE_DIR) + "/bench/results/e2e/";
+  const std::string e2e = std::string(SPARSEKV_SOURCE_DIR) + "/bench/results/2026-11-30-e2e-sweep/";
   StatusOr<MeasuredRun> run =
       ReadMeasured({e2e + "e2e-deepseek-v3.2.json", e2e + "e2e-glm-5.json"});
   ASSERT_TRUE(run.ok()) << run.status().ToString();

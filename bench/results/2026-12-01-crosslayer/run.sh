@@ -4,7 +4,7 @@
 # uncorrelated worst case (overlap 0), then the combined summary. Run from the repository root.
 set -euo pipefail
 S=${SPARSEKV:-build/tools/sparsekv/sparsekv}
-D=bench/results/crosslayer
+D=bench/results/2026-12-01-crosslayer
 $S replay --trace bench/results/traces/smollm2-135m-gpl3.skvt \
   --hot-slots 64,128,256 --policies lru,slru --window-split 0 --layer-overlap \
   --crosslayer-prefetch --json $D/trace.json

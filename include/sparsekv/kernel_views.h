@@ -155,6 +155,40 @@ struct DenseAppendView {
   int32_t row_bytes;             // bytes copied per row
   int32_t row_stride;            // bytes between rows of a page or ring (>= row_bytes)
   unsigned long long* invalid;   // device scalar or nullptr; += skipped rows
+
+  // The appends of batch row b, the semantics above written once for every backend. Where its
+  // completed entry goes: null when it appends no entry this step (no entry rows, the row unused,
+  // or no entry completes); *skipped is set when one completes but has no page.
+  SPARSEKV_HD std::byte* EntryDestination(int32_t b, bool* skipped) const {
+    *skipped = false;
+    const int32_t t = table_row[b];
+    const int32_t n = seq_len[b];
+    if (entry_rows == nullptr || t < 0 || n < 1) return nullptr;
+    const int32_t c = EntriesAt(n, entry_tokens).completed;
+    if (c == kNoEntry) return nullptr;
+    std::byte* page = c / page_rows < pages_per_row
+                          ? pages[static_cast<int64_t>(t) * pages_per_row + c / page_rows]
+                          : nullptr;
+    if (page == nullptr) {
+      *skipped = true;
+      return nullptr;
+    }
+    return page + static_cast<int64_t>(c % page_rows) * row_stride;
+  }
+  // Where its window row goes: null when it appends none (no window rows, the row unused); *skipped
+  // is set when its ring is null.
+  SPARSEKV_HD std::byte* WindowDestination(int32_t b, bool* skipped) const {
+    *skipped = false;
+    const int32_t t = table_row[b];
+    const int32_t n = seq_len[b];
+    if (window_rows == nullptr || t < 0 || n < 1) return nullptr;
+    std::byte* ring = rings[t];
+    if (ring == nullptr) {
+      *skipped = true;
+      return nullptr;
+    }
+    return ring + static_cast<int64_t>(RawWindowSlot(n, raw_window)) * row_stride;
+  }
 };
 // The shapes every backend's DenseAppend supports.
 inline bool DenseAppendShapeOk(const DenseAppendView& v) {

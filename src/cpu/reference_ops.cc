@@ -251,30 +251,15 @@ void Assemble(const AssembleView& v) {
 void DenseAppend(const DenseAppendView& v, int32_t max_batch) {
   const int32_t rows = std::clamp(*v.batch_size, 0, max_batch);
   for (int32_t b = 0; b < rows; ++b) {
-    const int32_t t = v.table_row[b];
-    const int32_t n = v.seq_len[b];
-    if (t < 0 || n < 1) continue;
-    const int32_t c = EntriesAt(n, v.entry_tokens).completed;
-    if (v.entry_rows != nullptr && c != kNoEntry) {
-      std::byte* page = c / v.page_rows < v.pages_per_row
-                            ? v.pages[static_cast<int64_t>(t) * v.pages_per_row + c / v.page_rows]
-                            : nullptr;
-      if (page == nullptr) {
-        if (v.invalid != nullptr) ++*v.invalid;
-      } else {
-        std::memcpy(page + static_cast<int64_t>(c % v.page_rows) * v.row_stride,
-                    v.entry_rows + b * v.entry_stride, v.row_bytes);
-      }
+    bool skipped = false;
+    if (std::byte* dst = v.EntryDestination(b, &skipped)) {
+      std::memcpy(dst, v.entry_rows + b * v.entry_stride, v.row_bytes);
     }
-    if (v.window_rows != nullptr) {
-      std::byte* ring = v.rings[t];
-      if (ring == nullptr) {
-        if (v.invalid != nullptr) ++*v.invalid;
-      } else {
-        std::memcpy(ring + static_cast<int64_t>(RawWindowSlot(n, v.raw_window)) * v.row_stride,
-                    v.window_rows + b * v.window_stride, v.row_bytes);
-      }
+    if (skipped && v.invalid != nullptr) ++*v.invalid;
+    if (std::byte* dst = v.WindowDestination(b, &skipped)) {
+      std::memcpy(dst, v.window_rows + b * v.window_stride, v.row_bytes);
     }
+    if (skipped && v.invalid != nullptr) ++*v.invalid;
   }
 }
 

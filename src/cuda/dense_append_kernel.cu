@@ -33,30 +33,15 @@ __device__ __forceinline__ void CopyRow(std::byte* dst, const std::byte* src, in
 __global__ void __launch_bounds__(kThreads) DenseAppendKernel(const DenseAppendView v) {
   const int32_t b = blockIdx.x;
   if (b >= *v.batch_size) return;
-  const int32_t t = v.table_row[b];
-  const int32_t n = v.seq_len[b];
-  if (t < 0 || n < 1) return;
-  const int32_t c = EntriesAt(n, v.entry_tokens).completed;
-  if (v.entry_rows != nullptr && c != kNoEntry) {
-    std::byte* page = c / v.page_rows < v.pages_per_row
-                          ? v.pages[static_cast<int64_t>(t) * v.pages_per_row + c / v.page_rows]
-                          : nullptr;
-    if (page == nullptr) {
-      if (v.invalid != nullptr && threadIdx.x == 0) atomicAdd(v.invalid, 1ull);
-    } else {
-      CopyRow(page + static_cast<int64_t>(c % v.page_rows) * v.row_stride,
-              v.entry_rows + b * v.entry_stride, v.row_bytes);
-    }
+  bool skipped = false;
+  if (std::byte* dst = v.EntryDestination(b, &skipped)) {
+    CopyRow(dst, v.entry_rows + b * v.entry_stride, v.row_bytes);
   }
-  if (v.window_rows != nullptr) {
-    std::byte* ring = v.rings[t];
-    if (ring == nullptr) {
-      if (v.invalid != nullptr && threadIdx.x == 0) atomicAdd(v.invalid, 1ull);
-    } else {
-      CopyRow(ring + static_cast<int64_t>(RawWindowSlot(n, v.raw_window)) * v.row_stride,
-              v.window_rows + b * v.window_stride, v.row_bytes);
-    }
+  if (skipped && v.invalid != nullptr && threadIdx.x == 0) atomicAdd(v.invalid, 1ull);
+  if (std::byte* dst = v.WindowDestination(b, &skipped)) {
+    CopyRow(dst, v.window_rows + b * v.window_stride, v.row_bytes);
   }
+  if (skipped && v.invalid != nullptr && threadIdx.x == 0) atomicAdd(v.invalid, 1ull);
 }
 
 }  // namespace

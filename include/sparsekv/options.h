@@ -215,7 +215,8 @@ struct CacheOptions {
   // run ahead on a side stream (a shared indexer's later layers, prefetch): with one top-k per 4
   // layers that hid 60-77% of the transfer time at batch 4-64, against 4-10% on the default grid.
   // Copies on the critical path gain nothing from it below batch 64 (0.1-0.35 ms per step
-  // slower), hence the default (bench/results/2026-11-30-overlap-copy-blocks, docs/overlap.md). CUDA only.
+  // slower), hence the default (bench/results/2026-11-30-overlap-copy-blocks, docs/overlap.md).
+  // CUDA only.
   int32_t copy_blocks = 0;
   // The same bound for the prefetch copies alone (PrefetchLayer, CopyPrefetch), which run ahead
   // of their turn beside other work while the miss copies wait on the critical path: e.g. the

@@ -37,7 +37,8 @@ struct VariantCost {
 };
 
 // The physical parameters of the model. The defaults are the fit to the committed H200 results
-// (bench/results/2026-11-30-e2e-sweep/*.json, see docs/planning.md); `sparsekv plan --calibration` refits them.
+// (bench/results/2026-11-30-e2e-sweep/*.json, see docs/planning.md); `sparsekv plan --calibration`
+// refits them.
 struct Calibration {
   double attention_fixed_us = 12.23;
   double attention_per_request_us = 3.279;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
@@ -161,6 +162,21 @@ const std::vector<std::string>& BenchSizedKeys();
 
 // Whether the preset's layers name their index groups (LayerShape::index_group: glm-5.3).
 bool NamesIndexGroups(const ModelPreset& preset);
+
+// The benchmark's layers: config.layers (or the preset's count if 0) of the preset's rows; for a
+// preset that names its index groups, its first layers' groups, top-k and indexer keys (a cut
+// group stays a group).
+KVGeometry BenchGeometry(const BenchConfig& config, const ModelPreset& preset);
+
+// The index groups every variant of the run shares a top-k by: the preset's named groups (glm-5.3:
+// {0}, {1}, {2-5}, ...), or groups of config.layers_per_index; each of config.top_k.
+IndexGroups BenchIndexGroups(const BenchConfig& config, const ModelPreset& preset);
+
+// The request shape of the end-to-end run (tokens unset; the plan sets each context's): the
+// preset's rows and key size, config.layers of them, top_k for config.mtp queries, the sparsekv
+// and page-offload fields of `config`, and the index groups and keyed layers of BenchIndexGroups
+// and BenchGeometry (what the manager's hot cache and the HBM budget count).
+RequestShape E2ERequestShape(const BenchConfig& config, const ModelPreset& preset);
 
 // The options of the CPU run's manager: config.cache_base with the geometry (the preset's rows,
 // config.layers of them, or the preset's count if 0; for a preset that names its index groups,

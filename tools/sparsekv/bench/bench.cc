@@ -222,6 +222,13 @@ const std::vector<std::string>& BenchSizedKeys() {
   return keys;
 }
 
+void ApplyPresetScenario(BenchConfig& c, bool weights_given, bool hbm_given) {
+  const StatusOr<ModelPreset> preset = FindPreset(c.preset, c.row_format);
+  if (!preset.ok() || preset->weights_per_gpu_gb <= 0) return;
+  if (!weights_given) c.weights_gb = preset->weights_per_gpu_gb;
+  if (!hbm_given) c.hbm_budget_gb = HbmLeftForKvGb(c.weights_gb);
+}
+
 bool NamesIndexGroups(const ModelPreset& preset) {
   return std::any_of(preset.layers.begin(), preset.layers.end(),
                      [](const LayerShape& l) { return l.index_group >= 0; });

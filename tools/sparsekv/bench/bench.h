@@ -117,14 +117,18 @@ struct BenchConfig {
   // sparsekv resolves a request's T * top_k entries as one row with share_repeated_positions.
   // full-hbm and sparsekv only.
   int32_t mtp = 1;
-  bool batch_given = false;   // run `batch` only, instead of sweeping up to each max batch
-  double hbm_budget_gb = 49;  // HBM for everything KV-related, per variant (141 - 84 - 8)
+  bool batch_given = false;  // run `batch` only, instead of sweeping up to each max batch
+  // HBM for everything KV-related, per variant (141 - 84 - 8). The GPU run of a preset with
+  // weights_per_gpu_gb (deepseek-v3.2, glm-5.3) takes HbmLeftForKvGb(weights_gb) unless given.
+  double hbm_budget_gb = 49;
   double host_pool_gb = 100;  // pinned host pool; also caps the batch of the offloading variants
   int32_t max_batch = 0;      // caps every variant's batch; 0 = no cap
   int32_t heads = 128;        // attention query heads per request (128: DP attention)
   bool proxy = true;          // run the weight-streaming proxy for the rest of the model
-  double weights_gb = 84;     // proxy weights streamed per step (per-GPU weight bytes)
-  double time_limit_s = 0;    // stop starting new points after this long; 0 = no limit
+  // Proxy weights streamed per step (per-GPU weight bytes); the GPU run of a preset with
+  // weights_per_gpu_gb takes the preset's unless given (glm-5.3: 93).
+  double weights_gb = 84;
+  double time_limit_s = 0;  // stop starting new points after this long; 0 = no limit
   // --trace-step: after each point's timed steps, one more replay of its step under a CUPTI
   // activity trace (gpu_trace.h), kept in E2EReport::step_traces; planned as one more step.
   bool trace_step = false;
@@ -159,6 +163,16 @@ std::string ConfigSummary(const BenchConfig& config);
 // indexer_key_bytes (0: its steps append no indexer keys; the GPU run's --hybrid sets the
 // preset's).
 const std::vector<std::string>& BenchSizedKeys();
+
+// The HBM an H200 (141 GB) leaves for everything KV-related beside `weights_gb` of weights per
+// GPU and 8 GB of activations and runtime: 49 for DeepSeek-V3.2's 84, 40 for GLM-5.3's 93.
+inline double HbmLeftForKvGb(double weights_gb) { return 141 - weights_gb - 8; }
+
+// The GPU run's standard scenario of config.preset (docs/workload-shapes.md) where the flags
+// leave it open: the preset's weights per GPU as weights_gb unless `weights_given`, and the HBM
+// they leave (HbmLeftForKvGb) as hbm_budget_gb unless `hbm_given`. A preset without
+// weights_per_gpu_gb (or an unknown one) leaves `config` as it is.
+void ApplyPresetScenario(BenchConfig& config, bool weights_given, bool hbm_given);
 
 // Whether the preset's layers name their index groups (LayerShape::index_group: glm-5.3).
 bool NamesIndexGroups(const ModelPreset& preset);

@@ -140,5 +140,26 @@ TEST(E2EShapeTest, Glm53RefusesLayersPerIndex) {
   EXPECT_TRUE(ValidateBenchConfig(c).ok());
 }
 
+TEST(E2EShapeTest, Glm53sScenarioIsItsWeightsAndTheHbmTheyLeave) {
+  BenchConfig c = Config("glm-5.3");
+  ApplyPresetScenario(c, false, false);
+  EXPECT_DOUBLE_EQ(c.weights_gb, 93);
+  EXPECT_DOUBLE_EQ(c.hbm_budget_gb, 40);
+  BenchConfig v32 = Config("deepseek-v3.2");  // the defaults are its scenario already
+  ApplyPresetScenario(v32, false, false);
+  EXPECT_DOUBLE_EQ(v32.weights_gb, BenchConfig{}.weights_gb);
+  EXPECT_DOUBLE_EQ(v32.hbm_budget_gb, BenchConfig{}.hbm_budget_gb);
+  BenchConfig given = Config("glm-5.3");
+  given.hbm_budget_gb = 30;
+  ApplyPresetScenario(given, false, true);
+  EXPECT_DOUBLE_EQ(given.weights_gb, 93);
+  EXPECT_DOUBLE_EQ(given.hbm_budget_gb, 30);
+  BenchConfig glm5 = Config("glm-5");  // no weights in the preset: left as given
+  glm5.weights_gb = 50;
+  ApplyPresetScenario(glm5, true, false);
+  EXPECT_DOUBLE_EQ(glm5.weights_gb, 50);
+  EXPECT_DOUBLE_EQ(glm5.hbm_budget_gb, BenchConfig{}.hbm_budget_gb);
+}
+
 }  // namespace
 }  // namespace sparsekv::tools

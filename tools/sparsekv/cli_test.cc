@@ -682,9 +682,10 @@ TEST(CliTest, BenchRunsGlm53sIndexGroupsOnTheCpu) {
   EXPECT_NE(r.out.find("index groups      4 (top-k resolved once per group)"), std::string::npos)
       << r.out;
   EXPECT_EQ(Cli({"bench", "--backend", "cpu", "--preset", "deepseek-v4-pro"}).code, kExitUsage);
-  // Its groups are its own: --layers-per-index would name others.
-  args.insert(args.end(), {"--layers-per-index", "2"});
-  const CliRun grouped = Cli(args);
+  // On a GPU (refused before one is looked for) its groups are its own: --layers-per-index would
+  // name others.
+  const CliRun grouped =
+      Cli({"bench", "--backend", "cuda", "--preset", "glm-5.3", "--layers-per-index", "2"});
   EXPECT_EQ(grouped.code, kExitUsage) << grouped.err;
   EXPECT_NE(grouped.err.find("--layers-per-index must be 1 with --preset glm-5.3"),
             std::string::npos)

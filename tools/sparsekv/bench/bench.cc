@@ -254,6 +254,21 @@ IndexGroups BenchIndexGroups(const BenchConfig& c, const ModelPreset& preset) {
   return IndexGroups(o);
 }
 
+Status CheckE2ELayers(const BenchConfig& c, const ModelPreset& preset) {
+  const int32_t layers = BenchGeometry(c, preset).num_layers();
+  for (int32_t l = 0; l < layers && l < static_cast<int32_t>(preset.layers.size()); ++l) {
+    const LayerShape& s = preset.layers[l];
+    const bool top_k = s.top_k == 0 || s.top_k == c.top_k;
+    if (s.kind == LayerKind::kOffloaded && s.entry_tokens == 1 && top_k) continue;
+    return Unimplemented("--preset " + c.preset + ": layer " + std::to_string(l) +
+                         (top_k ? " is not offloaded with a row per token"
+                                : " has a top-k of " + std::to_string(s.top_k) + ", not --top-k") +
+                         "; the GPU benchmark runs every layer offloaded, a row per token, one "
+                         "--top-k");
+  }
+  return Status::Ok();
+}
+
 RequestShape E2ERequestShape(const BenchConfig& c, const ModelPreset& preset) {
   const KVGeometry geometry = BenchGeometry(c, preset);
   RequestShape shape;

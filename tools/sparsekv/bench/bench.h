@@ -186,6 +186,13 @@ KVGeometry BenchGeometry(const BenchConfig& config, const ModelPreset& preset);
 // {0}, {1}, {2-5}, ...), or groups of config.layers_per_index; each of config.top_k.
 IndexGroups BenchIndexGroups(const BenchConfig& config, const ModelPreset& preset);
 
+// OK if the end-to-end GPU run can hold the preset's layers it runs (its first config.layers, or
+// all): every layer
+// offloaded with a row per token and config.top_k entries per top-k (glm-5.3, deepseek-v3.2,
+// glm-5); Unimplemented naming the preset and the layer otherwise (DeepSeek-V4's compressed,
+// resident and window-only layers, their own top-k).
+Status CheckE2ELayers(const BenchConfig& config, const ModelPreset& preset);
+
 // The request shape of the end-to-end run (tokens unset; the plan sets each context's): the
 // preset's rows and key size, config.layers of them, top_k for config.mtp queries, the sparsekv
 // and page-offload fields of `config`, and the index groups and keyed layers of BenchIndexGroups

@@ -130,6 +130,20 @@ TEST(E2EShapeTest, HybridSizingChoosesWhatTheManagerChooses) {
   EXPECT_GE(b.hot_slots, PlanBudgetedHotCache(every, hbm, host, b.max_batch).hot_slots);
 }
 
+TEST(E2EShapeTest, OnlyLayersOfARowPerTokenAndOneTopKRunOnTheGpu) {
+  for (const char* name : {"glm-5.3", "deepseek-v3.2", "glm-5"}) {
+    EXPECT_TRUE(CheckE2ELayers(Config(name), *FindPreset(name)).ok()) << name;
+  }
+  BenchConfig glm = Config("glm-5.3");
+  glm.layers = 6;
+  EXPECT_TRUE(CheckE2ELayers(glm, *FindPreset("glm-5.3")).ok());
+  const BenchConfig v4 = Config("deepseek-v4-flash");
+  const Status s = CheckE2ELayers(v4, *FindPreset("deepseek-v4-flash"));
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("--preset deepseek-v4-flash: layer 0"), std::string::npos)
+      << s.ToString();
+}
+
 TEST(E2EShapeTest, Glm53RefusesLayersPerIndex) {
   BenchConfig c = Config("glm-5.3");
   c.layers_per_index = 2;

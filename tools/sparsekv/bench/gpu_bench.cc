@@ -685,6 +685,7 @@ Status E2ERun::RunContext(const ContextPlan& plan) {
 
 StatusOr<E2EReport> E2ERun::Run() {
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c_.preset, c_.row_format));
+  SPARSEKV_RETURN_IF_ERROR(CheckE2ELayers(c_, preset));
   SPARSEKV_RETURN_IF_ERROR(Plan(preset));
   report_.device = cuda_->name();
   if (c_.peer_device >= 0) {

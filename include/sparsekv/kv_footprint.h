@@ -56,6 +56,12 @@ struct RequestShape {
   int32_t page_tokens = 64;          // sparsekv: host pool page
   int64_t tokens = 0;                // positions a request holds: prompt + decode headroom
   int32_t offload_page_tokens = 64;  // page-offload: tokens per page it fetches and caches
+  // Without classes: the index groups the layers form (sparsekv's hot cache keeps a replacement
+  // state per group: IndexGroups::count()); 0: one per layer. GLM-5.3: 21 of 78.
+  int32_t index_groups = 0;
+  // Without classes: the layers with indexer keys (LayerShape::indexer_keys), of which every
+  // variant charges the keys; -1: every layer. GLM-5.3: 21 of 78.
+  int32_t keyed_layers = -1;
   // Layers of several kinds (LayerClassesOf); empty: the `layers` layers above, offloaded, a
   // row of row_bytes per token, indexer keys in each, one top-k of top_k each. With classes,
   // layers, row_bytes, indexer_key_bytes' layers and top_k above are not read (the key size is),
@@ -66,21 +72,22 @@ struct RequestShape {
   int32_t resident_page_rows = 64;  // R: a resident layer's entries are held in pages of R
 };
 
-// Bytes one request costs. HBM (the variant's KV-related device memory):
-//   full-hbm: tokens * layers * (row + indexer key) + top_k * 4 (row indices)
-//   sparsekv: HotCache::BlockBytes (slots + window rows, and the replacement state of the
-//             default CacheOptions::eviction: with the clock a slot table, use counts, a hand and
-//             a position map of `tokens` entries)
-//             + tokens * layers * indexer key + pages * 4 (page table row)
+// Bytes one request costs, with G = index_groups (layers if 0) and keyed = keyed_layers (layers
+// if -1). HBM (the variant's KV-related device memory):
+//   full-hbm: tokens * (layers * row + keyed * indexer key) + top_k * 4 (row indices)
+//   sparsekv: the hot-cache block: layers * (hot_slots + window) * row + G replacement states
+//             (HotCache::StateBytesOf, those of the default CacheOptions::eviction: with the
+//             clock a slot table, use counts, a hand and a position map of `tokens` entries)
+//             + tokens * keyed * indexer key + pages * 4 (page table row)
 //             + top_k * (4 * 5 + 1) (slots; two miss lists of host rows and slots, which
 //               index groups alternate between; the fill mask of split runs)
-//   no-cache: tokens * layers * indexer key + top_k * row (one layer's staging rows)
+//   no-cache: tokens * keyed * indexer key + top_k * row (one layer's staging rows)
 //             + top_k * 4 * 2 (host rows, staging indices)
 //   page-offload, with Q = offload_page_tokens, pages = ceil(tokens / Q), P = max(1, hot_slots /
 //             Q) cached pages and S = min(top_k, pages) staging pages (PageOffloadPages):
 //             layers * ((P + 1) * Q * row + P * 4 * 2) (cache + newest page, slot table, LRU)
 //             + S * Q * row + S * 4 * 2 (one layer's staging pages and their tables)
-//             + tokens * layers * indexer key + pages * 4 (page table row)
+//             + tokens * keyed * indexer key + pages * 4 (page table row)
 //             + top_k * 4 * 9 (page ids, two slot arrays, overflow ids, rows, two miss lists)
 // Host (pinned pool): sparsekv: pages * page_tokens * layers * row, pages = ceil(tokens /
 // page_tokens); no-cache: tokens * layers * row; page-offload: pages * Q * layers * row;

@@ -121,21 +121,34 @@ RequestFootprint ClassFootprint(KVVariant variant, const RequestShape& s) {
 
 }  // namespace
 
+namespace {
+
+// Without classes: the layers with indexer keys, the hot cache's replacement states, and the
+// bytes of one request's hot-cache block (its rows and those states).
+int64_t KeyedLayers(const RequestShape& s) {
+  return s.keyed_layers < 0 ? s.layers : s.keyed_layers;
+}
+int32_t GroupCount(const RequestShape& s) { return s.index_groups > 0 ? s.index_groups : s.layers; }
+int64_t HotBlockBytes(const RequestShape& s) {
+  return int64_t{s.layers} * s.row_bytes * (int64_t{s.hot_slots} + s.window) +
+         HotCache::StateBytesOf(GroupCount(s), s.hot_slots, ManagersReplacement(s));
+}
+
+}  // namespace
+
 RequestFootprint Footprint(KVVariant variant, const RequestShape& s) {
   if (!s.classes.empty()) return ClassFootprint(variant, s);
   const int64_t layers = s.layers;
   const int64_t index = sizeof(int32_t);
-  const int64_t indexer = s.tokens * layers * s.indexer_key_bytes;
+  const int64_t indexer = s.tokens * KeyedLayers(s) * s.indexer_key_bytes;
   RequestFootprint f;
   switch (variant) {
     case KVVariant::kFullHbm:
-      f.hbm_bytes = s.tokens * layers * (s.row_bytes + s.indexer_key_bytes) + s.top_k * index;
+      f.hbm_bytes = s.tokens * layers * s.row_bytes + indexer + s.top_k * index;
       break;
     case KVVariant::kSparseKV: {
       const int64_t pages = (s.tokens + s.page_tokens - 1) / s.page_tokens;
-      f.hbm_bytes = HotCache::BlockBytes(KVGeometry::Uniform(s.layers, s.row_bytes), s.hot_slots,
-                                         s.window, 1, ManagersReplacement(s)) +
-                    indexer + pages * index + int64_t{s.top_k} * (index * 5 + 1);
+      f.hbm_bytes = HotBlockBytes(s) + indexer + pages * index + int64_t{s.top_k} * (index * 5 + 1);
       f.host_bytes =
           pages * HostKVPool::PageBytes(KVGeometry::Uniform(s.layers, s.row_bytes), s.page_tokens);
       break;
@@ -216,13 +229,18 @@ VariantPlan PlanVariant(KVVariant variant, RequestShape shape, int64_t hbm_budge
 
 BudgetedHotCache PlanBudgetedHotCache(const RequestShape& shape, int64_t hbm_budget_bytes,
                                       int64_t host_budget_bytes, int32_t cap) {
-  const KVGeometry geometry = KVGeometry::Uniform(shape.layers, shape.row_bytes);
+  // The manager's geometry: its groups as the shape counts them (the hot cache's sizing reads
+  // only their count and top-k), each of the first index_groups - 1 layers a group, the rest the
+  // last one; the keys of every layer, as its key pages hold them.
+  KVGeometry geometry = KVGeometry::Uniform(shape.layers, shape.row_bytes);
+  const int32_t groups = GroupCount(shape);
+  for (int32_t l = 0; groups < shape.layers && l < shape.layers; ++l) {
+    geometry.layers[l].index_group = std::min(l, groups - 1);
+  }
   BudgetedHotCache out;
   // The manager keeps the blocks and the indexer keys in its own budget.
-  out.per_request_bytes =
-      Footprint(KVVariant::kSparseKV, shape).hbm_bytes -
-      HotCache::BlockBytes(geometry, shape.hot_slots, shape.window, 1, ManagersReplacement(shape)) -
-      shape.tokens * shape.layers * shape.indexer_key_bytes;
+  out.per_request_bytes = Footprint(KVVariant::kSparseKV, shape).hbm_bytes - HotBlockBytes(shape) -
+                          shape.tokens * KeyedLayers(shape) * shape.indexer_key_bytes;
   // The host-capped batch, then smaller ones until the hot cache holds a block per request.
   RequestShape unbounded = shape;
   const int32_t host_batch =

@@ -153,6 +153,30 @@ TEST(E2EReportTest, SummaryKeysComeFromThe32KPoints) {
                   .is_null());
 }
 
+// The calibrated ratio (peak over peak, the locality mode) names its model unless it is
+// DeepSeek-V3.2's, so that GLM-5.3's sits beside it in one summary.
+TEST(E2EReportTest, CalibratedRatioKeysNameTheModel) {
+  E2EReport r;
+  auto add = [&](KVVariant v, int32_t batch, double tokens_per_s) {
+    E2EPoint p;
+    p.variant = v;
+    p.context = 32768;
+    p.batch = batch;
+    p.tokens_per_s = tokens_per_s;
+    r.points.push_back(p);
+  };
+  add(KVVariant::kFullHbm, 8, 400);
+  add(KVVariant::kSparseKV, 8, 380);
+  add(KVVariant::kSparseKV, 40, 600);
+  r.preset = "glm-5.3";
+  const nlohmann::json glm = nlohmann::json::parse(FormatE2ESummaryJson(r));
+  EXPECT_DOUBLE_EQ(glm["e2e_throughput_ratio_vs_full_hbm_glm53_32k_calibrated"].get<double>(), 1.5);
+  EXPECT_FALSE(glm.contains("e2e_throughput_ratio_vs_full_hbm_32k_calibrated")) << glm.dump();
+  r.preset = "deepseek-v3.2";
+  const nlohmann::json v32 = nlohmann::json::parse(FormatE2ESummaryJson(r));
+  EXPECT_DOUBLE_EQ(v32["e2e_throughput_ratio_vs_full_hbm_32k_calibrated"].get<double>(), 1.5);
+}
+
 TEST(ArenaBackendTest, HandsOutPiecesAndStartsOverWhenAllAreFreed) {
   auto arena = ArenaBackend::Create(CreateCpuBackend(), 6 << 20);
   ASSERT_TRUE(arena.ok()) << arena.status().ToString();
@@ -658,6 +682,14 @@ TEST(CliTest, BenchRunsGlm53sIndexGroupsOnTheCpu) {
   EXPECT_NE(r.out.find("index groups      4 (top-k resolved once per group)"), std::string::npos)
       << r.out;
   EXPECT_EQ(Cli({"bench", "--backend", "cpu", "--preset", "deepseek-v4-pro"}).code, kExitUsage);
+  // On a GPU (refused before one is looked for) its groups are its own: --layers-per-index would
+  // name others.
+  const CliRun grouped =
+      Cli({"bench", "--backend", "cuda", "--preset", "glm-5.3", "--layers-per-index", "2"});
+  EXPECT_EQ(grouped.code, kExitUsage) << grouped.err;
+  EXPECT_NE(grouped.err.find("--layers-per-index must be 1 with --preset glm-5.3"),
+            std::string::npos)
+      << grouped.err;
 }
 
 // A node pool whose shape cannot be (the library's refusal) is a usage error too, and leaves no

@@ -184,6 +184,11 @@ Status ValidateBenchConfig(const BenchConfig& c) {
   }
   if (c.variants.empty()) return Bad("--variants must name at least one variant");
   if (c.mtp < 1 || c.mtp > 8) return Bad("--mtp must be in [1, 8]");
+  const StatusOr<ModelPreset> preset = FindPreset(c.preset, c.row_format);
+  if (preset.ok() && NamesIndexGroups(*preset) && c.layers_per_index > 1) {
+    return Bad("--layers-per-index must be 1 with --preset " + c.preset +
+               ": its layers name their own index groups");
+  }
   if (c.copy_chunk_rows > 0 && (c.mtp > 1 || c.layers_per_index > 1)) {
     return Bad("--copy-chunk-rows needs --mtp 1 and --layers-per-index 1");
   }
@@ -217,24 +222,76 @@ const std::vector<std::string>& BenchSizedKeys() {
   return keys;
 }
 
+void ApplyPresetScenario(BenchConfig& c, bool weights_given, bool hbm_given) {
+  const StatusOr<ModelPreset> preset = FindPreset(c.preset, c.row_format);
+  if (!preset.ok() || preset->weights_per_gpu_gb <= 0) return;
+  if (!weights_given) c.weights_gb = preset->weights_per_gpu_gb;
+  if (!hbm_given) c.hbm_budget_gb = HbmLeftForKvGb(c.weights_gb);
+}
+
 bool NamesIndexGroups(const ModelPreset& preset) {
   return std::any_of(preset.layers.begin(), preset.layers.end(),
                      [](const LayerShape& l) { return l.index_group >= 0; });
 }
 
+KVGeometry BenchGeometry(const BenchConfig& c, const ModelPreset& preset) {
+  KVGeometry g = KVGeometry::Uniform(c.layers > 0 ? c.layers : preset.num_layers, preset.row_bytes);
+  if (NamesIndexGroups(preset)) {
+    for (int32_t l = 0; l < g.num_layers() && l < preset.num_layers; ++l) {
+      g.layers[l].index_group = preset.layers[l].index_group;
+      g.layers[l].top_k = preset.layers[l].top_k;
+      g.layers[l].indexer_keys = preset.layers[l].indexer_keys;
+    }
+  }
+  return g;
+}
+
+IndexGroups BenchIndexGroups(const BenchConfig& c, const ModelPreset& preset) {
+  CacheOptions o;
+  o.geometry = BenchGeometry(c, preset);
+  o.top_k = c.top_k;
+  o.layers_per_index = NamesIndexGroups(preset) ? 1 : c.layers_per_index;
+  return IndexGroups(o);
+}
+
+Status CheckE2ELayers(const BenchConfig& c, const ModelPreset& preset) {
+  const int32_t layers = BenchGeometry(c, preset).num_layers();
+  for (int32_t l = 0; l < layers && l < static_cast<int32_t>(preset.layers.size()); ++l) {
+    const LayerShape& s = preset.layers[l];
+    const bool top_k = s.top_k == 0 || s.top_k == c.top_k;
+    if (s.kind == LayerKind::kOffloaded && s.entry_tokens == 1 && top_k) continue;
+    return Unimplemented("--preset " + c.preset + ": layer " + std::to_string(l) +
+                         (top_k ? " is not offloaded with a row per token"
+                                : " has a top-k of " + std::to_string(s.top_k) + ", not --top-k") +
+                         "; the GPU benchmark runs every layer offloaded, a row per token, one "
+                         "--top-k");
+  }
+  return Status::Ok();
+}
+
+RequestShape E2ERequestShape(const BenchConfig& c, const ModelPreset& preset) {
+  const KVGeometry geometry = BenchGeometry(c, preset);
+  RequestShape shape;
+  shape.layers = geometry.num_layers();
+  shape.row_bytes = preset.row_bytes;
+  shape.indexer_key_bytes = preset.indexer_key_bytes;
+  shape.top_k = c.top_k * c.mtp;  // the variants see one row of every query's top-k
+  shape.hot_slots = c.hot_slots;
+  shape.window = c.window;
+  shape.page_tokens = c.page_tokens;
+  shape.offload_page_tokens = c.offload_page_tokens;
+  shape.index_groups = BenchIndexGroups(c, preset).count();
+  shape.keyed_layers =
+      static_cast<int32_t>(std::count_if(geometry.layers.begin(), geometry.layers.end(),
+                                         [](const LayerShape& l) { return l.indexer_keys; }));
+  return shape;
+}
+
 StatusOr<CacheOptions> BenchCacheOptions(const BenchConfig& c) {
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c.preset, c.row_format));
   CacheOptions o = c.cache_base;
-  o.geometry = KVGeometry::Uniform(c.layers > 0 ? c.layers : preset.num_layers, preset.row_bytes);
-  if (NamesIndexGroups(preset)) {
-    // The preset's groups and top-k over its first --layers layers (a cut group stays a group).
-    for (int32_t l = 0; l < o.geometry.num_layers() && l < preset.num_layers; ++l) {
-      o.geometry.layers[l].index_group = preset.layers[l].index_group;
-      o.geometry.layers[l].top_k = preset.layers[l].top_k;
-      o.geometry.layers[l].indexer_keys = preset.layers[l].indexer_keys;
-    }
-    o.layers_per_index = 1;
-  }
+  o.geometry = BenchGeometry(c, preset);
+  if (NamesIndexGroups(preset)) o.layers_per_index = 1;
   o.top_k = c.top_k;
   o.hot_slots = c.hot_slots;
   o.window = c.window;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/options.h"
 #include "sparsekv/status.h"
@@ -116,14 +117,18 @@ struct BenchConfig {
   // sparsekv resolves a request's T * top_k entries as one row with share_repeated_positions.
   // full-hbm and sparsekv only.
   int32_t mtp = 1;
-  bool batch_given = false;   // run `batch` only, instead of sweeping up to each max batch
-  double hbm_budget_gb = 49;  // HBM for everything KV-related, per variant (141 - 84 - 8)
+  bool batch_given = false;  // run `batch` only, instead of sweeping up to each max batch
+  // HBM for everything KV-related, per variant (141 - 84 - 8). The GPU run of a preset with
+  // weights_per_gpu_gb (deepseek-v3.2, glm-5.3) takes HbmLeftForKvGb(weights_gb) unless given.
+  double hbm_budget_gb = 49;
   double host_pool_gb = 100;  // pinned host pool; also caps the batch of the offloading variants
   int32_t max_batch = 0;      // caps every variant's batch; 0 = no cap
   int32_t heads = 128;        // attention query heads per request (128: DP attention)
   bool proxy = true;          // run the weight-streaming proxy for the rest of the model
-  double weights_gb = 84;     // proxy weights streamed per step (per-GPU weight bytes)
-  double time_limit_s = 0;    // stop starting new points after this long; 0 = no limit
+  // Proxy weights streamed per step (per-GPU weight bytes); the GPU run of a preset with
+  // weights_per_gpu_gb takes the preset's unless given (glm-5.3: 93).
+  double weights_gb = 84;
+  double time_limit_s = 0;  // stop starting new points after this long; 0 = no limit
   // --trace-step: after each point's timed steps, one more replay of its step under a CUPTI
   // activity trace (gpu_trace.h), kept in E2EReport::step_traces; planned as one more step.
   bool trace_step = false;
@@ -159,8 +164,40 @@ std::string ConfigSummary(const BenchConfig& config);
 // preset's).
 const std::vector<std::string>& BenchSizedKeys();
 
+// The HBM an H200 (141 GB) leaves for everything KV-related beside `weights_gb` of weights per
+// GPU and 8 GB of activations and runtime: 49 for DeepSeek-V3.2's 84, 40 for GLM-5.3's 93.
+inline double HbmLeftForKvGb(double weights_gb) { return 141 - weights_gb - 8; }
+
+// The GPU run's standard scenario of config.preset (docs/workload-shapes.md) where the flags
+// leave it open: the preset's weights per GPU as weights_gb unless `weights_given`, and the HBM
+// they leave (HbmLeftForKvGb) as hbm_budget_gb unless `hbm_given`. A preset without
+// weights_per_gpu_gb (or an unknown one) leaves `config` as it is.
+void ApplyPresetScenario(BenchConfig& config, bool weights_given, bool hbm_given);
+
 // Whether the preset's layers name their index groups (LayerShape::index_group: glm-5.3).
 bool NamesIndexGroups(const ModelPreset& preset);
+
+// The benchmark's layers: config.layers (or the preset's count if 0) of the preset's rows; for a
+// preset that names its index groups, its first layers' groups, top-k and indexer keys (a cut
+// group stays a group).
+KVGeometry BenchGeometry(const BenchConfig& config, const ModelPreset& preset);
+
+// The index groups every variant of the run shares a top-k by: the preset's named groups (glm-5.3:
+// {0}, {1}, {2-5}, ...), or groups of config.layers_per_index; each of config.top_k.
+IndexGroups BenchIndexGroups(const BenchConfig& config, const ModelPreset& preset);
+
+// OK if the end-to-end GPU run can hold the preset's layers it runs (its first config.layers, or
+// all): every layer
+// offloaded with a row per token and config.top_k entries per top-k (glm-5.3, deepseek-v3.2,
+// glm-5); Unimplemented naming the preset and the layer otherwise (DeepSeek-V4's compressed,
+// resident and window-only layers, their own top-k).
+Status CheckE2ELayers(const BenchConfig& config, const ModelPreset& preset);
+
+// The request shape of the end-to-end run (tokens unset; the plan sets each context's): the
+// preset's rows and key size, config.layers of them, top_k for config.mtp queries, the sparsekv
+// and page-offload fields of `config`, and the index groups and keyed layers of BenchIndexGroups
+// and BenchGeometry (what the manager's hot cache and the HBM budget count).
+RequestShape E2ERequestShape(const BenchConfig& config, const ModelPreset& preset);
 
 // The options of the CPU run's manager: config.cache_base with the geometry (the preset's rows,
 // config.layers of them, or the preset's count if 0; for a preset that names its index groups,

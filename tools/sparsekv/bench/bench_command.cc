@@ -227,7 +227,8 @@ void BenchCommand::AddGpuOptions() {
       ->check(AtLeast<int32_t>(0))
       ->capture_default_str();
   app_->add_option("--hbm-budget-gb", config_.hbm_budget_gb,
-                   "GPU: HBM for everything KV-related, per variant; sets each max batch")
+                   "GPU: HBM for everything KV-related, per variant; sets each max batch "
+                   "(default: 141 - weights - 8, the preset's weights per GPU if it has them)")
       ->check(PositiveReal())
       ->capture_default_str();
   app_->add_option("--host-pool-gb", config_.host_pool_gb,
@@ -305,7 +306,8 @@ void BenchCommand::AddGpuOptions() {
       ->capture_default_str();
   app_->add_flag("--no-proxy", no_proxy_, "GPU: leave out the weight-streaming proxy");
   app_->add_option("--weights-gb", config_.weights_gb,
-                   "GPU: weight bytes the proxy streams per step (per GPU)")
+                   "GPU: weight bytes the proxy streams per step (per GPU; default: the "
+                   "preset's, 84 without)")
       ->check(PositiveReal())
       ->capture_default_str();
   app_->add_flag("--sweep", sweep_,
@@ -374,7 +376,10 @@ BenchConfig BenchCommand::Resolve(BackendKind kind) const {
       if (f.apply != nullptr && in_file(f.key)) f.apply(file_->options, c);
     }
   }
-  if (kind != BackendKind::kCpu) return c;
+  if (kind != BackendKind::kCpu) {
+    ApplyPresetScenario(c, given("--weights-gb"), given("--hbm-budget-gb"));
+    return c;
+  }
   const CpuScaleDown cpu;
   auto scale = [&](const CLI::Option* given, const char* key, int32_t& field, int32_t value) {
     if (given->count() == 0 && !in_file(key) && field != value) {

@@ -1,6 +1,7 @@
 #include "tools/sparsekv/bench/e2e_report.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -51,6 +52,18 @@ const E2EPoint* AtBatch(const std::vector<const E2EPoint*>& points, int32_t batc
 
 Json NullOr(bool present, double value) { return present ? Json(value) : Json(nullptr); }
 
+// The model in a summary key: none for deepseek-v3.2 (the keys' reference model), else the
+// preset's name without its punctuation and a separator ("glm-5.3" -> "glm53_"), so that two
+// models' keys can sit in one summary.
+std::string ModelInfix(const std::string& preset) {
+  if (preset == "deepseek-v3.2" || preset.empty()) return "";
+  std::string out;
+  for (char ch : preset) {
+    if (std::isalnum(static_cast<unsigned char>(ch))) out += ch;
+  }
+  return out + "_";
+}
+
 // The keys over every context: sparsekv / full-hbm tokens/s at every batch full-hbm holds (the
 // minimum, over the points of the miss-rate sweep at `rate`, or with no rate: the locality mode's),
 // and peak over peak per context in the locality mode ("calibrated").
@@ -87,8 +100,8 @@ void AddAcrossContexts(const E2EReport& r, Json& j) {
     }
   }
   for (const auto& [context, peak] : peaks) {
-    const std::string key =
-        "e2e_throughput_ratio_vs_full_hbm_" + std::to_string(context / 1024) + "k_calibrated";
+    const std::string key = "e2e_throughput_ratio_vs_full_hbm_" + ModelInfix(r.preset) +
+                            std::to_string(context / 1024) + "k_calibrated";
     j[key] =
         NullOr(peak.first > 0 && peak.second > 0, peak.first > 0 ? peak.second / peak.first : 0);
   }

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "sparsekv/attention.h"
+#include "sparsekv/index_groups.h"
 #include "sparsekv/model_proxy.h"
 #include "sparsekv/options.h"
 #include "sparsekv/topk_generator.h"
@@ -308,6 +309,8 @@ class E2ERun {
   int64_t skipped_points_ = 0;
   std::vector<std::byte> reference_;    // full-hbm's check output at the current context
   std::unique_ptr<StepTracer> tracer_;  // --trace-step
+  KVGeometry geometry_;                 // the manager's layers (BenchGeometry)
+  std::optional<IndexGroups> groups_;   // set by Plan: the groups the feed generates a top-k for
 };
 
 TopKGeneratorOptions E2ERun::GeneratorOptions(int32_t context, bool miss_rate_mode,
@@ -333,15 +336,12 @@ TopKGeneratorOptions E2ERun::GeneratorOptions(int32_t context, bool miss_rate_mo
 }
 
 Status E2ERun::Plan(const ModelPreset& preset) {
-  RequestShape shape;
-  shape.layers = c_.layers > 0 ? c_.layers : preset.num_layers;
-  shape.row_bytes = preset.row_bytes;
-  shape.indexer_key_bytes = preset.indexer_key_bytes;
-  shape.top_k = c_.top_k * c_.mtp;  // the variants see one row of every query's top-k
-  shape.hot_slots = c_.hot_slots;
-  shape.window = c_.window;
-  shape.page_tokens = c_.page_tokens;
-  shape.offload_page_tokens = c_.offload_page_tokens;
+  // The index groups every variant reads a top-k by (one per group, from the feed), and the
+  // layers the manager takes: the budget and the hybrid sizing count the groups' replacement
+  // states and the keyed layers' keys, as the manager does.
+  RequestShape shape = E2ERequestShape(c_, preset);
+  geometry_ = BenchGeometry(c_, preset);
+  groups_.emplace(BenchIndexGroups(c_, preset));
   shared_.shape = shape;
   const int64_t hbm = static_cast<int64_t>(c_.hbm_budget_gb * 1e9);
   const int64_t host = static_cast<int64_t>(c_.host_pool_gb * 1e9);
@@ -516,6 +516,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.max_batch = vp.max_batch;
   setup.seed = c_.seed;
   setup.cache_base = c_.cache_base;
+  setup.geometry = geometry_;
   setup.layers_per_index = c_.layers_per_index;
   setup.sort_misses = c_.sort_misses;
   setup.sort_misses_min_batch = c_.sort_misses_min_batch;
@@ -548,10 +549,9 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   int32_t live = setup.hybrid ? 0 : vp.max_batch;  // hybrid: requests [0, live) are admitted
 
   if (plan.check_batch > 0) {
-    SPARSEKV_ASSIGN_OR_RETURN(auto feed,
-                              TopKFeed::Create(GeneratorOptions(plan.context, true, kCheckMissRate),
-                                               shared_.shape.layers, plan.check_batch, c_.mtp));
-    feed->set_layers_per_index(c_.layers_per_index);
+    SPARSEKV_ASSIGN_OR_RETURN(
+        auto feed, TopKFeed::Create(GeneratorOptions(plan.context, true, kCheckMissRate), *groups_,
+                                    plan.check_batch, c_.mtp));
     SPARSEKV_RETURN_IF_ERROR(SetLiveBatch(*v, setup, plan.check_batch, req, live));
     SPARSEKV_ASSIGN_OR_RETURN(std::vector<std::byte> out,
                               RunCheck(*v, shared_, *feed, req, plan.check_batch, stream_));
@@ -581,8 +581,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   const double first_rate = miss_rate_mode ? c_.miss_rates.front() : 0;
   SPARSEKV_ASSIGN_OR_RETURN(
       auto feed, TopKFeed::Create(GeneratorOptions(plan.context, miss_rate_mode, first_rate),
-                                  shared_.shape.layers, vp.max_batch, c_.mtp));
-  feed->set_layers_per_index(c_.layers_per_index);
+                                  *groups_, vp.max_batch, c_.mtp));
   // Only sparsekv and page-offload depend on the miss rate: the others run once, labelled with no
   // target.
   std::vector<double> rates = {first_rate};
@@ -686,11 +685,7 @@ Status E2ERun::RunContext(const ContextPlan& plan) {
 
 StatusOr<E2EReport> E2ERun::Run() {
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c_.preset, c_.row_format));
-  if (NamesIndexGroups(preset)) {
-    return Unimplemented("--preset " + c_.preset +
-                         ": the GPU benchmark's variants share top-k by --layers-per-index only; "
-                         "its named index groups run on the CPU backend (--backend cpu)");
-  }
+  SPARSEKV_RETURN_IF_ERROR(CheckE2ELayers(c_, preset));
   SPARSEKV_RETURN_IF_ERROR(Plan(preset));
   report_.device = cuda_->name();
   if (c_.peer_device >= 0) {
@@ -725,7 +720,13 @@ StatusOr<E2EReport> E2ERun::Run() {
                             " rows, and top_k is per query (a request's row holds " +
                             std::to_string(c_.mtp) + " * top_k entries)");
   }
-  if (c_.layers_per_index > 1) {
+  if (groups_->named()) {
+    report_.notes.push_back(
+        std::to_string(groups_->count()) + " index groups over " +
+        std::to_string(groups_->layers()) + " layers, named by --preset " + c_.preset +
+        ": one top-k per group, read by every layer of it in every variant; indexer keys on " +
+        std::to_string(shared_.shape.keyed_layers) + " layers (the groups' first)");
+  } else if (c_.layers_per_index > 1) {
     report_.notes.push_back("layers share a top-k in groups of " +
                             std::to_string(c_.layers_per_index) +
                             " (--layers-per-index); every variant reads the same top-k");

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "sparsekv/index_groups.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/peer_tier.h"
 #include "tools/sparsekv/bench/gpu_kernels.h"
@@ -94,7 +95,8 @@ class SparseKVVariant final : public StepVariant {
   Status Init(std::shared_ptr<Backend> host, cudaStream_t stream) {
     const RequestShape& r = s_.shape;
     CacheOptions o = s_.cache_base;
-    o.geometry = KVGeometry::Uniform(r.layers, r.row_bytes);
+    o.geometry =
+        s_.geometry.layers.empty() ? KVGeometry::Uniform(r.layers, r.row_bytes) : s_.geometry;
     o.top_k = r.top_k;
     o.hot_slots = r.hot_slots;
     o.window = r.window;
@@ -173,7 +175,8 @@ class SparseKVVariant final : public StepVariant {
         DeviceBuffer prompt,
         DeviceBuffer::Allocate(size_t(s_.context) * r.row_bytes, kBenchMemory));
     const int32_t max_new = static_cast<int32_t>(r.tokens - s_.context);
-    const bool keys = manager_->options().indexer_key_bytes > 0;
+    const CacheOptions& o = manager_->options();
+    const bool keys = o.indexer_key_bytes > 0;
     for (int32_t b = admitted_; b < n; ++b) {
       SPARSEKV_RETURN_IF_ERROR(manager_->Admit(ids_[b], s_.context, max_new, stream));
     }
@@ -189,7 +192,7 @@ class SparseKVVariant final : public StepVariant {
               manager_->backend().CopyAsync(region_->row(l, b * s_.context), prompt.get(),
                                             size_t(s_.context) * r.row_bytes, stream));
         }
-        if (keys) {
+        if (keys && o.geometry.layers[l].indexer_keys) {  // only where the layer has keys
           SPARSEKV_RETURN_IF_ERROR(manager_->IngestIndexerKeys(ids_[b], l, prompt.get(), stream));
         }
       }
@@ -250,11 +253,13 @@ class SparseKVVariant final : public StepVariant {
   StatusOr<VariantStats> ReadStats(cudaStream_t stream) override {
     SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, manager_->ReadStats(stream));
     const LayerStats& t = stats.total;
-    // Prefetched rows are counted once per index group and copied into each of its layers.
+    // Prefetched rows are counted once per index group and copied into each of its layers: the
+    // mean group size (exact when the groups are equal).
+    const IndexGroups groups(manager_->options());
     VariantStats out;
     out.lookups = double(t.hits + t.window_hits + t.misses + t.resident_hits);
     out.misses = double(t.misses);
-    out.prefetched = double(stats.prefetch_rows) * s_.layers_per_index;
+    out.prefetched = double(stats.prefetch_rows) * groups.layers() / groups.count();
     out.resident_requests = stats.resident_requests;
     out.schedule = schedule_->choice().ToString();
     out.schedule_reason = schedule_->reason();
@@ -277,8 +282,11 @@ class SparseKVVariant final : public StepVariant {
   // With --schedule auto and no --copy-chunk-rows: the chunks the schedule may copy by.
   static constexpr int32_t kAutoChunkRows = 8;
   std::unique_ptr<StepSchedule> schedule_;
+  // The new tokens' keys of `layer`; null where the manager keeps none or the layer has none.
   const std::byte* NewKeys(int32_t layer) const {
-    if (new_keys_.get() == nullptr) return nullptr;
+    if (new_keys_.get() == nullptr || !manager_->options().geometry.layers[layer].indexer_keys) {
+      return nullptr;
+    }
     return new_keys_.get<std::byte>() +
            size_t(layer) * s_.max_batch * manager_->options().indexer_key_bytes;
   }

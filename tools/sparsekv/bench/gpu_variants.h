@@ -39,8 +39,11 @@ struct VariantSetup {
   // sparsekv only: the manager's options start from these (BenchConfig::cache_base), then take
   // the fields below and the shape's.
   CacheOptions cache_base;
-  // sparsekv only. Layers per shared top-k (CacheOptions::layers_per_index): the group's first
-  // layer resolves, the others only copy.
+  // sparsekv only: the manager's layers (BenchGeometry: shape.layers rows of shape.row_bytes;
+  // glm-5.3's named index groups, top-k and indexer keys); empty: uniform layers of the shape.
+  KVGeometry geometry;
+  // sparsekv only. Layers per shared top-k (CacheOptions::layers_per_index) where the geometry
+  // names no groups: the group's first layer resolves, the others only copy.
   int32_t layers_per_index = 1;
   bool sort_misses = true;            // sparsekv only: CacheOptions::sort_misses
   int32_t sort_misses_min_batch = 0;  // sparsekv only: CacheOptions::sort_misses_min_batch

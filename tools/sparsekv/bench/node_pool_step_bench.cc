@@ -218,7 +218,8 @@ Run Steps(Variant& v, const Shared& sh, const Config& c, const TopKGeneratorOpti
   r.variant = v.name;
   r.batch = batch;
   r.round = round;
-  auto feed = Check(TopKFeed::Create(g, sh.layers, sh.max_batch), "top-k feed");
+  auto feed = Check(TopKFeed::Create(g, IndexGroups::Uniform(sh.layers, 1, g.top_k), sh.max_batch),
+                    "top-k feed");
   Graph graph;
   bool captured = false;
   cudaEvent_t start, stop;

@@ -1177,11 +1177,34 @@ class Fuzzer {
   // ---- Steps through StepSchedule ----
 
   // A choice for ScheduleOptions::fixed from the input: the prefetch on or off, on the options'
-  // grid, the bounded one or any other (negative ones refused), chunks of multiples of
-  // copy_chunk_rows up to past the batch, or of any size (refused unless such a multiple).
+  // grid, the bounded one or any other (negative ones refused), the planned copy likewise
+  // (refused with one layer per index group), chunks of multiples of copy_chunk_rows up to past
+  // the batch, or of any size (refused unless such a multiple).
   StepChoice PickChoice() {
     StepChoice c;
-    c.crosslayer_prefetch = in_.ConsumeBool();
+    // One byte: its low bit the prefetch; the planned copy from its high values (so that inputs
+    // written before it decode as they did, unless their byte was one of those).
+    const int byte = in_.ConsumeIntegralInRange<int>(0, 255);
+    c.crosslayer_prefetch = byte % 2 == 1;
+    switch (byte / 2 % 8) {
+      case 4:
+        c.planned_copy = true;
+        break;
+      case 5:
+        c.planned_copy = true;
+        c.planned_copy_blocks = kBoundedPrefetchCopyBlocks;
+        break;
+      case 6:
+        c.planned_copy = true;
+        c.planned_copy_blocks = SmallInt(1, 64);
+        break;
+      case 7:
+        c.planned_copy = true;
+        c.planned_copy_blocks = -SmallInt(1, 2);
+        break;
+      default:
+        break;
+    }
     switch (in_.ConsumeIntegralInRange<int>(0, 3)) {
       case 0:
         break;
@@ -1211,6 +1234,8 @@ class Fuzzer {
   bool ChoiceAllowed(const StepChoice& c) const {
     const bool prefetch = groups_ > 1 && o_.max_prefetch >= o_.top_k;
     if (c.crosslayer_prefetch && (!prefetch || c.prefetch_copy_blocks < 0)) return false;
+    // The planned copy needs an index group of several layers (layers_per_index <= layers).
+    if (c.planned_copy && (lpi_ < 2 || c.planned_copy_blocks < 0)) return false;
     return c.chunk_rows == 0 ||
            (c.chunk_rows > 0 && o_.copy_chunk_rows > 0 && c.chunk_rows % o_.copy_chunk_rows == 0);
   }

@@ -184,6 +184,11 @@ Status ValidateBenchConfig(const BenchConfig& c) {
   }
   if (c.variants.empty()) return Bad("--variants must name at least one variant");
   if (c.mtp < 1 || c.mtp > 8) return Bad("--mtp must be in [1, 8]");
+  if (c.planned_copy >= 0 && c.schedule == "auto") {
+    return Bad(
+        "--planned-copy names a manual schedule; --schedule auto measures the planned copy "
+        "where the index groups offer it");
+  }
   if (c.copy_chunk_rows > 0 && (c.mtp > 1 || c.layers_per_index > 1)) {
     return Bad("--copy-chunk-rows needs --mtp 1 and --layers-per-index 1");
   }

@@ -93,7 +93,7 @@ struct Reached {
   uint64_t inputs = 0, steps = 0, prefix_hits = 0, forks = 0, retained = 0, evictions = 0,
            copy_on_write = 0, prefetches = 0, split_resolves = 0, chunk_copies = 0, key_ingests = 0,
            promotions = 0, peer_imports = 0, peer_maps = 0, errors = 0, scheduled_steps = 0,
-           failed_attention = 0, aborted_steps = 0;
+           failed_attention = 0, aborted_steps = 0, planned_steps = 0;
 } reached;
 
 constexpr uint64_t kRoot = 0x243f6a8885a308d3ull;  // row seed chain of token ids starts here
@@ -1297,6 +1297,7 @@ class Fuzzer {
     }
     if (!Plan(schedule)) return false;
     ++reached.scheduled_steps;
+    if (schedule->choice().planned_copy) ++reached.planned_steps;
     const StepChoice choice = schedule->choice();
     const int32_t batch = static_cast<int32_t>(batch_.size());
     const int32_t slice = choice.chunk_rows > 0 ? choice.chunk_rows : batch;
@@ -1903,7 +1904,8 @@ extern "C" void ManagerFuzzPrintReached() {
       "%llu inputs: %llu steps, %llu split resolves, %llu chunk copies, %llu prefetches, "
       "%llu prefix hits, %llu forks, %llu retained, %llu evictions, %llu copy-on-write pages, "
       "%llu key ingests, %llu promotions, %llu peer imports, %llu peer maps, %llu failed calls, "
-      "%llu scheduled steps, %llu failed attention calls, %llu aborted steps\n",
+      "%llu scheduled steps (%llu with the planned copy), %llu failed attention calls, "
+      "%llu aborted steps\n",
       static_cast<unsigned long long>(r.inputs), static_cast<unsigned long long>(r.steps),
       static_cast<unsigned long long>(r.split_resolves),
       static_cast<unsigned long long>(r.chunk_copies),
@@ -1914,6 +1916,7 @@ extern "C" void ManagerFuzzPrintReached() {
       static_cast<unsigned long long>(r.key_ingests), static_cast<unsigned long long>(r.promotions),
       static_cast<unsigned long long>(r.peer_imports), static_cast<unsigned long long>(r.peer_maps),
       static_cast<unsigned long long>(r.errors), static_cast<unsigned long long>(r.scheduled_steps),
+      static_cast<unsigned long long>(r.planned_steps),
       static_cast<unsigned long long>(r.failed_attention),
       static_cast<unsigned long long>(r.aborted_steps));
 }

@@ -219,7 +219,8 @@ class StepSchedule {
   // group's resolve on `stream`; planned_copied_ marks each layer's slices.
   Status CopyGroup(int32_t leader, StreamHandle stream);
   // Layer `layer`'s copy, whole or in the chunks of the choice's slices, on `stream` (on a grid
-  // of `blocks`), recording `slice_events[s]` after slice s; copies_ tracks what is enqueued.
+  // of `blocks`), recording `slice_events[s]` after slice s (none if null, whole copies only);
+  // copied_whole_ and chunks_copied_ track what is enqueued.
   Status CopyLayer(int32_t layer, int32_t blocks, const EventHandle* slice_events,
                    StreamHandle stream);
   Status Prefetch(int32_t layer, const int32_t* topk, StreamHandle stream);

@@ -32,8 +32,9 @@
 # SCHEDULE_MISS_RATE (set: the miss-rate mode at that rate instead of the calibrated workload,
 # for auto and manual), SCHEDULE_PYTHON_SITE [/tmp/sparsekv-python] (where python and adapter
 # install the package), SCHEDULE_LAYERS_PER_INDEX [1] (> 1: auto, manual and the sweeps run with
-# --layers-per-index N, the planned copy in the manual grid; keep such runs in an $OUT of their
-# own, since the summary keys do not tell index groups apart).
+# --layers-per-index N, the planned copy in the manual grid, and SCHEDULE_WARMUP defaults to 80:
+# the automatic schedule's 72 calibration steps; keep such runs in an $OUT of their own, since the
+# summary keys do not tell index groups apart).
 set -u -o pipefail
 
 # shellcheck source=scripts/gpu-common.sh
@@ -54,7 +55,11 @@ POOL=${SCHEDULE_HOST_POOL_GB:-80}
 BATCH=${SCHEDULE_BATCH:-59}
 LPI=${SCHEDULE_LAYERS_PER_INDEX:-1}
 INDEX=()
-((LPI > 1)) && INDEX=(--layers-per-index "$LPI")
+if ((LPI > 1)); then
+  INDEX=(--layers-per-index "$LPI")
+  # The automatic schedule measures 36 candidates twice each (the planned copy triples them).
+  WARMUP=${SCHEDULE_WARMUP:-80}
+fi
 
 main() {
   gpu_banner "gpu-bench-schedule $MODE" ", tree $(git rev-parse --short HEAD 2>/dev/null)"

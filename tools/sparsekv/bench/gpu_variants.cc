@@ -129,7 +129,9 @@ class SparseKVVariant final : public StepVariant {
       so.fixed = StepChoice{s_.crosslayer_prefetch, s_.copy_chunk_rows, 0, s_.planned_copy >= 0,
                             std::max(s_.planned_copy, 0)};
     }
-    so.trials = 2;  // 8 candidates: 24 steps, within the calibrated run's 26 warm-up steps
+    // 12 candidates with one layer per index group: 24 steps, within the calibrated run's 26
+    // warm-up steps; with index groups of several layers the planned copy triples them (72 steps).
+    so.trials = 2;
     if (s_.auto_schedule && s_.queries > 1) {
       // Attention over a slice of requests does not split their query rows.
       for (const StepChoice& c : AllowedChoices(manager_->options())) {

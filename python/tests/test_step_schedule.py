@@ -241,9 +241,15 @@ needs_gpu = pytest.mark.skipif(
 
 @needs_gpu
 @pytest.mark.parametrize("captured", [False, True])
-def test_every_choice_on_the_gpu_eagerly_and_in_cuda_graphs(captured):
-    for choice in sparsekv.allowed_choices(schedule_options()):
-        manager = sparsekv.SparseKVCacheManager(schedule_options(), sparsekv.cuda_backend(0))
+@pytest.mark.parametrize("layers_per_index", [1, 2])  # 2: one index group, the planned copy
+def test_every_choice_on_the_gpu_eagerly_and_in_cuda_graphs(captured, layers_per_index):
+    options = schedule_options(layers_per_index=layers_per_index)
+
+    def leader(layer):
+        return layer - layer % layers_per_index
+
+    for choice in sparsekv.allowed_choices(options):
+        manager = sparsekv.SparseKVCacheManager(options, sparsekv.cuda_backend(0))
         schedule = sparsekv.StepSchedule(manager, fixed=choice)
         oracle = Oracle(manager, seed=21)
         batch_size = REQUESTS
@@ -263,10 +269,10 @@ def test_every_choice_on_the_gpu_eagerly_and_in_cuda_graphs(captured):
             for layer in range(len(LAYERS)):
                 def attend(l, first, rows, s):
                     assert s == stream.cuda_stream
-                    idx = slots[l][first:first + rows].clamp(min=0).long()
+                    idx = slots[leader(l)][first:first + rows].clamp(min=0).long()
                     read[l][first:first + rows] = hot[l][idx]
-                schedule.run_layer(layer, new_rows[layer], topk[layer], slots[layer], attend,
-                                   stream=stream)
+                schedule.run_layer(layer, new_rows[layer], topk[layer], slots[leader(layer)],
+                                   attend, stream=stream)
             schedule.finish_step(stream=stream)
 
         graph = None
@@ -291,8 +297,9 @@ def test_every_choice_on_the_gpu_eagerly_and_in_cuda_graphs(captured):
                     schedule.finish_replayed_step()
             stream.synchronize()
             for layer in range(len(LAYERS)):
-                s_host, r_host = slots[layer].cpu().numpy(), read[layer].cpu().numpy()
+                s_host = slots[leader(layer)].cpu().numpy()
+                r_host = read[layer].cpu().numpy()
                 for b, rid in enumerate(batch):
-                    oracle.check(rid, layer, topk_host[layer][b], s_host[b],
+                    oracle.check(rid, layer, topk_host[leader(layer)][b], s_host[b],
                                  {k: r_host[b][j] for j, k in enumerate(s_host[b]) if k >= 0})
         assert schedule.stats().steps_by_choice == {str(choice): 8}

@@ -93,7 +93,7 @@ struct Reached {
   uint64_t inputs = 0, steps = 0, prefix_hits = 0, forks = 0, retained = 0, evictions = 0,
            copy_on_write = 0, prefetches = 0, split_resolves = 0, chunk_copies = 0, key_ingests = 0,
            promotions = 0, peer_imports = 0, peer_maps = 0, errors = 0, scheduled_steps = 0,
-           failed_attention = 0, aborted_steps = 0;
+           failed_attention = 0, aborted_steps = 0, planned_steps = 0;
 } reached;
 
 constexpr uint64_t kRoot = 0x243f6a8885a308d3ull;  // row seed chain of token ids starts here
@@ -1177,11 +1177,34 @@ class Fuzzer {
   // ---- Steps through StepSchedule ----
 
   // A choice for ScheduleOptions::fixed from the input: the prefetch on or off, on the options'
-  // grid, the bounded one or any other (negative ones refused), chunks of multiples of
-  // copy_chunk_rows up to past the batch, or of any size (refused unless such a multiple).
+  // grid, the bounded one or any other (negative ones refused), the planned copy likewise
+  // (refused with one layer per index group), chunks of multiples of copy_chunk_rows up to past
+  // the batch, or of any size (refused unless such a multiple).
   StepChoice PickChoice() {
     StepChoice c;
-    c.crosslayer_prefetch = in_.ConsumeBool();
+    // One byte: its low bit the prefetch; the planned copy from its high values (so that inputs
+    // written before it decode as they did, unless their byte was one of those).
+    const int byte = in_.ConsumeIntegralInRange<int>(0, 255);
+    c.crosslayer_prefetch = byte % 2 == 1;
+    switch (byte / 2 % 8) {
+      case 4:
+        c.planned_copy = true;
+        break;
+      case 5:
+        c.planned_copy = true;
+        c.planned_copy_blocks = kBoundedPrefetchCopyBlocks;
+        break;
+      case 6:
+        c.planned_copy = true;
+        c.planned_copy_blocks = SmallInt(1, 64);
+        break;
+      case 7:
+        c.planned_copy = true;
+        c.planned_copy_blocks = -SmallInt(1, 2);
+        break;
+      default:
+        break;
+    }
     switch (in_.ConsumeIntegralInRange<int>(0, 3)) {
       case 0:
         break;
@@ -1211,6 +1234,8 @@ class Fuzzer {
   bool ChoiceAllowed(const StepChoice& c) const {
     const bool prefetch = groups_ > 1 && o_.max_prefetch >= o_.top_k;
     if (c.crosslayer_prefetch && (!prefetch || c.prefetch_copy_blocks < 0)) return false;
+    // The planned copy needs an index group of several layers (layers_per_index <= layers).
+    if (c.planned_copy && (lpi_ < 2 || c.planned_copy_blocks < 0)) return false;
     return c.chunk_rows == 0 ||
            (c.chunk_rows > 0 && o_.copy_chunk_rows > 0 && c.chunk_rows % o_.copy_chunk_rows == 0);
   }
@@ -1272,6 +1297,7 @@ class Fuzzer {
     }
     if (!Plan(schedule)) return false;
     ++reached.scheduled_steps;
+    if (schedule->choice().planned_copy) ++reached.planned_steps;
     const StepChoice choice = schedule->choice();
     const int32_t batch = static_cast<int32_t>(batch_.size());
     const int32_t slice = choice.chunk_rows > 0 ? choice.chunk_rows : batch;
@@ -1878,7 +1904,8 @@ extern "C" void ManagerFuzzPrintReached() {
       "%llu inputs: %llu steps, %llu split resolves, %llu chunk copies, %llu prefetches, "
       "%llu prefix hits, %llu forks, %llu retained, %llu evictions, %llu copy-on-write pages, "
       "%llu key ingests, %llu promotions, %llu peer imports, %llu peer maps, %llu failed calls, "
-      "%llu scheduled steps, %llu failed attention calls, %llu aborted steps\n",
+      "%llu scheduled steps (%llu with the planned copy), %llu failed attention calls, "
+      "%llu aborted steps\n",
       static_cast<unsigned long long>(r.inputs), static_cast<unsigned long long>(r.steps),
       static_cast<unsigned long long>(r.split_resolves),
       static_cast<unsigned long long>(r.chunk_copies),
@@ -1889,6 +1916,7 @@ extern "C" void ManagerFuzzPrintReached() {
       static_cast<unsigned long long>(r.key_ingests), static_cast<unsigned long long>(r.promotions),
       static_cast<unsigned long long>(r.peer_imports), static_cast<unsigned long long>(r.peer_maps),
       static_cast<unsigned long long>(r.errors), static_cast<unsigned long long>(r.scheduled_steps),
+      static_cast<unsigned long long>(r.planned_steps),
       static_cast<unsigned long long>(r.failed_attention),
       static_cast<unsigned long long>(r.aborted_steps));
 }

@@ -6,7 +6,10 @@
 # with --hybrid at the host pool's batch (SCHEDULE_BATCH [59]), sparsekv only:
 #   auto:   --schedule auto;
 #   manual: --schedule manual, cross-layer prefetch off/on x chunks none/8/16/32
-#           (manual-off, manual-on: only those with the prefetch off, on);
+#           (manual-off, manual-on: only those with the prefetch off, on); with
+#           SCHEDULE_LAYERS_PER_INDEX > 1 (a shared indexer), prefetch off/on x planned copy
+#           off / on the options' grid / on 16 blocks, without chunks (the bench takes no
+#           --copy-chunk-rows with index groups);
 # each beside full-hbm's whole sweep (its peak, for the ratio; its attention, for the check).
 #   all:    auto and manual. Several modes run one after the other (e.g. `auto manual-off`).
 # Every run above first checks attention against full-hbm bit for bit (the bench's check steps).
@@ -28,7 +31,10 @@
 # candidates in the warm-up), SCHEDULE_HOST_POOL_GB [80], SCHEDULE_BUILD [build-e2e],
 # SCHEDULE_MISS_RATE (set: the miss-rate mode at that rate instead of the calibrated workload,
 # for auto and manual), SCHEDULE_PYTHON_SITE [/tmp/sparsekv-python] (where python and adapter
-# install the package).
+# install the package), SCHEDULE_LAYERS_PER_INDEX [1] (> 1: auto, manual and the sweeps run with
+# --layers-per-index N, the planned copy in the manual grid, and SCHEDULE_WARMUP defaults to 80:
+# the automatic schedule's 72 calibration steps; keep such runs in an $OUT of their own, since the
+# summary keys do not tell index groups apart).
 set -u -o pipefail
 
 # shellcheck source=scripts/gpu-common.sh
@@ -47,6 +53,13 @@ STEPS=${SCHEDULE_STEPS:-40}
 WARMUP=${SCHEDULE_WARMUP:-26}
 POOL=${SCHEDULE_HOST_POOL_GB:-80}
 BATCH=${SCHEDULE_BATCH:-59}
+LPI=${SCHEDULE_LAYERS_PER_INDEX:-1}
+INDEX=()
+if ((LPI > 1)); then
+  INDEX=(--layers-per-index "$LPI")
+  # The automatic schedule measures 36 candidates twice each (the planned copy triples them).
+  WARMUP=${SCHEDULE_WARMUP:-80}
+fi
 
 main() {
   gpu_banner "gpu-bench-schedule $MODE" ", tree $(git rev-parse --short HEAD 2>/dev/null)"
@@ -60,7 +73,7 @@ main() {
   [[ -n ${SCHEDULE_MISS_RATE:-} ]] && workload=(--miss-rate "$SCHEDULE_MISS_RATE")
   local common=(bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL"
     --page-tokens 1024 --hybrid --steps "$STEPS" --warmup "$WARMUP" "${workload[@]}"
-    --contexts 32768)
+    --contexts 32768 "${INDEX[@]}")
   run() {
     local name=$1
     shift
@@ -84,7 +97,7 @@ main() {
     local load=(--locality calibrated)
     [[ $sweep == m20 ]] && load=(--miss-rate 0.2)
     common=(bench --backend cuda --preset deepseek-v3.2 --host-pool-gb "$POOL" --page-tokens 1024
-      --hybrid --steps "$STEPS" --warmup "$WARMUP" "${load[@]}" --contexts 32768)
+      --hybrid --steps "$STEPS" --warmup "$WARMUP" "${load[@]}" --contexts 32768 "${INDEX[@]}")
     run "sweep-$sweep-auto" --variants full-hbm,sparsekv --schedule auto
     case ${SCHEDULE_SWEEP_PREFETCH:-both} in
       off | on) prefetches=("$SCHEDULE_SWEEP_PREFETCH") ;;
@@ -108,7 +121,9 @@ main() {
 }
 
 # manual_runs PREFIX PREFETCH... -- FLAGS...: a manual run per prefetch (off, on) and chunk size
-# (none, 8, 16, 32), named PREFIX-prefetch-<off|on>-chunks<N>, each with FLAGS.
+# (none, 8, 16, 32), named PREFIX-prefetch-<off|on>-chunks<N>, each with FLAGS; with index groups
+# (LPI > 1), per prefetch and planned copy (off, on the options' grid, on 16 blocks) instead,
+# named PREFIX-prefetch-<off|on>[-planned<B>]-chunks0.
 manual_runs() {
   local prefix=$1 prefetches=()
   shift
@@ -117,12 +132,23 @@ manual_runs() {
     shift
   done
   shift
+  local chunks=(0 8 16 32) planned=(-1)
+  if ((LPI > 1)); then
+    chunks=(0)
+    planned=(-1 0 16)
+  fi
   for prefetch in "${prefetches[@]}"; do
-    for chunk in 0 8 16 32; do
-      local flags=("$@" --schedule manual)
-      [[ $prefetch == on ]] && flags+=(--crosslayer-prefetch)
-      ((chunk > 0)) && flags+=(--copy-chunk-rows "$chunk")
-      run "$prefix-prefetch-$prefetch-chunks$chunk" "${flags[@]}"
+    for plan in "${planned[@]}"; do
+      for chunk in "${chunks[@]}"; do
+        local flags=("$@" --schedule manual) name="$prefix-prefetch-$prefetch"
+        [[ $prefetch == on ]] && flags+=(--crosslayer-prefetch)
+        if ((plan >= 0)); then
+          flags+=(--planned-copy "$plan")
+          name+="-planned$plan"
+        fi
+        ((chunk > 0)) && flags+=(--copy-chunk-rows "$chunk")
+        run "$name-chunks$chunk" "${flags[@]}"
+      done
     done
   done
 }

@@ -426,6 +426,10 @@ class SparseKVCacheManager {
   // REQUIRES (not checked: stream ordering): every copy of group g is complete on the device
   // before the resolve of group g + 2 runs.
   Status CopyMisses(int32_t layer, StreamHandle stream);
+  // CopyMisses on a grid of `copy_blocks` thread blocks (> 0; CUDA only, the CPU backend ignores
+  // it) instead of CacheOptions::copy_blocks', e.g. copies that run beside other layers' work
+  // (step_schedule.h's planned copy); 0: the options' grid. InvalidArgument below 0.
+  Status CopyMisses(int32_t layer, StreamHandle stream, int32_t copy_blocks);
   // With copy_chunk_rows = R: copies the misses of batch rows [chunk R, (chunk + 1) R) of the
   // resolve of `layer`'s group, on `stream`, so that attention over those rows may start before
   // the other chunks are copied. A layer is copied whole (CopyMisses) or by chunks, once each; it
@@ -434,6 +438,8 @@ class SparseKVCacheManager {
   // FailedPrecondition without copy_chunk_rows, InvalidArgument for a chunk outside
   // [0, ceil(max_batch / R)).
   Status CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream);
+  // CopyMissChunk on a grid of `copy_blocks` thread blocks, as CopyMisses above.
+  Status CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream, int32_t copy_blocks);
   // Gathers the rows of `slots` ([max_batch, top_k], as ResolveLayer wrote them) of `layer`
   // into `assembled` ([max_batch, top_k, row_stride(layer)]; skipped entries are zero rows).
   // May run before CopyMisses(layer) (then only the rows with fill 0 are meaningful) and more

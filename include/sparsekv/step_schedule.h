@@ -12,9 +12,16 @@
 //     then misses less);
 //   * chunked: each layer's misses copied on a side stream in slices of chunk_rows batch rows,
 //     and attention over a slice starts as soon as its rows are in;
-//   * both.
-// A prefetch's copies may also run on a bounded grid of thread blocks (prefetch_copy_blocks),
-// which leaves SMs to the attention and the rest of the model beside them.
+//   * planned copy (models whose index groups have several layers, a shared indexer): right after
+//     a group's resolve, the miss copies of every layer of the group are enqueued on a side
+//     stream, ahead of their layers, and a layer's attention waits only for its own copy, so the
+//     copies of a group's later layers run beside the attention and the rest of the layers
+//     before them;
+//   * the prefetch with either of the others, or all three (the planned copy in chunks: each
+//     layer's attention slices wait for that layer's chunks).
+// A prefetch's copies, and the planned copies, may also run on a bounded grid of thread blocks
+// (prefetch_copy_blocks, planned_copy_blocks), which leaves SMs to the attention and the rest of
+// the model beside them.
 // Which one pays depends on the batch, how many requests are in hot-cache mode, how much they
 // miss, and the machine (docs/schedule.md): the schedule measures. For each step shape (the batch
 // and how many of its requests are in hot-cache mode) it times each candidate for a few steps,
@@ -61,9 +68,17 @@ struct StepChoice {
   // With the prefetch: the thread blocks of its copies (SparseKVCacheManager::CopyPrefetch);
   // 0: CacheOptions::prefetch_copy_blocks'. Ignored without the prefetch.
   int32_t prefetch_copy_blocks = 0;
+  // Planned copy: every layer of an index group copied on a side stream right after the group's
+  // resolve; needs an index group of more than one layer (IndexGroups::shared).
+  bool planned_copy = false;
+  // With the planned copy: the thread blocks of its copies (SparseKVCacheManager::CopyMisses,
+  // CopyMissChunk); 0: CacheOptions::copy_blocks'. Ignored without the planned copy.
+  int32_t planned_copy_blocks = 0;
 
   bool operator==(const StepChoice&) const = default;
-  // "serial", "prefetch", "prefetch:16" (16 copy blocks), "chunks16", "prefetch:16+chunks16".
+  // "serial", "prefetch", "prefetch:16" (16 copy blocks), "chunks16", "prefetch:16+chunks16",
+  // "planned", "planned:16+chunks16", "prefetch:16+planned:16+chunks16": the prefetch, the
+  // planned copy and the chunks, in that order, each with its grid.
   std::string ToString() const;
 };
 
@@ -75,11 +90,11 @@ StatusOr<StepChoice> ParseStepChoice(std::string_view text);
 struct ScheduleOptions {
   // ---- Behaviour ----
   // Runs every step in this choice (the manual override); it must be one the manager allows
-  // (AllowedChoices, with the prefetch on any grid, or chunks of any multiple of
-  // copy_chunk_rows), InvalidArgument otherwise.
+  // (AllowedChoices, with the prefetch and the planned copy on any grid, or chunks of any
+  // multiple of copy_chunk_rows), InvalidArgument otherwise.
   std::optional<StepChoice> fixed;
   // The choices the schedule measures; empty: every choice the manager allows. Each must be
-  // allowed, its prefetch on any grid (InvalidArgument otherwise).
+  // allowed, its prefetch and planned copy on any grid (InvalidArgument otherwise).
   std::vector<StepChoice> candidates;
 
   // ---- Performance ----
@@ -90,12 +105,16 @@ struct ScheduleOptions {
 
 // The choices a manager's options allow: cross-layer prefetch needs more than one index group and
 // max_prefetch >= top_k, and comes on the options' copy grid and on kBoundedPrefetchCopyBlocks
-// (unless the options' grid is that already); chunks are multiples 1, 2, 4, ... of
-// copy_chunk_rows below max_batch (none without copy_chunk_rows). Serial first.
+// (unless the options' grid is that already); the planned copy needs an index group of more than
+// one layer, and comes on the options' copy_blocks and on kBoundedPrefetchCopyBlocks (unless
+// copy_blocks is that already), alone and with each prefetch; chunks are multiples 1, 2, 4, ...
+// of copy_chunk_rows below max_batch (none without copy_chunk_rows), with each of the others.
+// Serial first, then the choices without the planned copy in the order they had before it.
 std::vector<StepChoice> AllowedChoices(const CacheOptions& options);
-// The bounded grid AllowedChoices offers the prefetch's copies: on an H200 (132 SMs) 16 blocks
-// carry a prefetch at the rate it needs while attention and the GEMMs keep the rest
-// (docs/schedule.md).
+// The bounded grid AllowedChoices offers the prefetch's and the planned copy's copies: on an H200
+// (132 SMs) 16 blocks carry a prefetch at the rate it needs while attention and the GEMMs keep the
+// rest, and the copies ahead of a shared indexer's layers hid most of the transfer on it
+// (docs/schedule.md, docs/overlap.md).
 inline constexpr int32_t kBoundedPrefetchCopyBlocks = 16;
 
 // One layer's work from the engine. Pointers are device memory of the manager's backend and must
@@ -196,6 +215,14 @@ class StepSchedule {
   // Backend::CheckStream, its error prefixed with the call's name.
   Status CheckStream(StreamHandle stream, const char* call);
   Status CopyAndAttend(int32_t layer, const AttendFn& attend, StreamHandle stream);
+  // The planned copy: every layer of `leader`'s group copied on the copy stream, after the
+  // group's resolve on `stream`; planned_copied_ marks each layer's slices.
+  Status CopyGroup(int32_t leader, StreamHandle stream);
+  // Layer `layer`'s copy, whole or in the chunks of the choice's slices, on `stream` (on a grid
+  // of `blocks`), recording `slice_events[s]` after slice s (none if null, whole copies only);
+  // copied_whole_ and chunks_copied_ track what is enqueued.
+  Status CopyLayer(int32_t layer, int32_t blocks, const EventHandle* slice_events,
+                   StreamHandle stream);
   Status Prefetch(int32_t layer, const int32_t* topk, StreamHandle stream);
   // The device buffers AbortStep reads (zero rows and keys, an all-padding top-k) and the slots
   // it writes, allocated once.
@@ -212,10 +239,14 @@ class StepSchedule {
   std::unique_ptr<ScheduleTuner> tuner_;
   std::optional<StepChoice> fixed_;
 
-  StreamHandle copy_stream_ = nullptr;       // chunked copies
-  StreamHandle prefetch_stream_ = nullptr;   // cross-layer prefetch copies
-  EventHandle resolved_ = nullptr;           // the layer's resolve (and append) are enqueued
-  std::vector<EventHandle> slice_copied_;    // per attention slice: its chunks are copied
+  StreamHandle copy_stream_ = nullptr;      // chunked copies
+  StreamHandle prefetch_stream_ = nullptr;  // cross-layer prefetch copies
+  EventHandle resolved_ = nullptr;          // the layer's resolve (and append) are enqueued
+  std::vector<EventHandle> slice_copied_;   // per attention slice: its chunks are copied
+  // [layer of the group - its leader][slice]: the planned copy of that layer's slice is done
+  // (slices_per_layer_ per layer: one without chunks).
+  std::vector<EventHandle> planned_copied_;
+  int32_t slices_per_layer_ = 1;
   EventHandle prefetch_resolved_ = nullptr;  // the next group's prefetch is resolved
   EventHandle prefetched_ = nullptr;         // the last prefetch copy is done
   EventHandle step_start_ = nullptr;         // timing of eager steps
@@ -232,11 +263,14 @@ class StepSchedule {
   bool step_open_ = false;
   int32_t next_layer_ = 0;
   LayerStage stage_ = LayerStage::kNone;  // of layer next_layer_
-  int32_t chunks_copied_ = 0;             // of layer next_layer_, when copied in chunks
-  bool attention_failed_ = false;         // an attend callback failed in the step: not timed
-  bool prefetch_used_ = false;            // a prefetch copy was enqueued in the step
-  bool timing_ = false;                   // the step's start was recorded (eager)
-  bool time_pending_ = false;             // an eager step ended and its time is not read yet
+  // Per layer, in the step: the copy enqueued whole, or how many of its chunks are (a planned
+  // copy enqueues a group's later layers ahead of them).
+  std::vector<bool> copied_whole_;
+  std::vector<int32_t> chunks_copied_;
+  bool attention_failed_ = false;  // an attend callback failed in the step: not timed
+  bool prefetch_used_ = false;     // a prefetch copy was enqueued in the step
+  bool timing_ = false;            // the step's start was recorded (eager)
+  bool time_pending_ = false;      // an eager step ended and its time is not read yet
   int32_t pending_batch_ = 0, pending_hot_ = 0;
   StepChoice pending_choice_;
   int32_t hot_requests_ = 0;  // of the planned batch, in hot-cache mode

@@ -592,13 +592,20 @@ class SparseKVCacheManager:
 
 class StepChoice:
     def __init__(
-        self, crosslayer_prefetch: bool = False, chunk_rows: int = 0, prefetch_copy_blocks: int = 0
+        self,
+        crosslayer_prefetch: bool = False,
+        chunk_rows: int = 0,
+        prefetch_copy_blocks: int = 0,
+        planned_copy: bool = False,
+        planned_copy_blocks: int = 0,
     ) -> None: ...
     @staticmethod
     def parse(text: str) -> StepChoice: ...
     crosslayer_prefetch: bool
     chunk_rows: int
     prefetch_copy_blocks: int
+    planned_copy: bool
+    planned_copy_blocks: int
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
 

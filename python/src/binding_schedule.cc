@@ -110,26 +110,36 @@ class PySchedule {
 
 void RegisterSchedule(py::module_& m) {
   py::class_<StepChoice>(m, "StepChoice",
-                         "How a step runs: the cross-layer prefetch on or off, and the batch rows "
-                         "of each attention slice (0: each layer copied whole first).")
-      .def(py::init([](bool crosslayer_prefetch, int32_t chunk_rows, int32_t blocks) {
-             return StepChoice{crosslayer_prefetch, chunk_rows, blocks};
+                         "How a step runs: the cross-layer prefetch on or off, the planned copy "
+                         "on or off, and the batch rows of each attention slice (0: each layer "
+                         "copied whole first).")
+      .def(py::init([](bool crosslayer_prefetch, int32_t chunk_rows, int32_t blocks, bool planned,
+                       int32_t planned_blocks) {
+             return StepChoice{crosslayer_prefetch, chunk_rows, blocks, planned, planned_blocks};
            }),
            py::arg("crosslayer_prefetch") = false, py::arg("chunk_rows") = 0,
-           py::arg("prefetch_copy_blocks") = 0,
+           py::arg("prefetch_copy_blocks") = 0, py::arg("planned_copy") = false,
+           py::arg("planned_copy_blocks") = 0,
            "A choice; chunk_rows a multiple of CacheOptions.copy_chunk_rows (0: none); "
-           "prefetch_copy_blocks the prefetch's copy grid (0: the options').")
+           "prefetch_copy_blocks the prefetch's copy grid (0: the options'); planned_copy_blocks "
+           "the planned copy's grid (0: the options' copy_blocks).")
       .def_static(
           "parse", [](const std::string& text) { return Check(ParseStepChoice(text)); },
           py::arg("text"),
           "The choice str() names: 'serial', 'prefetch', 'prefetch:16' (16 copy blocks), "
-          "'chunks16', 'prefetch:16+chunks16'.")
+          "'chunks16', 'prefetch:16+chunks16', 'planned', 'planned:16+chunks16', "
+          "'prefetch:16+planned:16+chunks16'.")
       .def_readwrite("crosslayer_prefetch", &StepChoice::crosslayer_prefetch,
                      "The next index group's rows are prefetched on a side stream.")
       .def_readwrite("chunk_rows", &StepChoice::chunk_rows,
                      "Batch rows per attention slice, fed as their copies land (0: none).")
       .def_readwrite("prefetch_copy_blocks", &StepChoice::prefetch_copy_blocks,
                      "Thread blocks of the prefetch's copies (0: the options' grid).")
+      .def_readwrite("planned_copy", &StepChoice::planned_copy,
+                     "Every layer of an index group is copied on a side stream right after the "
+                     "group's resolve; each layer's attention waits for its own copy.")
+      .def_readwrite("planned_copy_blocks", &StepChoice::planned_copy_blocks,
+                     "Thread blocks of the planned copies (0: the options' copy_blocks).")
       .def("__str__", &StepChoice::ToString)
       .def("__repr__",
            [](const StepChoice& c) { return "sparsekv.StepChoice('" + c.ToString() + "')"; })

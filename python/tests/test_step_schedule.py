@@ -71,7 +71,8 @@ class Oracle:
                                           err_msg=f"request {rid} layer {layer} position {p}")
 
 
-def run_cpu_steps(schedule, oracle, steps):
+def run_cpu_steps(schedule, oracle, steps, layers_per_index=1):
+    """Random steps; a layer of an index group reads its group's first layer's top-k and slots."""
     manager = oracle.manager
     hot = [np.asarray(manager.hot_layer(layer)) for layer in range(len(LAYERS))]
     for _ in range(steps):
@@ -81,14 +82,16 @@ def run_cpu_steps(schedule, oracle, steps):
         schedule.plan_step(batch)
         new_rows, topk = oracle.step_inputs(batch)
         for layer in range(len(LAYERS)):
-            slots = np.full((len(batch), TOP_K), -7, np.int32)
+            leader = layer - layer % layers_per_index
+            if layer == leader:
+                slots = np.full((len(batch), TOP_K), -7, np.int32)
             attended = np.zeros(len(batch), np.int32)
 
             def attend(l, first, rows, stream):
                 assert l == layer and stream == 0
                 for b in range(first, first + rows):
                     attended[b] += 1
-                    oracle.check(batch[b], l, topk[l][b], slots[b], hot[l])
+                    oracle.check(batch[b], l, topk[leader][b], slots[b], hot[l])
 
             schedule.run_layer(layer, new_rows[layer], topk[layer], slots, attend)
             assert list(attended) == [1] * len(batch)
@@ -108,6 +111,37 @@ def test_choices_parse_print_and_follow_the_options():
     assert len({sparsekv.StepChoice(), sparsekv.StepChoice.parse("serial")}) == 1
     with pytest.raises(sparsekv.InvalidArgumentError, match="chunks<N>"):
         sparsekv.StepChoice.parse("chunk8")
+
+
+def test_the_planned_copy_parses_and_is_offered_with_a_shared_index_group():
+    shared = schedule_options(layers_per_index=2, max_prefetch=0)
+    names = [str(c) for c in sparsekv.allowed_choices(shared)]
+    assert names == ["serial", "chunks1", "chunks2", "planned", "planned+chunks1",
+                     "planned+chunks2", "planned:16", "planned:16+chunks1", "planned:16+chunks2"]
+    assert not any(c.planned_copy for c in sparsekv.allowed_choices(schedule_options()))
+    for name in names + ["prefetch:8+planned:4+chunks2"]:
+        assert str(sparsekv.StepChoice.parse(name)) == name
+    choice = sparsekv.StepChoice.parse("planned:16+chunks2")
+    assert choice == sparsekv.StepChoice(chunk_rows=2, planned_copy=True, planned_copy_blocks=16)
+    assert choice.planned_copy and choice.planned_copy_blocks == 16
+    for bad in ["planned:0", "chunks2+planned", "planned+prefetch"]:
+        with pytest.raises(sparsekv.InvalidArgumentError, match="planned"):
+            sparsekv.StepChoice.parse(bad)
+    # One layer per index group: refused, with the reason.
+    manager = sparsekv.SparseKVCacheManager(schedule_options(), sparsekv.cpu_backend())
+    with pytest.raises(sparsekv.InvalidArgumentError, match="more than one layer"):
+        sparsekv.StepSchedule(manager, fixed="planned")
+
+
+@pytest.mark.parametrize("choice", ["planned", "planned:16+chunks1", "planned+chunks2"])
+def test_the_planned_copy_reads_the_rows_written(choice):
+    manager = sparsekv.SparseKVCacheManager(schedule_options(layers_per_index=2),
+                                            sparsekv.cpu_backend())
+    schedule = sparsekv.StepSchedule(manager, fixed=choice)
+    oracle = Oracle(manager, seed=len(choice))
+    run_cpu_steps(schedule, oracle, steps=20, layers_per_index=2)
+    assert schedule.stats().steps_by_choice == {choice: 20}
+    assert manager.read_stats().total.misses > 0
 
 
 @pytest.mark.parametrize("choice", ["serial", "chunks1", "chunks2", "prefetch",
@@ -207,9 +241,15 @@ needs_gpu = pytest.mark.skipif(
 
 @needs_gpu
 @pytest.mark.parametrize("captured", [False, True])
-def test_every_choice_on_the_gpu_eagerly_and_in_cuda_graphs(captured):
-    for choice in sparsekv.allowed_choices(schedule_options()):
-        manager = sparsekv.SparseKVCacheManager(schedule_options(), sparsekv.cuda_backend(0))
+@pytest.mark.parametrize("layers_per_index", [1, 2])  # 2: one index group, the planned copy
+def test_every_choice_on_the_gpu_eagerly_and_in_cuda_graphs(captured, layers_per_index):
+    options = schedule_options(layers_per_index=layers_per_index)
+
+    def leader(layer):
+        return layer - layer % layers_per_index
+
+    for choice in sparsekv.allowed_choices(options):
+        manager = sparsekv.SparseKVCacheManager(options, sparsekv.cuda_backend(0))
         schedule = sparsekv.StepSchedule(manager, fixed=choice)
         oracle = Oracle(manager, seed=21)
         batch_size = REQUESTS
@@ -229,10 +269,10 @@ def test_every_choice_on_the_gpu_eagerly_and_in_cuda_graphs(captured):
             for layer in range(len(LAYERS)):
                 def attend(l, first, rows, s):
                     assert s == stream.cuda_stream
-                    idx = slots[l][first:first + rows].clamp(min=0).long()
+                    idx = slots[leader(l)][first:first + rows].clamp(min=0).long()
                     read[l][first:first + rows] = hot[l][idx]
-                schedule.run_layer(layer, new_rows[layer], topk[layer], slots[layer], attend,
-                                   stream=stream)
+                schedule.run_layer(layer, new_rows[layer], topk[layer], slots[leader(layer)],
+                                   attend, stream=stream)
             schedule.finish_step(stream=stream)
 
         graph = None
@@ -257,8 +297,9 @@ def test_every_choice_on_the_gpu_eagerly_and_in_cuda_graphs(captured):
                     schedule.finish_replayed_step()
             stream.synchronize()
             for layer in range(len(LAYERS)):
-                s_host, r_host = slots[layer].cpu().numpy(), read[layer].cpu().numpy()
+                s_host = slots[leader(layer)].cpu().numpy()
+                r_host = read[layer].cpu().numpy()
                 for b, rid in enumerate(batch):
-                    oracle.check(rid, layer, topk_host[layer][b], s_host[b],
+                    oracle.check(rid, layer, topk_host[leader(layer)][b], s_host[b],
                                  {k: r_host[b][j] for j, k in enumerate(s_host[b]) if k >= 0})
         assert schedule.stats().steps_by_choice == {str(choice): 8}

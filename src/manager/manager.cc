@@ -141,14 +141,23 @@ Status SparseKVCacheManager::ResolveLayer(int32_t layer, const int32_t* topk, in
   return impl_->ResolveLayer(layer, topk, slots, fill_mask, stream, topk_stride);
 }
 Status SparseKVCacheManager::CopyMisses(int32_t layer, StreamHandle stream) {
-  return impl_->CopyMisses(layer, stream);
+  return impl_->CopyMisses(layer, stream, 0);
+}
+
+Status SparseKVCacheManager::CopyMisses(int32_t layer, StreamHandle stream, int32_t copy_blocks) {
+  return impl_->CopyMisses(layer, stream, copy_blocks);
 }
 Status SparseKVCacheManager::AssembleLayer(int32_t layer, const int32_t* slots, void* assembled,
                                            StreamHandle stream) {
   return impl_->AssembleLayer(layer, slots, assembled, stream);
 }
 Status SparseKVCacheManager::CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream) {
-  return impl_->CopyMissChunk(layer, chunk, stream);
+  return impl_->CopyMissChunk(layer, chunk, stream, 0);
+}
+
+Status SparseKVCacheManager::CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream,
+                                           int32_t copy_blocks) {
+  return impl_->CopyMissChunk(layer, chunk, stream, copy_blocks);
 }
 Status SparseKVCacheManager::ResolvePrefetch(int32_t layer, const int32_t* positions, int32_t count,
                                              StreamHandle stream) {

@@ -98,8 +98,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   IndexerKeyView IndexerKeys(int32_t layer) const;
   Status ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots, uint8_t* fill_mask,
                       StreamHandle stream, int32_t topk_stride);
-  Status CopyMisses(int32_t layer, StreamHandle stream);
-  Status CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream);
+  // copy_blocks 0: the options' grid (copy_blocks).
+  Status CopyMisses(int32_t layer, StreamHandle stream, int32_t copy_blocks);
+  Status CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream, int32_t copy_blocks);
   Status AssembleLayer(int32_t layer, const int32_t* slots, void* assembled, StreamHandle stream);
   Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count, StreamHandle stream);
   Status ResolvePrefetch(int32_t layer, const int32_t* positions, int32_t count,
@@ -191,7 +192,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status Copy(int32_t layer, const MissList& list, int32_t capacity, int32_t max_blocks,
               StreamHandle stream);
   // Copies `layer`'s chunk c and marks the layer copied once every chunk of the batch is.
-  Status CopyChunk(int32_t layer, int32_t c, StreamHandle stream);
+  Status CopyChunk(int32_t layer, int32_t c, int32_t copy_blocks, StreamHandle stream);
 
   CacheOptions options_;
   // The offloaded layers' cadence r (LayerShape::entry_tokens), and the options in entry units,

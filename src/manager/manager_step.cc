@@ -243,25 +243,41 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   return backend_->Resolve(resolve, max_batch, stream);
 }
 
-Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream) {
+namespace {
+
+// A copy grid argument: 0 is the options' grid, a negative one is refused.
+Status CheckCopyBlocks(int32_t copy_blocks, const char* op) {
+  if (copy_blocks >= 0) return Status::Ok();
+  return InvalidArgument(std::string(op) + ": copy_blocks " + std::to_string(copy_blocks) +
+                         " is negative (0: the options' grid)");
+}
+
+}  // namespace
+
+Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream,
+                                              int32_t copy_blocks) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "CopyMisses"));
+  SPARSEKV_RETURN_IF_ERROR(CheckCopyBlocks(copy_blocks, "CopyMisses"));
   SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyMisses(layer));
   for (int32_t c = 0; c < plan_.chunks(); ++c) {
-    SPARSEKV_RETURN_IF_ERROR(CopyChunk(layer, c, stream));
+    SPARSEKV_RETURN_IF_ERROR(CopyChunk(layer, c, copy_blocks, stream));
   }
   return Status::Ok();
 }
 
-Status SparseKVCacheManager::Impl::CopyMissChunk(int32_t layer, int32_t chunk,
-                                                 StreamHandle stream) {
+Status SparseKVCacheManager::Impl::CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream,
+                                                 int32_t copy_blocks) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "CopyMissChunk"));
+  SPARSEKV_RETURN_IF_ERROR(CheckCopyBlocks(copy_blocks, "CopyMissChunk"));
   SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyMissChunk(layer, chunk));
-  return CopyChunk(layer, chunk, stream);
+  return CopyChunk(layer, chunk, copy_blocks, stream);
 }
 
-Status SparseKVCacheManager::Impl::CopyChunk(int32_t layer, int32_t c, StreamHandle stream) {
+Status SparseKVCacheManager::Impl::CopyChunk(int32_t layer, int32_t c, int32_t copy_blocks,
+                                             StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(Copy(layer, plan_.Chunk(plan_.StepMissList(layer), c),
-                                plan_.chunk_entries(), options_.copy_blocks, stream));
+                                plan_.chunk_entries(),
+                                copy_blocks > 0 ? copy_blocks : options_.copy_blocks, stream));
   if (!order_.MarkChunkCopied(layer, c)) return Status::Ok();
   return extensions_.AfterMissCopy(layer, stream);
 }

@@ -222,16 +222,25 @@ TEST(ScheduleForecastTest, SerialIsTheOnlyCandidateWithoutPrefetchOrChunks) {
             "copy_chunk_rows 0: no chunks)");
 }
 
-TEST(ScheduleForecastTest, OneIndexGroupAndChunksOfTheBatchLeaveSerial) {
+// One index group of both layers: no prefetch, but the planned copy, on the options' grid and on
+// the bounded one; neither is modelled, so serial stays expected.
+TEST(ScheduleForecastTest, ASharedIndexGroupListsThePlannedCopyAsNotModelled) {
   HandCase h;
   CacheOptions o = HandOptions(100, 4);
   o.layers_per_index = 2;
   const ScheduleForecast f =
       ForecastSchedule(h.cal, h.model, h.gpu, {KVVariant::kSparseKV, 4, 0.5, 0, 0}, o);
-  ASSERT_EQ(f.candidates.size(), 1u);
-  EXPECT_EQ(f.reason,
-            "the only choice the options allow (one index group: no prefetch; no chunk of "
-            "copy_chunk_rows 4 below batch 4)");
+  std::vector<std::string> names;
+  for (const ScheduleEstimate& e : f.candidates) names.push_back(e.choice.ToString());
+  EXPECT_EQ(names, (std::vector<std::string>{"serial", "planned", "planned:16"}));
+  for (size_t i = 1; i < f.candidates.size(); ++i) {
+    EXPECT_FALSE(f.candidates[i].modelled);
+    EXPECT_NE(f.candidates[i].why.find("not modelled: the copies of a shared indexer"),
+              std::string::npos)
+        << f.candidates[i].why;
+  }
+  EXPECT_EQ(f.expected, 0u);
+  EXPECT_EQ(f.reason, "no other candidate is modelled faster");
 }
 
 // Attention 10 + 50 * 4 = 210 µs per layer, transfer 200 rows * 1000 B at 1 GB/s = 200 µs:

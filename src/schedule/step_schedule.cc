@@ -6,6 +6,11 @@
 //   * a chunk's copy waits for its layer's resolve and append; attention over a slice waits for
 //     its chunks; every copy of a layer is therefore complete before the engine's stream moves on
 //     to the next layer (group g + 2 resolves into group g's miss list);
+//   * the planned copy enqueues a group's copies on the copy stream after the group's resolve (and
+//     so after the last prefetch copy the engine's stream waited for), each layer's attention
+//     waits for its own layer's copy, so that the engine's stream has followed every copy of
+//     group g once it leaves g's last layer, before group g + 2 resolves; the manager allows a
+//     layer's copy before the layer's append (its window slot and the rows it copies are apart);
 //   * FinishStep joins the prefetch stream, so that the step ends with every copy it enqueued.
 // A failed attention callback leaves the layer's copies enqueued and the engine's stream ordered
 // after them, so that the step can go on or be aborted from any layer boundary; AbortStep
@@ -24,67 +29,96 @@ namespace sparsekv {
 
 std::string StepChoice::ToString() const {
   std::string text;
-  if (crosslayer_prefetch) {
-    text = "prefetch";
-    if (prefetch_copy_blocks > 0) text.append(":").append(std::to_string(prefetch_copy_blocks));
-    if (chunk_rows > 0) text.append("+");
-  }
-  if (chunk_rows > 0) text.append("chunks").append(std::to_string(chunk_rows));
+  auto add = [&](const char* part, int32_t blocks) {
+    text.append(text.empty() ? "" : "+").append(part);
+    if (blocks > 0) text.append(":").append(std::to_string(blocks));
+  };
+  if (crosslayer_prefetch) add("prefetch", prefetch_copy_blocks);
+  if (planned_copy) add("planned", planned_copy_blocks);
+  if (chunk_rows > 0) add(("chunks" + std::to_string(chunk_rows)).c_str(), 0);
   return text.empty() ? "serial" : text;
 }
 
 StatusOr<StepChoice> ParseStepChoice(std::string_view text) {
   const auto refuse = [&] {
     return InvalidArgument("step choice '" + std::string(text.substr(0, 100)) +
-                           "' is not serial, prefetch[:B], chunks<N> or prefetch[:B]+chunks<N> "
-                           "(B, N >= 1)");
+                           "' is not serial, or prefetch[:B], planned[:B] and chunks<N> joined "
+                           "by '+' in that order (B, N >= 1)");
   };
-  // A whole positive number at the front of `rest`, consumed; 0 if there is none.
-  const auto number = [](std::string_view& rest) {
+  // `digits` as a whole positive number; 0 if it is not one.
+  const auto number = [](std::string_view digits) {
     int32_t n = 0;
-    const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), n);
-    if (error != std::errc() || n < 1) return 0;
-    rest.remove_prefix(static_cast<size_t>(end - rest.data()));
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (error != std::errc() || end != digits.data() + digits.size() || n < 1) return 0;
     return n;
   };
+  // "name" or "name:B" with B >= 1: B into *blocks (0 without it); false for other text.
+  const auto named = [&](std::string_view part, std::string_view name, int32_t* blocks) {
+    if (!part.starts_with(name)) return false;
+    part.remove_prefix(name.size());
+    if (part.empty()) return true;
+    if (!part.starts_with(":")) return false;
+    *blocks = number(part.substr(1));
+    return *blocks > 0;
+  };
   StepChoice c;
-  std::string_view rest = text;
-  if (rest == "serial") return c;
-  if (rest.starts_with("prefetch")) {
-    c.crosslayer_prefetch = true;
-    rest.remove_prefix(8);
-    if (rest.starts_with(":")) {
-      rest.remove_prefix(1);
-      if (rest.starts_with("+") || (c.prefetch_copy_blocks = number(rest)) == 0) return refuse();
+  if (text == "serial") return c;
+  // The parts in their order: 0 prefetch, 1 planned, 2 chunks; each at most once.
+  int32_t next = 0;
+  for (size_t start = 0;;) {
+    const size_t plus = text.find('+', start);
+    const std::string_view part =
+        text.substr(start, plus == std::string_view::npos ? std::string_view::npos : plus - start);
+    if (next <= 0 && part.starts_with("prefetch")) {
+      if (!named(part, "prefetch", &c.prefetch_copy_blocks)) return refuse();
+      c.crosslayer_prefetch = true;
+      next = 1;
+    } else if (next <= 1 && part.starts_with("planned")) {
+      if (!named(part, "planned", &c.planned_copy_blocks)) return refuse();
+      c.planned_copy = true;
+      next = 2;
+    } else if (next <= 2 && part.starts_with("chunks")) {
+      if ((c.chunk_rows = number(part.substr(6))) == 0) return refuse();
+      next = 3;
+    } else {
+      return refuse();
     }
-    if (rest.empty()) return c;
-    if (!rest.starts_with("+")) return refuse();
-    rest.remove_prefix(1);
+    if (plus == std::string_view::npos) return c;
+    start = plus + 1;
   }
-  if (!rest.starts_with("chunks")) return refuse();
-  rest.remove_prefix(6);
-  if (rest.starts_with("+") || (c.chunk_rows = number(rest)) == 0 || !rest.empty()) {
-    return refuse();
-  }
-  return c;
 }
 
 std::vector<StepChoice> AllowedChoices(const CacheOptions& o) {
-  const bool prefetch = o.index_groups() > 1 && o.max_prefetch >= IndexGroups(o).max_top_k();
+  const IndexGroups groups(o);
+  const bool prefetch = groups.count() > 1 && o.max_prefetch >= groups.max_top_k();
   std::vector<int32_t> chunks = {0};
   if (o.copy_chunk_rows > 0) {
     for (int32_t rows = o.copy_chunk_rows; rows < o.effective_max_batch(); rows *= 2) {
       chunks.push_back(rows);
     }
   }
+  // The options' grid (0) and the bounded one, unless the options' grid is that already.
+  auto grids = [](bool offered, int32_t options_grid) {
+    std::vector<int32_t> out;
+    if (!offered) return out;
+    out.push_back(0);
+    if (options_grid != kBoundedPrefetchCopyBlocks) out.push_back(kBoundedPrefetchCopyBlocks);
+    return out;
+  };
+  const std::vector<int32_t> prefetch_grids =
+      grids(prefetch, o.prefetch_copy_blocks > 0 ? o.prefetch_copy_blocks : o.copy_blocks);
+  const std::vector<int32_t> planned_grids = grids(groups.shared(), o.copy_blocks);
   std::vector<StepChoice> out;
-  for (int32_t c : chunks) out.push_back(StepChoice{false, c});
-  if (!prefetch) return out;
-  std::vector<int32_t> grids = {0};
-  const int32_t options_grid = o.prefetch_copy_blocks > 0 ? o.prefetch_copy_blocks : o.copy_blocks;
-  if (options_grid != kBoundedPrefetchCopyBlocks) grids.push_back(kBoundedPrefetchCopyBlocks);
-  for (int32_t blocks : grids) {
-    for (int32_t c : chunks) out.push_back(StepChoice{true, c, blocks});
+  auto add = [&](bool with_prefetch, int32_t prefetch_grid, bool planned, int32_t planned_grid) {
+    for (int32_t c : chunks) {
+      out.push_back(StepChoice{with_prefetch, c, prefetch_grid, planned, planned_grid});
+    }
+  };
+  add(false, 0, false, 0);
+  for (int32_t p : prefetch_grids) add(true, p, false, 0);
+  for (int32_t q : planned_grids) {
+    add(false, 0, true, q);
+    for (int32_t p : prefetch_grids) add(true, p, true, q);
   }
   return out;
 }
@@ -93,29 +127,35 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManage
                                                              const ScheduleOptions& options) {
   const std::vector<StepChoice> allowed = AllowedChoices(manager.options());
   const CacheOptions& o = manager.options();
-  // A choice with the prefetch on any grid (> 0) is that of an allowed choice; the grid means
-  // nothing without the prefetch.
+  // A choice with the prefetch or the planned copy on any grid (> 0) is that of an allowed
+  // choice; a grid means nothing without its copies.
   auto normal = [](StepChoice c) {
     if (!c.crosslayer_prefetch) c.prefetch_copy_blocks = 0;
+    if (!c.planned_copy) c.planned_copy_blocks = 0;
     return c;
   };
   auto listed = [&](StepChoice c) {
-    if (c.prefetch_copy_blocks < 0) return false;
+    if (c.prefetch_copy_blocks < 0 || c.planned_copy_blocks < 0) return false;
     c.prefetch_copy_blocks = 0;
+    c.planned_copy_blocks = 0;
     return std::find(allowed.begin(), allowed.end(), c) != allowed.end();
   };
   // A fixed choice may also take chunks as large as the batch or larger (one slice).
-  auto is_allowed = [&](const StepChoice& c) {
+  auto is_allowed = [&](StepChoice c) {
     if (listed(c)) return true;
-    const bool prefetch_ok = !c.crosslayer_prefetch || allowed.back().crosslayer_prefetch;
-    return prefetch_ok && c.prefetch_copy_blocks >= 0 && c.chunk_rows > 0 &&
-           o.copy_chunk_rows > 0 && c.chunk_rows % o.copy_chunk_rows == 0;
+    const int32_t rows = c.chunk_rows;
+    c.chunk_rows = 0;
+    return listed(c) && rows > 0 && o.copy_chunk_rows > 0 && rows % o.copy_chunk_rows == 0;
   };
   auto refuse = [&](const StepChoice& c, const char* what) {
     std::string list;
     for (const StepChoice& a : allowed) list += (list.empty() ? "" : ", ") + a.ToString();
+    std::string why;
+    if (c.planned_copy && !IndexGroups(o).shared()) {
+      why = "; the planned copy needs an index group of more than one layer";
+    }
     return InvalidArgument(std::string("StepSchedule: ") + what + " " + c.ToString() +
-                           " is not one the manager's options allow (" + list + ")");
+                           " is not one the manager's options allow (" + list + ")" + why);
   };
   if (options.fixed.has_value() && !is_allowed(normal(*options.fixed))) {
     return refuse(*options.fixed, "fixed choice");
@@ -167,6 +207,17 @@ Status StepSchedule::Allocate() {
     SPARSEKV_ASSIGN_OR_RETURN(EventHandle e, backend_.CreateEvent(false));
     slice_copied_.push_back(e);
   }
+  slices_per_layer_ = std::max(1, slices);
+  if (groups_.shared()) {
+    int32_t largest = 1;
+    for (int32_t g = 0; g < groups_.count(); ++g) largest = std::max(largest, groups_.Size(g));
+    for (int32_t i = 0; i < largest * slices_per_layer_; ++i) {
+      SPARSEKV_ASSIGN_OR_RETURN(EventHandle e, backend_.CreateEvent(false));
+      planned_copied_.push_back(e);
+    }
+  }
+  copied_whole_.assign(static_cast<size_t>(groups_.layers()), false);
+  chunks_copied_.assign(static_cast<size_t>(groups_.layers()), 0);
   return Status::Ok();
 }
 
@@ -175,6 +226,7 @@ StepSchedule::~StepSchedule() {
     if (s != nullptr) backend_.Synchronize(s).IgnoreError();
   }
   for (EventHandle e : slice_copied_) backend_.DestroyEvent(e);
+  for (EventHandle e : planned_copied_) backend_.DestroyEvent(e);
   for (EventHandle e : {resolved_, prefetch_resolved_, prefetched_, step_start_, step_end_}) {
     if (e != nullptr) backend_.DestroyEvent(e);
   }
@@ -225,7 +277,8 @@ Status StepSchedule::Choose() {
   step_open_ = true;
   next_layer_ = 0;
   stage_ = LayerStage::kNone;
-  chunks_copied_ = 0;
+  std::fill(copied_whole_.begin(), copied_whole_.end(), false);
+  std::fill(chunks_copied_.begin(), chunks_copied_.end(), 0);
   attention_failed_ = false;
   prefetch_used_ = false;
   timing_ = false;
@@ -283,7 +336,6 @@ Status StepSchedule::RunLayer(int32_t layer, const LayerWork& work, const Attend
   if (stage_ != LayerStage::kCopied) return attended;  // the manager's error: the layer is not run
   ++next_layer_;
   stage_ = LayerStage::kNone;
-  chunks_copied_ = 0;
   attention_failed_ = attention_failed_ || !attended.ok();
   return attended;
 }
@@ -308,7 +360,7 @@ Status StepSchedule::Prefetch(int32_t layer, const int32_t* topk, StreamHandle s
 
 Status StepSchedule::CopyAndAttend(int32_t layer, const AttendFn& attend, StreamHandle stream) {
   const int32_t batch = static_cast<int32_t>(batch_.size());
-  const int32_t slice = choice_.chunk_rows;
+  const int32_t slice = choice_.chunk_rows > 0 ? choice_.chunk_rows : batch;
   auto attend_rows = [&](int32_t first, int32_t rows) -> Status {
     Status s = attend(layer, first, rows, stream);
     if (!s.ok()) {
@@ -318,36 +370,74 @@ Status StepSchedule::CopyAndAttend(int32_t layer, const AttendFn& attend, Stream
     }
     return s;
   };
-  if (slice == 0) {
-    SPARSEKV_RETURN_IF_ERROR(manager_.CopyMisses(layer, stream));
-    stage_ = LayerStage::kCopied;
-    return attend_rows(0, batch);
-  }
-  // The chunks of the batch, slice after slice, on the copy stream; attention over each slice
-  // once its chunks are in.
-  const int32_t chunk = manager_.options().copy_chunk_rows;
-  const int32_t chunks = (batch + chunk - 1) / chunk;
-  const int32_t per_slice = slice / chunk;
-  SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(resolved_, stream));
-  SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(copy_stream_, resolved_));
-  int32_t slices = 0;
-  for (int32_t c = 0; c < chunks; ++slices) {
-    for (int32_t end = std::min(chunks, c + per_slice); c < end; ++c) {
-      SPARSEKV_RETURN_IF_ERROR(manager_.CopyMissChunk(layer, c, copy_stream_));
-      ++chunks_copied_;
-    }
-    SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(slice_copied_[slices], copy_stream_));
+  // Per attention slice, the event after which its rows are in; null: copied on `stream`.
+  const EventHandle* copied = nullptr;
+  if (choice_.planned_copy) {
+    // The group's copies were enqueued on the copy stream by its first layer, right after the
+    // resolve; this layer waits for its own only.
+    if (groups_.Leads(layer)) SPARSEKV_RETURN_IF_ERROR(CopyGroup(layer, stream));
+    copied = &planned_copied_[static_cast<size_t>(layer - groups_.Leader(layer)) *
+                              static_cast<size_t>(slices_per_layer_)];
+  } else if (choice_.chunk_rows == 0) {
+    SPARSEKV_RETURN_IF_ERROR(CopyLayer(layer, 0, nullptr, stream));
+  } else {
+    // The chunks of the batch, slice after slice, on the copy stream; attention over each slice
+    // once its chunks are in.
+    SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(resolved_, stream));
+    SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(copy_stream_, resolved_));
+    SPARSEKV_RETURN_IF_ERROR(CopyLayer(layer, 0, slice_copied_.data(), copy_stream_));
+    copied = slice_copied_.data();
   }
   stage_ = LayerStage::kCopied;
+  const int32_t slices = (batch + slice - 1) / slice;
   for (int32_t s = 0, first = 0; first < batch; ++s, first += slice) {
-    SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, slice_copied_[s]));
+    if (copied != nullptr) SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, copied[s]));
     const Status attended = attend_rows(first, std::min(slice, batch - first));
     if (!attended.ok()) {
       // The layer's later slices are not attended, but the engine's stream still follows every
       // copy of the layer (the next group's resolve may reuse its miss list).
-      SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, slice_copied_[slices - 1]));
+      if (copied != nullptr) {
+        SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, copied[slices - 1]));
+      }
       return attended;
     }
+  }
+  return Status::Ok();
+}
+
+Status StepSchedule::CopyGroup(int32_t leader, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(resolved_, stream));
+  SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(copy_stream_, resolved_));
+  const int32_t group = groups_.Of(leader);
+  for (int32_t l = leader; l < groups_.End(group); ++l) {
+    const size_t first_event =
+        static_cast<size_t>(l - leader) * static_cast<size_t>(slices_per_layer_);
+    SPARSEKV_RETURN_IF_ERROR(
+        CopyLayer(l, choice_.planned_copy_blocks, &planned_copied_[first_event], copy_stream_));
+  }
+  return Status::Ok();
+}
+
+Status StepSchedule::CopyLayer(int32_t layer, int32_t blocks, const EventHandle* slice_events,
+                               StreamHandle stream) {
+  if (choice_.chunk_rows == 0) {
+    SPARSEKV_RETURN_IF_ERROR(manager_.CopyMisses(layer, stream, blocks));
+    copied_whole_[layer] = true;
+    if (slice_events != nullptr) {
+      SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(slice_events[0], stream));
+    }
+    return Status::Ok();
+  }
+  const int32_t batch = static_cast<int32_t>(batch_.size());
+  const int32_t chunk = manager_.options().copy_chunk_rows;
+  const int32_t chunks = (batch + chunk - 1) / chunk;
+  const int32_t per_slice = choice_.chunk_rows / chunk;
+  for (int32_t c = 0, s = 0; c < chunks; ++s) {
+    for (const int32_t end = std::min(chunks, c + per_slice); c < end; ++c) {
+      SPARSEKV_RETURN_IF_ERROR(manager_.CopyMissChunk(layer, c, stream, blocks));
+      ++chunks_copied_[layer];
+    }
+    SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(slice_events[s], stream));
   }
   return Status::Ok();
 }
@@ -391,13 +481,19 @@ Status StepSchedule::AllocateAbortWork(StreamHandle stream) {
 }
 
 Status StepSchedule::CopyRemaining(int32_t layer, StreamHandle stream) {
-  if (chunks_copied_ == 0) return manager_.CopyMisses(layer, stream);
-  // Chunks were copied (a chunk's copy failed): CopyMisses is refused after one of them.
+  if (copied_whole_[layer]) return Status::Ok();  // a planned copy ran ahead of the layer
+  if (chunks_copied_[layer] == 0) {
+    SPARSEKV_RETURN_IF_ERROR(manager_.CopyMisses(layer, stream));
+    copied_whole_[layer] = true;
+    return Status::Ok();
+  }
+  // Chunks were copied (all of them ahead of the layer, or until a chunk's copy failed):
+  // CopyMisses is refused after one of them.
   const int32_t batch = static_cast<int32_t>(batch_.size());
   const int32_t chunk = manager_.options().copy_chunk_rows;
-  for (int32_t c = chunks_copied_; c < (batch + chunk - 1) / chunk; ++c) {
+  for (int32_t c = chunks_copied_[layer]; c < (batch + chunk - 1) / chunk; ++c) {
     SPARSEKV_RETURN_IF_ERROR(manager_.CopyMissChunk(layer, c, stream));
-    ++chunks_copied_;
+    ++chunks_copied_[layer];
   }
   return Status::Ok();
 }
@@ -412,7 +508,8 @@ Status StepSchedule::AbortStep(StreamHandle stream) {
   }
   SPARSEKV_RETURN_IF_ERROR(AllocateAbortWork(stream));
   const CacheOptions& o = manager_.options();
-  // The copy stream's work (the chunks of the layer RunLayer stopped in) comes first.
+  // The copy stream's work (the chunks of the layer RunLayer stopped in, the planned copies of
+  // its group) comes first.
   SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(resolved_, copy_stream_));
   SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, resolved_));
   for (; next_layer_ < o.geometry.num_layers(); ++next_layer_) {
@@ -422,7 +519,7 @@ Status StepSchedule::AbortStep(StreamHandle stream) {
       stage_ = LayerStage::kAppended;
     }
     if (stage_ == LayerStage::kAppended) {
-      if (layer % o.layers_per_index == 0) {
+      if (groups_.Leads(layer)) {
         // As in RunLayer: the group's resolve follows the last prefetch copy.
         if (prefetch_used_) SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, prefetched_));
         SPARSEKV_RETURN_IF_ERROR(
@@ -436,7 +533,6 @@ Status StepSchedule::AbortStep(StreamHandle stream) {
       stage_ = LayerStage::kCopied;
     }
     stage_ = LayerStage::kNone;
-    chunks_copied_ = 0;
   }
   if (prefetch_used_) SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, prefetched_));
   SPARSEKV_RETURN_IF_ERROR(manager_.FinishStep(stream));

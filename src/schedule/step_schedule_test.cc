@@ -55,6 +55,32 @@ CacheOptions Options(int32_t layers_per_index, bool hybrid) {
   return o;
 }
 
+// Index groups as GLM-5.3 names them (LayerShape::index_group): {0}, {1}, {2-5}.
+CacheOptions NamedGroupOptions(bool hybrid) {
+  CacheOptions o = Options(1, hybrid);
+  const int32_t leaders[kLayers] = {0, 1, 2, 2, 2, 2};
+  for (int32_t l = 0; l < kLayers; ++l) o.geometry.layers[l].index_group = leaders[l];
+  return o;
+}
+
+// The index groups every exactness test runs over: one layer each (no planned copy), two and four
+// layers each ({0-3}, {4, 5}), and named ones of one and four layers.
+struct Grouping {
+  std::string name;
+  CacheOptions options;
+};
+std::vector<Grouping> Groupings(bool hybrid) {
+  return {{"layers_per_index 1", Options(1, hybrid)},
+          {"layers_per_index 2", Options(2, hybrid)},
+          {"layers_per_index 4", Options(4, hybrid)},
+          {"named groups {0} {1} {2-5}", NamedGroupOptions(hybrid)}};
+}
+
+bool AnyPlanned(const std::vector<StepChoice>& choices) {
+  return std::any_of(choices.begin(), choices.end(),
+                     [](const StepChoice& c) { return c.planned_copy; });
+}
+
 // Drives random steps through a schedule on a backend, eagerly or as captured graphs (CUDA: one
 // graph per choice, replayed for every later step in that choice), and checks every row the
 // engine's attention may read against the dense model. The attention callback enqueues a copy of
@@ -65,7 +91,7 @@ class ScheduleWorkload {
  public:
   ScheduleWorkload(const CacheOptions& o, const ScheduleOptions& so, uint64_t seed,
                    std::shared_ptr<Backend> backend = CreateCpuBackend(), bool captured = false)
-      : rng_(seed), model_(o.geometry), captured_(captured) {
+      : rng_(seed), model_(o.geometry), groups_(o), captured_(captured) {
     auto m = SparseKVCacheManager::Create(o, std::move(backend));
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     manager_ = std::move(*m);
@@ -123,7 +149,7 @@ class ScheduleWorkload {
       const Bytes rows = testing::RandomRows(rng_, o.effective_max_batch(), kStride);
       for (int32_t b = 0; b < batch; ++b) model_.Append(ids[b], l, rows.data() + b * kStride);
       rows_[l]->Upload(rows.data(), rows.size(), stream_);
-      if (l % o.layers_per_index == 0) {
+      if (groups_.Leads(l)) {
         topk[l] = RandomTopK(ids, o.effective_max_batch(), l);
         topk_[l]->Upload(topk[l].data(), topk[l].size() * 4, stream_);
       } else {
@@ -144,7 +170,7 @@ class ScheduleWorkload {
     ASSERT_TRUE(manager_->backend().Synchronize(stream_).ok());
     std::vector<std::vector<int32_t>> attended(kLayers, std::vector<int32_t>(batch, 0));
     for (const Slice& slice : *slices) {
-      const int32_t leader = slice.layer - slice.layer % o.layers_per_index;
+      const int32_t leader = groups_.Leader(slice.layer);
       const Bytes hot = slice.snapshot->Download(stream_);
       const std::vector<int32_t> slots = slots_[leader]->Download<int32_t>();
       for (int32_t b = slice.first; b < slice.first + slice.rows && b < batch; ++b) {
@@ -178,7 +204,7 @@ class ScheduleWorkload {
         model_.Append(ids[b], l, stored ? rows.data() + b * kStride : zeros.data());
       }
       rows_[l]->Upload(rows.data(), rows.size(), stream_);
-      if (l % o.layers_per_index == 0) {
+      if (groups_.Leads(l)) {
         const std::vector<int32_t> topk = RandomTopK(ids, o.effective_max_batch(), l);
         topk_[l]->Upload(topk.data(), topk.size() * 4, stream_);
       }
@@ -190,7 +216,7 @@ class ScheduleWorkload {
       return Status::Ok();
     };
     for (int32_t l = 0; l < kLayers; ++l) {
-      const int32_t leader = l - l % o.layers_per_index;
+      const int32_t leader = groups_.Leader(l);
       const LayerWork work{rows_[l]->get(), nullptr, topk_[leader]->get<int32_t>(), 0,
                            slots_[leader]->get<int32_t>()};
       const Status s = schedule_->RunLayer(l, work, attend, stream_);
@@ -238,7 +264,7 @@ class ScheduleWorkload {
     Backend& b = manager_->backend();
     const size_t hot_bytes = size_t(manager_->HotLayerRows()) * kStride;
     for (int32_t l = 0; l < kLayers; ++l) {
-      const int32_t leader = l - l % manager_->options().layers_per_index;
+      const int32_t leader = groups_.Leader(l);
       const LayerWork work{rows_[l]->get(), nullptr, topk_[leader]->get<int32_t>(), 0,
                            slots_[leader]->get<int32_t>()};
       SPARSEKV_RETURN_IF_ERROR(schedule_->RunLayer(
@@ -317,6 +343,7 @@ class ScheduleWorkload {
 
   std::mt19937_64 rng_;
   testing::DenseModel model_;
+  IndexGroups groups_;
   bool captured_;
   std::unique_ptr<SparseKVCacheManager> manager_;
   std::unique_ptr<StepSchedule> schedule_;
@@ -338,15 +365,17 @@ class ScheduleWorkload {
 };
 
 TEST(StepScheduleTest, EveryChoiceReadsTheRowsWritten) {
-  for (int32_t lpi : {1, 2}) {
-    for (bool hybrid : {false, true}) {
-      const CacheOptions o = Options(lpi, hybrid);
-      for (const StepChoice& c : AllowedChoices(o)) {
-        SCOPED_TRACE(c.ToString() + " layers_per_index " + std::to_string(lpi) +
-                     (hybrid ? " hybrid" : ""));
+  for (bool hybrid : {false, true}) {
+    for (const Grouping& g : Groupings(hybrid)) {
+      const CacheOptions& o = g.options;
+      const std::vector<StepChoice> choices = AllowedChoices(o);
+      // The planned copy is offered exactly where some index group has more than one layer.
+      EXPECT_EQ(AnyPlanned(choices), IndexGroups(o).shared()) << g.name;
+      for (const StepChoice& c : choices) {
+        SCOPED_TRACE(c.ToString() + " " + g.name + (hybrid ? " hybrid" : ""));
         ScheduleOptions so;
         so.fixed = c;
-        ScheduleWorkload w(o, so, 17 + lpi);
+        ScheduleWorkload w(o, so, 17 + o.layers_per_index);
         for (int32_t step = 0; step < 25; ++step) {
           w.Step();
           if (::testing::Test::HasFatalFailure()) return;
@@ -377,6 +406,28 @@ TEST(StepScheduleTest, AllowedChoicesFollowTheOptions) {
   o.copy_chunk_rows = 0;
   o.max_prefetch = 0;
   EXPECT_EQ(AllowedChoices(o), std::vector<StepChoice>{StepChoice{}});
+  // Index groups of two layers: the planned copy, on the options' copy grid and the bounded one,
+  // alone and with every prefetch, each with every chunk size, after the choices without it.
+  o = Options(2, false);
+  names.clear();
+  for (const StepChoice& c : AllowedChoices(o)) names.push_back(c.ToString());
+  ASSERT_EQ(names.size(), 36u);
+  EXPECT_EQ(names[11], "prefetch:16+chunks4");
+  EXPECT_EQ(std::vector<std::string>(names.begin() + 12, names.begin() + 17),
+            (std::vector<std::string>{"planned", "planned+chunks1", "planned+chunks2",
+                                      "planned+chunks4", "prefetch+planned"}));
+  EXPECT_EQ(names.back(), "prefetch:16+planned:16+chunks4");
+  o.copy_chunk_rows = 0;
+  o.max_prefetch = 0;
+  names.clear();
+  for (const StepChoice& c : AllowedChoices(o)) names.push_back(c.ToString());
+  EXPECT_EQ(names, (std::vector<std::string>{"serial", "planned", "planned:16"}));
+  // The options' copy grid is the bounded one already: the planned copy on it only.
+  o.copy_blocks = kBoundedPrefetchCopyBlocks;
+  EXPECT_EQ(AllowedChoices(o),
+            (std::vector<StepChoice>{StepChoice{}, StepChoice{.planned_copy = true}}));
+  // Named groups with one of several layers ({2-5}) offer it too.
+  EXPECT_TRUE(AnyPlanned(AllowedChoices(NamedGroupOptions(false))));
 }
 
 TEST(StepScheduleTest, ParseStepChoiceReadsWhatToStringWrites) {
@@ -388,10 +439,46 @@ TEST(StepScheduleTest, ParseStepChoiceReadsWhatToStringWrites) {
   EXPECT_EQ(*ParseStepChoice("prefetch+chunks48"), (StepChoice{true, 48}));
   EXPECT_EQ(*ParseStepChoice("prefetch:24+chunks8"), (StepChoice{true, 8, 24}));
   EXPECT_EQ(*ParseStepChoice("prefetch:24"), (StepChoice{true, 0, 24}));
-  for (const char* bad : {"", "Serial", "chunks", "chunks0", "chunks-8", "chunks+8", "chunks8x",
-                          "prefetch+", "prefetch+serial", "prefetchchunks8", "chunks8+prefetch",
-                          "chunks99999999999", "prefetch:", "prefetch:0", "prefetch:+chunks8",
-                          "prefetch:16x", "prefetch:-3", "prefetch::16", "serial:16"}) {
+  for (const StepChoice& c : AllowedChoices(Options(2, false))) {
+    const StatusOr<StepChoice> parsed = ParseStepChoice(c.ToString());
+    ASSERT_TRUE(parsed.ok()) << c.ToString() << ": " << parsed.status().ToString();
+    EXPECT_EQ(*parsed, c) << c.ToString();
+  }
+  EXPECT_EQ(*ParseStepChoice("planned"), (StepChoice{.planned_copy = true}));
+  EXPECT_EQ(*ParseStepChoice("planned:8+chunks4"),
+            (StepChoice{.chunk_rows = 4, .planned_copy = true, .planned_copy_blocks = 8}));
+  EXPECT_EQ(*ParseStepChoice("prefetch:4+planned:8+chunks2"), (StepChoice{true, 2, 4, true, 8}));
+  EXPECT_EQ(*ParseStepChoice("prefetch+planned"), (StepChoice{true, 0, 0, true, 0}));
+  for (const char* bad : {"",
+                          "Serial",
+                          "chunks",
+                          "chunks0",
+                          "chunks-8",
+                          "chunks+8",
+                          "chunks8x",
+                          "prefetch+",
+                          "prefetch+serial",
+                          "prefetchchunks8",
+                          "chunks8+prefetch",
+                          "chunks99999999999",
+                          "prefetch:",
+                          "prefetch:0",
+                          "prefetch:+chunks8",
+                          "prefetch:16x",
+                          "prefetch:-3",
+                          "prefetch::16",
+                          "serial:16",
+                          "planned:",
+                          "planned:0",
+                          "plannedx",
+                          "planned+",
+                          "chunks2+planned",
+                          "planned+prefetch",
+                          "planned+planned",
+                          "prefetch+prefetch",
+                          "planned:8+planned",
+                          "serial+planned",
+                          "prefetch+planned+"}) {
     const StatusOr<StepChoice> parsed = ParseStepChoice(bad);
     EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << "'" << bad << "'";
   }
@@ -511,6 +598,102 @@ TEST(StepScheduleTest, RefusesChoicesTheOptionsDoNotAllow) {
   EXPECT_EQ(StepSchedule::Create(**m, so).status().code(), StatusCode::kInvalidArgument);
 }
 
+// The planned copy needs an index group of several layers; where one is, it takes any grid but a
+// negative one, chunks, and the prefetch.
+TEST(StepScheduleTest, RefusesThePlannedCopyWithoutASharedIndexGroup) {
+  auto one = SparseKVCacheManager::Create(Options(1, false), CreateCpuBackend());
+  ASSERT_TRUE(one.ok());
+  ScheduleOptions so;
+  so.fixed = StepChoice{.planned_copy = true};
+  StatusOr<std::unique_ptr<StepSchedule>> s = StepSchedule::Create(**one, so);
+  ASSERT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("fixed choice planned is not one"), std::string::npos)
+      << s.status().ToString();
+  EXPECT_NE(s.status().message().find("needs an index group of more than one layer"),
+            std::string::npos)
+      << s.status().ToString();
+  so.fixed.reset();
+  so.candidates = {StepChoice{}, StepChoice{false, 2, 0, true, 16}};
+  EXPECT_EQ(StepSchedule::Create(**one, so).status().code(), StatusCode::kInvalidArgument);
+
+  auto four = SparseKVCacheManager::Create(Options(4, false), CreateCpuBackend());
+  ASSERT_TRUE(four.ok());
+  so = ScheduleOptions{};
+  so.fixed = StepChoice{true, 6, 0, true, 40};  // chunks of the whole batch: one slice
+  EXPECT_TRUE(StepSchedule::Create(**four, so).ok());
+  so.fixed = StepChoice{false, 0, 0, true, -1};
+  s = StepSchedule::Create(**four, so);
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  so.fixed.reset();
+  so.candidates = {StepChoice{false, 2, 0, true, 40}, StepChoice{false, 2, 0, false, 7}};
+  EXPECT_TRUE(StepSchedule::Create(**four, so).ok());
+}
+
+// In the planned copy the group's first layer enqueues the copies of every layer of the group,
+// ahead of them (the manager then refuses a second copy of a later layer), and each later layer
+// still reads its own rows; an explicit grid reaches the manager's copies.
+TEST(StepScheduleTest, ThePlannedCopyCopiesTheGroupAtItsFirstLayer) {
+  for (const StepChoice& c : {StepChoice{.planned_copy = true}, StepChoice{false, 2, 0, true, 8}}) {
+    SCOPED_TRACE(c.ToString());
+    ScheduleOptions so;
+    so.fixed = c;
+    ScheduleWorkload w(Options(4, false), so, 23);
+    w.Step();  // a checked step first: the hot cache holds rows
+    if (HasFatalFailure()) return;
+    StepSchedule& s = w.schedule();
+    std::vector<int32_t> slots(kRequests * kTopK), topk(kRequests * kTopK);
+    for (size_t i = 0; i < topk.size(); ++i) topk[i] = static_cast<int32_t>(i % 5);
+    const Bytes rows(kRequests * kStride);
+    const LayerWork work{rows.data(), nullptr, topk.data(), 0, slots.data()};
+    std::vector<std::pair<int32_t, int32_t>> attended;
+    const AttendFn attend = [&](int32_t layer, int32_t first, int32_t, StreamHandle) {
+      attended.emplace_back(layer, first);
+      return Status::Ok();
+    };
+    const std::vector<RequestId> batch = {1, 2, 3};
+    ASSERT_TRUE(s.PlanStep(batch, nullptr).ok());
+    // A negative grid is refused before anything is checked or copied.
+    EXPECT_EQ(w.manager().CopyMisses(0, nullptr, -1).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(w.manager().CopyMissChunk(0, 0, nullptr, -1).code(), StatusCode::kInvalidArgument);
+    ASSERT_TRUE(s.RunLayer(0, work, attend, nullptr).ok());
+    for (int32_t l = 1; l < 4; ++l) {
+      EXPECT_EQ(w.manager().CopyMisses(l, nullptr).code(), StatusCode::kFailedPrecondition)
+          << "layer " << l << " was not copied ahead";
+    }
+    for (int32_t l = 1; l < kLayers; ++l) {
+      const Status ran = s.RunLayer(l, work, attend, nullptr);
+      ASSERT_TRUE(ran.ok()) << ran.ToString();
+    }
+    ASSERT_TRUE(s.FinishStep(nullptr).ok());
+    const size_t slices_per_layer = c.chunk_rows == 0 ? 1 : 2;  // 3 rows in chunks of 2
+    EXPECT_EQ(attended.size(), kLayers * slices_per_layer);
+  }
+}
+
+// Where the planned copy is offered, the tuner measures it among the other candidates.
+TEST(StepScheduleTest, TheTunerMeasuresThePlannedCopyWhereOffered) {
+  for (const Grouping& g : Groupings(false)) {
+    SCOPED_TRACE(g.name);
+    ScheduleOptions so;
+    so.trials = 1;
+    ScheduleWorkload w(g.options, so, 41);
+    const size_t candidates = AllowedChoices(g.options).size();
+    for (size_t step = 0; step < candidates + 4; ++step) {
+      w.Step(kRequests);
+      if (HasFatalFailure()) return;
+    }
+    const ScheduleStats stats = w.schedule().stats();
+    int64_t planned = 0;
+    for (const auto& [name, n] : stats.steps_by_choice) {
+      if (name.find("planned") != std::string::npos) planned += n;
+    }
+    EXPECT_EQ(stats.steps_by_choice.size(), candidates);  // each measured
+    EXPECT_EQ(planned > 0, IndexGroups(g.options).shared());
+    EXPECT_NE(stats.last_reason.find("fastest of " + std::to_string(candidates)), std::string::npos)
+        << stats.last_reason;
+  }
+}
+
 TEST(StepScheduleTest, RefusesRunPhaseCallsOutOfOrderAndReportsAttentionErrors) {
   const CacheOptions o = Options(1, false);
   ScheduleOptions so;
@@ -550,14 +733,13 @@ TEST(StepScheduleTest, RefusesRunPhaseCallsOutOfOrderAndReportsAttentionErrors) 
 // appended before the failure, are intact: later steps read every row against the model (an
 // aborted step's later layers hold zero rows).
 TEST(StepScheduleTest, AFailedAttentionLeavesTheStepToFinishOrAbort) {
-  for (int32_t lpi : {1, 2}) {
-    const CacheOptions o = Options(lpi, /*hybrid=*/false);
+  for (const Grouping& g : Groupings(/*hybrid=*/false)) {
+    const CacheOptions& o = g.options;
     for (const StepChoice& c : AllowedChoices(o)) {
       for (bool abort : {false, true}) {
-        for (int32_t fail_layer : {0, 3, kLayers - 1}) {
-          SCOPED_TRACE(c.ToString() + " layers_per_index " + std::to_string(lpi) +
-                       (abort ? " aborted" : " finished") + " at layer " +
-                       std::to_string(fail_layer));
+        for (int32_t fail_layer : {0, 2, 3, kLayers - 1}) {
+          SCOPED_TRACE(c.ToString() + " " + g.name + (abort ? " aborted" : " finished") +
+                       " at layer " + std::to_string(fail_layer));
           ScheduleOptions so;
           so.fixed = c;
           ScheduleWorkload w(o, so, 5 + fail_layer);
@@ -607,15 +789,15 @@ TEST(StepScheduleTest, AbortStepCompletesALayerTheManagerStopped) {
 TEST(StepScheduleCudaTest, EveryChoiceReadsTheRowsWrittenEagerlyAndReplayed) {
   SPARSEKV_REQUIRE_GPU(gpu);
   for (bool captured : {false, true}) {
-    for (int32_t lpi : {1, 2}) {
-      for (bool hybrid : {false, true}) {
-        const CacheOptions o = Options(lpi, hybrid);
+    for (bool hybrid : {false, true}) {
+      for (const Grouping& g : Groupings(hybrid)) {
+        const CacheOptions& o = g.options;
         for (const StepChoice& c : AllowedChoices(o)) {
-          SCOPED_TRACE(c.ToString() + " layers_per_index " + std::to_string(lpi) +
-                       (hybrid ? " hybrid" : "") + (captured ? " captured" : " eager"));
+          SCOPED_TRACE(c.ToString() + " " + g.name + (hybrid ? " hybrid" : "") +
+                       (captured ? " captured" : " eager"));
           ScheduleOptions so;
           so.fixed = c;
-          ScheduleWorkload w(o, so, 31 + lpi, gpu, captured);
+          ScheduleWorkload w(o, so, 31 + o.layers_per_index, gpu, captured);
           for (int32_t step = 0; step < 12; ++step) {
             // Captured: one batch size, so that every step after the first replays the graph.
             w.Step(captured ? 4 : 0);
@@ -641,12 +823,17 @@ TEST(StepScheduleCudaTest, EveryChoiceReadsTheRowsWrittenEagerlyAndReplayed) {
 // candidate (timed by the replay), then the kept one; every step is checked.
 TEST(StepScheduleCudaTest, ReplayedGraphsFollowTheTunersChoice) {
   SPARSEKV_REQUIRE_GPU(gpu);
-  const CacheOptions o = Options(1, true);
+  const CacheOptions o = Options(2, true);
   ScheduleOptions so;
   so.trials = 2;
-  so.candidates = {StepChoice{}, StepChoice{true, 0}, StepChoice{false, 2}, StepChoice{true, 2}};
+  so.candidates = {StepChoice{},
+                   StepChoice{true, 0},
+                   StepChoice{false, 2},
+                   StepChoice{true, 2},
+                   StepChoice{false, 0, 0, true, 16},
+                   StepChoice{true, 2, 16, true, 0}};
   ScheduleWorkload w(o, so, 77, gpu, /*captured=*/true);
-  for (int32_t step = 0; step < 30; ++step) {
+  for (int32_t step = 0; step < 40; ++step) {
     w.Step(kRequests);
     if (HasFatalFailure()) return;
   }
@@ -655,7 +842,7 @@ TEST(StepScheduleCudaTest, ReplayedGraphsFollowTheTunersChoice) {
   EXPECT_GE(w.graphs(), 2u);  // the choice changed between replays
   int64_t steps = 0;
   for (const auto& [choice, n] : stats.steps_by_choice) steps += n;
-  EXPECT_EQ(steps, 30);
+  EXPECT_EQ(steps, 40);
 }
 
 // On the GPU: AbortStep enqueues work of its own, so it is refused while the stream captures a

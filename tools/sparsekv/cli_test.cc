@@ -468,6 +468,7 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
       {"bench", "--prefetch", "16"},  // retired: the schedule's cross-layer prefetch replaces it
       {"bench", "--layers-per-index", "0"},                      // out of range
       {"bench", "--copy-blocks", "-1"},                          // negative
+      {"bench", "--planned-copy", "-2"},                         // out of range
       {"bench", "--variants", "sparsekv,nope"},                  // not a variant
       {"bench", "--hbm-budget-gb", "0"},                         // not positive
       {"bench", "--host-pool-gb", "-5"},                         // not positive
@@ -514,6 +515,8 @@ TEST(CliTest, GpuOnlyFlagsAreRefusedOnTheCpuNamingThem) {
                                              "--hybrid",
                                              "--layers-per-index",
                                              "2",
+                                             "--planned-copy",
+                                             "16",
                                              "--offload-page-tokens",
                                              "32",
                                              "--trace-step",

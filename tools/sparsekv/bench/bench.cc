@@ -189,6 +189,11 @@ Status ValidateBenchConfig(const BenchConfig& c) {
     return Bad("--layers-per-index must be 1 with --preset " + c.preset +
                ": its layers name their own index groups");
   }
+  if (c.planned_copy >= 0 && c.schedule == "auto") {
+    return Bad(
+        "--planned-copy names a manual schedule; --schedule auto measures the planned copy "
+        "where the index groups offer it");
+  }
   if (c.copy_chunk_rows > 0 && (c.mtp > 1 || c.layers_per_index > 1)) {
     return Bad("--copy-chunk-rows needs --mtp 1 and --layers-per-index 1");
   }

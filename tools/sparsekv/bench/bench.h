@@ -108,9 +108,15 @@ struct BenchConfig {
   // is prefetched into the next group's hot cache on a side stream (PrefetchLayer), ahead of that
   // group's own resolve, which waits for it (docs/prefetch.md).
   bool crosslayer_prefetch = false;
+  // sparsekv, with index groups of several layers (--layers-per-index > 1, glm-5.3): the planned
+  // copy (StepChoice::planned_copy): right after each group's resolve, every layer of the group
+  // is copied on a side stream, and each layer's attention waits only for its own copy. -1: off;
+  // 0: its copies on the options' grid (--copy-blocks); B > 0: on B thread blocks.
+  int32_t planned_copy = -1;
   // sparsekv: "manual" runs every step in the schedule the flags above name (--crosslayer-prefetch,
-  // --copy-chunk-rows); "auto" lets the library's StepSchedule choose per step (step_schedule.h):
-  // it may prefetch, and copies by chunks of --copy-chunk-rows rows (8 if 0) or multiples of it.
+  // --planned-copy, --copy-chunk-rows); "auto" lets the library's StepSchedule choose per step
+  // (step_schedule.h): it may prefetch, and copies by chunks of --copy-chunk-rows rows (8 if 0) or
+  // multiples of it.
   std::string schedule = "manual";
   // Query tokens per request and step (multi-token prediction / speculative decoding), each with
   // its own top-k; the T rows of a request follow one another as consecutive steps' rows do.

@@ -294,9 +294,17 @@ void BenchCommand::AddGpuOptions() {
   app_->add_flag("--crosslayer-prefetch", config_.crosslayer_prefetch,
                  "GPU: sparsekv prefetches each layer's top-k into the next layer's hot cache "
                  "on a side stream as soon as it is resolved, ahead of that layer's own resolve");
+  app_->add_option("--planned-copy", config_.planned_copy,
+                   "GPU: sparsekv copies every layer of an index group on a side stream right "
+                   "after the group's resolve, each layer's attention waiting for its own copy "
+                   "(needs index groups of several layers: --layers-per-index > 1 or glm-5.3), on "
+                   "BLOCKS thread blocks (0: the --copy-blocks grid; -1: off)")
+      ->check(AtLeast<int32_t>(-1))
+      ->capture_default_str();
   app_->add_option("--schedule", config_.schedule,
-                   "GPU: sparsekv's step schedule: manual (as --crosslayer-prefetch and "
-                   "--copy-chunk-rows say) or auto (the library measures and chooses per step)")
+                   "GPU: sparsekv's step schedule: manual (as --crosslayer-prefetch, "
+                   "--planned-copy and --copy-chunk-rows say) or auto (the library measures and "
+                   "chooses per step)")
       ->check(CLI::IsMember({"manual", "auto"}))
       ->capture_default_str();
   app_->add_option("--mtp", config_.mtp,

@@ -529,6 +529,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
                         : c_.copy_strategy == "bulk"       ? CopyStrategy::kBulk
                                                            : CopyStrategy::kLattice;
   setup.crosslayer_prefetch = c_.crosslayer_prefetch;
+  setup.planned_copy = c_.planned_copy;
   setup.auto_schedule = c_.schedule == "auto";
   setup.queries = c_.mtp;
   if (kind == KVVariant::kSparseKV) setup.peer_device = c_.peer_device;

@@ -127,8 +127,13 @@ class SparseKVVariant final : public StepVariant {
     o.indexer_key_bytes = s_.hybrid ? r.indexer_key_bytes : 0;
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
     ScheduleOptions so;
-    if (!s_.auto_schedule) so.fixed = StepChoice{s_.crosslayer_prefetch, s_.copy_chunk_rows};
-    so.trials = 2;  // 8 candidates: 24 steps, within the calibrated run's 26 warm-up steps
+    if (!s_.auto_schedule) {
+      so.fixed = StepChoice{s_.crosslayer_prefetch, s_.copy_chunk_rows, 0, s_.planned_copy >= 0,
+                            std::max(s_.planned_copy, 0)};
+    }
+    // 12 candidates with one layer per index group: 24 steps, within the calibrated run's 26
+    // warm-up steps; with index groups of several layers the planned copy triples them (72 steps).
+    so.trials = 2;
     if (s_.auto_schedule && s_.queries > 1) {
       // Attention over a slice of requests does not split their query rows.
       for (const StepChoice& c : AllowedChoices(manager_->options())) {

@@ -55,6 +55,9 @@ struct VariantSetup {
   // sparsekv only, the StepChoice's cross-layer speculative prefetch: each index group's top-k
   // prefetched into the next group's hot cache on the schedule's side stream.
   bool crosslayer_prefetch = false;
+  // sparsekv only, the StepChoice's planned copy: -1 off, else on the grid of that many blocks
+  // (0: the options' copy grid).
+  int32_t planned_copy = -1;
   // sparsekv only: the library's StepSchedule chooses each step's prefetch and chunks (chunks of
   // copy_chunk_rows, 8 if 0); otherwise it runs the choice the two fields above name.
   bool auto_schedule = false;

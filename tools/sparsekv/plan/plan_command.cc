@@ -246,18 +246,21 @@ std::string ScheduleTable(const std::vector<PlanCase>& cases, const CacheOptions
     if (!c.best.schedule) continue;
     const ScheduleForecast& f = *c.best.schedule;
     std::string list;
-    int32_t unmodelled = 0;
+    int32_t unmodelled = 0, planned = 0;
     for (size_t i = 0; i < f.candidates.size(); ++i) {
       const ScheduleEstimate& e = f.candidates[i];
       if (!e.modelled) {
         ++unmodelled;
+        planned += e.choice.planned_copy;
         continue;
       }
       list += Format("%s%s%s %.2f ms", list.empty() ? "" : ", ", e.choice.ToString().c_str(),
                      i == f.expected ? "*" : "", e.total_ms);
     }
     if (unmodelled > 0) {
-      list += Format("; %d not modelled (the prefetch on every SM, or with chunks)", unmodelled);
+      std::string which = unmodelled > planned ? "the prefetch on every SM, or with chunks" : "";
+      if (planned > 0) which += (which.empty() ? "" : "; ") + std::string("the planned copy");
+      list += Format("; %d not modelled (%s)", unmodelled, which.c_str());
     }
     out += Format("  %8d %-13s %5.2f batch %4d: %s\n  %36s %s\n", c.context, c.tier.c_str(),
                   c.miss_rate, c.best.batch, list.c_str(), "",

@@ -309,10 +309,16 @@ TEST(PlanScheduleTest, ConfigFileSetsTheManagerOptions) {
   EXPECT_EQ(j["hot_slots"], 6144);
   EXPECT_EQ(j["schedule_options"]["layers_per_index"], 61);
   EXPECT_EQ(j["schedule_options"]["copy_chunk_rows"], 16);
-  // One index group: no prefetch, whatever max_prefetch says.
+  // One index group: no prefetch, whatever max_prefetch says; the planned copy, not modelled.
+  int32_t planned = 0;
   for (const nlohmann::json& c : j["cases"][1]["best"]["schedule"]["candidates"]) {
     EXPECT_EQ(c["choice"].get<std::string>().find("prefetch"), std::string::npos) << c;
+    if (c["choice"].get<std::string>().starts_with("planned")) {
+      ++planned;
+      EXPECT_FALSE(c["modelled"].get<bool>()) << c;
+    }
   }
+  EXPECT_GT(planned, 0);
 }
 
 TEST(PlanScheduleTest, ConfigFileConflictsAndOtherModelsAreRefused) {

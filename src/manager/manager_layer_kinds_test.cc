@@ -119,6 +119,31 @@ TEST(ManagerLayerKindsTest, GeometriesItDoesNotServeAreRefused) {
   EXPECT_EQ(shared.status().code(), StatusCode::kUnimplemented);
 }
 
+// DeepSeek-V4's presets, whole: every layer, the raw window, keys on the CSA layers.
+TEST(ManagerLayerKindsTest, TheDeepSeekV4PresetsAreServed) {
+  for (const char* name : {"deepseek-v4-flash", "deepseek-v4-pro"}) {
+    const StatusOr<ModelPreset> p = FindPreset(name);
+    ASSERT_TRUE(p.ok());
+    CacheOptions o;
+    o.geometry = p->geometry();
+    o.top_k = o.hot_slots = p->top_k;
+    o.indexer_key_bytes = p->indexer_key_bytes;
+    o.raw_window = p->raw_window;
+    o.host_capacity_tokens = o.max_context = 1024;
+    o.max_requests = 1;
+    o.host_page_tokens = 64;
+    auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+    ASSERT_TRUE(m.ok()) << name << ": " << m.status().ToString();
+    EXPECT_TRUE((*m)->Admit(1, 600, 100, nullptr).ok());
+    const CacheStats s = *(*m)->ReadStats(nullptr);
+    EXPECT_EQ(s.device_memory.windows, int64_t{p->num_layers} * p->raw_window * p->row_bytes)
+        << name;
+    EXPECT_EQ(s.device_memory.resident_entries,
+              int64_t{p->layers_of(LayerKind::kResident)} * 64 * p->row_bytes)
+        << name;  // 700 tokens: 5 entries of 128, one page of 64
+  }
+}
+
 TEST(ManagerLayerKindsTest, TheStoreTakesItsShareOfTheBudgetAndIsCounted) {
   CacheOptions o = V4Shaped(false);
   o.hot_slots = 0;  // as many as the budget leaves

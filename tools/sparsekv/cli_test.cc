@@ -620,9 +620,9 @@ TEST(CliTest, PlanSaysWhichCasesNoBatchMeetsTheSloIn) {
       << r.out;
 }
 
-// Presets whose layers the manager does not serve yet (DeepSeek-V4's): bench and multi-turn
-// refuse them at the flag, naming why and the command that models them; plan answers their
-// capacity.
+// Presets whose layers the tools do not drive a manager over yet (DeepSeek-V4's, which the manager
+// serves but the tools' workloads do not give): bench and multi-turn refuse them at the flag,
+// naming why and the command that models them; plan answers their capacity.
 TEST(CliTest, PresetsTheManagerCannotRunAreRefusedByBenchAndModelledByPlan) {
   const CliRun bench = Cli({"bench", "--preset", "deepseek-v4-pro"});
   EXPECT_EQ(bench.code, kExitUsage);

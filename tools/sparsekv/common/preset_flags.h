@@ -6,6 +6,7 @@
 #include <string>
 
 #include "sparsekv/options.h"
+#include "tools/sparsekv/common/preset_layers.h"
 
 namespace sparsekv::tools {
 
@@ -25,14 +26,15 @@ inline CLI::Validator KnownPreset() {
       PresetNameList());
 }
 
-// Accepts a preset whose layers the manager serves (CheckServedGeometry); the others are refused
+// Accepts a preset whose layers the tools drive a manager over (CheckToolsDriveLayers); the others
+// are refused
 // with the reason, and with the command that models them.
 inline CLI::Validator ServedPreset() {
   return CLI::Validator(
       [](std::string& input) -> std::string {
         const StatusOr<ModelPreset> preset = FindPreset(input);
         if (!preset.ok()) return input + " is not a preset " + PresetNameList();
-        const Status served = CheckServedGeometry(preset->geometry(), preset->raw_window);
+        const Status served = CheckToolsDriveLayers(preset->geometry(), preset->raw_window);
         if (served.ok()) return "";
         return input + " cannot run here yet (" + served.message() + "); `sparsekv plan --preset " +
                input + "` models its capacity";

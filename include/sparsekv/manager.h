@@ -14,6 +14,8 @@
 //   call on the same stream:
 //     for each layer: AppendToken(layer, new_rows, stream), then
 //     RunLayer(layer, topk, slots, assembled, stream); then FinishStep(stream).
+//     (A resident or window-only layer, DeepSeek-V4's, is only appended, with StepRows; its
+//     attention reads DenseEntries / RawWindow. See Create, "Layer kinds".)
 // Run-phase calls in an order that would read or copy the wrong rows are refused with
 // FailedPrecondition and change nothing (each call says which orders it refuses); what only the
 // device could check (stream ordering, the contents of device buffers) is not checked.

@@ -159,6 +159,9 @@ std::string ConfigSummary(const BenchConfig& config);
 // preset's).
 const std::vector<std::string>& BenchSizedKeys();
 
+// Whether the preset has resident or window-only layers or a raw window (DeepSeek-V4).
+bool HasDenseLayers(const ModelPreset& preset);
+
 // Whether the preset's layers name their index groups (LayerShape::index_group: glm-5.3).
 bool NamesIndexGroups(const ModelPreset& preset);
 

@@ -42,4 +42,19 @@ inline CLI::Validator ServedPreset() {
       PresetNameList());
 }
 
+// Accepts a preset whose layers the manager serves (CheckServedGeometry: DeepSeek-V4's too), for
+// the commands whose workload gives every layer kind its rows (bench on the CPU backend).
+inline CLI::Validator ManagerPreset() {
+  return CLI::Validator(
+      [](std::string& input) -> std::string {
+        const StatusOr<ModelPreset> preset = FindPreset(input);
+        if (!preset.ok()) return input + " is not a preset " + PresetNameList();
+        const Status served = CheckServedGeometry(preset->geometry(), preset->raw_window);
+        if (served.ok()) return "";
+        return input + " cannot run here yet (" + served.message() + "); `sparsekv plan --preset " +
+               input + "` models its capacity";
+      },
+      PresetNameList());
+}
+
 }  // namespace sparsekv::tools

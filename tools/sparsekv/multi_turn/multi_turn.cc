@@ -334,7 +334,7 @@ StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config,
                                        const MultiTurnProgressFn& progress) {
   SPARSEKV_RETURN_IF_ERROR(ValidateMultiTurnConfig(config));
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.row_format));
-  // Its pages count a row per token and layer: what the manager serves.
+  // Its pages count a row per token and layer: offloaded layers only (CheckToolsDriveLayers).
   SPARSEKV_RETURN_IF_ERROR(CheckToolsDriveLayers(preset.geometry(), preset.raw_window));
   MultiTurnReport report;
   report.config = config;

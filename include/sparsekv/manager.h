@@ -163,7 +163,9 @@ struct CacheStats : HostCounters {
   int32_t host_pages_total = 0;
   int32_t hot_blocks_used = 0;    // now: blocks in hot-cache mode
   int32_t resident_requests = 0;  // now: requests in resident mode (hybrid residency)
-  // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
+  // Device memory held by the manager: hot cache, replacement state, page table, plan buffers,
+  // and (resident or window-only layers, a raw window) the resident entries and raw windows of
+  // the requests on the device now, which come and go with them, and their tables.
   int64_t device_bytes = 0;
   DeviceMemoryUse device_memory;  // now: device_bytes by use
   HostMemoryUse host_memory;      // now: the host pool by use

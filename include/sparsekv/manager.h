@@ -313,7 +313,10 @@ class SparseKVCacheManager {
   // enqueued step that includes the request is still running on the device.
   Status Release(RequestId id);
   // Gives back the request's hot-cache block but keeps its history in the host pool, to free HBM
-  // under pressure. A retracted request cannot join a step until Resume().
+  // under pressure. A retracted request cannot join a step until Resume(). With resident entries
+  // or raw windows (Create, "Layer kinds"), those are copied to host memory the manager keeps, on
+  // the default stream, and the call waits for the copy. REQUIRES (not checked: stream ordering):
+  // no enqueued work on another stream still writes them (synchronise the steps' stream first).
   Status Retract(RequestId id);
   // Takes a hot-cache block again (ResourceExhausted if none is free) and reloads the window;
   // with hybrid residency, makes the request resident if its pages fit, loading its whole

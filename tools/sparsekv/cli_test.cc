@@ -624,11 +624,11 @@ TEST(CliTest, PlanSaysWhichCasesNoBatchMeetsTheSloIn) {
 // serves but multi-turn's workload does not give): multi-turn refuses them at the flag, naming
 // why and the command that models them; plan answers their capacity.
 TEST(CliTest, PresetsMultiTurnCannotRunAreRefusedAndModelledByPlan) {
-  const CliRun turns = Cli({"multi-turn", "--preset", "deepseek-v4-pro"});
-  EXPECT_EQ(turns.code, kExitUsage);
-  EXPECT_NE(turns.err.find("kind is kResident"), std::string::npos) << turns.err;
-  EXPECT_NE(turns.err.find("`sparsekv plan --preset deepseek-v4-pro`"), std::string::npos)
-      << turns.err;
+  const CliRun refused = Cli({"multi-turn", "--preset", "deepseek-v4-pro"});
+  EXPECT_EQ(refused.code, kExitUsage);
+  EXPECT_NE(refused.err.find("kind is kResident"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("`sparsekv plan --preset deepseek-v4-pro`"), std::string::npos)
+      << refused.err;
   EXPECT_EQ(Cli({"multi-turn", "--preset", "deepseek-v4-flash"}).code, kExitUsage);
   const CliRun plan = Cli({"plan", "--preset", "deepseek-v4-pro", "--contexts", "1048576", "--tier",
                            "dram-2t:2000:55"});

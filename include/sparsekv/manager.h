@@ -14,6 +14,8 @@
 //   call on the same stream:
 //     for each layer: AppendToken(layer, new_rows, stream), then
 //     RunLayer(layer, topk, slots, assembled, stream); then FinishStep(stream).
+//     (A resident or window-only layer, DeepSeek-V4's, is only appended, with StepRows; its
+//     attention reads DenseEntries / RawWindow. See Create, "Layer kinds".)
 // Run-phase calls in an order that would read or copy the wrong rows are refused with
 // FailedPrecondition and change nothing (each call says which orders it refuses); what only the
 // device could check (stream ordering, the contents of device buffers) is not checked.
@@ -58,6 +60,7 @@
 #include "sparsekv/backend.h"
 #include "sparsekv/host_kv_pool.h"
 #include "sparsekv/hot_cache.h"
+#include "sparsekv/kernel_views.h"
 #include "sparsekv/manager_extension.h"
 #include "sparsekv/node_pool.h"
 #include "sparsekv/options.h"
@@ -125,9 +128,13 @@ struct DeviceMemoryUse {
   int64_t tables = 0;             // the page, residency and key tables (fixed)
   int64_t plan = 0;      // the plan region, miss, prefetch and residency load lists (fixed)
   int64_t counters = 0;  // the device statistics counters (fixed)
+  // Resident layers' entries (LayerKind::kResident) of the requests on the device.
+  int64_t resident_entries = 0;
+  // Raw windows (CacheOptions::raw_window) of every layer of the requests on the device.
+  int64_t windows = 0;
   int64_t sum() const {
     return resident_rows + hot_cache_rows + indexer_keys + free_rows + replacement_state + tables +
-           plan + counters;
+           plan + counters + resident_entries + windows;
   }
 };
 
@@ -156,7 +163,9 @@ struct CacheStats : HostCounters {
   int32_t host_pages_total = 0;
   int32_t hot_blocks_used = 0;    // now: blocks in hot-cache mode
   int32_t resident_requests = 0;  // now: requests in resident mode (hybrid residency)
-  // Device memory held by the manager: hot cache, replacement state, page table, plan buffers.
+  // Device memory held by the manager: hot cache, replacement state, page table, plan buffers,
+  // and (resident or window-only layers, a raw window) the resident entries and raw windows of
+  // the requests on the device now, which come and go with them, and their tables.
   int64_t device_bytes = 0;
   DeviceMemoryUse device_memory;  // now: device_bytes by use
   HostMemoryUse host_memory;      // now: the host pool by use
@@ -202,19 +211,58 @@ struct CacheStats : HostCounters {
   }
 };
 
+// One layer's rows of a decode step, for AppendToken. Each is [max_batch, row_stride(layer)]
+// (keys: [max_batch, indexer_key_bytes]), row b for the b-th request of the batch, in host or
+// device memory, read on the stream of the call.
+struct StepRows {
+  // The entry the step's token completes (LayerShape::entry_tokens): an offloaded or resident
+  // layer's; only the rows of requests that complete an entry in this step are read. Not read
+  // for a window-only layer.
+  const void* entries = nullptr;
+  // The indexer keys of that entry, for a layer that keeps keys (else not read).
+  const void* keys = nullptr;
+  // The step's token's raw row, into the layer's raw window; required when raw_window > 0.
+  const void* window = nullptr;
+};
+
+// One layer's prompt rows for IngestPrompt, in host or device memory, valid until the stream
+// reaches the copies.
+struct PromptRows {
+  // [floor(prompt_len / r), row_stride(layer)]: the prompt's entries of an offloaded or resident
+  // layer of cadence r (null if it has none; not read for a window-only layer).
+  const void* entries = nullptr;
+  // [min(prompt_len, raw_window), row_stride(layer)]: the prompt's newest raw rows, oldest first;
+  // required when raw_window > 0.
+  const void* window = nullptr;
+};
+
 class SparseKVCacheManager {
  public:
   // Validates `options` (ValidateOptions) and allocates the host pool, the hot cache and the fixed
-  // device buffers of the run phase. Every layer must be offloaded. Its top-k (LayerShape::top_k),
+  // device buffers of the run phase. An offloaded layer's top-k (LayerShape::top_k),
   // its index group (LayerShape::index_group, or layers_per_index) and whether it keeps indexer
   // keys (LayerShape::indexer_keys) may differ per layer, as GLM-5.3's do: a group resolves its
-  // own top-k once, on its first layer, and only keyed layers take and show keys. All layers gain
-  // an entry every LayerShape::entry_tokens = r tokens (1: a row per token): the manager then
-  // counts entries (Admit says where), sizes the host pool and its max_context in entries
-  // (host_capacity_tokens / r rows), and refuses with Unimplemented, at r > 1, what addresses
-  // pages by token (AdmitWithPrefix, Retain, AdmitSealedPrompt, InstallExtension, a shared pool).
-  // Unimplemented for layers it does not serve yet (resident or window-only layers, a raw window:
-  // CheckServedGeometry in options.h).
+  // own top-k once, on its first layer, and only keyed layers take and show keys. All offloaded
+  // layers gain an entry every LayerShape::entry_tokens = r tokens (1: a row per token): the
+  // manager then counts entries (Admit says where), sizes the host pool and its max_context in
+  // entries (host_capacity_tokens / r rows), and refuses with Unimplemented, at r > 1, what
+  // addresses pages by token (AdmitWithPrefix, Retain, AdmitSealedPrompt, InstallExtension, a
+  // shared pool).
+  //
+  // Layer kinds (DeepSeek-V4): resident layers (LayerKind::kResident, their own cadence) keep
+  // every entry in device memory, and with raw_window > 0 every layer keeps a ring of its newest
+  // raw_window raw rows; both live in a store of their own (per request, reserved at admission
+  // for the request's reserved tokens), read through DenseEntries and RawWindow. Window-only
+  // layers (kWindowOnly) hold their raw window only. Such layers are appended (AppendToken with
+  // StepRows) and ingested (IngestPrompt with PromptRows) like the others but never resolved:
+  // ResolveLayer, RunLayer, CopyMisses, CopyMissChunk, AssembleLayer and the prefetch calls
+  // refuse them with InvalidArgument naming the kind. With device_budget_bytes > 0, the store's
+  // share (max_requests requests of max_context tokens, and its tables) is carved out of the
+  // budget before the hot cache is sized; the store's memory does not move to and from the hot
+  // cache. The host pool and the hot cache still keep a row per offloaded entry of these layers
+  // too, unused. With such layers or a raw window, AdmitWithPrefix, Retain, AdmitSealedPrompt,
+  // InstallExtension and a shared pool are refused with Unimplemented. A geometry with no
+  // offloaded layer is refused (CheckServedGeometry in options.h).
   static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
                                                                 std::shared_ptr<Backend> backend);
   // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared, or
@@ -255,13 +303,20 @@ class SparseKVCacheManager {
   // InvalidArgument for a bad layer or null rows; AlreadyExists for a layer ingested already;
   // FailedPrecondition for a retracted request.
   Status IngestPrompt(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
+  // The same with the layer's raw-window rows beside its entries (required with a raw window, and
+  // the only form that ingests a resident or window-only layer's rows; see PromptRows). Also
+  // InvalidArgument for a null pointer that has rows to give.
+  Status IngestPrompt(RequestId id, int32_t layer, const PromptRows& rows, StreamHandle stream);
   // Frees the request's host pages (drops its references to shared ones) and hot-cache block, or
   // drops the retained conversation `id`. NotFound for an unknown or released id.
   // FailedPrecondition for a request of the open step. REQUIRES (not checked: stream ordering): no
   // enqueued step that includes the request is still running on the device.
   Status Release(RequestId id);
   // Gives back the request's hot-cache block but keeps its history in the host pool, to free HBM
-  // under pressure. A retracted request cannot join a step until Resume().
+  // under pressure. A retracted request cannot join a step until Resume(). With resident entries
+  // or raw windows (Create, "Layer kinds"), those are copied to host memory the manager keeps, on
+  // the default stream, and the call waits for the copy. REQUIRES (not checked: stream ordering):
+  // no enqueued work on another stream still writes them (synchronise the steps' stream first).
   Status Retract(RequestId id);
   // Takes a hot-cache block again (ResourceExhausted if none is free) and reloads the window;
   // with hybrid residency, makes the request resident if its pages fit, loading its whole
@@ -386,6 +441,20 @@ class SparseKVCacheManager {
   Status AppendToken(int32_t layer, const void* new_rows, StreamHandle stream);
   Status AppendToken(int32_t layer, const void* new_rows, const void* new_keys,
                      StreamHandle stream);
+  // The same with the step's raw-window rows (StepRows): the form for a geometry with a raw
+  // window or resident or window-only layers. A resident layer's entries go to its device pages
+  // (DenseEntries), every layer's window row to its raw window (RawWindow); an offloaded layer's
+  // entries as above. InvalidArgument also for a null `window` with raw_window > 0 or null
+  // `entries` for a resident layer.
+  Status AppendToken(int32_t layer, const StepRows& rows, StreamHandle stream);
+  // Views of the planned step (kernel_views.h), valid until the next PlanStep: a resident layer's
+  // entries of every batch row (DenseEntriesView::Count(b) = floor(tokens / r)), and any layer's
+  // raw window (RawWindowView::Valid(b) = min(tokens, raw_window) rows, oldest first), read in
+  // place in device memory. Rows appended in the step are there once `stream` reaches that
+  // AppendToken. FailedPrecondition without resident layers or a raw window (RawWindow: without
+  // a raw window); InvalidArgument for a layer out of range or, for DenseEntries, not resident.
+  StatusOr<DenseEntriesView> DenseEntries(int32_t layer) const;
+  StatusOr<RawWindowView> RawWindow(int32_t layer) const;
   // Resolves `topk` ([max_batch, topk_stride] int32 positions, -1 = padding; rows past the
   // batch are ignored) against the hot cache of `layer`, copies the misses in, and writes
   // `slots` ([max_batch, top_k] int32 layer-wide slots, -1 = skipped entry). If `assembled` is

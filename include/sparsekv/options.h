@@ -98,11 +98,12 @@ StatusOr<ModelPreset> FindPreset(const std::string& name, KVRowFormat format);
 // The preset in its fp8 format: kFp8Row656 for the DSA models, kFp8Entry584 for DeepSeek-V4.
 StatusOr<ModelPreset> FindPreset(const std::string& name);
 
-// OK if SparseKVCacheManager serves `options`' layers today: every layer offloaded (with one
-// cadence, entry_tokens, as ValidateOptions requires of offloaded layers) and raw_window = 0;
-// per-layer top_k, explicit index groups and indexer keys on some layers only are served
-// (GLM-5.3). Unimplemented otherwise, naming the first layer and field that is not
-// (docs/deepseek-v4.md says what is left to build).
+// OK if SparseKVCacheManager serves `options`' layers today: at least one offloaded layer (all
+// offloaded layers of one cadence, entry_tokens, as ValidateOptions requires), besides which
+// resident and window-only layers and a raw window are served (DeepSeek-V4), as are per-layer
+// top_k, explicit index groups and indexer keys on some layers only (GLM-5.3). Unimplemented for
+// a geometry with no offloaded layer. Some calls are still refused for geometries with resident
+// or window-only layers or a raw window (SparseKVCacheManager, "Layer kinds").
 // SparseKVCacheManager::Create calls it after ValidateOptions; tools that drive a manager call it
 // on a preset's geometry() and raw_window.
 Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window);

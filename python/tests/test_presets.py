@@ -109,12 +109,19 @@ def test_an_unknown_name_lists_the_known_ones():
 
 
 @pytest.mark.parametrize("name", ["deepseek-v4-flash", "deepseek-v4-pro"])
-def test_presets_the_manager_does_not_serve_yet_are_refused(name):
+def test_deepseek_v4_is_served_with_its_layer_kinds(name):
     preset = sparsekv.find_preset(name)
+    sparsekv.check_served_geometry(preset.geometry(), preset.raw_window)
+    options = options_for(preset, hot_slots=preset.top_k, host_capacity_tokens=1024,
+                          max_requests=1, max_context=1024)
+    sparsekv.SparseKVCacheManager(options, sparsekv.cpu_backend())
+
+
+def test_a_geometry_without_offloaded_layers_is_refused():
+    layers = [sparsekv.LayerShape(584, kind=LayerKind.RESIDENT, entry_tokens=128,
+                                  indexer_keys=False)]
     with pytest.raises(sparsekv.UnimplementedError):
-        sparsekv.check_served_geometry(preset.geometry(), preset.raw_window)
-    with pytest.raises(sparsekv.UnimplementedError):
-        sparsekv.SparseKVCacheManager(options_for(preset), sparsekv.cpu_backend())
+        sparsekv.check_served_geometry(sparsekv.KVGeometry(layers), 128)
 
 
 def test_glm_53_is_served_with_its_index_groups():

@@ -32,6 +32,13 @@ StatusOr<std::unique_ptr<SparseKVCacheManager>> SparseKVCacheManager::Create(
   SPARSEKV_RETURN_IF_ERROR(CheckServedGeometry(options.geometry, options.raw_window));
   if (backend == nullptr) return InvalidArgument("SparseKVCacheManager: backend is null");
   if (pool == nullptr) return InvalidArgument("SparseKVCacheManager: pool is null");
+  if (options.raw_window > 0 ||
+      std::any_of(options.geometry.layers.begin(), options.geometry.layers.end(),
+                  [](const LayerShape& l) { return l.kind != LayerKind::kOffloaded; })) {
+    return Unimplemented(
+        "SparseKVCacheManager: a shared host pool with resident or window-only layers or a "
+        "raw_window (pools are shared only by managers of offloaded layers; docs/deepseek-v4.md)");
+  }
   if (options.geometry.layers[0].entry_tokens != 1) {
     return Unimplemented("SparseKVCacheManager: a shared host pool with entry_tokens " +
                          std::to_string(options.geometry.layers[0].entry_tokens) +
@@ -72,6 +79,11 @@ Status SparseKVCacheManager::Admit(RequestId id, int32_t prompt_len, int32_t max
   return impl_->Admit(id, prompt_len, max_new_tokens, stream);
 }
 Status SparseKVCacheManager::IngestPrompt(RequestId id, int32_t layer, const void* rows,
+                                          StreamHandle stream) {
+  return impl_->IngestPrompt(id, layer, PromptRows{.entries = rows}, stream);
+}
+
+Status SparseKVCacheManager::IngestPrompt(RequestId id, int32_t layer, const PromptRows& rows,
                                           StreamHandle stream) {
   return impl_->IngestPrompt(id, layer, rows, stream);
 }
@@ -122,11 +134,23 @@ Status SparseKVCacheManager::PlanStep(std::initializer_list<RequestId> batch,
                   std::span(token_ids.begin(), token_ids.size()), stream);
 }
 Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows, StreamHandle stream) {
-  return impl_->AppendToken(layer, new_rows, nullptr, stream);
+  return impl_->AppendToken(layer, StepRows{.entries = new_rows}, stream);
 }
 Status SparseKVCacheManager::AppendToken(int32_t layer, const void* new_rows, const void* new_keys,
                                          StreamHandle stream) {
-  return impl_->AppendToken(layer, new_rows, new_keys, stream);
+  return impl_->AppendToken(layer, StepRows{.entries = new_rows, .keys = new_keys}, stream);
+}
+
+Status SparseKVCacheManager::AppendToken(int32_t layer, const StepRows& rows, StreamHandle stream) {
+  return impl_->AppendToken(layer, rows, stream);
+}
+
+StatusOr<DenseEntriesView> SparseKVCacheManager::DenseEntries(int32_t layer) const {
+  return impl_->DenseEntries(layer);
+}
+
+StatusOr<RawWindowView> SparseKVCacheManager::RawWindow(int32_t layer) const {
+  return impl_->RawWindow(layer);
 }
 Status SparseKVCacheManager::IngestIndexerKeys(RequestId id, int32_t layer, const void* keys,
                                                StreamHandle stream) {

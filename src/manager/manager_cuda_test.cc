@@ -16,6 +16,7 @@
 #include "sparsekv/manager.h"
 #include "sparsekv/node_pool.h"
 #include "testing/cuda_test_util.h"
+#include "testing/layer_kinds_model.h"
 #include "testing/workload.h"
 
 #if defined(SPARSEKV_WITH_CUDA)
@@ -51,6 +52,20 @@ int RunLockstep(std::shared_ptr<Backend> gpu, const LockstepSetup& setup) {
     if (::testing::Test::HasFailure()) break;
   }
   return steps;
+}
+
+// DeepSeek-V4's layer kinds (offloaded, resident and window-only layers, a raw window) through
+// the CUDA backend, checked against the dense model after every step as on the CPU
+// (manager_layer_kinds_test.cc).
+TEST(ManagerCudaTest, LayerKindsMatchTheDenseModel) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    SCOPED_TRACE(seed);
+    testing::LayerKindsModel model(seed, /*hybrid=*/seed % 3 == 0, gpu);
+    model.Run(400);
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_GT(model.steps(), 50);
+  }
 }
 
 TEST(ManagerCudaTest, RandomOperationsMatchTheCpuBackend) {

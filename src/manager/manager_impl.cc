@@ -12,13 +12,36 @@ using manager_internal::Describe;
 
 namespace {
 
-// `o` in entry units (manager_impl.h, entries_). All served layers share one cadence.
+// The offloaded layers' cadence (CheckServedGeometry: there is one).
+int32_t OffloadedCadence(const CacheOptions& o) {
+  for (const LayerShape& l : o.geometry.layers) {
+    if (l.kind == LayerKind::kOffloaded) return l.entry_tokens;
+  }
+  return 1;
+}
+
+// `o` in entry units (manager_impl.h, entries_): every layer offloaded at the offloaded layers'
+// cadence, no raw window.
 CacheOptions EntryOptions(const CacheOptions& o) {
-  const int32_t r = o.geometry.layers[0].entry_tokens;
+  const int32_t r = OffloadedCadence(o);
   CacheOptions e = o;
   e.max_context = std::max(1, o.max_context / r);
   e.host_capacity_tokens = o.host_capacity_tokens / r;
+  e.raw_window = 0;
+  for (LayerShape& l : e.geometry.layers) {
+    if (l.kind == LayerKind::kOffloaded) continue;
+    l.kind = LayerKind::kOffloaded;
+    l.entry_tokens = r;
+    l.indexer_keys = false;
+  }
   return e;
+}
+
+// Per layer: not offloaded (StepOrder::Shape::dense).
+std::vector<bool> DenseLayers(const CacheOptions& o) {
+  std::vector<bool> dense;
+  for (const LayerShape& l : o.geometry.layers) dense.push_back(l.kind != LayerKind::kOffloaded);
+  return dense;
 }
 
 }  // namespace
@@ -26,7 +49,7 @@ CacheOptions EntryOptions(const CacheOptions& o) {
 SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Backend> backend,
                                  std::shared_ptr<HostKVPool> pool)
     : options_(options),
-      cadence_(options.geometry.layers[0].entry_tokens),
+      cadence_(OffloadedCadence(options)),
       entries_(EntryOptions(options)),
       groups_(options),
       backend_(std::move(backend)),
@@ -34,7 +57,8 @@ SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Ba
       plan_(entries_, *backend_),
       order_({.layers = options.geometry.num_layers(),
               .max_batch = options.effective_max_batch(),
-              .copy_chunk_rows = options.copy_chunk_rows},
+              .copy_chunk_rows = options.copy_chunk_rows,
+              .dense = DenseLayers(options)},
              groups_),
       tables_(*backend_),
       keys_(entries_, *backend_),
@@ -50,6 +74,7 @@ Status SparseKVCacheManager::Impl::Allocate() {
                                   o.effective_max_host_requests(), o.max_context, backend_.get()));
   }
   ledger_ = std::make_unique<PageLedger>(pool_.get());
+  SPARSEKV_RETURN_IF_ERROR(AllocateDense());  // its share of the budget first
   SPARSEKV_ASSIGN_OR_RETURN(const HotCacheShape shape, ChooseHotCacheShape(o));
   options_.hot_slots = entries_.hot_slots = shape.hot_slots;
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options_));  // the chosen slots against the rest
@@ -186,9 +211,13 @@ Status SparseKVCacheManager::Impl::Admit(RequestId id, int32_t prompt_len, int32
     return InvalidArgument("Admit: prompt_len must be >= 1 and max_new_tokens >= 0");
   }
   std::vector<int32_t> no_spares;
-  return AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, {}, 0, no_spares, true,
-                     stream)
-      .status();
+  SPARSEKV_ASSIGN_OR_RETURN(Request * r,
+                            AdmitShared(id, prompt_len, int64_t{prompt_len} + max_new_tokens, {}, 0,
+                                        no_spares, true, stream));
+  if (dense_ == nullptr) return Status::Ok();
+  Status held = dense_->Admit(id, prompt_len, r->reserved_tokens, stream);
+  if (!held.ok()) Forget(id, *r);  // all or nothing
+  return held;
 }
 
 StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
@@ -240,6 +269,11 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
   if (InOpenStep(parent)) {
     return FailedPrecondition("Fork: " + Describe(parent) + " is in the open step");
   }
+  if (dense_ != nullptr && !p->on_device()) {
+    return FailedPrecondition("Fork: " + Describe(parent) +
+                              " is retracted (its resident entries and raw windows are not on "
+                              "the device)");
+  }
   const int32_t pt = options_.host_page_tokens;
   const int32_t seq_len = p->seq_len;
   const std::span<const int32_t> table = pool_->page_table_row(p->owner);
@@ -255,6 +289,13 @@ Status SparseKVCacheManager::Impl::Fork(RequestId parent, RequestId child, int32
       Request * c, AdmitShared(child, p->tokens, int64_t{p->tokens} + max_new_tokens, shared,
                                int32_t{child_spare} + int32_t{parent_spare}, spares,
                                /*may_be_resident=*/false, stream));
+  if (dense_ != nullptr) {
+    if (Status held = dense_->Fork(parent, child, c->reserved_tokens, stream); !held.ok()) {
+      for (int32_t page : spares) ledger_->Unref(page);
+      Forget(child, *c);
+      return held;
+    }
+  }
   if (child_spare) c->cow_page = spares[0];
   if (parent_spare) p->cow_page = spares.back();
   c->cached = seq_len;
@@ -299,25 +340,26 @@ Status SparseKVCacheManager::Impl::AdmitSealedPrompt(RequestId id, int32_t owner
   return residency_.LoadIngestedWindows(**r, stream);
 }
 
-Status SparseKVCacheManager::Impl::IngestPrompt(RequestId id, int32_t layer, const void* rows,
+Status SparseKVCacheManager::Impl::IngestPrompt(RequestId id, int32_t layer, const PromptRows& rows,
                                                 StreamHandle stream) {
-  return Ingest(id, layer, rows, 0, "IngestPrompt", stream);
+  return Ingest(id, layer, rows.entries, rows.window, 0, "IngestPrompt", stream);
 }
 
 Status SparseKVCacheManager::Impl::IngestPromptSuffix(RequestId id, int32_t layer, const void* rows,
                                                       StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "IngestPromptSuffix"));
-  return Ingest(id, layer, rows, r->cached, "IngestPromptSuffix", stream);
+  return Ingest(id, layer, rows, nullptr, r->cached, "IngestPromptSuffix", stream);
 }
 
 Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const void* rows,
-                                          int32_t rows_first, const char* op, StreamHandle stream) {
+                                          const void* window_rows, int32_t rows_first,
+                                          const char* op, StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, op));
   if (layer < 0 || layer >= options_.geometry.num_layers()) {
     return InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) + " out of range");
   }
   // A prompt shorter than an entry (entry_tokens > 1) has no rows to give.
-  if (rows == nullptr && r->seq_len > r->cached) {
+  if (Offloaded(layer) && rows == nullptr && r->seq_len > r->cached) {
     return InvalidArgument(std::string(op) + ": rows is null");
   }
   if (r->ingested[layer]) {
@@ -326,6 +368,17 @@ Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const voi
   }
   if (!r->on_device()) {
     return FailedPrecondition(std::string(op) + ": " + Describe(id) + " is retracted");
+  }
+  if (dense_ != nullptr) {
+    // First: it checks its own pointers, and on an error nothing is written.
+    SPARSEKV_RETURN_IF_ERROR(
+        dense_->IngestPrompt(id, layer, Offloaded(layer) ? nullptr : rows, window_rows, stream));
+  }
+  if (!Offloaded(layer)) {
+    r->ingested[layer] = true;
+    ++r->ingested_layers;
+    if (r->ingested_layers == options_.geometry.num_layers()) IndexFullPages(*r);
+    return Status::Ok();
   }
   const LayerShape shape = options_.geometry.layers[layer];
   const int32_t pt = options_.host_page_tokens;
@@ -378,6 +431,10 @@ void SparseKVCacheManager::Impl::ReleaseDevice(Request& r) {
 
 void SparseKVCacheManager::Impl::Forget(RequestId id, Request& r) {
   extensions_.OnDrop(id);
+  if (dense_ != nullptr) {
+    dense_->Release(id).IgnoreError();  // NotFound: never held (an admission it refused)
+    dense_retracted_.erase(id);
+  }
   ReleaseDevice(r);
   ledger_->ReleaseOwnerPages(r.owner);
   if (r.cow_page >= 0) ledger_->Unref(r.cow_page);
@@ -421,6 +478,7 @@ Status SparseKVCacheManager::Impl::Retract(RequestId id) {
   if (InOpenStep(id)) {
     return FailedPrecondition("Retract: " + Describe(id) + " is in the open step");
   }
+  SPARSEKV_RETURN_IF_ERROR(RetractDense(id));
   if (r->resident()) {
     hot_->ReleasePages(r->resident_pages);
     r->resident_pages.clear();
@@ -439,7 +497,11 @@ Status SparseKVCacheManager::Impl::Resume(RequestId id, StreamHandle stream) {
                              " (max_requests = " + std::to_string(options_.max_requests) + ", " +
                              std::to_string(hot_->free_pages()) + " free pages)");
   }
-  SPARSEKV_RETURN_IF_ERROR(residency_.PlaceOnDevice(*r, 0, OpenBatch(), stream));
+  SPARSEKV_RETURN_IF_ERROR(ResumeDense(id, stream));
+  if (Status placed = residency_.PlaceOnDevice(*r, 0, OpenBatch(), stream); !placed.ok()) {
+    RetractDense(id).IgnoreError();  // back as it was
+    return placed;
+  }
   if (!r->resident()) return residency_.LoadIngestedWindows(*r, stream);
   if (r->ingested_layers == options_.geometry.num_layers()) {
     return residency_.LoadResident(*r, 0, r->seq_len, stream);
@@ -467,6 +529,12 @@ Status SparseKVCacheManager::Impl::InstallExtension(const ExtensionFactory& make
 }
 
 Status SparseKVCacheManager::Impl::CheckCadenceOne(const char* op) const {
+  if (dense_ != nullptr) {
+    return Unimplemented(std::string(op) +
+                         ": the geometry has resident or window-only layers or a raw_window, and "
+                         "prefix sharing, sealed prompts and extensions know only the host pool's "
+                         "offloaded rows (docs/deepseek-v4.md)");
+  }
   if (cadence_ == 1) return Status::Ok();
   return Unimplemented(std::string(op) + ": the layers gain an entry every " +
                        std::to_string(cadence_) +

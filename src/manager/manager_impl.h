@@ -23,14 +23,19 @@
 //             bytes a replayed step counts (statistics.h).
 //   marks_    PrefetchMarks: which hot-cache slots a prefetch filled and no resolve has hit yet,
 //             behind the prefetch's precision and recall (prefetch_marks.h).
+//   dense_    DenseLayerStore (with resident or window-only layers or a raw window): the resident
+//             layers' entries and every layer's raw window of the requests on the device
+//             (dense_layer_store.h); the other parts keep a row per offloaded entry of those
+//             layers too, unused.
 //   extensions_ ExtensionChain: the installed ManagerExtensions (the remote tier's, the peer
 //             tier's), in installation order; each one's per-layer hooks run only in steps it
 //             declared itself active for at PlanStep (extension_chain.h).
 //
 // manager.cc creates it and forwards the public API; Impl's own code is lifecycle and
-// composition, in two files: manager_impl.cc (creation, request lifecycle, prefix sharing,
-// indexer keys, the extension host) and manager_step.cc (the decode step's calls, each checked
-// by order_ and run over plan_, tables_ and the hot cache).
+// composition, in three files: manager_impl.cc (creation, request lifecycle, prefix sharing,
+// indexer keys, the extension host), manager_step.cc (the decode step's calls, each checked
+// by order_ and run over plan_, tables_ and the hot cache) and manager_dense.cc (the layer kinds:
+// what dense_ holds, and the refusals of calls it does not serve).
 #pragma once
 
 #include <algorithm>
@@ -42,6 +47,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "manager/dense_layer_store.h"
 #include "manager/device_tables.h"
 #include "manager/extension_chain.h"
 #include "manager/indexer_key_pages.h"
@@ -70,7 +76,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
 
   // The public API (manager.h documents it).
   Status Admit(RequestId id, int32_t prompt_len, int32_t max_new_tokens, StreamHandle stream);
-  Status IngestPrompt(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
+  Status IngestPrompt(RequestId id, int32_t layer, const PromptRows& rows, StreamHandle stream);
   Status Release(RequestId id);
   Status Retract(RequestId id);
   Status Resume(RequestId id, StreamHandle stream);
@@ -92,8 +98,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // `token_ids` is null for a step planned without ids.
   Status PlanStep(std::span<const RequestId> batch, const std::span<const int32_t>* token_ids,
                   StreamHandle stream);
-  Status AppendToken(int32_t layer, const void* new_rows, const void* new_keys,
-                     StreamHandle stream);
+  Status AppendToken(int32_t layer, const StepRows& rows, StreamHandle stream);
+  StatusOr<DenseEntriesView> DenseEntries(int32_t layer) const;
+  StatusOr<RawWindowView> RawWindow(int32_t layer) const;
   Status IngestIndexerKeys(RequestId id, int32_t layer, const void* keys, StreamHandle stream);
   IndexerKeyView IndexerKeys(int32_t layer) const;
   Status ResolveLayer(int32_t layer, const int32_t* topk, int32_t* slots, uint8_t* fill_mask,
@@ -119,8 +126,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   StatusOr<CacheStats> ReadStats(StreamHandle stream);
   Status ResetStats(StreamHandle stream);
   StatusOr<int32_t> SequenceLength(RequestId id) const;
-  // Unimplemented for `op` at a cadence above one token per entry (prefix sharing, sealed
-  // prompts and extensions address pages by token), else OK.
+  // Unimplemented for `op` at a cadence above one token per entry or with layers dense_ holds
+  // (prefix sharing, sealed prompts and extensions address pages by token and know only the host
+  // pool), else OK.
   Status CheckCadenceOne(const char* op) const;
   StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
   const std::byte* HotLayer(int32_t layer) const { return hot_->layer_data(layer); }
@@ -164,8 +172,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   void ReleaseDevice(Request& r);
   // Frees what a live request holds (device memory, page references, spare) and forgets it.
   void Forget(RequestId id, Request& r);
-  Status Ingest(RequestId id, int32_t layer, const void* rows, int32_t rows_first, const char* op,
-                StreamHandle stream);
+  // `window_rows`: the layer's raw-window rows for dense_ (null without them).
+  Status Ingest(RequestId id, int32_t layer, const void* rows, const void* window_rows,
+                int32_t rows_first, const char* op, StreamHandle stream);
   // Indexes the request's full pages whose token ids are known and KV is complete.
   void IndexFullPages(Request& r);
 
@@ -174,6 +183,22 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
     return order_.open() ? plan_.batch() : std::span<const RequestId>{};
   }
   bool InOpenStep(RequestId id) const { return order_.open() && plan_.Contains(id); }
+
+  // ---- Layer kinds (manager_dense.cc) ----
+  // Creates dense_ if the geometry needs it, and carves its share out of the hot cache's budget
+  // (entries_.device_budget_bytes).
+  Status AllocateDense();
+  // InvalidArgument naming `layer`'s kind if it is not offloaded (`op` has no top-k for it).
+  // REQUIRES: layer in range.
+  Status CheckOffloaded(int32_t layer, const char* op) const;
+  bool Offloaded(int32_t layer) const {
+    return options_.geometry.layers[layer].kind == LayerKind::kOffloaded;
+  }
+  // dense_'s part of Retract and Resume (no-ops without dense_).
+  Status RetractDense(RequestId id);
+  Status ResumeDense(RequestId id, StreamHandle stream);
+  // dense_'s part of a resident or window-only layer's AppendToken, and of an offloaded one's.
+  Status AppendDense(int32_t layer, const StepRows& rows, StreamHandle stream);
 
   // ---- Step (manager_step.cc) ----
   // Before the request appends at `position`: copies the page on write if it is shared.
@@ -198,7 +223,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // The offloaded layers' cadence r (LayerShape::entry_tokens), and the options in entry units,
   // which the parts are sized and addressed in: a request of n tokens holds floor(n / r) entries,
   // a row of the host pool and a slot of the hot cache each; max_context and
-  // host_capacity_tokens count entries (at r = 1, options_ itself).
+  // host_capacity_tokens count entries (at r = 1, options_ itself). In entries_, every layer is
+  // an offloaded layer of cadence r (the parts know no other kind) and raw_window is 0.
   const int32_t cadence_;
   CacheOptions entries_;
   // Which layers share a top-k, and each group's top-k.
@@ -231,6 +257,11 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
 
   // Placement on the device, demotion and promotion, and the loads they need.
   Residency residency_;
+
+  // Resident entries and raw windows; null when the geometry has neither. A retracted request's
+  // part of it waits in dense_retracted_ (DenseLayerStore::Retract's host copy).
+  std::unique_ptr<DenseLayerStore> dense_;
+  std::unordered_map<RequestId, std::vector<std::byte>> dense_retracted_;
 };
 
 }  // namespace sparsekv

@@ -413,22 +413,24 @@ TEST_F(ManagerRefusalTest, CompleteLayerRefusesUnknownRequestsBadLayersAndComple
   EXPECT_EQ(*m_->SequenceLength(2), kPrompt + 1);
 }
 
-// Layers the manager does not serve yet are refused at creation, naming the field; the defaults
-// of LayerShape are served.
-TEST(ManagerCreateRefusalTest, LayerKindsNotServedYetAreUnimplemented) {
+// Resident and window-only layers and a raw window are served beside offloaded layers; a geometry
+// with no offloaded layer is refused at creation, naming why.
+TEST(ManagerCreateRefusalTest, AGeometryWithoutOffloadedLayersIsRefused) {
   CacheOptions o = testing::SmallOptions();
   o.geometry = KVGeometry::Uniform(3, 8);
   ASSERT_TRUE(SparseKVCacheManager::Create(o, CreateCpuBackend()).ok());
   o.geometry.layers[1].kind = LayerKind::kResident;
   o.geometry.layers[1].indexer_keys = false;
+  o.raw_window = 4;
+  EXPECT_TRUE(SparseKVCacheManager::Create(o, CreateCpuBackend()).ok());
+  for (LayerShape& l : o.geometry.layers) {
+    l.kind = LayerKind::kResident;
+    l.indexer_keys = false;
+  }
   const auto refused = SparseKVCacheManager::Create(o, CreateCpuBackend());
-  EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(refused.status().message().find("layers[1].kind is kResident"), std::string::npos)
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("no offloaded layer"), std::string::npos)
       << refused.status().message();
-  o.geometry = KVGeometry::Uniform(3, 8);
-  o.raw_window = 128;
-  EXPECT_EQ(SparseKVCacheManager::Create(o, CreateCpuBackend()).status().code(),
-            StatusCode::kUnimplemented);
 }
 
 }  // namespace

@@ -73,6 +73,8 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
                         std::to_string(r->reserved_tokens) + " tokens)");
     }
   }
+  // Its own checks agree with those above; it gives each request its token first.
+  if (dense_ != nullptr) SPARSEKV_RETURN_IF_ERROR(dense_->PlanStep(batch, stream));
   BatchEntry* entries = plan_.Begin(static_cast<int32_t>(batch.size())).entries;
   for (int32_t b = 0; b < max_batch; ++b) {
     if (b >= static_cast<int32_t>(batch.size())) {
@@ -103,9 +105,12 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
   return plan_.Upload(stream);
 }
 
-Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_rows,
-                                               const void* new_keys, StreamHandle stream) {
+Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const StepRows& rows,
+                                               StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "AppendToken"));
+  if (!Offloaded(layer)) return AppendDense(layer, rows, stream);
+  const void* new_rows = rows.entries;
+  const void* new_keys = rows.keys;
   if (new_rows == nullptr) return InvalidArgument("AppendToken: new_rows is null");
   if (keys_.Keyed(layer) && new_keys == nullptr) {
     return InvalidArgument(
@@ -113,6 +118,8 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const void* new_ro
         std::to_string(layer) + ")");
   }
   SPARSEKV_RETURN_IF_ERROR(order_.CheckAppend(layer));
+  // The raw window first: it checks its pointer, and on an error nothing is written.
+  if (dense_ != nullptr) SPARSEKV_RETURN_IF_ERROR(AppendDense(layer, rows, stream));
   const LayerShape shape = options_.geometry.layers[layer];
   const int32_t max_batch = options_.effective_max_batch();
   IndexCopyView to_window{};
@@ -159,6 +166,7 @@ Status SparseKVCacheManager::Impl::ResolveLayer(int32_t layer, const int32_t* to
                                                 uint8_t* fill_mask, StreamHandle stream,
                                                 int32_t topk_stride) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "ResolveLayer"));
+  SPARSEKV_RETURN_IF_ERROR(CheckOffloaded(layer, "ResolveLayer"));
   SPARSEKV_RETURN_IF_ERROR(order_.CheckResolveLayer(layer));
   if (topk == nullptr || slots == nullptr) {
     return InvalidArgument("ResolveLayer: topk and slots must not be null");
@@ -258,6 +266,7 @@ Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream
                                               int32_t copy_blocks) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "CopyMisses"));
   SPARSEKV_RETURN_IF_ERROR(CheckCopyBlocks(copy_blocks, "CopyMisses"));
+  SPARSEKV_RETURN_IF_ERROR(CheckOffloaded(layer, "CopyMisses"));
   SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyMisses(layer));
   for (int32_t c = 0; c < plan_.chunks(); ++c) {
     SPARSEKV_RETURN_IF_ERROR(CopyChunk(layer, c, copy_blocks, stream));
@@ -269,6 +278,7 @@ Status SparseKVCacheManager::Impl::CopyMissChunk(int32_t layer, int32_t chunk, S
                                                  int32_t copy_blocks) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "CopyMissChunk"));
   SPARSEKV_RETURN_IF_ERROR(CheckCopyBlocks(copy_blocks, "CopyMissChunk"));
+  SPARSEKV_RETURN_IF_ERROR(CheckOffloaded(layer, "CopyMissChunk"));
   SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyMissChunk(layer, chunk));
   return CopyChunk(layer, chunk, copy_blocks, stream);
 }
@@ -301,6 +311,7 @@ Status SparseKVCacheManager::Impl::Copy(int32_t layer, const MissList& list, int
 Status SparseKVCacheManager::Impl::AssembleLayer(int32_t layer, const int32_t* slots,
                                                  void* assembled, StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "AssembleLayer"));
+  SPARSEKV_RETURN_IF_ERROR(CheckOffloaded(layer, "AssembleLayer"));
   if (slots == nullptr || assembled == nullptr) {
     return InvalidArgument("AssembleLayer: slots and assembled must not be null");
   }
@@ -330,6 +341,7 @@ Status SparseKVCacheManager::Impl::PrefetchLayer(int32_t layer, const int32_t* p
 Status SparseKVCacheManager::Impl::ResolvePrefetch(int32_t layer, const int32_t* positions,
                                                    int32_t count, StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "PrefetchLayer"));
+  SPARSEKV_RETURN_IF_ERROR(CheckOffloaded(layer, "PrefetchLayer"));
   SPARSEKV_RETURN_IF_ERROR(order_.CheckPrefetchLayer(layer));
   if (positions == nullptr) return InvalidArgument("PrefetchLayer: positions is null");
   if (count < 1 || count > options_.max_prefetch) {
@@ -350,6 +362,7 @@ Status SparseKVCacheManager::Impl::ResolvePrefetch(int32_t layer, const int32_t*
 Status SparseKVCacheManager::Impl::CopyPrefetch(int32_t layer, StreamHandle stream,
                                                 int32_t copy_blocks) {
   SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "CopyPrefetch"));
+  SPARSEKV_RETURN_IF_ERROR(CheckOffloaded(layer, "CopyPrefetch"));
   if (copy_blocks < 0) {
     return InvalidArgument("CopyPrefetch: copy_blocks " + std::to_string(copy_blocks) +
                            " is negative (0: the options' grid)");
@@ -397,7 +410,7 @@ StatusOr<CacheStats> SparseKVCacheManager::Impl::ReadStats(StreamHandle stream) 
   s.hot_blocks_used = hot_->used_blocks();
   s.resident_requests = static_cast<int32_t>(std::count_if(
       requests_.begin(), requests_.end(), [](const auto& it) { return it.second.resident(); }));
-  s.device_bytes = device_bytes_;
+  s.device_bytes = device_bytes_ + (dense_ != nullptr ? dense_->bytes() : 0);
   s.pages_shared = pool_->shared_pages();
   s.bytes_saved = pool_->extra_references() * pool_->page_bytes();
   s.retained_conversations = ledger_->retained_conversations();
@@ -407,7 +420,7 @@ StatusOr<CacheStats> SparseKVCacheManager::Impl::ReadStats(StreamHandle stream) 
 }
 
 DeviceMemoryUse SparseKVCacheManager::Impl::DeviceMemoryByUse() const {
-  const int64_t page_bytes = int64_t{hot_->page_rows()} * options_.geometry.token_stride_bytes();
+  const int64_t page_bytes = int64_t{hot_->page_rows()} * entries_.geometry.token_stride_bytes();
   DeviceMemoryUse use;
   for (const auto& [id, r] : requests_) {
     use.resident_rows += static_cast<int64_t>(r.resident_pages.size()) * page_bytes;
@@ -419,6 +432,12 @@ DeviceMemoryUse SparseKVCacheManager::Impl::DeviceMemoryByUse() const {
   use.tables = tables_.device_bytes();
   use.plan = plan_.device_bytes() + residency_.device_bytes();
   use.counters = stats_.device_bytes() + marks_.device_bytes();
+  if (dense_ != nullptr) {
+    const DenseMemoryUse dense = dense_->MemoryByUse();
+    use.resident_entries = dense.resident_entries;
+    use.windows = dense.windows;
+    use.tables += dense.tables;
+  }
   return use;
 }
 

@@ -34,7 +34,18 @@ void StepOrder::Open(int32_t batch_size) {
   std::fill(appended_.begin(), appended_.end(), false);
   std::fill(copied_.begin(), copied_.end(), false);
   for (std::vector<bool>& chunks : chunk_copied_) std::fill(chunks.begin(), chunks.end(), false);
+  for (int32_t l = 0; l < shape_.layers; ++l) {
+    if (Dense(l)) {
+      copied_[l] = true;
+      std::fill(chunk_copied_[l].begin(), chunk_copied_[l].end(), true);
+    }
+  }
   groups_resolved_ = 0;
+  SkipDenseGroups();
+}
+
+void StepOrder::SkipDenseGroups() {
+  while (groups_resolved_ < groups() && Dense(groups_.First(groups_resolved_))) ++groups_resolved_;
 }
 
 Status StepOrder::RefuseLayer(int32_t layer, const char* op) const {

@@ -7,8 +7,9 @@
 // a refused call changes nothing. Refusals of order are FailedPrecondition; a layer or chunk out
 // of range is InvalidArgument. The messages name the call, as the public API's errors do.
 //
-// The rules it keeps: index groups resolve in order, each layer is appended and copied once, and
-// group g + 2 resolves (into the miss list group g copies from) only after every copy of group g.
+// The rules it keeps: index groups resolve in order, each layer is appended and copied once
+// (a dense layer, Shape::dense, is only appended), and group g + 2 resolves (into the miss list
+// group g copies from) only after every copy of group g.
 //
 // Not thread-safe; owned by the manager, whose calls are externally serialised.
 #pragma once
@@ -29,6 +30,9 @@ class StepOrder {
     int32_t layers_per_index = 1;  // layers sharing one top-k (uniform index groups)
     int32_t max_batch = 1;
     int32_t copy_chunk_rows = 0;  // batch rows per copy chunk; 0: one miss list, no chunks
+    // Per layer (empty: none): layers without a top-k (resident, window-only), which are only
+    // appended; each is a group of its own, skipped by the resolve order and never copied.
+    std::vector<bool> dense;
   };
   // Uniform index groups of shape.layers_per_index layers.
   explicit StepOrder(const Shape& shape);
@@ -63,7 +67,10 @@ class StepOrder {
   // and was appended; then its group is the next to resolve and its miss list is free.
   Status CheckResolveLayer(int32_t layer) const;
   Status CheckResolveOrder(int32_t layer) const;
-  void MarkResolved(int32_t layer) { groups_resolved_ = Group(layer) + 1; }
+  void MarkResolved(int32_t layer) {
+    groups_resolved_ = Group(layer) + 1;
+    SkipDenseGroups();
+  }
   Status CheckCopyMisses(int32_t layer) const;
   Status CheckCopyMissChunk(int32_t layer, int32_t chunk) const;
   // Records chunk `chunk` of `layer` as copied. True when this makes the layer copied: every
@@ -100,6 +107,9 @@ class StepOrder {
   std::string DescribeLayer(int32_t layer) const;
   Status RefuseLayer(int32_t layer, const char* op) const;
   Status RefuseAppend(int32_t layer) const;
+  bool Dense(int32_t layer) const { return !shape_.dense.empty() && shape_.dense[layer]; }
+  // Counts the dense groups next in the resolve order as resolved.
+  void SkipDenseGroups();
 
   Shape shape_;
   IndexGroups groups_;

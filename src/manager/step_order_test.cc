@@ -302,5 +302,40 @@ TEST(StepOrderGroupsTest, ExplicitGroupsResolveOnTheirFirstLayer) {
                 "PrefetchLayer: layer 3 is not the first of its index group");
 }
 
+// Dense layers (resident, window-only) are appended only: the offloaded layers' groups resolve
+// in order around them, and the step finishes once every layer is appended.
+TEST(StepOrderTest, DenseLayersAreAppendedOnly) {
+  // Layers 0 and 2 offloaded, 1, 3 and 4 dense: five groups of one layer.
+  StepOrder order({.layers = 5,
+                   .layers_per_index = 1,
+                   .max_batch = 4,
+                   .dense = {false, true, false, true, true}});
+  order.Open(2);
+  EXPECT_EQ(order.groups_resolved(), 0);
+  for (int32_t l = 0; l < 5; ++l) {
+    ASSERT_TRUE(order.CheckAppend(l).ok());
+    order.MarkAppended(l);
+  }
+  EXPECT_TRUE(order.copied(1));
+  ExpectRefused(order.CheckFinish(), StatusCode::kFailedPrecondition,
+                "FinishStep: index group 0 was not resolved in this step");
+  ASSERT_TRUE(order.CheckResolveOrder(0).ok());
+  order.MarkResolved(0);
+  EXPECT_EQ(order.groups_resolved(), 2);  // group 1 is dense
+  ASSERT_TRUE(order.CheckCopyMisses(0).ok());
+  order.MarkChunkCopied(0, 0);
+  ASSERT_TRUE(order.CheckResolveOrder(2).ok());
+  order.MarkResolved(2);
+  EXPECT_EQ(order.groups_resolved(), 5);
+  ExpectRefused(order.CheckFinish(), StatusCode::kFailedPrecondition,
+                "FinishStep: layer 2 (index group 2) has no CopyMisses in this step");
+  order.MarkChunkCopied(2, 0);
+  EXPECT_TRUE(order.CheckFinish().ok());
+  // A step whose first groups are dense starts past them.
+  StepOrder leading({.layers = 2, .layers_per_index = 1, .max_batch = 1, .dense = {true, false}});
+  leading.Open(1);
+  EXPECT_EQ(leading.groups_resolved(), 1);
+}
+
 }  // namespace
 }  // namespace sparsekv

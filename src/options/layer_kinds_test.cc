@@ -185,7 +185,7 @@ TEST(LayerKindsTest, DefaultsAreToday) {
   EXPECT_TRUE(CheckServedGeometry(KVGeometry::Uniform(61, 656), 0).ok());
 }
 
-TEST(LayerKindsTest, ManagerServesOffloadedLayersOfOneRowPerToken) {
+TEST(LayerKindsTest, ManagerServesEveryKindBesideAnOffloadedLayer) {
   const auto expect_refused = [](const KVGeometry& g, int32_t raw_window, const std::string& m) {
     const Status s = CheckServedGeometry(g, raw_window);
     EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
@@ -194,8 +194,11 @@ TEST(LayerKindsTest, ManagerServesOffloadedLayersOfOneRowPerToken) {
   const KVGeometry uniform = KVGeometry::Uniform(3, 656);
   KVGeometry g = uniform;
   g.layers[1].kind = LayerKind::kResident;
-  expect_refused(g, 0, "geometry.layers[1].kind is kResident");
-  expect_refused(uniform, 128, "raw_window is 128");
+  g.layers[2].kind = LayerKind::kWindowOnly;
+  EXPECT_TRUE(CheckServedGeometry(g, 128).ok());
+  EXPECT_TRUE(CheckServedGeometry(uniform, 128).ok());
+  g.layers[0].kind = LayerKind::kResident;
+  expect_refused(g, 128, "no layer is kOffloaded");
   // GLM-5.3's layers: their own top-k, explicit groups, keys on the groups' first layers.
   g = uniform;
   g.layers[0].top_k = 512;

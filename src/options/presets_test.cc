@@ -138,11 +138,10 @@ TEST(PresetsTest, DeepSeekV4InMxfp4Has368ByteEntries) {
   EXPECT_EQ(p->layers_of(LayerKind::kOffloaded), 21);  // the layer list does not change
 }
 
-TEST(PresetsTest, DeepSeekV4IsNotServedYetAndGlm53Is) {
+TEST(PresetsTest, DeepSeekV4AndGlm53AreServed) {
   for (const std::string name : {"deepseek-v4-flash", "deepseek-v4-pro"}) {
     const ModelPreset p = Preset(name);
-    EXPECT_EQ(CheckServedGeometry(p.geometry(), p.raw_window).code(), StatusCode::kUnimplemented)
-        << name;
+    EXPECT_TRUE(CheckServedGeometry(p.geometry(), p.raw_window).ok()) << name;
   }
   const ModelPreset glm = Preset("glm-5.3");
   EXPECT_TRUE(CheckServedGeometry(glm.geometry(), glm.raw_window).ok());

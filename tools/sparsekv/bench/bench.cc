@@ -133,7 +133,14 @@ Status CheckBenchMemory(const BenchConfig& c, const CacheOptions& o, Backend& ba
 }  // namespace
 
 std::string_view PrecisionName(KVRowFormat format) {
-  return format == KVRowFormat::kFp8Row656 ? "fp8" : "bf16";
+  switch (format) {
+    case KVRowFormat::kBf16Row1152:
+      return "bf16";
+    case KVRowFormat::kMxfp4Entry368:
+      return "mxfp4";
+    default:
+      return "fp8";
+  }
 }
 
 Status ValidateBenchConfig(const BenchConfig& c) {
@@ -234,6 +241,12 @@ void ApplyPresetScenario(BenchConfig& c, bool weights_given, bool hbm_given) {
   if (!hbm_given) c.hbm_budget_gb = HbmLeftForKvGb(c.weights_gb);
 }
 
+bool HasDenseLayers(const ModelPreset& preset) {
+  return preset.raw_window > 0 ||
+         std::any_of(preset.layers.begin(), preset.layers.end(),
+                     [](const LayerShape& l) { return l.kind != LayerKind::kOffloaded; });
+}
+
 bool NamesIndexGroups(const ModelPreset& preset) {
   return std::any_of(preset.layers.begin(), preset.layers.end(),
                      [](const LayerShape& l) { return l.index_group >= 0; });
@@ -297,12 +310,29 @@ StatusOr<CacheOptions> BenchCacheOptions(const BenchConfig& c) {
   CacheOptions o = c.cache_base;
   o.geometry = BenchGeometry(c, preset);
   if (NamesIndexGroups(preset)) o.layers_per_index = 1;
+  if (HasDenseLayers(preset)) {
+    // DeepSeek-V4: its first layers' kinds and cadences and its raw window; --top-k for every
+    // offloaded layer, and no indexer keys.
+    for (int32_t l = 0; l < o.geometry.num_layers() && l < preset.num_layers; ++l) {
+      LayerShape& s = o.geometry.layers[l];
+      s.kind = preset.layers[l].kind;
+      s.entry_tokens = preset.layers[l].entry_tokens;
+      s.top_k = 0;
+      s.indexer_keys = false;
+    }
+    o.raw_window = preset.raw_window;
+  }
   o.top_k = c.top_k;
   o.hot_slots = c.hot_slots;
   o.window = c.window;
   o.host_page_tokens = c.page_tokens;
-  const int64_t tokens_per_request =
-      (int64_t{c.context} + c.steps + c.page_tokens - 1) / c.page_tokens * c.page_tokens;
+  // The host pool's pages hold page_tokens entries of the offloaded layers' cadence r.
+  int64_t unit = c.page_tokens;
+  for (int32_t l = o.geometry.num_layers() - 1; l >= 0; --l) {
+    const LayerShape& s = o.geometry.layers[l];
+    if (s.kind == LayerKind::kOffloaded) unit = int64_t{c.page_tokens} * s.entry_tokens;
+  }
+  const int64_t tokens_per_request = (int64_t{c.context} + c.steps + unit - 1) / unit * unit;
   o.host_capacity_tokens = tokens_per_request * c.batch;
   o.max_requests = c.batch;
   o.max_host_requests = 0;
@@ -361,7 +391,14 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   const int32_t layers = c.layers;
   const IndexGroups groups(o);
   const int64_t stride = o.geometry.layers[0].row_stride;  // uniform geometry
-  const int64_t topk_elems = int64_t{c.batch} * c.top_k;   // one layer's top-k rows
+  // The offloaded layers' cadence: their top-k name entries of r tokens (DeepSeek-V4: 4).
+  int32_t cadence = 1;
+  for (int32_t l = layers - 1; l >= 0; --l) {
+    if (o.geometry.layers[l].kind == LayerKind::kOffloaded) {
+      cadence = o.geometry.layers[l].entry_tokens;
+    }
+  }
+  const int64_t topk_elems = int64_t{c.batch} * c.top_k;  // one layer's top-k rows
 
   // Admission and prompt ingestion. Every request reads the same random rows at its own offset:
   // the content does not change the timing, and one buffer keeps set-up fast at any batch.
@@ -373,8 +410,10 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   for (int32_t b = 0; b < c.batch; ++b) {
     SPARSEKV_RETURN_IF_ERROR(manager->Admit(ids[b], c.context, c.steps, stream));
     for (int32_t l = 0; l < layers; ++l) {
+      // The same rows give the entries and, with a raw window, the window's newest rows.
+      const std::byte* rows = prompt.data() + int64_t{b} * stride;
       SPARSEKV_RETURN_IF_ERROR(
-          manager->IngestPrompt(ids[b], l, prompt.data() + int64_t{b} * stride, stream));
+          manager->IngestPrompt(ids[b], l, PromptRows{.entries = rows, .window = rows}, stream));
     }
     report("ingest", b + 1, c.batch);
   }
@@ -401,7 +440,7 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   g.seed = c.seed;
   if (!c.miss_rates.empty()) {
     g.miss_rate = c.miss_rates.front();
-    g.fresh_range = c.context;
+    g.fresh_range = c.context / cadence;
   }
   std::vector<LayerTopKGenerator> generators;
   for (int32_t l = 0; l < layers; ++l) generators.emplace_back(g, l, c.batch);
@@ -412,7 +451,8 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   for (int32_t step = 0; step < c.steps; ++step) {
     if (step == c.warmup_steps) SPARSEKV_RETURN_IF_ERROR(manager->ResetStats(stream));
     // Inputs (untimed): in an engine the indexer writes top-k on the device.
-    std::fill(seq_lens.begin(), seq_lens.end(), c.context + step + 1);  // the new token included
+    // Entries, the new token included.
+    std::fill(seq_lens.begin(), seq_lens.end(), (c.context + step + 1) / cadence);
     GenerateStep(generators, seq_lens, topk_elems, topk);
     FillRandom(rng, new_rows);
     SPARSEKV_RETURN_IF_ERROR(
@@ -424,8 +464,12 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
     const Clock::time_point start = Clock::now();
     SPARSEKV_RETURN_IF_ERROR(manager->PlanStep(ids, stream));
     for (int32_t l = 0; l < layers; ++l) {
+      const std::byte* rows = rows_device->get() + int64_t{l} * c.batch * stride;
       SPARSEKV_RETURN_IF_ERROR(
-          manager->AppendToken(l, rows_device->get() + int64_t{l} * c.batch * stride, stream));
+          manager->AppendToken(l, StepRows{.entries = rows, .window = rows}, stream));
+      // A resident or window-only layer (DeepSeek-V4) has no top-k: its attention reads the
+      // manager's views in place.
+      if (o.geometry.layers[l].kind != LayerKind::kOffloaded) continue;
       auto* slots = reinterpret_cast<int32_t*>(slots_device->get());
       void* assembled = assembled_device ? assembled_device->get() : nullptr;
       if (groups.Leads(l)) {
@@ -494,6 +538,20 @@ std::string BackendLabel(const BenchResult& r) {
   return r.config.scaled_down ? "CPU reference backend (scaled down)" : "CPU reference backend";
 }
 
+namespace {
+
+// The index groups that resolve a top-k: those of offloaded layers.
+int32_t ResolvingGroups(const CacheOptions& o) {
+  const IndexGroups groups(o);
+  int32_t n = 0;
+  for (int32_t g = 0; g < groups.count(); ++g) {
+    n += o.geometry.layers[groups.First(g)].kind == LayerKind::kOffloaded;
+  }
+  return n;
+}
+
+}  // namespace
+
 std::string FormatBenchTable(const BenchResult& r) {
   const BenchConfig& c = r.config;
   std::vector<std::pair<std::string, std::string>> rows = {
@@ -502,7 +560,7 @@ std::string FormatBenchTable(const BenchResult& r) {
                      std::to_string(r.row_bytes) + " B rows), " + std::to_string(c.layers) +
                      " of " + std::to_string(r.preset_layers) + " layers"},
       {"index groups",
-       std::to_string(r.options.index_groups()) + " (top-k resolved once per group)"},
+       std::to_string(ResolvingGroups(r.options)) + " (top-k resolved once per group)"},
       {"batch", std::to_string(c.batch) + " requests"},
       {"context", std::to_string(c.context) + " tokens"},
       {"steps", std::to_string(c.steps) + " (" + std::to_string(c.warmup_steps) + " warm-up, " +
@@ -541,6 +599,15 @@ std::string FormatBenchTable(const BenchResult& r) {
     out +=
         "  (attention, weight proxy and the full-hbm / no-cache variants run on a GPU only: "
         "skipped on the CPU backend)\n";
+  }
+  int32_t kinds[3] = {0, 0, 0};  // offloaded, resident, window-only
+  for (const LayerShape& l : r.options.geometry.layers) ++kinds[static_cast<int>(l.kind)];
+  if (kinds[1] + kinds[2] > 0 || r.options.raw_window > 0) {
+    out += "  (layer kinds: " + std::to_string(kinds[0]) + " offloaded, " +
+           std::to_string(kinds[1]) + " resident, " + std::to_string(kinds[2]) +
+           " window-only, raw window " + std::to_string(r.options.raw_window) +
+           "; only the offloaded layers resolve a top-k, of entries; the HBM figures count a "
+           "row per token in every layer, as for the uniform presets)\n";
   }
   return out;
 }

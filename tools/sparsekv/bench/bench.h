@@ -180,6 +180,9 @@ inline double HbmLeftForKvGb(double weights_gb) { return 141 - weights_gb - 8; }
 // weights_per_gpu_gb (or an unknown one) leaves `config` as it is.
 void ApplyPresetScenario(BenchConfig& config, bool weights_given, bool hbm_given);
 
+// Whether the preset has resident or window-only layers or a raw window (DeepSeek-V4).
+bool HasDenseLayers(const ModelPreset& preset);
+
 // Whether the preset's layers name their index groups (LayerShape::index_group: glm-5.3).
 bool NamesIndexGroups(const ModelPreset& preset);
 

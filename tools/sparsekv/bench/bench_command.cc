@@ -124,7 +124,7 @@ BenchCommand::BenchCommand(CLI::App& parent) {
            (gpu == cpu ? "" : "; CPU: " + std::to_string(cpu)) + "]";
   };
   app_->add_option("--preset", config_.preset, "model shape")
-      ->check(ServedPreset())
+      ->check(ManagerPreset())
       ->capture_default_str();
   app_->add_option("--precision", precision_, "KV row format: fp8 (656 B) or bf16 (1152 B)")
       ->check(CLI::IsMember({"fp8", "bf16"}))
@@ -371,6 +371,11 @@ BenchConfig BenchCommand::Resolve(BackendKind kind) const {
                                                        .variants = given("--variants")})
                          : config_;
   c.row_format = precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656;
+  // fp8 is the preset's fp8 format: DeepSeek-V4's 584-B entries.
+  if (const StatusOr<ModelPreset> p = FindPreset(c.preset);
+      precision_ != "bf16" && p.ok() && p->layers[0].format.has_value()) {
+    c.row_format = *p->layers[0].format;
+  }
   c.proxy = !no_proxy_;
   c.batch_given = batch_->count() > 0;
   c.trace_step = !trace_step_path_.empty();

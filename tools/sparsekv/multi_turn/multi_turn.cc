@@ -334,8 +334,8 @@ StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config,
                                        const MultiTurnProgressFn& progress) {
   SPARSEKV_RETURN_IF_ERROR(ValidateMultiTurnConfig(config));
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.row_format));
-  // Its pages count a row per token and layer: what the manager serves.
-  SPARSEKV_RETURN_IF_ERROR(CheckServedGeometry(preset.geometry(), preset.raw_window));
+  // Its pages count a row per token and layer: offloaded layers only (CheckToolsDriveLayers).
+  SPARSEKV_RETURN_IF_ERROR(CheckToolsDriveLayers(preset.geometry(), preset.raw_window));
   MultiTurnReport report;
   report.config = config;
   report.token_bytes = preset.geometry().token_stride_bytes();

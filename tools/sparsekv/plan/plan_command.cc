@@ -525,7 +525,7 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
                                      : FindPreset(preset_);  // the model's fp8 rows or entries
   if (!preset.ok()) return fail(preset.status(), kExitUsage);
   if (Status s = CheckOutputPath("--json", json_path_); !s.ok()) return fail(s, kExitUsage);
-  if (!CheckServedGeometry(preset->geometry(), preset->raw_window).ok()) {
+  if (!CheckToolsDriveLayers(preset->geometry(), preset->raw_window).ok()) {
     // Layers the manager does not serve yet: capacity from the footprint, at the preset's
     // weights and a hot cache of 2 x top-k (SGLang's HiSparse for DeepSeek-V4) unless given.
     ModelShape model = model_;

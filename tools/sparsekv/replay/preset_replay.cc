@@ -4,6 +4,7 @@
 #include <span>
 
 #include "sparsekv/options.h"
+#include "tools/sparsekv/common/preset_layers.h"
 
 namespace sparsekv::tools {
 namespace {
@@ -29,7 +30,7 @@ StatusOr<PresetReplayShape> FindPresetReplayShape(const std::string& name) {
   s.model_layers = p.num_layers;
   s.row_bytes = p.row_bytes;
   s.max_context_tokens = kMaxContextTokens;
-  s.manager_serves = CheckServedGeometry(p.geometry(), p.raw_window).ok();
+  s.manager_serves = CheckToolsDriveLayers(p.geometry(), p.raw_window).ok();
   std::vector<int32_t> replayed_index(p.num_layers, -1);  // model layer -> replayed layer
   for (int32_t i = 0; i < p.num_layers; ++i) {
     const LayerShape& l = p.layers[i];

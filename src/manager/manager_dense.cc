@@ -1,0 +1,135 @@
+// SparseKVCacheManager::Impl, part three: the layer kinds besides offloaded layers. Resident
+// layers' entries and every layer's raw window live in dense_ (DenseLayerStore), which follows
+// the requests on the device: admitted, forked, retracted, resumed and released with them, and
+// given each step's batch by PlanStep. The calls that work through a top-k refuse its layers.
+#include <limits>
+#include <string>
+
+#include "manager/manager_impl.h"
+
+namespace sparsekv {
+
+using manager_internal::Describe;
+
+namespace {
+
+const char* KindName(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kOffloaded:
+      return "kOffloaded";
+    case LayerKind::kResident:
+      return "kResident";
+    case LayerKind::kWindowOnly:
+      return "kWindowOnly";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+Status SparseKVCacheManager::Impl::AllocateDense() {
+  bool needed = options_.raw_window > 0;
+  for (const LayerShape& l : options_.geometry.layers) needed |= l.kind != LayerKind::kOffloaded;
+  if (!needed) return Status::Ok();
+  DenseLayerStoreOptions o{.geometry = options_.geometry,
+                           .raw_window = options_.raw_window,
+                           .page_rows = options_.resident_page_rows,
+                           .max_requests = options_.max_requests,
+                           .max_batch = options_.effective_max_batch(),
+                           .max_request_tokens = options_.max_context,
+                           .budget_bytes = std::numeric_limits<int64_t>::max()};
+  // Its share: every request on the device (at most max_requests) at max_context, and the
+  // tables. The store is made once to learn the tables' size, then with that share exactly.
+  int64_t share = 0;
+  {
+    SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<DenseLayerStore> probe,
+                              DenseLayerStore::Create(o, backend_));
+    share = probe->MemoryByUse().tables +
+            int64_t{options_.max_requests} * probe->RequestBytes(options_.max_context).sum();
+  }
+  if (options_.device_budget_bytes > 0) {
+    if (share >= options_.device_budget_bytes) {
+      return InvalidArgument(
+          "CacheOptions: device_budget_bytes (" + std::to_string(options_.device_budget_bytes) +
+          ") cannot hold the resident entries and raw windows of max_requests (" +
+          std::to_string(options_.max_requests) + ") requests of max_context (" +
+          std::to_string(options_.max_context) + ") tokens (" + std::to_string(share) +
+          " bytes) and a hot cache");
+    }
+    entries_.device_budget_bytes = options_.device_budget_bytes - share;
+  }
+  o.budget_bytes = share;
+  SPARSEKV_ASSIGN_OR_RETURN(dense_, DenseLayerStore::Create(o, backend_));
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::CheckOffloaded(int32_t layer, const char* op) const {
+  if (Offloaded(layer)) return Status::Ok();
+  const LayerKind kind = options_.geometry.layers[layer].kind;
+  return InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) + " is " +
+                         KindName(kind) + ", which has no top-k (" +
+                         (kind == LayerKind::kResident
+                              ? "its entries are read whole: DenseEntries"
+                              : "it holds its raw window only: RawWindow") +
+                         ")");
+}
+
+Status SparseKVCacheManager::Impl::RetractDense(RequestId id) {
+  if (dense_ == nullptr) return Status::Ok();
+  SPARSEKV_ASSIGN_OR_RETURN(const int64_t bytes, dense_->RetractedBytes(id));
+  std::vector<std::byte>& host = dense_retracted_[id];
+  host.resize(static_cast<size_t>(bytes));
+  // On the default stream, which Retract (a call without a stream) orders after earlier work.
+  Status retracted = dense_->Retract(id, host.data(), bytes, nullptr);
+  if (!retracted.ok()) dense_retracted_.erase(id);
+  return retracted;
+}
+
+Status SparseKVCacheManager::Impl::ResumeDense(RequestId id, StreamHandle stream) {
+  if (dense_ == nullptr) return Status::Ok();
+  auto it = dense_retracted_.find(id);
+  if (it == dense_retracted_.end()) {
+    return FailedPrecondition("Resume: " + Describe(id) + " has no retracted raw windows");
+  }
+  SPARSEKV_RETURN_IF_ERROR(
+      dense_->Resume(id, it->second.data(), static_cast<int64_t>(it->second.size()), stream));
+  dense_retracted_.erase(it);
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::AppendDense(int32_t layer, const StepRows& rows,
+                                               StreamHandle stream) {
+  const bool offloaded = Offloaded(layer);
+  if (!offloaded) {
+    if (dense_ == nullptr) return FailedPrecondition("AppendToken: no layer store");
+    SPARSEKV_RETURN_IF_ERROR(order_.CheckAppend(layer));
+  }
+  if (options_.raw_window > 0 && rows.window == nullptr) {
+    return InvalidArgument("AppendToken: window is null (raw_window is " +
+                           std::to_string(options_.raw_window) + ")");
+  }
+  const bool resident = options_.geometry.layers[layer].kind == LayerKind::kResident;
+  if (resident && rows.entries == nullptr) {
+    return InvalidArgument("AppendToken: entries is null (layer " + std::to_string(layer) +
+                           " is kResident)");
+  }
+  if (offloaded && options_.raw_window == 0) return Status::Ok();
+  SPARSEKV_RETURN_IF_ERROR(
+      dense_->Append(layer, resident ? rows.entries : nullptr, rows.window, stream));
+  if (!offloaded) order_.MarkAppended(layer);
+  return Status::Ok();
+}
+
+StatusOr<DenseEntriesView> SparseKVCacheManager::Impl::DenseEntries(int32_t layer) const {
+  if (dense_ == nullptr) {
+    return FailedPrecondition("DenseEntries: the geometry has no resident layer");
+  }
+  return dense_->DenseEntries(layer);
+}
+
+StatusOr<RawWindowView> SparseKVCacheManager::Impl::RawWindow(int32_t layer) const {
+  if (dense_ == nullptr) return FailedPrecondition("RawWindow: raw_window is 0");
+  return dense_->RawWindow(layer);
+}
+
+}  // namespace sparsekv

@@ -1,0 +1,174 @@
+// A manager over DeepSeek-V4's layer kinds on the CPU backend: random lifecycles checked against
+// the dense model of testing/layer_kinds_model.h, then the refusals.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "sparsekv/host_kv_pool.h"
+#include "sparsekv/manager.h"
+#include "testing/harness.h"
+#include "testing/layer_kinds_model.h"
+
+namespace sparsekv {
+namespace {
+
+using testing::Bytes;
+using testing::kMaxBatch;
+using testing::kRawWindow;
+using testing::kStride;
+using testing::kTopK;
+using testing::V4Shaped;
+
+TEST(ManagerLayerKindsTest, RandomLifecyclesMatchTheDenseModel) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE(seed);
+    testing::LayerKindsModel model(seed, /*hybrid=*/seed % 3 == 0, CreateCpuBackend());
+    model.Run(600);
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_GT(model.steps(), 100);
+  }
+}
+
+class ManagerLayerKindsRefusalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = CreateCpuBackend();
+    auto m = SparseKVCacheManager::Create(V4Shaped(false), backend_);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    m_ = std::move(*m);
+    ASSERT_TRUE(m_->Admit(1, 200, 10, nullptr).ok());
+    const Bytes rows(200 * kStride), window(kRawWindow * kStride);
+    for (int32_t l = 0; l < 5; ++l) {
+      ASSERT_TRUE(m_->IngestPrompt(
+                        1, l, PromptRows{.entries = rows.data(), .window = window.data()}, nullptr)
+                      .ok());
+    }
+  }
+  std::shared_ptr<Backend> backend_;
+  std::unique_ptr<SparseKVCacheManager> m_;
+  const Bytes rows_ = Bytes(kMaxBatch * kStride);
+};
+
+TEST_F(ManagerLayerKindsRefusalTest, ResidentAndWindowOnlyLayersHaveNoTopK) {
+  ASSERT_TRUE(m_->PlanStep({1}, nullptr).ok());
+  for (int32_t l = 0; l < 5; ++l) {
+    ASSERT_TRUE(
+        m_->AppendToken(l, StepRows{.entries = rows_.data(), .window = rows_.data()}, nullptr)
+            .ok());
+  }
+  std::vector<int32_t> topk(kMaxBatch * kTopK, 0), slots(kMaxBatch * kTopK);
+  Status s = m_->RunLayer(1, topk.data(), slots.data(), nullptr, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("kResident"), std::string::npos) << s.message();
+  s = m_->ResolveLayer(4, topk.data(), slots.data(), nullptr, nullptr);
+  EXPECT_NE(s.message().find("kWindowOnly"), std::string::npos) << s.message();
+  EXPECT_EQ(m_->CopyMisses(3, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m_->DenseEntries(0).status().code(), StatusCode::kInvalidArgument);
+  // Only the offloaded layers' groups resolve before the step may finish.
+  EXPECT_EQ(m_->FinishStep(nullptr).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m_->RunLayer(0, topk.data(), slots.data(), nullptr, nullptr).ok());
+  ASSERT_TRUE(m_->RunLayer(2, topk.data(), slots.data(), nullptr, nullptr).ok());
+  EXPECT_TRUE(m_->FinishStep(nullptr).ok());
+}
+
+TEST_F(ManagerLayerKindsRefusalTest, EveryLayerIsAppendedWithItsRows) {
+  ASSERT_TRUE(m_->PlanStep({1}, nullptr).ok());
+  // The form without a window, and a resident layer without entries.
+  EXPECT_EQ(m_->AppendToken(0, rows_.data(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m_->AppendToken(1, StepRows{.window = rows_.data()}, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  // A window-only layer needs no entries.
+  EXPECT_TRUE(m_->AppendToken(4, StepRows{.window = rows_.data()}, nullptr).ok());
+  EXPECT_EQ(m_->AppendToken(4, StepRows{.window = rows_.data()}, nullptr).code(),
+            StatusCode::kFailedPrecondition);
+  std::vector<int32_t> topk(kMaxBatch * kTopK, 0), slots(kMaxBatch * kTopK);
+  for (int32_t l : {0, 2}) {
+    ASSERT_TRUE(
+        m_->AppendToken(l, StepRows{.entries = rows_.data(), .window = rows_.data()}, nullptr)
+            .ok());
+    ASSERT_TRUE(m_->RunLayer(l, topk.data(), slots.data(), nullptr, nullptr).ok());
+  }
+  const Status s = m_->FinishStep(nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("layer 1"), std::string::npos) << s.message();
+}
+
+TEST_F(ManagerLayerKindsRefusalTest, WhatAddressesThePoolByTokenIsRefused) {
+  const std::vector<int32_t> ids(16, 7);
+  EXPECT_EQ(m_->AdmitWithPrefix(2, ids, 4, nullptr).status().code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(m_->Retain(1).status().code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(m_->AdmitSealedPrompt(3, 0, 0, 4, nullptr).code(), StatusCode::kUnimplemented);
+}
+
+TEST(ManagerLayerKindsTest, GeometriesItDoesNotServeAreRefused) {
+  CacheOptions o = V4Shaped(false);
+  for (int32_t l : {0, 2}) {
+    o.geometry.layers[l].kind = LayerKind::kResident;
+    o.geometry.layers[l].entry_tokens = 128;
+  }
+  const auto none = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument) << none.status().ToString();
+  EXPECT_NE(none.status().message().find("no offloaded layer"), std::string::npos);
+
+  const CacheOptions v4 = V4Shaped(false);
+  std::shared_ptr<Backend> backend = CreateCpuBackend();
+  auto pool = HostKVPool::CreateShared(v4, 2 * v4.effective_max_host_requests(), backend);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  const auto shared = SparseKVCacheManager::Create(v4, backend, *pool);
+  EXPECT_EQ(shared.status().code(), StatusCode::kUnimplemented);
+}
+
+// DeepSeek-V4's presets, whole: every layer, the raw window, keys on the CSA layers.
+TEST(ManagerLayerKindsTest, TheDeepSeekV4PresetsAreServed) {
+  for (const char* name : {"deepseek-v4-flash", "deepseek-v4-pro"}) {
+    const StatusOr<ModelPreset> p = FindPreset(name);
+    ASSERT_TRUE(p.ok());
+    CacheOptions o;
+    o.geometry = p->geometry();
+    o.top_k = o.hot_slots = p->top_k;
+    o.indexer_key_bytes = p->indexer_key_bytes;
+    o.raw_window = p->raw_window;
+    o.host_capacity_tokens = o.max_context = 1024;
+    o.max_requests = 1;
+    o.host_page_tokens = 64;
+    auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+    ASSERT_TRUE(m.ok()) << name << ": " << m.status().ToString();
+    EXPECT_TRUE((*m)->Admit(1, 600, 100, nullptr).ok());
+    const CacheStats s = *(*m)->ReadStats(nullptr);
+    EXPECT_EQ(s.device_memory.windows, int64_t{p->num_layers} * p->raw_window * p->row_bytes)
+        << name;
+    EXPECT_EQ(s.device_memory.resident_entries,
+              int64_t{p->layers_of(LayerKind::kResident)} * 64 * p->row_bytes)
+        << name;  // 700 tokens: 5 entries of 128, one page of 64
+  }
+}
+
+TEST(ManagerLayerKindsTest, TheStoreTakesItsShareOfTheBudgetAndIsCounted) {
+  CacheOptions o = V4Shaped(false);
+  o.hot_slots = 0;  // as many as the budget leaves
+  o.device_budget_bytes = 1 << 20;
+  auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  CacheStats s = *(*m)->ReadStats(nullptr);
+  EXPECT_EQ(s.device_memory.resident_entries, 0);
+  EXPECT_EQ(s.device_memory.windows, 0);
+  EXPECT_EQ(s.device_memory.sum(), s.device_bytes);
+  ASSERT_TRUE((*m)->Admit(1, 300, 212, nullptr).ok());  // 512 tokens
+  s = *(*m)->ReadStats(nullptr);
+  // 2 resident layers of 4 entries (2 pages of 2), 5 rings of 8 rows; 16-B rows.
+  EXPECT_EQ(s.device_memory.resident_entries, 2 * 4 * kStride);
+  EXPECT_EQ(s.device_memory.windows, 5 * kRawWindow * kStride);
+  EXPECT_EQ(s.device_memory.sum(), s.device_bytes);
+  // A budget that the store's share alone fills (4 requests of 640 tokens: 2 x 3 pages of 2
+  // entries and 5 rings each, 3,328 B, and the tables) is refused, naming the option.
+  o.device_budget_bytes = 3000;
+  const auto small = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.status().message().find("device_budget_bytes"), std::string::npos);
+  EXPECT_NE(small.status().message().find("raw windows"), std::string::npos)
+      << small.status().message();
+}
+
+}  // namespace
+}  // namespace sparsekv

@@ -1,0 +1,349 @@
+// A random model-checked lifecycle over DeepSeek-V4's layer kinds, for the manager's tests on
+// every backend: offloaded layers (an entry per 4 tokens, through the host pool and the hot
+// cache), resident layers (an entry per 128 tokens, all on the device) and a window-only layer,
+// every layer with a raw window. After every step each offloaded layer's assembled top-k, each
+// resident layer's entries and each layer's raw window (read back from the views' device memory)
+// are checked against a model that keeps every entry and raw row in plain arrays.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "sparsekv/kernel_views.h"
+#include "sparsekv/manager.h"
+#include "testing/harness.h"
+
+namespace sparsekv::testing {
+
+// V4Shaped's row stride, raw window, top-k and batch.
+constexpr int32_t kStride = 16;
+constexpr int32_t kRawWindow = 8;
+constexpr int32_t kTopK = 3;
+constexpr int32_t kMaxBatch = 3;
+
+// Layers 0 and 2: CSA (offloaded, r = 4); 1 and 3: HCA (resident, r = 128); 4: window-only.
+inline CacheOptions V4Shaped(bool hybrid) {
+  CacheOptions o;
+  for (int32_t l = 0; l < 5; ++l) {
+    LayerShape s{kStride, kStride};
+    if (l == 0 || l == 2) s.entry_tokens = 4;
+    if (l == 1 || l == 3) {
+      s.kind = LayerKind::kResident;
+      s.entry_tokens = 128;
+    }
+    if (l == 4) s.kind = LayerKind::kWindowOnly;
+    if (l != 0 && l != 2) s.indexer_keys = false;
+    o.geometry.layers.push_back(s);
+  }
+  o.raw_window = kRawWindow;
+  o.top_k = kTopK;
+  o.hot_slots = 6;
+  o.window = 2;
+  o.max_requests = 4;
+  o.max_host_requests = 5;
+  o.max_batch = kMaxBatch;
+  o.max_context = 640;
+  o.host_page_tokens = 16;
+  o.host_capacity_tokens = 1600;  // 400 entries: admissions are sometimes refused
+  o.resident_page_rows = 2;
+  o.hybrid_residency = hybrid;
+  return o;
+}
+
+inline int32_t Cadence(const CacheOptions& o, int32_t layer) {
+  return o.geometry.layers[layer].entry_tokens;
+}
+inline bool HasEntries(const CacheOptions& o, int32_t layer) {
+  return o.geometry.layers[layer].kind != LayerKind::kWindowOnly;
+}
+
+// A request's history: per layer every entry, and every raw row by token (rows before the
+// prompt's window were never given and are not checked).
+struct History {
+  int32_t tokens = 0;
+  int32_t reserved = 0;
+  bool retracted = false;
+  std::vector<std::vector<Bytes>> entries;    // [layer][entry]
+  std::vector<std::map<int32_t, Bytes>> raw;  // [layer] token -> row
+};
+
+inline Bytes RandomRow(std::mt19937_64& rng) {
+  Bytes b(kStride);
+  for (std::byte& x : b) x = static_cast<std::byte>(rng() & 0xff);
+  return b;
+}
+
+class LayerKindsModel {
+ public:
+  LayerKindsModel(uint64_t seed, bool hybrid, std::shared_ptr<Backend> backend)
+      : rng_(seed),
+        o_(V4Shaped(hybrid)),
+        backend_(std::move(backend)),
+        entries_(*backend_, kMaxBatch * kStride),
+        window_(*backend_, kMaxBatch * kStride),
+        topk_(*backend_, kMaxBatch * kTopK * sizeof(int32_t)),
+        slots_(*backend_, kMaxBatch * kTopK * sizeof(int32_t)),
+        assembled_(*backend_, kMaxBatch * kTopK * kStride) {
+    auto m = SparseKVCacheManager::Create(o_, backend_);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    m_ = std::move(*m);
+  }
+
+  void Run(int32_t ops) {
+    for (int32_t i = 0; i < ops && !::testing::Test::HasFailure(); ++i) {
+      const uint64_t pick = rng_() % 20;
+      if (pick < 4) {
+        Admit();
+      } else if (pick < 12) {
+        Step();
+      } else if (pick < 14) {
+        Fork();
+      } else if (pick < 16) {
+        Retract();
+      } else if (pick < 18) {
+        Resume();
+      } else if (pick < 19) {
+        Release();
+      } else {
+        Promote();
+      }
+    }
+  }
+
+  int32_t steps() const { return steps_; }
+
+ private:
+  int32_t Layers() const { return o_.geometry.num_layers(); }
+
+  std::vector<RequestId> Live(bool on_device) const {
+    std::vector<RequestId> ids;
+    for (const auto& [id, h] : model_) {
+      if (h.retracted != on_device) ids.push_back(id);
+    }
+    return ids;
+  }
+  RequestId Any(const std::vector<RequestId>& ids) { return ids[rng_() % ids.size()]; }
+
+  void Admit() {
+    const RequestId id = next_id_++;
+    const int32_t prompt = 1 + static_cast<int32_t>(rng_() % 300);
+    const int32_t new_tokens = static_cast<int32_t>(rng_() % 300);
+    const Status s = m_->Admit(id, prompt, new_tokens, nullptr);
+    if (s.code() == StatusCode::kResourceExhausted) return;
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    History h;
+    h.tokens = prompt;
+    h.reserved = prompt + new_tokens;
+    h.entries.resize(Layers());
+    h.raw.resize(Layers());
+    for (int32_t l = 0; l < Layers(); ++l) {
+      Bytes entries, window;
+      if (HasEntries(o_, l)) {
+        for (int32_t e = 0; e < prompt / Cadence(o_, l); ++e) {
+          h.entries[l].push_back(RandomRow(rng_));
+          entries.insert(entries.end(), h.entries[l].back().begin(), h.entries[l].back().end());
+        }
+      }
+      for (int32_t t = prompt - std::min(prompt, kRawWindow); t < prompt; ++t) {
+        h.raw[l][t] = RandomRow(rng_);
+        window.insert(window.end(), h.raw[l][t].begin(), h.raw[l][t].end());
+      }
+      const PromptRows rows{.entries = entries.empty() ? nullptr : entries.data(),
+                            .window = window.data()};
+      const Status ingested = m_->IngestPrompt(id, l, rows, nullptr);
+      ASSERT_TRUE(ingested.ok()) << ingested.ToString();
+    }
+    model_[id] = std::move(h);
+  }
+
+  void Fork() {
+    std::vector<RequestId> ids = Live(true);
+    if (ids.empty()) return;
+    const RequestId parent = Any(ids), child = next_id_++;
+    const int32_t new_tokens = static_cast<int32_t>(rng_() % 100);
+    const Status s = m_->Fork(parent, child, new_tokens, nullptr);
+    if (s.code() == StatusCode::kResourceExhausted || s.code() == StatusCode::kOutOfRange) return;
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    History h = model_.at(parent);
+    h.reserved = h.tokens + new_tokens;
+    model_[child] = std::move(h);
+  }
+
+  void Retract() {
+    std::vector<RequestId> ids = Live(true);
+    if (ids.empty()) return;
+    const RequestId id = Any(ids);
+    ASSERT_TRUE(m_->Retract(id).ok());
+    model_.at(id).retracted = true;
+  }
+
+  void Resume() {
+    std::vector<RequestId> ids = Live(false);
+    if (ids.empty()) return;
+    const RequestId id = Any(ids);
+    const Status s = m_->Resume(id, nullptr);
+    if (s.code() == StatusCode::kResourceExhausted) return;
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    model_.at(id).retracted = false;
+  }
+
+  void Release() {
+    if (model_.empty()) return;
+    std::vector<RequestId> ids;
+    for (const auto& [id, h] : model_) ids.push_back(id);
+    const RequestId id = Any(ids);
+    ASSERT_TRUE(m_->Release(id).ok());
+    model_.erase(id);
+  }
+
+  void Promote() {
+    std::vector<RequestId> ids = Live(true);
+    if (ids.empty() || !o_.hybrid_residency) return;
+    const RequestId id = Any(ids);
+    if (m_->IsResident(id)) return;
+    const Status s = m_->Promote(id, nullptr);
+    // Forked children stay in hot-cache mode; a full device leaves the request where it is.
+    ASSERT_TRUE(s.ok() || s.code() == StatusCode::kResourceExhausted ||
+                s.code() == StatusCode::kFailedPrecondition)
+        << s.ToString();
+  }
+
+  void Step() {
+    std::vector<RequestId> batch;
+    for (RequestId id : Live(true)) {
+      const History& h = model_.at(id);
+      if (h.tokens < h.reserved && batch.size() < kMaxBatch && rng_() % 4 != 0) batch.push_back(id);
+    }
+    if (batch.empty()) return;
+    ASSERT_TRUE(m_->PlanStep(batch, nullptr).ok());
+    ++steps_;
+    const int32_t n = static_cast<int32_t>(batch.size());
+    for (RequestId id : batch) ++model_.at(id).tokens;
+    for (int32_t l = 0; l < Layers(); ++l) {
+      // The step's rows: entry b of the batch (kept only if the token completes one) and raw row.
+      Bytes entries(kMaxBatch * kStride), window(kMaxBatch * kStride);
+      for (int32_t b = 0; b < n; ++b) {
+        History& h = model_.at(batch[b]);
+        const Bytes e = RandomRow(rng_), w = RandomRow(rng_);
+        std::memcpy(entries.data() + b * kStride, e.data(), kStride);
+        std::memcpy(window.data() + b * kStride, w.data(), kStride);
+        if (HasEntries(o_, l) && h.tokens % Cadence(o_, l) == 0) h.entries[l].push_back(e);
+        h.raw[l][h.tokens - 1] = w;
+      }
+      const Status appended =
+          m_->AppendToken(l, StepRows{.entries = entries.data(), .window = window.data()}, nullptr);
+      ASSERT_TRUE(appended.ok()) << appended.ToString();
+      if (o_.geometry.layers[l].kind == LayerKind::kOffloaded) {
+        CheckOffloaded(l, batch);
+      } else if (o_.geometry.layers[l].kind == LayerKind::kResident) {
+        CheckResident(l, batch);
+      }
+      CheckWindow(l, batch);
+    }
+    const Status finished = m_->FinishStep(nullptr);
+    ASSERT_TRUE(finished.ok()) << finished.ToString();
+  }
+
+  // A random top-k of each row's entries is assembled as the model holds them.
+  void CheckOffloaded(int32_t l, const std::vector<RequestId>& batch) {
+    std::vector<int32_t> topk(kMaxBatch * kTopK, -1);
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const int32_t count = static_cast<int32_t>(model_.at(batch[b]).entries[l].size());
+      for (int32_t k = 0; k < kTopK; ++k) {
+        const int32_t e = count > 0 ? static_cast<int32_t>(rng_() % count) : -1;
+        const auto row = topk.begin() + b * kTopK;
+        // Distinct entries (a repeated one is skipped: ResolveView); some padding.
+        if (rng_() % 5 != 0 && std::find(row, row + k, e) == row + k) topk[b * kTopK + k] = e;
+      }
+    }
+    topk_.Upload(topk.data(), topk.size() * sizeof(int32_t), nullptr);
+    const Status run =
+        m_->RunLayer(l, topk_.get<int32_t>(), slots_.get<int32_t>(), assembled_.get(), nullptr);
+    ASSERT_TRUE(run.ok()) << run.ToString();
+    const Bytes assembled = assembled_.Download(nullptr);
+    for (size_t b = 0; b < batch.size(); ++b) {
+      for (int32_t k = 0; k < kTopK; ++k) {
+        const int32_t e = topk[b * kTopK + k];
+        if (e < 0) continue;
+        ASSERT_EQ(std::memcmp(assembled.data() + (b * kTopK + k) * kStride,
+                              model_.at(batch[b]).entries[l][e].data(), kStride),
+                  0)
+            << "layer " << l << " request " << batch[b] << " entry " << e;
+      }
+    }
+  }
+
+  // `bytes` of device (or host) memory at `p`, read back.
+  Bytes Read(const void* p, size_t bytes) {
+    Bytes out(bytes);
+    EXPECT_TRUE(backend_->CopyAsync(out.data(), p, bytes, nullptr).ok());
+    EXPECT_TRUE(backend_->Synchronize(nullptr).ok());
+    return out;
+  }
+  template <typename T>
+  T ReadOne(const T* p) {
+    T value;
+    std::memcpy(&value, Read(p, sizeof(T)).data(), sizeof(T));
+    return value;
+  }
+
+  // DenseEntriesView::Count and Entry, read from device memory on the host.
+  void CheckResident(int32_t l, const std::vector<RequestId>& batch) {
+    const StatusOr<DenseEntriesView> view = m_->DenseEntries(l);
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    ASSERT_EQ(ReadOne(view->batch_size), static_cast<int32_t>(batch.size()));
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const History& h = model_.at(batch[b]);
+      const int32_t row = ReadOne(view->table_row + b);
+      const int32_t count = ReadOne(view->seq_len + b) / view->entry_tokens;
+      ASSERT_EQ(count, static_cast<int32_t>(h.entries[l].size()));
+      for (int32_t e = 0; e < count; ++e) {
+        const std::byte* page =
+            ReadOne(view->pages + int64_t{row} * view->pages_per_row + e / view->page_rows);
+        const Bytes entry = Read(page + int64_t{e % view->page_rows} * view->row_stride, kStride);
+        ASSERT_EQ(entry, h.entries[l][e])
+            << "layer " << l << " request " << batch[b] << " entry " << e;
+      }
+    }
+  }
+
+  // RawWindowView::Valid and Row, read from device memory on the host.
+  void CheckWindow(int32_t l, const std::vector<RequestId>& batch) {
+    const StatusOr<RawWindowView> view = m_->RawWindow(l);
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const History& h = model_.at(batch[b]);
+      const int32_t row = ReadOne(view->table_row + b);
+      const int32_t tokens = ReadOne(view->seq_len + b);
+      ASSERT_EQ(tokens, h.tokens);
+      const int32_t valid = std::min(tokens, view->raw_window);
+      ASSERT_EQ(valid, std::min(h.tokens, kRawWindow));
+      const std::byte* ring = ReadOne(view->rings + row);
+      for (int32_t i = 0; i < valid; ++i) {
+        const int32_t token = tokens - valid + i;
+        const Bytes raw =
+            Read(ring + int64_t{token % view->raw_window} * view->row_stride, kStride);
+        ASSERT_EQ(raw, h.raw[l].at(token))
+            << "layer " << l << " request " << batch[b] << " window row " << i;
+      }
+    }
+  }
+
+  std::mt19937_64 rng_;
+  CacheOptions o_;
+  std::shared_ptr<Backend> backend_;
+  // The step's rows, top-k, slots and assembled rows, in the backend's device memory.
+  DeviceBuffer entries_, window_, topk_, slots_, assembled_;
+  std::unique_ptr<SparseKVCacheManager> m_;
+  std::map<RequestId, History> model_;
+  RequestId next_id_ = 1;
+  int32_t steps_ = 0;
+};
+
+}  // namespace sparsekv::testing

@@ -202,7 +202,8 @@ class SparseKVCollector:
                     [("resident_rows", d.resident_rows), ("hot_cache_rows", d.hot_cache_rows),
                      ("indexer_keys", d.indexer_keys), ("free_rows", d.free_rows),
                      ("replacement_state", d.replacement_state), ("tables", d.tables),
-                     ("plan", d.plan), ("counters", d.counters)])
+                     ("plan", d.plan), ("counters", d.counters),
+                     ("resident_entries", d.resident_entries), ("windows", d.windows)])
         h = s.host_memory
         self._gauge(f, "host_pool_use_bytes", "Pages of the host pool by use, in bytes (the uses "
                     "add up to the pool's pages).", None, "use",

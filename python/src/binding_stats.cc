@@ -86,7 +86,11 @@ void RegisterStats(py::module_& m) {
       "tables", &DeviceMemoryUse::tables, "The page, residency and key tables (fixed).")(
       "plan", &DeviceMemoryUse::plan,
       "The plan region, miss, prefetch and residency load lists (fixed).")(
-      "counters", &DeviceMemoryUse::counters, "The device statistics counters (fixed).");
+      "counters", &DeviceMemoryUse::counters, "The device statistics counters (fixed).")(
+      "resident_entries", &DeviceMemoryUse::resident_entries,
+      "Entries of resident layers (LayerKind.RESIDENT) of the requests on the device.")(
+      "windows", &DeviceMemoryUse::windows,
+      "Raw windows (CacheOptions.raw_window) of every layer of the requests on the device.");
   device.def("sum", &DeviceMemoryUse::sum, "The parts together: CacheStats.device_bytes.");
   DefToDict(device, device_names, "The parts as a dict.");
 

@@ -166,7 +166,9 @@ void AddCache(const CacheStats& s, FamilyBuilder& b) {
          {"replacement_state", D(d.replacement_state)},
          {"tables", D(d.tables)},
          {"plan", D(d.plan)},
-         {"counters", D(d.counters)}});
+         {"counters", D(d.counters)},
+         {"resident_entries", D(d.resident_entries)},
+         {"windows", D(d.windows)}});
   const HostMemoryUse& h = s.host_memory;
   b.Add(MetricType::Gauge, "host_pool_use_bytes",
         "Pages of the host pool by use, in bytes (the uses add up to the pool's pages).", "use",

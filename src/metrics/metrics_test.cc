@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "sparsekv/options.h"
 #include "testing/harness.h"
 #include "testing/prometheus_scrape.h"
 
@@ -165,8 +166,9 @@ TEST_F(MetricsTest, ScrapeShowsEveryDocumentedMetricWithTheStatisticsValues) {
   EXPECT_EQ(value("sparsekv_hot_cache_used_blocks"), 2);
   EXPECT_EQ(value("sparsekv_device_memory_bytes"), stats->device_bytes);
   double device_uses = 0, host_uses = 0;
-  for (const char* use : {"resident_rows", "hot_cache_rows", "indexer_keys", "free_rows",
-                          "replacement_state", "tables", "plan", "counters"}) {
+  for (const char* use :
+       {"resident_rows", "hot_cache_rows", "indexer_keys", "free_rows", "replacement_state",
+        "tables", "plan", "counters", "resident_entries", "windows"}) {
     device_uses += value("sparsekv_device_memory_use_bytes", "use=\"" + std::string(use) + "\"");
   }
   EXPECT_EQ(device_uses, stats->device_bytes);
@@ -227,6 +229,40 @@ TEST_F(MetricsTest, ScrapeShowsTheLastSnapshotPublished) {
   const Exposition e = Scrape((*exporter)->port());
   EXPECT_GT(e.samples.at("sparsekv_topk_lookups_total{result=\"miss\"}"), 0);
   EXPECT_FALSE(e.types.contains("sparsekv_schedule_steps_total"));  // no schedule given
+}
+
+// A DeepSeek-V4 manager holds resident entries and raw windows: they are uses of its device
+// memory, and the scraped uses still add up to device_memory_bytes.
+TEST_F(MetricsTest, ADeepSeekV4ManagersResidentEntriesAndWindowsAreUsesOfDeviceMemory) {
+  const StatusOr<ModelPreset> p = FindPreset("deepseek-v4-flash");
+  ASSERT_TRUE(p.ok());
+  CacheOptions o;
+  o.geometry = p->geometry();
+  o.top_k = o.hot_slots = p->top_k;
+  o.indexer_key_bytes = p->indexer_key_bytes;
+  o.raw_window = p->raw_window;
+  o.host_capacity_tokens = o.max_context = 1024;
+  o.max_requests = 1;
+  o.host_page_tokens = 64;
+  auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_TRUE((*m)->Admit(1, 600, 100, nullptr).ok());
+  auto exporter = MetricsExporter::Start({});
+  ASSERT_TRUE(exporter.ok()) << exporter.status().ToString();
+  ASSERT_TRUE((*exporter)->PublishFrom(**m, nullptr, nullptr).ok());
+  const Exposition e = Scrape((*exporter)->port());
+  const CacheStats s = *(*m)->ReadStats(nullptr);
+  ASSERT_GT(s.device_memory.windows, 0);
+  ASSERT_GT(s.device_memory.resident_entries, 0);
+  const std::string use = "sparsekv_device_memory_use_bytes{use=\"";
+  EXPECT_EQ(e.samples.at(use + "windows\"}"), s.device_memory.windows);
+  EXPECT_EQ(e.samples.at(use + "resident_entries\"}"), s.device_memory.resident_entries);
+  double sum = 0;
+  for (const auto& [key, v] : e.samples) {
+    if (key.rfind(use, 0) == 0) sum += v;
+  }
+  EXPECT_EQ(sum, e.samples.at("sparsekv_device_memory_bytes"));
+  EXPECT_EQ(sum, s.device_bytes);
 }
 
 TEST(MetricsOptionsTest, BadOptionsAreRefused) {

@@ -1,11 +1,14 @@
 // sparsekv._core: Backend and its factories, HotLayer and SparseKVCacheManager.
 //
 // Thread safety: a manager is not thread-safe; its methods hold the GIL, which serialises calls.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +47,49 @@ struct HotLayerView {
     return d;
   }
 };
+
+// ---- Resident entries and raw windows (DeepSeek-V4's layer kinds) ----
+
+// A layer's resident entries (DenseEntriesView) or raw window (RawWindowView) in the planned
+// step, with the backend it lives on: the device pointers for a kernel, and on the CPU backend
+// the rows of a batch row copied out as a numpy array. Keeps its manager alive; valid until the
+// next plan_step.
+template <typename View>
+struct LayerKindView {
+  View view;
+  bool cuda;
+  int32_t max_batch;
+
+  // REQUIRES: !cuda (the view's tables are in host memory).
+  int32_t CheckRow(int32_t b, const char* op) const {
+    if (cuda) {
+      throw py::value_error(std::string(op) +
+                            ": device memory (CUDA backend); read it with a kernel through the "
+                            "pointers");
+    }
+    if (b < 0 || b >= *view.batch_size) {
+      throw py::index_error(std::string(op) + ": batch row " + std::to_string(b) +
+                            " out of range [0, " + std::to_string(*view.batch_size) + ")");
+    }
+    if (view.table_row[b] < 0) {
+      throw py::index_error(std::string(op) + ": batch row " + std::to_string(b) + " is unused");
+    }
+    return b;
+  }
+};
+using PyDenseEntries = LayerKindView<DenseEntriesView>;
+using PyRawWindow = LayerKindView<RawWindowView>;
+
+// Copies `count` rows of `stride` bytes, row i from row(i), into a [count, stride] uint8 array.
+template <typename RowFn>
+py::array_t<uint8_t> CopyRows(int32_t count, int32_t stride, RowFn row) {
+  py::array_t<uint8_t> out({static_cast<py::ssize_t>(count), static_cast<py::ssize_t>(stride)});
+  uint8_t* dst = out.mutable_data();
+  for (int32_t i = 0; i < count; ++i) {
+    std::memcpy(dst + static_cast<int64_t>(i) * stride, row(i), static_cast<size_t>(stride));
+  }
+  return out;
+}
 
 // ---- The manager ----
 
@@ -97,9 +143,37 @@ class PyManager {
     cached_.erase(id.value);
   }
 
-  void IngestPrompt(PyRequestId id, int32_t layer, const py::object& rows,
+  // The single-pointer form for an offloaded layer without a raw window (its callers' form);
+  // PromptRows otherwise, or whenever `window` is given.
+  void IngestPrompt(PyRequestId id, int32_t layer, const py::object& rows, const py::object& window,
                     const py::object& stream) {
-    Ingest(id.value, layer, rows, /*rows_first=*/0, "ingest_prompt", stream);
+    const int32_t stride = RowStride(options(), layer, "ingest_prompt");
+    const LayerShape& shape = options().geometry.layers[layer];
+    if (window.is_none() && shape.kind == LayerKind::kOffloaded && options().raw_window == 0) {
+      Ingest(id.value, layer, rows, /*rows_first=*/0, "ingest_prompt", stream);
+      return;
+    }
+    const StatusOr<int32_t> prompt_len = manager_->SequenceLength(id.value);
+    if (!prompt_len.ok()) {
+      Raise(NotFound("ingest_prompt: request " + std::to_string(id.value) +
+                     " is unknown or released"));
+    }
+    PromptRows p;
+    if (!rows.is_none() && shape.kind != LayerKind::kWindowOnly) {
+      TensorRules r{"rows"};
+      r.row_bytes = stride;
+      r.exact_rows = *prompt_len / shape.entry_tokens;
+      r.host_ok_on_cuda = true;
+      p.entries = CheckTensor(rows, r, backend_).data;
+    }
+    if (!window.is_none()) {
+      TensorRules w{"window"};
+      w.row_bytes = stride;
+      w.exact_rows = std::min(*prompt_len, options().raw_window);
+      w.host_ok_on_cuda = true;
+      p.window = CheckTensor(window, w, backend_).data;
+    }
+    Check(manager_->IngestPrompt(id.value, layer, p, Stream(stream)));
   }
 
   void Release(PyRequestId id) {
@@ -157,11 +231,41 @@ class PyManager {
     }
   }
 
+  // The pointer form for an offloaded layer without a raw window (its callers' form); StepRows
+  // otherwise, or whenever `window` is given.
   void AppendToken(int32_t layer, const py::object& new_rows, const py::object& new_keys,
-                   const py::object& stream) {
-    const TensorArg t = CheckNewRows(new_rows, *manager_, layer, "append_token", backend_);
-    const void* keys = CheckNewKeys(new_keys, *manager_, backend_);
-    Check(manager_->AppendToken(layer, t.data, keys, Stream(stream)));
+                   const py::object& window, const py::object& stream) {
+    const int32_t stride = RowStride(options(), layer, "append_token");
+    const LayerShape& shape = options().geometry.layers[layer];
+    if (window.is_none() && shape.kind == LayerKind::kOffloaded && options().raw_window == 0) {
+      const TensorArg t = CheckNewRows(new_rows, *manager_, layer, "append_token", backend_);
+      const void* keys = CheckNewKeys(new_keys, *manager_, backend_);
+      Check(manager_->AppendToken(layer, t.data, keys, Stream(stream)));
+      return;
+    }
+    StepRows step;
+    if (!new_rows.is_none() && shape.kind != LayerKind::kWindowOnly) {
+      step.entries = CheckNewRows(new_rows, *manager_, layer, "append_token", backend_).data;
+    }
+    step.keys = CheckNewKeys(new_keys, *manager_, backend_);
+    if (!window.is_none()) {
+      TensorRules w{"window"};
+      w.row_bytes = stride;
+      w.min_rows = manager_->batch_size();
+      step.window = CheckTensor(window, w, backend_).data;
+    }
+    Check(manager_->AppendToken(layer, step, Stream(stream)));
+  }
+
+  PyDenseEntries DenseEntries(int32_t layer) const {
+    RowStride(options(), layer, "dense_entries");
+    return PyDenseEntries{Check(manager_->DenseEntries(layer)), backend_.is_cuda(),
+                          options().effective_max_batch()};
+  }
+  PyRawWindow RawWindow(int32_t layer) const {
+    RowStride(options(), layer, "raw_window");
+    return PyRawWindow{Check(manager_->RawWindow(layer)), backend_.is_cuda(),
+                       options().effective_max_batch()};
   }
 
   void IngestIndexerKeys(PyRequestId id, int32_t layer, const py::object& keys,
@@ -363,6 +467,96 @@ void RegisterIndexerKeys(py::module_& m) {
           "int32 scalar: rows of the planned step.");
 }
 
+void RegisterLayerKindViews(py::module_& m) {
+  auto ptr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  py::class_<PyDenseEntries>(
+      m, "DenseEntries",
+      "A resident layer's entries in the planned step (DenseEntriesView in "
+      "include/sparsekv/kernel_views.h): batch row b has floor(seq_len[b] / entry_tokens) "
+      "entries, entry e at pages[table_row[b] * pages_per_row + e // page_rows] + "
+      "(e % page_rows) * row_stride. Valid until the next plan_step; keeps the manager alive.")
+      .def_property_readonly(
+          "batch_size_ptr", [ptr](const PyDenseEntries& v) { return ptr(v.view.batch_size); },
+          "int32 scalar: rows of the planned step.")
+      .def_property_readonly(
+          "table_row_ptr", [ptr](const PyDenseEntries& v) { return ptr(v.view.table_row); },
+          "int32 [max_batch]: the request's row of pages, -1 = unused.")
+      .def_property_readonly(
+          "seq_len_ptr", [ptr](const PyDenseEntries& v) { return ptr(v.view.seq_len); },
+          "int32 [max_batch]: tokens of the request, this step's included.")
+      .def_property_readonly(
+          "pages_ptr", [ptr](const PyDenseEntries& v) { return ptr(v.view.pages); },
+          "Pointer [table_rows, pages_per_row]: address of each page of the layer.")
+      .def_property_readonly(
+          "pages_per_row", [](const PyDenseEntries& v) { return v.view.pages_per_row; },
+          "Pages per table row.")
+      .def_property_readonly(
+          "page_rows", [](const PyDenseEntries& v) { return v.view.page_rows; },
+          "Entries per page.")
+      .def_property_readonly(
+          "row_stride", [](const PyDenseEntries& v) { return v.view.row_stride; },
+          "Bytes between the entries of a page.")
+      .def_property_readonly(
+          "entry_tokens", [](const PyDenseEntries& v) { return v.view.entry_tokens; },
+          "The layer's cadence r.")
+      .def(
+          "count",
+          [](const PyDenseEntries& v, int32_t b) {
+            return v.view.Count(v.CheckRow(b, "DenseEntries.count"));
+          },
+          py::arg("b"), "Entries of batch row b (CPU backend).")
+      .def(
+          "entries",
+          [](const PyDenseEntries& v, int32_t b) {
+            v.CheckRow(b, "DenseEntries.entries");
+            return CopyRows(v.view.Count(b), v.view.row_stride,
+                            [&](int32_t e) { return v.view.Entry(b, e); });
+          },
+          py::arg("b"),
+          "Batch row b's entries, oldest first, copied into a uint8 numpy array [count(b), "
+          "row_stride] (CPU backend; ValueError under CUDA, IndexError for a row not in use).");
+
+  py::class_<PyRawWindow>(
+      m, "RawWindow",
+      "A layer's raw window in the planned step (RawWindowView in "
+      "include/sparsekv/kernel_views.h): batch row b has min(seq_len[b], raw_window) rows, "
+      "the row of token t in ring slot t % raw_window at rings[table_row[b]] + slot * "
+      "row_stride. Valid until the next plan_step; keeps the manager alive.")
+      .def_property_readonly(
+          "batch_size_ptr", [ptr](const PyRawWindow& v) { return ptr(v.view.batch_size); },
+          "int32 scalar: rows of the planned step.")
+      .def_property_readonly(
+          "table_row_ptr", [ptr](const PyRawWindow& v) { return ptr(v.view.table_row); },
+          "int32 [max_batch]: the request's ring, -1 = unused.")
+      .def_property_readonly(
+          "seq_len_ptr", [ptr](const PyRawWindow& v) { return ptr(v.view.seq_len); },
+          "int32 [max_batch]: tokens of the request, this step's included.")
+      .def_property_readonly(
+          "rings_ptr", [ptr](const PyRawWindow& v) { return ptr(v.view.rings); },
+          "Pointer [table_rows]: address of the layer's ring of each request.")
+      .def_property_readonly(
+          "raw_window", [](const PyRawWindow& v) { return v.view.raw_window; }, "Rows per ring.")
+      .def_property_readonly(
+          "row_stride", [](const PyRawWindow& v) { return v.view.row_stride; },
+          "Bytes between the rows of a ring.")
+      .def(
+          "valid",
+          [](const PyRawWindow& v, int32_t b) {
+            return v.view.Valid(v.CheckRow(b, "RawWindow.valid"));
+          },
+          py::arg("b"), "Window rows of batch row b (CPU backend).")
+      .def(
+          "rows",
+          [](const PyRawWindow& v, int32_t b) {
+            v.CheckRow(b, "RawWindow.rows");
+            return CopyRows(v.view.Valid(b), v.view.row_stride,
+                            [&](int32_t i) { return v.view.Row(b, i); });
+          },
+          py::arg("b"),
+          "Batch row b's window rows, oldest first, copied into a uint8 numpy array [valid(b), "
+          "row_stride] (CPU backend; ValueError under CUDA, IndexError for a row not in use).");
+}
+
 void RegisterHotLayer(py::module_& m) {
   py::class_<HotLayerView>(m, "HotLayer",
                            "One layer of the hot cache, [rows, row_stride] uint8, wrapped "
@@ -465,6 +659,7 @@ ManagerRef ManagerOf(const py::handle& manager) {
 
 void RegisterManager(py::module_& m) {
   RegisterHotLayer(m);
+  RegisterLayerKindViews(m);
   RegisterIndexerKeys(m);
 
   const py::arg_v no_stream = py::arg("stream") = py::none();
@@ -484,11 +679,14 @@ void RegisterManager(py::module_& m) {
            "max_context, ResourceExhaustedError when full even after evicting every retained "
            "conversation.")
       .def("ingest_prompt", &PyManager::IngestPrompt, py::arg("request_id"), py::arg("layer"),
-           py::arg("rows"), no_stream,
+           py::arg("rows") = py::none(), py::arg("window") = py::none(), no_stream,
            "Writes the prompt KV of one layer, rows [prompt_len, row_stride] bytes (host or "
            "device), into the host pool and its newest `window` rows into the hot cache. Rows of "
            "positions admit_with_prefix found are skipped. Every layer must be ingested before "
-           "the request joins a step.")
+           "the request joins a step. With a raw window or a resident or window-only layer, rows "
+           "is the prompt's entries [prompt_len // entry_tokens, row_stride] (None for a "
+           "window-only layer) and window its newest raw rows [min(prompt_len, raw_window), "
+           "row_stride], oldest first (required with a raw window).")
       .def("release", &PyManager::Release, py::arg("request_id"),
            "Frees the request's host pages (drops its references to shared ones) and hot-cache "
            "block, or drops the retained conversation `request_id`.")
@@ -574,12 +772,22 @@ void RegisterManager(py::module_& m) {
            "of requests whose ids are known (admit_with_prefix, fork) can be shared once full; "
            "a step planned without ids ends that for the requests of its batch.")
       // ---- Run ----
-      .def("append_token", &PyManager::AppendToken, py::arg("layer"), py::arg("new_rows"),
-           py::arg("new_keys") = py::none(), no_stream,
+      .def("append_token", &PyManager::AppendToken, py::arg("layer"),
+           py::arg("new_rows") = py::none(), py::arg("new_keys") = py::none(),
+           py::arg("window") = py::none(), no_stream,
            "Stores the newest token's KV of `layer` for every request of the step: new_rows is "
-           "[>= batch, row_stride] bytes, row b for the b-th request; with indexer keys, "
-           "new_keys ([>= batch, indexer_key_bytes] bytes) their keys. Precedes the layer's "
-           "run_layer.")
+           "[>= batch, row_stride] bytes, row b for the b-th request (the entry the token "
+           "completes: read only for rows that complete one; not read for a window-only layer); "
+           "with indexer keys, new_keys ([>= batch, indexer_key_bytes] bytes) their keys; with "
+           "a raw window, window ([>= batch, row_stride] bytes) the token's raw rows (required "
+           "then). A resident layer's entries go to dense_entries, the window rows to "
+           "raw_window. Precedes the layer's run_layer.")
+      .def("dense_entries", &PyManager::DenseEntries, py::arg("layer"), py::keep_alive<0, 1>(),
+           "A resident layer's entries in the planned step (DenseEntries). FailedPreconditionError "
+           "without resident layers; InvalidArgumentError for a layer that is not resident.")
+      .def("raw_window", &PyManager::RawWindow, py::arg("layer"), py::keep_alive<0, 1>(),
+           "A layer's raw window in the planned step (RawWindow). FailedPreconditionError "
+           "without a raw window.")
       .def("ingest_indexer_keys", &PyManager::IngestIndexerKeys, py::arg("request_id"),
            py::arg("layer"), py::arg("keys"), no_stream,
            "Writes the prompt's indexer keys of `layer` ([prompt_len, indexer_key_bytes] bytes, "

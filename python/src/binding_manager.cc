@@ -404,9 +404,9 @@ class PyManager {
   ManagerRef Ref() { return ManagerRef{manager_.get(), &backend_, &streams_}; }
 
  private:
-  // IngestPrompt (rows_first 0: rows of every prompt position) or IngestPromptSuffix (rows_first
-  // = cached: rows of positions [cached, prompt_len)). The row count is checked here, since the
-  // library reads that many rows from the pointer.
+  // IngestPrompt (rows_first 0: the prompt's entries, floor(prompt_len / entry_tokens) rows) or
+  // IngestPromptSuffix (rows_first = cached: rows of positions [cached, prompt_len)). The row
+  // count is checked here, since the library reads that many rows from the pointer.
   void Ingest(RequestId id, int32_t layer, const py::object& rows, int32_t rows_first,
               const char* op, const py::object& stream) {
     TensorRules r{"rows"};
@@ -416,7 +416,8 @@ class PyManager {
       Raise(NotFound(std::string(op) + ": request " + std::to_string(id) +
                      " is unknown or released"));
     }
-    r.exact_rows = *prompt_len - rows_first;
+    r.exact_rows = rows_first == 0 ? *prompt_len / options().geometry.layers[layer].entry_tokens
+                                   : *prompt_len - rows_first;
     r.host_ok_on_cuda = true;
     const TensorArg t = CheckTensor(rows, r, backend_);
     if (rows_first == 0) {
@@ -680,12 +681,13 @@ void RegisterManager(py::module_& m) {
            "conversation.")
       .def("ingest_prompt", &PyManager::IngestPrompt, py::arg("request_id"), py::arg("layer"),
            py::arg("rows") = py::none(), py::arg("window") = py::none(), no_stream,
-           "Writes the prompt KV of one layer, rows [prompt_len, row_stride] bytes (host or "
-           "device), into the host pool and its newest `window` rows into the hot cache. Rows of "
+           "Writes the prompt KV of one layer, rows [prompt_len // entry_tokens, row_stride] "
+           "bytes (the prompt's entries; host or device), into the host pool and its newest "
+           "`window` rows into the hot cache. Rows of "
            "positions admit_with_prefix found are skipped. Every layer must be ingested before "
            "the request joins a step. With a raw window or a resident or window-only layer, rows "
-           "is the prompt's entries [prompt_len // entry_tokens, row_stride] (None for a "
-           "window-only layer) and window its newest raw rows [min(prompt_len, raw_window), "
+           "may be None (no entries, or a window-only layer) and window its newest raw rows "
+           "[min(prompt_len, raw_window), "
            "row_stride], oldest first (required with a raw window).")
       .def("release", &PyManager::Release, py::arg("request_id"),
            "Frees the request's host pages (drops its references to shared ones) and hot-cache "

@@ -206,3 +206,17 @@ def test_views_need_the_layer_kinds(manager):
         manager.dense_entries(0)
     with pytest.raises(sparsekv.FailedPreconditionError):
         manager.raw_window(0)
+
+
+def test_an_offloaded_layer_of_cadence_r_is_ingested_with_its_entries():
+    # No raw window: the single-array form, whose rows are the prompt's prompt_len // r entries.
+    layers = [sparsekv.LayerShape(STRIDE, entry_tokens=4, indexer_keys=False) for _ in range(2)]
+    options = v4_options(geometry=sparsekv.KVGeometry(layers), raw_window=0)
+    manager = sparsekv.SparseKVCacheManager(options, sparsekv.cpu_backend())
+    manager.admit(1, 13, 20)
+    with pytest.raises(ValueError, match="rows"):
+        manager.ingest_prompt(1, 0, np.zeros((13, STRIDE), np.uint8))
+    manager.ingest_prompt(1, 0, np.zeros((13 // 4, STRIDE), np.uint8))
+    manager.ingest_prompt(1, 1, np.zeros((13 // 4, STRIDE), np.uint8))
+    manager.plan_step([1])
+    manager.append_token(0, np.zeros((MAX_BATCH, STRIDE), np.uint8))

@@ -58,9 +58,9 @@ template <typename View>
 struct LayerKindView {
   View view;
   bool cuda;
-  int32_t max_batch;
 
-  // REQUIRES: !cuda (the view's tables are in host memory).
+  // Returns b if batch row b can be read on the host: CPU backend (else ValueError: the view's
+  // tables are in device memory), b < *batch_size and in use (else IndexError).
   int32_t CheckRow(int32_t b, const char* op) const {
     if (cuda) {
       throw py::value_error(std::string(op) +
@@ -259,13 +259,11 @@ class PyManager {
 
   PyDenseEntries DenseEntries(int32_t layer) const {
     RowStride(options(), layer, "dense_entries");
-    return PyDenseEntries{Check(manager_->DenseEntries(layer)), backend_.is_cuda(),
-                          options().effective_max_batch()};
+    return PyDenseEntries{Check(manager_->DenseEntries(layer)), backend_.is_cuda()};
   }
   PyRawWindow RawWindow(int32_t layer) const {
     RowStride(options(), layer, "raw_window");
-    return PyRawWindow{Check(manager_->RawWindow(layer)), backend_.is_cuda(),
-                       options().effective_max_batch()};
+    return PyRawWindow{Check(manager_->RawWindow(layer)), backend_.is_cuda()};
   }
 
   void IngestIndexerKeys(PyRequestId id, int32_t layer, const py::object& keys,
@@ -683,8 +681,8 @@ void RegisterManager(py::module_& m) {
            py::arg("rows") = py::none(), py::arg("window") = py::none(), no_stream,
            "Writes the prompt KV of one layer, rows [prompt_len // entry_tokens, row_stride] "
            "bytes (the prompt's entries; host or device), into the host pool and its newest "
-           "`window` rows into the hot cache. Rows of "
-           "positions admit_with_prefix found are skipped. Every layer must be ingested before "
+           "CacheOptions.window entries into the hot cache. Rows of positions admit_with_prefix "
+           "found are skipped. Every layer must be ingested before "
            "the request joins a step. With a raw window or a resident or window-only layer, rows "
            "may be None (no entries, or a window-only layer) and window its newest raw rows "
            "[min(prompt_len, raw_window), "

@@ -11,7 +11,7 @@ A step, as the engine drives it::
     mgr = sparsekv.SparseKVCacheManager(options, sparsekv.cuda_backend(0))
     mgr.admit(rid, prompt_len, max_new_tokens)           # lifecycle (host side)
     for layer in range(num_layers):
-        mgr.ingest_prompt(rid, layer, prompt_kv[layer])  # [prompt_len, row_stride] bytes
+        mgr.ingest_prompt(rid, layer, prompt_kv[layer])  # [prompt_len // r, row_stride] bytes
     mgr.plan_step([rid, ...])                            # plan (host side, between steps)
     for layer in range(num_layers):                      # run (graph-capturable)
         mgr.append_token(layer, new_kv[layer])           # [>= batch, row_stride] bytes
@@ -31,6 +31,15 @@ Every call that enqueues work takes ``stream``: None (torch's current stream on 
 device when the backend is CUDA and torch is importable, else the default stream), an int
 ``cudaStream_t`` or an object with ``.cuda_stream``. Buffers handed to a call must stay alive until
 the stream has reached the work (as for any asynchronous CUDA call).
+
+DeepSeek-V4's layer kinds (``LayerKind.RESIDENT``, ``LayerKind.WINDOW_ONLY``) and raw window
+(``CacheOptions.raw_window``) take the entries and the raw rows side by side, and are read in
+place rather than resolved::
+
+    mgr.ingest_prompt(rid, layer, entries, window=raw_rows)  # prompt_len // r entries; raw rows
+    mgr.append_token(layer, new_entry, window=new_raw_row)   # [>= batch, row_stride] each
+    mgr.dense_entries(layer).entries(b)  # a resident layer's entries of batch row b (CPU: numpy)
+    mgr.raw_window(layer).rows(b)        # any layer's window rows, oldest first (CPU: numpy)
 
 Shared prefixes and retained conversations (host side)::
 

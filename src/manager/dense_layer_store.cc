@@ -233,18 +233,44 @@ Status DenseLayerStore::Admit(RequestId id, int32_t prompt_tokens, int64_t reser
   return Status::Ok();
 }
 
+StatusOr<DenseLayerStore::Held*> DenseLayerStore::Find(RequestId id, const char* call,
+                                                       const char* role) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) {
+    return NotFound(std::string("DenseLayerStore::") + call + ": " + role + " " +
+                    Num(static_cast<int64_t>(id)) + " is not held");
+  }
+  return &it->second;
+}
+
+StatusOr<const DenseLayerStore::Held*> DenseLayerStore::Find(RequestId id, const char* call,
+                                                             const char* role) const {
+  SPARSEKV_ASSIGN_OR_RETURN(Held * held, const_cast<DenseLayerStore*>(this)->Find(id, call, role));
+  return held;
+}
+
+StatusOr<DenseLayerStore::Held*> DenseLayerStore::FindPlaced(RequestId id, const char* call,
+                                                             const char* role) {
+  SPARSEKV_ASSIGN_OR_RETURN(Held * held, Find(id, call, role));
+  if (held->table_row < 0) {
+    return FailedPrecondition(std::string("DenseLayerStore::") + call + ": " + role + " " +
+                              Num(static_cast<int64_t>(id)) + " is retracted");
+  }
+  return held;
+}
+
+Status DenseLayerStore::CheckHostBuffer(const void* host, int64_t host_bytes, int64_t bytes,
+                                        RequestId id, const char* call) {
+  if (host_bytes >= bytes && (bytes == 0 || host != nullptr)) return Status::Ok();
+  return InvalidArgument(std::string("DenseLayerStore::") + call + ": host buffer of " +
+                         Num(host_bytes) + " bytes, request " + Num(static_cast<int64_t>(id)) +
+                         " needs " + Num(bytes));
+}
+
 Status DenseLayerStore::Fork(RequestId parent, RequestId child, int64_t reserved_tokens,
                              StreamHandle stream) {
-  auto it = requests_.find(parent);
-  if (it == requests_.end()) {
-    return NotFound("DenseLayerStore::Fork: parent " + Num(static_cast<int64_t>(parent)) +
-                    " is not held");
-  }
-  if (it->second.table_row < 0) {
-    return FailedPrecondition("DenseLayerStore::Fork: parent " + Num(static_cast<int64_t>(parent)) +
-                              " is retracted");
-  }
-  const int32_t tokens = it->second.tokens;
+  SPARSEKV_ASSIGN_OR_RETURN(const Held* held, FindPlaced(parent, "Fork", "parent"));
+  const int32_t tokens = held->tokens;
   if (reserved_tokens < tokens) {
     return InvalidArgument("DenseLayerStore::Fork: reserved tokens " + Num(reserved_tokens) +
                            " below the parent's " + Num(tokens) + " tokens");
@@ -282,16 +308,8 @@ Status DenseLayerStore::CopyRows(const Held& from, const Held& to, int32_t token
 
 Status DenseLayerStore::IngestPrompt(RequestId id, int32_t layer, const void* entry_rows,
                                      const void* window_rows, StreamHandle stream) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) {
-    return NotFound("DenseLayerStore::IngestPrompt: request " + Num(static_cast<int64_t>(id)) +
-                    " is not held");
-  }
-  const Held& held = it->second;
-  if (held.table_row < 0) {
-    return FailedPrecondition("DenseLayerStore::IngestPrompt: request " +
-                              Num(static_cast<int64_t>(id)) + " is retracted");
-  }
+  SPARSEKV_ASSIGN_OR_RETURN(const Held* found, FindPlaced(id, "IngestPrompt"));
+  const Held& held = *found;
   if (layer < 0 || layer >= options_.geometry.num_layers()) {
     return InvalidArgument("DenseLayerStore::IngestPrompt: layer " + Num(layer) + " outside [0, " +
                            Num(options_.geometry.num_layers()) + ")");
@@ -327,42 +345,26 @@ Status DenseLayerStore::IngestPrompt(RequestId id, int32_t layer, const void* en
 }
 
 Status DenseLayerStore::Release(RequestId id) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) {
-    return NotFound("DenseLayerStore::Release: request " + Num(static_cast<int64_t>(id)) +
-                    " is not held");
-  }
-  if (it->second.table_row >= 0) Unplace(it->second);
-  requests_.erase(it);
+  SPARSEKV_ASSIGN_OR_RETURN(Held * held, Find(id, "Release"));
+  if (held->table_row >= 0) Unplace(*held);
+  requests_.erase(id);
   return Status::Ok();
 }
 
 StatusOr<int64_t> DenseLayerStore::RetractedBytes(RequestId id) const {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) {
-    return NotFound("DenseLayerStore::RetractedBytes: request " + Num(static_cast<int64_t>(id)) +
-                    " is not held");
-  }
-  return it->second.layout.bytes.sum();
+  SPARSEKV_ASSIGN_OR_RETURN(const Held* held, Find(id, "RetractedBytes"));
+  return held->layout.bytes.sum();
 }
 
 Status DenseLayerStore::Retract(RequestId id, void* host, int64_t host_bytes, StreamHandle stream) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) {
-    return NotFound("DenseLayerStore::Retract: request " + Num(static_cast<int64_t>(id)) +
-                    " is not held");
-  }
-  Held& held = it->second;
+  SPARSEKV_ASSIGN_OR_RETURN(Held * found, Find(id, "Retract"));
+  Held& held = *found;
   if (held.table_row < 0) {
     return FailedPrecondition("DenseLayerStore::Retract: request " + Num(static_cast<int64_t>(id)) +
                               " is already retracted");
   }
   const int64_t bytes = held.layout.bytes.sum();
-  if (host_bytes < bytes || (bytes > 0 && host == nullptr)) {
-    return InvalidArgument("DenseLayerStore::Retract: host buffer of " + Num(host_bytes) +
-                           " bytes, request " + Num(static_cast<int64_t>(id)) + " needs " +
-                           Num(bytes));
-  }
+  SPARSEKV_RETURN_IF_ERROR(CheckHostBuffer(host, host_bytes, bytes, id, "Retract"));
   if (bytes > 0) {
     SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(host, held.memory, bytes, stream));
     // The copy must have read the memory before it is freed.
@@ -374,22 +376,14 @@ Status DenseLayerStore::Retract(RequestId id, void* host, int64_t host_bytes, St
 
 Status DenseLayerStore::Resume(RequestId id, const void* host, int64_t host_bytes,
                                StreamHandle stream) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) {
-    return NotFound("DenseLayerStore::Resume: request " + Num(static_cast<int64_t>(id)) +
-                    " is not held");
-  }
-  Held& held = it->second;
+  SPARSEKV_ASSIGN_OR_RETURN(Held * found, Find(id, "Resume"));
+  Held& held = *found;
   if (held.table_row >= 0) {
     return FailedPrecondition("DenseLayerStore::Resume: request " + Num(static_cast<int64_t>(id)) +
                               " is not retracted");
   }
   const int64_t bytes = held.layout.bytes.sum();
-  if (host_bytes < bytes || (bytes > 0 && host == nullptr)) {
-    return InvalidArgument("DenseLayerStore::Resume: host buffer of " + Num(host_bytes) +
-                           " bytes, request " + Num(static_cast<int64_t>(id)) + " needs " +
-                           Num(bytes));
-  }
+  SPARSEKV_RETURN_IF_ERROR(CheckHostBuffer(host, host_bytes, bytes, id, "Resume"));
   SPARSEKV_RETURN_IF_ERROR(Place(id, held, stream));
   if (bytes > 0) {
     SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(held.memory, host, bytes, stream));

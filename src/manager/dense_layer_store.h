@@ -153,6 +153,14 @@ class DenseLayerStore {
   };
 
   DenseLayerStore(const DenseLayerStoreOptions& options, std::shared_ptr<Backend> backend);
+  // The `role` ("request", "parent") `id` the store holds, else NotFound naming `call`.
+  StatusOr<Held*> Find(RequestId id, const char* call, const char* role = "request");
+  StatusOr<const Held*> Find(RequestId id, const char* call, const char* role = "request") const;
+  // As Find, and FailedPrecondition while `id` is retracted.
+  StatusOr<Held*> FindPlaced(RequestId id, const char* call, const char* role = "request");
+  // InvalidArgument unless `host` (host_bytes) holds the `bytes` of request `id`.
+  static Status CheckHostBuffer(const void* host, int64_t host_bytes, int64_t bytes, RequestId id,
+                                const char* call);
   Status AllocateTables();
   Layout LayoutFor(int64_t reserved_tokens) const;
   // Allocates and zeroes `held`'s memory, takes a table row and uploads it.

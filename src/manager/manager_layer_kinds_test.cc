@@ -124,15 +124,7 @@ TEST(ManagerLayerKindsTest, TheDeepSeekV4PresetsAreServed) {
   for (const char* name : {"deepseek-v4-flash", "deepseek-v4-pro"}) {
     const StatusOr<ModelPreset> p = FindPreset(name);
     ASSERT_TRUE(p.ok());
-    CacheOptions o;
-    o.geometry = p->geometry();
-    o.top_k = o.hot_slots = p->top_k;
-    o.indexer_key_bytes = p->indexer_key_bytes;
-    o.raw_window = p->raw_window;
-    o.host_capacity_tokens = o.max_context = 1024;
-    o.max_requests = 1;
-    o.host_page_tokens = 64;
-    auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+    auto m = SparseKVCacheManager::Create(testing::SmallPresetOptions(*p), CreateCpuBackend());
     ASSERT_TRUE(m.ok()) << name << ": " << m.status().ToString();
     EXPECT_TRUE((*m)->Admit(1, 600, 100, nullptr).ok());
     const CacheStats s = *(*m)->ReadStats(nullptr);

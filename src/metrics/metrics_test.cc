@@ -12,6 +12,7 @@
 
 #include "sparsekv/options.h"
 #include "testing/harness.h"
+#include "testing/layer_kinds_model.h"
 #include "testing/prometheus_scrape.h"
 
 namespace sparsekv {
@@ -236,15 +237,7 @@ TEST_F(MetricsTest, ScrapeShowsTheLastSnapshotPublished) {
 TEST_F(MetricsTest, ADeepSeekV4ManagersResidentEntriesAndWindowsAreUsesOfDeviceMemory) {
   const StatusOr<ModelPreset> p = FindPreset("deepseek-v4-flash");
   ASSERT_TRUE(p.ok());
-  CacheOptions o;
-  o.geometry = p->geometry();
-  o.top_k = o.hot_slots = p->top_k;
-  o.indexer_key_bytes = p->indexer_key_bytes;
-  o.raw_window = p->raw_window;
-  o.host_capacity_tokens = o.max_context = 1024;
-  o.max_requests = 1;
-  o.host_page_tokens = 64;
-  auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  auto m = SparseKVCacheManager::Create(testing::SmallPresetOptions(*p), CreateCpuBackend());
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   ASSERT_TRUE((*m)->Admit(1, 600, 100, nullptr).ok());
   auto exporter = MetricsExporter::Start({});

@@ -56,6 +56,20 @@ inline CacheOptions V4Shaped(bool hybrid) {
   return o;
 }
 
+// A whole preset (every layer, its raw window, keys where it has them) at a small size: one
+// request of up to 1024 tokens, a hot cache of one top-k.
+inline CacheOptions SmallPresetOptions(const ModelPreset& p) {
+  CacheOptions o;
+  o.geometry = p.geometry();
+  o.top_k = o.hot_slots = p.top_k;
+  o.indexer_key_bytes = p.indexer_key_bytes;
+  o.raw_window = p.raw_window;
+  o.host_capacity_tokens = o.max_context = 1024;
+  o.max_requests = 1;
+  o.host_page_tokens = 64;
+  return o;
+}
+
 inline int32_t Cadence(const CacheOptions& o, int32_t layer) {
   return o.geometry.layers[layer].entry_tokens;
 }

@@ -69,20 +69,28 @@ DenseLayerStore::~DenseLayerStore() {
   }
 }
 
+int32_t DenseLayerStore::PagesPerRow(const DenseLayerStoreOptions& o, int32_t layer) {
+  const LayerShape& shape = o.geometry.layers[layer];
+  if (shape.kind != LayerKind::kResident) return 0;
+  return static_cast<int32_t>(CeilDiv(o.max_request_tokens / shape.entry_tokens, o.page_rows));
+}
+
+int64_t DenseLayerStore::TableBytes(const DenseLayerStoreOptions& o) {
+  const int64_t rows = o.max_requests;
+  int64_t bytes = (1 + 2 * static_cast<int64_t>(o.max_batch)) * sizeof(int32_t);  // step table
+  for (int32_t l = 0; l < o.geometry.num_layers(); ++l) {
+    bytes += rows * PagesPerRow(o, l) * static_cast<int64_t>(sizeof(std::byte*));
+    if (o.raw_window > 0) bytes += rows * static_cast<int64_t>(sizeof(std::byte*));
+  }
+  return bytes;
+}
+
 Status DenseLayerStore::AllocateTables() {
   const int32_t layers = options_.geometry.num_layers();
   const int64_t rows = options_.max_requests;
-  int64_t bytes = (1 + 2 * static_cast<int64_t>(options_.max_batch)) * sizeof(int32_t);
+  const int64_t bytes = TableBytes(options_);
   pages_per_row_.assign(layers, 0);
-  for (int32_t l = 0; l < layers; ++l) {
-    const LayerShape& shape = options_.geometry.layers[l];
-    if (shape.kind == LayerKind::kResident) {
-      pages_per_row_[l] = static_cast<int32_t>(
-          CeilDiv(options_.max_request_tokens / shape.entry_tokens, options_.page_rows));
-      bytes += rows * pages_per_row_[l] * static_cast<int64_t>(sizeof(std::byte*));
-    }
-    if (options_.raw_window > 0) bytes += rows * static_cast<int64_t>(sizeof(std::byte*));
-  }
+  for (int32_t l = 0; l < layers; ++l) pages_per_row_[l] = PagesPerRow(options_, l);
   if (bytes > options_.budget_bytes) {
     return ResourceExhausted("DenseLayerStore: the tables take " + Num(bytes) +
                              " bytes, more than budget_bytes " + Num(options_.budget_bytes));
@@ -107,29 +115,28 @@ Status DenseLayerStore::AllocateTables() {
   return backend_->Synchronize(nullptr);
 }
 
-DenseLayerStore::Layout DenseLayerStore::LayoutFor(int64_t reserved_tokens) const {
-  const int32_t layers = options_.geometry.num_layers();
+DenseLayerStore::Layout DenseLayerStore::LayoutFor(const DenseLayerStoreOptions& o,
+                                                   int64_t reserved_tokens) {
+  const int32_t layers = o.geometry.num_layers();
   Layout layout;
   layout.page_offset.assign(layers, -1);
   layout.pages.assign(layers, 0);
   layout.ring_offset.assign(layers, -1);
   int64_t offset = 0;
   for (int32_t l = 0; l < layers; ++l) {
-    const LayerShape& shape = options_.geometry.layers[l];
+    const LayerShape& shape = o.geometry.layers[l];
     if (shape.kind != LayerKind::kResident) continue;
     layout.pages[l] =
-        static_cast<int32_t>(CeilDiv(reserved_tokens / shape.entry_tokens, options_.page_rows));
+        static_cast<int32_t>(CeilDiv(reserved_tokens / shape.entry_tokens, o.page_rows));
     layout.page_offset[l] = offset;
-    const int64_t bytes =
-        static_cast<int64_t>(layout.pages[l]) * options_.page_rows * shape.row_stride;
+    const int64_t bytes = static_cast<int64_t>(layout.pages[l]) * o.page_rows * shape.row_stride;
     offset += bytes;
     layout.bytes.resident_entries += bytes;
   }
-  if (options_.raw_window > 0) {
+  if (o.raw_window > 0) {
     for (int32_t l = 0; l < layers; ++l) {
       layout.ring_offset[l] = offset;
-      const int64_t bytes =
-          static_cast<int64_t>(options_.raw_window) * options_.geometry.layers[l].row_stride;
+      const int64_t bytes = static_cast<int64_t>(o.raw_window) * o.geometry.layers[l].row_stride;
       offset += bytes;
       layout.bytes.windows += bytes;
     }
@@ -137,8 +144,13 @@ DenseLayerStore::Layout DenseLayerStore::LayoutFor(int64_t reserved_tokens) cons
   return layout;
 }
 
+DenseMemoryUse DenseLayerStore::RequestBytes(const DenseLayerStoreOptions& options,
+                                             int64_t reserved_tokens) {
+  return LayoutFor(options, reserved_tokens).bytes;
+}
+
 DenseMemoryUse DenseLayerStore::RequestBytes(int64_t reserved_tokens) const {
-  return LayoutFor(reserved_tokens).bytes;
+  return RequestBytes(options_, reserved_tokens);
 }
 
 Status DenseLayerStore::Place(RequestId id, Held& held, StreamHandle stream) {
@@ -227,7 +239,7 @@ Status DenseLayerStore::Admit(RequestId id, int32_t prompt_tokens, int64_t reser
   Held held;
   held.reserved_tokens = reserved_tokens;
   held.tokens = prompt_tokens;
-  held.layout = LayoutFor(reserved_tokens);
+  held.layout = LayoutFor(options_, reserved_tokens);
   SPARSEKV_RETURN_IF_ERROR(Place(id, held, stream));
   requests_.emplace(id, std::move(held));
   return Status::Ok();

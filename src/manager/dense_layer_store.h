@@ -73,6 +73,11 @@ class DenseLayerStore {
 
   // The device bytes a request reserving `reserved_tokens` holds, by use (tables 0).
   DenseMemoryUse RequestBytes(int64_t reserved_tokens) const;
+  // The same for a store of `options`, before one is made; and the bytes of its fixed tables
+  // (MemoryByUse().tables once created). REQUIRES: options that Create accepts.
+  static DenseMemoryUse RequestBytes(const DenseLayerStoreOptions& options,
+                                     int64_t reserved_tokens);
+  static int64_t TableBytes(const DenseLayerStoreOptions& options);
 
   // ---- Lifecycle ----
 
@@ -162,7 +167,10 @@ class DenseLayerStore {
   static Status CheckHostBuffer(const void* host, int64_t host_bytes, int64_t bytes, RequestId id,
                                 const char* call);
   Status AllocateTables();
-  Layout LayoutFor(int64_t reserved_tokens) const;
+  static Layout LayoutFor(const DenseLayerStoreOptions& options, int64_t reserved_tokens);
+  // Pages of `layer` in a request's page table row: enough for max_request_tokens (0 unless the
+  // layer is resident).
+  static int32_t PagesPerRow(const DenseLayerStoreOptions& options, int32_t layer);
   // Allocates and zeroes `held`'s memory, takes a table row and uploads it.
   Status Place(RequestId id, Held& held, StreamHandle stream);
   // Frees `held`'s memory and row. REQUIRES: it is placed.

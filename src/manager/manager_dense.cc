@@ -2,7 +2,6 @@
 // layers' entries and every layer's raw window live in dense_ (DenseLayerStore), which follows
 // the requests on the device: admitted, forked, retracted, resumed and released with them, and
 // given each step's batch by PlanStep. The calls that work through a top-k refuse its layers.
-#include <limits>
 #include <string>
 
 #include "manager/manager_impl.h"
@@ -36,17 +35,12 @@ Status SparseKVCacheManager::Impl::AllocateDense() {
                            .page_rows = options_.resident_page_rows,
                            .max_requests = options_.max_requests,
                            .max_batch = options_.effective_max_batch(),
-                           .max_request_tokens = options_.max_context,
-                           .budget_bytes = std::numeric_limits<int64_t>::max()};
+                           .max_request_tokens = options_.max_context};
   // Its share: every request on the device (at most max_requests) at max_context, and the
-  // tables. The store is made once to learn the tables' size, then with that share exactly.
-  int64_t share = 0;
-  {
-    SPARSEKV_ASSIGN_OR_RETURN(std::unique_ptr<DenseLayerStore> probe,
-                              DenseLayerStore::Create(o, backend_));
-    share = probe->MemoryByUse().tables +
-            int64_t{options_.max_requests} * probe->RequestBytes(options_.max_context).sum();
-  }
+  // tables.
+  const int64_t share =
+      DenseLayerStore::TableBytes(o) +
+      int64_t{options_.max_requests} * DenseLayerStore::RequestBytes(o, options_.max_context).sum();
   if (options_.device_budget_bytes > 0) {
     if (share >= options_.device_budget_bytes) {
       return InvalidArgument(

@@ -27,6 +27,8 @@ enum class LayerKind {
   // No entries, only the raw window (CacheOptions::raw_window): DeepSeek-V4's window-only layers.
   kWindowOnly,
 };
+// "kOffloaded", "kResident" or "kWindowOnly": the name error messages give a layer's kind.
+const char* LayerKindName(LayerKind kind);
 
 // One attention layer: its rows and where they live. Every field but the row's size defaults to
 // what the manager serves today (an offloaded layer with a row per token, the options' top_k, the

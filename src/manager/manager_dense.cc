@@ -10,22 +10,6 @@ namespace sparsekv {
 
 using manager_internal::Describe;
 
-namespace {
-
-const char* KindName(LayerKind kind) {
-  switch (kind) {
-    case LayerKind::kOffloaded:
-      return "kOffloaded";
-    case LayerKind::kResident:
-      return "kResident";
-    case LayerKind::kWindowOnly:
-      return "kWindowOnly";
-  }
-  return "unknown";
-}
-
-}  // namespace
-
 Status SparseKVCacheManager::Impl::AllocateDense() {
   bool needed = options_.raw_window > 0;
   for (const LayerShape& l : options_.geometry.layers) needed |= l.kind != LayerKind::kOffloaded;
@@ -61,7 +45,7 @@ Status SparseKVCacheManager::Impl::CheckOffloaded(int32_t layer, const char* op)
   if (Offloaded(layer)) return Status::Ok();
   const LayerKind kind = options_.geometry.layers[layer].kind;
   return InvalidArgument(std::string(op) + ": layer " + std::to_string(layer) + " is " +
-                         KindName(kind) + ", which has no top-k (" +
+                         LayerKindName(kind) + ", which has no top-k (" +
                          (kind == LayerKind::kResident
                               ? "its entries are read whole: DenseEntries"
                               : "it holds its raw window only: RawWindow") +

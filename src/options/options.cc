@@ -6,6 +6,18 @@
 
 namespace sparsekv {
 
+const char* LayerKindName(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kOffloaded:
+      return "kOffloaded";
+    case LayerKind::kResident:
+      return "kResident";
+    case LayerKind::kWindowOnly:
+      return "kWindowOnly";
+  }
+  return "unknown";
+}
+
 int64_t KVGeometry::token_bytes() const {
   int64_t sum = 0;
   for (const LayerShape& l : layers) sum += l.row_bytes;
@@ -81,7 +93,7 @@ Status ValidateLayer(const CacheOptions& o, int32_t i) {
   }
   if (l.kind == LayerKind::kOffloaded) return Status::Ok();
   // Resident and window-only layers are never read through a top-k.
-  const std::string kind = l.kind == LayerKind::kResident ? "kResident" : "kWindowOnly";
+  const std::string kind = LayerKindName(l.kind);
   if (l.top_k != 0) return Field(at + ".top_k must be 0 for a " + kind + " layer (no top-k)");
   if (l.index_group != -1) {
     return Field(at + ".index_group must be -1 for a " + kind + " layer (no top-k)");

@@ -25,8 +25,7 @@ inline Status CheckToolsDriveLayers(const KVGeometry& geometry, int32_t raw_wind
   for (size_t i = 0; i < geometry.layers.size(); ++i) {
     const LayerKind kind = geometry.layers[i].kind;
     if (kind != LayerKind::kOffloaded) {
-      return refuse("geometry.layers[" + std::to_string(i) + "].kind is " +
-                    (kind == LayerKind::kResident ? "kResident" : "kWindowOnly"));
+      return refuse("geometry.layers[" + std::to_string(i) + "].kind is " + LayerKindName(kind));
     }
   }
   if (raw_window != 0) return refuse("raw_window is " + std::to_string(raw_window));

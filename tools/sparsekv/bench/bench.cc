@@ -261,6 +261,17 @@ KVGeometry BenchGeometry(const BenchConfig& c, const ModelPreset& preset) {
       g.layers[l].indexer_keys = preset.layers[l].indexer_keys;
     }
   }
+  if (HasDenseLayers(preset)) {
+    // DeepSeek-V4: its first layers' kinds and cadences; --top-k for every offloaded layer, and
+    // no indexer keys.
+    for (int32_t l = 0; l < g.num_layers() && l < preset.num_layers; ++l) {
+      LayerShape& s = g.layers[l];
+      s.kind = preset.layers[l].kind;
+      s.entry_tokens = preset.layers[l].entry_tokens;
+      s.top_k = 0;
+      s.indexer_keys = false;
+    }
+  }
   return g;
 }
 
@@ -310,18 +321,7 @@ StatusOr<CacheOptions> BenchCacheOptions(const BenchConfig& c) {
   CacheOptions o = c.cache_base;
   o.geometry = BenchGeometry(c, preset);
   if (NamesIndexGroups(preset)) o.layers_per_index = 1;
-  if (HasDenseLayers(preset)) {
-    // DeepSeek-V4: its first layers' kinds and cadences and its raw window; --top-k for every
-    // offloaded layer, and no indexer keys.
-    for (int32_t l = 0; l < o.geometry.num_layers() && l < preset.num_layers; ++l) {
-      LayerShape& s = o.geometry.layers[l];
-      s.kind = preset.layers[l].kind;
-      s.entry_tokens = preset.layers[l].entry_tokens;
-      s.top_k = 0;
-      s.indexer_keys = false;
-    }
-    o.raw_window = preset.raw_window;
-  }
+  if (HasDenseLayers(preset)) o.raw_window = preset.raw_window;  // DeepSeek-V4's raw window
   o.top_k = c.top_k;
   o.hot_slots = c.hot_slots;
   o.window = c.window;

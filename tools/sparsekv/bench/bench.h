@@ -188,7 +188,8 @@ bool NamesIndexGroups(const ModelPreset& preset);
 
 // The benchmark's layers: config.layers (or the preset's count if 0) of the preset's rows; for a
 // preset that names its index groups, its first layers' groups, top-k and indexer keys (a cut
-// group stays a group).
+// group stays a group); for DeepSeek-V4, its first layers' kinds and cadences, every offloaded
+// layer at --top-k and without indexer keys.
 KVGeometry BenchGeometry(const BenchConfig& config, const ModelPreset& preset);
 
 // The index groups every variant of the run shares a top-k by: the preset's named groups (glm-5.3:

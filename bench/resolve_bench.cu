@@ -16,6 +16,10 @@
 //           to the requests, as in a long-running pool whose free list has been shuffled by churn:
 //           a request's rows are scattered over the whole layer (the layout IndexCopy must cope
 //           with; sorting the misses by host row is the remedy being measured).
+//           --span_gib S > 0: instead, the layer is S GiB at every point (S GiB / row_bytes rows)
+//           and the requests' pages are a random sample of its pages, drawn afresh per row size:
+//           every point gathers over the same span, as a pool sized for its largest point does
+//           (address translation, not PCIe, grows with the span; docs/index-copy.md).
 //   top-k   per request, K distinct positions in random order: round(rate * K) of them not
 //           resident (uniform over the rest of [0, ctx - W)), the others resident. The window is
 //           never selected, so every position is a hit or a miss. Each run (warm-up and timed)
@@ -106,6 +110,7 @@ struct Options {
   int32_t protected_percent;   // segmented: the protected part's capacity, % of C
   std::string eviction;        // --eviction: lru, slru or clock
   double max_pool_gib;
+  double span_gib;  // --span_gib: 0 = each point's own ctx * B rows
   uint64_t seed;
   int device;
   std::string json;
@@ -159,6 +164,7 @@ class Bench {
     // [batch] segmented LRU: the size of the protected part, full
     std::vector<int32_t> lru_protected;
     std::vector<int32_t> page_table;  // [batch, pages_per_request]
+    int64_t source_rows = 0;          // rows of the layer the page table addresses
     std::vector<BatchEntry> entries;  // [batch]
     // Clock: [batch, C] use counts, [batch] hands, [batch, ctx] slot of each position.
     std::vector<uint8_t> uses;
@@ -172,6 +178,11 @@ class Bench {
   // [runs, batch, K] top-k sets with `misses` non-resident positions per row.
   void MakeTopK(int32_t misses, int runs);
   void FillHotCache(int32_t row_bytes);
+  // --span_gib: deals the requests a random sample of the span's pages for `row_bytes`, the same
+  // sample for every strategy and miss rate of the point, and uploads the page table. Without a
+  // span the table BuildState dealt stays.
+  void DealSpanPages(int32_t row_bytes);
+  size_t SpanBytes() const { return size_t(o_.span_gib * kGiB) & ~size_t{4095}; }
   // The plain Resolve (no fused copy, sorted as the options say); with a strategy, its Resolve.
   ResolveView View() const;
   ResolveView View(const Strategy& strategy, int32_t row_bytes) const;
@@ -264,7 +275,12 @@ void Bench::Allocate() {
   max_ctx_ = static_cast<int32_t>(*std::max_element(o_.contexts.begin(), o_.contexts.end()));
   max_row_ = static_cast<int32_t>(*std::max_element(o_.row_bytes.begin(), o_.row_bytes.end()));
   runs_ = o_.warmup + o_.reps;
-  const size_t pool_bytes = size_t(max_ctx_) * max_batch_ * max_row_;
+  const size_t own_bytes = size_t(max_ctx_) * max_batch_ * max_row_;
+  if (SpanBytes() > 0 && SpanBytes() < own_bytes) {
+    Fail("--span_gib " + std::to_string(o_.span_gib) + " is smaller than the largest point's " +
+         std::to_string(own_bytes / kGiB) + " GiB (max context x max batch x max row bytes)");
+  }
+  const size_t pool_bytes = SpanBytes() > 0 ? SpanBytes() : own_bytes;
   if (pool_bytes > o_.max_pool_gib * kGiB) {
     Fail("the host pool would take " + std::to_string(pool_bytes / kGiB) +
          " GiB, over --max_pool_gib");
@@ -346,6 +362,7 @@ void Bench::BuildState(int32_t ctx, int32_t batch) {
 
   std::iota(s.page_table.begin(), s.page_table.end(), 0);
   std::shuffle(s.page_table.begin(), s.page_table.end(), rng_);
+  s.source_rows = int64_t(ctx) * batch;
   std::vector<int32_t> positions(ctx - o_.window);
   std::vector<int32_t> fill_src(size_t(batch) * c_), fill_dst(size_t(batch) * c_);
   for (int32_t b = 0; b < batch; ++b) {
@@ -489,7 +506,7 @@ ResolveView Bench::View(const Strategy& strategy, int32_t row_bytes) const {
     v.copy_row_bytes = row_bytes;
     v.copy_src_stride = row_bytes;
     v.copy_dst_stride = row_bytes;
-    v.copy_src_rows = int64_t(state_.ctx) * state_.batch;
+    v.copy_src_rows = state_.source_rows;
     v.copy_dst_rows = int64_t(state_.batch) * (c_ + o_.window);
     v.copy_invalid = d_invalid_;
     v.fused_copy_min_batch = strategy.fused_min_batch;
@@ -509,10 +526,30 @@ IndexCopyView Bench::CopyView(int32_t row_bytes, CopyStrategy strategy) const {
   v.row_bytes = row_bytes;
   v.src_stride = row_bytes;
   v.dst_stride = row_bytes;
-  v.src_rows = int64_t(state_.ctx) * state_.batch;
+  v.src_rows = state_.source_rows;
   v.dst_rows = int64_t(state_.batch) * (c_ + o_.window);
   v.invalid = d_invalid_;
   return v;
+}
+
+void Bench::DealSpanPages(int32_t row_bytes) {
+  if (SpanBytes() == 0) return;
+  State& s = state_;
+  const int64_t span_pages = int64_t(SpanBytes() / row_bytes) / o_.page_tokens;
+  const size_t dealt = s.page_table.size();
+  // A partial Fisher-Yates shuffle of the span's pages, from a generator of its own so that the
+  // top-k sets and hot state (drawn from rng_) are those of a run without a span.
+  std::mt19937_64 rng(o_.seed ^ (uint64_t(s.ctx) << 40) ^ (uint64_t(s.batch) << 20) ^
+                      uint64_t(row_bytes));
+  std::vector<int32_t> pages(span_pages);
+  std::iota(pages.begin(), pages.end(), 0);
+  for (size_t i = 0; i < dealt; ++i) {
+    std::uniform_int_distribution<int64_t> pick(int64_t(i), span_pages - 1);
+    std::swap(pages[i], pages[pick(rng)]);
+  }
+  std::copy(pages.begin(), pages.begin() + dealt, s.page_table.begin());
+  s.source_rows = span_pages * o_.page_tokens;
+  CopySync(d_page_table_, s.page_table.data(), dealt * 4, stream_);
 }
 
 void Bench::FillHotCache(int32_t row_bytes) {
@@ -734,6 +771,7 @@ int Bench::Run() {
           const int errors_at_row = errors_.count();  // the first strategy owns the resolve's
           const int32_t row_bytes = static_cast<int32_t>(o_.row_bytes[r]);
           const std::string timed_run = Where(row_bytes, misses) + "timed run";
+          DealSpanPages(row_bytes);
           // Resolve alone does not depend on the row size: time it with the first one.
           if (r == 0) {
             cudaGraphExec_t g = Capture(nullptr, row_bytes);
@@ -855,6 +893,7 @@ void Bench::Report() {
                          .Add("hot_slots", c_)
                          .Add("window", o_.window)
                          .Add("page_tokens", o_.page_tokens)
+                         .Add("span_bytes", int64_t(SpanBytes()))
                          .Add("sort_misses", o_.sort_misses)
                          .Add("sort_min_batch", o_.sort_min_batch)
                          .Add("library_defaults", LibraryDefaults())
@@ -918,6 +957,7 @@ int main(int argc, char** argv) {
        {"reps", "20"},
        {"verify_samples", "8192"},
        {"max_pool_gib", "40"},
+       {"span_gib", "0"},
        {"seed", "1"},
        {"device", "0"},
        {"json", ""}});
@@ -975,6 +1015,8 @@ int main(int argc, char** argv) {
   o.reps = static_cast<int>(flags.Int("reps"));
   o.verify_samples = static_cast<int>(flags.Int("verify_samples"));
   o.max_pool_gib = flags.Double("max_pool_gib");
+  o.span_gib = flags.Double("span_gib");
+  if (!(o.span_gib >= 0)) Fail("--span_gib must be >= 0 (0: each point's own span)");
   o.seed = static_cast<uint64_t>(flags.Int("seed"));
   o.device = static_cast<int>(flags.Int("device"));
   o.json = flags.Str("json");

@@ -11,6 +11,11 @@
 #   3. 32K, batch 1, 20% misses with the fused strategy held to batches of 32 or more, so that its
 #      Resolve appends the misses and the IndexCopy copies them: what the fused kernel costs where
 #      it does not copy ($OUT/copy-b1-threshold.json).
+#   4. the library's copy over one pool span for every point (--span_gib 14.1, what 128K x batch
+#      100 x 1152 B needs): contexts 32K and 128K, batch 1, 8, 64, 100, 0/20/40% misses, 656- and
+#      1152-B rows ($OUT/copy-span.json), then scripts/copy_span_summary.py: every point's multiple
+#      of the floor beside SGLang HiSparse's kernel where it was measured over the same span
+#      ($OUT/copy-span-summary.json; resolve_copy_span_to_floor_over_peer_max <= 1: at or past it).
 # It prints a compact table (resolve + copy in µs and × the PCIe floor, per strategy) and writes
 # everything printed to $OUT/copy.txt and the summary keys to $OUT/copy-summary.json. Every
 # benchmark checks its results against the CPU reference; "WRONG" in the table marks a failure.
@@ -61,6 +66,13 @@ main() {
   timeout -k 10 60 "$bench" --strategies separate,fused --fused_min_batch 32 --reps "$REPS" \
     --contexts 32768 --batches 1 --miss_rates 0.2 --row_bytes 656,1152 \
     --json "$OUT/copy-b1-threshold.json" || failed=1
+
+  echo "=== one 14.1 GiB span for every point ($(date +%T))"
+  timeout -k 10 240 "$bench" --strategies library --reps "$REPS" --span_gib 14.1 \
+    --contexts 32768,131072 --batches 1,8,64,100 --miss_rates 0,0.2,0.4 --row_bytes 656,1152 \
+    --json "$OUT/copy-span.json" || failed=1
+  python3 "$ROOT/scripts/copy_span_summary.py" --out "$OUT/copy-span-summary.json" \
+    "$OUT/copy-span.json" || failed=1
 
   python3 - "$OUT" <<'PY' || failed=1
 import json, pathlib, sys

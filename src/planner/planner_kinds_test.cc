@@ -191,6 +191,31 @@ TEST(KindStepTest, DeepSeekV4ProAtOneMillionReadsItsKindsBytes) {
   EXPECT_GT(offloaded.indexer_ms, 0);
 }
 
+// The table "What a decode step reads per request" of docs/workload-shapes.md, from the presets
+// (MB per request and step at 128K / 256K / 512K / 1M).
+TEST(KindStepTest, WorkloadShapesStepTableFromThePresets) {
+  struct Row {
+    const char* preset;
+    double csa, hca[4], keys[4];
+  };
+  for (const Row& r :
+       {Row{"deepseek-v4-flash", 7.85, {13.5, 25.4, 49.3, 97.2}, {90.8, 181.7, 363.3, 726.7}},
+        Row{"deepseek-v4-pro", 20.2, {20.9, 39.4, 76.5, 150.6}, {129.8, 259.5, 519.0, 1038.1}}}) {
+    const ModelShape m = ShapeOf(r.preset);
+    for (int i = 0; i < 4; ++i) {
+      const KindStepBytes b = StepBytesPerRequest(m, KVVariant::kSparseKV, 131072 << i, 0.2);
+      EXPECT_NEAR(b.offloaded_attention / 1e6, r.csa, 0.05) << r.preset << " " << i;
+      EXPECT_NEAR(b.resident_attention / 1e6, r.hca[i], 0.05) << r.preset << " " << i;
+      EXPECT_NEAR(b.indexer / 1e6, r.keys[i], 0.05) << r.preset << " " << i;
+    }
+  }
+  // Only the CSA top-k misses: Pro fetches 3.6 MB per request at m = 0.2.
+  EXPECT_NEAR(
+      StepBytesPerRequest(ShapeOf("deepseek-v4-pro"), KVVariant::kSparseKV, 131072, 0.2).fetched /
+          1e6,
+      3.6, 0.05);
+}
+
 // A preset of uniform layers written as one class (a row per token, a key and a top-k per layer,
 // no raw window) is the uniform model plus the indexer's scan, at every batch and variant.
 TEST(KindStepTest, OneUniformClassIsTheUniformModelPlusTheScan) {

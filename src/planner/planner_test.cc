@@ -172,7 +172,7 @@ TEST(PlanCalibrationTest, CommittedResultsWithinFifteenPercent) {
   ASSERT_TRUE(held.ok());
   EXPECT_EQ(held->points.size(), 126u);
   EXPECT_LT(held->max_abs_error_pct, 15);
-  // The built-in defaults are this fit, rounded; both presets read 2048 rows of 656 B.
+  // The built-in defaults are this fit to fewer digits; both presets read 2048 rows of 656 B.
   EXPECT_LT(CheckCalibration(Calibration{}, *run).max_abs_error_pct, 15);
   EXPECT_EQ(fit->attention_bytes_per_request, Calibration{}.attention_bytes_per_request);
 }

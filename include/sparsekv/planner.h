@@ -16,6 +16,8 @@
 // top-k per 4 layers and copies ahead on 16 blocks the benchmark measured h = 0.6-0.77 at batch
 // 4-64 (docs/overlap.md).
 // Rows fetched per layer: sparsekv B * miss_rate * top_k; no-cache B * top_k; full-hbm 0.
+// A model whose layers differ in kind (DeepSeek-V4, GLM-5.3) has a step per kind, projected from
+// these terms: PredictKindStep below.
 #pragma once
 
 #include <cstdint>
@@ -71,8 +73,8 @@ struct ModelShape {
   double weights_gb = 84;      // per-GPU weight bytes streamed every step (1e9 B)
   double bytes_per_param = 2;  // bf16: converts weight bytes to multiply-adds
   // Layers of several kinds (RequestShape::classes, LayerClassesOf): DeepSeek-V4, GLM-5.3. Empty:
-  // `layers` uniform layers above. With classes, `layers` is their sum, PredictStep models each
-  // kind (KindStepBytes below) and Limits and Capacity size each kind (Footprint).
+  // `layers` uniform layers above. With classes (whose layers `layers` should sum), PredictStep
+  // models each kind (PredictKindStep below) and Limits and Capacity size each kind (Footprint).
   std::vector<LayerClass> classes;
   int32_t raw_window = 0;  // RequestShape::raw_window
 };
@@ -128,7 +130,7 @@ StepTime PredictStep(const Calibration& cal, const ModelShape& model, const GpuS
                      const StepInputs& in);
 
 // ---- Layers of several kinds (DeepSeek-V4, GLM-5.3; docs/planning.md, "Layers of several
-// kinds") ----
+// kinds: the step") ----
 //
 // What one request moves per step, summed over the layers of each kind, at T tokens and miss
 // rate m. For a class (LayerClass) of L layers, cadence r, entry stride s, top-k K, Lk keyed

@@ -227,16 +227,17 @@ std::string KindStepText(const Calibration& c) {
   return Format(
       "\nStep per layer kind: PROJECTED from DeepSeek-V3.2's measured constants (the calibration "
       "above, fitted on an H200 to uniform layers) until points of these layers are measured "
-      "(docs/planning.md, \"Layers of several kinds\"):\n"
+      "(docs/planning.md, \"Layers of several kinds: the step\"):\n"
       "  attention per layer %.2f us + the bytes a request's attention reads at %.1f GB/s (the "
-      "fitted %.3f us per request for %.0f B of rows, written as a rate);\n"
+      "fitted %.3f us per request for %.2f MB of rows, written as a rate);\n"
       "  indexer scan: its keys at the weights' streaming rate, %.0f GB/s; misses of the "
       "offloaded layers only, at %.2f of each tier's link;\n"
       "  overhead: sparsekv's %.1f + %.2f*B us on each offloaded layer, full-hbm's %.1f + "
       "%.2f*B us on the others.\n",
       c.attention_fixed_us, c.attention_gbps(), c.attention_per_request_us,
-      c.attention_bytes_per_request, c.weight_gbps, c.gather_efficiency(), c.sparsekv.fixed_us,
-      c.sparsekv.per_request_us, c.full_hbm.fixed_us, c.full_hbm.per_request_us);
+      c.attention_bytes_per_request / 1e6, c.weight_gbps, c.gather_efficiency(),
+      c.sparsekv.fixed_us, c.sparsekv.per_request_us, c.full_hbm.fixed_us,
+      c.full_hbm.per_request_us);
 }
 
 // Per context: what one request moves per step, by layer kind (StepBytesPerRequest).
@@ -409,7 +410,7 @@ Json BudgetedHotCaches(const ModelShape& model, const GpuSpec& gpu,
   return json;
 }
 
-// The capacity of a preset the manager does not serve yet (DeepSeek-V4, GLM-5.3;
+// The capacity of a preset whose layers differ in kind (DeepSeek-V4, GLM-5.3;
 // docs/deepseek-v4.md): per context, the requests per GPU with every entry, key and window in HBM,
 // and with the offloaded layers' entries in each tier, from the footprint alone. Printed to
 // `out`; returned as JSON.

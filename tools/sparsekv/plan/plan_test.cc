@@ -259,6 +259,30 @@ TEST(PlanCommandTest, DeepSeekV4ProPrintsTpotRowsToOneMillion) {
             j["cases"][1]["bytes_per_request"]["indexer"].get<double>());
 }
 
+// The per-kind step takes --hidden-fraction (1: every TPOT is its ideal) and --calibration (the
+// refit's attention rate, not the built-in one).
+TEST(PlanCommandTest, DeepSeekV4TakesTheHiddenFractionAndARefit) {
+  const std::string json_path = ::testing::TempDir() + "/plan-v4-refit.json";
+  const std::string dir = std::string(SPARSEKV_SOURCE_DIR) + "/bench/results/2026-11-30-e2e-sweep/";
+  std::string text;
+  ASSERT_EQ(
+      Cli({"plan", "--preset", "deepseek-v4-flash", "--contexts", "1048576", "--tier",
+           "pcie:250:55", "--hidden-fraction", "1", "--calibration", dir + "e2e-deepseek-v3.2.json",
+           "--calibration", dir + "e2e-glm-5.json", "--json", json_path},
+          &text),
+      kExitOk)
+      << text;
+  std::ifstream file(json_path);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  EXPECT_NE(j["step_model"]["attention_gbps_per_request"].get<double>(),
+            Calibration{}.attention_gbps());
+  for (const nlohmann::json& c : j["cases"]) {
+    for (const nlohmann::json& p : c["points"]) {
+      EXPECT_DOUBLE_EQ(p["tpot_ms"].get<double>(), p["ideal_tpot_ms"].get<double>());
+    }
+  }
+}
+
 // GLM-5.3's keys on 21 of its 78 layers and its shared top-k take the per-kind model too; the
 // step schedule's options, a manager's for uniform layers, are refused for it.
 TEST(PlanCommandTest, Glm53IsPlannedPerLayerKind) {

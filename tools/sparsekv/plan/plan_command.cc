@@ -283,6 +283,32 @@ std::string KindStepTable(const std::vector<PlanCase>& cases) {
   return out;
 }
 
+// Start-up: the time to a ready host pool of each tier's capacity, and of 1 and 2 TB, at
+// `ready_gbps`. Printed to `out`; returned as JSON.
+Json HostPoolsReady(const std::vector<MemoryTier>& tiers, double ready_gbps, std::ostream& out) {
+  out << Format(
+      "Host pool start-up at %.2f GB/s (--host-ready-gbps), in chunks of 64 GiB "
+      "(docs/host-memory.md):\n",
+      ready_gbps);
+  Json json = Json::array();
+  std::vector<std::pair<std::string, double>> pools;
+  for (const MemoryTier& t : tiers) pools.emplace_back(t.name, t.capacity_gb);
+  pools.emplace_back("1 TB", 1000);
+  pools.emplace_back("2 TB", 2000);
+  for (const auto& [name, gb] : pools) {
+    const HostPoolReady r = ModelHostPoolReady(gb, ready_gbps);
+    out << Format("  %-12s %7.0f GB: ready in %6.1f min, %3d chunks%s\n", name.c_str(), gb,
+                  r.seconds / 60, r.chunks,
+                  r.single_registration_fails ? " (one cudaHostRegister of it would fail)" : "");
+    json.push_back({{"pool", name},
+                    {"pool_gb", gb},
+                    {"seconds", r.seconds},
+                    {"chunks", r.chunks},
+                    {"single_registration_fails", r.single_registration_fails}});
+  }
+  return json;
+}
+
 std::string CheckTable(const CalibrationCheck& check, const char* title) {
   std::string out = std::string(title) + "\n" +
                     Format("  %-14s %-9s %8s %6s %6s %10s %10s %8s\n", "preset", "variant",
@@ -673,6 +699,7 @@ int PlanCommand::RunLayerKinds(const std::string& command, const ModelPreset& pr
               : std::string("  Copies serial with compute (--hidden-fraction for overlap; the "
                             "ideal below hides them all).\n"))
       << KindStepTable(cases);
+  json["host_pool_ready"] = HostPoolsReady(tiers, host_ready_gbps_, out);
 
   json["calibration"] = ToJson(cal);
   json["step_model"] = {
@@ -890,27 +917,7 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
 
   json["budgeted_hot_cache"] = BudgetedHotCaches(model, gpu_, tiers, contexts_, hot_slots_, out);
 
-  // Start-up: the time to a ready host pool of each tier's capacity, and of 1 and 2 TB.
-  out << Format(
-      "Host pool start-up at %.2f GB/s (--host-ready-gbps), in chunks of 64 GiB "
-      "(docs/host-memory.md):\n",
-      host_ready_gbps_);
-  json["host_pool_ready"] = Json::array();
-  std::vector<std::pair<std::string, double>> pools;
-  for (const MemoryTier& t : tiers) pools.emplace_back(t.name, t.capacity_gb);
-  pools.emplace_back("1 TB", 1000);
-  pools.emplace_back("2 TB", 2000);
-  for (const auto& [name, gb] : pools) {
-    const HostPoolReady r = ModelHostPoolReady(gb, host_ready_gbps_);
-    out << Format("  %-12s %7.0f GB: ready in %6.1f min, %3d chunks%s\n", name.c_str(), gb,
-                  r.seconds / 60, r.chunks,
-                  r.single_registration_fails ? " (one cudaHostRegister of it would fail)" : "");
-    json["host_pool_ready"].push_back({{"pool", name},
-                                       {"pool_gb", gb},
-                                       {"seconds", r.seconds},
-                                       {"chunks", r.chunks},
-                                       {"single_registration_fails", r.single_registration_fails}});
-  }
+  json["host_pool_ready"] = HostPoolsReady(tiers, host_ready_gbps_, out);
 
   json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
                  {"reserved_gb", gpu_.reserved_gb},

@@ -133,8 +133,9 @@ StepTime PredictStep(const Calibration& cal, const ModelShape& model, const GpuS
 // kinds: the step") ----
 //
 // What one request moves per step, summed over the layers of each kind, at T tokens and miss
-// rate m. For a class (LayerClass) of L layers, cadence r, entry stride s, top-k K, Lk keyed
-// layers, with W = model.raw_window and the indexer's key of model.indexer_key_bytes:
+// rate m. For a class (LayerClass) of L layers, cadence r, entry stride s, Lk keyed layers, with
+// K = min(its top-k, floor(T / r)), W = min(model.raw_window, T) and the indexer's key of
+// model.indexer_key_bytes:
 //   offloaded (CSA)    attention reads L * (K + W) * s (its top-k entries and its raw window)
 //                      the indexer scans Lk * floor(T / r) * key (one key per entry)
 //                      sparsekv fetches L * m * K * s from the tier (the misses; no-cache m = 1)

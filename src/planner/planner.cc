@@ -110,7 +110,8 @@ StepTime PredictStep(const Calibration& cal, const ModelShape& model, const GpuS
 
 KindStepBytes StepBytesPerRequest(const ModelShape& model, KVVariant variant, int64_t tokens,
                                   double miss_rate) {
-  const double window = model.raw_window;
+  // A request shorter than the window or the top-k reads what it has.
+  const double window = std::min<double>(model.raw_window, static_cast<double>(tokens));
   const double key = model.indexer_key_bytes;
   const double fetched_share = variant == KVVariant::kSparseKV  ? miss_rate
                                : variant == KVVariant::kNoCache ? 1
@@ -120,12 +121,14 @@ KindStepBytes StepBytesPerRequest(const ModelShape& model, KVVariant variant, in
     const double layers = c.layers, stride = c.entry_bytes;
     const double entries = static_cast<double>(tokens / c.entry_tokens);
     switch (c.kind) {
-      case LayerKind::kOffloaded:
-        bytes.offloaded_attention += layers * (c.top_k + window) * stride;
+      case LayerKind::kOffloaded: {
+        const double selected = std::min<double>(c.top_k, entries);
+        bytes.offloaded_attention += layers * (selected + window) * stride;
         bytes.indexer += c.keyed_layers * entries * key;
-        bytes.fetched += layers * fetched_share * c.top_k * stride;
+        bytes.fetched += layers * fetched_share * selected * stride;
         if (fetched_share > 0) bytes.appended += layers * stride / c.entry_tokens;
         break;
+      }
       case LayerKind::kResident:
         bytes.resident_attention += layers * (entries + window) * stride;
         break;

@@ -73,6 +73,19 @@ TEST(KindStepBytesTest, EachKindReadsWhatItsFormulaSays) {
   EXPECT_DOUBLE_EQ(b.appended, 50);
 }
 
+// A request of 16 tokens has 4 CSA entries, fewer than the top-k of 8, and 1 HCA entry: the
+// top-k reads and misses what there is. Offloaded 2 * (4 + 4) * 100, fetched 2 * 0.5 * 4 * 100,
+// resident (1 + 4) * 100. A request of 2 tokens reads a raw window of 2.
+TEST(KindStepBytesTest, AShortRequestReadsTheEntriesItHas) {
+  const KindCase k;
+  const KindStepBytes b = StepBytesPerRequest(k.model, KVVariant::kSparseKV, 16, 0.5);
+  EXPECT_DOUBLE_EQ(b.offloaded_attention, 1600);
+  EXPECT_DOUBLE_EQ(b.fetched, 400);
+  EXPECT_DOUBLE_EQ(b.resident_attention, 500);
+  EXPECT_DOUBLE_EQ(StepBytesPerRequest(k.model, KVVariant::kSparseKV, 2, 0.5).window_attention,
+                   200);
+}
+
 TEST(KindStepBytesTest, FullHbmReadsTheSameAndMovesNothing) {
   const KindCase k;
   const KindStepBytes full = StepBytesPerRequest(k.model, KVVariant::kFullHbm, 1000, 0.5);

@@ -151,11 +151,10 @@ StepTime PredictKindStep(const Calibration& cal, const ModelShape& model, const 
   const KindStepBytes bytes = StepBytesPerRequest(model, in.variant, in.context, in.miss_rate);
   const double attention_gbps = cal.attention_gbps();
   const double gbps = GatherGbps(cal, in);
-  const double overhead_us =
-      in.variant == KVVariant::kFullHbm
-          ? layers * (cal.full_hbm.fixed_us + cal.full_hbm.per_request_us * b)
-          : offloaded * (cal.cost(in.variant).fixed_us + cal.cost(in.variant).per_request_us * b) +
-                (layers - offloaded) * (cal.full_hbm.fixed_us + cal.full_hbm.per_request_us * b);
+  // A variant's cost per layer at this batch; the layers it does not offload cost full HBM's.
+  const auto per_layer_us = [b](const VariantCost& v) { return v.fixed_us + v.per_request_us * b; };
+  const double overhead_us = offloaded * per_layer_us(cal.cost(in.variant)) +
+                             (layers - offloaded) * per_layer_us(cal.full_hbm);
 
   StepTime t;
   t.attention_ms = (layers * cal.attention_fixed_us +

@@ -16,6 +16,8 @@
 // top-k per 4 layers and copies ahead on 16 blocks the benchmark measured h = 0.6-0.77 at batch
 // 4-64 (docs/overlap.md).
 // Rows fetched per layer: sparsekv B * miss_rate * top_k; no-cache B * top_k; full-hbm 0.
+// A model whose layers differ in kind (DeepSeek-V4, GLM-5.3) has a step per kind, projected from
+// these terms: PredictKindStep below.
 #pragma once
 
 #include <cstdint>
@@ -48,11 +50,19 @@ struct Calibration {
   VariantCost sparsekv{40.8, 1.24, 48.5};
   VariantCost no_cache{16.6, 0, 46.0};
   double link_gbps = 55.4;  // the pinned-memcpy ceiling the gather bandwidths were measured under
+  // Bytes one request's attention read per layer in the points the attention terms were fitted
+  // to: top_k rows of row_bytes, 2048 x 656 B in the committed results (FitCalibration: the mean
+  // over its points). The model of layers of several kinds scales the per-request term by it.
+  double attention_bytes_per_request = 2048.0 * 656;
 
   const VariantCost& cost(KVVariant variant) const;
   // gather_gbps / link_gbps of sparsekv: the fraction of a link's bandwidth the gather reaches.
   // Applied to every tier, which assumes the gather is as efficient on other links as on PCIe.
   double gather_efficiency() const;
+  // attention_bytes_per_request / attention_per_request_us, in GB/s: the rate at which the
+  // calibrated attention reads a request's rows (not a measured bandwidth but the fitted term
+  // written as one; 410 GB/s with the defaults). 0 if attention_per_request_us is 0.
+  double attention_gbps() const;
 };
 
 struct ModelShape {
@@ -63,8 +73,8 @@ struct ModelShape {
   double weights_gb = 84;      // per-GPU weight bytes streamed every step (1e9 B)
   double bytes_per_param = 2;  // bf16: converts weight bytes to multiply-adds
   // Layers of several kinds (RequestShape::classes, LayerClassesOf): DeepSeek-V4, GLM-5.3. Empty:
-  // `layers` uniform layers above. Only Capacity reads a model with classes; PredictStep and
-  // Limits' latency term model uniform layers (the step of the others needs calibration points).
+  // `layers` uniform layers above. With classes (whose layers `layers` should sum), PredictStep
+  // models each kind (PredictKindStep below) and Limits and Capacity size each kind (Footprint).
   std::vector<LayerClass> classes;
   int32_t raw_window = 0;  // RequestShape::raw_window
 };
@@ -97,20 +107,69 @@ struct StepInputs {
   double miss_rate = 0.2;      // sparsekv only
   double link_gbps = 0;        // the tier's bandwidth; 0 = the calibration's link
   double hidden_fraction = 0;  // h above, in [0, 1]
+  int64_t context = 0;         // tokens per request; read only for a model with classes
 };
 
 // The step's parts, in milliseconds over all layers; total is the TPOT.
 struct StepTime {
   double attention_ms = 0;
+  double indexer_ms = 0;  // the indexer's scan of its keys: layers of several kinds only
   double rest_ms = 0;
   double overhead_ms = 0;
   double transfer_ms = 0;
   double total_ms = 0;
-  // The largest part: "weights" (rest of the model), "attention", "overhead" or "transfer".
+  // The same step with the whole transfer hidden (h = 1): overhead + max(compute, transfer).
+  double ideal_ms = 0;
+  // The largest part: "weights" (rest of the model), "attention", "indexer", "overhead" or
+  // "transfer".
   std::string binding;
 };
+// The model above for `model` without classes; with classes, the model of layers of several
+// kinds (below). REQUIRES: in.batch >= 1.
 StepTime PredictStep(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
                      const StepInputs& in);
+
+// ---- Layers of several kinds (DeepSeek-V4, GLM-5.3; docs/planning.md, "Layers of several
+// kinds: the step") ----
+//
+// What one request moves per step, summed over the layers of each kind, at T tokens and miss
+// rate m. For a class (LayerClass) of L layers, cadence r, entry stride s, Lk keyed layers, with
+// K = min(its top-k, floor(T / r)), W = min(model.raw_window, T) and the indexer's key of
+// model.indexer_key_bytes:
+//   offloaded (CSA)    attention reads L * (K + W) * s (its top-k entries and its raw window)
+//                      the indexer scans Lk * floor(T / r) * key (one key per entry)
+//                      sparsekv fetches L * m * K * s from the tier (the misses; no-cache m = 1)
+//                      and writes back L * s / r (an entry completes every r tokens)
+//   resident (HCA)     attention reads L * (floor(T / r) + W) * s (every entry, and the window)
+//   window-only        attention reads L * W * s
+// Full HBM reads the same and moves nothing over the link.
+struct KindStepBytes {
+  double offloaded_attention = 0;
+  double resident_attention = 0;
+  double window_attention = 0;
+  double indexer = 0;
+  double fetched = 0;   // host -> HBM: the offloaded layers' misses
+  double appended = 0;  // HBM -> host: the offloaded layers' new entries, averaged over r tokens
+  double attention() const { return offloaded_attention + resident_attention + window_attention; }
+};
+KindStepBytes StepBytesPerRequest(const ModelShape& model, KVVariant variant, int64_t tokens,
+                                  double miss_rate);
+
+// The step of such a model at batch B, from the calibrated terms of the uniform model (no term is
+// measured on these layers yet). With L layers, Lo of them offloaded, and the bytes above:
+//   attention = L * attention_fixed + B * attention bytes / cal.attention_gbps()
+//   indexer   = B * indexer bytes / cal.weight_gbps    (an HBM stream, as the weights are)
+//   rest      = L * rest per layer                      (as above)
+//   overhead  = Lo * variant's cost + (L - Lo) * full-hbm's cost (sparsekv and no-cache: their
+//               resolve runs on the offloaded layers only); full-hbm: L * full-hbm's cost
+//   transfer  = B * fetched bytes / gather bandwidth   (the tier's, as above)
+//   TPOT      = overhead + max(attention + indexer + rest + (1 - h) * transfer, transfer)
+// The appended entries cross the link the other way and are not charged (as the uniform model's
+// write-back is in its fitted overhead). For a model of one offloaded class with a row per token,
+// a key in every layer and no raw window it is PredictStep's uniform model plus the indexer.
+// T is in.context. REQUIRES: model.classes is not empty, in.batch >= 1.
+StepTime PredictKindStep(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
+                         const StepInputs& in);
 
 // The largest batch under each limit, for one variant and tier at one context. A limit that does
 // not apply (full-hbm: tier capacity) is left at kUnlimited.
@@ -122,7 +181,9 @@ struct BatchLimits {
   int32_t max_batch() const;         // the smallest of the three
   std::string binding() const;       // "hbm", "capacity" or "latency" (the first smallest)
 };
-// `tpot_slo_ms` <= 0: no latency limit. The search stops at kMaxSearchBatch.
+// `tpot_slo_ms` <= 0: no latency limit. The search stops at kMaxSearchBatch. The HBM and capacity
+// limits are Footprint's (per layer kind, for a request with classes); the latency limit predicts
+// steps at request.tokens.
 inline constexpr int32_t kMaxSearchBatch = 4096;
 BatchLimits Limits(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
                    const RequestShape& request, const StepInputs& in, double tier_capacity_gb,

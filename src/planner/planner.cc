@@ -26,6 +26,11 @@ double Calibration::gather_efficiency() const {
   return link_gbps > 0 ? sparsekv.gather_gbps / link_gbps : 1;
 }
 
+double Calibration::attention_gbps() const {
+  return attention_per_request_us > 0 ? attention_bytes_per_request / attention_per_request_us / 1e3
+                                      : 0;
+}
+
 std::vector<MemoryTier> DefaultTiers() {
   return {{"pcie-dram", 250, 55},
           {"cxl", 500, 50},
@@ -39,25 +44,51 @@ MemoryTier NodeDramTier(double node_gb, int32_t gpus_per_node, double gbps) {
   return {name, node_gb / gpus_per_node, gbps};
 }
 
-StepTime PredictStep(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
-                     const StepInputs& in) {
-  const double b = in.batch;
-  const double layers = model.layers;
+namespace {
+
+// The rest of the model per layer at batch `b` (µs), over `layers` layers: its weights streamed
+// or its multiply-adds, whichever is longer, and the per-request term.
+double RestPerLayerUs(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu, double b,
+                      double layers) {
   const double weight_bytes = model.weights_gb * 1e9 / layers;
   const double stream_us = weight_bytes / (cal.weight_gbps * 1e3);
   const double compute_us =
       gpu.flops_tflops > 0 ? b * 2 * weight_bytes / model.bytes_per_param / (gpu.flops_tflops * 1e6)
                            : 0;
+  return std::max(stream_us, compute_us) + cal.rest_per_request_us * b;
+}
+
+// The effective gather bandwidth of `in`'s tier (GB/s): a tier's gather reaches the fraction of
+// its link that the calibrated gather reached of its own.
+double GatherGbps(const Calibration& cal, const StepInputs& in) {
+  return in.link_gbps > 0 ? in.link_gbps * cal.gather_efficiency()
+                          : cal.cost(in.variant).gather_gbps;
+}
+
+// The name of the largest of `parts`, the first on a tie.
+template <size_t N>
+std::string Largest(const std::array<std::pair<double, const char*>, N>& parts) {
+  return std::max_element(parts.begin(), parts.end(),
+                          [](const auto& a, const auto& c) { return a.first < c.first; })
+      ->second;
+}
+
+}  // namespace
+
+StepTime PredictStep(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
+                     const StepInputs& in) {
+  if (!model.classes.empty()) return PredictKindStep(cal, model, gpu, in);
+  const double b = in.batch;
+  const double layers = model.layers;
   const double attention_us = cal.attention_fixed_us + cal.attention_per_request_us * b;
-  const double rest_us = std::max(stream_us, compute_us) + cal.rest_per_request_us * b;
+  const double rest_us = RestPerLayerUs(cal, model, gpu, b, layers);
   const VariantCost& cost = cal.cost(in.variant);
   const double overhead_us = cost.fixed_us + cost.per_request_us * b;
 
   double rows = 0;  // fetched per layer
   if (in.variant == KVVariant::kSparseKV) rows = b * in.miss_rate * model.top_k;
   if (in.variant == KVVariant::kNoCache) rows = b * model.top_k;
-  // A tier's gather reaches the fraction of its link that the calibrated gather reached of its own.
-  const double gbps = in.link_gbps > 0 ? in.link_gbps * cal.gather_efficiency() : cost.gather_gbps;
+  const double gbps = GatherGbps(cal, in);
   const double transfer_us = rows > 0 && gbps > 0 ? rows * model.row_bytes / (gbps * 1e3) : 0;
 
   StepTime t;
@@ -68,13 +99,80 @@ StepTime PredictStep(const Calibration& cal, const ModelShape& model, const GpuS
   const double compute_ms = t.attention_ms + t.rest_ms;
   t.total_ms = t.overhead_ms +
                std::max(compute_ms + (1 - in.hidden_fraction) * t.transfer_ms, t.transfer_ms);
+  t.ideal_ms = t.overhead_ms + std::max(compute_ms, t.transfer_ms);
   const std::array<std::pair<double, const char*>, 4> parts = {{{t.rest_ms, "weights"},
                                                                 {t.attention_ms, "attention"},
                                                                 {t.overhead_ms, "overhead"},
                                                                 {t.transfer_ms, "transfer"}}};
-  t.binding = std::max_element(parts.begin(), parts.end(), [](const auto& a, const auto& c) {
-                return a.first < c.first;
-              })->second;
+  t.binding = Largest(parts);
+  return t;
+}
+
+KindStepBytes StepBytesPerRequest(const ModelShape& model, KVVariant variant, int64_t tokens,
+                                  double miss_rate) {
+  // A request shorter than the window or the top-k reads what it has.
+  const double window = std::min<double>(model.raw_window, static_cast<double>(tokens));
+  const double key = model.indexer_key_bytes;
+  const double fetched_share = variant == KVVariant::kSparseKV  ? miss_rate
+                               : variant == KVVariant::kNoCache ? 1
+                                                                : 0;
+  KindStepBytes bytes;
+  for (const LayerClass& c : model.classes) {
+    const double layers = c.layers, stride = c.entry_bytes;
+    const double entries = static_cast<double>(tokens / c.entry_tokens);
+    switch (c.kind) {
+      case LayerKind::kOffloaded: {
+        const double selected = std::min<double>(c.top_k, entries);
+        bytes.offloaded_attention += layers * (selected + window) * stride;
+        bytes.indexer += c.keyed_layers * entries * key;
+        bytes.fetched += layers * fetched_share * selected * stride;
+        if (fetched_share > 0) bytes.appended += layers * stride / c.entry_tokens;
+        break;
+      }
+      case LayerKind::kResident:
+        bytes.resident_attention += layers * (entries + window) * stride;
+        break;
+      case LayerKind::kWindowOnly:
+        bytes.window_attention += layers * window * stride;
+        break;
+    }
+  }
+  return bytes;
+}
+
+StepTime PredictKindStep(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
+                         const StepInputs& in) {
+  const double b = in.batch;
+  double layers = 0, offloaded = 0;
+  for (const LayerClass& c : model.classes) {
+    layers += c.layers;
+    if (c.kind == LayerKind::kOffloaded) offloaded += c.layers;
+  }
+  const KindStepBytes bytes = StepBytesPerRequest(model, in.variant, in.context, in.miss_rate);
+  const double attention_gbps = cal.attention_gbps();
+  const double gbps = GatherGbps(cal, in);
+  // A variant's cost per layer at this batch; the layers it does not offload cost full HBM's.
+  const auto per_layer_us = [b](const VariantCost& v) { return v.fixed_us + v.per_request_us * b; };
+  const double overhead_us = offloaded * per_layer_us(cal.cost(in.variant)) +
+                             (layers - offloaded) * per_layer_us(cal.full_hbm);
+
+  StepTime t;
+  t.attention_ms = (layers * cal.attention_fixed_us +
+                    (attention_gbps > 0 ? b * bytes.attention() / (attention_gbps * 1e3) : 0)) /
+                   1e3;
+  t.indexer_ms = cal.weight_gbps > 0 ? b * bytes.indexer / (cal.weight_gbps * 1e6) : 0;
+  t.rest_ms = layers * RestPerLayerUs(cal, model, gpu, b, layers) / 1e3;
+  t.overhead_ms = overhead_us / 1e3;
+  t.transfer_ms = bytes.fetched > 0 && gbps > 0 ? b * bytes.fetched / (gbps * 1e6) : 0;
+  const double compute_ms = t.attention_ms + t.indexer_ms + t.rest_ms;
+  t.total_ms = t.overhead_ms +
+               std::max(compute_ms + (1 - in.hidden_fraction) * t.transfer_ms, t.transfer_ms);
+  t.ideal_ms = t.overhead_ms + std::max(compute_ms, t.transfer_ms);
+  t.binding = Largest(std::array<std::pair<double, const char*>, 5>{{{t.rest_ms, "weights"},
+                                                                     {t.attention_ms, "attention"},
+                                                                     {t.indexer_ms, "indexer"},
+                                                                     {t.overhead_ms, "overhead"},
+                                                                     {t.transfer_ms, "transfer"}}});
   return t;
 }
 
@@ -103,6 +201,7 @@ BatchLimits Limits(const Calibration& cal, const ModelShape& model, const GpuSpe
   if (tpot_slo_ms > 0) {
     // TPOT grows with the batch: the first batch over the SLO ends the search.
     StepInputs point = in;
+    point.context = request.tokens;
     int32_t b = 0;
     for (point.batch = 1; point.batch <= kMaxSearchBatch; ++point.batch) {
       if (PredictStep(cal, model, gpu, point).total_ms > tpot_slo_ms) break;

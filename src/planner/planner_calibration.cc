@@ -153,6 +153,12 @@ StatusOr<Calibration> FitCalibration(const MeasuredRun& run) {
   std::vector<double> c = FitNonNegative(x, y, y);
   cal.attention_fixed_us = c[0];
   cal.attention_per_request_us = c[1];
+  // What the per-request term read: the points' top-k rows, averaged over them.
+  double attention_bytes = 0;
+  for (const MeasuredPoint& p : run.points) {
+    attention_bytes += double{1} * p.model.top_k * p.model.row_bytes;
+  }
+  cal.attention_bytes_per_request = attention_bytes / run.points.size();
 
   x.clear();
   y.clear();

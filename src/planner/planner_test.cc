@@ -153,6 +153,8 @@ TEST(PlanCalibrationTest, FitRecoversTheModelsParameters) {
   EXPECT_NEAR(fit->sparsekv.gather_gbps, 40, 1e-6);
   EXPECT_NEAR(fit->no_cache.gather_gbps, 45, 1e-6);
   EXPECT_LT(CheckCalibration(*fit, run).max_abs_error_pct, 1e-6);
+  // What the per-request attention term read: every point's top-k rows.
+  EXPECT_EQ(fit->attention_bytes_per_request, double{1} * model.top_k * model.row_bytes);
 }
 
 // The acceptance criterion on the committed H200 results: every point within 15%.
@@ -170,8 +172,9 @@ TEST(PlanCalibrationTest, CommittedResultsWithinFifteenPercent) {
   ASSERT_TRUE(held.ok());
   EXPECT_EQ(held->points.size(), 126u);
   EXPECT_LT(held->max_abs_error_pct, 15);
-  // The built-in defaults are this fit, rounded.
+  // The built-in defaults are this fit to fewer digits; both presets read 2048 rows of 656 B.
   EXPECT_LT(CheckCalibration(Calibration{}, *run).max_abs_error_pct, 15);
+  EXPECT_EQ(fit->attention_bytes_per_request, Calibration{}.attention_bytes_per_request);
 }
 
 TEST(PlanCalibrationTest, RejectsFilesWithoutPoints) {

@@ -40,7 +40,8 @@ struct PlanCase {
   double miss_rate = 0;
   BatchLimits limits;
   std::vector<PlanPoint> points;
-  PlanPoint best;  // the highest throughput within every limit; batch 0 if none
+  PlanPoint best;                      // the highest throughput within every limit; batch 0 if none
+  std::optional<KindStepBytes> bytes;  // per request and step: a model with layer classes only
 };
 
 std::string Format(const char* fmt, auto... args) {
@@ -51,18 +52,6 @@ std::string Format(const char* fmt, auto... args) {
 
 std::string Limit(int32_t v) { return v >= kMaxSearchBatch ? "-" : std::to_string(v); }
 
-// One request of `model` at `context` tokens with a fixed hot cache of `hot_slots`.
-RequestShape RequestOf(const ModelShape& model, int32_t context, int32_t hot_slots) {
-  RequestShape request;
-  request.layers = model.layers;
-  request.row_bytes = model.row_bytes;
-  request.indexer_key_bytes = model.indexer_key_bytes;
-  request.top_k = model.top_k;
-  request.hot_slots = hot_slots;
-  request.tokens = context;
-  return request;
-}
-
 PlanCase Model(const Calibration& cal, const ModelShape& model, const GpuSpec& gpu,
                const MemoryTier& tier, KVVariant variant, int32_t context, double miss_rate,
                int32_t hot_slots, double slo_ms, double hidden_fraction,
@@ -72,8 +61,9 @@ PlanCase Model(const Calibration& cal, const ModelShape& model, const GpuSpec& g
   c.variant = variant;
   c.context = context;
   c.miss_rate = miss_rate;
-  const RequestShape request = RequestOf(model, context, hot_slots);
-  StepInputs in{variant, 1, miss_rate, tier.gbps, hidden_fraction};
+  const RequestShape request = CapacityRequest(model, context, hot_slots);
+  StepInputs in{variant, 1, miss_rate, tier.gbps, hidden_fraction, context};
+  if (!model.classes.empty()) c.bytes = StepBytesPerRequest(model, variant, context, miss_rate);
   c.limits = Limits(cal, model, gpu, request, in, tier.capacity_gb, slo_ms);
   const int32_t top = std::min({c.limits.by_hbm, c.limits.by_capacity, kMaxSearchBatch});
   std::vector<int32_t> batches = SweepBatches(top);
@@ -89,8 +79,11 @@ PlanCase Model(const Calibration& cal, const ModelShape& model, const GpuSpec& g
     p.step = PredictStep(cal, model, gpu, in);
     p.tokens_per_s = b / p.step.total_ms * 1e3;
     p.within_slo = b <= c.limits.by_latency;
-    if (variant == KVVariant::kSparseKV)
+    // The schedule's candidates follow from a manager's options, which the plan implies for
+    // uniform layers only.
+    if (variant == KVVariant::kSparseKV && model.classes.empty()) {
       p.schedule = ForecastSchedule(cal, model, gpu, in, options);
+    }
     if (p.within_slo && p.tokens_per_s > c.best.tokens_per_s) c.best = p;
     c.points.push_back(p);
   }
@@ -146,12 +139,24 @@ Json ToJson(const ScheduleForecast& f) {
           {"reason", f.reason}};
 }
 
+Json ToJson(const KindStepBytes& b) {
+  return {{"offloaded_attention", b.offloaded_attention},
+          {"resident_attention", b.resident_attention},
+          {"window_attention", b.window_attention},
+          {"indexer", b.indexer},
+          {"fetched", b.fetched},
+          {"appended", b.appended}};
+}
+
 Json ToJson(const PlanCase& c) {
   const auto point = [](const PlanPoint& p) {
     return Json{{"batch", p.batch},
                 {"tpot_ms", p.step.total_ms},
                 {"tokens_per_s", p.tokens_per_s},
+                {"ideal_tpot_ms", p.step.ideal_ms},
+                {"ideal_tokens_per_s", p.batch / p.step.ideal_ms * 1e3},
                 {"attention_ms", p.step.attention_ms},
+                {"indexer_ms", p.step.indexer_ms},
                 {"rest_ms", p.step.rest_ms},
                 {"overhead_ms", p.step.overhead_ms},
                 {"transfer_ms", p.step.transfer_ms},
@@ -172,7 +177,136 @@ Json ToJson(const PlanCase& c) {
           {"max_batch", limit(c.limits.max_batch())},
           {"binding_limit", c.limits.binding()},
           {"best", c.best.batch > 0 ? point(c.best) : Json()},
+          {"bytes_per_request", c.bytes ? ToJson(*c.bytes) : Json()},
           {"points", points}};
+}
+
+// An SLO that no batch meets leaves batch 0: InvalidArgument when it is so for every case, a line
+// on `out` when it is so for some.
+Status SayWhereNoBatchMeetsTheSlo(const std::vector<PlanCase>& cases, double slo_ms,
+                                  std::ostream& out) {
+  if (slo_ms <= 0) return Status::Ok();
+  int32_t none = 0, swept = 0;  // cases with batches to try (else HBM or capacity bind)
+  double fastest_ms = -1;
+  for (const PlanCase& c : cases) {
+    if (c.points.empty()) continue;
+    ++swept;
+    if (c.best.batch > 0) continue;
+    ++none;
+    for (const PlanPoint& p : c.points) {
+      if (fastest_ms < 0 || p.step.total_ms < fastest_ms) fastest_ms = p.step.total_ms;
+    }
+  }
+  const std::string fastest =
+      fastest_ms >= 0 ? Format("; their fastest step (batch 1) takes %.2f ms", fastest_ms) : "";
+  if (none > 0 && none == swept) {
+    return InvalidArgument(Format("no batch meets --tpot-slo-ms %g in any case", slo_ms) + fastest +
+                           ": raise --tpot-slo-ms (0: no limit)");
+  }
+  if (none > 0) {
+    out << Format("  --tpot-slo-ms %g: no batch meets it in %d of %d cases (batch 0 below)", slo_ms,
+                  none, swept)
+        << fastest << ".\n";
+  }
+  return Status::Ok();
+}
+
+// Whether `preset`'s layers differ in kind, cadence, keys or groups from the uniform layers the
+// calibration was measured on (DeepSeek-V4, GLM-5.3): the plan then models each kind.
+bool HasLayerKinds(const ModelPreset& preset) {
+  if (!CheckToolsDriveLayers(preset.geometry(), preset.raw_window).ok()) return true;
+  const std::vector<LayerClass> classes = LayerClassesOf(preset);
+  if (classes.size() != 1) return true;
+  const LayerClass& c = classes[0];
+  return c.entry_tokens != 1 || c.index_groups != c.layers ||
+         (preset.indexer_key_bytes > 0 && c.keyed_layers != c.layers);
+}
+
+// What the model of layers of several kinds takes from the calibration, and how (PredictKindStep).
+std::string KindStepText(const Calibration& c) {
+  return Format(
+      "\nStep per layer kind: PROJECTED from DeepSeek-V3.2's measured constants (the calibration "
+      "above, fitted on an H200 to uniform layers) until points of these layers are measured "
+      "(docs/planning.md, \"Layers of several kinds: the step\"):\n"
+      "  attention per layer %.2f us + the bytes a request's attention reads at %.1f GB/s (the "
+      "fitted %.3f us per request for %.2f MB of rows, written as a rate);\n"
+      "  indexer scan: its keys at the weights' streaming rate, %.0f GB/s; misses of the "
+      "offloaded layers only, at %.2f of each tier's link;\n"
+      "  overhead: sparsekv's %.1f + %.2f*B us on each offloaded layer, full-hbm's %.1f + "
+      "%.2f*B us on the others.\n",
+      c.attention_fixed_us, c.attention_gbps(), c.attention_per_request_us,
+      c.attention_bytes_per_request / 1e6, c.weight_gbps, c.gather_efficiency(),
+      c.sparsekv.fixed_us, c.sparsekv.per_request_us, c.full_hbm.fixed_us,
+      c.full_hbm.per_request_us);
+}
+
+// Per context: what one request moves per step, by layer kind (StepBytesPerRequest).
+std::string KindBytesTable(const std::vector<PlanCase>& cases) {
+  std::string out = Format(
+      "\nBytes per request and step (MB): what attention reads in the offloaded (CSA), resident "
+      "(HCA) and window-only layers, the indexer's scan of its keys, the misses fetched from the "
+      "tier and the new entries written back\n  %8s %5s %10s %10s %10s %10s %10s %10s\n",
+      "context", "miss", "offloaded", "resident", "window", "indexer", "fetched", "appended");
+  std::set<std::pair<int32_t, double>> shown;  // the tiers do not change the bytes
+  for (const PlanCase& c : cases) {
+    if (!c.bytes || c.variant != KVVariant::kSparseKV) continue;
+    if (!shown.insert({c.context, c.miss_rate}).second) continue;
+    const KindStepBytes& b = *c.bytes;
+    out += Format("  %8d %5.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.3f\n", c.context, c.miss_rate,
+                  b.offloaded_attention / 1e6, b.resident_attention / 1e6, b.window_attention / 1e6,
+                  b.indexer / 1e6, b.fetched / 1e6, b.appended / 1e6);
+  }
+  return out;
+}
+
+// Every swept point: TPOT and tokens/s per batch, serial (or at --hidden-fraction) and ideal (the
+// transfer wholly hidden), with the step's parts.
+std::string KindStepTable(const std::vector<PlanCase>& cases) {
+  std::string out = Format(
+      "\nTPOT and throughput per batch (ideal: the transfer wholly hidden behind compute; * past "
+      "the SLO)\n  %8s %-13s %5s %6s %9s %9s %9s %9s %8s %8s %8s %8s %8s  %s\n",
+      "context", "tier", "miss", "batch", "tpot", "tok/s", "ideal", "ideal t/s", "attn", "indexer",
+      "weights", "overhd", "xfer", "bound by");
+  for (const PlanCase& c : cases) {
+    for (const PlanPoint& p : c.points) {
+      const StepTime& t = p.step;
+      out += Format(
+          "  %8d %-13s %5s %5d%s %7.2fms %9.0f %7.2fms %9.0f %6.2fms %6.2fms %6.2fms %6.2fms "
+          "%6.2fms  %s\n",
+          c.context, c.tier.c_str(),
+          c.variant == KVVariant::kSparseKV ? Format("%.2f", c.miss_rate).c_str() : "-", p.batch,
+          p.within_slo ? " " : "*", t.total_ms, p.tokens_per_s, t.ideal_ms,
+          p.batch / t.ideal_ms * 1e3, t.attention_ms, t.indexer_ms, t.rest_ms, t.overhead_ms,
+          t.transfer_ms, t.binding.c_str());
+    }
+  }
+  return out;
+}
+
+// Start-up: the time to a ready host pool of each tier's capacity, and of 1 and 2 TB, at
+// `ready_gbps`. Printed to `out`; returned as JSON.
+Json HostPoolsReady(const std::vector<MemoryTier>& tiers, double ready_gbps, std::ostream& out) {
+  out << Format(
+      "Host pool start-up at %.2f GB/s (--host-ready-gbps), in chunks of 64 GiB "
+      "(docs/host-memory.md):\n",
+      ready_gbps);
+  Json json = Json::array();
+  std::vector<std::pair<std::string, double>> pools;
+  for (const MemoryTier& t : tiers) pools.emplace_back(t.name, t.capacity_gb);
+  pools.emplace_back("1 TB", 1000);
+  pools.emplace_back("2 TB", 2000);
+  for (const auto& [name, gb] : pools) {
+    const HostPoolReady r = ModelHostPoolReady(gb, ready_gbps);
+    out << Format("  %-12s %7.0f GB: ready in %6.1f min, %3d chunks%s\n", name.c_str(), gb,
+                  r.seconds / 60, r.chunks,
+                  r.single_registration_fails ? " (one cudaHostRegister of it would fail)" : "");
+    json.push_back({{"pool", name},
+                    {"pool_gb", gb},
+                    {"seconds", r.seconds},
+                    {"chunks", r.chunks},
+                    {"single_registration_fails", r.single_registration_fails}});
+  }
+  return json;
 }
 
 std::string CheckTable(const CalibrationCheck& check, const char* title) {
@@ -286,7 +420,7 @@ Json BudgetedHotCaches(const ModelShape& model, const GpuSpec& gpu,
     for (int32_t context : contexts) {
       // The fixed hot_slots only stand in: PlanBudgetedHotCache charges no block for them.
       const BudgetedHotCache b =
-          PlanBudgetedHotCache(RequestOf(model, context, hot_slots), kv_budget,
+          PlanBudgetedHotCache(CapacityRequest(model, context, hot_slots), kv_budget,
                                static_cast<int64_t>(tier.capacity_gb * 1e9), kMaxSearchBatch);
       out << Format("  %-12s %6dK: batch %4d, manager %6.1f GB, %6d slots (vs %d fixed)\n",
                     tier.name.c_str(), context / 1024, b.max_batch, b.hot_cache_bytes / 1e9,
@@ -302,7 +436,7 @@ Json BudgetedHotCaches(const ModelShape& model, const GpuSpec& gpu,
   return json;
 }
 
-// The capacity of a preset the manager does not serve yet (DeepSeek-V4, GLM-5.3;
+// The capacity of a preset whose layers differ in kind (DeepSeek-V4, GLM-5.3;
 // docs/deepseek-v4.md): per context, the requests per GPU with every entry, key and window in HBM,
 // and with the offloaded layers' entries in each tier, from the footprint alone. Printed to
 // `out`; returned as JSON.
@@ -317,8 +451,7 @@ Json CapacityReport(const ModelPreset& preset, const ModelShape& model, const Gp
       preset.layers_of(LayerKind::kResident), preset.layers_of(LayerKind::kWindowOnly),
       preset.row_bytes, preset.top_k, preset.raw_window, model.weights_gb,
       gpu.hbm_gb - model.weights_gb - gpu.reserved_gb, hot_slots);
-  out << "\nCapacity per GPU in requests (the step time of these layers is not modelled yet: "
-         "docs/deepseek-v4.md)\n"
+  out << "\nCapacity per GPU in requests, from the footprint per layer kind\n"
       << Format("  %8s %10s %8s %10s %10s %8s", "context", "HBM/req", "full-hbm", "offl. HBM",
                 "host/req", "by HBM");
   for (const MemoryTier& t : tiers) out << Format(" %12s", t.name.c_str());
@@ -484,6 +617,121 @@ PlanCommand::PlanCommand(CLI::App& parent) {
 
 bool PlanCommand::selected() const { return app_->parsed(); }
 
+int PlanCommand::RunLayerKinds(const std::string& command, const ModelPreset& preset,
+                               const std::vector<MemoryTier>& tiers, std::ostream& out,
+                               std::ostream& err) {
+  const auto fail = [&](const Status& s, int code) {
+    err << "sparsekv plan: " << s.message() << "\n";
+    return code;
+  };
+  // The preset's weights and a hot cache of 2 x top-k (SGLang's HiSparse for DeepSeek-V4) unless
+  // given.
+  ModelShape model = model_;
+  if (app_->count("--weights-gb") == 0 && preset.weights_per_gpu_gb > 0) {
+    model.weights_gb = preset.weights_per_gpu_gb;
+  }
+  model.layers = preset.num_layers;
+  model.row_bytes = preset.row_bytes;
+  model.indexer_key_bytes = preset.indexer_key_bytes;
+  model.top_k = preset.top_k;
+  model.classes = LayerClassesOf(preset);
+  model.raw_window = preset.raw_window;
+  const int32_t hot_slots = app_->count("--hot-slots") > 0 ? hot_slots_ : 2 * preset.top_k;
+  if (hot_slots < preset.top_k) {
+    return fail(
+        InvalidArgument("--hot-slots (" + std::to_string(hot_slots) +
+                        ") must be >= the preset's top-k (" + std::to_string(preset.top_k) + ")"),
+        kExitUsage);
+  }
+  if (!(gpu_.hbm_gb - model.weights_gb - gpu_.reserved_gb > 0)) {
+    return fail(InvalidArgument(Format("no HBM is left for KV: --hbm-gb %g - weights %g - "
+                                       "--reserved-gb %g",
+                                       gpu_.hbm_gb, model.weights_gb, gpu_.reserved_gb)),
+                kExitUsage);
+  }
+  // The step schedule's options are a manager's for uniform layers.
+  for (const char* flag : {"--config", "--copy-chunk-rows", "--crosslayer-prefetch"}) {
+    if (app_->get_option(flag)->count() > 0) {
+      return fail(InvalidArgument(std::string(flag) +
+                                  ": the step schedule is forecast for "
+                                  "uniform layers only, not for --preset " +
+                                  preset_),
+                  kExitUsage);
+    }
+  }
+  Calibration cal;
+  if (!calibration_paths_.empty()) {
+    StatusOr<MeasuredRun> run = ReadMeasured(calibration_paths_);
+    if (!run.ok()) return fail(run.status(), kExitFailure);
+    StatusOr<Calibration> fitted = FitCalibration(*run);
+    if (!fitted.ok()) return fail(fitted.status(), kExitFailure);
+    cal = *fitted;
+  }
+
+  Json json = {{"command", command}, {"preset", preset_}, {"precision", precision_}};
+  json["capacity"] = CapacityReport(preset, model, gpu_, tiers, contexts_, hot_slots, out);
+
+  std::vector<PlanCase> cases;
+  const MemoryTier hbm{"hbm", 0, 0};
+  const CacheOptions no_schedule;  // not read: no schedule is forecast for these layers
+  for (int32_t context : contexts_) {
+    cases.push_back(Model(cal, model, gpu_, hbm, KVVariant::kFullHbm, context, 0, hot_slots,
+                          tpot_slo_ms_, hidden_fraction_, no_schedule));
+    for (const MemoryTier& tier : tiers) {
+      for (double rate : miss_rates_) {
+        cases.push_back(Model(cal, model, gpu_, tier, KVVariant::kSparseKV, context, rate,
+                              hot_slots, tpot_slo_ms_, hidden_fraction_, no_schedule));
+      }
+    }
+  }
+  out << "\n" << CalibrationText(cal) << KindStepText(cal);
+  if (Status s = SayWhereNoBatchMeetsTheSlo(cases, tpot_slo_ms_, out); !s.ok()) {
+    return fail(s, kExitUsage);
+  }
+  out << KindBytesTable(cases) << PlanTable(cases, tpot_slo_ms_)
+      << "  hbm/cap/slo: max batch by the KV budget in HBM, by the tier's capacity, by the TPOT "
+         "SLO;\n  bound by: the largest part of the best point's step; vs hbm: its tokens/s over "
+         "the full-HBM baseline's.\n"
+      << (hidden_fraction_ > 0
+              ? Format("  --hidden-fraction %.2f: that share of the transfer hidden behind "
+                       "compute.\n",
+                       hidden_fraction_)
+              : std::string("  Copies serial with compute (--hidden-fraction for overlap; the "
+                            "ideal below hides them all).\n"))
+      << KindStepTable(cases);
+  json["host_pool_ready"] = HostPoolsReady(tiers, host_ready_gbps_, out);
+
+  json["calibration"] = ToJson(cal);
+  json["step_model"] = {
+      {"projected", true},
+      {"note",
+       "every term projected from DeepSeek-V3.2's measured constants until points of these "
+       "layers are measured"},
+      {"attention_gbps_per_request", cal.attention_gbps()},
+      {"attention_bytes_per_request_calibrated", cal.attention_bytes_per_request},
+      {"indexer_scan_gbps", cal.weight_gbps},
+      {"gather_efficiency", cal.gather_efficiency()}};
+  json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
+                 {"reserved_gb", gpu_.reserved_gb},
+                 {"tflops", gpu_.flops_tflops},
+                 {"weights_gb", model.weights_gb}};
+  json["tiers"] = Json::array();
+  for (const MemoryTier& t : tiers) {
+    json["tiers"].push_back({{"name", t.name}, {"capacity_gb", t.capacity_gb}, {"gbps", t.gbps}});
+  }
+  json["hot_slots"] = hot_slots;
+  json["tpot_slo_ms"] = tpot_slo_ms_;
+  json["hidden_fraction"] = hidden_fraction_;
+  json["cases"] = Json::array();
+  for (const PlanCase& c : cases) json["cases"].push_back(ToJson(c));
+  if (!json_path_.empty()) {
+    if (Status s = WriteOutputFile(json_path_, json.dump(2) + "\n", "JSON"); !s.ok()) {
+      return fail(s, kExitFailure);
+    }
+  }
+  return kExitOk;
+}
+
 int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream& err) {
   const auto fail = [&](const Status& s, int code) {
     err << "sparsekv plan: " << s.message() << "\n";
@@ -525,45 +773,7 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
                                      : FindPreset(preset_);  // the model's fp8 rows or entries
   if (!preset.ok()) return fail(preset.status(), kExitUsage);
   if (Status s = CheckOutputPath("--json", json_path_); !s.ok()) return fail(s, kExitUsage);
-  if (!CheckToolsDriveLayers(preset->geometry(), preset->raw_window).ok()) {
-    // Layers the manager does not serve yet: capacity from the footprint, at the preset's
-    // weights and a hot cache of 2 x top-k (SGLang's HiSparse for DeepSeek-V4) unless given.
-    ModelShape model = model_;
-    if (app_->count("--weights-gb") == 0 && preset->weights_per_gpu_gb > 0) {
-      model.weights_gb = preset->weights_per_gpu_gb;
-    }
-    model.layers = preset->num_layers;
-    model.row_bytes = preset->row_bytes;
-    model.indexer_key_bytes = preset->indexer_key_bytes;
-    model.top_k = preset->top_k;
-    model.classes = LayerClassesOf(*preset);
-    model.raw_window = preset->raw_window;
-    const int32_t hot_slots = app_->count("--hot-slots") > 0 ? hot_slots_ : 2 * preset->top_k;
-    if (hot_slots < preset->top_k) {
-      return fail(InvalidArgument("--hot-slots (" + std::to_string(hot_slots) +
-                                  ") must be >= the preset's top-k (" +
-                                  std::to_string(preset->top_k) + ")"),
-                  kExitUsage);
-    }
-    if (!(gpu_.hbm_gb - model.weights_gb - gpu_.reserved_gb > 0)) {
-      return fail(InvalidArgument(Format("no HBM is left for KV: --hbm-gb %g - weights %g - "
-                                         "--reserved-gb %g",
-                                         gpu_.hbm_gb, model.weights_gb, gpu_.reserved_gb)),
-                  kExitUsage);
-    }
-    Json json = {{"command", command}, {"preset", preset_}, {"precision", precision_}};
-    json["capacity"] = CapacityReport(*preset, model, gpu_, tiers, contexts_, hot_slots, out);
-    json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
-                   {"reserved_gb", gpu_.reserved_gb},
-                   {"weights_gb", model.weights_gb}};
-    json["hot_slots"] = hot_slots;
-    if (!json_path_.empty()) {
-      if (Status s = WriteOutputFile(json_path_, json.dump(2) + "\n", "JSON"); !s.ok()) {
-        return fail(s, kExitFailure);
-      }
-    }
-    return kExitOk;
-  }
+  if (HasLayerKinds(*preset)) return RunLayerKinds(command, *preset, tiers, out, err);
   if (hot_slots_ < preset->top_k) {
     return fail(
         InvalidArgument("--hot-slots (" + std::to_string(hot_slots_) +
@@ -689,33 +899,8 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
       }
     }
   }
-  // An SLO that no batch meets leaves batch 0: refused when it is so for every case, said when
-  // it is so for some.
-  if (tpot_slo_ms_ > 0) {
-    int32_t none = 0, swept = 0;  // cases with batches to try (else HBM or capacity bind)
-    double fastest_ms = -1;
-    for (const PlanCase& c : cases) {
-      if (c.points.empty()) continue;
-      ++swept;
-      if (c.best.batch > 0) continue;
-      ++none;
-      for (const PlanPoint& p : c.points) {
-        if (fastest_ms < 0 || p.step.total_ms < fastest_ms) fastest_ms = p.step.total_ms;
-      }
-    }
-    const std::string fastest =
-        fastest_ms >= 0 ? Format("; their fastest step (batch 1) takes %.2f ms", fastest_ms) : "";
-    if (none > 0 && none == swept) {
-      return fail(
-          InvalidArgument(Format("no batch meets --tpot-slo-ms %g in any case", tpot_slo_ms_) +
-                          fastest + ": raise --tpot-slo-ms (0: no limit)"),
-          kExitUsage);
-    }
-    if (none > 0) {
-      out << Format("  --tpot-slo-ms %g: no batch meets it in %d of %d cases (batch 0 below)",
-                    tpot_slo_ms_, none, swept)
-          << fastest << ".\n";
-    }
+  if (Status s = SayWhereNoBatchMeetsTheSlo(cases, tpot_slo_ms_, out); !s.ok()) {
+    return fail(s, kExitUsage);
   }
   out << PlanTable(cases, tpot_slo_ms_)
       << "  hbm/cap/slo: max batch by the KV budget in HBM, by the tier's capacity, by the TPOT "
@@ -732,27 +917,7 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
 
   json["budgeted_hot_cache"] = BudgetedHotCaches(model, gpu_, tiers, contexts_, hot_slots_, out);
 
-  // Start-up: the time to a ready host pool of each tier's capacity, and of 1 and 2 TB.
-  out << Format(
-      "Host pool start-up at %.2f GB/s (--host-ready-gbps), in chunks of 64 GiB "
-      "(docs/host-memory.md):\n",
-      host_ready_gbps_);
-  json["host_pool_ready"] = Json::array();
-  std::vector<std::pair<std::string, double>> pools;
-  for (const MemoryTier& t : tiers) pools.emplace_back(t.name, t.capacity_gb);
-  pools.emplace_back("1 TB", 1000);
-  pools.emplace_back("2 TB", 2000);
-  for (const auto& [name, gb] : pools) {
-    const HostPoolReady r = ModelHostPoolReady(gb, host_ready_gbps_);
-    out << Format("  %-12s %7.0f GB: ready in %6.1f min, %3d chunks%s\n", name.c_str(), gb,
-                  r.seconds / 60, r.chunks,
-                  r.single_registration_fails ? " (one cudaHostRegister of it would fail)" : "");
-    json["host_pool_ready"].push_back({{"pool", name},
-                                       {"pool_gb", gb},
-                                       {"seconds", r.seconds},
-                                       {"chunks", r.chunks},
-                                       {"single_registration_fails", r.single_registration_fails}});
-  }
+  json["host_pool_ready"] = HostPoolsReady(tiers, host_ready_gbps_, out);
 
   json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
                  {"reserved_gb", gpu_.reserved_gb},

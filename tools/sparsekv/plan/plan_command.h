@@ -32,6 +32,11 @@ class PlanCommand {
   int Run(const std::string& command, std::ostream& out, std::ostream& err);
 
  private:
+  // Run for a preset whose layers differ in kind, cadence, keys or groups (DeepSeek-V4, GLM-5.3):
+  // the capacity per layer kind, then the step per layer kind (PredictKindStep).
+  int RunLayerKinds(const std::string& command, const ModelPreset& preset,
+                    const std::vector<MemoryTier>& tiers, std::ostream& out, std::ostream& err);
+
   CLI::App* app_;
   std::string preset_ = "deepseek-v3.2";
   std::string precision_ = "fp8";

@@ -212,6 +212,93 @@ TEST(PlanCommandTest, NodeDramTiersAreSharedByTheNodesGpus) {
   EXPECT_EQ(Cli({"plan", "--gpus-per-node", "0"}, &text), kExitUsage);
 }
 
+// DeepSeek-V4-Pro from 256K to 1M: TPOT rows per batch for full HBM and for sparsekv on each
+// tier, with the ideal beside them and the note that the terms are projected, in the text and in
+// the JSON (whose capacity section stays).
+TEST(PlanCommandTest, DeepSeekV4ProPrintsTpotRowsToOneMillion) {
+  const std::string json_path = ::testing::TempDir() + "/plan-v4-tpot.json";
+  std::string text;
+  ASSERT_EQ(Cli({"plan", "--preset", "deepseek-v4-pro", "--contexts", "262144,524288,1048576",
+                 "--node-dram-gb", "250,2000", "--json", json_path},
+                &text),
+            kExitOk)
+      << text;
+  EXPECT_NE(text.find("PROJECTED from DeepSeek-V3.2's measured constants"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("TPOT and throughput per batch"), std::string::npos) << text;
+  // A full-HBM row and a sparsekv row at 1M: context, tier, miss, batch 1.
+  EXPECT_NE(text.find("   1048576 hbm               -     1 "), std::string::npos) << text;
+  EXPECT_NE(text.find("   1048576 node-2000GB    0.20     1 "), std::string::npos) << text;
+
+  std::ifstream file(json_path);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  EXPECT_EQ(j["capacity"].size(), 3u);
+  EXPECT_EQ(j["step_model"]["projected"], true);
+  // Per context: full HBM, then the two node tiers.
+  ASSERT_EQ(j["cases"].size(), 9u);
+  for (size_t i = 0; i < j["cases"].size(); ++i) {
+    const nlohmann::json& c = j["cases"][i];
+    EXPECT_EQ(c["variant"], i % 3 == 0 ? "full-hbm" : "sparsekv");
+    ASSERT_FALSE(c["points"].empty()) << i;
+    for (const nlohmann::json& p : c["points"]) {
+      EXPECT_GT(p["tpot_ms"].get<double>(), 0);
+      EXPECT_LE(p["ideal_tpot_ms"].get<double>(), p["tpot_ms"].get<double>());
+      EXPECT_GT(p["indexer_ms"].get<double>(), 0);
+      EXPECT_TRUE(p["schedule"].is_null());
+    }
+    EXPECT_GT(c["bytes_per_request"]["resident_attention"].get<double>(), 0);
+  }
+  // At 1M: the HBM limits are the capacity section's (4 and 19), the 250-GB node's is 6.
+  EXPECT_EQ(j["cases"][6]["max_batch_by_hbm"], 4);
+  EXPECT_EQ(j["cases"][7]["max_batch_by_hbm"], 19);
+  EXPECT_EQ(j["cases"][7]["max_batch_by_capacity"], 6);
+  // More context, more HCA entries read and more keys scanned per request.
+  EXPECT_GT(j["cases"][7]["bytes_per_request"]["resident_attention"].get<double>(),
+            j["cases"][1]["bytes_per_request"]["resident_attention"].get<double>());
+  EXPECT_GT(j["cases"][7]["bytes_per_request"]["indexer"].get<double>(),
+            j["cases"][1]["bytes_per_request"]["indexer"].get<double>());
+}
+
+// The per-kind step takes --hidden-fraction (1: every TPOT is its ideal) and --calibration (the
+// refit's attention rate, not the built-in one).
+TEST(PlanCommandTest, DeepSeekV4TakesTheHiddenFractionAndARefit) {
+  const std::string json_path = ::testing::TempDir() + "/plan-v4-refit.json";
+  const std::string dir = std::string(SPARSEKV_SOURCE_DIR) + "/bench/results/2026-11-30-e2e-sweep/";
+  std::string text;
+  ASSERT_EQ(
+      Cli({"plan", "--preset", "deepseek-v4-flash", "--contexts", "1048576", "--tier",
+           "pcie:250:55", "--hidden-fraction", "1", "--calibration", dir + "e2e-deepseek-v3.2.json",
+           "--calibration", dir + "e2e-glm-5.json", "--json", json_path},
+          &text),
+      kExitOk)
+      << text;
+  std::ifstream file(json_path);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  EXPECT_NE(j["step_model"]["attention_gbps_per_request"].get<double>(),
+            Calibration{}.attention_gbps());
+  for (const nlohmann::json& c : j["cases"]) {
+    for (const nlohmann::json& p : c["points"]) {
+      EXPECT_DOUBLE_EQ(p["tpot_ms"].get<double>(), p["ideal_tpot_ms"].get<double>());
+    }
+  }
+}
+
+// GLM-5.3's keys on 21 of its 78 layers and its shared top-k take the per-kind model too; the
+// step schedule's options, a manager's for uniform layers, are refused for it.
+TEST(PlanCommandTest, Glm53IsPlannedPerLayerKind) {
+  std::string text;
+  ASSERT_EQ(
+      Cli({"plan", "--preset", "glm-5.3", "--contexts", "131072", "--tier", "pcie:250:55"}, &text),
+      kExitOk)
+      << text;
+  EXPECT_NE(text.find("78 offloaded"), std::string::npos) << text;
+  EXPECT_NE(text.find("TPOT and throughput per batch"), std::string::npos) << text;
+  EXPECT_EQ(Cli({"plan", "--preset", "glm-5.3", "--copy-chunk-rows", "8"}, &text), kExitUsage);
+  EXPECT_NE(text.find("--copy-chunk-rows: the step schedule is forecast for uniform layers only"),
+            std::string::npos)
+      << text;
+}
+
 TEST(PlanCommandTest, SaysSoWhenNoHbmIsLeftForKV) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"plan", "--hbm-gb", "1"},

@@ -830,6 +830,54 @@ TEST(StepScheduleCudaTest, EveryChoiceReadsTheRowsWrittenEagerlyAndReplayed) {
   }
 }
 
+// `grouping` with a hot cache of pages for twice the requests the workload admits: the first
+// ones admitted are resident, the later ones in hot-cache mode.
+CacheOptions RoomierOptions(const CacheOptions& grouping) {
+  CacheOptions o = grouping;
+  o.max_requests = 2 * kRequests;
+  return o;
+}
+
+// With a fixed choice that yields to `resident` and steps of one request each, resident or not:
+// eagerly on the CPU both choices run, every row checked; on the GPU the same steps replay two
+// graphs of batch size 1 in turn (resident/1 without miss copies, serial/1 with them), every row
+// checked.
+TEST(StepScheduleTest, AFixedChoiceThatYieldsRunsResidentStepsAsResident) {
+  for (const Grouping& g : Groupings(/*hybrid=*/true)) {
+    SCOPED_TRACE(g.name);
+    ScheduleOptions so;
+    so.fixed = StepChoice{};
+    so.fixed_yields_to_resident = true;
+    ScheduleWorkload w(RoomierOptions(g.options), so, 53);
+    for (int32_t step = 0; step < 24; ++step) {
+      w.Step(1);
+      if (HasFatalFailure()) return;
+    }
+    const ScheduleStats stats = w.schedule().stats();
+    EXPECT_GT(StepsIn(stats, {.resident = true}), 0);
+    EXPECT_GT(StepsIn(stats, StepChoice{}), 0);
+  }
+}
+
+TEST(StepScheduleCudaTest, ResidentAndHotCacheStepsReplayTheirOwnGraphs) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  for (const Grouping& g : Groupings(/*hybrid=*/true)) {
+    SCOPED_TRACE(g.name);
+    ScheduleOptions so;
+    so.fixed = StepChoice{};
+    so.fixed_yields_to_resident = true;
+    ScheduleWorkload w(RoomierOptions(g.options), so, 53, gpu, /*captured=*/true);
+    for (int32_t step = 0; step < 24; ++step) {
+      w.Step(1);
+      if (HasFatalFailure()) return;
+    }
+    const ScheduleStats stats = w.schedule().stats();
+    EXPECT_GT(StepsIn(stats, {.resident = true}), 0);
+    EXPECT_GT(StepsIn(stats, StepChoice{}), 0);
+    EXPECT_EQ(w.graphs(), 2u);
+  }
+}
+
 // On the GPU, the tuner's choice drives which graph replays: the calibration replays a graph per
 // candidate (timed by the replay), then the kept one; every step is checked.
 TEST(StepScheduleCudaTest, ReplayedGraphsFollowTheTunersChoice) {

@@ -259,7 +259,7 @@ TEST_F(ResidentStepTest, AnAllResidentStepRunsTwoOperationsPerLayerOnTheEnginesS
 // A run phase captured in an all-resident step (no miss copy in it) replays for later such
 // steps; once a request of the batch is demoted, the step's choice is no longer `resident`, so
 // the same batch is captured anew (with its miss copies) instead of replaying the resident graph,
-// and that graph replays in turn. Every step's rows and keys are the model's.
+// and that graph replays too. Every step's rows and keys are the model's.
 TEST_F(ResidentStepTest, AResidentGraphIsNotReplayedOnceARequestIsInHotCacheMode) {
   Create(/*keys=*/true);
   for (RequestId id : {1, 2, 3}) AdmitAndIngest(id);

@@ -840,8 +840,8 @@ CacheOptions RoomierOptions(const CacheOptions& grouping) {
 
 // With a fixed choice that yields to `resident` and steps of one request each, resident or not:
 // eagerly on the CPU both choices run, every row checked; on the GPU the same steps replay two
-// graphs of batch size 1 in turn (resident/1 without miss copies, serial/1 with them), every row
-// checked.
+// graphs of batch size 1 alternately (resident/1 without miss copies, serial/1 with them), every
+// row checked.
 TEST(StepScheduleTest, AFixedChoiceThatYieldsRunsResidentStepsAsResident) {
   for (const Grouping& g : Groupings(/*hybrid=*/true)) {
     SCOPED_TRACE(g.name);

@@ -35,9 +35,8 @@
 // stream. A captured step replays its choice and its attention ranges: capture one graph per
 // batch size and choice (choice() says which the planned step needs; a step that cannot miss
 // needs a graph of its own, since its choice, resident, enqueues no miss copy), and after each
-// replay call
-// FinishReplayedStep with the replay's time, which is how the schedule measures graph steps. Eager
-// steps (not captured) are timed by the schedule itself.
+// replay call FinishReplayedStep with the replay's time, which is how the schedule measures graph
+// steps. Eager steps (not captured) are timed by the schedule itself.
 //
 // Extensions (the node pool, peer and remote tiers) work under it unchanged: the schedule calls
 // only the manager's public run-phase calls.

@@ -118,6 +118,10 @@ class Backend {
 
   // The operators (semantics in kernel_views.h). They never allocate and never synchronise.
   virtual Status IndexCopy(const IndexCopyView& view, StreamHandle stream) = 0;
+  // Both copies of `view` as one operation (the CUDA backend: one kernel launch); what a step's
+  // append of rows and indexer keys runs. InvalidArgument (CUDA) where either view is one
+  // IndexCopy refuses.
+  virtual Status IndexCopyPair(const IndexCopyPairView& view, StreamHandle stream) = 0;
   virtual Status Resolve(const ResolveView& view, int32_t max_batch, StreamHandle stream) = 0;
   virtual Status Assemble(const AssembleView& view, int32_t max_batch, StreamHandle stream) = 0;
   // InvalidArgument for places outside [1, kMaxRoutePlaces] or page_rows < 1.

@@ -234,6 +234,17 @@ struct IndexCopyView {
   CopyStrategy strategy = CopyStrategy::kLattice;  // CUDA: see above. Other backends ignore it.
 };
 
+// Two IndexCopys as one operation (one CUDA kernel): a step's append of its new rows and of their
+// indexer keys, which share the list of batch rows. The result is exactly IndexCopy(first)
+// followed by IndexCopy(second), each view's invalid entries counted in its own `invalid`.
+// REQUIRES (not checked): neither copy reads or writes a row the other writes (so that their order
+// does not matter). Meant for short lists, a few entries per batch row: the CUDA kernel gives each
+// entry index i a block for both views' entry i and reads neither max_blocks nor strategy.
+struct IndexCopyPairView {
+  IndexCopyView first;
+  IndexCopyView second;
+};
+
 // Splits an index list by where each source row lives, so that the rows of each place are copied
 // by an IndexCopy from that place's memory (the peer tier, peer_tier.h, reads this way the rows
 // that another GPU also holds). Source rows are grouped in pages of page_rows rows; page q lives

@@ -20,7 +20,8 @@
 // FailedPrecondition and change nothing (each call says which orders it refuses); what only the
 // device could check (stream ordering, the contents of device buffers) is not checked.
 // A graph captured over the run phase stays valid for every later step whose batch has at most
-// max_batch requests: the batch size and table are read from device memory at run time.
+// max_batch requests: the batch size and table are read from device memory at run time. (A run
+// phase that calls SkipMissCopy is valid only for steps that cannot miss: see there.)
 //
 // Hybrid residency (CacheOptions::hybrid_residency): a request admitted while the hot cache has
 // room for its whole reservation is resident: every row of its history is in HBM (in resident
@@ -509,6 +510,17 @@ class SparseKVCacheManager {
   Status CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream);
   // CopyMissChunk on a grid of `copy_blocks` thread blocks, as CopyMisses above.
   Status CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream, int32_t copy_blocks);
+  // Whether the planned step's resolves can find a miss: false when every request of its batch is
+  // resident and no extension is active in it (no miss list entry can be made). Host side, from
+  // PlanStep on.
+  bool StepCanMiss() const;
+  // In a step that cannot miss (StepCanMiss() false), counts `layer` as copied, as CopyMisses
+  // would, without enqueuing anything: CopyMisses would launch a copy of an empty list. This is a
+  // decision of the host recorded in the run phase: a graph captured with SkipMissCopy replays
+  // correctly only for steps that cannot miss either, so an engine keys those graphs apart
+  // (StepSchedule does: such a step's choice is StepChoice::resident). Errors: as CopyMisses, and
+  // FailedPrecondition in a step that can miss (nothing is marked).
+  Status SkipMissCopy(int32_t layer);
   // Gathers the rows of `slots` ([max_batch, top_k], as ResolveLayer wrote them) of `layer`
   // into `assembled` ([max_batch, top_k, row_stride(layer)]; skipped entries are zero rows).
   // May run before CopyMisses(layer) (then only the rows with fill 0 are meaningful) and more

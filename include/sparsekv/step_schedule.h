@@ -25,15 +25,18 @@
 // Which one pays depends on the batch, how many requests are in hot-cache mode, how much they
 // miss, and the machine (docs/schedule.md): the schedule measures. For each step shape (the batch
 // and how many of its requests are in hot-cache mode) it times each candidate for a few steps,
-// then keeps the fastest; a step whose requests are all resident has nothing to copy and runs
-// serially at once. ScheduleOptions::fixed forces one choice instead.
+// then keeps the fastest; a step in which nothing can miss (every request resident,
+// SparseKVCacheManager::StepCanMiss) runs in StepChoice::resident at once: no copy is enqueued.
+// ScheduleOptions::fixed forces one choice instead (for every step, unless
+// ScheduleOptions::fixed_yields_to_resident).
 //
 // Graphs. Everything between PlanStep and FinishStep only enqueues, so an engine captures it into
 // a CUDA graph as it would the manager's own run phase (manager.h), with its kernels on its
 // stream. A captured step replays its choice and its attention ranges: capture one graph per
-// batch size and choice (choice() says which the planned step needs), and after each replay call
-// FinishReplayedStep with the replay's time, which is how the schedule measures graph steps. Eager
-// steps (not captured) are timed by the schedule itself.
+// batch size and choice (choice() says which the planned step needs; a step that cannot miss
+// needs a graph of its own, since its choice, resident, enqueues no miss copy), and after each
+// replay call FinishReplayedStep with the replay's time, which is how the schedule measures graph
+// steps. Eager steps (not captured) are timed by the schedule itself.
 //
 // Extensions (the node pool, peer and remote tiers) work under it unchanged: the schedule calls
 // only the manager's public run-phase calls.
@@ -74,11 +77,18 @@ struct StepChoice {
   // With the planned copy: the thread blocks of its copies (SparseKVCacheManager::CopyMisses,
   // CopyMissChunk); 0: CacheOptions::copy_blocks'. Ignored without the planned copy.
   int32_t planned_copy_blocks = 0;
+  // Every request of the step is resident (SparseKVCacheManager::StepCanMiss is false): each
+  // layer is appended, resolved and attended on the engine's stream, and no miss copy, prefetch
+  // or chunk is enqueued (SkipMissCopy). The schedule takes it for such steps, and only for them,
+  // whatever it measures (and with ScheduleOptions::fixed_yields_to_resident whatever is fixed); a
+  // graph captured in it must not replay a step of another choice (keyed by choice, as above, it
+  // never does). The other fields are then unset.
+  bool resident = false;
 
   bool operator==(const StepChoice&) const = default;
   // "serial", "prefetch", "prefetch:16" (16 copy blocks), "chunks16", "prefetch:16+chunks16",
   // "planned", "planned:16+chunks16", "prefetch:16+planned:16+chunks16": the prefetch, the
-  // planned copy and the chunks, in that order, each with its grid.
+  // planned copy and the chunks, in that order, each with its grid; "resident".
   std::string ToString() const;
 };
 
@@ -89,13 +99,19 @@ StatusOr<StepChoice> ParseStepChoice(std::string_view text);
 
 struct ScheduleOptions {
   // ---- Behaviour ----
-  // Runs every step in this choice (the manual override); it must be one the manager allows
+  // Runs every step in this choice (the manual override), so that one captured graph per batch
+  // size serves every step; it must be one the manager allows
   // (AllowedChoices, with the prefetch and the planned copy on any grid, or chunks of any
   // multiple of copy_chunk_rows), InvalidArgument otherwise.
   std::optional<StepChoice> fixed;
   // The choices the schedule measures; empty: every choice the manager allows. Each must be
-  // allowed, its prefetch and planned copy on any grid (InvalidArgument otherwise).
+  // allowed, its prefetch and planned copy on any grid (InvalidArgument otherwise). Neither this
+  // nor `fixed` may be StepChoice::resident, which the schedule takes by itself.
   std::vector<StepChoice> candidates;
+  // With `fixed`: a step in which nothing can miss runs in StepChoice::resident instead of the
+  // fixed choice (no empty miss copy). An engine that sets it keys its captured graphs by
+  // choice(), as it must without `fixed`, where the schedule always does this.
+  bool fixed_yields_to_resident = false;
 
   // ---- Performance ----
   // Timed steps per candidate and step shape before the schedule keeps the fastest (the median of
@@ -207,7 +223,7 @@ class StepSchedule {
 
  private:
   StepSchedule(SparseKVCacheManager& manager, std::unique_ptr<ScheduleTuner> tuner,
-               std::optional<StepChoice> fixed);
+               std::optional<StepChoice> fixed, bool fixed_yields_to_resident);
   Status Allocate();
   Status Choose();
   // Reads the previous eager step's time and hands it to the tuner.
@@ -238,6 +254,7 @@ class StepSchedule {
   Backend& backend_;
   std::unique_ptr<ScheduleTuner> tuner_;
   std::optional<StepChoice> fixed_;
+  bool fixed_yields_to_resident_;
 
   StreamHandle copy_stream_ = nullptr;      // chunked copies
   StreamHandle prefetch_stream_ = nullptr;  // cross-layer prefetch copies

@@ -128,7 +128,7 @@ void RegisterSchedule(py::module_& m) {
           py::arg("text"),
           "The choice str() names: 'serial', 'prefetch', 'prefetch:16' (16 copy blocks), "
           "'chunks16', 'prefetch:16+chunks16', 'planned', 'planned:16+chunks16', "
-          "'prefetch:16+planned:16+chunks16'.")
+          "'prefetch:16+planned:16+chunks16', 'resident'.")
       .def_readwrite("crosslayer_prefetch", &StepChoice::crosslayer_prefetch,
                      "The next index group's rows are prefetched on a side stream.")
       .def_readwrite("chunk_rows", &StepChoice::chunk_rows,
@@ -140,6 +140,9 @@ void RegisterSchedule(py::module_& m) {
                      "group's resolve; each layer's attention waits for its own copy.")
       .def_readwrite("planned_copy_blocks", &StepChoice::planned_copy_blocks,
                      "Thread blocks of the planned copies (0: the options' copy_blocks).")
+      .def_readonly("resident", &StepChoice::resident,
+                    "Every request of the step is resident: no miss copy is enqueued (the "
+                    "schedule's own choice for such steps; it cannot be fixed or measured).")
       .def("__str__", &StepChoice::ToString)
       .def("__repr__",
            [](const StepChoice& c) { return "sparsekv.StepChoice('" + c.ToString() + "')"; })

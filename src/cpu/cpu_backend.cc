@@ -108,6 +108,10 @@ class CpuBackend final : public Backend {
     reference::IndexCopy(view);
     return Status::Ok();
   }
+  Status IndexCopyPair(const IndexCopyPairView& view, StreamHandle) override {
+    reference::IndexCopyPair(view);
+    return Status::Ok();
+  }
   Status Resolve(const ResolveView& view, int32_t, StreamHandle) override {
     reference::Resolve(view);
     return Status::Ok();

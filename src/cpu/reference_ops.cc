@@ -20,6 +20,11 @@ void IndexCopy(const IndexCopyView& v) {
   }
 }
 
+void IndexCopyPair(const IndexCopyPairView& v) {
+  IndexCopy(v.first);
+  IndexCopy(v.second);
+}
+
 namespace {
 
 // Resolves one row of a resident request: a direct position -> slot mapping.

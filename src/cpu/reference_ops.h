@@ -7,6 +7,7 @@
 namespace sparsekv::reference {
 
 void IndexCopy(const IndexCopyView& view);
+void IndexCopyPair(const IndexCopyPairView& view);
 void Resolve(const ResolveView& view);
 void Assemble(const AssembleView& view);
 void RouteRows(const RouteRowsView& view);

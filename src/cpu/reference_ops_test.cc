@@ -42,6 +42,68 @@ TEST(ReferenceIndexCopyTest, CountIsClampedToCapacity) {
   EXPECT_EQ(dst, src);
 }
 
+// A step's append with indexer keys: rows of 24 B into slots of a layer of 32-B rows, and keys of
+// 12 B into 4-byte words of the same layer's key pages, both from one list of batch rows (a
+// count below the capacity, an invalid batch row and an invalid key word among them). The pair
+// writes exactly what the two copies write, in either order, and counts the same invalid entries.
+TEST(ReferenceIndexCopyTest, APairIsItsTwoCopies) {
+  constexpr int32_t kBatch = 6, kRowBytes = 24, kStride = 32, kKeyBytes = 12, kLayerRows = 40;
+  std::mt19937_64 rng(11);
+  std::vector<std::byte> rows(kBatch * kStride), keys(kBatch * kKeyBytes);
+  for (auto& b : rows) b = std::byte(rng());
+  for (auto& b : keys) b = std::byte(rng());
+  // Batch rows (one past the batch: invalid), their slots in rows [0, 20), their key words in
+  // rows [20, 40) (a key page), one word past the layer.
+  const std::vector<int32_t> src = {3, 0, 5, 9, 1, 2};
+  const std::vector<int32_t> slot = {7, 2, 19, 4, 11, 0};
+  const int32_t words = kLayerRows * kStride / 4;
+  const std::vector<int32_t> word = {20 * 8 + 3, 21 * 8, 25 * 8 + 5, 30 * 8, words, 22 * 8 + 1};
+  const int32_t count = 5;  // the last entry is not read
+  const auto run = [&](bool pair, bool keys_first, unsigned long long* invalid_rows,
+                       unsigned long long* invalid_keys) {
+    std::vector<std::byte> layer(kLayerRows * kStride, std::byte{0x5C});
+    IndexCopyView to_slots{rows.data(), layer.data(), src.data(), slot.data(), &count,
+                           kBatch,      kRowBytes,    kStride,    kStride,     kBatch,
+                           kLayerRows,  invalid_rows, 0};
+    IndexCopyView to_keys{keys.data(),
+                          layer.data(),
+                          src.data(),
+                          word.data(),
+                          &count,
+                          kBatch,
+                          kKeyBytes,
+                          kKeyBytes,
+                          4,
+                          kBatch,
+                          (kLayerRows * kStride - kKeyBytes) / 4 + 1,
+                          invalid_keys,
+                          0};
+    if (pair) {
+      EXPECT_TRUE(CreateCpuBackend()->IndexCopyPair({to_slots, to_keys}, nullptr).ok());
+    } else if (keys_first) {
+      reference::IndexCopy(to_keys);
+      reference::IndexCopy(to_slots);
+    } else {
+      reference::IndexCopy(to_slots);
+      reference::IndexCopy(to_keys);
+    }
+    return layer;
+  };
+  unsigned long long pair_rows = 1, pair_keys = 2;
+  const std::vector<std::byte> fused = run(true, false, &pair_rows, &pair_keys);
+  for (bool keys_first : {false, true}) {
+    unsigned long long rows_invalid = 1, keys_invalid = 2;
+    EXPECT_EQ(run(false, keys_first, &rows_invalid, &keys_invalid), fused);
+    EXPECT_EQ(rows_invalid, pair_rows);
+    EXPECT_EQ(keys_invalid, pair_keys);
+  }
+  EXPECT_EQ(pair_rows, 2u);  // batch row 9
+  EXPECT_EQ(pair_keys, 4u);  // batch row 9 and the word past the layer
+  EXPECT_EQ(std::memcmp(fused.data() + 7 * kStride, rows.data() + 3 * kStride, kRowBytes), 0);
+  EXPECT_EQ(std::memcmp(fused.data() + (21 * 8) * 4, keys.data(), kKeyBytes), 0);
+  EXPECT_EQ(fused[0 * kStride], std::byte{0x5C});  // entry 5 (past the count) not copied
+}
+
 // One request, C = 4 LRU slots, W = 1, K = 3; positions are their own host rows.
 class ReferenceResolveTest : public ::testing::Test {
  protected:

@@ -350,6 +350,21 @@ class CudaBackend final : public Backend {
     });
   }
 
+  Status IndexCopyPair(const IndexCopyPairView& view, StreamHandle stream) override {
+    DeviceGuard guard(device_);
+    return LaunchStatus(LaunchIndexCopyPair(view, ToCuda(stream)), "LaunchIndexCopyPair", [&] {
+      std::string shape;
+      for (const IndexCopyView* v : {&view.first, &view.second}) {
+        shape += std::string(shape.empty() ? "" : "; ") +
+                 "capacity=" + std::to_string(v->capacity) +
+                 " row_bytes=" + std::to_string(v->row_bytes) +
+                 " src_stride=" + std::to_string(v->src_stride) +
+                 " dst_stride=" + std::to_string(v->dst_stride);
+      }
+      return shape;
+    });
+  }
+
   Status Resolve(const ResolveView& view, int32_t max_batch, StreamHandle stream) override {
     DeviceGuard guard(device_);
     return LaunchStatus(LaunchResolve(view, max_batch, ToCuda(stream)), "LaunchResolve", [&] {

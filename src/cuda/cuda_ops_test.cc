@@ -252,6 +252,137 @@ TEST(CudaIndexCopyTest, EveryStrategyMatchesReference) {
   }
 }
 
+// A step's append as one IndexCopyPair: `rows` rows of `row_bytes` (stride row_bytes + pad) into
+// slots of a layer, and keys of `key_bytes` into its 4-byte words, one list of `capacity` batch
+// rows (about 1 in 16 invalid on one side), `count` of them read. The GPU's pair against the
+// reference's two copies, the layer compared whole; the layer in device or host memory.
+void RunIndexCopyPairCase(Backend& gpu, Where where, int32_t row_bytes, int32_t pad,
+                          int32_t key_bytes, int32_t capacity, int32_t count, uint64_t seed) {
+  SCOPED_TRACE("row_bytes=" + std::to_string(row_bytes) + " pad=" + std::to_string(pad) +
+               " key_bytes=" + std::to_string(key_bytes) + " capacity=" + std::to_string(capacity) +
+               " count=" + std::to_string(count) + (where == Where::kHost ? " host" : " device"));
+  std::mt19937_64 rng(seed);
+  const int64_t stride = row_bytes + pad;
+  // Slots in the layer's first half, key words (distinct, non-overlapping keys) in its second.
+  const int64_t slots = int64_t{capacity} + 17;
+  const int64_t key_rows = (int64_t{capacity} * key_bytes + stride - 1) / stride + 1;
+  const int64_t layer_rows = slots + key_rows;
+  const int64_t words = (layer_rows * stride - key_bytes) / 4 + 1;
+  const int64_t key_word_stride = (key_bytes + 3) / 4;
+  std::vector<int32_t> src(capacity), slot(slots), word(capacity);
+  std::iota(slot.begin(), slot.end(), 0);
+  std::shuffle(slot.begin(), slot.end(), rng);
+  slot.resize(capacity);
+  std::vector<int32_t> key_order(capacity);
+  std::iota(key_order.begin(), key_order.end(), 0);
+  std::shuffle(key_order.begin(), key_order.end(), rng);
+  const int64_t first_key_word = (slots * stride + 3) / 4;
+  for (int32_t i = 0; i < capacity; ++i) {
+    src[i] = i;
+    word[i] = static_cast<int32_t>(first_key_word + key_order[i] * key_word_stride);
+    if (rng() % 16 == 0) {
+      switch (rng() % 3) {
+        case 0:
+          src[i] = static_cast<int32_t>(capacity + rng() % 5);
+          break;
+        case 1:
+          slot[i] = static_cast<int32_t>(layer_rows + rng() % 5);
+          break;
+        default:
+          word[i] = -1;
+          break;
+      }
+    }
+  }
+  std::shuffle(src.begin(), src.end(), rng);
+  const std::vector<std::byte> rows = RandomBytes(rng, size_t(capacity) * stride);
+  const std::vector<std::byte> keys = RandomBytes(rng, size_t(capacity) * key_bytes);
+  const auto views = [&](const std::byte* r, const std::byte* k, std::byte* layer, const int32_t* s,
+                         const int32_t* d, const int32_t* w, const int32_t* n,
+                         unsigned long long* invalid_rows, unsigned long long* invalid_keys) {
+    const IndexCopyView to_slots{r,          layer,        s,      d,      n,
+                                 capacity,   row_bytes,    stride, stride, capacity,
+                                 layer_rows, invalid_rows, 0};
+    const IndexCopyView to_keys{
+        k, layer, s, w, n, capacity, key_bytes, key_bytes, 4, capacity, words, invalid_keys, 0};
+    return IndexCopyPairView{to_slots, to_keys};
+  };
+  std::vector<std::byte> want = Poisoned<std::byte>(size_t(layer_rows) * stride);
+  unsigned long long want_rows = 3, want_keys = 5;
+  const IndexCopyPairView ref = views(rows.data(), keys.data(), want.data(), src.data(),
+                                      slot.data(), word.data(), &count, &want_rows, &want_keys);
+  reference::IndexCopy(ref.first);
+  reference::IndexCopy(ref.second);
+
+  Buffer gpu_rows(gpu, rows.size()), gpu_keys(gpu, keys.size());
+  Buffer gpu_layer(gpu, want.size(), where);
+  Buffer gpu_src(gpu, src.size() * 4), gpu_slot(gpu, slot.size() * 4),
+      gpu_word(gpu, word.size() * 4);
+  Buffer gpu_count(gpu, sizeof(int32_t)), gpu_invalid(gpu, 2 * sizeof(unsigned long long));
+  gpu_rows.Upload(rows);
+  gpu_keys.Upload(keys);
+  gpu_layer.Fill(kPoison);
+  gpu_src.Upload(src);
+  gpu_slot.Upload(slot);
+  gpu_word.Upload(word);
+  gpu_count.Upload(std::vector<int32_t>{count});
+  gpu_invalid.Upload(std::vector<unsigned long long>{3, 5});
+  auto* invalid = gpu_invalid.get<unsigned long long>();
+  ExpectOk(gpu.IndexCopyPair(
+      views(gpu_rows.get(), gpu_keys.get(), gpu_layer.get(), gpu_src.get<int32_t>(),
+            gpu_slot.get<int32_t>(), gpu_word.get<int32_t>(), gpu_count.get<int32_t>(), invalid,
+            invalid + 1),
+      nullptr));
+  ExpectOk(gpu.Synchronize(nullptr));
+  const std::vector<std::byte> got = gpu_layer.Download<std::byte>();
+  ASSERT_EQ(got.size(), want.size());
+  for (int64_t row = 0; row < layer_rows; ++row) {
+    ASSERT_EQ(std::memcmp(got.data() + row * stride, want.data() + row * stride, stride), 0)
+        << "layer row " << row;
+  }
+  EXPECT_EQ(gpu_invalid.Download<unsigned long long>(),
+            (std::vector<unsigned long long>{want_rows, want_keys}));
+}
+
+// The fused append of rows and keys writes what the two copies write, byte for byte: DeepSeek's
+// 656-B rows with 132-B keys, 16-B rows with 8-B keys, odd rows, counts below, at and above the
+// capacity (clamped), none, and more entries than the kernel's grid (a grid-stride loop).
+TEST(CudaIndexCopyPairTest, MatchesTheTwoReferenceCopies) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  uint64_t seed = 900;
+  for (const Where where : {Where::kDevice, Where::kHost}) {
+    RunIndexCopyPairCase(*gpu, where, 656, 0, 132, 64, 61, seed++);
+    RunIndexCopyPairCase(*gpu, where, 656, 0, 132, 1, 1, seed++);
+    RunIndexCopyPairCase(*gpu, where, 16, 0, 8, 128, 128, seed++);
+    RunIndexCopyPairCase(*gpu, where, 3, 5, 4, 32, 1 << 30, seed++);
+    RunIndexCopyPairCase(*gpu, where, 1152, 8, 132, 2500, 2400, seed++);
+    RunIndexCopyPairCase(*gpu, where, 656, 0, 132, 64, 0, seed++);
+    RunIndexCopyPairCase(*gpu, where, 656, 0, 132, 64, -3, seed++);
+  }
+}
+
+TEST(CudaIndexCopyPairTest, AViewIndexCopyRefusesIsInvalidArgument) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  Buffer rows(*gpu, 4 * 16);
+  Buffer index(*gpu, sizeof(int32_t));
+  Buffer count(*gpu, sizeof(int32_t));
+  IndexCopyView v{};
+  v.src = rows.get();
+  v.dst = rows.get();
+  v.src_index = v.dst_index = index.get<int32_t>();
+  v.count = count.get<int32_t>();
+  v.capacity = 1;
+  v.row_bytes = 16;
+  v.src_stride = v.dst_stride = 16;
+  v.src_rows = v.dst_rows = 4;
+  IndexCopyView bad = v;
+  bad.row_bytes = 0;
+  EXPECT_EQ(gpu->IndexCopyPair({v, bad}, nullptr).code(), StatusCode::kInvalidArgument);
+  bad = v;
+  bad.dst_stride = -16;
+  EXPECT_EQ(gpu->IndexCopyPair({bad, v}, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CudaIndexCopyTest, NegativeMaxBlocksIsInvalidArgument) {
   SPARSEKV_REQUIRE_GPU(gpu);
   Buffer rows(*gpu, 4 * 16);

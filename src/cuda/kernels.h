@@ -19,6 +19,10 @@ inline constexpr cudaError_t kUnsupported = cudaErrorInvalidValue;
 // kernel (CopyStrategy); one that does not apply to the view runs kLattice.
 cudaError_t LaunchIndexCopy(const IndexCopyView& view, cudaStream_t stream);
 
+// Unsupported: either view with what LaunchIndexCopy refuses (max_blocks and strategy aside,
+// which it does not read).
+cudaError_t LaunchIndexCopyPair(const IndexCopyPairView& view, cudaStream_t stream);
+
 // Unsupported: top_k > kMaxResolveTopK, hot_slots outside [1, kMaxResolveHotSlots], window < 0,
 // topk_stride < top_k, page_tokens < 1, a residency table with resident_page_rows < 1, a fused
 // miss copy (copy_dst set) with copy_row_bytes outside [1, kMaxFusedCopyRowBytes] (kernel_views.h)

@@ -56,6 +56,9 @@ class CountingBackend final : public Backend {
   Status IndexCopy(const IndexCopyView& v, StreamHandle s) override {
     return base_->IndexCopy(v, s);
   }
+  Status IndexCopyPair(const IndexCopyPairView& v, StreamHandle s) override {
+    return base_->IndexCopyPair(v, s);
+  }
   Status Resolve(const ResolveView& v, int32_t max_batch, StreamHandle s) override {
     return base_->Resolve(v, max_batch, s);
   }

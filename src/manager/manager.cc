@@ -175,6 +175,10 @@ Status SparseKVCacheManager::AssembleLayer(int32_t layer, const int32_t* slots, 
                                            StreamHandle stream) {
   return impl_->AssembleLayer(layer, slots, assembled, stream);
 }
+bool SparseKVCacheManager::StepCanMiss() const { return impl_->StepCanMiss(); }
+
+Status SparseKVCacheManager::SkipMissCopy(int32_t layer) { return impl_->SkipMissCopy(layer); }
+
 Status SparseKVCacheManager::CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream) {
   return impl_->CopyMissChunk(layer, chunk, stream, 0);
 }

@@ -108,6 +108,8 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // copy_blocks 0: the options' grid (copy_blocks).
   Status CopyMisses(int32_t layer, StreamHandle stream, int32_t copy_blocks);
   Status CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream, int32_t copy_blocks);
+  bool StepCanMiss() const { return plan_.can_miss(); }
+  Status SkipMissCopy(int32_t layer);
   Status AssembleLayer(int32_t layer, const int32_t* slots, void* assembled, StreamHandle stream);
   Status PrefetchLayer(int32_t layer, const int32_t* positions, int32_t count, StreamHandle stream);
   Status ResolvePrefetch(int32_t layer, const int32_t* positions, int32_t count,

@@ -100,6 +100,9 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
   }
   plan_.SetBatch(batch);
   extensions_.BeginStep(plan_.batch(), stream);
+  plan_.SetCanMiss(extensions_.active() ||
+                   std::any_of(batch.begin(), batch.end(),
+                               [&](RequestId id) { return !requests_.at(id).resident(); }));
   order_.Open(batch_size());
   stats_.BeginStep();
   return plan_.Upload(stream);
@@ -134,10 +137,14 @@ Status SparseKVCacheManager::Impl::AppendToken(int32_t layer, const StepRows& ro
   to_window.src_rows = max_batch;
   to_window.dst_rows = hot_->layer_rows();
   to_window.invalid = stats_.invalid_copies();
-  SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_window, stream));
+  // With keys, the row and its key in one operation: they share the append list, and the key
+  // words lie in key pages, apart from every window or resident slot.
   if (keys_.Keyed(layer)) {
-    SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(
-        keys_.AppendCopy(to_window, shape, new_keys, plan_.append_key_device()), stream));
+    const IndexCopyPairView both{
+        to_window, keys_.AppendCopy(to_window, shape, new_keys, plan_.append_key_device())};
+    SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopyPair(both, stream));
+  } else {
+    SPARSEKV_RETURN_IF_ERROR(backend_->IndexCopy(to_window, stream));
   }
 
   // Write-back from the window slot (not from new_rows, which the caller may reuse at once) on
@@ -271,6 +278,19 @@ Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream
   for (int32_t c = 0; c < plan_.chunks(); ++c) {
     SPARSEKV_RETURN_IF_ERROR(CopyChunk(layer, c, copy_blocks, stream));
   }
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::SkipMissCopy(int32_t layer) {
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckLayer(layer, "SkipMissCopy"));
+  SPARSEKV_RETURN_IF_ERROR(CheckOffloaded(layer, "SkipMissCopy"));
+  if (plan_.can_miss()) {
+    return FailedPrecondition("SkipMissCopy: layer " + std::to_string(layer) +
+                              ": the step can miss (a request of its batch is in hot-cache mode " +
+                              "or an extension is active); CopyMisses copies its misses");
+  }
+  SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyMisses(layer));
+  order_.MarkCopiedWhole(layer);
   return Status::Ok();
 }
 

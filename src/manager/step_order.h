@@ -14,6 +14,7 @@
 // Not thread-safe; owned by the manager, whose calls are externally serialised.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -76,6 +77,12 @@ class StepOrder {
   // Records chunk `chunk` of `layer` as copied. True when this makes the layer copied: every
   // chunk holding a row of the batch is (the chunks past the batch may still follow, once each).
   bool MarkChunkCopied(int32_t layer, int32_t chunk);
+  // Records `layer` as copied whole, every chunk included, with nothing enqueued (SkipMissCopy: a
+  // step in which nothing can miss).
+  void MarkCopiedWhole(int32_t layer) {
+    copied_[layer] = true;
+    std::fill(chunk_copied_[layer].begin(), chunk_copied_[layer].end(), true);
+  }
   Status CheckAssemble(int32_t layer) const;
   // ResolvePrefetch, in two parts around its argument checks: `layer` is the first of its index
   // group; then the group's copies, if it was resolved, are done and no prefetch is pending.

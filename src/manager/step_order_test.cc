@@ -180,6 +180,31 @@ TEST(StepOrderTest, ALayerIsCopiedOnceEveryChunkOfTheBatchIs) {
   EXPECT_FALSE(order.CheckCopyMissChunk(0, 2).ok());
 }
 
+// A layer marked copied whole with nothing enqueued (SkipMissCopy) counts as copied for the
+// group after next and for FinishStep, and takes no copy of any chunk afterwards.
+TEST(StepOrderTest, ALayerCopiedWholeTakesNoFurtherCopy) {
+  StepOrder order({.layers = 3, .layers_per_index = 1, .max_batch = 6, .copy_chunk_rows = 2});
+  order.Open(3);
+  for (int32_t l = 0; l < 3; ++l) order.MarkAppended(l);
+  order.MarkResolved(0);
+  order.MarkResolved(1);
+  ExpectRefused(order.CheckResolveOrder(2), StatusCode::kFailedPrecondition,
+                "ResolveLayer: layer 2 (index group 2) reuses the miss list of index group 0, "
+                "whose layer 0 has no CopyMisses in this step yet");
+  order.MarkCopiedWhole(0);
+  EXPECT_TRUE(order.copied(0));
+  EXPECT_TRUE(order.CheckResolveOrder(2).ok());
+  ExpectRefused(order.CheckCopyMisses(0), StatusCode::kFailedPrecondition,
+                "CopyMisses: layer 0 (index group 0) was already copied in this step");
+  for (int32_t c = 0; c < order.chunks(); ++c) {
+    EXPECT_EQ(order.CheckCopyMissChunk(0, c).code(), StatusCode::kFailedPrecondition) << c;
+  }
+  order.MarkResolved(2);
+  order.MarkCopiedWhole(1);
+  order.MarkCopiedWhole(2);
+  EXPECT_TRUE(order.CheckFinish().ok());
+}
+
 TEST(StepOrderTest, AssembleFollowsTheResolveAndTheAppend) {
   StepOrder order(SixLayers());
   order.Open(1);

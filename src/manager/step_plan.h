@@ -103,6 +103,10 @@ class StepPlan {
     return *At<int32_t>(const_cast<std::byte*>(host_.data()), layout_.append_count);
   }
   void SetBatch(std::span<const RequestId> batch) { batch_.assign(batch.begin(), batch.end()); }
+  // Whether the planned step's resolves can find a miss: false only when every request of its
+  // batch is resident and no extension is active in it (SparseKVCacheManager::StepCanMiss).
+  void SetCanMiss(bool can_miss) { can_miss_ = can_miss; }
+  bool can_miss() const { return can_miss_; }
   // Copies the host mirror to the device copy on `stream`.
   Status Upload(StreamHandle stream) {
     return backend_->CopyAsync(device_, host_.data(), layout_.bytes, stream);
@@ -181,6 +185,7 @@ class StepPlan {
   std::vector<std::byte> host_;  // the host mirror
   std::byte* device_ = nullptr;  // the device copy
   std::vector<RequestId> batch_;
+  bool can_miss_ = true;
   MissList lists_[2];  // [chunks * chunk_entries] each; null counts (StepMissList)
   MissList prefetch_list_;
   int32_t* prefetch_slots_ = nullptr;

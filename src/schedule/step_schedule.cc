@@ -28,6 +28,7 @@
 namespace sparsekv {
 
 std::string StepChoice::ToString() const {
+  if (resident) return "resident";
   std::string text;
   auto add = [&](const char* part, int32_t blocks) {
     text.append(text.empty() ? "" : "+").append(part);
@@ -41,9 +42,10 @@ std::string StepChoice::ToString() const {
 
 StatusOr<StepChoice> ParseStepChoice(std::string_view text) {
   const auto refuse = [&] {
-    return InvalidArgument("step choice '" + std::string(text.substr(0, 100)) +
-                           "' is not serial, or prefetch[:B], planned[:B] and chunks<N> joined "
-                           "by '+' in that order (B, N >= 1)");
+    return InvalidArgument(
+        "step choice '" + std::string(text.substr(0, 100)) +
+        "' is not serial, resident, or prefetch[:B], planned[:B] and chunks<N> joined "
+        "by '+' in that order (B, N >= 1)");
   };
   // `digits` as a whole positive number; 0 if it is not one.
   const auto number = [](std::string_view digits) {
@@ -63,6 +65,7 @@ StatusOr<StepChoice> ParseStepChoice(std::string_view text) {
   };
   StepChoice c;
   if (text == "serial") return c;
+  if (text == "resident") return StepChoice{.resident = true};
   // The parts in their order: 0 prefetch, 1 planned, 2 chunks; each at most once.
   int32_t next = 0;
   for (size_t start = 0;;) {
@@ -157,6 +160,13 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManage
     return InvalidArgument(std::string("StepSchedule: ") + what + " " + c.ToString() +
                            " is not one the manager's options allow (" + list + ")" + why);
   };
+  const auto resident = [](const StepChoice& c) { return c.resident; };
+  if ((options.fixed.has_value() && options.fixed->resident) ||
+      std::any_of(options.candidates.begin(), options.candidates.end(), resident)) {
+    return InvalidArgument(
+        "StepSchedule: resident is not a choice to fix or measure; the schedule runs a step in it "
+        "exactly when nothing can miss (every request of its batch resident)");
+  }
   if (options.fixed.has_value() && !is_allowed(normal(*options.fixed))) {
     return refuse(*options.fixed, "fixed choice");
   }
@@ -177,18 +187,20 @@ StatusOr<std::unique_ptr<StepSchedule>> StepSchedule::Create(SparseKVCacheManage
   auto tuner = std::make_unique<ScheduleTuner>(std::move(candidates), options.trials);
   std::unique_ptr<StepSchedule> schedule(new StepSchedule(
       manager, std::move(tuner),
-      options.fixed.has_value() ? std::optional(normal(*options.fixed)) : std::nullopt));
+      options.fixed.has_value() ? std::optional(normal(*options.fixed)) : std::nullopt,
+      options.fixed_yields_to_resident));
   SPARSEKV_RETURN_IF_ERROR(schedule->Allocate());
   return schedule;
 }
 
 StepSchedule::StepSchedule(SparseKVCacheManager& manager, std::unique_ptr<ScheduleTuner> tuner,
-                           std::optional<StepChoice> fixed)
+                           std::optional<StepChoice> fixed, bool fixed_yields_to_resident)
     : manager_(manager),
       groups_(manager.options()),
       backend_(manager.backend()),
       tuner_(std::move(tuner)),
-      fixed_(std::move(fixed)) {}
+      fixed_(std::move(fixed)),
+      fixed_yields_to_resident_(fixed_yields_to_resident) {}
 
 Status StepSchedule::Allocate() {
   SPARSEKV_ASSIGN_OR_RETURN(copy_stream_, backend_.CreateStream());
@@ -265,7 +277,10 @@ Status StepSchedule::Choose() {
   hot_requests_ = static_cast<int32_t>(std::count_if(
       batch_.begin(), batch_.end(), [&](RequestId id) { return !manager_.IsResident(id); }));
   const StepShape shape{static_cast<int32_t>(batch_.size()), hot_requests_};
-  if (fixed_.has_value()) {
+  if (!manager_.StepCanMiss() && (!fixed_.has_value() || fixed_yields_to_resident_)) {
+    choice_ = StepChoice{.resident = true};
+    reason_ = "every request is resident: nothing can miss, no copy is enqueued";
+  } else if (fixed_.has_value()) {
     choice_ = *fixed_;
     reason_ = "fixed by ScheduleOptions::fixed";
   } else {
@@ -372,7 +387,11 @@ Status StepSchedule::CopyAndAttend(int32_t layer, const AttendFn& attend, Stream
   };
   // Per attention slice, the event after which its rows are in; null: copied on `stream`.
   const EventHandle* copied = nullptr;
-  if (choice_.planned_copy) {
+  if (choice_.resident) {
+    // Nothing can miss: no copy to enqueue (the manager refuses this in a step that can miss).
+    SPARSEKV_RETURN_IF_ERROR(manager_.SkipMissCopy(layer));
+    copied_whole_[layer] = true;
+  } else if (choice_.planned_copy) {
     // The group's copies were enqueued on the copy stream by its first layer, right after the
     // resolve; this layer waits for its own only.
     if (groups_.Leads(layer)) SPARSEKV_RETURN_IF_ERROR(CopyGroup(layer, stream));

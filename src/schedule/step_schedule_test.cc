@@ -76,6 +76,12 @@ std::vector<Grouping> Groupings(bool hybrid) {
           {"named groups {0} {1} {2-5}", NamedGroupOptions(hybrid)}};
 }
 
+// Steps the schedule ran in `choice`.
+int64_t StepsIn(const ScheduleStats& stats, const StepChoice& choice) {
+  const auto it = stats.steps_by_choice.find(choice.ToString());
+  return it == stats.steps_by_choice.end() ? 0 : it->second;
+}
+
 bool AnyPlanned(const std::vector<StepChoice>& choices) {
   return std::any_of(choices.begin(), choices.end(),
                      [](const StepChoice& c) { return c.planned_copy; });
@@ -380,7 +386,9 @@ TEST(StepScheduleTest, EveryChoiceReadsTheRowsWritten) {
           w.Step();
           if (::testing::Test::HasFatalFailure()) return;
         }
-        EXPECT_EQ(w.schedule().stats().steps_by_choice.at(c.ToString()), 25);
+        // A step whose requests are all resident runs `resident` instead.
+        const ScheduleStats stats_by_choice = w.schedule().stats();
+        EXPECT_EQ(StepsIn(stats_by_choice, c) + StepsIn(stats_by_choice, {.resident = true}), 25);
         const StatusOr<CacheStats> stats = w.manager().ReadStats(nullptr);
         ASSERT_TRUE(stats.ok());
         EXPECT_GT(stats->total.misses, 0u);
@@ -803,9 +811,12 @@ TEST(StepScheduleCudaTest, EveryChoiceReadsTheRowsWrittenEagerlyAndReplayed) {
             w.Step(captured ? 4 : 0);
             if (HasFatalFailure()) return;
           }
-          EXPECT_EQ(w.schedule().stats().steps_by_choice.at(c.ToString()), 12);
+          const ScheduleStats by_choice = w.schedule().stats();
+          const int64_t resident = StepsIn(by_choice, {.resident = true});
+          EXPECT_EQ(StepsIn(by_choice, c) + resident, 12);
           if (captured) {
-            EXPECT_EQ(w.graphs(), 1u);
+            // One graph per choice: the fixed one, and `resident` for steps that cannot miss.
+            EXPECT_EQ(w.graphs(), resident > 0 ? 2u : 1u);
           }
           const StatusOr<CacheStats> stats = w.manager().ReadStats(nullptr);
           ASSERT_TRUE(stats.ok());
@@ -816,6 +827,54 @@ TEST(StepScheduleCudaTest, EveryChoiceReadsTheRowsWrittenEagerlyAndReplayed) {
         }
       }
     }
+  }
+}
+
+// `grouping` with a hot cache of pages for twice the requests the workload admits: the first
+// ones admitted are resident, the later ones in hot-cache mode.
+CacheOptions RoomierOptions(const CacheOptions& grouping) {
+  CacheOptions o = grouping;
+  o.max_requests = 2 * kRequests;
+  return o;
+}
+
+// With a fixed choice that yields to `resident` and steps of one request each, resident or not:
+// eagerly on the CPU both choices run, every row checked; on the GPU the same steps replay two
+// graphs of batch size 1 alternately (resident/1 without miss copies, serial/1 with them), every
+// row checked.
+TEST(StepScheduleTest, AFixedChoiceThatYieldsRunsResidentStepsAsResident) {
+  for (const Grouping& g : Groupings(/*hybrid=*/true)) {
+    SCOPED_TRACE(g.name);
+    ScheduleOptions so;
+    so.fixed = StepChoice{};
+    so.fixed_yields_to_resident = true;
+    ScheduleWorkload w(RoomierOptions(g.options), so, 53);
+    for (int32_t step = 0; step < 24; ++step) {
+      w.Step(1);
+      if (HasFatalFailure()) return;
+    }
+    const ScheduleStats stats = w.schedule().stats();
+    EXPECT_GT(StepsIn(stats, {.resident = true}), 0);
+    EXPECT_GT(StepsIn(stats, StepChoice{}), 0);
+  }
+}
+
+TEST(StepScheduleCudaTest, ResidentAndHotCacheStepsReplayTheirOwnGraphs) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  for (const Grouping& g : Groupings(/*hybrid=*/true)) {
+    SCOPED_TRACE(g.name);
+    ScheduleOptions so;
+    so.fixed = StepChoice{};
+    so.fixed_yields_to_resident = true;
+    ScheduleWorkload w(RoomierOptions(g.options), so, 53, gpu, /*captured=*/true);
+    for (int32_t step = 0; step < 24; ++step) {
+      w.Step(1);
+      if (HasFatalFailure()) return;
+    }
+    const ScheduleStats stats = w.schedule().stats();
+    EXPECT_GT(StepsIn(stats, {.resident = true}), 0);
+    EXPECT_GT(StepsIn(stats, StepChoice{}), 0);
+    EXPECT_EQ(w.graphs(), 2u);
   }
 }
 

@@ -81,6 +81,9 @@ class ArenaBackend final : public Backend {
   Status IndexCopy(const IndexCopyView& view, StreamHandle stream) override {
     return base_->IndexCopy(view, stream);
   }
+  Status IndexCopyPair(const IndexCopyPairView& view, StreamHandle stream) override {
+    return base_->IndexCopyPair(view, stream);
+  }
   Status Resolve(const ResolveView& view, int32_t max_batch, StreamHandle stream) override {
     return base_->Resolve(view, max_batch, stream);
   }

@@ -130,6 +130,8 @@ class SparseKVVariant final : public StepVariant {
     if (!s_.auto_schedule) {
       so.fixed = StepChoice{s_.crosslayer_prefetch, s_.copy_chunk_rows, 0, s_.planned_copy >= 0,
                             std::max(s_.planned_copy, 0)};
+      // Its graphs are keyed by choice (GraphKey): an all-resident step may skip its miss copies.
+      so.fixed_yields_to_resident = true;
     }
     // 12 candidates with one layer per index group: 24 steps, within the calibrated run's 26
     // warm-up steps; with index groups of several layers the planned copy triples them (72 steps).

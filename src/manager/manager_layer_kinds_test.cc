@@ -199,6 +199,13 @@ TEST(ManagerLayerKindsTest, TheDeepSeekV4PresetsAreServed) {
     ASSERT_TRUE(p.ok());
     auto m = SparseKVCacheManager::Create(testing::SmallPresetOptions(*p), CreateCpuBackend());
     ASSERT_TRUE(m.ok()) << name << ": " << m.status().ToString();
+    // The host pool: 1024 tokens are 256 entries, a row of the offloaded (CSA) layers each.
+    EXPECT_EQ((*m)->host_pool().bytes(),
+              int64_t{256} * p->layers_of(LayerKind::kOffloaded) * p->row_bytes)
+        << name;
+    EXPECT_EQ((*m)->host_pool().page_bytes(),
+              int64_t{64} * p->layers_of(LayerKind::kOffloaded) * p->row_bytes)
+        << name;
     EXPECT_TRUE((*m)->Admit(1, 600, 100, nullptr).ok());
     const CacheStats s = *(*m)->ReadStats(nullptr);
     EXPECT_EQ(s.device_memory.windows, int64_t{p->num_layers} * p->raw_window * p->row_bytes)

@@ -455,15 +455,15 @@ TEST(BenchTest, DeepSeekV4FiguresCountWhatIsStored) {
   const CacheOptions& o = r->options;
   ASSERT_EQ(o.raw_window, 128);
   const int32_t entries = o.max_context / 4;  // the clock's positions, in entries
-  EXPECT_EQ(r->hot_cache_bytes_per_request,
-            int64_t{128 + 4} * 584 +
-                HotCache::StateBytesOf(1, 128, {EvictionPolicy::kClock, entries}));
+  EXPECT_EQ(
+      r->hot_cache_bytes_per_request,
+      int64_t{128 + 4} * 584 + HotCache::StateBytesOf(1, 128, {EvictionPolicy::kClock, entries}));
   // Three resident layers of floor(2000 / 128) = 15 entries, one page of 64 each; four windows.
   EXPECT_EQ(r->dense_bytes_per_request, int64_t{3} * 64 * 584 + int64_t{4} * 128 * 584);
   EXPECT_EQ(r->full_kv_bytes_per_request, int64_t{2000 / 4 + 3 * 15} * 584 + 4 * 128 * 584);
-  EXPECT_EQ(r->hbm_saved_bytes_per_request, r->full_kv_bytes_per_request -
-                                                r->hot_cache_bytes_per_request -
-                                                r->dense_bytes_per_request);
+  EXPECT_EQ(
+      r->hbm_saved_bytes_per_request,
+      r->full_kv_bytes_per_request - r->hot_cache_bytes_per_request - r->dense_bytes_per_request);
   // The pool: an entry row of the CSA layer per 4 tokens of host_capacity_tokens.
   EXPECT_EQ(r->host_pool_bytes, o.host_capacity_tokens / 4 * 584);
   EXPECT_NE(FormatBenchTable(*r).find("resident entries and raw windows"), std::string::npos);

@@ -127,8 +127,8 @@ int64_t DenseBytesPerRequest(const CacheOptions& o, int64_t tokens) {
   for (const LayerShape& l : o.geometry.layers) {
     bytes += int64_t{o.raw_window} * l.row_stride;
     if (l.kind != LayerKind::kResident) continue;
-    const int64_t pages = (tokens / l.entry_tokens + o.resident_page_rows - 1) /
-                          o.resident_page_rows;
+    const int64_t pages =
+        (tokens / l.entry_tokens + o.resident_page_rows - 1) / o.resident_page_rows;
     bytes += pages * o.resident_page_rows * l.row_stride;
   }
   return bytes;
@@ -567,8 +567,7 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
   r.full_kv_bytes_per_request = FullKvBytesPerRequest(o, c.context);
   const int64_t held = r.hot_cache_bytes_per_request + r.dense_bytes_per_request;
   r.hbm_saved_bytes_per_request = r.full_kv_bytes_per_request - held;
-  r.hbm_saved_ratio =
-      static_cast<double>(r.full_kv_bytes_per_request) / static_cast<double>(held);
+  r.hbm_saved_ratio = static_cast<double>(r.full_kv_bytes_per_request) / static_cast<double>(held);
   r.host_pool_bytes = manager->host_pool().bytes();
   r.options = manager->options();
   return r;

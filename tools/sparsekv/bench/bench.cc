@@ -636,11 +636,14 @@ std::string FormatBenchTable(const BenchResult& r) {
                 ? " + resident entries and raw windows " + HumanBytes(r.dense_bytes_per_request)
                 : "") +
            " vs full KV " + HumanBytes(r.full_kv_bytes_per_request)},
-      {"HBM saved", r.hbm_saved_bytes_per_request >= 0
-                        ? HumanBytes(r.hbm_saved_bytes_per_request) + " per request (" +
-                              Fixed(r.hbm_saved_ratio, 1) + "x)"
-                        : "none: the hot cache (--hot-slots + --window) is larger than the "
-                          "full KV of --context"},
+      {"HBM saved",
+       r.hbm_saved_bytes_per_request >= 0
+           ? HumanBytes(r.hbm_saved_bytes_per_request) + " per request (" +
+                 Fixed(r.hbm_saved_ratio, 1) + "x)"
+           : std::string("none: the hot cache (--hot-slots + --window)") +
+                 (r.dense_bytes_per_request > 0 ? " with the resident entries and raw windows"
+                                                : "") +
+                 " is larger than the full KV of --context"},
       {"host pool", Fixed(static_cast<double>(r.host_pool_bytes) / 1e9, 2) + " GB"},
   };
   if (!c.config_path.empty()) rows.emplace_back("config", ConfigSummary(c));

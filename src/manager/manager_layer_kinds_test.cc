@@ -9,6 +9,7 @@
 #include "sparsekv/host_kv_pool.h"
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/manager.h"
+#include "sparsekv/node_pool.h"
 #include "testing/counting_backend.h"
 #include "testing/harness.h"
 #include "testing/layer_kinds_model.h"
@@ -127,6 +128,7 @@ TEST(ManagerLayerKindsTest, GeometriesItDoesNotServeAreRefused) {
   EXPECT_EQ(pool.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(pool.status().message().find("kResident"), std::string::npos)
       << pool.status().message();
+  EXPECT_EQ(NodePoolBytes(v4, 2, NodePoolOptions{}).status().code(), StatusCode::kUnimplemented);
 }
 
 // The host pool and the hot cache hold the offloaded layers (0 and 2) only: their figures follow

@@ -74,10 +74,11 @@ class HotCache {
  public:
   // `backend` must outlive the cache. Layers [g * layers_per_state, (g + 1) * layers_per_state)
   // share replacement state g. InvalidArgument unless hot_slots, window, max_blocks and page_rows
-  // are positive, pages >= 0 and pages * page_rows fits 32-bit slots. ResourceExhausted, before
-  // any device memory is allocated, if the cache needs more than the backend's device has free
-  // (capacity.h: the message names both sizes and hot_slots, max_requests, device_budget_bytes).
-  // kClock needs replacement.positions >= 1 (InvalidArgument otherwise).
+  // are positive, pages >= 0, pages * page_rows fits 32-bit slots and some layer is offloaded.
+  // ResourceExhausted, before any device memory is allocated, if the cache needs more than the
+  // backend's device has free (capacity.h: the message names both sizes and hot_slots,
+  // max_requests, device_budget_bytes). kClock needs replacement.positions >= 1 (InvalidArgument
+  // otherwise).
   static StatusOr<std::unique_ptr<HotCache>> Create(const KVGeometry& geometry, int32_t hot_slots,
                                                     int32_t window, int32_t max_blocks,
                                                     int64_t pages, int32_t page_rows,

@@ -587,7 +587,7 @@ class SparseKVCacheManager {
   // positions [i * host_page_tokens, (i + 1) * host_page_tokens)); NotFound otherwise.
   StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
   // Layer `layer` of the hot cache, [HotLayerRows(), row_stride(layer)]: what the slots returned
-  // by RunLayer index.
+  // by RunLayer index. Null for a resident or window-only layer, which has no rows there.
   const std::byte* HotLayer(int32_t layer) const;
   // Rows of every HotLayer: blocks * (hot_slots + window), the blocks being max_requests, or as
   // many as device_budget_bytes holds (ChooseHotCacheShape).

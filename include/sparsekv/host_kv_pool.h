@@ -3,8 +3,11 @@
 // Layout is layer-major: layer l is one region of [rows][row_stride(l)] bytes, so that the rows a
 // decode step gathers for one layer are compact in the address space (GPU address translation,
 // not PCIe, limits random gathers over large spans: see docs/architecture.md). Row r of every layer
-// belongs to the same token. Rows are given to requests in pages of `page_tokens` consecutive
-// rows; a per-request page table maps a token position to its host row.
+// belongs to the same token (entry). Only offloaded layers (LayerKind::kOffloaded) have a region:
+// a resident or window-only layer's entries live in the manager's device memory alone, so its
+// layer_base() is null and its rows must not be addressed; layer indices stay the model's. Rows are
+// given to requests in pages of `page_tokens` consecutive rows; a per-request page table maps a
+// token position to its host row.
 //
 // The memory comes from Backend::AllocateHost: under CUDA it is pinned, device-mapped and portable
 // (cudaHostAllocPortable / cudaHostRegisterPortable), one address for the host and every GPU
@@ -35,6 +38,7 @@
 // changes. The layout accessors (rows(), layer_base(), ...) are immutable.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -50,20 +54,26 @@ namespace sparsekv {
 
 class HostKVPool {
  public:
-  // A pool of `capacity_tokens` rounded up to whole pages, with page tables for `max_owners`
-  // owners of up to `max_tokens_per_owner` tokens each. `backend` must outlive the pool.
-  // ResourceExhausted, before anything is allocated, if the rows are more host memory than the
-  // machine has (capacity.h: the message names both sizes and host_capacity_tokens); also if an
-  // allocation fails.
+  // A pool of `capacity_tokens` rows rounded up to whole pages, in the offloaded layers of
+  // `geometry` only, with page tables for `max_owners` owners of up to `max_tokens_per_owner`
+  // rows each. `backend` must outlive the pool. InvalidArgument for a bad shape or a geometry
+  // with no offloaded layer. ResourceExhausted, before anything is allocated, if the rows are more
+  // host memory than the machine has (capacity.h: the message names both sizes and
+  // host_capacity_tokens); also if an allocation fails.
   static StatusOr<std::unique_ptr<HostKVPool>> Create(const KVGeometry& geometry,
                                                       int64_t capacity_tokens, int32_t page_tokens,
                                                       int32_t max_owners,
                                                       int32_t max_tokens_per_owner,
                                                       Backend* backend);
+  // OK if a pool over `geometry` may be shared (CreateShared, CreateNodePool): every layer is
+  // offloaded. Unimplemented otherwise, naming `op` and the first other layer: a shared pool is
+  // laid out over every layer (a node pool's segment records no layer kinds).
+  static Status CheckShareable(const KVGeometry& geometry, const char* op);
   // A pool for several managers created with `options` (SparseKVCacheManager::Create with a
   // pool): options' geometry, host_capacity_tokens, host_page_tokens and max_context, and
   // `max_owners` live requests over all of them (e.g. GPUs * effective_max_host_requests()).
-  // The pool keeps `backend` alive. InvalidArgument for invalid options or max_owners < 1.
+  // The pool keeps `backend` alive. InvalidArgument for invalid options or max_owners < 1;
+  // Unimplemented for a geometry with resident or window-only layers (CheckShareable).
   static StatusOr<std::shared_ptr<HostKVPool>> CreateShared(const CacheOptions& options,
                                                             int32_t max_owners,
                                                             std::shared_ptr<Backend> backend);
@@ -157,8 +167,11 @@ class HostKVPool {
   // Tokens reserved by owner (a multiple of page_tokens), 0 if none.
   int32_t ReservedTokens(int32_t owner) const;
 
+  // Layer `layer`'s region, [rows(), row_stride(layer)]; null for a layer that is not offloaded.
   std::byte* layer_base(int32_t layer) const { return layer_base_[layer]; }
+  // REQUIRES (asserted in debug builds): `layer` is offloaded, host_row < rows().
   std::byte* row(int32_t layer, int32_t host_row) const {
+    assert(layer_base_[layer] != nullptr && host_row >= 0 && host_row < rows_);
     return layer_base_[layer] + static_cast<int64_t>(host_row) * geometry_.layers[layer].row_stride;
   }
   int32_t rows() const { return rows_; }
@@ -173,8 +186,8 @@ class HostKVPool {
   const KVGeometry& geometry() const { return geometry_; }
   // The backend that allocated the rows (a node pool: registered them in this process).
   Backend& backend() const { return *backend_; }
-  // Bytes of one page over all layers: page_tokens * token_stride_bytes (also what the planner
-  // charges a request's host pages, kv_footprint.h).
+  // Bytes of one page over the offloaded layers: page_tokens * token_stride_bytes (also what the
+  // planner charges a request's host pages, kv_footprint.h).
   static int64_t PageBytes(const KVGeometry& geometry, int32_t page_tokens) {
     return int64_t{page_tokens} * geometry.token_stride_bytes();
   }

@@ -139,7 +139,8 @@ struct DeviceMemoryUse {
   }
 };
 
-// The host pool by use, now, in bytes of pages (host_page_tokens * token_stride_bytes each); the
+// The host pool by use, now, in bytes of pages (host_page_tokens * token_stride_bytes each, over
+// the offloaded layers); the
 // parts add up to total. Of the whole pool when it is shared with other managers or processes
 // (their pages count as private or shared as their holders make them).
 struct HostMemoryUse {
@@ -260,10 +261,11 @@ class SparseKVCacheManager {
   // refuse them with InvalidArgument naming the kind. With device_budget_bytes > 0, the store's
   // share (max_requests requests of max_context tokens, and its tables) is carved out of the
   // budget before the hot cache is sized; the store's memory does not move to and from the hot
-  // cache. The host pool and the hot cache still keep a row per offloaded entry of these layers
-  // too, unused. With such layers or a raw window, AdmitWithPrefix, Retain, AdmitSealedPrompt,
-  // InstallExtension and a shared pool are refused with Unimplemented. A geometry with no
-  // offloaded layer is refused (CheckServedGeometry in options.h).
+  // cache. The host pool and the hot cache hold rows (and replacement state) for the offloaded
+  // layers only (KVGeometry::token_stride_bytes), with the model's layer indices. With such layers
+  // or a raw window, AdmitWithPrefix, Retain, AdmitSealedPrompt, InstallExtension and a shared pool
+  // are refused with Unimplemented. A geometry with no offloaded layer is refused
+  // (CheckServedGeometry in options.h).
   static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
                                                                 std::shared_ptr<Backend> backend);
   // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared, or
@@ -597,7 +599,7 @@ class SparseKVCacheManager {
   // positions [i * host_page_tokens, (i + 1) * host_page_tokens)); NotFound otherwise.
   StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
   // Layer `layer` of the hot cache, [HotLayerRows(), row_stride(layer)]: what the slots returned
-  // by RunLayer index.
+  // by RunLayer index. Null for a resident or window-only layer, which has no rows there.
   const std::byte* HotLayer(int32_t layer) const;
   // Rows of every HotLayer: blocks * (hot_slots + window), the blocks being max_requests, or as
   // many as device_budget_bytes holds (ChooseHotCacheShape).

@@ -97,8 +97,9 @@ struct NodePoolPrompt {
 // AlreadyExists if a live node pool has that name (a stale one, whose processes all exited, is
 // replaced); ResourceExhausted if the file system or the machine has no room for it
 // (NodePoolBytes); InvalidArgument for invalid
-// options, a bad name or max_processes, or max_owners < 1; the backend's error if it cannot
-// register host memory.
+// options, a bad name or max_processes, or max_owners < 1; Unimplemented for a geometry with
+// resident or window-only layers (HostKVPool::CheckShareable: a segment records no layer kinds);
+// the backend's error if it cannot register host memory.
 StatusOr<std::shared_ptr<HostKVPool>> CreateNodePool(const CacheOptions& options,
                                                      int32_t max_owners,
                                                      const NodePoolOptions& node,
@@ -108,7 +109,7 @@ StatusOr<std::shared_ptr<HostKVPool>> CreateNodePool(const CacheOptions& options
 // loose-reference count per process and page). All of it is written when the pool is created,
 // so node.directory's file system must have that much room, and the machine that much memory:
 // CreateNodePool checks both first (capacity.h) and refuses with ResourceExhausted, naming the
-// numbers, before it makes the file. InvalidArgument as CreateNodePool for invalid arguments.
+// numbers, before it makes the file. InvalidArgument and Unimplemented as CreateNodePool.
 StatusOr<int64_t> NodePoolBytes(const CacheOptions& options, int32_t max_owners,
                                 const NodePoolOptions& node);
 // Attaches this process to the node pool at `path` (node.huge_pages applies; the other fields are

@@ -64,8 +64,14 @@ struct KVGeometry {
   int32_t num_layers() const { return static_cast<int32_t>(layers.size()); }
   // Sum of row_bytes over all layers: the meaningful KV bytes of one token.
   int64_t token_bytes() const;
-  // Sum of row_stride over all layers: the bytes one token occupies in the host pool.
+  // Sum of row_stride over the kOffloaded layers: the bytes one row (an entry of every offloaded
+  // layer) occupies in the host pool, and one hot-cache slot over all layers. Resident and
+  // window-only layers have no row in either (DenseLayerStore holds them); for a geometry whose
+  // every layer is offloaded this is the sum over all layers.
   int64_t token_stride_bytes() const;
+  // Whether layer `layer` is kOffloaded: has rows in the host pool and the hot cache.
+  // REQUIRES: 0 <= layer < num_layers().
+  bool offloaded(int32_t layer) const { return layers[layer].kind == LayerKind::kOffloaded; }
 
   // Every layer has the same row. row_stride == 0 means row_stride = row_bytes.
   static KVGeometry Uniform(int32_t num_layers, int32_t row_bytes, int32_t row_stride = 0);
@@ -192,6 +198,10 @@ struct CacheOptions {
   // The number of index groups: from the layers' index_group if they name them, else from
   // layers_per_index (IndexGroups, index_groups.h, has the groups themselves).
   int32_t index_groups() const;
+  // The index groups whose layers are kOffloaded: the replacement states the hot cache keeps per
+  // block (a group of resident or window-only layers never resolves). index_groups() when every
+  // layer is offloaded.
+  int32_t offloaded_index_groups() const;
   // A top-k row may repeat a position, and repeats share its slot (instead of being skipped as
   // duplicates). For several query tokens per step (speculative / MTP decoding): concatenate the
   // T tokens' selections into one row of top_k = T * k entries; each missed row is fetched once.

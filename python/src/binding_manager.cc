@@ -392,6 +392,12 @@ class PyManager {
 
   HotLayerView HotLayer(int32_t layer) const {
     const int32_t stride = RowStride(options(), layer, "hot_layer");
+    if (!options().geometry.offloaded(layer)) {
+      Raise(InvalidArgument("hot_layer: layer " + std::to_string(layer) + " is " +
+                            LayerKindName(options().geometry.layers[layer].kind) +
+                            ", which has no rows in the hot cache (dense_entries and raw_window "
+                            "read it)"));
+    }
     return HotLayerView{manager_->HotLayer(layer), manager_->HotLayerRows(), stride,
                         backend_.is_cuda(), backend_.is_cuda() ? backend_.device : 0};
   }

@@ -118,8 +118,9 @@ void RegisterGeometry(py::module_& m) {
           "token_bytes", &KVGeometry::token_bytes,
           "Sum of row_bytes over all layers: the meaningful KV bytes of a token.")
       .def_property_readonly("token_stride_bytes", &KVGeometry::token_stride_bytes,
-                             "Sum of row_stride over all layers: the bytes one token occupies in "
-                             "the host pool.");
+                             "Sum of row_stride over the offloaded layers: the bytes one row "
+                             "(an entry of every offloaded layer) occupies in the host pool; "
+                             "resident and window-only layers have no rows there.");
 }
 
 // A config argument: a JSON str, or a dict written as JSON by Python's json module.

@@ -187,6 +187,10 @@ def test_refusals_raise_the_documented_errors():
             manager.resolve_layer(layer, topk, slots)
         with pytest.raises(sparsekv.InvalidArgumentError):
             manager.run_layer(layer, topk, slots)
+    for layer in (1, 3, 4):  # nor have rows in the hot cache
+        with pytest.raises(sparsekv.InvalidArgumentError, match="no rows in the hot cache"):
+            manager.hot_layer(layer)
+    assert manager.hot_layer(0).rows > 0
     with pytest.raises(sparsekv.InvalidArgumentError):
         manager.dense_entries(4)  # not resident
     with pytest.raises(sparsekv.InvalidArgumentError):

@@ -31,10 +31,13 @@ StatusOr<std::unique_ptr<HostKVPool>> HostKVPool::Create(const KVGeometry& geome
   // Against what the machine (or the backend's reserved arena) has, before any of it is
   // allocated: a pool larger than the host memory would otherwise grow toward it as its rows are
   // written, and fail late.
+  int32_t offloaded = 0;
+  for (int32_t l = 0; l < geometry.num_layers(); ++l) offloaded += geometry.offloaded(l);
+  if (offloaded == 0) return InvalidArgument("HostKVPool: the geometry has no offloaded layer");
   const std::string sizing = "host_capacity_tokens = " + std::to_string(capacity_tokens) + " (" +
                              std::to_string(rows) + " rows x " +
                              std::to_string(geometry.token_stride_bytes()) + " B over " +
-                             std::to_string(geometry.num_layers()) + " layers)";
+                             std::to_string(offloaded) + " offloaded layers)";
   SPARSEKV_RETURN_IF_ERROR(
       CheckHostMemory({.what = "host pool",
                        .sizing = sizing,
@@ -42,19 +45,23 @@ StatusOr<std::unique_ptr<HostKVPool>> HostKVPool::Create(const KVGeometry& geome
                        .remedy = "lower host_capacity_tokens, or use a machine with more memory"},
                       *backend));
   // The memory first: a pool that cannot be allocated fails before any bookkeeping is built.
-  std::vector<std::byte*> layer_base;
-  for (size_t l = 0; l < geometry.layers.size(); ++l) {
+  // Resident and window-only layers get none (a null base).
+  std::vector<std::byte*> layer_base(geometry.layers.size(), nullptr);
+  for (int32_t l = 0; l < geometry.num_layers(); ++l) {
+    if (!geometry.offloaded(l)) continue;
     const int64_t bytes = rows * geometry.layers[l].row_stride;
     StatusOr<void*> p = backend->AllocateHost(static_cast<size_t>(bytes));
     if (!p.ok()) {
-      for (std::byte* q : layer_base) backend->FreeHost(q);
+      for (std::byte* q : layer_base) {
+        if (q != nullptr) backend->FreeHost(q);
+      }
       return ResourceExhausted("HostKVPool: cannot allocate " + std::to_string(bytes) +
                                " bytes of host memory for layer " + std::to_string(l) + " (" +
                                std::to_string(rows) + " rows, " +
                                std::to_string(rows * geometry.token_stride_bytes()) +
-                               " bytes for all layers): " + p.status().ToString());
+                               " bytes for all offloaded layers): " + p.status().ToString());
     }
-    layer_base.push_back(static_cast<std::byte*>(*p));
+    layer_base[l] = static_cast<std::byte*>(*p);
   }
   std::unique_ptr<HostKVPool> pool(new HostKVPool(geometry, static_cast<int32_t>(rows), page_tokens,
                                                   max_owners, pages_per_owner, backend));
@@ -69,10 +76,22 @@ StatusOr<std::unique_ptr<HostKVPool>> HostKVPool::Create(const KVGeometry& geome
   return pool;
 }
 
+Status HostKVPool::CheckShareable(const KVGeometry& geometry, const char* op) {
+  for (int32_t l = 0; l < geometry.num_layers(); ++l) {
+    if (geometry.offloaded(l)) continue;
+    return Unimplemented(std::string(op) + ": geometry.layers[" + std::to_string(l) + "].kind is " +
+                         LayerKindName(geometry.layers[l].kind) +
+                         "; a pool shared by several managers is served only for geometries whose "
+                         "every layer is offloaded (docs/deepseek-v4.md)");
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::shared_ptr<HostKVPool>> HostKVPool::CreateShared(const CacheOptions& options,
                                                                int32_t max_owners,
                                                                std::shared_ptr<Backend> backend) {
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options));
+  SPARSEKV_RETURN_IF_ERROR(CheckShareable(options.geometry, "HostKVPool::CreateShared"));
   if (backend == nullptr) return InvalidArgument("HostKVPool: backend is null");
   SPARSEKV_ASSIGN_OR_RETURN(
       std::shared_ptr<HostKVPool> pool,
@@ -97,7 +116,9 @@ HostKVPool::~HostKVPool() {
     if (book_->registered_here()) backend_->UnregisterHost(book_->segment().rows_begin());
     return;  // the rows are the segment's; the book unmaps it
   }
-  for (std::byte* p : layer_base_) backend_->FreeHost(p);
+  for (std::byte* p : layer_base_) {
+    if (p != nullptr) backend_->FreeHost(p);
+  }
 }
 
 bool HostKVPool::is_node_pool() const { return book_->is_node_pool(); }

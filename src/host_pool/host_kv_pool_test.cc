@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "testing/counting_backend.h"
+
 namespace sparsekv {
 namespace {
 
@@ -220,6 +222,61 @@ TEST(HostKVPoolLimitsTest, UnallocatablePoolFailsFast) {
   // The capacity check's refusal: both sizes and the option (capacity.h).
   EXPECT_NE(status.find("needs 17.59 TB of "), std::string::npos) << status;
   EXPECT_NE(status.find("lower host_capacity_tokens"), std::string::npos) << status;
+}
+
+// DeepSeek-V4's layer kinds: offloaded layers of 24- and 32-B strides, a resident and a
+// window-only layer, whose entries the manager keeps in device memory alone.
+KVGeometry MixedKinds() {
+  KVGeometry g;
+  g.layers = {LayerShape{24, 24}, LayerShape{16, 16}, LayerShape{24, 32}, LayerShape{40, 40}};
+  g.layers[1].kind = LayerKind::kResident;
+  g.layers[1].entry_tokens = 128;
+  g.layers[3].kind = LayerKind::kWindowOnly;
+  return g;
+}
+
+TEST(HostKVPoolLayerKindsTest, OnlyOffloadedLayersHaveRows) {
+  auto backend = std::make_shared<testing::CountingBackend>();
+  const KVGeometry mixed = MixedKinds();
+  auto pool = HostKVPool::Create(mixed, /*capacity_tokens=*/100, /*page_tokens=*/16,
+                                 /*max_owners=*/4, /*max_tokens_per_owner=*/64, backend.get());
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  // 112 rows of the offloaded layers' 24 + 32 B; the others have no region.
+  EXPECT_EQ(mixed.token_stride_bytes(), 24 + 32);
+  EXPECT_EQ((*pool)->bytes(), 112 * (24 + 32));
+  EXPECT_EQ((*pool)->page_bytes(), 16 * (24 + 32));
+  EXPECT_EQ(HostKVPool::PageBytes(mixed, 16), (*pool)->page_bytes());
+  EXPECT_NE((*pool)->layer_base(0), nullptr);
+  EXPECT_EQ((*pool)->layer_base(1), nullptr);
+  EXPECT_NE((*pool)->layer_base(2), nullptr);
+  EXPECT_EQ((*pool)->layer_base(3), nullptr);
+  EXPECT_EQ((*pool)->row(2, 5), (*pool)->layer_base(2) + 5 * 32);
+  // What the backend holds is what the pool says it holds, one allocation per offloaded layer.
+  EXPECT_EQ(backend->live_host_bytes(), (*pool)->bytes());
+  EXPECT_EQ(backend->live_host_allocations(), 2);
+
+  // The same layers all offloaded: the resident and window-only layers' 16 + 40 B per row more.
+  KVGeometry all = mixed;
+  for (LayerShape& l : all.layers) l.kind = LayerKind::kOffloaded;
+  auto every = HostKVPool::Create(all, 100, 16, 4, 64, backend.get());
+  ASSERT_TRUE(every.ok()) << every.status().ToString();
+  EXPECT_EQ((*every)->bytes() - (*pool)->bytes(), 112 * (16 + 40));
+  pool->reset();
+  every->reset();
+  EXPECT_EQ(backend->live_host_bytes(), 0);
+}
+
+TEST(HostKVPoolLayerKindsTest, APoolWithoutOffloadedLayersOrSharedOverOthersIsRefused) {
+  auto backend = CreateCpuBackend();
+  KVGeometry none = MixedKinds();
+  none.layers[0].kind = none.layers[2].kind = LayerKind::kResident;
+  EXPECT_EQ(HostKVPool::Create(none, 100, 16, 4, 64, backend.get()).status().code(),
+            StatusCode::kInvalidArgument);
+  const Status shared = HostKVPool::CheckShareable(MixedKinds(), "CreateShared");
+  EXPECT_EQ(shared.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(shared.message().find("geometry.layers[1].kind is kResident"), std::string::npos)
+      << shared.message();
+  EXPECT_TRUE(HostKVPool::CheckShareable(KVGeometry::Uniform(3, 24), "CreateShared").ok());
 }
 
 }  // namespace

@@ -75,6 +75,7 @@ namespace {
 StatusOr<NodeSegment::Shape> SegmentShape(const CacheOptions& options, int32_t max_owners,
                                           const NodePoolOptions& node) {
   SPARSEKV_RETURN_IF_ERROR(ValidateOptions(options));
+  SPARSEKV_RETURN_IF_ERROR(HostKVPool::CheckShareable(options.geometry, "node pool"));
   if (max_owners < 1) return InvalidArgument("node pool: max_owners must be >= 1");
   if (node.max_processes < 1 || node.max_processes > kMaxProcesses) {
     return InvalidArgument("node pool: max_processes must be in [1, " +

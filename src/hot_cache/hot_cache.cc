@@ -33,7 +33,9 @@ int64_t GroupStateBytes(int32_t hot_slots, const HotCacheReplacement& replacemen
 
 int64_t HotCache::StateBytes(const KVGeometry& geometry, int32_t hot_slots,
                              int32_t layers_per_state, const HotCacheReplacement& replacement) {
-  const int32_t states = (geometry.num_layers() + layers_per_state - 1) / layers_per_state;
+  int32_t offloaded = 0;
+  for (int32_t l = 0; l < geometry.num_layers(); ++l) offloaded += geometry.offloaded(l);
+  const int32_t states = (offloaded + layers_per_state - 1) / layers_per_state;
   return StateBytesOf(states, hot_slots, replacement);
 }
 
@@ -68,10 +70,11 @@ struct Paging {
                                                                    o.geometry.layers[0].row_stride /
                                                                    o.indexer_key_bytes)
                                             : 0;
+    // A page is R slots of every offloaded layer; the other layers have no slots.
     page_bytes = o.geometry.token_stride_bytes() * page_rows;
-    state_bytes =
-        int64_t{o.max_requests} * (HotCache::StateBytesOf(o.index_groups(), c, ReplacementOf(o)) +
-                                   CeilDiv(c + o.window, page_rows) * int64_t{sizeof(int32_t)});
+    state_bytes = int64_t{o.max_requests} *
+                  (HotCache::StateBytesOf(o.offloaded_index_groups(), c, ReplacementOf(o)) +
+                   CeilDiv(c + o.window, page_rows) * int64_t{sizeof(int32_t)});
     const int64_t key_pages = keys_per_page > 0 ? CeilDiv(o.max_context, keys_per_page) : 0;
     pages_needed = int64_t{o.max_requests} * (CeilDiv(c + o.window, page_rows) + key_pages);
   }
@@ -150,26 +153,33 @@ StatusOr<std::unique_ptr<HotCache>> HotCache::Create(const KVGeometry& geometry,
   }
   std::unique_ptr<HotCache> cache(new HotCache(geometry, hot_slots, window, max_blocks, pages,
                                                page_rows, backend, groups, replacement));
+  if (cache->states() == 0) return InvalidArgument("HotCache: the geometry has no offloaded layer");
   const int64_t rows = cache->layer_rows();
   const int64_t state_bytes =
-      int64_t{max_blocks} * StateBytesOf(groups.count(), hot_slots, replacement);
+      int64_t{max_blocks} * StateBytesOf(cache->states(), hot_slots, replacement);
+  int32_t offloaded = 0;
+  for (int32_t l = 0; l < geometry.num_layers(); ++l) offloaded += geometry.offloaded(l);
   const int64_t page_list_bytes = int64_t{max_blocks} * cache->pages_per_block() * sizeof(int32_t);
   // Against the device's free memory, before any of it is allocated.
   const std::string sizing = "hot_slots = " + std::to_string(hot_slots) +
                              " + window = " + std::to_string(window) + " for " +
                              std::to_string(max_blocks) + " requests (" + std::to_string(rows) +
                              " rows x " + std::to_string(geometry.token_stride_bytes()) +
-                             " B over " + std::to_string(geometry.num_layers()) + " layers)";
+                             " B over " + std::to_string(offloaded) + " offloaded layers)";
   SPARSEKV_RETURN_IF_ERROR(CheckDeviceMemory(
       {.what = "hot cache",
        .sizing = sizing,
        .bytes = rows * geometry.token_stride_bytes() + state_bytes + page_list_bytes,
        .remedy = "lower hot_slots, max_requests or device_budget_bytes"},
       *backend));
-  for (const LayerShape& layer : geometry.layers) {
+  // Rows for the offloaded layers only; a resident or window-only layer's data stays null.
+  cache->data_.assign(geometry.layers.size(), nullptr);
+  for (int32_t l = 0; l < geometry.num_layers(); ++l) {
+    if (!geometry.offloaded(l)) continue;
+    const LayerShape& layer = geometry.layers[l];
     SPARSEKV_ASSIGN_OR_RETURN(
         void* p, backend->AllocateDevice(std::max<int64_t>(rows, 1) * layer.row_stride));
-    cache->data_.push_back(static_cast<std::byte*>(p));
+    cache->data_[l] = static_cast<std::byte*>(p);
     // Defined contents (stride padding of copied rows is never written) on every backend.
     SPARSEKV_RETURN_IF_ERROR(backend->MemsetAsync(p, 0, rows * layer.row_stride, nullptr));
     cache->device_bytes_ += rows * layer.row_stride;
@@ -217,10 +227,16 @@ HotCache::HotCache(const KVGeometry& geometry, int32_t hot_slots, int32_t window
       page_block_(static_cast<size_t>(pages), -1) {
   for (int32_t b = 0; b < max_blocks; ++b) free_blocks_.insert(b);
   for (int32_t p = 0; p < pages; ++p) free_pages_.insert(free_pages_.end(), p);
+  state_of_group_.assign(groups.count(), -1);
+  for (int32_t g = 0; g < groups.count(); ++g) {
+    if (geometry.offloaded(groups.First(g))) state_of_group_[g] = states_++;
+  }
 }
 
 HotCache::~HotCache() {
-  for (std::byte* p : data_) backend_->FreeDevice(p);
+  for (std::byte* p : data_) {
+    if (p != nullptr) backend_->FreeDevice(p);
+  }
   for (void* p : std::initializer_list<void*>{slot_token_, lru_order_, lru_protected_, clock_uses_,
                                               clock_hand_, position_slot_, block_pages_}) {
     if (p != nullptr) backend_->FreeDevice(p);
@@ -232,12 +248,13 @@ Status HotCache::WriteState(int32_t block, int32_t map_first, int32_t map_size,
   const size_t bytes = static_cast<size_t>(hot_slots_) * sizeof(int32_t);
   const int32_t* image = seed_image_.data();
   for (int32_t g = 0; g < groups_.count(); ++g) {
+    if (state_of_group_[g] < 0) continue;  // resident or window-only layers: no state
     const int32_t l = groups_.First(g);
     const int64_t at = int64_t{block} * hot_slots_;
     SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(slot_token(l) + at, image, bytes, stream));
     if (slot_bytes_ != nullptr) {
-      SPARSEKV_RETURN_IF_ERROR(
-          backend_->MemsetAsync(slot_bytes_ + Offset(l) + at, 0, hot_slots_, stream));
+      SPARSEKV_RETURN_IF_ERROR(backend_->MemsetAsync(
+          slot_bytes_ + int64_t{g} * max_blocks_ * hot_slots_ + at, 0, hot_slots_, stream));
     }
     if (!clock()) {
       SPARSEKV_RETURN_IF_ERROR(

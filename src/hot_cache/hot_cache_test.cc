@@ -7,6 +7,9 @@
 #include <numeric>
 #include <vector>
 
+#include "sparsekv/index_groups.h"
+#include "testing/counting_backend.h"
+
 namespace sparsekv {
 namespace {
 
@@ -282,6 +285,126 @@ TEST(ChooseHotCacheShapeTest, ABudgetTooSmallIsRefused) {
   EXPECT_TRUE(ChooseHotCacheShape(o).ok());
   o.hot_slots = 9;
   EXPECT_FALSE(ChooseHotCacheShape(o).ok());
+}
+
+// DeepSeek-V4's layer kinds: offloaded layers 0 and 2 (strides 24 and 32), a resident layer 1
+// and a window-only layer 3, whose entries the manager keeps outside the hot cache; each layer
+// its own index group.
+CacheOptions MixedKindsOptions() {
+  CacheOptions o;
+  o.geometry.layers = {LayerShape{24, 24}, LayerShape{16, 16}, LayerShape{24, 32},
+                       LayerShape{40, 40}};
+  o.geometry.layers[1].kind = LayerKind::kResident;
+  o.geometry.layers[1].entry_tokens = 128;
+  o.geometry.layers[3].kind = LayerKind::kWindowOnly;
+  o.raw_window = 8;
+  o.eviction = EvictionPolicy::kClock;
+  o.top_k = 4;
+  o.window = 2;
+  o.max_requests = 3;
+  o.max_context = 100;
+  o.hot_slots = 0;
+  return o;
+}
+
+// `o` as it was sized before its layers had kinds: every layer offloaded.
+CacheOptions EveryLayerOffloaded(CacheOptions o) {
+  for (LayerShape& l : o.geometry.layers) {
+    l.kind = LayerKind::kOffloaded;
+    l.entry_tokens = 1;
+  }
+  o.raw_window = 0;
+  return o;
+}
+
+TEST(HotCacheLayerKindsTest, OnlyOffloadedLayersHaveRowsAndState) {
+  auto backend = std::make_shared<testing::CountingBackend>();
+  const CacheOptions o = MixedKindsOptions();
+  const IndexGroups groups(o);
+  ASSERT_EQ(groups.count(), 4);
+  ASSERT_EQ(o.offloaded_index_groups(), 2);
+  auto cache = HotCache::Create(o.geometry, 6, 2, /*max_blocks=*/3, /*pages=*/6, /*page_rows=*/4,
+                                backend.get(), groups, ReplacementOf(o));
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  HotCache& c = **cache;
+  EXPECT_EQ(c.states(), 2);
+  EXPECT_NE(c.layer_data(0), nullptr);
+  EXPECT_EQ(c.layer_data(1), nullptr);
+  EXPECT_NE(c.layer_data(2), nullptr);
+  EXPECT_EQ(c.layer_data(3), nullptr);
+  for (int32_t l : {1, 3}) {
+    EXPECT_EQ(c.slot_token(l), nullptr);
+    EXPECT_EQ(c.clock_uses(l), nullptr);
+    EXPECT_EQ(c.clock_hand(l), nullptr);
+    EXPECT_EQ(c.position_slot(l), nullptr);
+  }
+  EXPECT_EQ(c.slot_token(2), c.slot_token(0) + 3 * 6);  // the second state
+  // 24 rows of 24 + 32 B, the two offloaded groups' state of 3 blocks, 3 page lists of 2 pages.
+  const int64_t state = 3 * HotCache::StateBytesOf(2, 6, ReplacementOf(o));
+  EXPECT_EQ(c.device_bytes(), 24 * (24 + 32) + state + 3 * 2 * 4);
+  EXPECT_EQ(c.device_bytes(), backend->live_device_bytes());
+  EXPECT_EQ(HotCache::BlockBytes(o.geometry, 6, 2, 1, ReplacementOf(o)),
+            8 * (24 + 32) + HotCache::StateBytesOf(2, 6, ReplacementOf(o)));
+
+  // A block's state is written in the offloaded groups only: every slot empty.
+  auto block = c.Acquire(nullptr);
+  ASSERT_TRUE(block.ok()) << block.status().ToString();
+  ASSERT_TRUE(backend->Synchronize(nullptr).ok());
+  for (int32_t l : {0, 2}) {
+    EXPECT_EQ(Read(c.slot_token(l) + *block * 6, 6), std::vector<int32_t>(6, -1));
+  }
+
+  // The same layers all offloaded (as before they had kinds): 16 + 40 B more per row and a state
+  // per layer.
+  const CacheOptions every = EveryLayerOffloaded(o);
+  auto all = HotCache::Create(every.geometry, 6, 2, 3, 6, 4, backend.get(), IndexGroups(every),
+                              ReplacementOf(every));
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ((*all)->device_bytes() - c.device_bytes(),
+            24 * (16 + 40) + 3 * HotCache::StateBytesOf(2, 6, ReplacementOf(o)));
+}
+
+TEST(ChooseHotCacheShapeTest, TheBudgetBuysSlotsOfTheOffloadedLayersOnly) {
+  CacheOptions o = MixedKindsOptions();
+  o.device_budget_bytes = 40000;
+  const HotCacheReplacement clock = ReplacementOf(o);
+  // A block of C slots is one page of C + 2 rows of the offloaded layers, the offloaded groups'
+  // states and its page list entry; the largest C of which max_requests blocks fit is chosen.
+  const auto largest_c = [&](int64_t row_bytes, int32_t states) {
+    int32_t c = 0;
+    while (o.max_requests * ((c + 1 + o.window) * row_bytes +
+                             HotCache::StateBytesOf(states, c + 1, clock) + 4) <=
+           o.device_budget_bytes) {
+      ++c;
+    }
+    return c;
+  };
+  const int32_t now = largest_c(24 + 32, 2);
+  const int32_t before = largest_c(24 + 16 + 32 + 40, 4);
+  auto shape = ChooseHotCacheShape(o);
+  ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+  EXPECT_EQ(shape->hot_slots, now);
+  EXPECT_EQ(shape->pages, 3);
+  auto every = ChooseHotCacheShape(EveryLayerOffloaded(o));
+  ASSERT_TRUE(every.ok()) << every.status().ToString();
+  EXPECT_EQ(every->hot_slots, before);
+  EXPECT_GT(now, before);
+
+  // Given slots and paged memory: the blocks' state, then pages of R rows of the offloaded layers.
+  o.hot_slots = 6;
+  o.hybrid_residency = true;
+  o.resident_page_rows = 4;
+  shape = ChooseHotCacheShape(o);
+  ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+  const int64_t state = 3 * (HotCache::StateBytesOf(2, 6, clock) + 2 * 4);
+  EXPECT_EQ(shape->pages, (o.device_budget_bytes - state) / (4 * (24 + 32)));
+  const CacheOptions all = EveryLayerOffloaded(o);
+  every = ChooseHotCacheShape(all);
+  ASSERT_TRUE(every.ok()) << every.status().ToString();
+  EXPECT_EQ(every->pages,
+            (o.device_budget_bytes - 3 * (HotCache::StateBytesOf(4, 6, clock) + 2 * 4)) /
+                (4 * (24 + 16 + 32 + 40)));
+  EXPECT_GT(shape->pages, every->pages);
 }
 
 }  // namespace

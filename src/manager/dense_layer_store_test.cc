@@ -11,77 +11,14 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "testing/counting_backend.h"
 
 namespace sparsekv {
 namespace {
 
+using testing::CountingBackend;
+
 void ExpectOk(const Status& status) { EXPECT_TRUE(status.ok()) << status.ToString(); }
-
-// The CPU backend, counting the device bytes allocated and not yet freed.
-class CountingBackend final : public Backend {
- public:
-  BackendKind kind() const override { return base_->kind(); }
-  std::string name() const override { return base_->name(); }
-  StatusOr<void*> AllocateHost(size_t bytes) override { return base_->AllocateHost(bytes); }
-  void FreeHost(void* ptr) override { base_->FreeHost(ptr); }
-  StatusOr<void*> AllocateDevice(size_t bytes) override {
-    SPARSEKV_ASSIGN_OR_RETURN(void* p, base_->AllocateDevice(bytes));
-    live_[p] = static_cast<int64_t>(bytes);
-    return p;
-  }
-  void FreeDevice(void* ptr) override {
-    live_.erase(ptr);
-    base_->FreeDevice(ptr);
-  }
-  Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle s) override {
-    return base_->CopyAsync(dst, src, bytes, s);
-  }
-  Status MemsetAsync(void* dst, int value, size_t bytes, StreamHandle s) override {
-    return base_->MemsetAsync(dst, value, bytes, s);
-  }
-  Status Synchronize(StreamHandle s) override { return base_->Synchronize(s); }
-  StreamHandle SideStream() override { return base_->SideStream(); }
-  Status Fork(StreamHandle main) override { return base_->Fork(main); }
-  Status Join(StreamHandle main) override { return base_->Join(main); }
-  StatusOr<StreamHandle> CreateStream() override { return base_->CreateStream(); }
-  void DestroyStream(StreamHandle s) override { base_->DestroyStream(s); }
-  StatusOr<EventHandle> CreateEvent(bool timing) override { return base_->CreateEvent(timing); }
-  void DestroyEvent(EventHandle e) override { base_->DestroyEvent(e); }
-  Status RecordEvent(EventHandle e, StreamHandle s) override { return base_->RecordEvent(e, s); }
-  Status WaitEvent(StreamHandle s, EventHandle e) override { return base_->WaitEvent(s, e); }
-  StatusOr<double> ElapsedSeconds(EventHandle a, EventHandle b) override {
-    return base_->ElapsedSeconds(a, b);
-  }
-  StatusOr<bool> IsCapturing(StreamHandle s) override { return base_->IsCapturing(s); }
-  Status IndexCopy(const IndexCopyView& v, StreamHandle s) override {
-    return base_->IndexCopy(v, s);
-  }
-  Status IndexCopyPair(const IndexCopyPairView& v, StreamHandle s) override {
-    return base_->IndexCopyPair(v, s);
-  }
-  Status Resolve(const ResolveView& v, int32_t max_batch, StreamHandle s) override {
-    return base_->Resolve(v, max_batch, s);
-  }
-  Status Assemble(const AssembleView& v, int32_t max_batch, StreamHandle s) override {
-    return base_->Assemble(v, max_batch, s);
-  }
-  Status RouteRows(const RouteRowsView& v, StreamHandle s) override {
-    return base_->RouteRows(v, s);
-  }
-  Status DenseAppend(const DenseAppendView& v, int32_t max_batch, StreamHandle s) override {
-    return base_->DenseAppend(v, max_batch, s);
-  }
-
-  int64_t live_bytes() const {
-    int64_t sum = 0;
-    for (const auto& [p, bytes] : live_) sum += bytes;
-    return sum;
-  }
-
- private:
-  std::shared_ptr<Backend> base_ = CreateCpuBackend();
-  std::map<void*, int64_t> live_;
-};
 
 LayerShape Layer(LayerKind kind, int32_t entry_tokens, int32_t row_bytes, int32_t row_stride) {
   LayerShape shape;
@@ -128,7 +65,7 @@ TEST(DenseLayerStoreTest, MemoryByUseIsWhatWasAllocated) {
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   const int64_t tables = (*store)->MemoryByUse().tables;
   EXPECT_GT(tables, 0);
-  EXPECT_EQ(backend->live_bytes(), tables);
+  EXPECT_EQ(backend->live_device_bytes(), tables);
   ExpectOk((*store)->Admit(1, 0, 300, nullptr));
   ExpectOk((*store)->Admit(2, 0, 700, nullptr));
   const DenseMemoryUse a = (*store)->RequestBytes(300), b = (*store)->RequestBytes(700);
@@ -136,9 +73,9 @@ TEST(DenseLayerStoreTest, MemoryByUseIsWhatWasAllocated) {
   EXPECT_EQ(use.resident_entries, a.resident_entries + b.resident_entries);
   EXPECT_EQ(use.windows, a.windows + b.windows);
   EXPECT_EQ(use.tables, tables);
-  EXPECT_EQ(backend->live_bytes(), (*store)->bytes());
+  EXPECT_EQ(backend->live_device_bytes(), (*store)->bytes());
   ExpectOk((*store)->Release(1));
-  EXPECT_EQ(backend->live_bytes(), tables + b.sum());
+  EXPECT_EQ(backend->live_device_bytes(), tables + b.sum());
   EXPECT_EQ((*store)->bytes(), tables + b.sum());
 }
 
@@ -161,7 +98,7 @@ TEST(DenseLayerStoreTest, RefusesWhatExceedsTheBudgetNamingTheBytes) {
   EXPECT_NE(refused.message().find("0 of budget_bytes " + std::to_string(o.budget_bytes)),
             std::string::npos)
       << refused.ToString();
-  EXPECT_EQ(backend->live_bytes(), tables + request);
+  EXPECT_EQ(backend->live_device_bytes(), tables + request);
   // A retracted request's memory is free for another; it cannot come back until there is room.
   std::vector<std::byte> host(request);
   ExpectOk((*store)->Retract(1, host.data(), request, nullptr));
@@ -170,7 +107,7 @@ TEST(DenseLayerStoreTest, RefusesWhatExceedsTheBudgetNamingTheBytes) {
             StatusCode::kResourceExhausted);
   ExpectOk((*store)->Release(2));
   ExpectOk((*store)->Resume(1, host.data(), request, nullptr));
-  EXPECT_EQ(backend->live_bytes(), tables + request);
+  EXPECT_EQ(backend->live_device_bytes(), tables + request);
 }
 
 TEST(DenseLayerStoreTest, RefusesTablesAboveTheBudget) {
@@ -459,7 +396,7 @@ TEST_P(DenseLayerStoreModelTest, MatchesAModelInPlainArrays) {
       ++steps_checked;
     }
     ASSERT_EQ(store.bytes(), placed_bytes());
-    ASSERT_EQ(backend->live_bytes(), store.bytes());
+    ASSERT_EQ(backend->live_device_bytes(), store.bytes());
   }
   // The runs crossed entries of both cadences, forked and resumed, and met the budget.
   EXPECT_GT(steps_checked, 500);

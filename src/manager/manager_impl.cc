@@ -20,8 +20,9 @@ int32_t OffloadedCadence(const CacheOptions& o) {
   return 1;
 }
 
-// `o` in entry units (manager_impl.h, entries_): every layer offloaded at the offloaded layers'
-// cadence, no raw window.
+// `o` in entry units (manager_impl.h, entries_): every layer at the offloaded layers' cadence,
+// no raw window. The other layers keep their kind, so that the host pool and the hot cache give
+// them no rows and no replacement state.
 CacheOptions EntryOptions(const CacheOptions& o) {
   const int32_t r = OffloadedCadence(o);
   CacheOptions e = o;
@@ -30,7 +31,6 @@ CacheOptions EntryOptions(const CacheOptions& o) {
   e.raw_window = 0;
   for (LayerShape& l : e.geometry.layers) {
     if (l.kind == LayerKind::kOffloaded) continue;
-    l.kind = LayerKind::kOffloaded;
     l.entry_tokens = r;
     l.indexer_keys = false;
   }
@@ -510,7 +510,9 @@ Status SparseKVCacheManager::Impl::Resume(RequestId id, StreamHandle stream) {
   // the ingested layers; a layer not yet ingested gets the rest at its ingestion.
   if (r->cached > 0) SPARSEKV_RETURN_IF_ERROR(residency_.LoadResident(*r, 0, r->cached, stream));
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    if (r->ingested[l]) SPARSEKV_RETURN_IF_ERROR(residency_.PoolToResident(*r, l, stream));
+    if (r->ingested[l] && Offloaded(l)) {
+      SPARSEKV_RETURN_IF_ERROR(residency_.PoolToResident(*r, l, stream));
+    }
   }
   return Status::Ok();
 }

@@ -5,8 +5,12 @@
 #include <memory>
 #include <vector>
 
+#include "manager/dense_layer_store.h"
 #include "sparsekv/host_kv_pool.h"
+#include "sparsekv/hot_cache.h"
 #include "sparsekv/manager.h"
+#include "sparsekv/node_pool.h"
+#include "testing/counting_backend.h"
 #include "testing/harness.h"
 #include "testing/layer_kinds_model.h"
 
@@ -19,6 +23,12 @@ using testing::kRawWindow;
 using testing::kStride;
 using testing::kTopK;
 using testing::V4Shaped;
+
+// `o` in the entries the manager sizes its parts in: max_context / 4 (the clock's positions).
+CacheOptions V4EntryOptions(CacheOptions o) {
+  o.max_context /= 4;
+  return o;
+}
 
 TEST(ManagerLayerKindsTest, RandomLifecyclesMatchTheDenseModel) {
   for (uint64_t seed = 1; seed <= 12; ++seed) {
@@ -111,12 +121,77 @@ TEST(ManagerLayerKindsTest, GeometriesItDoesNotServeAreRefused) {
   EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument) << none.status().ToString();
   EXPECT_NE(none.status().message().find("no offloaded layer"), std::string::npos);
 
+  // A shared pool is laid out over every layer, so none is made for these layers.
   const CacheOptions v4 = V4Shaped(false);
-  std::shared_ptr<Backend> backend = CreateCpuBackend();
-  auto pool = HostKVPool::CreateShared(v4, 2 * v4.effective_max_host_requests(), backend);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  const auto shared = SparseKVCacheManager::Create(v4, backend, *pool);
-  EXPECT_EQ(shared.status().code(), StatusCode::kUnimplemented);
+  const auto pool =
+      HostKVPool::CreateShared(v4, 2 * v4.effective_max_host_requests(), CreateCpuBackend());
+  EXPECT_EQ(pool.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(pool.status().message().find("kResident"), std::string::npos)
+      << pool.status().message();
+  EXPECT_EQ(NodePoolBytes(v4, 2, NodePoolOptions{}).status().code(), StatusCode::kUnimplemented);
+}
+
+// The host pool and the hot cache hold the offloaded layers (0 and 2) only: their figures follow
+// the formula over those layers and are what the backend allocated.
+TEST(ManagerLayerKindsTest, ThePoolAndTheHotCacheHoldOnlyOffloadedLayers) {
+  const CacheOptions o = V4Shaped(false);
+  auto backend = std::make_shared<testing::CountingBackend>();
+  auto m = SparseKVCacheManager::Create(o, backend);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const HostKVPool& pool = (*m)->host_pool();
+  EXPECT_EQ(o.geometry.token_stride_bytes(), 2 * kStride);
+  // 1600 tokens are 400 entries, 25 pages of 16.
+  EXPECT_EQ(pool.bytes(), 400 * 2 * kStride);
+  EXPECT_EQ(pool.layer_base(1), nullptr);
+  EXPECT_EQ(pool.layer_base(4), nullptr);
+  EXPECT_EQ(backend->live_host_bytes(), pool.bytes());
+  CacheStats s = *(*m)->ReadStats(nullptr);
+  EXPECT_EQ(s.host_memory.total, pool.bytes());
+  EXPECT_EQ(s.host_memory.sum(), s.host_memory.total);
+  // Without a budget, max_requests blocks of one page of 6 + 2 slots of the offloaded layers, and
+  // the replacement state of their two groups.
+  const HotCacheReplacement clock = ReplacementOf(V4EntryOptions(o));
+  EXPECT_EQ(s.device_memory.free_rows, 4 * 8 * 2 * kStride);
+  EXPECT_EQ(s.device_memory.replacement_state, 4 * (HotCache::StateBytesOf(2, 6, clock) + 4));
+  EXPECT_EQ(s.device_bytes, backend->live_device_bytes());
+  EXPECT_EQ(s.device_memory.sum(), s.device_bytes);
+  // A request: its block's rows and the store's entries and windows, still all allocated bytes.
+  ASSERT_TRUE((*m)->Admit(1, 300, 212, nullptr).ok());
+  s = *(*m)->ReadStats(nullptr);
+  EXPECT_EQ(s.device_memory.hot_cache_rows, 8 * 2 * kStride);
+  EXPECT_EQ(s.device_memory.free_rows, 3 * 8 * 2 * kStride);
+  EXPECT_EQ(s.device_bytes, backend->live_device_bytes());
+  EXPECT_EQ(s.device_memory.sum(), s.device_bytes);
+}
+
+// At one device_budget_bytes the hot cache gets the pages that the resident and window-only layers'
+// rows took before: pages of R entries of the offloaded layers alone.
+TEST(ManagerLayerKindsTest, TheBudgetBuysPagesOfTheOffloadedLayersOnly) {
+  CacheOptions o = V4Shaped(/*hybrid=*/true);
+  o.device_budget_bytes = 1 << 16;
+  auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  // The store's share first (max_requests requests of max_context tokens and its tables), then
+  // the blocks' state (clock over 160 entries, page lists of 4 pages of R = 2), then pages.
+  const DenseLayerStoreOptions dense{.geometry = o.geometry,
+                                     .raw_window = o.raw_window,
+                                     .page_rows = o.resident_page_rows,
+                                     .max_requests = o.max_requests,
+                                     .max_batch = o.effective_max_batch(),
+                                     .max_request_tokens = o.max_context};
+  const int64_t share = DenseLayerStore::TableBytes(dense) +
+                        o.max_requests * DenseLayerStore::RequestBytes(dense, o.max_context).sum();
+  const HotCacheReplacement clock = ReplacementOf(V4EntryOptions(o));
+  const auto pages = [&](int64_t row_bytes, int32_t states) {
+    const int64_t state = o.max_requests * (HotCache::StateBytesOf(states, 6, clock) + 4 * 4);
+    return (o.device_budget_bytes - share - state) / (2 * row_bytes);
+  };
+  const int64_t now = pages(2 * kStride, 2);
+  const int64_t before = pages(5 * kStride, 5);  // a row and a state in every layer
+  const CacheStats s = *(*m)->ReadStats(nullptr);
+  EXPECT_EQ(s.device_memory.free_rows, now * 2 * 2 * kStride);
+  EXPECT_GT(now, before);
+  EXPECT_EQ((*m)->options().hot_slots, 6);
 }
 
 // DeepSeek-V4's presets, whole: every layer, the raw window, keys on the CSA layers.
@@ -126,6 +201,13 @@ TEST(ManagerLayerKindsTest, TheDeepSeekV4PresetsAreServed) {
     ASSERT_TRUE(p.ok());
     auto m = SparseKVCacheManager::Create(testing::SmallPresetOptions(*p), CreateCpuBackend());
     ASSERT_TRUE(m.ok()) << name << ": " << m.status().ToString();
+    // The host pool: 1024 tokens are 256 entries, a row of the offloaded (CSA) layers each.
+    EXPECT_EQ((*m)->host_pool().bytes(),
+              int64_t{256} * p->layers_of(LayerKind::kOffloaded) * p->row_bytes)
+        << name;
+    EXPECT_EQ((*m)->host_pool().page_bytes(),
+              int64_t{64} * p->layers_of(LayerKind::kOffloaded) * p->row_bytes)
+        << name;
     EXPECT_TRUE((*m)->Admit(1, 600, 100, nullptr).ok());
     const CacheStats s = *(*m)->ReadStats(nullptr);
     EXPECT_EQ(s.device_memory.windows, int64_t{p->num_layers} * p->raw_window * p->row_bytes)

@@ -20,10 +20,12 @@ Status SparseKVCacheManager::Impl::PrepareAppend(Request& r, int32_t position,
     // The page holding `position` was shared, partially filled, when the request was forked.
     const int32_t page = ledger_->SharedPageToCopy(r.owner, index, r.cow_page);
     if (page >= 0) {
-      // Copy rows [index * pt, position) of every layer into the spare, on `stream` before the
-      // plan upload, hence before AppendToken forks the write-back of this step's token from it.
+      // Copy rows [index * pt, position) of every offloaded layer into the spare, on `stream`
+      // before the plan upload, hence before AppendToken forks the write-back of this step's
+      // token from it.
       const int32_t rows = position - index * pt;
       for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+        if (!Offloaded(l)) continue;
         const int64_t stride = options_.geometry.layers[l].row_stride;
         SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(
             pool_->row(l, r.cow_page * pt), pool_->row(l, page * pt), rows * stride, stream));

@@ -122,6 +122,13 @@ Status Residency::MakeRoom(int64_t pages, std::span<const RequestId> open_batch,
   return Status::Ok();
 }
 
+Status Residency::CheckRows(int32_t layer) const {
+  if (options_.geometry.offloaded(layer)) return Status::Ok();
+  return InvalidArgument("layer " + std::to_string(layer) + " is " +
+                         LayerKindName(options_.geometry.layers[layer].kind) +
+                         ", which has no rows in the host pool or the hot cache");
+}
+
 Status Residency::LoadIntoBlock(RequestState& r, StreamHandle stream) {
   if (r.ingested_layers != options_.geometry.num_layers()) {
     // Still being ingested: the pool holds only some layers' rows, and the LRU slots are shared
@@ -148,13 +155,16 @@ Status Residency::LoadIntoBlock(RequestState& r, StreamHandle stream) {
 
 Status Residency::LoadIngestedWindows(const RequestState& r, StreamHandle stream) {
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    if (r.ingested[l]) SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, l, nullptr, 0, stream));
+    if (r.ingested[l] && options_.geometry.offloaded(l)) {
+      SPARSEKV_RETURN_IF_ERROR(LoadWindow(r, l, nullptr, 0, stream));
+    }
   }
   return Status::Ok();
 }
 
 Status Residency::LoadWindow(const RequestState& r, int32_t layer, const void* rows, int32_t first,
                              StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckRows(layer));
   // Window positions [max(0, seq_len - W), seq_len). `rows` holds positions from `first` on
   // (or is null); earlier positions, and the shared prefix [0, cached) whose pool copy is kept
   // whatever the caller passes for it, are read from the host pool.
@@ -194,6 +204,7 @@ Status Residency::RunLoads(StreamHandle stream) {
   SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.slot, load_slots_.data(), bytes, stream));
   SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(load_list_.count, &count, sizeof(count), stream));
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    if (!options_.geometry.offloaded(l)) continue;  // no rows in the pool or the hot cache
     SPARSEKV_RETURN_IF_ERROR(
         backend_->IndexCopy(PoolToHotCopy(*pool_, *hot_, options_.geometry.layers[l], l, load_list_,
                                           load_capacity_, invalid_copies_),
@@ -207,6 +218,7 @@ Status Residency::RunLoads(StreamHandle stream) {
 
 Status Residency::CopyToResident(const RequestState& r, int32_t layer, const void* rows,
                                  int32_t rows_first, int32_t first, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckRows(layer));
   const int32_t stride = options_.geometry.layers[layer].row_stride;
   const int32_t page_rows = options_.resident_page_rows;
   const auto* src = static_cast<const std::byte*>(rows);
@@ -225,6 +237,7 @@ Status Residency::CopyToResident(const RequestState& r, int32_t layer, const voi
 }
 
 Status Residency::PoolToResident(const RequestState& r, int32_t layer, StreamHandle stream) {
+  SPARSEKV_RETURN_IF_ERROR(CheckRows(layer));
   const int32_t stride = options_.geometry.layers[layer].row_stride;
   const int32_t pt = options_.host_page_tokens;
   const int32_t page_rows = options_.resident_page_rows;

@@ -69,16 +69,18 @@ class Residency {
                  StreamHandle stream);
 
   // ---- Loads ----
+  // Only offloaded layers have rows in the host pool and the hot cache: the loads of one layer
+  // refuse any other (InvalidArgument naming its kind), those of every layer skip them.
   // Window positions [max(0, seq_len - W), seq_len) of `layer` into r's block. `rows` holds
   // positions from `first` on (or is null); earlier positions, and the shared prefix
   // [0, cached), are read from the host pool.
   Status LoadWindow(const RequestState& r, int32_t layer, const void* rows, int32_t first,
                     StreamHandle stream);
-  // LoadWindow from the host pool for every layer of `r` already ingested (the others get their
-  // window at their ingestion).
+  // LoadWindow from the host pool for every offloaded layer of `r` already ingested (the others
+  // get their window at their ingestion).
   Status LoadIngestedWindows(const RequestState& r, StreamHandle stream);
-  // Copies rows of positions [first, last) of every layer from the host pool into r's resident
-  // pages.
+  // Copies rows of positions [first, last) of every offloaded layer from the host pool into r's
+  // resident pages.
   Status LoadResident(const RequestState& r, int32_t first, int32_t last, StreamHandle stream);
   // One layer's rows of positions [first, r.seq_len) from `rows` (positions from rows_first on,
   // in host or device memory) into r's resident pages.
@@ -96,6 +98,8 @@ class Residency {
   int64_t device_bytes() const { return memory_.bytes(); }
 
  private:
+  // OK if `layer` is offloaded; InvalidArgument naming its kind otherwise.
+  Status CheckRows(int32_t layer) const;
   // The pages demoting `r` would free (its resident pages but a block's worth): 0 unless it is
   // resident, outside the open step and holds more than a block.
   int64_t DemotionGain(RequestId id, const RequestState& r,

@@ -4,6 +4,8 @@
 #include <limits>
 #include <string>
 
+#include "sparsekv/index_groups.h"
+
 namespace sparsekv {
 
 const char* LayerKindName(LayerKind kind) {
@@ -26,7 +28,9 @@ int64_t KVGeometry::token_bytes() const {
 
 int64_t KVGeometry::token_stride_bytes() const {
   int64_t sum = 0;
-  for (const LayerShape& l : layers) sum += l.row_stride;
+  for (const LayerShape& l : layers) {
+    if (l.kind == LayerKind::kOffloaded) sum += l.row_stride;
+  }
   return sum;
 }
 
@@ -44,6 +48,13 @@ int32_t CacheOptions::index_groups() const {
     groups += l == 0 || (g >= 0 ? g == l : l % std::max(layers_per_index, 1) == 0);
   }
   return groups;
+}
+
+int32_t CacheOptions::offloaded_index_groups() const {
+  const IndexGroups groups(*this);
+  int32_t offloaded = 0;
+  for (int32_t g = 0; g < groups.count(); ++g) offloaded += geometry.offloaded(groups.First(g));
+  return offloaded;
 }
 
 Status CheckServedGeometry(const KVGeometry& geometry, int32_t raw_window) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "sparsekv/host_kv_pool.h"
+#include "sparsekv/hot_cache.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/options.h"
 
@@ -92,6 +94,32 @@ TEST(LayerKindsFootprintTest, DeepSeekV4ProAtOneMillionByHand) {
   EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, s, KVBudget("deepseek-v4-pro"), 250'000'000'000, 0), 19);
   EXPECT_EQ(MaxBatch(KVVariant::kFullHbm, s, KVBudget("deepseek-v4-pro"), 0, 0), 4);
   EXPECT_EQ(MaxBatch(KVVariant::kSparseKV, s, int64_t{1} << 50, 250'000'000'000, 0), 54);
+}
+
+// What the planner charges a request's host pages and hot-cache block is what the manager's parts
+// size from the preset's whole geometry, whose resident and window-only layers have no rows there.
+TEST(LayerKindsFootprintTest, DeepSeekV4ChargesWhatTheManagersPartsHold) {
+  for (const char* name : {"deepseek-v4-flash", "deepseek-v4-pro"}) {
+    const ModelPreset p = *FindPreset(name);
+    const KVGeometry g = p.geometry();
+    const int64_t csa = k1M / 4;
+    RequestShape s = RequestOf(name, k1M, 2048);
+    const int64_t offloaded = p.layers_of(LayerKind::kOffloaded);
+    EXPECT_EQ(Footprint(KVVariant::kSparseKV, s).host_bytes,
+              csa / s.page_tokens * HostKVPool::PageBytes(g, s.page_tokens))
+        << name;
+    // The hot part of the HBM figure: what HotCache::BlockBytes gives the whole geometry, its
+    // clock's map over the request's entries.
+    const HotCacheReplacement clock{EvictionPolicy::kClock, static_cast<int32_t>(csa)};
+    const int64_t block = HotCache::BlockBytes(g, 2048, 1, 1, clock);
+    EXPECT_EQ(block, offloaded * 2049 * p.row_bytes +
+                         HotCache::StateBytesOf(static_cast<int32_t>(offloaded), 2048, clock))
+        << name;
+    const int64_t with = Footprint(KVVariant::kSparseKV, s).hbm_bytes;
+    s.hot_slots = 1024;
+    const int64_t without = Footprint(KVVariant::kSparseKV, s).hbm_bytes;
+    EXPECT_EQ(with - without, block - HotCache::BlockBytes(g, 1024, 1, 1, clock)) << name;
+  }
 }
 
 // GLM-5.3 at 128K: 78 layers of 656-B rows offloaded with 4096 slots, keys on 21 layers, the

@@ -82,7 +82,7 @@ int64_t BudgetFor(const CacheOptions& o, int32_t blocks) {
       (o.hot_slots + o.window + o.resident_page_rows - 1) / o.resident_page_rows;
   int64_t budget =
       blocks * (block_pages * page_bytes +
-                HotCache::StateBytesOf(o.index_groups(), o.hot_slots, ReplacementOf(o)) +
+                HotCache::StateBytesOf(o.offloaded_index_groups(), o.hot_slots, ReplacementOf(o)) +
                 block_pages * int64_t{sizeof(int32_t)});
   if (o.indexer_key_bytes > 0) {
     const int32_t keys_per_page =

@@ -22,6 +22,7 @@
 #include "sparsekv/backend.h"
 #include "sparsekv/capacity.h"
 #include "sparsekv/config.h"
+#include "sparsekv/hot_cache.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/topk_generator.h"
 #include "tools/sparsekv/bench/arena_backend.h"
@@ -439,6 +440,35 @@ CliRun Cli(const std::vector<std::string>& args) {
 }
 
 // A small CPU run with every scaled-down option given.
+// DeepSeek-V4-Pro's first 4 layers: two HCA layers (resident, an entry per 128 tokens), a CSA
+// layer (offloaded, an entry per 4) and an HCA layer, 584-B entries and a raw window of 128. The
+// hot cache and the host pool hold the CSA layer alone; full KV is every layer's entries and
+// window.
+TEST(BenchTest, DeepSeekV4FiguresCountWhatIsStored) {
+  BenchConfig c = Tiny();
+  c.preset = "deepseek-v4-pro";
+  c.row_format = KVRowFormat::kFp8Entry584;
+  c.top_k = 64;
+  c.hot_slots = 128;
+  StatusOr<BenchResult> r = RunBench(c, CreateCpuBackend());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const CacheOptions& o = r->options;
+  ASSERT_EQ(o.raw_window, 128);
+  const int32_t entries = o.max_context / 4;  // the clock's positions, in entries
+  EXPECT_EQ(
+      r->hot_cache_bytes_per_request,
+      int64_t{128 + 4} * 584 + HotCache::StateBytesOf(1, 128, {EvictionPolicy::kClock, entries}));
+  // Three resident layers of floor(2000 / 128) = 15 entries, one page of 64 each; four windows.
+  EXPECT_EQ(r->dense_bytes_per_request, int64_t{3} * 64 * 584 + int64_t{4} * 128 * 584);
+  EXPECT_EQ(r->full_kv_bytes_per_request, int64_t{2000 / 4 + 3 * 15} * 584 + 4 * 128 * 584);
+  EXPECT_EQ(
+      r->hbm_saved_bytes_per_request,
+      r->full_kv_bytes_per_request - r->hot_cache_bytes_per_request - r->dense_bytes_per_request);
+  // The pool: an entry row of the CSA layer per 4 tokens of host_capacity_tokens.
+  EXPECT_EQ(r->host_pool_bytes, o.host_capacity_tokens / 4 * 584);
+  EXPECT_NE(FormatBenchTable(*r).find("resident entries and raw windows"), std::string::npos);
+}
+
 std::vector<std::string> SmallCpuArgs() {
   return {"bench", "--backend", "cpu",  "--layers",    "3",  "--batch",
           "2",     "--context", "1024", "--steps",     "5",  "--warmup",

@@ -93,19 +93,70 @@ std::string HumanBytes(double bytes) {
 // The host pool and the hot cache the run allocates, against what the machine has, in the flags'
 // words, before the manager allocates them (whose own refusal names library fields). On the CPU
 // backend both are host memory.
-// Device bytes of one request's hot-cache block: its rows and its replacement state.
+// The offloaded layers: their count and cadence (one, ValidateOptions), which the host pool's
+// rows and the hot cache's slots are of.
+struct OffloadedLayers {
+  int32_t count = 0;
+  int32_t entry_tokens = 1;
+};
+OffloadedLayers OffloadedLayersOf(const CacheOptions& o) {
+  OffloadedLayers off;
+  for (const LayerShape& l : o.geometry.layers) {
+    if (l.kind != LayerKind::kOffloaded) continue;
+    ++off.count;
+    off.entry_tokens = l.entry_tokens;
+  }
+  return off;
+}
+
+// Device bytes of one request's hot-cache block: its rows of the offloaded layers and the
+// replacement state of their index groups (the manager's HotCache holds nothing else; the clock's
+// position map covers max_context / r entries, as the manager sizes it).
 int64_t BlockBytes(const CacheOptions& o) {
+  CacheOptions entries = o;
+  entries.max_context = std::max(1, o.max_context / OffloadedLayersOf(o).entry_tokens);
   return o.geometry.token_stride_bytes() * (int64_t{o.hot_slots} + o.window) +
-         HotCache::StateBytesOf(o.index_groups(), o.hot_slots, ReplacementOf(o));
+         HotCache::StateBytesOf(o.offloaded_index_groups(), o.hot_slots, ReplacementOf(entries));
+}
+
+// Device bytes one request of `tokens` tokens holds outside the hot cache (DeepSeek-V4's layer
+// kinds): its resident layers' entries in pages of resident_page_rows, and a raw window of
+// every layer. 0 when every layer is offloaded and there is no raw window.
+int64_t DenseBytesPerRequest(const CacheOptions& o, int64_t tokens) {
+  int64_t bytes = 0;
+  for (const LayerShape& l : o.geometry.layers) {
+    bytes += int64_t{o.raw_window} * l.row_stride;
+    if (l.kind != LayerKind::kResident) continue;
+    const int64_t pages =
+        (tokens / l.entry_tokens + o.resident_page_rows - 1) / o.resident_page_rows;
+    bytes += pages * o.resident_page_rows * l.row_stride;
+  }
+  return bytes;
+}
+
+// Bytes of one request's whole KV of `tokens` tokens kept in HBM: a row per token of every layer,
+// or for DeepSeek-V4's layer kinds an entry per r tokens of the offloaded and resident layers and
+// a raw window of every layer.
+int64_t FullKvBytesPerRequest(const CacheOptions& o, int64_t tokens) {
+  int64_t bytes = 0;
+  for (const LayerShape& l : o.geometry.layers) {
+    bytes += int64_t{o.raw_window} * l.row_bytes;
+    if (l.kind != LayerKind::kWindowOnly) bytes += tokens / l.entry_tokens * l.row_bytes;
+  }
+  return bytes;
 }
 
 Status CheckBenchMemory(const BenchConfig& c, const CacheOptions& o, Backend& backend) {
-  const int64_t row = o.geometry.token_stride_bytes() / o.geometry.num_layers();
-  const int64_t pool_rows = o.host_capacity_tokens / c.batch;
-  const int64_t pool_bytes = o.host_capacity_tokens * o.geometry.token_stride_bytes();
+  const OffloadedLayers off = OffloadedLayersOf(o);
+  const int64_t row = o.geometry.token_stride_bytes() / off.count;
+  const int64_t pool_rows = o.host_capacity_tokens / off.entry_tokens / c.batch;
+  const int64_t pool_bytes =
+      o.host_capacity_tokens / off.entry_tokens * o.geometry.token_stride_bytes();
   const int64_t hot_bytes = int64_t{c.batch} * BlockBytes(o);
   const std::string rows =
-      " x " + std::to_string(c.layers) + " layers x " + std::to_string(row) + " B rows";
+      " x " + std::to_string(off.count) +
+      (off.count == o.geometry.num_layers() ? " layers" : " offloaded layers") + " x " +
+      std::to_string(row) + " B rows";
   const std::string pool = "--batch " + std::to_string(c.batch) + " x " +
                            std::to_string(pool_rows) + " rows (--context " +
                            std::to_string(c.context) + " + --steps " + std::to_string(c.steps) +
@@ -512,10 +563,11 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
                        : 0.0;
 
   r.hot_cache_bytes_per_request = BlockBytes(o);
-  r.full_kv_bytes_per_request = int64_t{c.context} * o.geometry.token_bytes();
-  r.hbm_saved_bytes_per_request = r.full_kv_bytes_per_request - r.hot_cache_bytes_per_request;
-  r.hbm_saved_ratio = static_cast<double>(r.full_kv_bytes_per_request) /
-                      static_cast<double>(r.hot_cache_bytes_per_request);
+  r.dense_bytes_per_request = DenseBytesPerRequest(o, c.context);
+  r.full_kv_bytes_per_request = FullKvBytesPerRequest(o, c.context);
+  const int64_t held = r.hot_cache_bytes_per_request + r.dense_bytes_per_request;
+  r.hbm_saved_bytes_per_request = r.full_kv_bytes_per_request - held;
+  r.hbm_saved_ratio = static_cast<double>(r.full_kv_bytes_per_request) / static_cast<double>(held);
   r.host_pool_bytes = manager->host_pool().bytes();
   r.options = manager->options();
   return r;
@@ -578,13 +630,20 @@ std::string FormatBenchTable(const BenchResult& r) {
                                     : "")},
       {"host->device",
        HumanBytes(r.bytes_h2d_per_step) + " per step, " + Fixed(r.h2d_gb_per_s, 2) + " GB/s"},
-      {"HBM per request", "hot cache " + HumanBytes(r.hot_cache_bytes_per_request) +
-                              " vs full KV " + HumanBytes(r.full_kv_bytes_per_request)},
-      {"HBM saved", r.hbm_saved_bytes_per_request >= 0
-                        ? HumanBytes(r.hbm_saved_bytes_per_request) + " per request (" +
-                              Fixed(r.hbm_saved_ratio, 1) + "x)"
-                        : "none: the hot cache (--hot-slots + --window) is larger than the "
-                          "full KV of --context"},
+      {"HBM per request",
+       "hot cache " + HumanBytes(r.hot_cache_bytes_per_request) +
+           (r.dense_bytes_per_request > 0
+                ? " + resident entries and raw windows " + HumanBytes(r.dense_bytes_per_request)
+                : "") +
+           " vs full KV " + HumanBytes(r.full_kv_bytes_per_request)},
+      {"HBM saved",
+       r.hbm_saved_bytes_per_request >= 0
+           ? HumanBytes(r.hbm_saved_bytes_per_request) + " per request (" +
+                 Fixed(r.hbm_saved_ratio, 1) + "x)"
+           : std::string("none: the hot cache (--hot-slots + --window)") +
+                 (r.dense_bytes_per_request > 0 ? " with the resident entries and raw windows"
+                                                : "") +
+                 " is larger than the full KV of --context"},
       {"host pool", Fixed(static_cast<double>(r.host_pool_bytes) / 1e9, 2) + " GB"},
   };
   if (!c.config_path.empty()) rows.emplace_back("config", ConfigSummary(c));
@@ -606,8 +665,9 @@ std::string FormatBenchTable(const BenchResult& r) {
     out += "  (layer kinds: " + std::to_string(kinds[0]) + " offloaded, " +
            std::to_string(kinds[1]) + " resident, " + std::to_string(kinds[2]) +
            " window-only, raw window " + std::to_string(r.options.raw_window) +
-           "; only the offloaded layers resolve a top-k, of entries; the HBM figures count a "
-           "row per token in every layer, as for the uniform presets)\n";
+           "; only the offloaded layers resolve a top-k, of entries; the hot cache and the host "
+           "pool hold the offloaded layers only, and full KV counts every layer's entries and "
+           "raw window at --context)\n";
   }
   return out;
 }
@@ -653,6 +713,7 @@ std::string FormatBenchJson(const BenchResult& r, const std::string& command) {
   j["bytes_h2d_per_step"] = r.bytes_h2d_per_step;
   j["h2d_gb_per_s"] = r.h2d_gb_per_s;
   j["hot_cache_bytes_per_request"] = r.hot_cache_bytes_per_request;
+  j["dense_bytes_per_request"] = r.dense_bytes_per_request;
   j["full_kv_bytes_per_request"] = r.full_kv_bytes_per_request;
   j["hbm_saved_bytes_per_request"] = r.hbm_saved_bytes_per_request;
   j["hbm_saved_ratio"] = r.hbm_saved_ratio;

@@ -241,12 +241,16 @@ struct BenchResult {
   double bytes_h2d_per_step = 0;
   double h2d_gb_per_s = 0;
 
-  // HBM one request holds in the hot cache (HotCache::BlockBytes: slots + window rows over all
-  // layers, plus replacement state) vs what its full KV would take (context * token bytes).
+  // HBM one request holds in the hot cache (HotCache::BlockBytes: slots + window rows over the
+  // offloaded layers, plus their groups' replacement state) and, with DeepSeek-V4's layer kinds,
+  // its resident layers' entries in pages and every layer's raw window at --context ("dense"),
+  // vs what its full KV would take: context * token bytes, or with layer kinds floor(context / r)
+  // entries of every offloaded and resident layer and every layer's raw window.
   int64_t hot_cache_bytes_per_request = 0;
+  int64_t dense_bytes_per_request = 0;
   int64_t full_kv_bytes_per_request = 0;
-  int64_t hbm_saved_bytes_per_request = 0;  // full - hot
-  double hbm_saved_ratio = 0;               // full / hot
+  int64_t hbm_saved_bytes_per_request = 0;  // full - (hot + dense)
+  double hbm_saved_ratio = 0;               // full / (hot + dense)
   int64_t host_pool_bytes = 0;              // the whole pinned pool
   CacheOptions options;                     // the manager's, as created
 };

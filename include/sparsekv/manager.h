@@ -552,10 +552,11 @@ class SparseKVCacheManager {
   // Host side, after replaying a captured run phase for a step planned with PlanStep: closes the
   // step as the captured calls did at capture time (they are not re-executed on the host) and
   // applies their byte accounting to the new batch. FailedPrecondition outside a step, if no
-  // complete run phase (one that FinishStep ended) was ever recorded, or if AppendToken ran on the
-  // host in this step (that step ends with FinishStep). REQUIRES (not checked: the host cannot
-  // see a graph): the graph was captured from a complete run phase of this manager and has been
-  // launched.
+  // complete run phase (one that FinishStep ended) was ever recorded, if AppendToken ran on the
+  // host in this step (that step ends with FinishStep), or if a prefetch the host resolved in
+  // this step has no CopyPrefetch; a refusal counts nothing and leaves the step open. REQUIRES
+  // (not checked: the host cannot see a graph): the graph was captured from a complete run phase
+  // of this manager and has been launched.
   Status FinishReplayedStep();
 
   // ---- Extensions (manager_extension.h) ----

@@ -323,6 +323,30 @@ TEST_F(ManagerRefusalTest, FinishReplayedStepIsRefusedAfterAHostRunPhase) {
   CompleteStep(0);
 }
 
+// A prefetch resolved on the host and not copied would outlive the replayed step: refused, and
+// the refusal counts nothing and keeps the step open.
+TEST_F(ManagerRefusalTest, FinishReplayedStepIsRefusedWithAPrefetchPending) {
+  Plan();
+  AppendAll();
+  CompleteStep(0);  // records a complete run phase
+  Plan();
+  const std::vector<int32_t> positions = {3, 4};
+  ASSERT_TRUE(m_->ResolvePrefetch(2, positions.data(), 2, nullptr).ok());
+  const CacheStats before = *m_->ReadStats(nullptr);
+  ExpectRefused(m_->FinishReplayedStep(), StatusCode::kFailedPrecondition,
+                "the prefetch of index group 1 has no CopyPrefetch");
+  const CacheStats after = *m_->ReadStats(nullptr);
+  EXPECT_EQ(after.bytes_device_to_host, before.bytes_device_to_host);
+  EXPECT_EQ(after.bytes_assembled, before.bytes_assembled);
+  EXPECT_EQ(m_->batch_size(), 1);  // the step is still open
+  EXPECT_EQ(m_->PlanStep(std::vector<RequestId>{1}, nullptr).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m_->CopyPrefetch(2, nullptr).ok());
+  ASSERT_TRUE(m_->FinishReplayedStep().ok());
+  EXPECT_EQ(*m_->SequenceLength(1), kPrompt + 2);
+  EXPECT_GT(m_->ReadStats(nullptr)->bytes_device_to_host, before.bytes_device_to_host);
+}
+
 // The benchmark's copies-ahead order (docs/overlap.md): every layer of a group is copied right
 // after the group's resolve, before the group's later layers are appended.
 TEST_F(ManagerRefusalTest, CopiesAheadOfTheirLayersStayLegal) {

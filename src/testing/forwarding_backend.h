@@ -1,0 +1,148 @@
+// Backends for tests that wrap another one (the CPU backend by default): ForwardingBackend passes
+// every call on; FaultyBackend fails a chosen stream operation, for the refusals a host cannot
+// foresee; RecordingBackend records the stream operations of a run phase and replays them, as a
+// CUDA graph would, so that a replayed step can be checked on the CPU backend.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sparsekv/backend.h"
+
+namespace sparsekv::testing {
+
+// Every call goes to `base`.
+class ForwardingBackend : public Backend {
+ public:
+  explicit ForwardingBackend(std::shared_ptr<Backend> base = CreateCpuBackend())
+      : base_(std::move(base)) {}
+
+  BackendKind kind() const override { return base_->kind(); }
+  std::string name() const override { return base_->name(); }
+  StatusOr<void*> AllocateHost(size_t bytes) override { return base_->AllocateHost(bytes); }
+  void FreeHost(void* ptr) override { base_->FreeHost(ptr); }
+  StatusOr<void*> AllocateDevice(size_t bytes) override { return base_->AllocateDevice(bytes); }
+  void FreeDevice(void* ptr) override { base_->FreeDevice(ptr); }
+  Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle s) override {
+    return base_->CopyAsync(dst, src, bytes, s);
+  }
+  Status MemsetAsync(void* dst, int value, size_t bytes, StreamHandle s) override {
+    return base_->MemsetAsync(dst, value, bytes, s);
+  }
+  Status Synchronize(StreamHandle s) override { return base_->Synchronize(s); }
+  StreamHandle SideStream() override { return base_->SideStream(); }
+  Status Fork(StreamHandle main) override { return base_->Fork(main); }
+  Status Join(StreamHandle main) override { return base_->Join(main); }
+  StatusOr<StreamHandle> CreateStream() override { return base_->CreateStream(); }
+  void DestroyStream(StreamHandle s) override { base_->DestroyStream(s); }
+  StatusOr<EventHandle> CreateEvent(bool timing) override { return base_->CreateEvent(timing); }
+  void DestroyEvent(EventHandle e) override { base_->DestroyEvent(e); }
+  Status RecordEvent(EventHandle e, StreamHandle s) override { return base_->RecordEvent(e, s); }
+  Status WaitEvent(StreamHandle s, EventHandle e) override { return base_->WaitEvent(s, e); }
+  StatusOr<double> ElapsedSeconds(EventHandle a, EventHandle b) override {
+    return base_->ElapsedSeconds(a, b);
+  }
+  StatusOr<bool> IsCapturing(StreamHandle s) override { return base_->IsCapturing(s); }
+  Status IndexCopy(const IndexCopyView& v, StreamHandle s) override {
+    return base_->IndexCopy(v, s);
+  }
+  Status Resolve(const ResolveView& v, int32_t max_batch, StreamHandle s) override {
+    return base_->Resolve(v, max_batch, s);
+  }
+  Status Assemble(const AssembleView& v, int32_t max_batch, StreamHandle s) override {
+    return base_->Assemble(v, max_batch, s);
+  }
+  Status RouteRows(const RouteRowsView& v, StreamHandle s) override {
+    return base_->RouteRows(v, s);
+  }
+  Status DenseAppend(const DenseAppendView& v, int32_t max_batch, StreamHandle s) override {
+    return base_->DenseAppend(v, max_batch, s);
+  }
+
+ protected:
+  Backend& base() { return *base_; }
+
+ private:
+  std::shared_ptr<Backend> base_;
+};
+
+// Fails one CopyAsync (with Internal, copying nothing) once armed: FailCopy(n) lets n more
+// copies through and fails the next one, then disarms.
+class FaultyBackend final : public ForwardingBackend {
+ public:
+  void FailCopy(int n) { copies_left_ = n; }
+  bool armed() const { return copies_left_ >= 0; }
+  void Disarm() { copies_left_ = -1; }
+
+  Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle s) override {
+    if (copies_left_ == 0) {
+      copies_left_ = -1;
+      return Internal("FaultyBackend: an injected copy failure");
+    }
+    if (copies_left_ > 0) --copies_left_;
+    return ForwardingBackend::CopyAsync(dst, src, bytes, s);
+  }
+
+ private:
+  int copies_left_ = -1;  // -1: disarmed
+};
+
+// Between StartRecording and StopRecording, every stream operation runs and is also recorded
+// with its arguments (the views by value, as a graph holds them); Replay runs the recorded ones
+// again in order. The CPU backend runs each at once, so that what a replay reads and writes is
+// what a captured graph's replay on a GPU would.
+class RecordingBackend final : public ForwardingBackend {
+ public:
+  void StartRecording() {
+    recorded_.clear();
+    recording_ = true;
+  }
+  void StopRecording() { recording_ = false; }
+  Status Replay() {
+    for (const auto& op : recorded_) SPARSEKV_RETURN_IF_ERROR(op());
+    return Status::Ok();
+  }
+  size_t recorded() const { return recorded_.size(); }
+
+  Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle s) override {
+    return Run([=, this] { return ForwardingBackend::CopyAsync(dst, src, bytes, s); });
+  }
+  Status MemsetAsync(void* dst, int value, size_t bytes, StreamHandle s) override {
+    return Run([=, this] { return ForwardingBackend::MemsetAsync(dst, value, bytes, s); });
+  }
+  Status Fork(StreamHandle main) override {
+    return Run([=, this] { return ForwardingBackend::Fork(main); });
+  }
+  Status Join(StreamHandle main) override {
+    return Run([=, this] { return ForwardingBackend::Join(main); });
+  }
+  Status IndexCopy(const IndexCopyView& v, StreamHandle s) override {
+    return Run([=, this] { return ForwardingBackend::IndexCopy(v, s); });
+  }
+  Status Resolve(const ResolveView& v, int32_t max_batch, StreamHandle s) override {
+    return Run([=, this] { return ForwardingBackend::Resolve(v, max_batch, s); });
+  }
+  Status Assemble(const AssembleView& v, int32_t max_batch, StreamHandle s) override {
+    return Run([=, this] { return ForwardingBackend::Assemble(v, max_batch, s); });
+  }
+  Status RouteRows(const RouteRowsView& v, StreamHandle s) override {
+    return Run([=, this] { return ForwardingBackend::RouteRows(v, s); });
+  }
+  Status DenseAppend(const DenseAppendView& v, int32_t max_batch, StreamHandle s) override {
+    return Run([=, this] { return ForwardingBackend::DenseAppend(v, max_batch, s); });
+  }
+
+ private:
+  Status Run(std::function<Status()> op) {
+    if (recording_) recorded_.push_back(op);
+    return op();
+  }
+
+  bool recording_ = false;
+  std::vector<std::function<Status()>> recorded_;
+};
+
+}  // namespace sparsekv::testing

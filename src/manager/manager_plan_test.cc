@@ -39,40 +39,6 @@ CacheOptions Options() {
   return o;
 }
 
-// Everything of the manager a refused PlanStep must leave as it was, as one list of numbers.
-std::vector<int64_t> Observe(SparseKVCacheManager& m, const std::vector<RequestId>& ids) {
-  std::vector<int64_t> v;
-  v.push_back(m.batch_size());
-  for (RequestId id : ids) {
-    const StatusOr<int32_t> len = m.SequenceLength(id);
-    v.push_back(len.ok() ? *len : -1);
-    const StatusOr<std::vector<int32_t>> pages = m.HostPages(id);
-    if (!pages.ok()) continue;
-    for (int32_t page : *pages) {
-      v.push_back(page);
-      v.push_back(m.host_pool().RefCount(page));
-    }
-  }
-  const StatusOr<CacheStats> s = m.ReadStats(nullptr);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
-  if (!s.ok()) return v;
-  for (uint64_t counter :
-       {s->bytes_host_to_device, s->bytes_device_to_host, s->bytes_assembled, s->bytes_ingested,
-        s->copy_on_write_pages, s->evictions, s->evicted_pages, s->demotions, s->promotions,
-        s->total.hits, s->total.misses, s->total.window_hits, s->invalid_copy_entries}) {
-    v.push_back(static_cast<int64_t>(counter));
-  }
-  for (int64_t gauge :
-       {int64_t{s->host_pages_used}, int64_t{s->hot_blocks_used}, int64_t{s->resident_requests},
-        int64_t{s->pages_shared}, s->bytes_saved, s->device_bytes, s->device_memory.resident_rows,
-        s->device_memory.hot_cache_rows, s->device_memory.free_rows,
-        s->device_memory.resident_entries, s->device_memory.windows, s->host_memory.private_pages,
-        s->host_memory.shared_pages, s->host_memory.free_pages}) {
-    v.push_back(gauge);
-  }
-  return v;
-}
-
 class ManagerPlanTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -161,12 +127,12 @@ TEST_F(ManagerPlanTest, ARefusalAfterRequestsThatWouldPlanChangesNothing) {
       {{1, 2, 3, 4, 5}, {}, StatusCode::kInvalidArgument},  // more than max_batch
       {{1, 2}, {7}, StatusCode::kInvalidArgument},          // one token id for two requests
   };
-  const std::vector<int64_t> before = Observe(*m_, ids_);
+  const std::vector<int64_t> before = testing::ObservableState(*m_, ids_);
   for (const Refusal& r : refusals) {
     const Status s = r.token_ids.empty() ? m_->PlanStep(r.batch, nullptr)
                                          : m_->PlanStep(r.batch, r.token_ids, nullptr);
     EXPECT_EQ(s.code(), r.code) << s.ToString();
-    EXPECT_EQ(Observe(*m_, ids_), before) << s.ToString();
+    EXPECT_EQ(testing::ObservableState(*m_, ids_), before) << s.ToString();
   }
   ASSERT_TRUE(m_->PlanStep({1, 2}, nullptr).ok());
   RunPlannedStep({1, 2});
@@ -176,7 +142,7 @@ TEST_F(ManagerPlanTest, ARefusalAfterRequestsThatWouldPlanChangesNothing) {
 // the page-table uploads, the plan upload) refuses the step with the backend's error, and leaves
 // every request, page and counter as it was; the same batch then plans and reads right.
 TEST_F(ManagerPlanTest, ADeviceFailureAnywhereInThePlanChangesNothing) {
-  const std::vector<int64_t> before = Observe(*m_, ids_);
+  const std::vector<int64_t> before = testing::ObservableState(*m_, ids_);
   int refused = 0;
   for (int copies = 0;; ++copies) {
     backend_->FailCopy(copies);
@@ -185,7 +151,8 @@ TEST_F(ManagerPlanTest, ADeviceFailureAnywhereInThePlanChangesNothing) {
     backend_->Disarm();
     ++refused;
     EXPECT_EQ(s.code(), StatusCode::kInternal) << s.ToString();
-    EXPECT_EQ(Observe(*m_, ids_), before) << "copy " << copies << " failed: " << s.ToString();
+    EXPECT_EQ(testing::ObservableState(*m_, ids_), before)
+        << "copy " << copies << " failed: " << s.ToString();
     ASSERT_LT(copies, 100);
   }
   backend_->Disarm();

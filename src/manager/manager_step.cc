@@ -298,7 +298,8 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   }
   // A resolve with own_copy is the step's, the others are prefetches.
   marks_.Attach(resolve, layer, /*prefetch=*/!own_copy);
-  return backend_->Resolve(resolve, max_batch, stream);
+  SPARSEKV_RETURN_IF_ERROR(backend_->Resolve(resolve, max_batch, stream));
+  return marks_.AfterResolve(layer, /*prefetch=*/!own_copy, stream);
 }
 
 namespace {

@@ -491,7 +491,8 @@ class SparseKVCacheManager {
   // group's copies right after its resolve, on a side stream). Errors: FailedPrecondition outside
   // a step, before the group's resolve in this step, or for a layer copied already (group g + 2's
   // resolve, which reuses the miss list, waits for every copy of group g, so the list a first
-  // copy reads is always its own group's); InvalidArgument for a bad layer.
+  // copy reads is always its own group's); InvalidArgument for a bad layer. A copy that fails on
+  // the device leaves the layer uncopied (CopyMisses may be called again).
   // REQUIRES (not checked: stream ordering): every copy of group g is complete on the device
   // before the resolve of group g + 2 runs.
   Status CopyMisses(int32_t layer, StreamHandle stream);

@@ -319,10 +319,16 @@ Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream
   SPARSEKV_RETURN_IF_ERROR(CheckCopyBlocks(copy_blocks, "CopyMisses"));
   SPARSEKV_RETURN_IF_ERROR(CheckOffloaded(layer, "CopyMisses"));
   SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyMisses(layer));
+  // Every chunk is enqueued before any counts as copied, so that a copy failing part-way leaves
+  // the layer uncopied and CopyMisses may be called again (copying the same rows again).
+  const int32_t blocks = copy_blocks > 0 ? copy_blocks : options_.copy_blocks;
   for (int32_t c = 0; c < plan_.chunks(); ++c) {
-    SPARSEKV_RETURN_IF_ERROR(CopyChunk(layer, c, copy_blocks, stream));
+    SPARSEKV_RETURN_IF_ERROR(Copy(layer, plan_.Chunk(plan_.StepMissList(layer), c),
+                                  plan_.chunk_entries(), blocks, stream));
   }
-  return Status::Ok();
+  bool copied = false;
+  for (int32_t c = 0; c < plan_.chunks(); ++c) copied = order_.MarkChunkCopied(layer, c) || copied;
+  return copied ? extensions_.AfterMissCopy(layer, stream) : Status::Ok();
 }
 
 Status SparseKVCacheManager::Impl::CopyMissChunk(int32_t layer, int32_t chunk, StreamHandle stream,

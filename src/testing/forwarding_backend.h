@@ -69,25 +69,37 @@ class ForwardingBackend : public Backend {
   std::shared_ptr<Backend> base_;
 };
 
-// Fails one CopyAsync (with Internal, copying nothing) once armed: FailCopy(n) lets n more
-// copies through and fails the next one, then disarms.
+// Fails one call (with Internal, doing nothing) once armed: FailCopy(n) lets n more CopyAsync
+// calls through and fails the next one, FailIndexCopy(n) the same for IndexCopy; either then
+// disarms.
 class FaultyBackend final : public ForwardingBackend {
  public:
   void FailCopy(int n) { copies_left_ = n; }
-  bool armed() const { return copies_left_ >= 0; }
-  void Disarm() { copies_left_ = -1; }
+  void FailIndexCopy(int n) { index_copies_left_ = n; }
+  void Disarm() { copies_left_ = index_copies_left_ = -1; }
 
   Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle s) override {
-    if (copies_left_ == 0) {
-      copies_left_ = -1;
-      return Internal("FaultyBackend: an injected copy failure");
-    }
-    if (copies_left_ > 0) --copies_left_;
+    if (Fails(copies_left_)) return Internal("FaultyBackend: an injected CopyAsync failure");
     return ForwardingBackend::CopyAsync(dst, src, bytes, s);
+  }
+  Status IndexCopy(const IndexCopyView& v, StreamHandle s) override {
+    if (Fails(index_copies_left_)) return Internal("FaultyBackend: an injected IndexCopy failure");
+    return ForwardingBackend::IndexCopy(v, s);
   }
 
  private:
+  // Counts one call down; true (and disarmed) for the one to fail.
+  static bool Fails(int& left) {
+    if (left == 0) {
+      left = -1;
+      return true;
+    }
+    if (left > 0) --left;
+    return false;
+  }
+
   int copies_left_ = -1;  // -1: disarmed
+  int index_copies_left_ = -1;
 };
 
 // Between StartRecording and StopRecording, every stream operation runs and is also recorded

@@ -414,8 +414,12 @@ class SparseKVCacheManager {
   // Fixes the next step's batch: each request gains one token (its position is the request's
   // current length), whose KV the run phase appends. Errors: empty or oversized batch,
   // duplicate, unknown, retracted or not fully ingested requests, a request at its reserved
-  // length, or a previous step not finished. Enqueues the upload of the plan on `stream`, after
-  // the copy on write of any shared page a request appends into.
+  // length, or a previous step not finished; and the backend's error for a copy that fails on
+  // the device. Every check is made for the whole batch before anything changes, and the device
+  // work (copies on write, page-table rows, the plan upload) is undone if a later part fails, so
+  // that a refused step changes nothing: every request's length, pages and token ids, the
+  // statistics and the memory figures are as before, and no step is open. Enqueues the upload of
+  // the plan on `stream`, after the copy on write of any shared page a request appends into.
   Status PlanStep(std::span<const RequestId> batch, StreamHandle stream);
   // As above, and token_ids[b] is the id of the token whose KV batch[b] appends in this step
   // (InvalidArgument unless token_ids.size() == batch.size()). A request whose ids are known from

@@ -336,8 +336,10 @@ struct RouteRowsView {
 //     marks of its hit slots as they are;
 //   * every launch, for each victim v it fills: if mark[v] != 0, ++prefetch_wasted; then
 //     mark[v] = 1 with prefetch_fills, else 0;
-//   * a launch with count_prefetch_misses (and without prefetch_fills) adds its misses (every miss,
-//     filled or not) to prefetch_missed too.
+//   * a launch without prefetch_fills whose count_prefetch_misses byte is nonzero adds its misses
+//     (every miss, filled or not) to prefetch_missed too. The byte is read on the device when the
+//     launch runs, so that a captured launch counts as its replay's prefetches say, not as they
+//     were at capture.
 // So every slot a prefetch launch fills is counted once, as useful or wasted, unless it is still
 // marked, and the three counters are the same under every eviction policy given the same hits
 // and victims. With prefetch_mark null none of this is done (no load, no store).
@@ -432,9 +434,10 @@ struct ResolveView {
   unsigned long long* copy_invalid = nullptr;  // device scalar or nullptr; += skipped copies
   int32_t fused_copy_min_batch = 0;  // fused in launches whose *batch_size is at least this
   // Prefetch accounting (see above); null: none.
-  uint8_t* prefetch_mark = nullptr;    // [num_blocks, hot_slots] 1 = filled by a prefetch, unused
-  bool prefetch_fills = false;         // this launch is a prefetch's: its fills set the marks
-  bool count_prefetch_misses = false;  // misses also count in prefetch_missed
+  uint8_t* prefetch_mark = nullptr;  // [num_blocks, hot_slots] 1 = filled by a prefetch, unused
+  bool prefetch_fills = false;       // this launch is a prefetch's: its fills set the marks
+  // Device byte or null (none); nonzero: misses also count in prefetch_missed (see above).
+  const uint8_t* count_prefetch_misses = nullptr;
 };
 
 // The indexer keys of one layer that the manager keeps (CacheOptions::indexer_key_bytes), for an

@@ -417,8 +417,12 @@ class SparseKVCacheManager {
   // Fixes the next step's batch: each request gains one token (its position is the request's
   // current length), whose KV the run phase appends. Errors: empty or oversized batch,
   // duplicate, unknown, retracted or not fully ingested requests, a request at its reserved
-  // length, or a previous step not finished. Enqueues the upload of the plan on `stream`, after
-  // the copy on write of any shared page a request appends into.
+  // length, or a previous step not finished; and the backend's error for a copy that fails on
+  // the device. Every check is made for the whole batch before anything changes, and the device
+  // work (copies on write, page-table rows, the plan upload) is undone if a later part fails, so
+  // that a refused step changes nothing: every request's length, pages and token ids, the
+  // statistics and the memory figures are as before, and no step is open. Enqueues the upload of
+  // the plan on `stream`, after the copy on write of any shared page a request appends into.
   Status PlanStep(std::span<const RequestId> batch, StreamHandle stream);
   // As above, and token_ids[b] is the id of the token whose KV batch[b] appends in this step
   // (InvalidArgument unless token_ids.size() == batch.size()). A request whose ids are known from
@@ -494,7 +498,8 @@ class SparseKVCacheManager {
   // group's copies right after its resolve, on a side stream). Errors: FailedPrecondition outside
   // a step, before the group's resolve in this step, or for a layer copied already (group g + 2's
   // resolve, which reuses the miss list, waits for every copy of group g, so the list a first
-  // copy reads is always its own group's); InvalidArgument for a bad layer.
+  // copy reads is always its own group's); InvalidArgument for a bad layer. A copy that fails on
+  // the device leaves the layer uncopied (CopyMisses may be called again).
   // REQUIRES (not checked: stream ordering): every copy of group g is complete on the device
   // before the resolve of group g + 2 runs.
   Status CopyMisses(int32_t layer, StreamHandle stream);
@@ -566,10 +571,11 @@ class SparseKVCacheManager {
   // Host side, after replaying a captured run phase for a step planned with PlanStep: closes the
   // step as the captured calls did at capture time (they are not re-executed on the host) and
   // applies their byte accounting to the new batch. FailedPrecondition outside a step, if no
-  // complete run phase (one that FinishStep ended) was ever recorded, or if AppendToken ran on the
-  // host in this step (that step ends with FinishStep). REQUIRES (not checked: the host cannot
-  // see a graph): the graph was captured from a complete run phase of this manager and has been
-  // launched.
+  // complete run phase (one that FinishStep ended) was ever recorded, if AppendToken ran on the
+  // host in this step (that step ends with FinishStep), or if a prefetch the host resolved in
+  // this step has no CopyPrefetch; a refusal counts nothing and leaves the step open. REQUIRES
+  // (not checked: the host cannot see a graph): the graph was captured from a complete run phase
+  // of this manager and has been launched.
   Status FinishReplayedStep();
 
   // ---- Extensions (manager_extension.h) ----

@@ -205,14 +205,15 @@ class StepSchedule {
   Status FinishStep(StreamHandle stream);
   // Ends the open step without the engine, typically after a RunLayer error: the manager's
   // remaining run-phase calls for the step (append, resolve, copies of every layer RunLayer did
-  // not complete) with zero rows (and zero indexer keys) and an all-padding top-k, on `stream`,
-  // then FinishStep. No attention is called. Nothing stored before the step changes. The step's
-  // token stays in the history of each of its requests (the manager takes no planned token back):
-  // its rows are the engine's in the layers RunLayer appended and zero in the others, so an
-  // engine that drops the step's output releases those requests (or retracts and re-ingests
-  // them). An aborted step is not timed. Allocates its zero rows and top-k on the first call.
-  // Errors: FailedPrecondition outside a step or while `stream` is capturing (end the capture
-  // first); InvalidArgument for a stream of another device; the manager's errors.
+  // not complete, and the copy of a cross-layer prefetch RunLayer resolved but did not copy) with
+  // zero rows (and zero indexer keys) and an all-padding top-k, on `stream`, then FinishStep. No
+  // attention is called. Nothing stored before the step changes. The step's token stays in the
+  // history of each of its requests (the manager takes no planned token back): its rows are the
+  // engine's in the layers RunLayer appended and zero in the others, so an engine that drops the
+  // step's output releases those requests (or retracts and re-ingests them). An aborted step is not
+  // timed. Allocates its zero rows and top-k on the first call. Errors: FailedPrecondition outside
+  // a step or while `stream` is capturing (end the capture first); InvalidArgument for a stream of
+  // another device; the manager's errors.
   Status AbortStep(StreamHandle stream);
   // After a replay of a step captured through this schedule (in the planned step's choice):
   // SparseKVCacheManager::FinishReplayedStep, and `seconds`, the replay's time (< 0: not
@@ -266,7 +267,10 @@ class StepSchedule {
   int32_t slices_per_layer_ = 1;
   EventHandle prefetch_resolved_ = nullptr;  // the next group's prefetch is resolved
   EventHandle prefetched_ = nullptr;         // the last prefetch copy is done
-  EventHandle step_start_ = nullptr;         // timing of eager steps
+  // The layer whose prefetch the manager resolved and has not copied (a RunLayer error between
+  // the two), which AbortStep copies; -1: none.
+  int32_t prefetch_pending_ = -1;
+  EventHandle step_start_ = nullptr;  // timing of eager steps
   EventHandle step_end_ = nullptr;
   void* abort_rows_ = nullptr;   // [max_batch, largest row_stride] zeros
   void* abort_keys_ = nullptr;   // [max_batch, indexer_key_bytes] zeros, with indexer keys

@@ -423,3 +423,39 @@ def test_hybrid_residency_promote_and_demote(arrays):
     m.release(1)
     m.release(2)
     assert m.read_stats().resident_requests == 0
+
+
+def test_a_refused_step_changes_nothing(arrays):
+    """plan_step refused after requests that would plan (unknown, twice, token ids of another
+    length) raises and changes nothing, and the same batch then plans and reads right;
+    finish_replayed_step with a prefetch resolved and not copied raises and keeps the step open."""
+    d = Driver(arrays, seed=9, max_prefetch=2)
+    for rid in (1, 2):
+        d.admit(rid, d.prompt(6), max_new_tokens=8)
+    d.step([1, 2])  # a complete run phase: a replay has bytes to count
+
+    def observed():
+        s = d.m.read_stats()
+        return ([d.m.sequence_length(rid) for rid in (1, 2)],
+                [d.m.host_pages(rid) for rid in (1, 2)],
+                s.bytes_device_to_host, s.host_pages_used, s.hot_blocks_used, s.device_bytes)
+
+    before = observed()
+    with pytest.raises(sparsekv.NotFoundError):
+        d.m.plan_step([1, 2, 9])
+    with pytest.raises(sparsekv.InvalidArgumentError, match="twice"):
+        d.m.plan_step([1, 2, 1])
+    with pytest.raises(sparsekv.InvalidArgumentError, match="token ids"):
+        d.m.plan_step([1, 2], token_ids=[5])
+    assert observed() == before
+    d.step([1, 2])
+
+    d.m.plan_step([1])
+    positions = d.a.to_device(np.zeros((d.max_batch, 2), np.int32))
+    d.m.resolve_prefetch(0, positions)
+    with pytest.raises(sparsekv.FailedPreconditionError, match="has no CopyPrefetch"):
+        d.m.finish_replayed_step()
+    assert d.m.batch_size == 1  # the step is still open
+    d.m.copy_prefetch(0)
+    d.m.finish_replayed_step()
+    assert d.m.sequence_length(1) == before[0][0] + 2

@@ -194,7 +194,8 @@ void ResolveRow(const ResolveView& v, int32_t b, bool fused, std::vector<int32_t
     v.miss_slot[slot_index] = out[k];
   }
   n.misses += misses.size();
-  if (mark != nullptr && v.count_prefetch_misses && !v.prefetch_fills) {
+  if (mark != nullptr && v.count_prefetch_misses != nullptr && *v.count_prefetch_misses != 0 &&
+      !v.prefetch_fills) {
     n.prefetch_missed += misses.size();
   }
   if (v.share_duplicates) {

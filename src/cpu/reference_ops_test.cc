@@ -167,7 +167,7 @@ class ReferenceResolveTest : public ::testing::Test {
     if (!marks_.empty()) {
       v.prefetch_mark = marks_.data();
       v.prefetch_fills = prefetch_fills_;
-      v.count_prefetch_misses = count_prefetch_misses_;
+      v.count_prefetch_misses = count_prefetch_misses_ ? &kPrefetched : nullptr;
     }
     reference::Resolve(v);
     return out;
@@ -266,7 +266,8 @@ class ReferenceResolveTest : public ::testing::Test {
   // Prefetch accounting: not empty, kC marks of the block.
   std::vector<uint8_t> marks_;
   bool prefetch_fills_ = false;
-  bool count_prefetch_misses_ = false;
+  bool count_prefetch_misses_ = false;  // the launch's byte: kPrefetched, else none
+  static constexpr uint8_t kPrefetched = 1;
 };
 
 TEST_F(ReferenceResolveTest, MissesFillLeastRecentlyUsedSlotsInOrder) {

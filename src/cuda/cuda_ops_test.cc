@@ -513,7 +513,8 @@ class ResolveHarness {
         paged_(seed % 2 == 1),
         pages_per_block_((shape.hot_slots + shape.window + kBlockPageRows - 1) / kBlockPageRows),
         block_pages_(static_cast<size_t>(num_blocks_) * pages_per_block_),
-        marks_(shape.marks ? static_cast<size_t>(num_blocks_) * shape.hot_slots : 0),
+        // The marks, then the byte a counting launch reads (ResolveView::count_prefetch_misses).
+        marks_(shape.marks ? static_cast<size_t>(num_blocks_) * shape.hot_slots + 1 : 0),
         g_batch_size_(gpu, sizeof(int32_t)),
         g_batch_(gpu, batch_.size() * sizeof(BatchEntry)),
         g_topk_(gpu, topk_.size() * sizeof(int32_t)),
@@ -562,7 +563,10 @@ class ResolveHarness {
     }
     g_clock_hand_.Upload(clock_hand_);
     for (uint8_t& mark : marks_) mark = static_cast<uint8_t>(rng_() % 2);
-    if (s_.marks) g_marks_.Upload(marks_);
+    if (s_.marks) {
+      marks_.back() = 1;
+      g_marks_.Upload(marks_);
+    }
     g_page_table_.Upload(page_table_);
     if (fused_.row_bytes > 0) InitRows();
     // Any slots will do: the mapping is checked, not the rows.
@@ -765,7 +769,7 @@ class ResolveHarness {
     if (!s_.marks) return v;
     v.prefetch_mark = marks;
     v.prefetch_fills = step_ % 3 == 1;
-    v.count_prefetch_misses = step_ % 3 == 2;
+    v.count_prefetch_misses = step_ % 3 == 2 ? marks + marks_.size() - 1 : nullptr;
     return v;
   }
 
@@ -961,7 +965,7 @@ class ResolveHarness {
   const bool paged_;                     // the view names block_pages_
   const int32_t pages_per_block_;
   std::vector<int32_t> block_pages_;  // [num_blocks, pages_per_block_]
-  std::vector<uint8_t> marks_;        // with shape.marks: [blocks, C]
+  std::vector<uint8_t> marks_;        // with shape.marks: [blocks, C], then the counting byte
   ResolveCounters counters_{};
 
   // The GPU's.

@@ -938,8 +938,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; j < kItems; ++j) miss_rank[j] = is_miss[j] ? miss_offset + miss_rank[j] : kNone;
 
   AddCounters(v.counters, warp_counts);  // step 6, early
-  if (v.prefetch_mark != nullptr && v.count_prefetch_misses && !v.prefetch_fills && tid == 0 &&
-      n_miss > 0) {
+  if (v.prefetch_mark != nullptr && v.count_prefetch_misses != nullptr && !v.prefetch_fills &&
+      tid == 0 && n_miss > 0 && *v.count_prefetch_misses != 0) {
     atomicAdd(&v.counters->prefetch_missed, static_cast<unsigned long long>(n_miss));
   }
   uint8_t* const fill_row =

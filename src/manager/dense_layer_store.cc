@@ -428,12 +428,18 @@ Status DenseLayerStore::PlanStep(std::span<const RequestId> batch, StreamHandle 
   std::fill(step_host_.begin(), step_host_.end(), -1);
   step_host_[0] = static_cast<int32_t>(batch.size());
   for (size_t b = 0; b < batch.size(); ++b) {
-    Held& held = requests_.at(batch[b]);
-    ++held.tokens;
+    const Held& held = requests_.at(batch[b]);
     step_host_[1 + b] = held.table_row;
-    step_host_[1 + max_batch + b] = held.tokens;
+    step_host_[1 + max_batch + b] = held.tokens + 1;
   }
-  return backend_->CopyAsync(step_, step_host_.data(), step_host_.size() * sizeof(int32_t), stream);
+  SPARSEKV_RETURN_IF_ERROR(
+      backend_->CopyAsync(step_, step_host_.data(), step_host_.size() * sizeof(int32_t), stream));
+  for (RequestId id : batch) ++requests_.at(id).tokens;
+  return Status::Ok();
+}
+
+void DenseLayerStore::CancelStep(std::span<const RequestId> batch) {
+  for (RequestId id : batch) --requests_.at(id).tokens;
 }
 
 Status DenseLayerStore::Append(int32_t layer, const void* entry_rows, const void* window_rows,

@@ -120,6 +120,11 @@ class DenseLayerStore {
   // more than max_batch rows or a repeated id; NotFound / FailedPrecondition for a request not
   // held or retracted; OutOfRange for one at its reserved tokens. Nothing changes on an error.
   Status PlanStep(std::span<const RequestId> batch, StreamHandle stream);
+  // Takes back the token each request of `batch` gained in the PlanStep(batch) just before (the
+  // caller's step was refused after it). The device's step table keeps that batch, which no
+  // Append reads before the next PlanStep rewrites it. REQUIRES: PlanStep(batch) succeeded and
+  // no call for those requests followed it.
+  void CancelStep(std::span<const RequestId> batch);
   // The step's rows of `layer` (DenseAppendView): `entry_rows` [max_batch rows of the layer's
   // row_stride] is read for a resident layer only, and only for the rows whose entry completes;
   // `window_rows` (same shape) is required when raw_window > 0. InvalidArgument for a layer out

@@ -12,6 +12,7 @@
 
 #include "sparsekv/backend.h"
 #include "testing/counting_backend.h"
+#include "testing/forwarding_backend.h"
 
 namespace sparsekv {
 namespace {
@@ -176,6 +177,34 @@ TEST(DenseLayerStoreTest, RefusesCallsOutOfOrder) {
   EXPECT_EQ(s.IngestPrompt(2, 3, nullptr, nullptr, nullptr).code(), StatusCode::kInvalidArgument);
   ExpectOk(s.IngestPrompt(2, 3, nullptr, rows.data(), nullptr));
   EXPECT_EQ(s.IngestPrompt(7, 3, nullptr, rows.data(), nullptr).code(), StatusCode::kNotFound);
+}
+
+// A step table upload that fails on the device refuses the step and gives no request its token;
+// CancelStep takes back the tokens of a step planned before the caller's own plan failed.
+TEST(DenseLayerStoreTest, AStepRefusedOnTheDeviceOrCancelledGivesNoToken) {
+  auto backend = std::make_shared<testing::FaultyBackend>();
+  auto store = DenseLayerStore::Create(MixedOptions(), backend);
+  ASSERT_TRUE(store.ok());
+  DenseLayerStore& s = **store;
+  ExpectOk(s.Admit(1, 0, 8, nullptr));
+  ExpectOk(s.Admit(2, 4, 8, nullptr));
+  const RequestId batch[] = {1, 2};
+  backend->FailCopy(0);
+  EXPECT_EQ(s.PlanStep(batch, nullptr).code(), StatusCode::kInternal);
+  EXPECT_EQ(*s.Tokens(1), 0);
+  EXPECT_EQ(*s.Tokens(2), 4);
+  ExpectOk(s.PlanStep(batch, nullptr));
+  EXPECT_EQ(*s.Tokens(1), 1);
+  EXPECT_EQ(*s.Tokens(2), 5);
+  s.CancelStep(batch);
+  EXPECT_EQ(*s.Tokens(1), 0);
+  EXPECT_EQ(*s.Tokens(2), 4);
+  // The next step plans from there: the step table holds the lengths it gives.
+  ExpectOk(s.PlanStep(batch, nullptr));
+  const StatusOr<RawWindowView> window = s.RawWindow(3);
+  ASSERT_TRUE(window.ok());
+  EXPECT_EQ(window->Valid(0), 1);
+  EXPECT_EQ(window->Valid(1), 5);
 }
 
 TEST(DenseLayerStoreTest, WithoutRawWindowThereIsNoRing) {

@@ -203,8 +203,23 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status AppendDense(int32_t layer, const StepRows& rows, StreamHandle stream);
 
   // ---- Step (manager_step.cc) ----
-  // Before the request appends at `position`: copies the page on write if it is shared.
-  Status PrepareAppend(Request& r, int32_t position, StreamHandle stream);
+  // A copy on write PlanStep made: entry `index` of `owner`'s table holds `spare` (the copy) in
+  // place of `shared`, whose reference the step drops once it commits.
+  struct CopyOnWrite {
+    int32_t owner;
+    int32_t index;
+    int32_t shared;
+    int32_t spare;
+  };
+  // PlanStep's parts that may fail on the device, before any request changes: copies the shared
+  // page each request of `batch` appends into (if it still is shared) into its spare, puts the
+  // spare in its table and uploads the table, adding each copy to `copies`.
+  Status CopySharedPages(std::span<const RequestId> batch, std::vector<CopyOnWrite>& copies,
+                         StreamHandle stream);
+  // Puts the shared pages of `copies` back in their tables (a refused step).
+  void UndoCopies(std::span<const CopyOnWrite> copies, StreamHandle stream);
+  // Writes the plan of `batch` (each request one token longer than it is) and uploads it.
+  Status FillPlan(std::span<const RequestId> batch, StreamHandle stream);
   // Ends the open step (after its write-back is joined): indexes the pages it filled.
   void CloseStep();
   // Resolves [max_batch, top_k] positions against `layer`'s replacement state into `list`; with

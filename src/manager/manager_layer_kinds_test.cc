@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "manager/dense_layer_store.h"
@@ -11,6 +13,7 @@
 #include "sparsekv/manager.h"
 #include "sparsekv/node_pool.h"
 #include "testing/counting_backend.h"
+#include "testing/forwarding_backend.h"
 #include "testing/harness.h"
 #include "testing/layer_kinds_model.h"
 
@@ -37,6 +40,46 @@ TEST(ManagerLayerKindsTest, RandomLifecyclesMatchTheDenseModel) {
     model.Run(600);
     if (::testing::Test::HasFailure()) return;
     EXPECT_GT(model.steps(), 100);
+  }
+}
+
+// Before some steps' plans, a refused plan: a batch with an unknown or a repeated request after
+// those that would plan, and the same batch with a device copy failing at some point of the plan
+// (DenseLayerStore's step table, a copy on write, the plan). Each refusal leaves the lengths,
+// pages, counters and memory figures as they were, and the lifecycle's checks (entries and raw
+// windows read through the views) hold after every later step.
+TEST(ManagerLayerKindsTest, RefusedPlansChangeNothing) {
+  std::vector<RequestId> ids(64);
+  std::iota(ids.begin(), ids.end(), 1);
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    SCOPED_TRACE(seed);
+    auto backend = std::make_shared<testing::FaultyBackend>();
+    testing::LayerKindsModel model(seed, /*hybrid=*/seed % 3 == 0, backend);
+    std::mt19937_64 rng(seed);
+    int32_t refused = 0;
+    model.BeforePlan([&](SparseKVCacheManager& m, const std::vector<RequestId>& batch) {
+      if (rng() % 2 == 0) return false;
+      const std::vector<int64_t> before = testing::ObservableState(m, ids);
+      std::vector<RequestId> bad = batch;
+      bad.push_back(1000);
+      // (A batch one past max_batch is refused for its size first.)
+      EXPECT_EQ(m.PlanStep(bad, nullptr).code(),
+                bad.size() > kMaxBatch ? StatusCode::kInvalidArgument : StatusCode::kNotFound);
+      bad.back() = batch.front();
+      EXPECT_EQ(m.PlanStep(bad, nullptr).code(), StatusCode::kInvalidArgument);
+      EXPECT_EQ(testing::ObservableState(m, ids), before);
+      backend->FailCopy(static_cast<int>(rng() % 3));
+      const Status s = m.PlanStep(batch, nullptr);
+      backend->Disarm();
+      if (s.ok()) return true;
+      ++refused;
+      EXPECT_EQ(s.code(), StatusCode::kInternal) << s.ToString();
+      EXPECT_EQ(testing::ObservableState(m, ids), before) << s.ToString();
+      return false;
+    });
+    model.Run(400);
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_GT(refused, 10);
   }
 }
 

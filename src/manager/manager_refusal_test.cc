@@ -10,6 +10,7 @@
 
 #include "sparsekv/manager.h"
 #include "sparsekv/manager_extension.h"
+#include "testing/forwarding_backend.h"
 #include "testing/harness.h"
 #include "testing/workload.h"
 
@@ -321,6 +322,67 @@ TEST_F(ManagerRefusalTest, FinishReplayedStepIsRefusedAfterAHostRunPhase) {
   EXPECT_EQ(m_->ReadStats(nullptr)->bytes_device_to_host, to_host);  // nothing was counted twice
   for (int32_t l = 1; l < kLayers; ++l) Append(l);
   CompleteStep(0);
+}
+
+// A prefetch resolved on the host and not copied would outlive the replayed step: refused, and
+// the refusal counts nothing and keeps the step open.
+TEST_F(ManagerRefusalTest, FinishReplayedStepIsRefusedWithAPrefetchPending) {
+  Plan();
+  AppendAll();
+  CompleteStep(0);  // records a complete run phase
+  Plan();
+  const std::vector<int32_t> positions = {3, 4};
+  ASSERT_TRUE(m_->ResolvePrefetch(2, positions.data(), 2, nullptr).ok());
+  const CacheStats before = *m_->ReadStats(nullptr);
+  ExpectRefused(m_->FinishReplayedStep(), StatusCode::kFailedPrecondition,
+                "the prefetch of index group 1 has no CopyPrefetch");
+  const CacheStats after = *m_->ReadStats(nullptr);
+  EXPECT_EQ(after.bytes_device_to_host, before.bytes_device_to_host);
+  EXPECT_EQ(after.bytes_assembled, before.bytes_assembled);
+  EXPECT_EQ(m_->batch_size(), 1);  // the step is still open
+  EXPECT_EQ(m_->PlanStep(std::vector<RequestId>{1}, nullptr).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m_->CopyPrefetch(2, nullptr).ok());
+  ASSERT_TRUE(m_->FinishReplayedStep().ok());
+  EXPECT_EQ(*m_->SequenceLength(1), kPrompt + 2);
+  EXPECT_GT(m_->ReadStats(nullptr)->bytes_device_to_host, before.bytes_device_to_host);
+}
+
+// A miss copy that fails on the device after some of its chunks were enqueued leaves the layer
+// uncopied: CopyMisses may be called again, and the step finishes with every row right.
+TEST(ManagerCopyFailureTest, CopyMissesFailingPartWayMayBeCalledAgain) {
+  CacheOptions o = testing::SmallOptions();
+  o.max_batch = 2;
+  o.copy_chunk_rows = 1;
+  auto backend = std::make_shared<testing::FaultyBackend>();
+  auto created = SparseKVCacheManager::Create(o, backend);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  SparseKVCacheManager& m = **created;
+  for (RequestId id : {1, 2}) {
+    ASSERT_TRUE(m.Admit(id, kPrompt, 8, nullptr).ok());
+    const Bytes rows = Rows(id, 0, kPrompt);
+    ASSERT_TRUE(m.IngestPrompt(id, 0, rows.data(), nullptr).ok());
+  }
+  const std::vector<RequestId> batch = {1, 2};
+  ASSERT_TRUE(m.PlanStep(batch, nullptr).ok());
+  const Bytes new_rows(2 * 8);
+  ASSERT_TRUE(m.AppendToken(0, new_rows.data(), nullptr).ok());
+  const std::vector<int32_t> topk = {0, 1, 2, 3};  // misses in both rows: both chunks copy
+  std::vector<int32_t> slots(4);
+  ASSERT_TRUE(m.ResolveLayer(0, topk.data(), slots.data(), nullptr, nullptr).ok());
+  backend->FailIndexCopy(1);  // chunk 0 is copied, chunk 1 fails
+  ExpectRefused(m.CopyMisses(0, nullptr), StatusCode::kInternal, "injected IndexCopy failure");
+  ExpectRefused(m.FinishStep(nullptr), StatusCode::kFailedPrecondition,
+                "layer 0 (index group 0) has no CopyMisses in this step");
+  ASSERT_TRUE(m.CopyMisses(0, nullptr).ok());
+  ASSERT_TRUE(m.FinishStep(nullptr).ok());
+  for (int32_t b = 0; b < 2; ++b) {
+    for (int32_t k = 0; k < 2; ++k) {
+      const int32_t slot = slots[b * 2 + k];
+      ASSERT_GE(slot, 0);
+      EXPECT_EQ(m.HotLayer(0)[int64_t{slot} * 8], RowByte(b + 1, topk[b * 2 + k]));
+    }
+  }
 }
 
 // The benchmark's copies-ahead order (docs/overlap.md): every layer of a group is copied right

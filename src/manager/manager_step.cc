@@ -12,35 +12,6 @@ namespace sparsekv {
 
 using manager_internal::Describe;
 
-Status SparseKVCacheManager::Impl::PrepareAppend(Request& r, int32_t position,
-                                                 StreamHandle stream) {
-  const int32_t pt = options_.host_page_tokens;
-  const int32_t index = position / pt;
-  if (r.cow_page >= 0) {
-    // The page holding `position` was shared, partially filled, when the request was forked.
-    const int32_t page = ledger_->SharedPageToCopy(r.owner, index, r.cow_page);
-    if (page >= 0) {
-      // Copy rows [index * pt, position) of every offloaded layer into the spare, on `stream`
-      // before the plan upload, hence before AppendToken forks the write-back of this step's
-      // token from it.
-      const int32_t rows = position - index * pt;
-      for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-        if (!Offloaded(l)) continue;
-        const int64_t stride = options_.geometry.layers[l].row_stride;
-        SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(
-            pool_->row(l, r.cow_page * pt), pool_->row(l, page * pt), rows * stride, stream));
-      }
-      ledger_->ReplaceWithCopy(r.owner, index, r.cow_page);
-      SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
-      ++stats_.host().copy_on_write_pages;
-    }
-    r.cow_page = -1;
-  }
-  // The invariant copy on write keeps: a request writes only pages no one else references.
-  assert(pool_->RefCount(pool_->page_table_row(r.owner)[index]) == 1);
-  return Status::Ok();
-}
-
 Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
                                             const std::span<const int32_t>* token_ids,
                                             StreamHandle stream) {
@@ -54,6 +25,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     return InvalidArgument("PlanStep: batch size " + std::to_string(batch.size()) +
                            " not in [1, max_batch = " + std::to_string(max_batch) + "]");
   }
+  // Every check the host can make, over the whole batch, before anything changes.
   std::unordered_set<RequestId> seen;
   for (RequestId id : batch) {
     SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "PlanStep"));
@@ -75,30 +47,39 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
                         std::to_string(r->reserved_tokens) + " tokens)");
     }
   }
-  // Its own checks agree with those above; it gives each request its token first.
+  // Then the work that may fail on the device, each part undone if a later one fails, so that a
+  // refused step leaves every request as it was; the requests change only once all of it is
+  // enqueued. dense_ runs the same checks and changes nothing on an error.
   if (dense_ != nullptr) SPARSEKV_RETURN_IF_ERROR(dense_->PlanStep(batch, stream));
-  BatchEntry* entries = plan_.Begin(static_cast<int32_t>(batch.size())).entries;
-  for (int32_t b = 0; b < max_batch; ++b) {
-    if (b >= static_cast<int32_t>(batch.size())) {
-      entries[b] = BatchEntry{-1, 0, 0};
-      continue;
-    }
+  std::vector<CopyOnWrite> copies;
+  Status planned = CopySharedPages(batch, copies, stream);
+  if (planned.ok()) planned = FillPlan(batch, stream);
+  if (!planned.ok()) {
+    UndoCopies(copies, stream);
+    if (dense_ != nullptr) dense_->CancelStep(batch);
+    return planned;
+  }
+  for (size_t b = 0; b < batch.size(); ++b) {
     Request& r = requests_.at(batch[b]);
-    // The step's token completes an entry every cadence_ tokens (EntriesAt); only those rows
-    // append.
-    if (EntriesAt(++r.tokens, cadence_).completed != kNoEntry) {
-      const int32_t position = r.seq_len++;
-      SPARSEKV_RETURN_IF_ERROR(PrepareAppend(r, position, stream));
-      if (cadence_ == 1 && r.token_ids.size() == static_cast<size_t>(position) &&
-          token_ids != nullptr) {
-        r.token_ids.push_back((*token_ids)[b]);
-      }
-      plan_.Append(
-          b,
-          r.resident() ? residency_.ResidentSlot(r, position) : hot_->WindowSlot(r.block, position),
-          pool_->HostRow(r.owner, position), keys_.enabled() ? keys_.Word(r, position) : -1);
+    if (EntriesAt(++r.tokens, cadence_).completed == kNoEntry) continue;
+    const int32_t position = r.seq_len++;
+    if (r.cow_page >= 0) {
+      // The page was shared, partially filled, when the request was forked. Copied above if it
+      // still is (the table holds the copy; its reference to the shared page is dropped now),
+      // else the spare is not needed.
+      auto copy = std::find_if(copies.begin(), copies.end(),
+                               [&](const CopyOnWrite& c) { return c.owner == r.owner; });
+      ledger_->Unref(copy != copies.end() ? copy->shared : r.cow_page);
+      if (copy != copies.end()) ++stats_.host().copy_on_write_pages;
+      r.cow_page = -1;
     }
-    entries[b] = BatchEntry{r.block, r.seq_len, r.owner, r.resident() ? r.owner : kNotResident};
+    // The invariant copy on write keeps: a request writes only pages no one else references.
+    assert(pool_->RefCount(pool_->page_table_row(r.owner)[position / options_.host_page_tokens]) ==
+           1);
+    if (cadence_ == 1 && r.token_ids.size() == static_cast<size_t>(position) &&
+        token_ids != nullptr) {
+      r.token_ids.push_back((*token_ids)[b]);
+    }
   }
   plan_.SetBatch(batch);
   extensions_.BeginStep(plan_.batch(), stream);
@@ -107,6 +88,74 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
                                [&](RequestId id) { return !requests_.at(id).resident(); }));
   order_.Open(batch_size());
   stats_.BeginStep();
+  return Status::Ok();
+}
+
+Status SparseKVCacheManager::Impl::CopySharedPages(std::span<const RequestId> batch,
+                                                   std::vector<CopyOnWrite>& copies,
+                                                   StreamHandle stream) {
+  const int32_t pt = options_.host_page_tokens;
+  for (RequestId id : batch) {
+    const Request& r = requests_.at(id);
+    if (r.cow_page < 0 || EntriesAt(r.tokens + 1, cadence_).completed == kNoEntry) continue;
+    const int32_t position = r.seq_len;
+    const int32_t index = position / pt;
+    const int32_t page = ledger_->SharedPageToCopy(r.owner, index);
+    if (page < 0) continue;
+    // A request of this batch that copied the page before holds its reference until the step
+    // commits; without it, the page may be this request's alone (a fork's parent and child in one
+    // batch: the first copies, the other writes in place).
+    const auto copied = std::count_if(copies.begin(), copies.end(),
+                                      [&](const CopyOnWrite& c) { return c.shared == page; });
+    if (pool_->RefCount(page) - copied <= 1) continue;
+    // Rows [index * pt, position) of every offloaded layer into the spare, on `stream` before the
+    // plan upload, hence before AppendToken forks the write-back of this step's token from it.
+    const int32_t rows = position - index * pt;
+    for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+      if (!Offloaded(l)) continue;
+      const int64_t stride = options_.geometry.layers[l].row_stride;
+      SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(
+          pool_->row(l, r.cow_page * pt), pool_->row(l, page * pt), rows * stride, stream));
+    }
+    // The table holds the copy from here; undone (UndoCopies) if the step is refused.
+    pool_->SwapPage(r.owner, index, r.cow_page);
+    copies.push_back(CopyOnWrite{r.owner, index, page, r.cow_page});
+    SPARSEKV_RETURN_IF_ERROR(UploadPageTable(r, stream));
+  }
+  return Status::Ok();
+}
+
+void SparseKVCacheManager::Impl::UndoCopies(std::span<const CopyOnWrite> copies,
+                                            StreamHandle stream) {
+  for (const CopyOnWrite& c : copies) {
+    pool_->SwapPage(c.owner, c.index, c.shared);
+    // The device table is uploaded again from the host's; if that fails too, the device already
+    // refuses copies and the error returned is the first one.
+    (void)tables_.UploadPageRow(c.owner, pool_->page_table_row(c.owner), stream);
+  }
+}
+
+Status SparseKVCacheManager::Impl::FillPlan(std::span<const RequestId> batch, StreamHandle stream) {
+  const int32_t max_batch = options_.effective_max_batch();
+  BatchEntry* entries = plan_.Begin(static_cast<int32_t>(batch.size())).entries;
+  for (int32_t b = 0; b < max_batch; ++b) {
+    if (b >= static_cast<int32_t>(batch.size())) {
+      entries[b] = BatchEntry{-1, 0, 0};
+      continue;
+    }
+    const Request& r = requests_.at(batch[b]);
+    // The step's token completes an entry every cadence_ tokens (EntriesAt); only those rows
+    // append, at position seq_len.
+    int32_t seq_len = r.seq_len;
+    if (EntriesAt(r.tokens + 1, cadence_).completed != kNoEntry) {
+      const int32_t position = seq_len++;
+      plan_.Append(
+          b,
+          r.resident() ? residency_.ResidentSlot(r, position) : hot_->WindowSlot(r.block, position),
+          pool_->HostRow(r.owner, position), keys_.enabled() ? keys_.Word(r, position) : -1);
+    }
+    entries[b] = BatchEntry{r.block, seq_len, r.owner, r.resident() ? r.owner : kNotResident};
+  }
   return plan_.Upload(stream);
 }
 
@@ -257,7 +306,8 @@ Status SparseKVCacheManager::Impl::Resolve(int32_t layer, const int32_t* topk, i
   }
   // A resolve with own_copy is the step's, the others are prefetches.
   marks_.Attach(resolve, layer, /*prefetch=*/!own_copy);
-  return backend_->Resolve(resolve, max_batch, stream);
+  SPARSEKV_RETURN_IF_ERROR(backend_->Resolve(resolve, max_batch, stream));
+  return marks_.AfterResolve(layer, /*prefetch=*/!own_copy, stream);
 }
 
 namespace {
@@ -277,10 +327,16 @@ Status SparseKVCacheManager::Impl::CopyMisses(int32_t layer, StreamHandle stream
   SPARSEKV_RETURN_IF_ERROR(CheckCopyBlocks(copy_blocks, "CopyMisses"));
   SPARSEKV_RETURN_IF_ERROR(CheckOffloaded(layer, "CopyMisses"));
   SPARSEKV_RETURN_IF_ERROR(order_.CheckCopyMisses(layer));
+  // Every chunk is enqueued before any counts as copied, so that a copy failing part-way leaves
+  // the layer uncopied and CopyMisses may be called again (copying the same rows again).
+  const int32_t blocks = copy_blocks > 0 ? copy_blocks : options_.copy_blocks;
   for (int32_t c = 0; c < plan_.chunks(); ++c) {
-    SPARSEKV_RETURN_IF_ERROR(CopyChunk(layer, c, copy_blocks, stream));
+    SPARSEKV_RETURN_IF_ERROR(Copy(layer, plan_.Chunk(plan_.StepMissList(layer), c),
+                                  plan_.chunk_entries(), blocks, stream));
   }
-  return Status::Ok();
+  bool copied = false;
+  for (int32_t c = 0; c < plan_.chunks(); ++c) copied = order_.MarkChunkCopied(layer, c) || copied;
+  return copied ? extensions_.AfterMissCopy(layer, stream) : Status::Ok();
 }
 
 Status SparseKVCacheManager::Impl::SkipMissCopy(int32_t layer) {

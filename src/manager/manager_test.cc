@@ -375,8 +375,9 @@ TEST_F(ManagerTest, WithoutAPrefetchTheMarksTakeNoMemory) {
   const StatusOr<CacheStats> a = (*without)->ReadStats(nullptr);
   const StatusOr<CacheStats> b = (*with)->ReadStats(nullptr);
   ASSERT_TRUE(a.ok() && b.ok());
-  // One byte per slot of every block: max_requests 2 blocks of C = 3 slots.
-  EXPECT_EQ(b->device_memory.counters - a->device_memory.counters, 2 * 3);
+  // One byte per slot of every block (max_requests 2 blocks of C = 3 slots), and one per index
+  // group (one layer: one group).
+  EXPECT_EQ(b->device_memory.counters - a->device_memory.counters, 2 * 3 + 1);
 }
 
 TEST_F(ManagerTest, CreateRejectsInvalidOptions) {

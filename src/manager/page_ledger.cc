@@ -119,15 +119,9 @@ Status PageLedger::MakeRoom(int64_t pages, const char* op, Evictions& evicted) {
   return Status::Ok();
 }
 
-int32_t PageLedger::SharedPageToCopy(int32_t owner, int32_t index, int32_t spare) {
+int32_t PageLedger::SharedPageToCopy(int32_t owner, int32_t index) const {
   const int32_t page = pool_->page_table_row(owner)[index];
-  if (pool_->RefCount(page) > 1) return page;
-  Unref(spare);
-  return -1;
-}
-
-void PageLedger::ReplaceWithCopy(int32_t owner, int32_t index, int32_t spare) {
-  Unref(pool_->SwapPage(owner, index, spare));  // others still hold it: not freed
+  return pool_->RefCount(page) > 1 ? page : -1;
 }
 
 }  // namespace sparsekv

@@ -94,12 +94,12 @@ class PageLedger {
   // for its copy. Before the append:
 
   // The page at entry `index` of owner's table if it is still shared: the caller copies its rows
-  // into `spare` and calls ReplaceWithCopy. Otherwise -1: every other holder has let go, the page
-  // is the owner's to write, and the spare is dropped.
-  int32_t SharedPageToCopy(int32_t owner, int32_t index, int32_t spare);
-  // Puts `spare` (now holding the copy) at entry `index` of owner's table and drops the table's
-  // reference to the shared page (which others still hold).
-  void ReplaceWithCopy(int32_t owner, int32_t index, int32_t spare);
+  // into its spare, puts the spare in the table (HostKVPool::SwapPage, which hands it the table's
+  // reference to the shared page) and drops that reference with Unref (the others still hold the
+  // page). Otherwise -1: every other holder has let go, the page is the owner's to write, and the
+  // caller drops the spare with Unref. Changes nothing, so that a step may be planned whole
+  // before any of this is done.
+  int32_t SharedPageToCopy(int32_t owner, int32_t index) const;
 
  private:
   struct Retained {

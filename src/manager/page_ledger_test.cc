@@ -116,21 +116,20 @@ TEST_F(PageLedgerTest, MakeRoomThatCannotSucceedEvictsNothing) {
   EXPECT_EQ(ledger_->retained_conversations(), 0);
 }
 
-TEST_F(PageLedgerTest, CopyOnWriteReplacesOnlyAStillSharedPage) {
+TEST_F(PageLedgerTest, CopyOnWriteNamesOnlyAStillSharedPage) {
   const std::vector<int32_t> pages = IndexedPages(1, 100);
   const int32_t owner = owners_[0];
   pool_->AddRef(pages[0]);  // another holder
+  EXPECT_EQ(ledger_->SharedPageToCopy(owner, 0), pages[0]);
+  EXPECT_EQ(pool_->RefCount(pages[0]), 2);  // asking changes nothing
   const int32_t spare = *pool_->AllocatePage();
-  ASSERT_EQ(ledger_->SharedPageToCopy(owner, 0, spare), pages[0]);
-  ledger_->ReplaceWithCopy(owner, 0, spare);
+  EXPECT_EQ(pool_->SwapPage(owner, 0, spare), pages[0]);
+  ledger_->Unref(pages[0]);
   EXPECT_EQ(pool_->page_table_row(owner)[0], spare);
   EXPECT_EQ(pool_->RefCount(pages[0]), 1);
   EXPECT_EQ(pool_->RefCount(spare), 1);
-
-  // Sole holder: the spare is dropped and the page stays.
-  const int32_t unused = *pool_->AllocatePage();
-  EXPECT_EQ(ledger_->SharedPageToCopy(owner, 0, unused), -1);
-  EXPECT_EQ(pool_->RefCount(unused), 0);
+  // Sole holder: nothing to copy.
+  EXPECT_EQ(ledger_->SharedPageToCopy(owner, 0), -1);
   EXPECT_EQ(pool_->page_table_row(owner)[0], spare);
 }
 

@@ -1,7 +1,5 @@
 #include "manager/prefetch_marks.h"
 
-#include <algorithm>
-
 namespace sparsekv {
 
 PrefetchMarks::PrefetchMarks(const CacheOptions& options, const IndexGroups& groups,
@@ -12,8 +10,7 @@ Status PrefetchMarks::Allocate(int32_t blocks, int32_t hot_slots) {
   if (options_.max_prefetch <= 0) return Status::Ok();
   const int32_t groups = groups_.count();
   group_bytes_ = int64_t{blocks} * hot_slots;
-  SPARSEKV_ASSIGN_OR_RETURN(marks_, memory_.Allocate<uint8_t>(groups * group_bytes_));
-  prefetched_.assign(groups, 0);
+  SPARSEKV_ASSIGN_OR_RETURN(marks_, memory_.Allocate<uint8_t>(groups * (group_bytes_ + 1)));
   return Status::Ok();
 }
 
@@ -22,18 +19,17 @@ void PrefetchMarks::Attach(ResolveView& view, int32_t layer, bool prefetch) {
   const int32_t group = groups_.Of(layer);
   view.prefetch_mark = marks_ + group * group_bytes_;
   view.prefetch_fills = prefetch;
-  if (prefetch) {
-    prefetched_[group] = 1;
-  } else {
-    view.count_prefetch_misses = prefetched_[group] != 0;
-    prefetched_[group] = 0;
-  }
+  if (!prefetch) view.count_prefetch_misses = prefetched(group);
+}
+
+Status PrefetchMarks::AfterResolve(int32_t layer, bool prefetch, StreamHandle stream) {
+  if (!enabled()) return Status::Ok();
+  return memory_.backend().MemsetAsync(Flag(groups_.Of(layer)), prefetch ? 1 : 0, 1, stream);
 }
 
 Status PrefetchMarks::Reset(StreamHandle stream) {
   if (!enabled()) return Status::Ok();
-  std::fill(prefetched_.begin(), prefetched_.end(), 0);
-  return memory_.backend().MemsetAsync(marks_, 0, prefetched_.size() * group_bytes_, stream);
+  return memory_.backend().MemsetAsync(marks_, 0, groups_.count() * (group_bytes_ + 1), stream);
 }
 
 }  // namespace sparsekv

@@ -30,11 +30,21 @@ TEST(PrefetchMarksTest, WithoutAPrefetchHoldsNothingAndLeavesViewsAlone) {
   EXPECT_EQ(marks.device_bytes(), 0);
   ResolveView v{};
   marks.Attach(v, 0, /*prefetch=*/true);
+  EXPECT_TRUE(marks.AfterResolve(0, /*prefetch=*/true, nullptr).ok());
   marks.Attach(v, 0, /*prefetch=*/false);
+  EXPECT_TRUE(marks.AfterResolve(0, /*prefetch=*/false, nullptr).ok());
   EXPECT_EQ(v.prefetch_mark, nullptr);
   EXPECT_FALSE(v.prefetch_fills);
-  EXPECT_FALSE(v.count_prefetch_misses);
+  EXPECT_EQ(v.count_prefetch_misses, nullptr);
+  EXPECT_EQ(marks.prefetched(0), nullptr);
   EXPECT_TRUE(marks.Reset(nullptr).ok());
+}
+
+// The group's byte, as the resolves after which AfterResolve ran leave it (the CPU backend's
+// device memory is read in place).
+uint8_t Prefetched(const PrefetchMarks& marks, Backend& backend, int32_t group) {
+  EXPECT_TRUE(backend.Synchronize(nullptr).ok());
+  return *marks.prefetched(group);
 }
 
 TEST(PrefetchMarksTest, GivesEachGroupItsMarksAndCountsMissesOnlyAfterAPrefetch) {
@@ -44,29 +54,31 @@ TEST(PrefetchMarksTest, GivesEachGroupItsMarksAndCountsMissesOnlyAfterAPrefetch)
   PrefetchMarks marks(options, groups, *backend);
   ASSERT_TRUE(marks.Allocate(4, 8).ok());
   ASSERT_TRUE(marks.enabled());
-  EXPECT_EQ(marks.device_bytes(), 2 * 4 * 8);  // two groups of 4 blocks of 8 slots
+  // Two groups of 4 blocks of 8 slots, and a byte per group.
+  EXPECT_EQ(marks.device_bytes(), 2 * 4 * 8 + 2);
 
   ResolveView step0{};
   marks.Attach(step0, 0, /*prefetch=*/false);
   ASSERT_NE(step0.prefetch_mark, nullptr);
   EXPECT_FALSE(step0.prefetch_fills);
-  EXPECT_FALSE(step0.count_prefetch_misses);  // no prefetch before it
+  EXPECT_EQ(step0.count_prefetch_misses, marks.prefetched(0));  // read on the device
+  EXPECT_EQ(Prefetched(marks, *backend, 0), 0);                 // no prefetch before it
+  ASSERT_TRUE(marks.AfterResolve(0, /*prefetch=*/false, nullptr).ok());
 
   ResolveView prefetch2{};
   marks.Attach(prefetch2, 2, /*prefetch=*/true);
   EXPECT_EQ(prefetch2.prefetch_mark, step0.prefetch_mark + 4 * 8);  // group 1's marks
   EXPECT_TRUE(prefetch2.prefetch_fills);
-  EXPECT_FALSE(prefetch2.count_prefetch_misses);
+  EXPECT_EQ(prefetch2.count_prefetch_misses, nullptr);
+  ASSERT_TRUE(marks.AfterResolve(2, /*prefetch=*/true, nullptr).ok());
 
-  ResolveView step0_again{};
-  marks.Attach(step0_again, 0, /*prefetch=*/false);
-  EXPECT_FALSE(step0_again.count_prefetch_misses);  // group 0 was not prefetched
+  EXPECT_EQ(Prefetched(marks, *backend, 0), 0);  // group 0 was not prefetched
   ResolveView step2{};
   marks.Attach(step2, 2, /*prefetch=*/false);
-  EXPECT_TRUE(step2.count_prefetch_misses);  // the resolve that follows group 1's prefetch
-  ResolveView step2_again{};
-  marks.Attach(step2_again, 2, /*prefetch=*/false);
-  EXPECT_FALSE(step2_again.count_prefetch_misses);  // and only that one
+  EXPECT_EQ(step2.count_prefetch_misses, marks.prefetched(1));
+  EXPECT_EQ(Prefetched(marks, *backend, 1), 1);  // the resolve that follows group 1's prefetch
+  ASSERT_TRUE(marks.AfterResolve(2, /*prefetch=*/false, nullptr).ok());
+  EXPECT_EQ(Prefetched(marks, *backend, 1), 0);  // and only that one
 }
 
 TEST(PrefetchMarksTest, ResetClearsTheMarksAndThePendingPrefetches) {
@@ -77,14 +89,13 @@ TEST(PrefetchMarksTest, ResetClearsTheMarksAndThePendingPrefetches) {
   ASSERT_TRUE(marks.Allocate(1, 4).ok());
   ResolveView prefetch{};
   marks.Attach(prefetch, 0, /*prefetch=*/true);
+  ASSERT_TRUE(marks.AfterResolve(0, /*prefetch=*/true, nullptr).ok());
   std::fill_n(prefetch.prefetch_mark, 2 * 4, uint8_t{1});  // as resolves would set them
   ASSERT_TRUE(marks.Reset(nullptr).ok());
   ASSERT_TRUE(backend->Synchronize(nullptr).ok());
   EXPECT_EQ(std::vector<uint8_t>(prefetch.prefetch_mark, prefetch.prefetch_mark + 8),
             std::vector<uint8_t>(8, 0));
-  ResolveView step{};
-  marks.Attach(step, 0, /*prefetch=*/false);
-  EXPECT_FALSE(step.count_prefetch_misses);
+  EXPECT_EQ(Prefetched(marks, *backend, 0), 0);
 }
 
 }  // namespace

@@ -236,6 +236,14 @@ Status StepOrder::CheckFinishReplayed(bool run_phase_recorded) const {
         "FinishReplayedStep: AppendToken ran on the host in this step; a step whose run phase "
         "the host called ends with FinishStep");
   }
+  // The replayed graph neither copies this prefetch nor ends it: the step would close with a
+  // resolved prefetch whose rows never arrive, and the next CopyPrefetch would copy its list.
+  if (prefetch_pending_ >= 0) {
+    return FailedPrecondition("FinishReplayedStep: the prefetch of index group " +
+                              std::to_string(prefetch_pending_) +
+                              " has no CopyPrefetch (ResolvePrefetch ran on the host in this "
+                              "step)");
+  }
   return Status::Ok();
 }
 

@@ -95,8 +95,8 @@ class StepOrder {
   // ---- End of the step ----
   // FinishStep: every layer appended and copied, every group resolved, no prefetch pending.
   Status CheckFinish() const;
-  // FinishReplayedStep: the host called no AppendToken in the step, and `run_phase_recorded`
-  // (some earlier step completed a run phase whose bytes the replay counts).
+  // FinishReplayedStep: the host called no AppendToken in the step, no prefetch is pending, and
+  // `run_phase_recorded` (some earlier step completed a run phase whose bytes the replay counts).
   Status CheckFinishReplayed(bool run_phase_recorded) const;
 
   // What the open step has done (for the tests).

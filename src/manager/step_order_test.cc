@@ -285,6 +285,18 @@ TEST(StepOrderTest, FinishReplayedStepRefusals) {
                 "phase the host called ends with FinishStep");
 }
 
+TEST(StepOrderTest, FinishReplayedStepIsRefusedWithAPrefetchPending) {
+  StepOrder order(SixLayers());
+  order.Open(1);
+  order.MarkPrefetchResolved(2);
+  ExpectRefused(order.CheckFinishReplayed(true), StatusCode::kFailedPrecondition,
+                "FinishReplayedStep: the prefetch of index group 1 has no CopyPrefetch "
+                "(ResolvePrefetch ran on the host in this step)");
+  EXPECT_EQ(order.prefetch_pending(), 1);  // a refusal changes nothing
+  order.MarkPrefetchCopied();
+  EXPECT_TRUE(order.CheckFinishReplayed(true).ok());
+}
+
 TEST(StepOrderTest, OpeningAStepForgetsTheLastOne) {
   StepOrder order(SixLayers());
   order.Open(1);

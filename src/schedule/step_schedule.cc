@@ -364,10 +364,12 @@ Status StepSchedule::Prefetch(int32_t layer, const int32_t* topk, StreamHandle s
   if (next >= o.geometry.num_layers()) return Status::Ok();
   // This group's top-k, as positions the next group will likely select.
   SPARSEKV_RETURN_IF_ERROR(manager_.ResolvePrefetch(next, topk, groups_.LayerTopK(layer), stream));
+  prefetch_pending_ = next;
   SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(prefetch_resolved_, stream));
   SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(prefetch_stream_, prefetch_resolved_));
   SPARSEKV_RETURN_IF_ERROR(
       manager_.CopyPrefetch(next, prefetch_stream_, choice_.prefetch_copy_blocks));
+  prefetch_pending_ = -1;
   SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(prefetched_, prefetch_stream_));
   prefetch_used_ = true;
   return Status::Ok();
@@ -531,6 +533,12 @@ Status StepSchedule::AbortStep(StreamHandle stream) {
   // its group) comes first.
   SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(resolved_, copy_stream_));
   SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, resolved_));
+  if (prefetch_pending_ >= 0) {
+    // A prefetch RunLayer resolved and did not copy: copied on `stream`, after its resolve, and
+    // before the resolves below (the manager ends no step with a prefetch pending).
+    SPARSEKV_RETURN_IF_ERROR(manager_.CopyPrefetch(prefetch_pending_, stream));
+    prefetch_pending_ = -1;
+  }
   for (; next_layer_ < o.geometry.num_layers(); ++next_layer_) {
     const int32_t layer = next_layer_;
     if (stage_ == LayerStage::kNone) {

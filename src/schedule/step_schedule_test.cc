@@ -18,6 +18,7 @@
 
 #include "schedule/schedule_tuner.h"
 #include "testing/cuda_test_util.h"
+#include "testing/forwarding_backend.h"
 #include "testing/harness.h"
 
 #if defined(SPARSEKV_WITH_CUDA)
@@ -790,6 +791,44 @@ TEST(StepScheduleTest, AbortStepCompletesALayerTheManagerStopped) {
   ASSERT_TRUE(len.ok());
   EXPECT_TRUE(s.PlanStep(batch, nullptr).ok());
   EXPECT_EQ(*w.manager().SequenceLength(2), *len + 1);
+}
+
+// A device copy failing anywhere in a layer of a step with the cross-layer prefetch (the append's
+// copies, the prefetch's copies) leaves a step that AbortStep ends, a prefetch resolved and not
+// copied included; the step's requests are one token longer and the next step plans and runs.
+TEST(StepScheduleTest, AbortStepEndsAStepWhoseCopiesFailedAnywhere) {
+  const CacheOptions o = Options(1, false);
+  ScheduleOptions so;
+  so.fixed = StepChoice{.crosslayer_prefetch = true};
+  std::vector<int32_t> slots(kRequests * kTopK), topk(kRequests * kTopK, 0);
+  const Bytes rows(kRequests * kStride);
+  const LayerWork work{rows.data(), nullptr, topk.data(), 0, slots.data()};
+  const AttendFn ok = [](int32_t, int32_t, int32_t, StreamHandle) { return Status::Ok(); };
+  const std::vector<RequestId> batch = {2, 4};
+  for (int copies = 0;; ++copies) {
+    SCOPED_TRACE("IndexCopy " + std::to_string(copies) + " fails");
+    auto backend = std::make_shared<testing::FaultyBackend>();
+    ScheduleWorkload w(o, so, 3, backend);
+    StepSchedule& s = w.schedule();
+    const int32_t len = *w.manager().SequenceLength(2);
+    ASSERT_TRUE(s.PlanStep(batch, nullptr).ok());
+    backend->FailIndexCopy(copies);
+    Status failed = Status::Ok();
+    for (int32_t l = 0; l < kLayers && failed.ok(); ++l) failed = s.RunLayer(l, work, ok, nullptr);
+    backend->Disarm();
+    if (failed.ok()) {
+      ASSERT_TRUE(s.FinishStep(nullptr).ok());
+      ASSERT_GT(copies, kLayers);  // every layer's copies were failed once
+      break;
+    }
+    EXPECT_EQ(failed.code(), StatusCode::kInternal) << failed.ToString();
+    const Status aborted = s.AbortStep(nullptr);
+    ASSERT_TRUE(aborted.ok()) << aborted.ToString();
+    EXPECT_EQ(*w.manager().SequenceLength(2), len + 1);
+    ASSERT_TRUE(s.PlanStep(batch, nullptr).ok());
+    for (int32_t l = 0; l < kLayers; ++l) ASSERT_TRUE(s.RunLayer(l, work, ok, nullptr).ok());
+    ASSERT_TRUE(s.FinishStep(nullptr).ok());
+  }
 }
 
 // On the GPU: every choice the options allow, eagerly and as one graph per choice replayed with

@@ -341,4 +341,37 @@ int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t laye
   return mismatches;
 }
 
+std::vector<int64_t> ObservableState(SparseKVCacheManager& m, std::span<const RequestId> ids) {
+  std::vector<int64_t> v;
+  v.push_back(m.batch_size());
+  for (RequestId id : ids) {
+    const StatusOr<int32_t> len = m.SequenceLength(id);
+    v.push_back(len.ok() ? *len : -1);
+    const StatusOr<std::vector<int32_t>> pages = m.HostPages(id);
+    if (!pages.ok()) continue;
+    for (int32_t page : *pages) {
+      v.push_back(page);
+      v.push_back(m.host_pool().RefCount(page));
+    }
+  }
+  const StatusOr<CacheStats> s = m.ReadStats(nullptr);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  if (!s.ok()) return v;
+  for (uint64_t counter :
+       {s->bytes_host_to_device, s->bytes_device_to_host, s->bytes_assembled, s->bytes_ingested,
+        s->copy_on_write_pages, s->evictions, s->evicted_pages, s->demotions, s->promotions,
+        s->total.hits, s->total.misses, s->total.window_hits, s->invalid_copy_entries}) {
+    v.push_back(static_cast<int64_t>(counter));
+  }
+  for (int64_t gauge :
+       {int64_t{s->host_pages_used}, int64_t{s->hot_blocks_used}, int64_t{s->resident_requests},
+        int64_t{s->pages_shared}, s->bytes_saved, s->device_bytes, s->device_memory.resident_rows,
+        s->device_memory.hot_cache_rows, s->device_memory.free_rows,
+        s->device_memory.resident_entries, s->device_memory.windows, s->host_memory.private_pages,
+        s->host_memory.shared_pages, s->host_memory.free_pages}) {
+    v.push_back(gauge);
+  }
+  return v;
+}
+
 }  // namespace sparsekv::testing

@@ -12,6 +12,7 @@
 #include <memory>
 #include <ostream>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "sparsekv/backend.h"
@@ -183,5 +184,11 @@ int CheckLayer(const DenseModel& model, const KVGeometry& geometry, int32_t laye
 // Returns the number of mismatches (0 = exact) and reports the first ones with ADD_FAILURE.
 int CheckKeys(const DenseModel& model, SparseKVCacheManager& m, const std::vector<RequestId>& batch,
               StreamHandle stream);
+
+// Everything of `m` that a refused call must leave as it was, as one list of numbers: the step's
+// batch size; each of `ids`' length, host pages and their reference counts (-1 for an unknown
+// id); the host counters, the resolve counters in total, and the gauges of CacheStats (pool,
+// hot cache, device and host memory by use). Synchronises the null stream (ReadStats).
+std::vector<int64_t> ObservableState(SparseKVCacheManager& m, std::span<const RequestId> ids);
 
 }  // namespace sparsekv::testing

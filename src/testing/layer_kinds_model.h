@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -131,6 +132,11 @@ class LayerKindsModel {
   }
 
   int32_t steps() const { return steps_; }
+  // Called in each step before it is planned, with the step's batch; returns whether it planned
+  // the step itself (a test of refused plans; a refusal must change nothing the model checks).
+  using BeforePlanFn =
+      std::function<bool(SparseKVCacheManager& m, const std::vector<RequestId>& batch)>;
+  void BeforePlan(BeforePlanFn fn) { before_plan_ = std::move(fn); }
 
  private:
   int32_t Layers() const { return o_.geometry.num_layers(); }
@@ -235,7 +241,11 @@ class LayerKindsModel {
       if (h.tokens < h.reserved && batch.size() < kMaxBatch && rng_() % 4 != 0) batch.push_back(id);
     }
     if (batch.empty()) return;
-    ASSERT_TRUE(m_->PlanStep(batch, nullptr).ok());
+    const bool planned = before_plan_ != nullptr && before_plan_(*m_, batch);
+    if (::testing::Test::HasFatalFailure()) return;
+    if (!planned) {
+      ASSERT_TRUE(m_->PlanStep(batch, nullptr).ok());
+    }
     ++steps_;
     const int32_t n = static_cast<int32_t>(batch.size());
     for (RequestId id : batch) ++model_.at(id).tokens;
@@ -358,6 +368,7 @@ class LayerKindsModel {
   std::map<RequestId, History> model_;
   RequestId next_id_ = 1;
   int32_t steps_ = 0;
+  BeforePlanFn before_plan_;
 };
 
 }  // namespace sparsekv::testing

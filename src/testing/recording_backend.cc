@@ -48,42 +48,42 @@ Status RecordingBackend::Enqueue(Op op, StreamHandle stream,
 
 Status RecordingBackend::CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle s) {
   return Enqueue(Op::kCopy, s, [this, dst, src, bytes](StreamHandle b) {
-    return base_->CopyAsync(dst, src, bytes, b);
+    return base().CopyAsync(dst, src, bytes, b);
   });
 }
 
 Status RecordingBackend::MemsetAsync(void* dst, int value, size_t bytes, StreamHandle s) {
   return Enqueue(Op::kMemset, s, [this, dst, value, bytes](StreamHandle b) {
-    return base_->MemsetAsync(dst, value, bytes, b);
+    return base().MemsetAsync(dst, value, bytes, b);
   });
 }
 
 Status RecordingBackend::IndexCopy(const IndexCopyView& v, StreamHandle s) {
-  return Enqueue(Op::kIndexCopy, s, [this, v](StreamHandle b) { return base_->IndexCopy(v, b); });
+  return Enqueue(Op::kIndexCopy, s, [this, v](StreamHandle b) { return base().IndexCopy(v, b); });
 }
 
 Status RecordingBackend::IndexCopyPair(const IndexCopyPairView& v, StreamHandle s) {
   return Enqueue(Op::kIndexCopyPair, s,
-                 [this, v](StreamHandle b) { return base_->IndexCopyPair(v, b); });
+                 [this, v](StreamHandle b) { return base().IndexCopyPair(v, b); });
 }
 
 Status RecordingBackend::Resolve(const ResolveView& v, int32_t max_batch, StreamHandle s) {
   return Enqueue(Op::kResolve, s,
-                 [this, v, max_batch](StreamHandle b) { return base_->Resolve(v, max_batch, b); });
+                 [this, v, max_batch](StreamHandle b) { return base().Resolve(v, max_batch, b); });
 }
 
 Status RecordingBackend::Assemble(const AssembleView& v, int32_t max_batch, StreamHandle s) {
   return Enqueue(Op::kAssemble, s,
-                 [this, v, max_batch](StreamHandle b) { return base_->Assemble(v, max_batch, b); });
+                 [this, v, max_batch](StreamHandle b) { return base().Assemble(v, max_batch, b); });
 }
 
 Status RecordingBackend::RouteRows(const RouteRowsView& v, StreamHandle s) {
-  return Enqueue(Op::kRouteRows, s, [this, v](StreamHandle b) { return base_->RouteRows(v, b); });
+  return Enqueue(Op::kRouteRows, s, [this, v](StreamHandle b) { return base().RouteRows(v, b); });
 }
 
 Status RecordingBackend::DenseAppend(const DenseAppendView& v, int32_t max_batch, StreamHandle s) {
   return Enqueue(Op::kDenseAppend, s, [this, v, max_batch](StreamHandle b) {
-    return base_->DenseAppend(v, max_batch, b);
+    return base().DenseAppend(v, max_batch, b);
   });
 }
 

@@ -21,10 +21,11 @@
 #include <vector>
 
 #include "sparsekv/backend.h"
+#include "testing/forwarding_backend.h"
 
 namespace sparsekv::testing {
 
-class RecordingBackend final : public Backend {
+class RecordingBackend final : public ForwardingBackend {
  public:
   // What an enqueued operation is.
   enum class Op {
@@ -56,7 +57,7 @@ class RecordingBackend final : public Backend {
   };
 
   explicit RecordingBackend(std::shared_ptr<Backend> base = CreateCpuBackend())
-      : base_(std::move(base)) {}
+      : ForwardingBackend(std::move(base)) {}
 
   const Counts& counts() const { return counts_; }
   void ResetCounts() { counts_ = Counts{}; }
@@ -67,28 +68,10 @@ class RecordingBackend final : public Backend {
   // Runs a recording's operations in order; the first error stops it.
   static Status Replay(const Recording& recording);
 
-  BackendKind kind() const override { return base_->kind(); }
-  std::string name() const override { return "recording " + base_->name(); }
-  StatusOr<void*> AllocateHost(size_t bytes) override { return base_->AllocateHost(bytes); }
-  void FreeHost(void* ptr) override { base_->FreeHost(ptr); }
-  StatusOr<void*> AllocateDevice(size_t bytes) override { return base_->AllocateDevice(bytes); }
-  void FreeDevice(void* ptr) override { base_->FreeDevice(ptr); }
-  StatusOr<int64_t> FreeDeviceBytes() override { return base_->FreeDeviceBytes(); }
+  std::string name() const override { return "recording " + ForwardingBackend::name(); }
   Status CopyAsync(void* dst, const void* src, size_t bytes, StreamHandle s) override;
   Status MemsetAsync(void* dst, int value, size_t bytes, StreamHandle s) override;
-  Status Synchronize(StreamHandle s) override { return base_->Synchronize(s); }
   StreamHandle SideStream() override { return &side_; }
-  Status Fork(StreamHandle main) override { return base_->Fork(main); }
-  Status Join(StreamHandle main) override { return base_->Join(main); }
-  StatusOr<StreamHandle> CreateStream() override { return base_->CreateStream(); }
-  void DestroyStream(StreamHandle s) override { base_->DestroyStream(s); }
-  StatusOr<EventHandle> CreateEvent(bool timing) override { return base_->CreateEvent(timing); }
-  void DestroyEvent(EventHandle e) override { base_->DestroyEvent(e); }
-  Status RecordEvent(EventHandle e, StreamHandle s) override { return base_->RecordEvent(e, s); }
-  Status WaitEvent(StreamHandle s, EventHandle e) override { return base_->WaitEvent(s, e); }
-  StatusOr<double> ElapsedSeconds(EventHandle a, EventHandle b) override {
-    return base_->ElapsedSeconds(a, b);
-  }
   StatusOr<bool> IsCapturing(StreamHandle) override { return capturing_; }
   Status IndexCopy(const IndexCopyView& v, StreamHandle s) override;
   Status IndexCopyPair(const IndexCopyPairView& v, StreamHandle s) override;
@@ -102,7 +85,6 @@ class RecordingBackend final : public Backend {
   // passed to the base backend as the null stream.
   Status Enqueue(Op op, StreamHandle stream, std::function<Status(StreamHandle)> run);
 
-  std::shared_ptr<Backend> base_;
   char side_ = 0;  // its address is the side stream's handle
   Counts counts_;
   bool capturing_ = false;

@@ -403,8 +403,9 @@ class PyManager {
 
  private:
   // IngestPrompt (rows_first 0: the prompt's entries, floor(prompt_len / entry_tokens) rows) or
-  // IngestPromptSuffix (rows_first = cached: rows of positions [cached, prompt_len)). The row
-  // count is checked here, since the library reads that many rows from the pointer.
+  // IngestPromptSuffix (rows_first = cached tokens, a whole number of entries: the entries past
+  // them). The row count is checked here, since the library reads that many rows from the
+  // pointer.
   void Ingest(RequestId id, int32_t layer, const py::object& rows, int32_t rows_first,
               const char* op, const py::object& stream) {
     TensorRules r{"rows"};
@@ -414,8 +415,8 @@ class PyManager {
       Raise(NotFound(std::string(op) + ": request " + std::to_string(id) +
                      " is unknown or released"));
     }
-    r.exact_rows = rows_first == 0 ? *prompt_len / options().geometry.layers[layer].entry_tokens
-                                   : *prompt_len - rows_first;
+    const int32_t entry_tokens = options().geometry.layers[layer].entry_tokens;
+    r.exact_rows = (*prompt_len - rows_first) / entry_tokens;
     r.host_ok_on_cuda = true;
     const TensorArg t = CheckTensor(rows, r, backend_);
     if (rows_first == 0) {

@@ -162,6 +162,22 @@ TEST(ManagerCudaTest, EntriesEveryFourTokensMatchTheCpuBackend) {
             500);
 }
 
+// Sharing at an entry every 4 tokens in lockstep: pages keyed by the 4 * host_page_tokens tokens
+// they cover, prefixes, continued and retained conversations, forks with copy on write and
+// eviction; identical prefixes found, slots and rows delivered.
+TEST(ManagerCudaTest, SharingEveryFourTokensMatchesTheCpuBackend) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  EXPECT_GT(RunLockstep(gpu,
+                        [](uint64_t seed) {
+                          testing::WorkloadShape shape;
+                          shape.sharing = true;
+                          shape.vocabulary = 2 + static_cast<int32_t>(seed % 2);
+                          shape.run.split = seed % 5 < 2;
+                          return std::pair(testing::RandomCadenceOptions(seed, 0, 4), shape);
+                        }),
+            500);
+}
+
 // Production shapes: K = 2048, C in {K, 2K}, 656-B and 1152-B rows, batches up to 8.
 TEST(ManagerCudaTest, ProductionShapesMatchTheCpuBackend) {
   SPARSEKV_REQUIRE_GPU(gpu);

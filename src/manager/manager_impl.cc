@@ -73,7 +73,8 @@ Status SparseKVCacheManager::Impl::Allocate() {
         pool_, HostKVPool::Create(o.geometry, o.host_capacity_tokens, o.host_page_tokens,
                                   o.effective_max_host_requests(), o.max_context, backend_.get()));
   }
-  ledger_ = std::make_unique<PageLedger>(pool_.get());
+  // A page of host_page_tokens entries covers cadence_ times as many tokens, whose ids key it.
+  ledger_ = std::make_unique<PageLedger>(pool_.get(), o.host_page_tokens * cadence_);
   SPARSEKV_RETURN_IF_ERROR(AllocateDense());  // its share of the budget first
   SPARSEKV_ASSIGN_OR_RETURN(const HotCacheShape shape, ChooseHotCacheShape(o));
   options_.hot_slots = entries_.hot_slots = shape.hot_slots;
@@ -224,7 +225,7 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
                                                               std::span<const int32_t> token_ids,
                                                               int32_t max_new_tokens,
                                                               StreamHandle stream) {
-  SPARSEKV_RETURN_IF_ERROR(CheckCadenceOne("AdmitWithPrefix"));
+  SPARSEKV_RETURN_IF_ERROR(CheckHostPoolOnly("AdmitWithPrefix"));
   if (token_ids.empty() || max_new_tokens < 0) {
     return InvalidArgument("AdmitWithPrefix: token_ids must not be empty and max_new_tokens >= 0");
   }
@@ -233,9 +234,11 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
                       std::to_string(token_ids.size()) + " prompt tokens, more than max_context");
   }
   const int32_t prompt_len = static_cast<int32_t>(token_ids.size());
-  const int32_t pt = options_.host_page_tokens;
-  // At least the last prompt token is ingested: the engine computes its KV with its logits.
-  const std::vector<int32_t> matched = ledger_->Match(token_ids, (prompt_len - 1) / pt);
+  // A page holds host_page_tokens entries, which cover page_tokens tokens.
+  const int32_t page_tokens = options_.host_page_tokens * cadence_;
+  // At least the last prompt token is left out: the engine computes its KV with its logits (at
+  // entry_tokens > 1 its entry, if it completes one, is ingested).
+  const std::vector<int32_t> matched = ledger_->Match(token_ids, (prompt_len - 1) / page_tokens);
   // Pinned while admission may evict, so that the prefix it found is not freed under it.
   for (int32_t page : matched) pool_->AddRef(page);
   std::vector<int32_t> no_spares;
@@ -243,13 +246,15 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
                                      0, no_spares, true, stream);
   for (int32_t page : matched) ledger_->Unref(page);
   if (!r.ok()) return r.status();
-  const int32_t cached = static_cast<int32_t>(matched.size()) * pt;
+  // In tokens for the caller, in entries for the request.
+  const int32_t cached = static_cast<int32_t>(matched.size()) * page_tokens;
+  const int32_t cached_entries = static_cast<int32_t>(matched.size()) * options_.host_page_tokens;
   // A resident request holds its shared prefix in its own pages too (from the pool, complete in
   // every layer); ingestion brings the rest.
-  if ((*r)->resident() && cached > 0) {
-    SPARSEKV_RETURN_IF_ERROR(residency_.LoadResident(**r, 0, cached, stream));
+  if ((*r)->resident() && cached_entries > 0) {
+    SPARSEKV_RETURN_IF_ERROR(residency_.LoadResident(**r, 0, cached_entries, stream));
   }
-  (*r)->cached = cached;
+  (*r)->cached = cached_entries;
   (*r)->token_ids.assign(token_ids.begin(), token_ids.end());
   (*r)->indexed_pages = static_cast<int32_t>(matched.size());
   ledger_->Touch(matched);  // the conversations holding the prefix are in use again
@@ -408,15 +413,22 @@ Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const voi
 
 void SparseKVCacheManager::Impl::IndexFullPages(Request& r) {
   const int32_t pt = options_.host_page_tokens;
+  const int32_t page_tokens = pt * cadence_;
   const std::span<const int32_t> table = pool_->page_table_row(r.owner);
   const std::span<const int32_t> ids = r.token_ids;
-  const int32_t full = static_cast<int32_t>(std::min<size_t>(r.seq_len, ids.size()) / pt);
+  // A page is full once it holds pt entries, and keyed once the ids of every token its entries
+  // cover are known.
+  const int32_t full =
+      static_cast<int32_t>(std::min<size_t>(r.seq_len, ids.size() / cadence_) / pt);
   for (; r.indexed_pages < full; ++r.indexed_pages) {
     const int32_t i = r.indexed_pages;
     // Fails only if an identical copy of the page is indexed already (two requests computed the
     // same prefix independently): lookups find that copy, and the pages after this one could not
     // be reached through it, so indexing stops here.
-    if (!ledger_->Index(i == 0 ? -1 : table[i - 1], table[i], ids.subspan(i * pt, pt))) return;
+    if (!ledger_->Index(i == 0 ? -1 : table[i - 1], table[i],
+                        ids.subspan(static_cast<size_t>(i) * page_tokens, page_tokens))) {
+      return;
+    }
   }
 }
 
@@ -453,7 +465,7 @@ Status SparseKVCacheManager::Impl::Release(RequestId id) {
 }
 
 StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
-  SPARSEKV_RETURN_IF_ERROR(CheckCadenceOne("Retain"));
+  SPARSEKV_RETURN_IF_ERROR(CheckHostPoolOnly("Retain"));
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retain"));
   if (InOpenStep(id)) {
     return FailedPrecondition("Retain: " + Describe(id) + " is in the open step");
@@ -466,7 +478,7 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
     Forget(id, *r);
     return 0;
   }
-  const int32_t tokens = static_cast<int32_t>(pages.size()) * options_.host_page_tokens;
+  const int32_t tokens = static_cast<int32_t>(pages.size()) * options_.host_page_tokens * cadence_;
   ledger_->Retain(id, std::move(pages));  // before Forget drops the request's references
   Forget(id, *r);
   return tokens;
@@ -528,18 +540,21 @@ Status SparseKVCacheManager::Impl::InstallExtension(const ExtensionFactory& make
   return extensions_.Install(make, *this);
 }
 
+Status SparseKVCacheManager::Impl::CheckHostPoolOnly(const char* op) const {
+  if (dense_ == nullptr) return Status::Ok();
+  return Unimplemented(std::string(op) +
+                       ": the geometry has resident or window-only layers or a raw_window, and "
+                       "prefix sharing, sealed prompts and extensions know only the host pool's "
+                       "offloaded rows (docs/deepseek-v4.md)");
+}
+
 Status SparseKVCacheManager::Impl::CheckCadenceOne(const char* op) const {
-  if (dense_ != nullptr) {
-    return Unimplemented(std::string(op) +
-                         ": the geometry has resident or window-only layers or a raw_window, and "
-                         "prefix sharing, sealed prompts and extensions know only the host pool's "
-                         "offloaded rows (docs/deepseek-v4.md)");
-  }
+  SPARSEKV_RETURN_IF_ERROR(CheckHostPoolOnly(op));
   if (cadence_ == 1) return Status::Ok();
   return Unimplemented(std::string(op) + ": the layers gain an entry every " +
                        std::to_string(cadence_) +
-                       " tokens (entry_tokens), and prefix sharing, sealed prompts and extensions "
-                       "are served only at one entry per token (docs/deepseek-v4.md)");
+                       " tokens (entry_tokens), and sealed prompts and extensions are served only "
+                       "at one entry per token (docs/deepseek-v4.md)");
 }
 
 Status SparseKVCacheManager::Impl::AdmitWithPages(RequestId id, int32_t prompt_len,

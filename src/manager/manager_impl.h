@@ -126,9 +126,11 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   StatusOr<CacheStats> ReadStats(StreamHandle stream);
   Status ResetStats(StreamHandle stream);
   StatusOr<int32_t> SequenceLength(RequestId id) const;
-  // Unimplemented for `op` at a cadence above one token per entry or with layers dense_ holds
-  // (prefix sharing, sealed prompts and extensions address pages by token and know only the host
-  // pool), else OK.
+  // Unimplemented for `op` with layers dense_ holds (prefix sharing, sealed prompts and
+  // extensions know only the host pool's rows), else OK.
+  Status CheckHostPoolOnly(const char* op) const;
+  // CheckHostPoolOnly, and Unimplemented at a cadence above one token per entry too (sealed
+  // prompts and extensions address pages by token).
   Status CheckCadenceOne(const char* op) const;
   StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
   const std::byte* HotLayer(int32_t layer) const { return hot_->layer_data(layer); }

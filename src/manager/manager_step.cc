@@ -82,15 +82,15 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
       continue;
     }
     Request& r = requests_.at(batch[b]);
+    // Ids are kept per token while complete from token 0 on.
+    if (token_ids != nullptr && r.token_ids.size() == static_cast<size_t>(r.tokens)) {
+      r.token_ids.push_back((*token_ids)[b]);
+    }
     // The step's token completes an entry every cadence_ tokens (EntriesAt); only those rows
     // append.
     if (EntriesAt(++r.tokens, cadence_).completed != kNoEntry) {
       const int32_t position = r.seq_len++;
       SPARSEKV_RETURN_IF_ERROR(PrepareAppend(r, position, stream));
-      if (cadence_ == 1 && r.token_ids.size() == static_cast<size_t>(position) &&
-          token_ids != nullptr) {
-        r.token_ids.push_back((*token_ids)[b]);
-      }
       plan_.Append(
           b,
           r.resident() ? residency_.ResidentSlot(r, position) : hot_->WindowSlot(r.block, position),

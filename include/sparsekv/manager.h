@@ -261,8 +261,9 @@ class SparseKVCacheManager {
   // share (max_requests requests of max_context tokens, and its tables) is carved out of the
   // budget before the hot cache is sized; the store's memory does not move to and from the hot
   // cache. The host pool and the hot cache still keep a row per offloaded entry of these layers
-  // too, unused. With such layers or a raw window, AdmitWithPrefix, Retain, AdmitSealedPrompt,
-  // InstallExtension and a shared pool are refused with Unimplemented. A geometry with no
+  // too, unused. With such layers or a raw window, AdmitSealedPrompt, InstallExtension and a
+  // shared pool are refused with Unimplemented; AdmitWithPrefix and Retain are served (they say
+  // how). A geometry with no
   // offloaded layer is refused (CheckServedGeometry in options.h).
   static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
                                                                 std::shared_ptr<Backend> backend);
@@ -373,7 +374,12 @@ class SparseKVCacheManager {
   // found (a multiple of the tokens a page covers, host_page_tokens * entry_tokens; less than the
   // prompt length; 0 on a miss); only the entries of [cached, prompt_len) are ingested, with
   // IngestPromptSuffix (or IngestPrompt). A prefix that was evicted is a miss, never stale.
-  // Errors as Admit; nothing changes on error.
+  // With resident layers (Create, "Layer kinds"), a prefix is shared only as far as a retained
+  // conversation holds it (the one holding its last page): that conversation's host copy of its
+  // resident entries gives the new request the prefix's floor(cached / r) entries of each
+  // resident layer, at admission; a prefix that only live requests hold is not shared. The raw
+  // windows always come from the caller's ingestion (PromptRows::window: the prompt's newest
+  // rows). Errors as Admit; nothing changes on error.
   StatusOr<int32_t> AdmitWithPrefix(RequestId id, std::span<const int32_t> token_ids,
                                     int32_t max_new_tokens, StreamHandle stream);
   // IngestPrompt for a request admitted with AdmitWithPrefix: `rows` is
@@ -381,6 +387,13 @@ class SparseKVCacheManager {
   // tokens [cached, prompt_len); null if there are none. (IngestPrompt takes all the prompt's
   // entries and skips the cached ones.)
   Status IngestPromptSuffix(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
+  // The same with the layer's raw-window rows (required with a raw window, and the only form
+  // for a resident or window-only layer): `rows.entries` holds the entries past the prefix, of
+  // an offloaded layer as above and of a resident layer of cadence r its entries
+  // [floor(cached / r), floor(prompt_len / r)) (the ones before were restored at admission);
+  // `rows.window` the prompt's newest min(prompt_len, raw_window) raw rows, as IngestPrompt.
+  Status IngestPromptSuffix(RequestId id, int32_t layer, const PromptRows& rows,
+                            StreamHandle stream);
   // Admits `child` with all of `parent`'s history (KV and token ids) shared, and room for
   // max_new_tokens more: an agent branch. The child gets its own hot-cache block, whose window is
   // loaded from the pool on `stream`; it can join a step at once. A partially filled last page
@@ -407,7 +420,10 @@ class SparseKVCacheManager {
   // `id`: no device state, still indexed, so that
   // a later AdmitWithPrefix (the next turn) shares them. Returns the tokens retained (0: nothing
   // was, as for Release). Release(id) drops the conversation; eviction may drop it at any time.
-  // Errors: NotFound, FailedPrecondition (in the open step).
+  // With resident layers, the request's resident entries are kept too, in host memory the
+  // manager holds until the conversation is released or evicted (the copy Retract takes, taken
+  // now unless the request is retracted; the call waits for it, as Retract does, with the same
+  // REQUIRES). Errors: NotFound, FailedPrecondition (in the open step).
   StatusOr<int32_t> Retain(RequestId id);
   // Evicts every retained conversation; returns how many there were.
   int32_t EvictRetained();

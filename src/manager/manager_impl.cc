@@ -172,6 +172,7 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
   // Reserve then fails, all or nothing.
   PageLedger::Evictions evicted;
   Status reserved = ledger_->MakeRoom(fresh, "Admit", evicted);
+  if (evicted.conversations > 0) DropEvictedEntries();
   stats_.host().evictions += evicted.conversations;
   stats_.host().evicted_pages += evicted.pages;
   if (reserved.ok()) {
@@ -225,7 +226,6 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
                                                               std::span<const int32_t> token_ids,
                                                               int32_t max_new_tokens,
                                                               StreamHandle stream) {
-  SPARSEKV_RETURN_IF_ERROR(CheckHostPoolOnly("AdmitWithPrefix"));
   if (token_ids.empty() || max_new_tokens < 0) {
     return InvalidArgument("AdmitWithPrefix: token_ids must not be empty and max_new_tokens >= 0");
   }
@@ -238,7 +238,9 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
   const int32_t page_tokens = options_.host_page_tokens * cadence_;
   // At least the last prompt token is left out: the engine computes its KV with its logits (at
   // entry_tokens > 1 its entry, if it completes one, is ingested).
-  const std::vector<int32_t> matched = ledger_->Match(token_ids, (prompt_len - 1) / page_tokens);
+  std::vector<int32_t> matched = ledger_->Match(token_ids, (prompt_len - 1) / page_tokens);
+  // With resident layers, only as much as a retained conversation's copy of them holds.
+  const std::shared_ptr<const RetainedEntries> entries = PrefixEntries(matched);
   // Pinned while admission may evict, so that the prefix it found is not freed under it.
   for (int32_t page : matched) pool_->AddRef(page);
   std::vector<int32_t> no_spares;
@@ -248,6 +250,20 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
   if (!r.ok()) return r.status();
   // In tokens for the caller, in entries for the request.
   const int32_t cached = static_cast<int32_t>(matched.size()) * page_tokens;
+  if (dense_ != nullptr) {
+    // All or nothing, as Admit; the prefix's resident entries come from the copy, the rest and
+    // the raw windows from the caller's ingestion.
+    Status held = dense_->Admit(id, prompt_len, (*r)->reserved_tokens, stream);
+    if (held.ok() && entries != nullptr) {
+      held = dense_->RestoreEntries(id, entries->host.data(),
+                                    static_cast<int64_t>(entries->host.size()),
+                                    entries->reserved_tokens, cached, stream);
+    }
+    if (!held.ok()) {
+      Forget(id, **r);
+      return held;
+    }
+  }
   const int32_t cached_entries = static_cast<int32_t>(matched.size()) * options_.host_page_tokens;
   // A resident request holds its shared prefix in its own pages too (from the pool, complete in
   // every layer); ingestion brings the rest.
@@ -350,10 +366,10 @@ Status SparseKVCacheManager::Impl::IngestPrompt(RequestId id, int32_t layer, con
   return Ingest(id, layer, rows.entries, rows.window, 0, "IngestPrompt", stream);
 }
 
-Status SparseKVCacheManager::Impl::IngestPromptSuffix(RequestId id, int32_t layer, const void* rows,
-                                                      StreamHandle stream) {
+Status SparseKVCacheManager::Impl::IngestPromptSuffix(RequestId id, int32_t layer,
+                                                      const PromptRows& rows, StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "IngestPromptSuffix"));
-  return Ingest(id, layer, rows, nullptr, r->cached, "IngestPromptSuffix", stream);
+  return Ingest(id, layer, rows.entries, rows.window, r->cached, "IngestPromptSuffix", stream);
 }
 
 Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const void* rows,
@@ -375,9 +391,17 @@ Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const voi
     return FailedPrecondition(std::string(op) + ": " + Describe(id) + " is retracted");
   }
   if (dense_ != nullptr) {
+    // A shared prefix's resident entries are in place already (AdmitWithPrefix restored them):
+    // only those past it are written, and whole-prompt rows are read from the first of them.
+    const int32_t kept = r->cached * cadence_;
+    const auto* entry_rows = static_cast<const std::byte*>(Offloaded(layer) ? nullptr : rows);
+    if (entry_rows != nullptr && rows_first == 0) {
+      const LayerShape& shape = options_.geometry.layers[layer];
+      entry_rows += static_cast<int64_t>(kept / shape.entry_tokens) * shape.row_stride;
+    }
     // First: it checks its own pointers, and on an error nothing is written.
     SPARSEKV_RETURN_IF_ERROR(
-        dense_->IngestPrompt(id, layer, Offloaded(layer) ? nullptr : rows, window_rows, stream));
+        dense_->IngestPrompt(id, layer, entry_rows, window_rows, stream, kept));
   }
   if (!Offloaded(layer)) {
     r->ingested[layer] = true;
@@ -455,7 +479,10 @@ void SparseKVCacheManager::Impl::Forget(RequestId id, Request& r) {
 }
 
 Status SparseKVCacheManager::Impl::Release(RequestId id) {
-  if (ledger_->Drop(id) >= 0) return Status::Ok();
+  if (ledger_->Drop(id) >= 0) {
+    dense_retained_.erase(id);
+    return Status::Ok();
+  }
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Release"));
   if (InOpenStep(id)) {
     return FailedPrecondition("Release: " + Describe(id) + " is in the open step");
@@ -464,8 +491,13 @@ Status SparseKVCacheManager::Impl::Release(RequestId id) {
   return Status::Ok();
 }
 
+int32_t SparseKVCacheManager::Impl::EvictRetained() {
+  const int32_t evicted = ledger_->DropAll();
+  dense_retained_.clear();
+  return evicted;
+}
+
 StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
-  SPARSEKV_RETURN_IF_ERROR(CheckHostPoolOnly("Retain"));
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retain"));
   if (InOpenStep(id)) {
     return FailedPrecondition("Retain: " + Describe(id) + " is in the open step");
@@ -479,6 +511,7 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
     return 0;
   }
   const int32_t tokens = static_cast<int32_t>(pages.size()) * options_.host_page_tokens * cadence_;
+  SPARSEKV_RETURN_IF_ERROR(RetainDense(id, *r));
   ledger_->Retain(id, std::move(pages));  // before Forget drops the request's references
   Forget(id, *r);
   return tokens;
@@ -540,16 +573,13 @@ Status SparseKVCacheManager::Impl::InstallExtension(const ExtensionFactory& make
   return extensions_.Install(make, *this);
 }
 
-Status SparseKVCacheManager::Impl::CheckHostPoolOnly(const char* op) const {
-  if (dense_ == nullptr) return Status::Ok();
-  return Unimplemented(std::string(op) +
-                       ": the geometry has resident or window-only layers or a raw_window, and "
-                       "prefix sharing, sealed prompts and extensions know only the host pool's "
-                       "offloaded rows (docs/deepseek-v4.md)");
-}
-
 Status SparseKVCacheManager::Impl::CheckCadenceOne(const char* op) const {
-  SPARSEKV_RETURN_IF_ERROR(CheckHostPoolOnly(op));
+  if (dense_ != nullptr) {
+    return Unimplemented(std::string(op) +
+                         ": the geometry has resident or window-only layers or a raw_window, and "
+                         "sealed prompts and extensions know only the host pool's offloaded rows "
+                         "(docs/deepseek-v4.md)");
+  }
   if (cadence_ == 1) return Status::Ok();
   return Unimplemented(std::string(op) + ": the layers gain an entry every " +
                        std::to_string(cadence_) +

@@ -68,6 +68,23 @@ TEST(ManagerCudaTest, LayerKindsMatchTheDenseModel) {
   }
 }
 
+// The same with prefix sharing and retained conversations: a prefix's resident entries restored
+// from a retained conversation's host copy into device memory (manager_layer_kinds_test.cc).
+TEST(ManagerCudaTest, LayerKindsWithSharingMatchTheDenseModel) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  int64_t hit_tokens = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    SCOPED_TRACE(seed);
+    testing::LayerKindsModel model(seed, /*hybrid=*/seed % 3 == 0, gpu, /*sharing=*/true);
+    model.Run(400);
+    model.ReleaseAll();
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_GT(model.steps(), 50);
+    hit_tokens += model.hit_tokens();
+  }
+  EXPECT_GT(hit_tokens, 0);
+}
+
 TEST(ManagerCudaTest, RandomOperationsMatchTheCpuBackend) {
   SPARSEKV_REQUIRE_GPU(gpu);
   EXPECT_GT(RunLockstep(gpu,

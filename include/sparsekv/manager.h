@@ -383,7 +383,7 @@ class SparseKVCacheManager {
   StatusOr<int32_t> AdmitWithPrefix(RequestId id, std::span<const int32_t> token_ids,
                                     int32_t max_new_tokens, StreamHandle stream);
   // IngestPrompt for a request admitted with AdmitWithPrefix: `rows` is
-  // [(prompt_len - cached) / entry_tokens, row_stride(layer)] (rounded down), the entries of
+  // [floor((prompt_len - cached) / entry_tokens), row_stride(layer)], the entries of
   // tokens [cached, prompt_len); null if there are none. (IngestPrompt takes all the prompt's
   // entries and skips the cached ones.)
   Status IngestPromptSuffix(RequestId id, int32_t layer, const void* rows, StreamHandle stream);

@@ -238,7 +238,7 @@ def test_a_retained_conversation_shares_its_prefix_with_its_resident_entries():
     assert manager.retain(1) == 256
     assert manager.is_retained(1)
 
-    # The next turn: the whole history and 10 new tokens. Its first 256 tokens are shared; the
+    # The conversation goes on: the whole history and 10 new tokens. Its first 256 tokens are shared; the
     # resident layers' entries 0 and 1 (tokens 0-255) come from request 1's copy.
     assert manager.admit_with_prefix(2, ids + [3] * 10, 20) == 256
     for layer, (kind, r) in enumerate(KINDS):

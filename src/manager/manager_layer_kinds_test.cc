@@ -30,8 +30,8 @@ TEST(ManagerLayerKindsTest, RandomLifecyclesMatchTheDenseModel) {
   }
 }
 
-// The same with prefix sharing: admissions with AdmitWithPrefix (new prompts, and new turns of
-// retained or live conversations), steps with token ids, Retain, release of retained
+// The same with prefix sharing: admissions with AdmitWithPrefix (new prompts, and continuations
+// of retained or live conversations), steps with token ids, Retain, release of retained
 // conversations and eviction (also under the pool's pressure). A shared prefix's resident entries
 // are restored from the retained conversation's host copy and read back as the model's; the raw
 // windows come from the new prompt's rows. Everything released, the pool and the store are empty.

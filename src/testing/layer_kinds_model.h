@@ -286,8 +286,8 @@ class LayerKindsModel {
     model_[id] = std::move(h);
   }
 
-  // Sharing: a new turn of a retained conversation (which the manager may have evicted since) or
-  // of a live request: its history, possibly cut, plus new tokens.
+  // Sharing: a continuation of a retained conversation (which the manager may have evicted since)
+  // or of a live request: its history, possibly cut, plus new tokens.
   void Continue() {
     std::vector<int32_t> ids;
     const std::vector<RequestId> retained = Retained();
@@ -301,8 +301,8 @@ class LayerKindsModel {
       return;
     }
     if (rng_() % 3 == 0) ids.resize(1 + rng_() % ids.size());
-    const std::vector<int32_t> turn = RandomIds(static_cast<int32_t>(rng_() % 40));
-    ids.insert(ids.end(), turn.begin(), turn.end());
+    const std::vector<int32_t> added = RandomIds(static_cast<int32_t>(rng_() % 40));
+    ids.insert(ids.end(), added.begin(), added.end());
     if (ids.size() > 600) ids.resize(600);
     AdmitWithPrefix(std::move(ids), static_cast<int32_t>(rng_() % 40));
   }

@@ -247,9 +247,10 @@ class SparseKVCacheManager {
   // own top-k once, on its first layer, and only keyed layers take and show keys. All offloaded
   // layers gain an entry every LayerShape::entry_tokens = r tokens (1: a row per token): the
   // manager then counts entries (Admit says where), sizes the host pool and its max_context in
-  // entries (host_capacity_tokens / r rows), and refuses with Unimplemented, at r > 1, what
-  // addresses pages by token (AdmitWithPrefix, Retain, AdmitSealedPrompt, InstallExtension, a
-  // shared pool).
+  // entries (host_capacity_tokens / r rows), and refuses with Unimplemented, at r > 1,
+  // AdmitSealedPrompt, InstallExtension and a shared pool (they address or size pages in
+  // tokens). Prefix sharing and retained conversations are served: a host page of
+  // host_page_tokens entries covers r * host_page_tokens tokens, whose ids key it.
   //
   // Layer kinds (DeepSeek-V4): resident layers (LayerKind::kResident, their own cadence) keep
   // every entry in device memory, and with raw_window > 0 every layer keeps a ring of its newest
@@ -263,9 +264,9 @@ class SparseKVCacheManager {
   // budget before the hot cache is sized; the store's memory does not move to and from the hot
   // cache. The host pool and the hot cache hold rows (and replacement state) for the offloaded
   // layers only (KVGeometry::token_stride_bytes), with the model's layer indices. With such layers
-  // or a raw window, AdmitWithPrefix, Retain, AdmitSealedPrompt, InstallExtension and a shared pool
-  // are refused with Unimplemented. A geometry with no offloaded layer is refused
-  // (CheckServedGeometry in options.h).
+  // or a raw window, AdmitSealedPrompt, InstallExtension and a shared pool are refused with
+  // Unimplemented; AdmitWithPrefix and Retain are served (they say how). A geometry with no
+  // offloaded layer is refused (CheckServedGeometry in options.h).
   static StatusOr<std::unique_ptr<SparseKVCacheManager>> Create(const CacheOptions& options,
                                                                 std::shared_ptr<Backend> backend);
   // As above, with the host pool `pool` shared with other managers (HostKVPool::CreateShared, or
@@ -371,16 +372,30 @@ class SparseKVCacheManager {
   // of them would not make room.
 
   // Admit for a prompt of token_ids.size() tokens whose longest prefix of full pages already in
-  // the pool is shared instead of stored again. Returns `cached`, the prompt positions [0, cached)
-  // found (a multiple of host_page_tokens, less than the prompt length, 0 on a miss); only
-  // [cached, prompt_len) is ingested, with IngestPromptSuffix (or IngestPrompt). A prefix that
-  // was evicted is a miss, never stale. Errors as Admit; nothing changes on error.
+  // the pool is shared instead of stored again. Returns `cached`, the prompt tokens [0, cached)
+  // found (a multiple of the tokens a page covers, host_page_tokens * entry_tokens; less than the
+  // prompt length; 0 on a miss); only the entries of [cached, prompt_len) are ingested, with
+  // IngestPromptSuffix (or IngestPrompt). A prefix that was evicted is a miss, never stale.
+  // With resident layers (Create, "Layer kinds"), a prefix is shared only as far as a retained
+  // conversation holds it (the one holding its last page): that conversation's host copy of its
+  // resident entries gives the new request the prefix's floor(cached / r) entries of each
+  // resident layer, at admission; a prefix that only live requests hold is not shared. The raw
+  // windows always come from the caller's ingestion (PromptRows::window: the prompt's newest
+  // rows). Errors as Admit; nothing changes on error.
   StatusOr<int32_t> AdmitWithPrefix(RequestId id, std::span<const int32_t> token_ids,
                                     int32_t max_new_tokens, StreamHandle stream);
   // IngestPrompt for a request admitted with AdmitWithPrefix: `rows` is
-  // [prompt_len - cached, row_stride(layer)], the KV of positions [cached, prompt_len).
-  // (IngestPrompt takes all prompt_len rows and skips the cached ones.)
+  // [floor((prompt_len - cached) / entry_tokens), row_stride(layer)], the entries of
+  // tokens [cached, prompt_len); null if there are none. (IngestPrompt takes all the prompt's
+  // entries and skips the cached ones.)
   Status IngestPromptSuffix(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
+  // The same with the layer's raw-window rows (required with a raw window, and the only form
+  // for a resident or window-only layer): `rows.entries` holds the entries past the prefix, of
+  // an offloaded layer as above and of a resident layer of cadence r its entries
+  // [floor(cached / r), floor(prompt_len / r)) (the ones before were restored at admission);
+  // `rows.window` the prompt's newest min(prompt_len, raw_window) raw rows, as IngestPrompt.
+  Status IngestPromptSuffix(RequestId id, int32_t layer, const PromptRows& rows,
+                            StreamHandle stream);
   // Admits `child` with all of `parent`'s history (KV and token ids) shared, and room for
   // max_new_tokens more: an agent branch. The child gets its own hot-cache block, whose window is
   // loaded from the pool on `stream`; it can join a step at once. A partially filled last page
@@ -403,10 +418,14 @@ class SparseKVCacheManager {
   Status AdmitSealedPrompt(RequestId id, int32_t owner, uint64_t seal, int32_t max_new_tokens,
                            StreamHandle stream);
   // Ends a request like Release, but keeps the full pages of its history whose token ids are
-  // known in the pool as the retained conversation `id`: no device state, still indexed, so that
+  // known (the ids of every token their entries cover) in the pool as the retained conversation
+  // `id`: no device state, still indexed, so that
   // a later AdmitWithPrefix (the next turn) shares them. Returns the tokens retained (0: nothing
   // was, as for Release). Release(id) drops the conversation; eviction may drop it at any time.
-  // Errors: NotFound, FailedPrecondition (in the open step).
+  // With resident layers, the request's resident entries are kept too, in host memory the
+  // manager holds until the conversation is released or evicted (the copy Retract takes, taken
+  // now unless the request is retracted; the call waits for it, as Retract does, with the same
+  // REQUIRES). Errors: NotFound, FailedPrecondition (in the open step).
   StatusOr<int32_t> Retain(RequestId id);
   // Evicts every retained conversation; returns how many there were.
   int32_t EvictRetained();

@@ -143,37 +143,9 @@ class PyManager {
     cached_.erase(id.value);
   }
 
-  // The single-pointer form for an offloaded layer without a raw window (its callers' form);
-  // PromptRows otherwise, or whenever `window` is given.
   void IngestPrompt(PyRequestId id, int32_t layer, const py::object& rows, const py::object& window,
                     const py::object& stream) {
-    const int32_t stride = RowStride(options(), layer, "ingest_prompt");
-    const LayerShape& shape = options().geometry.layers[layer];
-    if (window.is_none() && shape.kind == LayerKind::kOffloaded && options().raw_window == 0) {
-      Ingest(id.value, layer, rows, /*rows_first=*/0, "ingest_prompt", stream);
-      return;
-    }
-    const StatusOr<int32_t> prompt_len = manager_->SequenceLength(id.value);
-    if (!prompt_len.ok()) {
-      Raise(NotFound("ingest_prompt: request " + std::to_string(id.value) +
-                     " is unknown or released"));
-    }
-    PromptRows p;
-    if (!rows.is_none() && shape.kind != LayerKind::kWindowOnly) {
-      TensorRules r{"rows"};
-      r.row_bytes = stride;
-      r.exact_rows = *prompt_len / shape.entry_tokens;
-      r.host_ok_on_cuda = true;
-      p.entries = CheckTensor(rows, r, backend_).data;
-    }
-    if (!window.is_none()) {
-      TensorRules w{"window"};
-      w.row_bytes = stride;
-      w.exact_rows = std::min(*prompt_len, options().raw_window);
-      w.host_ok_on_cuda = true;
-      p.window = CheckTensor(window, w, backend_).data;
-    }
-    Check(manager_->IngestPrompt(id.value, layer, p, Stream(stream)));
+    IngestWithWindow(id.value, layer, rows, window, /*suffix=*/false, stream);
   }
 
   void Release(PyRequestId id) {
@@ -198,10 +170,8 @@ class PyManager {
   }
 
   void IngestPromptSuffix(PyRequestId id, int32_t layer, const py::object& rows,
-                          const py::object& stream) {
-    auto it = cached_.find(id.value);
-    Ingest(id.value, layer, rows, it == cached_.end() ? 0 : it->second, "ingest_prompt_suffix",
-           stream);
+                          const py::object& window, const py::object& stream) {
+    IngestWithWindow(id.value, layer, rows, window, /*suffix=*/true, stream);
   }
 
   void Fork(PyRequestId parent, PyRequestId child, int32_t max_new_tokens,
@@ -408,9 +378,49 @@ class PyManager {
   ManagerRef Ref() { return ManagerRef{manager_.get(), &backend_, &streams_}; }
 
  private:
+  // The single-pointer form for an offloaded layer without a raw window (its callers' form);
+  // PromptRows otherwise, or whenever `window` is given. With `suffix`, the rows past the cached
+  // prefix (IngestPromptSuffix): a resident layer of cadence r takes its entries
+  // [floor(cached / r), floor(prompt_len / r)).
+  void IngestWithWindow(RequestId id, int32_t layer, const py::object& rows,
+                        const py::object& window, bool suffix, const py::object& stream) {
+    const char* op = suffix ? "ingest_prompt_suffix" : "ingest_prompt";
+    const int32_t stride = RowStride(options(), layer, op);
+    const LayerShape& shape = options().geometry.layers[layer];
+    auto it = cached_.find(id);
+    const int32_t cached = suffix && it != cached_.end() ? it->second : 0;
+    if (window.is_none() && shape.kind == LayerKind::kOffloaded && options().raw_window == 0) {
+      Ingest(id, layer, rows, cached, op, stream);
+      return;
+    }
+    const StatusOr<int32_t> prompt_len = manager_->SequenceLength(id);
+    if (!prompt_len.ok()) {
+      Raise(NotFound(std::string(op) + ": request " + std::to_string(id) +
+                     " is unknown or released"));
+    }
+    PromptRows p;
+    if (!rows.is_none() && shape.kind != LayerKind::kWindowOnly) {
+      TensorRules r{"rows"};
+      r.row_bytes = stride;
+      r.exact_rows = *prompt_len / shape.entry_tokens - cached / shape.entry_tokens;
+      r.host_ok_on_cuda = true;
+      p.entries = CheckTensor(rows, r, backend_).data;
+    }
+    if (!window.is_none()) {
+      TensorRules w{"window"};
+      w.row_bytes = stride;
+      w.exact_rows = std::min(*prompt_len, options().raw_window);
+      w.host_ok_on_cuda = true;
+      p.window = CheckTensor(window, w, backend_).data;
+    }
+    Check(suffix ? manager_->IngestPromptSuffix(id, layer, p, Stream(stream))
+                 : manager_->IngestPrompt(id, layer, p, Stream(stream)));
+  }
+
   // IngestPrompt (rows_first 0: the prompt's entries, floor(prompt_len / entry_tokens) rows) or
-  // IngestPromptSuffix (rows_first = cached: rows of positions [cached, prompt_len)). The row
-  // count is checked here, since the library reads that many rows from the pointer.
+  // IngestPromptSuffix (rows_first = cached tokens, a whole number of entries: the entries past
+  // them). The row count is checked here, since the library reads that many rows from the
+  // pointer.
   void Ingest(RequestId id, int32_t layer, const py::object& rows, int32_t rows_first,
               const char* op, const py::object& stream) {
     TensorRules r{"rows"};
@@ -420,14 +430,15 @@ class PyManager {
       Raise(NotFound(std::string(op) + ": request " + std::to_string(id) +
                      " is unknown or released"));
     }
-    r.exact_rows = rows_first == 0 ? *prompt_len / options().geometry.layers[layer].entry_tokens
-                                   : *prompt_len - rows_first;
+    const int32_t entry_tokens = options().geometry.layers[layer].entry_tokens;
+    r.exact_rows = (*prompt_len - rows_first) / entry_tokens;
     r.host_ok_on_cuda = true;
-    const TensorArg t = CheckTensor(rows, r, backend_);
+    // None: no rows (the manager refuses it where there are rows to give).
+    const void* data = rows.is_none() ? nullptr : CheckTensor(rows, r, backend_).data;
     if (rows_first == 0) {
-      Check(manager_->IngestPrompt(id, layer, t.data, Stream(stream)));
+      Check(manager_->IngestPrompt(id, layer, data, Stream(stream)));
     } else {
-      Check(manager_->IngestPromptSuffix(id, layer, t.data, Stream(stream)));
+      Check(manager_->IngestPromptSuffix(id, layer, data, Stream(stream)));
     }
   }
 
@@ -712,9 +723,11 @@ void RegisterManager(py::module_& m) {
            py::arg("token_ids"), py::arg("max_new_tokens"), no_stream,
            "admit() for a prompt of len(token_ids) tokens (int32 ids) whose longest prefix of "
            "full pages already in the pool is shared, not stored again. Returns `cached`: "
-           "positions [0, cached) were found (a multiple of host_page_tokens, less than the "
-           "prompt length, 0 on a miss); ingest only [cached, prompt_len) with "
-           "ingest_prompt_suffix. Errors as admit(); nothing changes on error.")
+           "tokens [0, cached) were found (a multiple of host_page_tokens * entry_tokens, less "
+           "than the prompt length, 0 on a miss); ingest only the entries of [cached, "
+           "prompt_len) with ingest_prompt_suffix. With resident layers, only a retained "
+           "conversation's prefix is shared (its resident entries are restored from its host "
+           "copy). Errors as admit(); nothing changes on error.")
       .def("admit_from_node_pool", &PyManager::AdmitFromNodePool, py::arg("request_id"),
            py::arg("owner"), py::arg("seal"), py::arg("max_new_tokens"), no_stream,
            "Admits the prompt `owner` sealed as `seal` in the manager's node pool (by this or "
@@ -750,9 +763,14 @@ void RegisterManager(py::module_& m) {
       .def("peer_rows_read", &PyManager::PeerRowsRead, no_stream,
            "Rows copied from peer regions since attach_peer_tier (synchronises the stream).")
       .def("ingest_prompt_suffix", &PyManager::IngestPromptSuffix, py::arg("request_id"),
-           py::arg("layer"), py::arg("rows"), no_stream,
+           py::arg("layer"), py::arg("rows") = py::none(), py::arg("window") = py::none(),
+           no_stream,
            "ingest_prompt() for a request admitted with admit_with_prefix: rows is "
-           "[prompt_len - cached, row_stride], the KV of positions [cached, prompt_len).")
+           "[(prompt_len - cached) // entry_tokens, row_stride], the entries of tokens "
+           "[cached, prompt_len) (None if there are none; of a resident layer, its entries "
+           "[cached // entry_tokens, prompt_len // entry_tokens), the earlier ones restored at "
+           "admission); window is the prompt's newest min(prompt_len, raw_window) raw rows, as "
+           "for ingest_prompt (required with a raw window).")
       .def("fork", &PyManager::Fork, py::arg("parent"), py::arg("child"), py::arg("max_new_tokens"),
            no_stream,
            "Admits `child` with all of `parent`'s history shared and room for max_new_tokens "

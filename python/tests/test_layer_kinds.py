@@ -224,3 +224,49 @@ def test_an_offloaded_layer_of_cadence_r_is_ingested_with_its_entries():
     manager.ingest_prompt(1, 1, np.zeros((13 // 4, STRIDE), np.uint8))
     manager.plan_step([1])
     manager.append_token(0, np.zeros((MAX_BATCH, STRIDE), np.uint8))
+
+
+def test_a_retained_conversation_shares_its_prefix_with_its_resident_entries():
+    # A page holds 16 entries of 4 tokens: 64 tokens. Request 1's 300 tokens fill 4 pages.
+    manager = sparsekv.SparseKVCacheManager(v4_options(), sparsekv.cpu_backend())
+    ids = [t % 7 for t in range(300)]
+    assert manager.admit_with_prefix(1, ids, 40) == 0
+    window1 = {
+        layer: np.stack([row(1, layer, 1, t) for t in range(292, 300)]) for layer in range(5)
+    }
+    for layer, (kind, r) in enumerate(KINDS):
+        entries = None
+        if kind != LayerKind.WINDOW_ONLY:
+            entries = np.stack([row(1, layer, 0, c) for c in range(300 // r)])
+        manager.ingest_prompt_suffix(1, layer, entries, window=window1[layer])
+    assert manager.retain(1) == 256
+    assert manager.is_retained(1)
+
+    # The conversation goes on: the whole history and 10 new tokens. Its first 256 tokens are shared; the
+    # resident layers' entries 0 and 1 (tokens 0-255) come from request 1's copy.
+    assert manager.admit_with_prefix(2, ids + [3] * 10, 20) == 256
+    for layer, (kind, r) in enumerate(KINDS):
+        entries = None
+        if kind == LayerKind.OFFLOADED:  # entries 64-76 of 77
+            entries = np.stack([row(2, layer, 0, c) for c in range(256 // r, 310 // r)])
+            with pytest.raises(ValueError, match="rows"):
+                manager.ingest_prompt_suffix(2, layer, entries[1:], window=window1[layer])
+        window = np.stack([row(2, layer, 1, t) for t in range(302, 310)])
+        manager.ingest_prompt_suffix(2, layer, entries, window=window)
+    manager.plan_step([2])  # token 310
+    for layer, (kind, r) in enumerate(KINDS):
+        window = np.zeros((MAX_BATCH, STRIDE), np.uint8)
+        window[0] = row(2, layer, 1, 310)
+        entries = None if kind == LayerKind.WINDOW_ONLY else np.zeros((MAX_BATCH, STRIDE), np.uint8)
+        manager.append_token(layer, entries, window=window)
+        if kind == LayerKind.OFFLOADED:
+            topk = np.full((MAX_BATCH, TOP_K), -1, np.int32)
+            manager.run_layer(layer, topk, np.zeros((MAX_BATCH, TOP_K), np.int32))
+        want = np.stack([row(2, layer, 1, t) for t in range(303, 311)])
+        np.testing.assert_array_equal(manager.raw_window(layer).rows(0), want)
+        if kind == LayerKind.RESIDENT:
+            want = np.stack([row(1, layer, 0, c) for c in (0, 1)])
+            np.testing.assert_array_equal(manager.dense_entries(layer).entries(0), want)
+    manager.finish_step()
+    stats = manager.read_stats()
+    assert (stats.prefix_lookup_tokens, stats.prefix_hit_tokens) == (610, 256)

@@ -319,16 +319,24 @@ Status DenseLayerStore::CopyRows(const Held& from, const Held& to, int32_t token
 }
 
 Status DenseLayerStore::IngestPrompt(RequestId id, int32_t layer, const void* entry_rows,
-                                     const void* window_rows, StreamHandle stream) {
+                                     const void* window_rows, StreamHandle stream,
+                                     int32_t kept_tokens) {
   SPARSEKV_ASSIGN_OR_RETURN(const Held* found, FindPlaced(id, "IngestPrompt"));
   const Held& held = *found;
   if (layer < 0 || layer >= options_.geometry.num_layers()) {
     return InvalidArgument("DenseLayerStore::IngestPrompt: layer " + Num(layer) + " outside [0, " +
                            Num(options_.geometry.num_layers()) + ")");
   }
+  if (kept_tokens < 0 || kept_tokens > held.tokens) {
+    return InvalidArgument("DenseLayerStore::IngestPrompt: kept tokens " + Num(kept_tokens) +
+                           " outside [0, " + Num(held.tokens) + "] (request " +
+                           Num(static_cast<int64_t>(id)) + ")");
+  }
   const LayerShape& shape = options_.geometry.layers[layer];
   const int64_t stride = shape.row_stride;
-  const int32_t entries = shape.kind == LayerKind::kResident ? held.tokens / shape.entry_tokens : 0;
+  const bool resident = shape.kind == LayerKind::kResident;
+  const int32_t first = resident ? kept_tokens / shape.entry_tokens : 0;
+  const int32_t entries = resident ? held.tokens / shape.entry_tokens - first : 0;
   const int32_t valid = std::min(held.tokens, options_.raw_window);
   if ((entries > 0 && entry_rows == nullptr) || (valid > 0 && window_rows == nullptr)) {
     return InvalidArgument("DenseLayerStore::IngestPrompt: layer " + Num(layer) + " of request " +
@@ -337,8 +345,9 @@ Status DenseLayerStore::IngestPrompt(RequestId id, int32_t layer, const void* en
   }
   if (entries > 0) {
     // The layer's pages are consecutive in the request's allocation: its entries are one run.
-    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(held.memory + held.layout.page_offset[layer],
-                                                 entry_rows, entries * stride, stream));
+    SPARSEKV_RETURN_IF_ERROR(
+        backend_->CopyAsync(held.memory + held.layout.page_offset[layer] + first * stride,
+                            entry_rows, entries * stride, stream));
   }
   if (valid > 0) {
     // Token t lies in slot t mod raw_window: the newest rows are at most two runs of the ring.
@@ -352,6 +361,38 @@ Status DenseLayerStore::IngestPrompt(RequestId id, int32_t layer, const void* en
       SPARSEKV_RETURN_IF_ERROR(
           backend_->CopyAsync(ring, rows + head * stride, (valid - head) * stride, stream));
     }
+  }
+  return Status::Ok();
+}
+
+Status DenseLayerStore::RestoreEntries(RequestId id, const void* host, int64_t host_bytes,
+                                       int64_t host_reserved_tokens, int32_t tokens,
+                                       StreamHandle stream) {
+  SPARSEKV_ASSIGN_OR_RETURN(const Held* found, FindPlaced(id, "RestoreEntries"));
+  const Held& held = *found;
+  if (tokens < 0 || tokens > held.tokens || tokens > host_reserved_tokens) {
+    return InvalidArgument("DenseLayerStore::RestoreEntries: " + Num(tokens) +
+                           " tokens, more than request " + Num(static_cast<int64_t>(id)) + "'s " +
+                           Num(held.tokens) + " or the copy's " + Num(host_reserved_tokens) +
+                           " reserved");
+  }
+  // The copy is laid out as the allocation of the request it was taken from.
+  const Layout from = LayoutFor(options_, host_reserved_tokens);
+  const int64_t bytes = from.bytes.sum();
+  if (host_bytes < bytes || (bytes > 0 && host == nullptr)) {
+    return InvalidArgument("DenseLayerStore::RestoreEntries: host copy of " + Num(host_bytes) +
+                           " bytes, a request of " + Num(host_reserved_tokens) + " tokens holds " +
+                           Num(bytes));
+  }
+  const auto* src = static_cast<const std::byte*>(host);
+  for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
+    const LayerShape& shape = options_.geometry.layers[l];
+    if (shape.kind != LayerKind::kResident) continue;
+    // A layer's pages are one run in either allocation.
+    const int64_t run = static_cast<int64_t>(tokens / shape.entry_tokens) * shape.row_stride;
+    if (run == 0) continue;
+    SPARSEKV_RETURN_IF_ERROR(backend_->CopyAsync(held.memory + held.layout.page_offset[l],
+                                                 src + from.page_offset[l], run, stream));
   }
   return Status::Ok();
 }

@@ -90,11 +90,22 @@ class DenseLayerStore {
   // Writes `layer`'s rows for the request's tokens n now: for a resident layer of cadence r, its
   // floor(n / r) entries from `entry_rows` (consecutive rows of the layer's row_stride); with a
   // raw window, its newest min(n, raw_window) rows from `window_rows` (oldest first, the same
-  // stride) into their ring slots. A pointer is read only where it has rows to give; the layer's
-  // other rows are left as they are. NotFound, FailedPrecondition for a retracted request,
-  // InvalidArgument for a layer out of range or a null pointer that has rows to give.
+  // stride) into their ring slots. With `kept_tokens` > 0 (a prompt whose first tokens' entries
+  // are in place already: RestoreEntries), only the entries [floor(kept_tokens / r), floor(n / r))
+  // are written, and `entry_rows` starts at the first of them. A pointer is read only where it has
+  // rows to give; the layer's other rows are left as they are. NotFound, FailedPrecondition for a
+  // retracted request, InvalidArgument for a layer out of range, kept_tokens outside [0, n] or a
+  // null pointer that has rows to give.
   Status IngestPrompt(RequestId id, int32_t layer, const void* entry_rows, const void* window_rows,
-                      StreamHandle stream);
+                      StreamHandle stream, int32_t kept_tokens = 0);
+  // Copies the entries of the first `tokens` tokens of every resident layer (floor(tokens / r)
+  // each) from `host`, what Retract wrote of a request that reserved `host_reserved_tokens`
+  // (host_bytes of it), into `id`'s pages: the resident entries of a prompt prefix that request
+  // held. Raw windows are not copied. NotFound, FailedPrecondition for a retracted request;
+  // InvalidArgument if `tokens` exceeds the request's tokens or host_reserved_tokens, or
+  // host_bytes is short of that request's bytes. `host` may be reused when the call returns.
+  Status RestoreEntries(RequestId id, const void* host, int64_t host_bytes,
+                        int64_t host_reserved_tokens, int32_t tokens, StreamHandle stream);
   // Holds `child` with a device copy of `parent`'s entries and rings and its token count,
   // reserving `reserved_tokens` (>= the parent's tokens). Errors as Admit; NotFound for a parent
   // not held, FailedPrecondition for a retracted one.

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "sparsekv/backend.h"
@@ -220,6 +221,67 @@ TEST(DenseLayerStoreTest, WithoutRawWindowThereIsNoRing) {
   std::vector<std::byte> rows(4 * 40);
   ExpectOk((*store)->Append(1, rows.data(), nullptr, nullptr));
   ExpectOk((*store)->Append(3, nullptr, nullptr, nullptr));
+}
+
+// Rows of `n` entries of `stride` bytes, entry e filled with the byte `first + e`.
+std::vector<std::byte> EntryRows(int32_t first, int32_t n, int32_t stride) {
+  std::vector<std::byte> rows(static_cast<size_t>(n) * stride);
+  for (int32_t e = 0; e < n; ++e) {
+    std::memset(rows.data() + static_cast<size_t>(e) * stride, (first + e) & 0xff, stride);
+  }
+  return rows;
+}
+
+// A prompt that starts with another request's tokens takes that request's first entries of each
+// resident layer from its host copy (what Retract wrote, laid out for its own reservation) and
+// ingests only the entries past them; the views read both.
+TEST(DenseLayerStoreTest, RestoredEntriesComeFromAnotherRequestsHostCopy) {
+  auto made = DenseLayerStore::Create(MixedOptions(), std::make_shared<CountingBackend>());
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  DenseLayerStore& store = **made;
+  const std::vector<std::byte> window = EntryRows(200, 8, 40);
+  // Request 1: 300 tokens, reserving 400: 75 entries of layer 1 (r = 4), 2 of layer 2 (r = 128).
+  ExpectOk(store.Admit(1, 300, 400, nullptr));
+  ExpectOk(store.IngestPrompt(1, 0, nullptr, window.data(), nullptr));
+  ExpectOk(store.IngestPrompt(1, 1, EntryRows(0, 75, 32).data(), window.data(), nullptr));
+  ExpectOk(store.IngestPrompt(1, 2, EntryRows(100, 2, 40).data(), window.data(), nullptr));
+  ExpectOk(store.IngestPrompt(1, 3, nullptr, window.data(), nullptr));
+  std::vector<std::byte> host(static_cast<size_t>(*store.RetractedBytes(1)));
+  ExpectOk(store.Retract(1, host.data(), static_cast<int64_t>(host.size()), nullptr));
+
+  // Request 2: 290 tokens whose first 256 are request 1's, reserving 300 (another layout).
+  ExpectOk(store.Admit(2, 290, 300, nullptr));
+  const int64_t bytes = static_cast<int64_t>(host.size());
+  EXPECT_EQ(store.RestoreEntries(2, host.data(), bytes, 400, 291, nullptr).code(),
+            StatusCode::kInvalidArgument);  // more tokens than request 2 holds
+  EXPECT_EQ(store.RestoreEntries(2, host.data(), bytes - 1, 400, 256, nullptr).code(),
+            StatusCode::kInvalidArgument);  // short of the copy's bytes
+  ExpectOk(store.RestoreEntries(2, host.data(), bytes, 400, 256, nullptr));
+  EXPECT_EQ(store.IngestPrompt(2, 1, nullptr, window.data(), nullptr, 291).code(),
+            StatusCode::kInvalidArgument);  // kept tokens past the prompt
+  EXPECT_EQ(store.IngestPrompt(2, 1, nullptr, window.data(), nullptr, 256).code(),
+            StatusCode::kInvalidArgument);  // entries 64-71 to give
+  ExpectOk(store.IngestPrompt(2, 0, nullptr, window.data(), nullptr, 256));
+  ExpectOk(store.IngestPrompt(2, 1, EntryRows(64, 8, 32).data(), window.data(), nullptr, 256));
+  ExpectOk(store.IngestPrompt(2, 2, nullptr, window.data(), nullptr, 256));  // no entry past 256
+  ExpectOk(store.IngestPrompt(2, 3, nullptr, window.data(), nullptr, 256));
+
+  const RequestId two[] = {2};
+  ExpectOk(store.PlanStep(two, nullptr));
+  for (const auto& [layer, count, first] : {std::tuple{1, 72, 0}, std::tuple{2, 2, 100}}) {
+    const StatusOr<DenseEntriesView> view = store.DenseEntries(layer);
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    ASSERT_EQ(view->seq_len[0] / view->entry_tokens, count);
+    for (int32_t e = 0; e < count; ++e) {
+      const std::byte* page =
+          view->pages[int64_t{view->table_row[0]} * view->pages_per_row + e / view->page_rows];
+      const std::vector<std::byte> want = EntryRows(first + e, 1, view->row_stride);
+      EXPECT_EQ(std::memcmp(page + int64_t{e % view->page_rows} * view->row_stride, want.data(),
+                            want.size()),
+                0)
+          << "layer " << layer << " entry " << e;
+    }
+  }
 }
 
 // The model: every entry and window row each request was given, in plain arrays.

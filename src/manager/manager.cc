@@ -108,6 +108,11 @@ StatusOr<int32_t> SparseKVCacheManager::AdmitWithPrefix(RequestId id,
 }
 Status SparseKVCacheManager::IngestPromptSuffix(RequestId id, int32_t layer, const void* rows,
                                                 StreamHandle stream) {
+  return impl_->IngestPromptSuffix(id, layer, PromptRows{.entries = rows}, stream);
+}
+
+Status SparseKVCacheManager::IngestPromptSuffix(RequestId id, int32_t layer, const PromptRows& rows,
+                                                StreamHandle stream) {
   return impl_->IngestPromptSuffix(id, layer, rows, stream);
 }
 Status SparseKVCacheManager::Fork(RequestId parent, RequestId child, int32_t max_new_tokens,

@@ -131,17 +131,106 @@ TEST_F(ManagerCadenceTest, AForkContinuesTheParentsEntries) {
 
 TEST_F(ManagerCadenceTest, WhatAddressesPagesByTokenIsRefused) {
   ASSERT_TRUE(m_->Admit(1, 8, 4, nullptr).ok());
-  const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
-  const StatusOr<int32_t> prefix = m_->AdmitWithPrefix(2, ids, 4, nullptr);
-  EXPECT_EQ(prefix.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(prefix.status().message().find("every 4 tokens (entry_tokens)"), std::string::npos)
-      << prefix.status().message();
-  EXPECT_EQ(m_->Retain(1).status().code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(m_->AdmitSealedPrompt(3, 0, 1, 4, nullptr).code(), StatusCode::kUnimplemented);
+  const Status sealed = m_->AdmitSealedPrompt(3, 0, 1, 4, nullptr);
+  EXPECT_EQ(sealed.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(sealed.message().find("every 4 tokens (entry_tokens)"), std::string::npos)
+      << sealed.message();
   auto pool = HostKVPool::CreateShared(CadenceFour(), 2, CreateCpuBackend());
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   EXPECT_EQ(SparseKVCacheManager::Create(CadenceFour(), CreateCpuBackend(), *pool).status().code(),
             StatusCode::kUnimplemented);
+}
+
+// Ids 0, 1, ... n - 1 from `first` on.
+std::vector<int32_t> Ids(int32_t n, int32_t first = 0) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) ids[i] = first + i;
+  return ids;
+}
+
+// CadenceFour with requests of up to 64 tokens: two pages of 8 entries, 32 tokens each.
+class ManagerCadencePrefixTest : public ManagerCadenceTest {
+ protected:
+  void SetUp() override {
+    CacheOptions o = CadenceFour();
+    o.max_context = 64;
+    auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    m_ = std::move(*m);
+    driver_ = std::make_unique<testing::StepDriver>(*m_);
+  }
+  // AdmitWithPrefix of `ids` and the ingestion of its uncached entries (rows Entries(e, 1) for
+  // entry e); returns cached, or -1 on error.
+  int32_t AdmitAndIngest(RequestId id, const std::vector<int32_t>& ids, int32_t max_new) {
+    const StatusOr<int32_t> cached = m_->AdmitWithPrefix(id, ids, max_new, nullptr);
+    EXPECT_TRUE(cached.ok()) << cached.status().ToString();
+    if (!cached.ok()) return -1;
+    const int32_t first = *cached / 4, entries = static_cast<int32_t>(ids.size()) / 4;
+    const Bytes rows = Entries(first, entries - first);
+    const Status ingested =
+        m_->IngestPromptSuffix(id, 0, entries > first ? rows.data() : nullptr, nullptr);
+    EXPECT_TRUE(ingested.ok()) << ingested.ToString();
+    return *cached;
+  }
+};
+
+// A host page of 8 entries covers 32 tokens, and the prefix index keys it by all 32 ids: a
+// retained conversation's first page is shared by the next prompt that starts with those 32
+// tokens, and only the entries past it are ingested.
+TEST_F(ManagerCadencePrefixTest, APageIsSharedByPromptsThatStartWithAllTheTokensItCovers) {
+  EXPECT_EQ(AdmitAndIngest(1, Ids(40), 8), 0);  // entries 0-9
+  EXPECT_EQ(*m_->Retain(1), 32);                // page 0 only: page 1 is partial
+  const std::vector<int32_t> retained = *m_->HostPages(1);
+  ASSERT_EQ(retained.size(), 1u);
+
+  std::vector<int32_t> next = Ids(40);
+  next.push_back(99);
+  EXPECT_EQ(AdmitAndIngest(2, next, 8), 32);
+  EXPECT_EQ(m_->HostPages(2)->front(), retained[0]);
+  testing::DenseModel model(m_->options().geometry);
+  model.Add(2, {Entries(0, 10)}, 10);
+  const std::vector<int32_t> topk = {0, 9};
+  const testing::LayerResult r = driver_->Step({2}, {Entries(50, 1)}, {topk}, {7})[0];
+  EXPECT_EQ(testing::CheckLayer(model, m_->options().geometry, 0, {2}, topk, r, 2), 0);
+  ASSERT_TRUE(m_->Release(2).ok());
+
+  // The last token the page covers differs: a miss.
+  std::vector<int32_t> changed = Ids(40);
+  changed[31] = 77;
+  EXPECT_EQ(AdmitAndIngest(3, changed, 0), 0);
+  ASSERT_TRUE(m_->Release(3).ok());
+  // 33 tokens: the page is shared and the prompt's 8 entries are all in it, so nothing is
+  // ingested; 32 tokens: the last token is never cached, so no whole page is.
+  EXPECT_EQ(AdmitAndIngest(4, Ids(33), 4), 32);
+  EXPECT_EQ(AdmitAndIngest(5, Ids(32), 4), 0);
+  const CacheStats s = *m_->ReadStats(nullptr);
+  EXPECT_EQ(s.prefix_lookup_tokens, 40u + 41 + 40 + 33 + 32);
+  EXPECT_EQ(s.prefix_hit_tokens, 64u);
+}
+
+// Decode fills a page once its last entry is appended, and indexes it once the ids of every
+// token its entries cover are known (PlanStep with token ids); a step without ids ends that.
+TEST_F(ManagerCadencePrefixTest, DecodedPagesAreIndexedByTheirTokensIds) {
+  EXPECT_EQ(AdmitAndIngest(1, Ids(20), 20), 0);  // entries 0-4
+  EXPECT_EQ(AdmitAndIngest(2, Ids(20, 100), 20), 0);
+  for (int32_t token = 20; token < 32; ++token) {
+    const Bytes row = Entries(token / 4 - 1, 1);
+    if (token == 24) {
+      driver_->Step({1}, {row}, {{0, 0}}, {token});
+      driver_->Step({2}, {row}, {{0, 0}});  // without ids: request 2's end here
+      continue;
+    }
+    Bytes rows = row;
+    rows.insert(rows.end(), row.begin(), row.end());
+    driver_->Step({1, 2}, {rows}, {{0, 0, 0, 0}}, {token, 100 + token});
+  }
+  EXPECT_EQ(*m_->SequenceLength(1), 32);
+  EXPECT_EQ(*m_->Retain(1), 32);
+  EXPECT_EQ(*m_->Retain(2), 0);
+  EXPECT_TRUE(m_->IsRetained(1));
+  EXPECT_FALSE(m_->IsRetained(2));
+  EXPECT_EQ(AdmitAndIngest(3, Ids(36), 0), 32);
+  EXPECT_EQ(AdmitAndIngest(4, Ids(36, 100), 0), 0);
 }
 
 }  // namespace

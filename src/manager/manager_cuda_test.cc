@@ -68,6 +68,23 @@ TEST(ManagerCudaTest, LayerKindsMatchTheDenseModel) {
   }
 }
 
+// The same with prefix sharing and retained conversations: a prefix's resident entries restored
+// from a retained conversation's host copy into device memory (manager_layer_kinds_test.cc).
+TEST(ManagerCudaTest, LayerKindsWithSharingMatchTheDenseModel) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  int64_t hit_tokens = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    SCOPED_TRACE(seed);
+    testing::LayerKindsModel model(seed, /*hybrid=*/seed % 3 == 0, gpu, /*sharing=*/true);
+    model.Run(400);
+    model.ReleaseAll();
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_GT(model.steps(), 50);
+    hit_tokens += model.hit_tokens();
+  }
+  EXPECT_GT(hit_tokens, 0);
+}
+
 TEST(ManagerCudaTest, RandomOperationsMatchTheCpuBackend) {
   SPARSEKV_REQUIRE_GPU(gpu);
   EXPECT_GT(RunLockstep(gpu,
@@ -158,6 +175,22 @@ TEST(ManagerCudaTest, EntriesEveryFourTokensMatchTheCpuBackend) {
                               testing::RandomCadenceOptions(seed, shape.run.prefetch, 4);
                           shape.run.prefetch = std::min(shape.run.prefetch, o.max_prefetch);
                           return std::pair(o, shape);
+                        }),
+            500);
+}
+
+// Sharing at an entry every 4 tokens in lockstep: pages keyed by the 4 * host_page_tokens tokens
+// they cover, prefixes, continued and retained conversations, forks with copy on write and
+// eviction; identical prefixes found, slots and rows delivered.
+TEST(ManagerCudaTest, SharingEveryFourTokensMatchesTheCpuBackend) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  EXPECT_GT(RunLockstep(gpu,
+                        [](uint64_t seed) {
+                          testing::WorkloadShape shape;
+                          shape.sharing = true;
+                          shape.vocabulary = 2 + static_cast<int32_t>(seed % 2);
+                          shape.run.split = seed % 5 < 2;
+                          return std::pair(testing::RandomCadenceOptions(seed, 0, 4), shape);
                         }),
             500);
 }

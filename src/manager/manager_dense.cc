@@ -2,6 +2,7 @@
 // layers' entries and every layer's raw window live in dense_ (DenseLayerStore), which follows
 // the requests on the device: admitted, forked, retracted, resumed and released with them, and
 // given each step's batch by PlanStep. The calls that work through a top-k refuse its layers.
+#include <algorithm>
 #include <string>
 
 #include "manager/manager_impl.h"
@@ -73,6 +74,49 @@ Status SparseKVCacheManager::Impl::ResumeDense(RequestId id, StreamHandle stream
       dense_->Resume(id, it->second.data(), static_cast<int64_t>(it->second.size()), stream));
   dense_retracted_.erase(it);
   return Status::Ok();
+}
+
+bool SparseKVCacheManager::Impl::HasResidentLayers() const {
+  return std::any_of(options_.geometry.layers.begin(), options_.geometry.layers.end(),
+                     [](const LayerShape& l) { return l.kind == LayerKind::kResident; });
+}
+
+Status SparseKVCacheManager::Impl::RetainDense(RequestId id, const Request& r) {
+  if (!HasResidentLayers()) return Status::Ok();
+  // A retracted request's copy is taken already; Retract's copy serves otherwise too (it waits
+  // for the default stream, as Retract does).
+  if (!dense_retracted_.contains(id)) SPARSEKV_RETURN_IF_ERROR(RetractDense(id));
+  auto it = dense_retracted_.find(id);
+  dense_retained_[id] = std::make_shared<const RetainedEntries>(
+      RetainedEntries{.host = std::move(it->second), .reserved_tokens = r.reserved_tokens});
+  dense_retracted_.erase(it);
+  return Status::Ok();
+}
+
+std::shared_ptr<const SparseKVCacheManager::Impl::RetainedEntries>
+SparseKVCacheManager::Impl::PrefixEntries(std::vector<int32_t>& matched) const {
+  if (!HasResidentLayers() || matched.empty()) return nullptr;
+  // A conversation holding page k - 1 of the match holds pages 0..k-1 too (pages are shared
+  // only as prefixes), so its tokens [0, k pages) are the prompt's and its copy holds their
+  // entries. The longest such prefix wins; ties hold identical entries.
+  size_t best = 0;
+  std::shared_ptr<const RetainedEntries> copy;
+  for (const auto& [id, entries] : dense_retained_) {
+    const std::vector<int32_t>* pages = ledger_->RetainedPages(id);
+    if (pages == nullptr) continue;
+    size_t k = std::min(pages->size(), matched.size());
+    while (k > best && (*pages)[k - 1] != matched[k - 1]) --k;
+    if (k > best) {
+      best = k;
+      copy = entries;
+    }
+  }
+  matched.resize(best);
+  return copy;
+}
+
+void SparseKVCacheManager::Impl::DropEvictedEntries() {
+  std::erase_if(dense_retained_, [&](const auto& it) { return !ledger_->IsRetained(it.first); });
 }
 
 Status SparseKVCacheManager::Impl::AppendDense(int32_t layer, const StepRows& rows,

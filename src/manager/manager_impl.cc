@@ -73,7 +73,8 @@ Status SparseKVCacheManager::Impl::Allocate() {
         pool_, HostKVPool::Create(o.geometry, o.host_capacity_tokens, o.host_page_tokens,
                                   o.effective_max_host_requests(), o.max_context, backend_.get()));
   }
-  ledger_ = std::make_unique<PageLedger>(pool_.get());
+  // A page of host_page_tokens entries covers cadence_ times as many tokens, whose ids key it.
+  ledger_ = std::make_unique<PageLedger>(pool_.get(), o.host_page_tokens * cadence_);
   SPARSEKV_RETURN_IF_ERROR(AllocateDense());  // its share of the budget first
   SPARSEKV_ASSIGN_OR_RETURN(const HotCacheShape shape, ChooseHotCacheShape(o));
   options_.hot_slots = entries_.hot_slots = shape.hot_slots;
@@ -171,6 +172,7 @@ StatusOr<SparseKVCacheManager::Impl::Request*> SparseKVCacheManager::Impl::Admit
   // Reserve then fails, all or nothing.
   PageLedger::Evictions evicted;
   Status reserved = ledger_->MakeRoom(fresh, "Admit", evicted);
+  if (evicted.conversations > 0) DropEvictedEntries();
   stats_.host().evictions += evicted.conversations;
   stats_.host().evicted_pages += evicted.pages;
   if (reserved.ok()) {
@@ -224,7 +226,6 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
                                                               std::span<const int32_t> token_ids,
                                                               int32_t max_new_tokens,
                                                               StreamHandle stream) {
-  SPARSEKV_RETURN_IF_ERROR(CheckCadenceOne("AdmitWithPrefix"));
   if (token_ids.empty() || max_new_tokens < 0) {
     return InvalidArgument("AdmitWithPrefix: token_ids must not be empty and max_new_tokens >= 0");
   }
@@ -233,9 +234,13 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
                       std::to_string(token_ids.size()) + " prompt tokens, more than max_context");
   }
   const int32_t prompt_len = static_cast<int32_t>(token_ids.size());
-  const int32_t pt = options_.host_page_tokens;
-  // At least the last prompt token is ingested: the engine computes its KV with its logits.
-  const std::vector<int32_t> matched = ledger_->Match(token_ids, (prompt_len - 1) / pt);
+  // A page holds host_page_tokens entries, which cover page_tokens tokens.
+  const int32_t page_tokens = options_.host_page_tokens * cadence_;
+  // At least the last prompt token is left out: the engine computes its KV with its logits (at
+  // entry_tokens > 1 its entry, if it completes one, is ingested).
+  std::vector<int32_t> matched = ledger_->Match(token_ids, (prompt_len - 1) / page_tokens);
+  // With resident layers, only as much as a retained conversation's copy of them holds.
+  const std::shared_ptr<const RetainedEntries> entries = PrefixEntries(matched);
   // Pinned while admission may evict, so that the prefix it found is not freed under it.
   for (int32_t page : matched) pool_->AddRef(page);
   std::vector<int32_t> no_spares;
@@ -243,13 +248,29 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::AdmitWithPrefix(RequestId id,
                                      0, no_spares, true, stream);
   for (int32_t page : matched) ledger_->Unref(page);
   if (!r.ok()) return r.status();
-  const int32_t cached = static_cast<int32_t>(matched.size()) * pt;
+  // In tokens for the caller, in entries for the request.
+  const int32_t cached = static_cast<int32_t>(matched.size()) * page_tokens;
+  if (dense_ != nullptr) {
+    // All or nothing, as Admit; the prefix's resident entries come from the copy, the rest and
+    // the raw windows from the caller's ingestion.
+    Status held = dense_->Admit(id, prompt_len, (*r)->reserved_tokens, stream);
+    if (held.ok() && entries != nullptr) {
+      held = dense_->RestoreEntries(id, entries->host.data(),
+                                    static_cast<int64_t>(entries->host.size()),
+                                    entries->reserved_tokens, cached, stream);
+    }
+    if (!held.ok()) {
+      Forget(id, **r);
+      return held;
+    }
+  }
+  const int32_t cached_entries = static_cast<int32_t>(matched.size()) * options_.host_page_tokens;
   // A resident request holds its shared prefix in its own pages too (from the pool, complete in
   // every layer); ingestion brings the rest.
-  if ((*r)->resident() && cached > 0) {
-    SPARSEKV_RETURN_IF_ERROR(residency_.LoadResident(**r, 0, cached, stream));
+  if ((*r)->resident() && cached_entries > 0) {
+    SPARSEKV_RETURN_IF_ERROR(residency_.LoadResident(**r, 0, cached_entries, stream));
   }
-  (*r)->cached = cached;
+  (*r)->cached = cached_entries;
   (*r)->token_ids.assign(token_ids.begin(), token_ids.end());
   (*r)->indexed_pages = static_cast<int32_t>(matched.size());
   ledger_->Touch(matched);  // the conversations holding the prefix are in use again
@@ -345,10 +366,10 @@ Status SparseKVCacheManager::Impl::IngestPrompt(RequestId id, int32_t layer, con
   return Ingest(id, layer, rows.entries, rows.window, 0, "IngestPrompt", stream);
 }
 
-Status SparseKVCacheManager::Impl::IngestPromptSuffix(RequestId id, int32_t layer, const void* rows,
-                                                      StreamHandle stream) {
+Status SparseKVCacheManager::Impl::IngestPromptSuffix(RequestId id, int32_t layer,
+                                                      const PromptRows& rows, StreamHandle stream) {
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "IngestPromptSuffix"));
-  return Ingest(id, layer, rows, nullptr, r->cached, "IngestPromptSuffix", stream);
+  return Ingest(id, layer, rows.entries, rows.window, r->cached, "IngestPromptSuffix", stream);
 }
 
 Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const void* rows,
@@ -370,9 +391,17 @@ Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const voi
     return FailedPrecondition(std::string(op) + ": " + Describe(id) + " is retracted");
   }
   if (dense_ != nullptr) {
+    // A shared prefix's resident entries are in place already (AdmitWithPrefix restored them):
+    // only those past it are written, and whole-prompt rows are read from the first of them.
+    const int32_t kept = r->cached * cadence_;
+    const auto* entry_rows = static_cast<const std::byte*>(Offloaded(layer) ? nullptr : rows);
+    if (entry_rows != nullptr && rows_first == 0) {
+      const LayerShape& shape = options_.geometry.layers[layer];
+      entry_rows += static_cast<int64_t>(kept / shape.entry_tokens) * shape.row_stride;
+    }
     // First: it checks its own pointers, and on an error nothing is written.
     SPARSEKV_RETURN_IF_ERROR(
-        dense_->IngestPrompt(id, layer, Offloaded(layer) ? nullptr : rows, window_rows, stream));
+        dense_->IngestPrompt(id, layer, entry_rows, window_rows, stream, kept));
   }
   if (!Offloaded(layer)) {
     r->ingested[layer] = true;
@@ -408,15 +437,22 @@ Status SparseKVCacheManager::Impl::Ingest(RequestId id, int32_t layer, const voi
 
 void SparseKVCacheManager::Impl::IndexFullPages(Request& r) {
   const int32_t pt = options_.host_page_tokens;
+  const int32_t page_tokens = pt * cadence_;
   const std::span<const int32_t> table = pool_->page_table_row(r.owner);
   const std::span<const int32_t> ids = r.token_ids;
-  const int32_t full = static_cast<int32_t>(std::min<size_t>(r.seq_len, ids.size()) / pt);
+  // A page is full once it holds pt entries, and keyed once the ids of every token its entries
+  // cover are known.
+  const int32_t full =
+      static_cast<int32_t>(std::min<size_t>(r.seq_len, ids.size() / cadence_) / pt);
   for (; r.indexed_pages < full; ++r.indexed_pages) {
     const int32_t i = r.indexed_pages;
     // Fails only if an identical copy of the page is indexed already (two requests computed the
     // same prefix independently): lookups find that copy, and the pages after this one could not
     // be reached through it, so indexing stops here.
-    if (!ledger_->Index(i == 0 ? -1 : table[i - 1], table[i], ids.subspan(i * pt, pt))) return;
+    if (!ledger_->Index(i == 0 ? -1 : table[i - 1], table[i],
+                        ids.subspan(static_cast<size_t>(i) * page_tokens, page_tokens))) {
+      return;
+    }
   }
 }
 
@@ -443,7 +479,10 @@ void SparseKVCacheManager::Impl::Forget(RequestId id, Request& r) {
 }
 
 Status SparseKVCacheManager::Impl::Release(RequestId id) {
-  if (ledger_->Drop(id) >= 0) return Status::Ok();
+  if (ledger_->Drop(id) >= 0) {
+    dense_retained_.erase(id);
+    return Status::Ok();
+  }
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Release"));
   if (InOpenStep(id)) {
     return FailedPrecondition("Release: " + Describe(id) + " is in the open step");
@@ -452,8 +491,13 @@ Status SparseKVCacheManager::Impl::Release(RequestId id) {
   return Status::Ok();
 }
 
+int32_t SparseKVCacheManager::Impl::EvictRetained() {
+  const int32_t evicted = ledger_->DropAll();
+  dense_retained_.clear();
+  return evicted;
+}
+
 StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
-  SPARSEKV_RETURN_IF_ERROR(CheckCadenceOne("Retain"));
   SPARSEKV_ASSIGN_OR_RETURN(Request * r, Find(id, "Retain"));
   if (InOpenStep(id)) {
     return FailedPrecondition("Retain: " + Describe(id) + " is in the open step");
@@ -466,7 +510,8 @@ StatusOr<int32_t> SparseKVCacheManager::Impl::Retain(RequestId id) {
     Forget(id, *r);
     return 0;
   }
-  const int32_t tokens = static_cast<int32_t>(pages.size()) * options_.host_page_tokens;
+  const int32_t tokens = static_cast<int32_t>(pages.size()) * options_.host_page_tokens * cadence_;
+  SPARSEKV_RETURN_IF_ERROR(RetainDense(id, *r));
   ledger_->Retain(id, std::move(pages));  // before Forget drops the request's references
   Forget(id, *r);
   return tokens;
@@ -534,14 +579,14 @@ Status SparseKVCacheManager::Impl::CheckCadenceOne(const char* op) const {
   if (dense_ != nullptr) {
     return Unimplemented(std::string(op) +
                          ": the geometry has resident or window-only layers or a raw_window, and "
-                         "prefix sharing, sealed prompts and extensions know only the host pool's "
-                         "offloaded rows (docs/deepseek-v4.md)");
+                         "sealed prompts and extensions know only the host pool's offloaded rows "
+                         "(docs/deepseek-v4.md)");
   }
   if (cadence_ == 1) return Status::Ok();
   return Unimplemented(std::string(op) + ": the layers gain an entry every " +
                        std::to_string(cadence_) +
-                       " tokens (entry_tokens), and prefix sharing, sealed prompts and extensions "
-                       "are served only at one entry per token (docs/deepseek-v4.md)");
+                       " tokens (entry_tokens), and sealed prompts and extensions are served only "
+                       "at one entry per token (docs/deepseek-v4.md)");
 }
 
 Status SparseKVCacheManager::Impl::AdmitWithPages(RequestId id, int32_t prompt_len,

@@ -87,12 +87,13 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   }
   StatusOr<int32_t> AdmitWithPrefix(RequestId id, std::span<const int32_t> token_ids,
                                     int32_t max_new_tokens, StreamHandle stream);
-  Status IngestPromptSuffix(RequestId id, int32_t layer, const void* rows, StreamHandle stream);
+  Status IngestPromptSuffix(RequestId id, int32_t layer, const PromptRows& rows,
+                            StreamHandle stream);
   Status Fork(RequestId parent, RequestId child, int32_t max_new_tokens, StreamHandle stream);
   Status AdmitSealedPrompt(RequestId id, int32_t owner, uint64_t seal, int32_t max_new_tokens,
                            StreamHandle stream);
   StatusOr<int32_t> Retain(RequestId id);
-  int32_t EvictRetained() { return ledger_->DropAll(); }
+  int32_t EvictRetained();
   bool IsRetained(RequestId id) const { return ledger_->IsRetained(id); }
 
   // `token_ids` is null for a step planned without ids.
@@ -129,8 +130,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   Status ResetStats(StreamHandle stream);
   StatusOr<int32_t> SequenceLength(RequestId id) const;
   // Unimplemented for `op` at a cadence above one token per entry or with layers dense_ holds
-  // (prefix sharing, sealed prompts and extensions address pages by token and know only the host
-  // pool), else OK.
+  // (sealed prompts and extensions address pages by token and know only the host pool), else OK.
   Status CheckCadenceOne(const char* op) const;
   StatusOr<std::vector<int32_t>> HostPages(RequestId id) const;
   const std::byte* HotLayer(int32_t layer) const { return hot_->layer_data(layer); }
@@ -199,6 +199,23 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // dense_'s part of Retract and Resume (no-ops without dense_).
   Status RetractDense(RequestId id);
   Status ResumeDense(RequestId id, StreamHandle stream);
+  // A retained conversation's resident entries: the host copy of its part of dense_ (what
+  // DenseLayerStore::Retract wrote) and the tokens it reserved (the copy's layout).
+  struct RetainedEntries {
+    std::vector<std::byte> host;
+    int64_t reserved_tokens = 0;
+  };
+  bool HasResidentLayers() const;
+  // dense_'s part of Retain: with resident layers, keeps a host copy of the request's memory in
+  // dense_retained_ (taken now, or the one Retract took); a no-op otherwise.
+  Status RetainDense(RequestId id, const Request& r);
+  // dense_'s part of AdmitWithPrefix: with resident layers, cuts `matched` (a prefix match) to
+  // the longest prefix whose last page a retained conversation with a host copy holds, and
+  // returns that copy (null if there is none: `matched` is then empty). Without resident layers
+  // `matched` stays whole and the result is null.
+  std::shared_ptr<const RetainedEntries> PrefixEntries(std::vector<int32_t>& matched) const;
+  // Forgets the host copies of conversations the ledger no longer retains (evicted).
+  void DropEvictedEntries();
   // dense_'s part of a resident or window-only layer's AppendToken, and of an offloaded one's.
   Status AppendDense(int32_t layer, const StepRows& rows, StreamHandle stream);
 
@@ -279,6 +296,9 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // part of it waits in dense_retracted_ (DenseLayerStore::Retract's host copy).
   std::unique_ptr<DenseLayerStore> dense_;
   std::unordered_map<RequestId, std::vector<std::byte>> dense_retracted_;
+  // The retained conversations' resident entries (with resident layers), by conversation; an
+  // admission that shares a prefix holds the copy it restores from while it may evict.
+  std::unordered_map<RequestId, std::shared_ptr<const RetainedEntries>> dense_retained_;
 };
 
 }  // namespace sparsekv

@@ -83,6 +83,73 @@ TEST(ManagerLayerKindsTest, RefusedPlansChangeNothing) {
   }
 }
 
+// The same with prefix sharing: admissions with AdmitWithPrefix (new prompts, and continuations
+// of retained or live conversations), steps with token ids, Retain, release of retained
+// conversations and eviction (also under the pool's pressure). A shared prefix's resident entries
+// are restored from the retained conversation's host copy and read back as the model's; the raw
+// windows come from the new prompt's rows. Everything released, the pool and the store are empty.
+TEST(ManagerLayerKindsTest, RandomSharingLifecyclesMatchTheDenseModel) {
+  int64_t hit_tokens = 0;
+  int32_t restored = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE(seed);
+    testing::LayerKindsModel model(seed, /*hybrid=*/seed % 3 == 0, CreateCpuBackend(),
+                                   /*sharing=*/true);
+    model.Run(600);
+    model.ReleaseAll();
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_GT(model.steps(), 100);
+    hit_tokens += model.hit_tokens();
+    restored += model.restored();
+  }
+  EXPECT_GT(hit_tokens, 0);
+  EXPECT_GT(restored, 0);
+}
+
+// Admits `ids` with AdmitWithPrefix and ingests every layer (rows of zeros); returns cached.
+int32_t AdmitZeros(SparseKVCacheManager& m, RequestId id, const std::vector<int32_t>& ids) {
+  const StatusOr<int32_t> cached = m.AdmitWithPrefix(id, ids, 8, nullptr);
+  EXPECT_TRUE(cached.ok()) << cached.status().ToString();
+  if (!cached.ok()) return -1;
+  const Bytes rows(ids.size() * kStride), window(kRawWindow * kStride);
+  for (int32_t l = 0; l < m.options().geometry.num_layers(); ++l) {
+    const Status s =
+        m.IngestPrompt(id, l, PromptRows{.entries = rows.data(), .window = window.data()}, nullptr);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  return *cached;
+}
+
+// With resident layers, a retained conversation's copy of its resident entries serves a prefix:
+// once the conversation is evicted, a prefix that a live request still holds is not a hit.
+// Without resident layers (a raw window only) the live request's pages are shared as ever.
+TEST(ManagerLayerKindsTest, APrefixIsSharedAsFarAsARetainedConversationHoldsIt) {
+  std::vector<int32_t> ids(300);
+  for (int32_t t = 0; t < 300; ++t) ids[t] = t % 5;
+  std::vector<int32_t> next = ids;
+  next.push_back(1);
+  {
+    auto m = SparseKVCacheManager::Create(V4Shaped(false), CreateCpuBackend());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(AdmitZeros(**m, 1, ids), 0);
+    ASSERT_TRUE((*m)->Fork(1, 2, 4, nullptr).ok());  // request 2 holds the same pages, live
+    EXPECT_EQ(*(*m)->Retain(1), 256);                // 4 pages of 16 entries of 4 tokens
+    EXPECT_EQ(AdmitZeros(**m, 3, next), 256);
+    ASSERT_TRUE((*m)->Release(3).ok());
+    EXPECT_EQ((*m)->EvictRetained(), 1);
+    EXPECT_EQ(AdmitZeros(**m, 4, next), 0);  // only request 2 holds the prefix
+  }
+  CacheOptions o = V4Shaped(false);
+  for (int32_t l : {1, 3}) {
+    o.geometry.layers[l].kind = LayerKind::kOffloaded;
+    o.geometry.layers[l].entry_tokens = 4;
+  }
+  auto m = SparseKVCacheManager::Create(o, CreateCpuBackend());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(AdmitZeros(**m, 1, ids), 0);
+  EXPECT_EQ(AdmitZeros(**m, 2, next), 256);  // request 1 is live
+}
+
 class ManagerLayerKindsRefusalTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -147,11 +214,10 @@ TEST_F(ManagerLayerKindsRefusalTest, EveryLayerIsAppendedWithItsRows) {
   EXPECT_NE(s.message().find("layer 1"), std::string::npos) << s.message();
 }
 
-TEST_F(ManagerLayerKindsRefusalTest, WhatAddressesThePoolByTokenIsRefused) {
-  const std::vector<int32_t> ids(16, 7);
-  EXPECT_EQ(m_->AdmitWithPrefix(2, ids, 4, nullptr).status().code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(m_->Retain(1).status().code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(m_->AdmitSealedPrompt(3, 0, 0, 4, nullptr).code(), StatusCode::kUnimplemented);
+TEST_F(ManagerLayerKindsRefusalTest, SealedPromptsAreRefused) {
+  const Status s = m_->AdmitSealedPrompt(3, 0, 0, 4, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("raw_window"), std::string::npos) << s.message();
 }
 
 TEST(ManagerLayerKindsTest, GeometriesItDoesNotServeAreRefused) {

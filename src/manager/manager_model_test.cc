@@ -208,5 +208,43 @@ TEST(ManagerModelTest, EntriesEveryFourTokensMatchTheDenseModel) {
   EXPECT_GT(resident_hits, 0u);
 }
 
+// Sharing at an entry every 4 tokens (RandomCadenceOptions, as above): a host page of
+// host_page_tokens entries covers 4 times as many tokens, which key it in the prefix index;
+// prefix admission (cached is a whole number of such pages, the suffix's entries are ingested),
+// conversations retained and continued, forks, release of retained conversations and eviction
+// under the small pool. Exactness as above: every assembled row, every live history in the host
+// pool, shared pages unchanged while shared, and an empty pool at the end.
+TEST(ManagerModelTest, SharingEveryFourTokensMatchesTheDenseModel) {
+  int total_steps = 0;
+  uint64_t hits = 0, evictions = 0, copies = 0, retained = 0;
+  for (uint64_t seed : testing::TestSeeds(24)) {
+    SCOPED_TRACE("seed " + std::to_string(seed) +
+                 " (rerun with SPARSEKV_TEST_SEED=" + std::to_string(seed) + ")");
+    testing::WorkloadShape shape;
+    shape.sharing = true;
+    shape.vocabulary = 2 + static_cast<int32_t>(seed % 2);
+    shape.run.split = seed % 5 < 2;
+    const CacheOptions options = testing::RandomCadenceOptions(seed, 0, 4);
+    auto m = SparseKVCacheManager::Create(options, CreateCpuBackend());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    testing::RandomWorkload w(options, seed, {m->get()}, shape);
+    total_steps += w.Run(400);
+    w.CheckStats();
+    const CacheStats s = *(*m)->ReadStats(nullptr);
+    hits += s.prefix_hit_tokens;
+    evictions += s.evictions;
+    copies += s.copy_on_write_pages;
+    retained += s.retained_conversations;
+    w.ReleaseAll();
+    if (HasFailure()) break;
+  }
+  RecordProperty("steps", total_steps);
+  EXPECT_GT(total_steps, 1000);
+  EXPECT_GT(hits, 0u);
+  EXPECT_GT(evictions, 0u);
+  EXPECT_GT(copies, 0u);
+  EXPECT_GT(retained, 0u);
+}
+
 }  // namespace
 }  // namespace sparsekv

@@ -61,6 +61,10 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
   }
   for (size_t b = 0; b < batch.size(); ++b) {
     Request& r = requests_.at(batch[b]);
+    // Ids are kept per token while complete from token 0 on.
+    if (token_ids != nullptr && r.token_ids.size() == static_cast<size_t>(r.tokens)) {
+      r.token_ids.push_back((*token_ids)[b]);
+    }
     if (EntriesAt(++r.tokens, cadence_).completed == kNoEntry) continue;
     const int32_t position = r.seq_len++;
     if (r.cow_page >= 0) {
@@ -76,10 +80,6 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
     // The invariant copy on write keeps: a request writes only pages no one else references.
     assert(pool_->RefCount(pool_->page_table_row(r.owner)[position / options_.host_page_tokens]) ==
            1);
-    if (cadence_ == 1 && r.token_ids.size() == static_cast<size_t>(position) &&
-        token_ids != nullptr) {
-      r.token_ids.push_back((*token_ids)[b]);
-    }
   }
   plan_.SetBatch(batch);
   extensions_.BeginStep(plan_.batch(), stream);

@@ -6,8 +6,8 @@
 
 namespace sparsekv {
 
-PageLedger::PageLedger(HostKVPool* pool)
-    : pool_(pool), index_(pool->page_tokens()), retained_refs_(pool->total_pages(), 0) {}
+PageLedger::PageLedger(HostKVPool* pool, int32_t page_tokens)
+    : pool_(pool), index_(page_tokens), retained_refs_(pool->total_pages(), 0) {}
 
 PageLedger::~PageLedger() {
   for (const auto& [id, conversation] : retained_) {

@@ -28,8 +28,10 @@ namespace sparsekv {
 
 class PageLedger {
  public:
-  // `pool` must outlive the ledger.
-  explicit PageLedger(HostKVPool* pool);
+  // `pool` must outlive the ledger. `page_tokens`: the tokens a pool page's rows cover, which
+  // the index keys a page by (the pool's page_tokens entries times the entry cadence:
+  // LayerShape::entry_tokens).
+  PageLedger(HostKVPool* pool, int32_t page_tokens);
   // Drops the retained conversations' references (the index goes with the ledger).
   ~PageLedger();
   PageLedger(const PageLedger&) = delete;
@@ -39,7 +41,7 @@ class PageLedger {
 
   // The pages of the longest indexed prefix of token_ids, at most max_pages (PrefixIndex::Match).
   std::vector<int32_t> Match(std::span<const int32_t> token_ids, int32_t max_pages) const;
-  // Indexes `page` (holding token_ids, page_tokens of them) after `parent` (-1: first page).
+  // Indexes `page` (covering token_ids, page_tokens of them) after `parent` (-1: first page).
   // False if PrefixIndex::Insert refuses it.
   bool Index(int32_t parent, int32_t page, std::span<const int32_t> token_ids);
   // The retained conversations holding the prefix `matched` (a Match result) are in use again:

@@ -18,7 +18,7 @@ class PageLedgerTest : public ::testing::Test {
                            /*max_owners=*/4, /*max_tokens_per_owner=*/16, backend_.get());
     ASSERT_TRUE(pool.ok()) << pool.status().ToString();
     pool_ = std::move(*pool);
-    ledger_ = std::make_unique<PageLedger>(pool_.get());
+    ledger_ = std::make_unique<PageLedger>(pool_.get(), kPageTokens);
   }
   // Reserves `pages` pages for a fresh owner and indexes them as a chain of ids first, first+1...
   std::vector<int32_t> IndexedPages(int32_t pages, int32_t first) {
@@ -56,6 +56,30 @@ TEST_F(PageLedgerTest, RetainedPagesOutliveTheirOwnerAndStayIndexed) {
   EXPECT_EQ(*ledger_->RetainedPages(7), pages);
   EXPECT_EQ(pool_->free_pages(), 2);
   EXPECT_EQ(ledger_->Match(Ids(9, 100), 2), pages);
+}
+
+// Pages whose entries cover several tokens each (an entry every 4 tokens): a page is keyed by
+// all the tokens its entries cover, and a match is a whole number of such pages.
+TEST_F(PageLedgerTest, PagesOfSeveralTokensPerEntryAreKeyedByEveryTokenTheyCover) {
+  constexpr int32_t kTokensPerPage = kPageTokens * 4;
+  PageLedger ledger(pool_.get(), kTokensPerPage);
+  const int32_t owner = *pool_->AcquireOwner();
+  ASSERT_TRUE(pool_->Reserve(owner, 2 * kPageTokens).ok());
+  const std::span<const int32_t> table = pool_->page_table_row(owner);
+  const std::vector<int32_t> ids = Ids(2 * kTokensPerPage, 100);
+  ASSERT_TRUE(ledger.Index(-1, table[0], std::span(ids).first(kTokensPerPage)));
+  ASSERT_TRUE(ledger.Index(table[0], table[1], std::span(ids).subspan(kTokensPerPage)));
+  EXPECT_EQ(ledger.Match(ids, 2), std::vector<int32_t>(table.begin(), table.begin() + 2));
+  // One token short of the second page's tokens: only the first page matches.
+  EXPECT_EQ(ledger.Match(std::span(ids).first(2 * kTokensPerPage - 1), 2),
+            std::vector<int32_t>{table[0]});
+  // A token changed inside the first page's tokens (past its first entries): no match.
+  std::vector<int32_t> changed = ids;
+  changed[kTokensPerPage - 1] = 7;
+  EXPECT_TRUE(ledger.Match(changed, 2).empty());
+  ledger.ReleaseOwnerPages(owner);
+  pool_->ReleaseOwner(owner);
+  EXPECT_EQ(ledger.index().size(), 0u);
 }
 
 TEST_F(PageLedgerTest, DropFreesAndUnindexesOnlyUnsharedPages) {

@@ -18,8 +18,8 @@ struct RequestState {
   int32_t reserved;
   std::vector<bool> ingested;  // per layer
   int32_t ingested_layers;
-  int32_t cached = 0;  // prompt positions [0, cached) shared at admission, never ingested
-  // Ids of positions [0, token_ids.size()); only extended while complete (size == seq_len).
+  int32_t cached = 0;  // prompt entries [0, cached) shared at admission, never ingested
+  // Ids of tokens [0, token_ids.size()); only extended while complete (size == tokens).
   std::vector<int32_t> token_ids{};
   int32_t indexed_pages = 0;  // pages [0, indexed_pages) of the table are in the prefix index
   // A private page reserved for the copy on write of the shared, partially filled page that

@@ -633,20 +633,26 @@ void RandomWorkload::AdmitTokens(std::vector<int32_t> tokens, int32_t max_new) {
         << results[0].status().ToString();
     return;
   }
+  // In tokens: whole pages of entries, each entry covering cadence_ tokens.
   const int32_t cached = *results[0];
-  const int32_t page = options_.host_page_tokens;
-  EXPECT_TRUE(cached % page == 0 && cached < prompt) << "cached " << cached;
+  const int32_t page_tokens = options_.host_page_tokens * cadence_;
+  EXPECT_TRUE(cached % page_tokens == 0 && cached < prompt) << "cached " << cached;
+  const int32_t entries = prompt / cadence_;
   std::vector<Bytes> prompt_rows(options_.geometry.num_layers());
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    for (int32_t p = 0; p < prompt; ++p) {
-      const Bytes row = RowOf(std::span(tokens).first(p + 1), l);
+    // Entry e is the KV of the tokens up to the one that completes it.
+    for (int32_t e = 0; e < entries; ++e) {
+      const Bytes row = RowOf(std::span(tokens).first((e + 1) * cadence_), l);
       prompt_rows[l].insert(prompt_rows[l].end(), row.begin(), row.end());
     }
-    // Alternately the suffix alone and the whole prompt (whose cached rows are skipped).
+    // Alternately the suffix alone and the whole prompt (whose cached rows are skipped). A prompt
+    // whose uncached tokens complete no entry has no rows to give.
     const bool suffix = rng_() % 2 == 0;
+    const size_t first = suffix ? static_cast<size_t>(cached / cadence_) : 0;
     const std::byte* rows =
-        prompt_rows[l].data() +
-        (suffix ? static_cast<size_t>(cached) * options_.geometry.layers[l].row_stride : 0);
+        first < static_cast<size_t>(entries)
+            ? prompt_rows[l].data() + first * options_.geometry.layers[l].row_stride
+            : nullptr;
     ExpectAll(
         "Ingest",
         [&](SparseKVCacheManager& m) {
@@ -656,9 +662,10 @@ void RandomWorkload::AdmitTokens(std::vector<int32_t> tokens, int32_t max_new) {
         StatusCode::kOk);
   }
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
-    IngestKeys(id, l, prompt_rows[l].data(), prompt);  // the cached prefix's too
+    IngestKeys(id, l, entries > 0 ? prompt_rows[l].data() : nullptr,
+               entries);  // the cached prefix's too
   }
-  model_.Add(id, prompt_rows, prompt);
+  model_.Add(id, prompt_rows, entries);
   live_[id] = Req{prompt + max_new, false,
                   std::vector<std::vector<int32_t>>(options_.geometry.num_layers()),
                   std::move(tokens), prompt};
@@ -721,8 +728,9 @@ void RandomWorkload::Retain() {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(*r, *results[0]);
   }
-  const int32_t page = options_.host_page_tokens;
-  EXPECT_TRUE(*results[0] % page == 0 && *results[0] <= Length(id));
+  const int32_t page_tokens = options_.host_page_tokens * cadence_;
+  EXPECT_TRUE(*results[0] % page_tokens == 0 && *results[0] <= it->second.length)
+      << "retained " << *results[0] << " of " << it->second.length << " tokens";
   if (*results[0] > 0) retained_[id] = it->second.tokens;
   ExpectAll(
       "PlanStep of a retained request",

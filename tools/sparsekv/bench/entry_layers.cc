@@ -45,4 +45,33 @@ int64_t MaxSelected(const std::vector<EntryLayerScopes>& layers) {
   return widest;
 }
 
+StepTraffic EntryTraffic(KVVariant variant, const std::vector<EntryLayerScopes>& layers,
+                         int32_t hot_slots, int32_t batch, double misses_per_step) {
+  StepTraffic t;
+  if (variant != KVVariant::kFullHbm && variant != KVVariant::kSparseKV) return t;
+  const bool sparsekv = variant == KVVariant::kSparseKV;
+  double per_request_hbm = 0, per_request_pcie = 0;
+  for (const EntryLayerScopes& l : layers) {
+    const double e = l.entry_bytes;
+    const double entry = l.kind == LayerKind::kWindowOnly ? 0 : e / l.entry_tokens;
+    const double selected = static_cast<double>(l.selected);
+    if (sparsekv && l.kind == LayerKind::kOffloaded) {
+      per_request_pcie += entry;
+      per_request_hbm += e + entry + 3 * selected * 4 + 4.0 * hot_slots * 4;
+    } else {
+      per_request_hbm += e + entry + 2 * selected * 4;
+    }
+  }
+  // A miss is an offloaded layer's entry (every offloaded layer has the one stride).
+  double miss_bytes = 0;
+  if (sparsekv) {
+    for (const EntryLayerScopes& l : layers) {
+      if (l.kind == LayerKind::kOffloaded) miss_bytes = misses_per_step * l.entry_bytes;
+    }
+  }
+  t.pcie_bytes = miss_bytes + batch * per_request_pcie;
+  t.hbm_bytes = miss_bytes + batch * per_request_hbm;
+  return t;
+}
+
 }  // namespace sparsekv::tools

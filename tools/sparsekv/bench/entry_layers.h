@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "sparsekv/kv_footprint.h"
 #include "sparsekv/options.h"
 
 namespace sparsekv::tools {
@@ -43,5 +44,17 @@ int64_t FullHbmEntryBytes(const std::vector<EntryLayerScopes>& layers, int32_t r
 
 // The widest selected scope of `layers` (the attention's and the index buffers' width).
 int64_t MaxSelected(const std::vector<EntryLayerScopes>& layers);
+
+// Bytes a step of `batch` requests moves besides attention and the proxy (Traffic in
+// kv_footprint.h, per layer kind; B = batch, e = entry_bytes, r = entry_tokens, S = selected,
+// C = hot_slots, an entry completed every r steps counted as e / r per step):
+//   full-hbm: pcie 0; hbm B * sum over layers of (e (the raw-window row) + e / r (the entry,
+//             none for window-only) + 2 * S * 4 (the selected scope's indices written and read))
+//   sparsekv: pcie misses * e + B * sum over CSA layers of e / r (completed entries written to
+//             the host pool); hbm misses * e + B * sum over CSA layers of (e + e / r + 3 * S * 4
+//             + 4 * C * 4) + B * sum over the other layers of full-hbm's terms
+// misses: entries copied from the host per step. Other variants are not defined (zero).
+StepTraffic EntryTraffic(KVVariant variant, const std::vector<EntryLayerScopes>& layers,
+                         int32_t hot_slots, int32_t batch, double misses_per_step);
 
 }  // namespace sparsekv::tools

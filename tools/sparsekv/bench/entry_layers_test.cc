@@ -60,5 +60,25 @@ TEST(EntryLayersTest, FullHbmAllocatesItsFootprintLessKeysAndIndices) {
   }
 }
 
+// The step's bytes by kind, on a small geometry: an HCA, a CSA and a window-only layer.
+TEST(EntryLayersTest, TrafficCountsEachKindsBytes) {
+  KVGeometry g = KVGeometry::Uniform(3, 584);
+  g.layers[0].kind = LayerKind::kResident;
+  g.layers[0].entry_tokens = 128;
+  g.layers[1].entry_tokens = 4;
+  g.layers[2].kind = LayerKind::kWindowOnly;
+  const auto layers = EntryLayerScopesOf(g, 8, 128, 1024);  // HCA: 8 entries, CSA: top-k 8
+  const StepTraffic full = EntryTraffic(KVVariant::kFullHbm, layers, 16, 2, 100);
+  EXPECT_DOUBLE_EQ(full.pcie_bytes, 0);
+  EXPECT_DOUBLE_EQ(full.hbm_bytes,
+                   2 * ((584 + 584.0 / 128 + 2 * 8 * 4) + (584 + 584.0 / 4 + 2 * 8 * 4) + 584));
+  const StepTraffic sparse = EntryTraffic(KVVariant::kSparseKV, layers, 16, 2, 100);
+  EXPECT_DOUBLE_EQ(sparse.pcie_bytes, 100 * 584 + 2 * 584.0 / 4);
+  EXPECT_DOUBLE_EQ(sparse.hbm_bytes,
+                   100 * 584 + 2 * ((584 + 584.0 / 128 + 2 * 8 * 4) +
+                                    (584 + 584.0 / 4 + 3 * 8 * 4 + 4 * 16 * 4) + 584));
+  EXPECT_DOUBLE_EQ(EntryTraffic(KVVariant::kNoCache, layers, 16, 2, 100).hbm_bytes, 0);
+}
+
 }  // namespace
 }  // namespace sparsekv::tools

@@ -689,11 +689,10 @@ StatusOr<E2EReport> E2ERun::Run() {
   SPARSEKV_RETURN_IF_ERROR(CheckE2ELayers(c_, preset));
   if (HasDenseLayers(preset)) {
     return Unimplemented("--preset " + c_.preset +
-                         ": its plan is defined (full-hbm and sparsekv batches per context, "
-                         "entry_layers.h) but the GPU variants of DeepSeek-V4's layers are not "
-                         "built: the GPU benchmark's variants hold offloaded layers of a row per "
-                         "token only; the manager's path for its layer kinds runs on the CPU "
-                         "backend (--backend cpu)");
+                         ": the GPU benchmark plans DeepSeek-V4's layer kinds but does not run "
+                         "them yet (its variants hold offloaded layers of a row per token and "
+                         "attend through SparseMLAAttention, not SparseEntryAttention); "
+                         "--backend cpu runs the manager over them");
   }
   SPARSEKV_RETURN_IF_ERROR(Plan(preset));
   report_.device = cuda_->name();

@@ -1,24 +1,10 @@
 #include "tools/sparsekv/bench/gpu_kernels.h"
+#include "tools/sparsekv/bench/kv_content.h"
 
 namespace sparsekv::tools::gpu {
 namespace {
 
 constexpr int kThreads = 256;
-
-__host__ __device__ inline uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// bf16 bits of a value in (-1, 1) taken from 16 random bits: sign, exponent 2^-1 .. 2^-8,
-// 7 mantissa bits. Never zero, never NaN.
-__device__ inline uint32_t RandomBf16(uint32_t bits) {
-  const uint32_t sign = (bits & 0x8000u);
-  const uint32_t exponent = 126u - ((bits >> 7) & 7u);  // bias 127: 2^-1 .. 2^-8
-  return sign | (exponent << 7) | (bits & 0x7Fu);
-}
 
 // One thread per 4-byte word of a row.
 __global__ void FillKVRowsKernel(std::byte* dst, int64_t stride, int64_t dst_row, int32_t count,
@@ -29,26 +15,14 @@ __global__ void FillKVRowsKernel(std::byte* dst, int64_t stride, int64_t dst_row
   if (i >= int64_t{count} * words) return;
   const int32_t r = static_cast<int32_t>(i / words);
   const int32_t w = static_cast<int32_t>(i % words);
-  const uint64_t token = (uint64_t(uint32_t(request)) << 40) ^ (uint64_t(uint32_t(layer)) << 32) ^
-                         uint32_t(first_position + r);
-  const uint64_t h = Mix(Mix(token ^ seed) + w);
-  uint32_t word;
-  if (row_bytes == 656 && w < 128) {
-    // Four e4m3 bytes with exponent field 0..7 (magnitude < 2): never the NaN patterns 0x7F/0xFF.
-    word = static_cast<uint32_t>(h) & 0xBFBFBFBFu;
-  } else if (row_bytes == 656 && w < 132) {
-    const float scale = 0.5f + static_cast<float>(h & 0xFFFF) / 65536.0f;
-    word = __float_as_uint(scale);
-  } else {
-    word =
-        RandomBf16(static_cast<uint32_t>(h)) | (RandomBf16(static_cast<uint32_t>(h >> 16)) << 16);
-  }
-  reinterpret_cast<uint32_t*>(dst + (dst_row + r) * stride)[w] = word;
+  reinterpret_cast<uint32_t*>(dst + (dst_row + r) * stride)[w] =
+      KVContentWord(row_bytes, w, request, layer, first_position + r, seed);
 }
 
 __global__ void FillBf16Kernel(uint16_t* dst, int64_t n, uint64_t seed) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = static_cast<uint16_t>(RandomBf16(static_cast<uint32_t>(Mix(seed + i))));
+  if (i < n)
+    dst[i] = static_cast<uint16_t>(RandomBf16Bits(static_cast<uint32_t>(ContentMix(seed + i))));
 }
 
 __global__ void PositionsToRowsKernel(const int32_t* topk, int32_t entries, int32_t top_k,
@@ -115,6 +89,7 @@ unsigned Blocks(int64_t threads) {
 cudaError_t FillKVRows(std::byte* dst, int64_t stride, int64_t dst_row, int32_t count,
                        int32_t row_bytes, int32_t request, int32_t layer, int32_t first_position,
                        uint64_t seed, cudaStream_t stream) {
+  if (!IsContentRowBytes(row_bytes)) return cudaErrorInvalidValue;  // no such format
   if (count <= 0) return cudaSuccess;
   FillKVRowsKernel<<<Blocks(int64_t{count} * (row_bytes / 4)), kThreads, 0, stream>>>(
       dst, stride, dst_row, count, row_bytes, request, layer, first_position, seed);

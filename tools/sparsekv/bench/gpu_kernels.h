@@ -9,12 +9,13 @@
 
 namespace sparsekv::tools::gpu {
 
-// The content of the synthetic KV: row (request, layer, position) is a pure function of those and
-// `seed`, a valid row of its format (656 B: e4m3 values of magnitude < 2 without NaN, scales in
-// [0.5, 1.5), rope bf16 in (-1, 1); 1152 B: bf16 in (-1, 1)), so that every variant holds the same
-// bytes for a token and attention never sees NaN. Writes rows first_position + i, i < count, of
-// `request` to dst + (dst_row + i) * stride; dst may be device memory or mapped host memory.
-// REQUIRES: row_bytes is 656 or 1152; stride and dst 4-byte aligned.
+// The content of the synthetic KV (kv_content.h, KVContentWord): row (request, layer, position)
+// is a pure function of those and `seed`, a valid row of its format (656 B, 1152 B, and
+// DeepSeek-V4's 584-B and 368-B entries, whose `position` is the entry's index), so that every
+// variant holds the same bytes for a token and attention never sees NaN. Writes rows
+// first_position + i, i < count, of `request` to dst + (dst_row + i) * stride; dst may be device
+// memory or mapped host memory. cudaErrorInvalidValue for another row_bytes.
+// REQUIRES: stride and dst 4-byte aligned.
 cudaError_t FillKVRows(std::byte* dst, int64_t stride, int64_t dst_row, int32_t count,
                        int32_t row_bytes, int32_t request, int32_t layer, int32_t first_position,
                        uint64_t seed, cudaStream_t stream);

@@ -1,3 +1,4 @@
+#include "tools/sparsekv/bench/entry_scopes.h"
 #include "tools/sparsekv/bench/gpu_kernels.h"
 #include "tools/sparsekv/bench/kv_content.h"
 
@@ -45,6 +46,47 @@ __global__ void AppendRowsKernel(const std::byte* new_rows, int32_t batch, int32
   const auto* s = reinterpret_cast<const uint4*>(new_rows + b * stride);
   auto* d = reinterpret_cast<uint4*>(dst + (b * request_rows + positions[b]) * stride);
   for (int32_t v = lane; v < row_bytes / 16; v += 32) d[v] = s[v];
+}
+
+// One thread per index of both scopes: [batch, width] every-entry, then [batch, raw_window].
+__global__ void EntryScopeIndicesKernel(const int32_t* positions, int32_t batch, int32_t width,
+                                        int32_t entry_tokens, int32_t entry_rows,
+                                        int32_t* every_entry, int32_t raw_window, int32_t* window) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t entries = every_entry != nullptr ? int64_t{batch} * width : 0;
+  if (i < entries) {
+    const int32_t b = static_cast<int32_t>(i / width);
+    every_entry[i] = EveryEntryIndex(b, static_cast<int32_t>(i % width), positions[b] + 1,
+                                     entry_tokens, entry_rows);
+    return;
+  }
+  const int64_t j = i - entries;
+  if (window == nullptr || j >= int64_t{batch} * raw_window) return;
+  const int32_t b = static_cast<int32_t>(j / raw_window);
+  window[j] = WindowIndex(b, static_cast<int32_t>(j % raw_window), positions[b] + 1, raw_window);
+}
+
+// One warp per batch row, 4-byte words (entries of 584 and 368 B are not 16-byte multiples).
+__global__ void AppendEntryRowsKernel(const std::byte* new_rows, int32_t batch, int32_t row_bytes,
+                                      int64_t stride, const int32_t* positions,
+                                      int32_t entry_tokens, int32_t entry_rows, std::byte* entries,
+                                      int32_t raw_window, std::byte* rings) {
+  const int32_t b = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int32_t lane = threadIdx.x % 32;
+  if (b >= batch) return;
+  const int32_t tokens = positions[b] + 1;
+  const auto* s = reinterpret_cast<const uint32_t*>(new_rows + b * stride);
+  const int32_t entry =
+      entries != nullptr ? AppendedEntryRow(b, tokens, entry_tokens, entry_rows) : -1;
+  if (entry >= 0) {
+    auto* d = reinterpret_cast<uint32_t*>(entries + entry * stride);
+    for (int32_t v = lane; v < row_bytes / 4; v += 32) d[v] = s[v];
+  }
+  if (rings != nullptr) {
+    auto* d =
+        reinterpret_cast<uint32_t*>(rings + AppendedWindowRow(b, tokens, raw_window) * stride);
+    for (int32_t v = lane; v < row_bytes / 4; v += 32) d[v] = s[v];
+  }
 }
 
 __global__ void PageIdsKernel(const int32_t* topk, int32_t entries, int32_t page_tokens,
@@ -117,6 +159,30 @@ cudaError_t AppendRows(const std::byte* new_rows, int32_t batch, int32_t row_byt
   if (batch <= 0) return cudaSuccess;
   AppendRowsKernel<<<Blocks(int64_t{batch} * 32), kThreads, 0, stream>>>(
       new_rows, batch, row_bytes, stride, positions, request_rows, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t EntryScopeIndices(const int32_t* positions, int32_t batch, int32_t width,
+                              int32_t entry_tokens, int32_t entry_rows, int32_t* every_entry,
+                              int32_t raw_window, int32_t* window, cudaStream_t stream) {
+  if (entry_tokens < 1 || (window != nullptr && raw_window < 1)) return cudaErrorInvalidValue;
+  const int64_t threads = (every_entry != nullptr ? int64_t{batch} * width : 0) +
+                          (window != nullptr ? int64_t{batch} * raw_window : 0);
+  if (threads <= 0) return cudaSuccess;
+  EntryScopeIndicesKernel<<<Blocks(threads), kThreads, 0, stream>>>(
+      positions, batch, width, entry_tokens, entry_rows, every_entry, raw_window, window);
+  return cudaGetLastError();
+}
+
+cudaError_t AppendEntryRows(const std::byte* new_rows, int32_t batch, int32_t row_bytes,
+                            int64_t stride, const int32_t* positions, int32_t entry_tokens,
+                            int32_t entry_rows, std::byte* entries, int32_t raw_window,
+                            std::byte* rings, cudaStream_t stream) {
+  if (entry_tokens < 1 || (rings != nullptr && raw_window < 1)) return cudaErrorInvalidValue;
+  if (batch <= 0) return cudaSuccess;
+  AppendEntryRowsKernel<<<Blocks(int64_t{batch} * 32), kThreads, 0, stream>>>(
+      new_rows, batch, row_bytes, stride, positions, entry_tokens, entry_rows, entries, raw_window,
+      rings);
   return cudaGetLastError();
 }
 

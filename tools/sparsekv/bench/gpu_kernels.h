@@ -36,6 +36,29 @@ cudaError_t AppendRows(const std::byte* new_rows, int32_t batch, int32_t row_byt
                        const int32_t* positions, int64_t request_rows, std::byte* dst,
                        cudaStream_t stream);
 
+// DeepSeek-V4's full-hbm layer (entry_scopes.h: request b's entries at rows b * entry_rows + e,
+// its raw window a ring at rows b * raw_window + slot). For b < batch, with n = positions[b] + 1
+// tokens (the step's included):
+//   every_entry (if not null) [batch, width]: EveryEntryIndex(b, k, n, entry_tokens, entry_rows)
+//     (an HCA layer's scope: every entry, -1 past floor(n / r));
+//   window (if not null) [batch, raw_window]: WindowIndex(b, i, n, raw_window) (oldest first,
+//     -1 past min(n, raw_window)).
+// cudaErrorInvalidValue for entry_tokens < 1, or raw_window < 1 with a window.
+cudaError_t EntryScopeIndices(const int32_t* positions, int32_t batch, int32_t width,
+                              int32_t entry_tokens, int32_t entry_rows, int32_t* every_entry,
+                              int32_t raw_window, int32_t* window, cudaStream_t stream);
+
+// The step's append to a full-hbm V4 layer: for b < batch with n = positions[b] + 1, row b of
+// new_rows (row_bytes of it, rows `stride` apart, as every buffer's rows) goes to entry row
+// AppendedEntryRow(b, n, entry_tokens, entry_rows) of `entries` if that is not -1 and entries
+// is not null, and to ring row AppendedWindowRow(b, n, raw_window) of `rings` if rings is not
+// null (the entry and the raw row of a token are the same bytes in the benchmark).
+// REQUIRES: row_bytes, stride and the bases 4-byte aligned. cudaErrorInvalidValue as above.
+cudaError_t AppendEntryRows(const std::byte* new_rows, int32_t batch, int32_t row_bytes,
+                            int64_t stride, const int32_t* positions, int32_t entry_tokens,
+                            int32_t entry_rows, std::byte* entries, int32_t raw_window,
+                            std::byte* rings, cudaStream_t stream);
+
 // The page-offload variant's element-wise steps (page_offload.h, PageOffloadOps: the same
 // semantics), over `entries` entries.
 cudaError_t PageIds(const int32_t* topk, int32_t entries, int32_t page_tokens, int32_t* page_ids,

@@ -196,7 +196,9 @@ TEST(StepScheduleLayerKindsTest, EveryChoiceReadsWhatTheManagerDrivenDirectlyRea
       ASSERT_EQ(direct.size(), size_t{kLayers * kMaxBatch});
       for (const auto& [at, read] : direct) {  // every scope read something
         EXPECT_FALSE(read.window.empty()) << at.first;
-        if (IsCsa(Options(), at.first)) EXPECT_EQ(read.selected.size(), size_t{kTopK} * kStride);
+        if (IsCsa(Options(), at.first)) {
+          EXPECT_EQ(read.selected.size(), size_t{kTopK} * kStride);
+        }
       }
       EXPECT_TRUE(direct == scheduled) << choice.ToString() << " step " << step;
     }

@@ -301,6 +301,8 @@ Status CheckE2EEntryLayers(const BenchConfig& c, const ModelPreset& preset) {
   if (c.hybrid) return InvalidArgument("--hybrid is not defined" + at);
   if (c.mtp > 1) return InvalidArgument("--mtp must be 1" + at);
   if (c.layers_per_index > 1) return InvalidArgument("--layers-per-index must be 1" + at);
+  // The manager refuses extensions over resident layers and raw windows.
+  if (c.peer_device >= 0) return InvalidArgument("--peer-device is not defined" + at);
   // A CSA top-k selects distinct entries: every context must have --top-k of them.
   int32_t csa_cadence = 0;
   const int32_t layers = c.layers > 0 ? c.layers : preset.num_layers;

@@ -201,8 +201,9 @@ IndexGroups BenchIndexGroups(const BenchConfig& config, const ModelPreset& prese
 // and config.top_k entries per top-k (glm-5.3, deepseek-v3.2, glm-5), else Unimplemented naming
 // the preset and the layer. DeepSeek-V4 (HasDenseLayers): its CSA, HCA and window-only layers,
 // planned for full-hbm and sparsekv only (the variants kv_footprint.h defines for layer classes),
-// with config.layers <= the preset's, every context holding config.top_k CSA entries, and neither
-// --hybrid, --mtp > 1 nor --layers-per-index > 1; InvalidArgument naming the option otherwise.
+// with config.layers <= the preset's, every context holding config.top_k CSA entries, and none of
+// --hybrid, --mtp > 1, --layers-per-index > 1, --peer-device; InvalidArgument naming the option
+// otherwise.
 Status CheckE2ELayers(const BenchConfig& config, const ModelPreset& preset);
 
 // The request shape of the end-to-end run (tokens unset; the plan sets each context's): the

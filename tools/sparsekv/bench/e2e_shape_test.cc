@@ -174,6 +174,9 @@ TEST(E2EShapeTest, DeepSeekV4PlansFullHbmAndSparsekvOnly) {
   c.layers = 63;
   refused(c, "--layers");
   c = V4Config("deepseek-v4-pro", 1024);
+  c.peer_device = 0;
+  refused(c, "--peer-device");
+  c = V4Config("deepseek-v4-pro", 1024);
   c.contexts = {1048576, 4095};  // 1023 CSA entries
   refused(c, "--contexts");
   c.contexts = {4096, 1048576};

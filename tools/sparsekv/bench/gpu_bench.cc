@@ -564,6 +564,10 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.queries = c_.mtp;
   setup.raw_window = raw_window_;
   setup.format = c_.row_format;
+  // DeepSeek-V4: every variant's HCA scopes as wide as the most positions any of them holds.
+  for (const auto& [other, other_plan] : plan.variants) {
+    setup.scope_tokens = std::max<int64_t>(setup.scope_tokens, plan.context + other_plan.headroom);
+  }
   if (kind == KVVariant::kSparseKV) setup.peer_device = c_.peer_device;
   if (c_.hybrid && kind == KVVariant::kSparseKV) {
     setup.hybrid = true;

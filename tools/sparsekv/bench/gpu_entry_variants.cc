@@ -23,7 +23,8 @@ struct EntryLayout {
   std::vector<LayerKind> kind;
   std::vector<int32_t> cadence;
   std::vector<int32_t> entry_rows;  // per request: tokens / r (0 for window-only)
-  int32_t every_width = 0;          // the HCA scope's width: the largest resident entry_rows
+  // The HCA scope's width: the largest resident count at scope_tokens (>= every entry_rows).
+  int32_t every_width = 0;
   int32_t csa_layers = 0;
   int32_t stride = 0;  // entries and raw rows
   int32_t window = 0;  // raw_window
@@ -31,14 +32,15 @@ struct EntryLayout {
   explicit EntryLayout(const VariantSetup& s) {
     stride = s.shape.row_bytes;
     window = s.raw_window;
+    const int64_t scope_tokens = std::max(s.scope_tokens, s.shape.tokens);
     for (const LayerShape& l : s.geometry.layers) {
       kind.push_back(l.kind);
       cadence.push_back(l.kind == LayerKind::kWindowOnly ? 1 : l.entry_tokens);
-      const int32_t rows = l.kind == LayerKind::kWindowOnly
-                               ? 0
-                               : static_cast<int32_t>(s.shape.tokens / cadence.back());
-      entry_rows.push_back(rows);
-      if (l.kind == LayerKind::kResident) every_width = std::max(every_width, rows);
+      const bool entries = l.kind != LayerKind::kWindowOnly;
+      entry_rows.push_back(entries ? static_cast<int32_t>(s.shape.tokens / cadence.back()) : 0);
+      if (l.kind == LayerKind::kResident) {
+        every_width = std::max(every_width, static_cast<int32_t>(scope_tokens / cadence.back()));
+      }
       csa_layers += l.kind == LayerKind::kOffloaded;
     }
   }
@@ -143,6 +145,7 @@ class FullHbmEntryVariant final : public StepVariant {
   }
   StatusOr<EntryScopes> Scopes(int32_t layer, int32_t first) const override {
     EntryScopes s;
+    s.selected.format = s_.format;  // width 0 for a window-only layer
     s.window = {rings_[layer].get<std::byte>(), e_.stride, s_.format,
                 window_index_.get<int32_t>() + int64_t{first} * e_.window, e_.window};
     if (e_.kind[layer] == LayerKind::kOffloaded) {
@@ -279,6 +282,7 @@ class SparseKVEntryVariant final : public StepVariant {
   }
   StatusOr<EntryScopes> Scopes(int32_t layer, int32_t first) const override {
     EntryScopes s;
+    s.selected.format = s_.format;  // width 0 for a window-only layer
     s.window = {window_rows_.get<std::byte>(), e_.stride, s_.format,
                 window_index_.get<int32_t>() + int64_t{first} * e_.window, e_.window};
     if (e_.kind[layer] == LayerKind::kOffloaded) {

@@ -15,7 +15,9 @@
 # 108 GB at ~4 TB/s is ~27 ms) plus their captures and attention/proxy graphs, <= 2 s each:
 # ~90 s. About 6 minutes in all; E2E_DEADLINE [570] keeps it under 10 (--time-limit skips the
 # points that would not fit, and the JSON's notes count them). Knobs: E2E_HOST_POOL_GB,
-# E2E_V4_STEPS with E2E_V4_WARMUP [16], E2E_EXTRA.
+# E2E_V4_STEPS with E2E_V4_WARMUP [16], E2E_EXTRA. Not yet run: the V4 variants are compiled, not
+# run on a GPU, and the batches above need the manager's host pool sized over the offloaded
+# layers only (docs/benchmark.md, "DeepSeek-V4").
 # glm53: after the build, GLM-5.3 (its index groups {0}, {1}, {2-5}, ..., {74-77}) beside
 # DeepSeek-V3.2, each in its standard scenario (the preset's weights per GPU and the HBM they
 # leave), at 32K with the calibrated workload: full-hbm and sparsekv with --hybrid, every batch

@@ -250,8 +250,9 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
   const int32_t layers = sh.shape.layers;
   Graph attention;
   SPARSEKV_RETURN_IF_ERROR(attention.Capture(s, [&]() -> Status {
-    for (int32_t l = 0; l < layers; ++l)
+    for (int32_t l = 0; l < layers; ++l) {
       SPARSEKV_RETURN_IF_ERROR(sh.Attend(v, l, 0, batch, batch, s));
+    }
     return Status::Ok();
   }));
   SPARSEKV_ASSIGN_OR_RETURN(const double attention_ms, TimeGraph(attention, s, kAttentionReps));

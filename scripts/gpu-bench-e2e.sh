@@ -1,6 +1,22 @@
 #!/usr/bin/env bash
 # The end-to-end benchmark on a GPU machine (docs/benchmark.md), from the repository root:
-#   OUT=/some/dir bash scripts/gpu-bench-e2e.sh [sweep|glm53]   (default: sweep)
+#   OUT=/some/dir bash scripts/gpu-bench-e2e.sh [sweep|glm53|v4pro]   (default: sweep)
+# v4pro: after the build, DeepSeek-V4-Pro (30 CSA layers offloaded, 31 HCA resident, 1
+# window-only, a raw window of 128 in each; fp8 entries of 584 B, top-k 1024 entries, a hot cache
+# of 2048) in its standard scenario (108.1 GB of weights per GPU streamed by the proxy, 24.9 GB of
+# HBM for KV) at 256K, 512K and 1M with the calibrated workload: full-hbm (batches from the HBM:
+# 17, 8, 4) and sparsekv (from the host pool: 80 GB gives 69, 34, 17), every batch swept, and
+# sparsekv also at full-hbm's largest. Writes e2e.txt, e2e-v4pro.json, e2e.csv and summary.json
+# with e2e_throughput_ratio_vs_full_hbm_v4pro_{256k,512k,1m}, e2e_ideal_ratio_vs_full_hbm_v4pro_*
+# (the same sparsekv point's ideal) and e2e_min_ratio_vs_full_hbm_v4pro. Time, estimated: the
+# build ~200 s; pinning 80 GB ~20 s (~4 GB/s); filling both variants ~15 s per context (sparsekv's
+# 17-69 requests write ~78 GB of prompt entries to the pool over PCIe at ~20 GB/s, full-hbm's
+# stay in HBM); 45 points (15 per context) of E2E_V4_STEPS [32] steps at <= 40 ms (the proxy's
+# 108 GB at ~4 TB/s is ~27 ms) plus their captures and attention/proxy graphs, <= 2 s each:
+# ~90 s. About 6 minutes in all; E2E_DEADLINE [570] keeps it under 10 (--time-limit skips the
+# points that would not fit, and the JSON's notes count them). Knobs: E2E_HOST_POOL_GB,
+# E2E_V4_STEPS with E2E_V4_WARMUP [16], E2E_EXTRA. Not yet run: the V4 variants are compiled, not
+# run on a GPU (docs/benchmark.md, "DeepSeek-V4").
 # glm53: after the build, GLM-5.3 (its index groups {0}, {1}, {2-5}, ..., {74-77}) beside
 # DeepSeek-V3.2, each in its standard scenario (the preset's weights per GPU and the HBM they
 # leave), at 32K with the calibrated workload: full-hbm and sparsekv with --hybrid, every batch
@@ -45,8 +61,9 @@ MODE=${1:-sweep}
 case $MODE in
   sweep) ;;
   glm53) DEADLINE=${E2E_DEADLINE:-540} ;;
+  v4pro) DEADLINE=${E2E_DEADLINE:-570} ;;
   *)
-    echo "gpu-bench-e2e.sh: unknown mode '$MODE' (known: sweep, glm53)" >&2
+    echo "gpu-bench-e2e.sh: unknown mode '$MODE' (known: sweep, glm53, v4pro)" >&2
     exit 2
     ;;
 esac
@@ -93,6 +110,36 @@ glm53_main() {
   return "$failed"
 }
 
+# v4pro_main TOOL: DeepSeek-V4-Pro at 256K, 512K and 1M, calibrated, full-hbm against sparsekv,
+# in one run that stops starting points 30 s before the deadline.
+v4pro_main() {
+  local tool=$1 failed=0
+  local left=$((DEADLINE - SECONDS - 20))
+  if ((left < 120)); then
+    echo "=== deepseek-v4-pro: skipped (${left}s left)"
+    return 1
+  fi
+  local variants=full-hbm,sparsekv contexts=262144,524288,1048576
+  local args=(bench --backend cuda --preset deepseek-v4-pro --precision fp8
+    --host-pool-gb "$POOL" --page-tokens 1024 --top-k 1024 --hot-slots 2048 --heads 128
+    --variants "$variants" --locality calibrated --contexts "$contexts"
+    --steps "${E2E_V4_STEPS:-32}" --warmup "${E2E_V4_WARMUP:-16}" --time-limit $((left - 30)))
+  # shellcheck disable=SC2206 # the extra flags are meant to split
+  args+=(${E2E_EXTRA:-})
+  echo "=== deepseek-v4-pro, 256K / 512K / 1M calibrated (limit ${left}s)"
+  "$tool" "${args[@]}" --json "$OUT/e2e-v4pro.json" --csv "$OUT/e2e.csv" >"$TMP/v4pro.txt" ||
+    failed=1
+  if [[ -f $OUT/e2e-v4pro.json ]]; then
+    echo "=== summary keys"
+    python3 "$ROOT/scripts/merge_summary.py" --keys v4pro "$OUT/summary.json" "$OUT/e2e-v4pro.json" ||
+      failed=1
+  fi
+  echo
+  [[ -f $TMP/v4pro.txt ]] && cat "$TMP/v4pro.txt"
+  echo "=== total ${SECONDS}s"
+  return "$failed"
+}
+
 main() {
   gpu_banner "gpu-bench-e2e $MODE" ", results in $OUT"
   nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.mem --format=csv
@@ -102,8 +149,8 @@ main() {
     -DSPARSEKV_BUILD_TESTS=OFF -DSPARSEKV_BUILD_TOOLS=ON || return 1
   echo "=== built in ${SECONDS}s"
   local tool=$BUILD/tools/sparsekv/sparsekv failed=0
-  if [[ $MODE == glm53 ]]; then
-    glm53_main "$tool" || failed=1
+  if [[ $MODE == glm53 || $MODE == v4pro ]]; then
+    "${MODE}_main" "$tool" || failed=1
     if ((failed)); then echo "gpu-bench-e2e: FAILED"; else echo "gpu-bench-e2e: ok"; fi
     return "$failed"
   fi

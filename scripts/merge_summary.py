@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Merges benchmark summary keys into one summary JSON file, keeping the keys already there.
 
-usage: merge_summary.py [--keys PATTERN[,PATTERN...]] OUTPUT INPUT [INPUT...]
+usage: merge_summary.py [--keys PATTERN[,PATTERN...]|SET] OUTPUT INPUT [INPUT...]
 
 Each INPUT is either a benchmark's JSON output (its "summary" object is merged) or a flat summary
 file (all of its top-level keys are merged), so the same script collects a run's benchmarks into
@@ -10,12 +10,24 @@ input replaces the same key in OUTPUT; every other key of OUTPUT is kept. A miss
 input is reported and skipped, and the exit status is then 1. Prints the merged keys last.
 With --keys, only the inputs' keys that match one of the shell-style patterns are merged (e.g.
 'e2e_throughput_ratio_vs_full_hbm_*k_calibrated': DeepSeek-V3.2's and GLM-5.3's calibrated ratios,
-without the keys a run of one context would set for every context).
+without the keys a run of one context would set for every context). --keys may instead name a
+set of patterns (KEY_SETS): "v4pro" is DeepSeek-V4-Pro's ratio per context, the same points'
+ideal ratio and its minimum ratio (scripts/gpu-bench-e2e.sh v4pro), without its "_calibrated"
+duplicates.
 """
 import fnmatch
 import json
 import os
 import sys
+
+
+KEY_SETS = {
+    "v4pro": [
+        "e2e_throughput_ratio_vs_full_hbm_v4pro_*[km]",
+        "e2e_ideal_ratio_vs_full_hbm_v4pro_*[km]",
+        "e2e_min_ratio_vs_full_hbm_v4pro",
+    ],
+}
 
 
 def load(path):
@@ -30,7 +42,7 @@ def main(argv):
         if len(args) < 2:
             print(__doc__.strip(), file=sys.stderr)
             return 2
-        patterns = [p for p in args[1].split(",") if p]
+        patterns = KEY_SETS.get(args[1]) or [p for p in args[1].split(",") if p]
         args = args[2:]
     if len(args) < 2:
         print(__doc__.strip(), file=sys.stderr)

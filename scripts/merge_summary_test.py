@@ -53,6 +53,27 @@ class MergeSummaryTest(unittest.TestCase):
                 "e2e_throughput_ratio_vs_full_hbm_32k_calibrated": 1.2,
                 "e2e_throughput_ratio_vs_full_hbm_glm53_32k_calibrated": 1.4})
 
+    def test_the_v4pro_set_merges_its_ratios_ideals_and_minimum_only(self):
+        out = self.write("summary.json", {"kept": 1})
+        run = self.write("v4pro.json", {"summary": {
+            "e2e_throughput_ratio_vs_full_hbm_v4pro_256k": 1.9,
+            "e2e_throughput_ratio_vs_full_hbm_v4pro_512k": None,
+            "e2e_throughput_ratio_vs_full_hbm_v4pro_1m": 2.5,
+            "e2e_throughput_ratio_vs_full_hbm_v4pro_1m_calibrated": 2.5,
+            "e2e_ideal_ratio_vs_full_hbm_v4pro_1m": 3.1,
+            "e2e_min_ratio_vs_full_hbm_v4pro": 0.9,
+            "e2e_min_ratio_vs_full_hbm": 0.9,
+            "e2e_throughput_ratio_vs_full_hbm_32k_m20": None}})
+        self.assertEqual(self.merge("--keys", "v4pro", out, run), 0)
+        with open(out) as f:
+            self.assertEqual(json.load(f), {
+                "kept": 1,
+                "e2e_throughput_ratio_vs_full_hbm_v4pro_256k": 1.9,
+                "e2e_throughput_ratio_vs_full_hbm_v4pro_512k": None,
+                "e2e_throughput_ratio_vs_full_hbm_v4pro_1m": 2.5,
+                "e2e_ideal_ratio_vs_full_hbm_v4pro_1m": 3.1,
+                "e2e_min_ratio_vs_full_hbm_v4pro": 0.9})
+
     def test_a_missing_input_is_skipped_and_fails_the_merge(self):
         out = self.write("summary.json", {})
         run = self.write("run.json", {"summary": {"a": 1}})

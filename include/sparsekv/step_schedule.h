@@ -119,7 +119,8 @@ struct ScheduleOptions {
   int32_t trials = 3;
 };
 
-// The choices a manager's options allow: cross-layer prefetch needs more than one index group and
+// The choices a manager's options allow: cross-layer prefetch needs more than one index group of
+// offloaded layers (the groups the manager resolves) and
 // max_prefetch >= top_k, and comes on the options' copy grid and on kBoundedPrefetchCopyBlocks
 // (unless the options' grid is that already); the planned copy needs an index group of more than
 // one layer, and comes on the options' copy_blocks and on kBoundedPrefetchCopyBlocks (unless
@@ -146,6 +147,9 @@ struct LayerWork {
   // [max_batch, top_k]: the group's first layer writes the layer-wide slots (manager.h), which
   // every layer of the group reads.
   int32_t* slots = nullptr;
+  // [max_batch, row_stride(layer)]: the step's raw-window rows (StepRows::window), required with
+  // CacheOptions::raw_window > 0, else not read.
+  const void* window_rows = nullptr;
 };
 
 // Enqueues the engine's attention of `layer` over batch rows [first, first + rows) on `stream`;
@@ -199,6 +203,11 @@ class StepSchedule {
   // layer's own work is enqueued (append, resolve, copies): the layer counts as run and the step
   // stays open, so the engine may go on with the next layer and FinishStep, or end the step with
   // AbortStep. After any other error the layer is not run; AbortStep ends the step.
+  // Layers the manager does not resolve (LayerKind::kResident and kWindowOnly, DeepSeek-V4's) are
+  // appended with StepRows (new_rows as the entries, not read for window-only; window_rows) and
+  // attended once over the whole batch: topk and slots are not read for them, they take no
+  // choice's copies, and the cross-layer prefetch goes from one resolving group to the next
+  // resolving group past them. With a raw window every layer is appended with StepRows.
   Status RunLayer(int32_t layer, const LayerWork& work, const AttendFn& attend,
                   StreamHandle stream);
   // Joins the schedule's streams into `stream` and ends the manager's step (FinishStep).

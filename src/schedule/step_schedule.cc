@@ -26,6 +26,21 @@
 #include "sparsekv/kernel_views.h"
 
 namespace sparsekv {
+namespace {
+
+// Whether the manager resolves `layer` (an offloaded layer); the others are only appended.
+bool Resolved(const CacheOptions& o, int32_t layer) {
+  return o.geometry.layers[static_cast<size_t>(layer)].kind == LayerKind::kOffloaded;
+}
+
+// The index groups of offloaded layers: those a prefetch can go to.
+int32_t ResolvedGroups(const CacheOptions& o, const IndexGroups& groups) {
+  int32_t count = 0;
+  for (int32_t g = 0; g < groups.count(); ++g) count += Resolved(o, groups.First(g));
+  return count;
+}
+
+}  // namespace
 
 std::string StepChoice::ToString() const {
   if (resident) return "resident";
@@ -93,7 +108,7 @@ StatusOr<StepChoice> ParseStepChoice(std::string_view text) {
 
 std::vector<StepChoice> AllowedChoices(const CacheOptions& o) {
   const IndexGroups groups(o);
-  const bool prefetch = groups.count() > 1 && o.max_prefetch >= groups.max_top_k();
+  const bool prefetch = ResolvedGroups(o, groups) > 1 && o.max_prefetch >= groups.max_top_k();
   std::vector<int32_t> chunks = {0};
   if (o.copy_chunk_rows > 0) {
     for (int32_t rows = o.copy_chunk_rows; rows < o.effective_max_batch(); rows *= 2) {
@@ -319,13 +334,24 @@ Status StepSchedule::RunLayer(int32_t layer, const LayerWork& work, const Attend
     return FailedPrecondition("StepSchedule::RunLayer: layer " + std::to_string(layer) +
                               " out of order (layer " + std::to_string(next_layer_) + " is next)");
   }
+  const CacheOptions& o = manager_.options();
+  if (layer >= o.geometry.num_layers()) {
+    return FailedPrecondition("StepSchedule::RunLayer: layer " + std::to_string(layer) +
+                              " past the last layer (every layer of the step has run)");
+  }
+  const bool resolved = Resolved(o, layer);
+  const bool window_only = o.geometry.layers[layer].kind == LayerKind::kWindowOnly;
   const bool leader = groups_.Leads(layer);
   const int32_t top_k = groups_.LayerTopK(layer);
-  if (work.new_rows == nullptr || work.slots == nullptr || (leader && work.topk == nullptr) ||
-      !attend) {
+  if ((work.new_rows == nullptr && !window_only) ||
+      (resolved && (work.slots == nullptr || (leader && work.topk == nullptr))) || !attend) {
     return InvalidArgument(
         "StepSchedule::RunLayer: new_rows, slots, attend and (for the first layer of an index "
-        "group) topk are required");
+        "group) topk are required (of a resident layer new_rows and attend, of a window-only "
+        "layer attend)");
+  }
+  if (o.raw_window > 0 && work.window_rows == nullptr) {
+    return InvalidArgument("StepSchedule::RunLayer: window_rows is required with a raw window");
   }
   if (leader && choice_.crosslayer_prefetch && work.topk_stride != 0 && work.topk_stride != top_k) {
     return InvalidArgument(
@@ -338,8 +364,28 @@ Status StepSchedule::RunLayer(int32_t layer, const LayerWork& work, const Attend
     timing_ = !capturing;
     if (timing_) SPARSEKV_RETURN_IF_ERROR(backend_.RecordEvent(step_start_, stream));
   }
-  SPARSEKV_RETURN_IF_ERROR(manager_.AppendToken(layer, work.new_rows, work.new_keys, stream));
+  if (o.raw_window > 0 || !resolved) {
+    const StepRows rows{work.new_rows, work.new_keys, work.window_rows};
+    SPARSEKV_RETURN_IF_ERROR(manager_.AppendToken(layer, rows, stream));
+  } else {
+    SPARSEKV_RETURN_IF_ERROR(manager_.AppendToken(layer, work.new_rows, work.new_keys, stream));
+  }
   stage_ = LayerStage::kAppended;
+  if (!resolved) {
+    // Nothing to resolve or copy: its entries and window are in device memory already.
+    stage_ = LayerStage::kCopied;
+    const int32_t batch = static_cast<int32_t>(batch_.size());
+    Status attended = attend(layer, 0, batch, stream);
+    if (!attended.ok()) {
+      attended = Status(attended.code(), "StepSchedule: attention of layer " +
+                                             std::to_string(layer) + " over rows [0, " +
+                                             std::to_string(batch) + "): " + attended.message());
+    }
+    ++next_layer_;
+    stage_ = LayerStage::kNone;
+    attention_failed_ = attention_failed_ || !attended.ok();
+    return attended;
+  }
   if (leader) {
     SPARSEKV_RETURN_IF_ERROR(
         manager_.ResolveLayer(layer, work.topk, work.slots, nullptr, stream, work.topk_stride));
@@ -360,7 +406,9 @@ Status StepSchedule::Prefetch(int32_t layer, const int32_t* topk, StreamHandle s
   // The group's copies (a victim may be a slot the last prefetch filled) and the next prefetch
   // resolve (the one prefetch list) follow the last prefetch copy.
   if (prefetch_used_) SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, prefetched_));
-  const int32_t next = groups_.End(groups_.Of(layer));
+  // The next group the manager resolves (past resident and window-only layers).
+  int32_t next = groups_.End(groups_.Of(layer));
+  while (next < o.geometry.num_layers() && !Resolved(o, next)) next = groups_.End(groups_.Of(next));
   if (next >= o.geometry.num_layers()) return Status::Ok();
   // This group's top-k, as positions the next group will likely select.
   SPARSEKV_RETURN_IF_ERROR(manager_.ResolvePrefetch(next, topk, groups_.LayerTopK(layer), stream));
@@ -541,9 +589,15 @@ Status StepSchedule::AbortStep(StreamHandle stream) {
   }
   for (; next_layer_ < o.geometry.num_layers(); ++next_layer_) {
     const int32_t layer = next_layer_;
+    const bool resolved = Resolved(o, layer);
     if (stage_ == LayerStage::kNone) {
-      SPARSEKV_RETURN_IF_ERROR(manager_.AppendToken(layer, abort_rows_, abort_keys_, stream));
-      stage_ = LayerStage::kAppended;
+      if (o.raw_window > 0 || !resolved) {
+        const StepRows rows{abort_rows_, abort_keys_, abort_rows_};
+        SPARSEKV_RETURN_IF_ERROR(manager_.AppendToken(layer, rows, stream));
+      } else {
+        SPARSEKV_RETURN_IF_ERROR(manager_.AppendToken(layer, abort_rows_, abort_keys_, stream));
+      }
+      stage_ = resolved ? LayerStage::kAppended : LayerStage::kCopied;
     }
     if (stage_ == LayerStage::kAppended) {
       if (groups_.Leads(layer)) {

@@ -178,6 +178,52 @@ TEST(E2EReportTest, CalibratedRatioKeysNameTheModel) {
   EXPECT_DOUBLE_EQ(v32["e2e_throughput_ratio_vs_full_hbm_32k_calibrated"].get<double>(), 1.5);
 }
 
+// DeepSeek-V4-Pro's keys: per context (1M as "1m"), sparsekv at its largest batch (the host
+// pool's) over full-hbm's peak, the same point's ideal over that peak, and the smallest ratio at
+// the batches both ran.
+TEST(E2EReportTest, DeepSeekV4KeysNameTheModelAndTheContext) {
+  E2EReport r;
+  r.preset = "deepseek-v4-pro";
+  auto add = [&](KVVariant v, int32_t context, int32_t batch, double tokens_per_s,
+                 double ideal_ms) {
+    E2EPoint p;
+    p.variant = v;
+    p.context = context;
+    p.batch = batch;
+    p.tokens_per_s = tokens_per_s;
+    p.ideal_ms = ideal_ms;
+    r.points.push_back(p);
+  };
+  add(KVVariant::kFullHbm, 1048576, 2, 100, 0);
+  add(KVVariant::kFullHbm, 1048576, 4, 160, 0);  // peak
+  add(KVVariant::kSparseKV, 1048576, 2, 90, 0);  // 0.9 of full-hbm at batch 2
+  add(KVVariant::kSparseKV, 1048576, 4, 150, 0);
+  add(KVVariant::kSparseKV, 1048576, 17, 400, 34);  // ideal 17 / 34 ms = 500 tok/s
+  add(KVVariant::kFullHbm, 262144, 16, 500, 0);
+  add(KVVariant::kSparseKV, 262144, 16, 480, 0);
+  add(KVVariant::kSparseKV, 262144, 69, 1000, 0);  // no ideal: null
+  E2EPoint rated;                                  // a miss-rate point is not the locality mode's
+  rated.variant = KVVariant::kSparseKV;
+  rated.context = 1048576;
+  rated.batch = 2;
+  rated.tokens_per_s = 1;
+  rated.miss_rate_target = 0.2;
+  r.points.push_back(rated);
+  const nlohmann::json j = nlohmann::json::parse(FormatE2ESummaryJson(r));
+  EXPECT_DOUBLE_EQ(j["e2e_throughput_ratio_vs_full_hbm_v4pro_1m"].get<double>(), 400.0 / 160);
+  EXPECT_DOUBLE_EQ(j["e2e_ideal_ratio_vs_full_hbm_v4pro_1m"].get<double>(), 500.0 / 160);
+  EXPECT_DOUBLE_EQ(j["e2e_throughput_ratio_vs_full_hbm_v4pro_256k"].get<double>(), 2.0);
+  EXPECT_TRUE(j["e2e_ideal_ratio_vs_full_hbm_v4pro_256k"].is_null()) << j.dump();
+  EXPECT_DOUBLE_EQ(j["e2e_min_ratio_vs_full_hbm_v4pro"].get<double>(), 0.9);
+  EXPECT_DOUBLE_EQ(j["e2e_throughput_ratio_vs_full_hbm_v4pro_1m_calibrated"].get<double>(),
+                   400.0 / 160);
+  EXPECT_FALSE(j.contains("e2e_throughput_ratio_vs_full_hbm_v4pro_512k")) << j.dump();
+  r.preset = "deepseek-v3.2";  // the reference model has none of these keys
+  const nlohmann::json v32 = nlohmann::json::parse(FormatE2ESummaryJson(r));
+  EXPECT_FALSE(v32.contains("e2e_throughput_ratio_vs_full_hbm_1m")) << v32.dump();
+  EXPECT_TRUE(v32.contains("e2e_throughput_ratio_vs_full_hbm_1m_calibrated")) << v32.dump();
+}
+
 TEST(ArenaBackendTest, HandsOutPiecesAndStartsOverWhenAllAreFreed) {
   auto arena = ArenaBackend::Create(CreateCpuBackend(), 6 << 20);
   ASSERT_TRUE(arena.ok()) << arena.status().ToString();

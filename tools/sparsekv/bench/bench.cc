@@ -334,7 +334,49 @@ IndexGroups BenchIndexGroups(const BenchConfig& c, const ModelPreset& preset) {
   return IndexGroups(o);
 }
 
+namespace {
+
+// CheckE2ELayers for DeepSeek-V4: what its end-to-end plan is defined for.
+Status CheckE2EEntryLayers(const BenchConfig& c, const ModelPreset& preset) {
+  const std::string at = " with --preset " + c.preset;
+  if (c.layers > preset.num_layers) {
+    return InvalidArgument("--layers must be <= " + std::to_string(preset.num_layers) + at +
+                           " (its layers' kinds come from the preset)");
+  }
+  for (const std::string& v : c.variants) {
+    if (v != "full-hbm" && v != "sparsekv") {
+      return InvalidArgument("--variants: '" + v + "' is not defined for DeepSeek-V4's layer " +
+                             "kinds (full-hbm and sparsekv only)" + at);
+    }
+  }
+  if (c.hybrid) return InvalidArgument("--hybrid is not defined" + at);
+  if (c.mtp > 1) return InvalidArgument("--mtp must be 1" + at);
+  if (c.layers_per_index > 1) return InvalidArgument("--layers-per-index must be 1" + at);
+  // The manager refuses extensions over resident layers and raw windows.
+  if (c.peer_device >= 0) return InvalidArgument("--peer-device is not defined" + at);
+  // A CSA top-k selects distinct entries: every context must have --top-k of them.
+  int32_t csa_cadence = 0;
+  const int32_t layers = c.layers > 0 ? c.layers : preset.num_layers;
+  for (int32_t l = 0; l < layers; ++l) {
+    const LayerShape& s = preset.layers[l];
+    if (s.kind == LayerKind::kOffloaded) csa_cadence = std::max(csa_cadence, s.entry_tokens);
+  }
+  std::vector<int32_t> contexts = c.contexts.empty() ? std::vector{c.context} : c.contexts;
+  for (int32_t context : contexts) {
+    if (csa_cadence > 0 && context / csa_cadence < c.top_k) {
+      return InvalidArgument("--contexts: " + std::to_string(context) + " tokens hold " +
+                             std::to_string(context / csa_cadence) +
+                             " entries of an offloaded layer, fewer than --top-k (" +
+                             std::to_string(c.top_k) + ")" + at);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status CheckE2ELayers(const BenchConfig& c, const ModelPreset& preset) {
+  if (HasDenseLayers(preset)) return CheckE2EEntryLayers(c, preset);
   const int32_t layers = BenchGeometry(c, preset).num_layers();
   for (int32_t l = 0; l < layers && l < static_cast<int32_t>(preset.layers.size()); ++l) {
     const LayerShape& s = preset.layers[l];
@@ -364,6 +406,20 @@ RequestShape E2ERequestShape(const BenchConfig& c, const ModelPreset& preset) {
   shape.keyed_layers =
       static_cast<int32_t>(std::count_if(geometry.layers.begin(), geometry.layers.end(),
                                          [](const LayerShape& l) { return l.indexer_keys; }));
+  if (HasDenseLayers(preset)) {
+    // DeepSeek-V4: the classes of its first layers, every CSA top-k of --top-k entries, and the
+    // indexer keys of its CSA layers charged as the engine would hold them (the steps append
+    // none, as for the other presets' keys).
+    ModelPreset cut = preset;
+    cut.layers.resize(std::min<size_t>(cut.layers.size(), geometry.layers.size()));
+    cut.num_layers = static_cast<int32_t>(cut.layers.size());
+    cut.top_k = c.top_k;
+    for (LayerShape& l : cut.layers) l.top_k = 0;
+    shape.classes = LayerClassesOf(cut);
+    shape.raw_window = preset.raw_window;
+    shape.index_groups = 0;
+    shape.keyed_layers = -1;
+  }
   return shape;
 }
 

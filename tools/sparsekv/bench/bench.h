@@ -196,17 +196,23 @@ KVGeometry BenchGeometry(const BenchConfig& config, const ModelPreset& preset);
 // {0}, {1}, {2-5}, ...), or groups of config.layers_per_index; each of config.top_k.
 IndexGroups BenchIndexGroups(const BenchConfig& config, const ModelPreset& preset);
 
-// OK if the end-to-end GPU run can hold the preset's layers it runs (its first config.layers, or
-// all): every layer
-// offloaded with a row per token and config.top_k entries per top-k (glm-5.3, deepseek-v3.2,
-// glm-5); Unimplemented naming the preset and the layer otherwise (DeepSeek-V4's compressed,
-// resident and window-only layers, their own top-k).
+// OK if the end-to-end GPU run can plan the preset's layers it runs (its first config.layers, or
+// all). A preset without resident or window-only layers: every layer offloaded with a row per token
+// and config.top_k entries per top-k (glm-5.3, deepseek-v3.2, glm-5), else Unimplemented naming
+// the preset and the layer. DeepSeek-V4 (HasDenseLayers): its CSA, HCA and window-only layers,
+// planned for full-hbm and sparsekv only (the variants kv_footprint.h defines for layer classes),
+// with config.layers <= the preset's, every context holding config.top_k CSA entries, and none of
+// --hybrid, --mtp > 1, --layers-per-index > 1, --peer-device; InvalidArgument naming the option
+// otherwise.
 Status CheckE2ELayers(const BenchConfig& config, const ModelPreset& preset);
 
 // The request shape of the end-to-end run (tokens unset; the plan sets each context's): the
 // preset's rows and key size, config.layers of them, top_k for config.mtp queries, the sparsekv
 // and page-offload fields of `config`, and the index groups and keyed layers of BenchIndexGroups
-// and BenchGeometry (what the manager's hot cache and the HBM budget count).
+// and BenchGeometry (what the manager's hot cache and the HBM budget count). DeepSeek-V4: the
+// layer classes (LayerClassesOf) of its first config.layers layers, each CSA top-k of
+// config.top_k entries and its CSA layers' indexer keys charged, and the preset's raw window, so
+// that Footprint and PlanVariant size full-hbm and sparsekv by kind (page_tokens counts entries).
 RequestShape E2ERequestShape(const BenchConfig& config, const ModelPreset& preset);
 
 // The options of the CPU run's manager: config.cache_base with the geometry (the preset's rows,

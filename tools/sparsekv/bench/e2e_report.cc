@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 namespace sparsekv::tools {
 namespace {
@@ -53,15 +54,24 @@ const E2EPoint* AtBatch(const std::vector<const E2EPoint*>& points, int32_t batc
 Json NullOr(bool present, double value) { return present ? Json(value) : Json(nullptr); }
 
 // The model in a summary key: none for deepseek-v3.2 (the keys' reference model), else the
-// preset's name without its punctuation and a separator ("glm-5.3" -> "glm53_"), so that two
-// models' keys can sit in one summary.
+// preset's name without a "deepseek-" prefix and without its punctuation, and a separator
+// ("glm-5.3" -> "glm53_", "deepseek-v4-pro" -> "v4pro_"), so that two models' keys can sit in one
+// summary.
 std::string ModelInfix(const std::string& preset) {
   if (preset == "deepseek-v3.2" || preset.empty()) return "";
+  std::string_view name = preset;
+  if (name.starts_with("deepseek-")) name.remove_prefix(std::string_view("deepseek-").size());
   std::string out;
-  for (char ch : preset) {
+  for (char ch : name) {
     if (std::isalnum(static_cast<unsigned char>(ch))) out += ch;
   }
   return out + "_";
+}
+
+// A context in a key: "32k", "256k"; whole multiples of 2^20 tokens as "1m", "2m".
+std::string ContextKey(int32_t context) {
+  if (context > 0 && context % (1 << 20) == 0) return std::to_string(context >> 20) + "m";
+  return std::to_string(context / 1024) + "k";
 }
 
 // The keys over every context: sparsekv / full-hbm tokens/s at every batch full-hbm holds (the
@@ -101,10 +111,59 @@ void AddAcrossContexts(const E2EReport& r, Json& j) {
   }
   for (const auto& [context, peak] : peaks) {
     const std::string key = "e2e_throughput_ratio_vs_full_hbm_" + ModelInfix(r.preset) +
-                            std::to_string(context / 1024) + "k_calibrated";
+                            ContextKey(context) + "_calibrated";
     j[key] =
         NullOr(peak.first > 0 && peak.second > 0, peak.first > 0 ? peak.second / peak.first : 0);
   }
+}
+
+// The keys of a model other than DeepSeek-V3.2 (ModelInfix not empty, e.g. "v4pro"), over the
+// points of the locality mode (no miss-rate target), per context C and over all of them:
+//   e2e_throughput_ratio_vs_full_hbm_<model>_<C>: sparsekv's tokens/s at its largest batch (the
+//     host pool's batch) / full-hbm's peak tokens/s at C;
+//   e2e_ideal_ratio_vs_full_hbm_<model>_<C>: the ideal tokens/s (batch / ideal_ms) of that same
+//     sparsekv point / full-hbm's peak: what the ratio above would be with perfect overlap;
+//   e2e_min_ratio_vs_full_hbm_<model>: the smallest sparsekv / full-hbm tokens/s over every
+//     (context, batch) both ran, i.e. every batch full-hbm holds.
+// A key whose points are missing is null.
+void AddModelKeys(const E2EReport& r, Json& j) {
+  const std::string model = ModelInfix(r.preset);
+  if (model.empty()) return;
+  struct AtContext {
+    double full_peak = 0;
+    const E2EPoint* largest = nullptr;  // sparsekv's largest batch
+  };
+  std::map<int32_t, AtContext> contexts;
+  double worst = 0;
+  bool any = false;
+  for (const E2EPoint& p : r.points) {
+    if (p.miss_rate_target.has_value()) continue;
+    AtContext& at = contexts[p.context];
+    if (p.variant == KVVariant::kFullHbm) {
+      at.full_peak = std::max(at.full_peak, p.tokens_per_s);
+    } else if (p.variant == KVVariant::kSparseKV) {
+      if (at.largest == nullptr || p.batch > at.largest->batch) at.largest = &p;
+      for (const E2EPoint& f : r.points) {
+        if (f.variant != KVVariant::kFullHbm || f.miss_rate_target.has_value() ||
+            f.context != p.context || f.batch != p.batch || f.tokens_per_s <= 0) {
+          continue;
+        }
+        const double ratio = p.tokens_per_s / f.tokens_per_s;
+        worst = any ? std::min(worst, ratio) : ratio;
+        any = true;
+      }
+    }
+  }
+  for (const auto& [context, at] : contexts) {
+    const std::string c = model + ContextKey(context);
+    const bool both = at.full_peak > 0 && at.largest != nullptr;
+    j["e2e_throughput_ratio_vs_full_hbm_" + c] =
+        NullOr(both, both ? at.largest->tokens_per_s / at.full_peak : 0);
+    const bool ideal = both && at.largest->ideal_ms > 0;
+    j["e2e_ideal_ratio_vs_full_hbm_" + c] =
+        NullOr(ideal, ideal ? at.largest->batch * 1e3 / at.largest->ideal_ms / at.full_peak : 0);
+  }
+  j["e2e_min_ratio_vs_full_hbm_" + model.substr(0, model.size() - 1)] = NullOr(any, worst);
 }
 
 Json Summary(const E2EReport& r) {
@@ -147,6 +206,7 @@ Json Summary(const E2EReport& r) {
   j["e2e_step_to_floor_ratio"] =
       NullOr(m20_largest != nullptr, m20_largest ? m20_largest->step_to_floor : 0);
   AddAcrossContexts(r, j);
+  AddModelKeys(r, j);
   return j;
 }
 

@@ -113,6 +113,13 @@ struct E2EReport {
 //     (miss rate 20%);
 //   e2e_tpot_overhead_b1_m5, _m20: sparsekv TPOT / full-hbm TPOT - 1 at batch 1;
 //   e2e_step_to_floor_ratio: sparsekv (20%) step / floor at its largest batch.
+// Over every context: e2e_min_ratio_vs_full_hbm (_m5, _m20), and per context in the locality mode
+// e2e_throughput_ratio_vs_full_hbm_<model><C>_calibrated (C: "32k", ..., "1m"). For a model other
+// than DeepSeek-V3.2 (<model>: "glm53", "v4pro", "v4flash"), per context C in the locality mode
+// e2e_throughput_ratio_vs_full_hbm_<model>_<C> (sparsekv at its largest batch, the host pool's,
+// over full-hbm's peak), e2e_ideal_ratio_vs_full_hbm_<model>_<C> (the same point's ideal
+// throughput over full-hbm's peak), and e2e_min_ratio_vs_full_hbm_<model> (the smallest ratio at
+// a batch both ran).
 std::string FormatE2ESummaryJson(const E2EReport& report);
 std::string FormatE2EJson(const E2EReport& report);
 std::string FormatE2ECsv(const E2EReport& report);

@@ -3,6 +3,8 @@
 // and the hybrid hot cache they give, and the flag checks that go with them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "sparsekv/hot_cache.h"
 #include "sparsekv/kv_footprint.h"
 #include "tools/sparsekv/bench/bench.h"
@@ -137,11 +139,98 @@ TEST(E2EShapeTest, OnlyLayersOfARowPerTokenAndOneTopKRunOnTheGpu) {
   BenchConfig glm = Config("glm-5.3");
   glm.layers = 6;
   EXPECT_TRUE(CheckE2ELayers(glm, *FindPreset("glm-5.3")).ok());
-  const BenchConfig v4 = Config("deepseek-v4-flash");
-  const Status s = CheckE2ELayers(v4, *FindPreset("deepseek-v4-flash"));
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("--preset deepseek-v4-flash: layer 0"), std::string::npos)
-      << s.ToString();
+}
+
+BenchConfig V4Config(const std::string& preset, int32_t top_k) {
+  BenchConfig c = Config(preset);
+  c.row_format = KVRowFormat::kFp8Entry584;
+  c.top_k = top_k;
+  c.hot_slots = 2 * top_k;
+  c.variants = {"full-hbm", "sparsekv"};
+  return c;
+}
+
+TEST(E2EShapeTest, DeepSeekV4PlansFullHbmAndSparsekvOnly) {
+  for (const char* name : {"deepseek-v4-flash", "deepseek-v4-pro"}) {
+    EXPECT_TRUE(CheckE2ELayers(V4Config(name, 512), *FindPreset(name)).ok()) << name;
+  }
+  const ModelPreset pro = *FindPreset("deepseek-v4-pro");
+  auto refused = [&](const BenchConfig& c, const std::string& option) {
+    const Status s = CheckE2ELayers(c, pro);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << option;
+    EXPECT_NE(s.message().find(option), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("deepseek-v4-pro"), std::string::npos) << s.ToString();
+  };
+  BenchConfig c = V4Config("deepseek-v4-pro", 1024);
+  c.variants = {"full-hbm", "no-cache"};
+  refused(c, "--variants");
+  c = V4Config("deepseek-v4-pro", 1024);
+  c.hybrid = true;
+  refused(c, "--hybrid");
+  c = V4Config("deepseek-v4-pro", 1024);
+  c.mtp = 2;
+  refused(c, "--mtp");
+  c = V4Config("deepseek-v4-pro", 1024);
+  c.layers = 63;
+  refused(c, "--layers");
+  c = V4Config("deepseek-v4-pro", 1024);
+  c.peer_device = 0;
+  refused(c, "--peer-device");
+  c = V4Config("deepseek-v4-pro", 1024);
+  c.contexts = {1048576, 4095};  // 1023 CSA entries
+  refused(c, "--contexts");
+  c.contexts = {4096, 1048576};
+  EXPECT_TRUE(CheckE2ELayers(c, pro).ok());
+}
+
+TEST(E2EShapeTest, DeepSeekV4sShapeHasItsLayerClassesAndRawWindow) {
+  BenchConfig c = V4Config("deepseek-v4-pro", 1024);
+  const RequestShape s = E2ERequestShape(c, *FindPreset("deepseek-v4-pro"));
+  ASSERT_EQ(s.classes.size(), 3u);
+  EXPECT_EQ(s.classes[0].kind, LayerKind::kResident);
+  EXPECT_EQ(s.classes[0].layers, 31);
+  EXPECT_EQ(s.classes[1].kind, LayerKind::kOffloaded);
+  EXPECT_EQ(s.classes[1].layers, 30);
+  EXPECT_EQ(s.classes[1].top_k, 1024);
+  EXPECT_EQ(s.classes[1].keyed_layers, 30);
+  EXPECT_EQ(s.classes[2].kind, LayerKind::kWindowOnly);
+  EXPECT_EQ(s.raw_window, 128);
+  EXPECT_EQ(s.row_bytes, 584);
+  c.layers = 4;  // [128, 128, 4, 128]: no window-only layer
+  const RequestShape cut = E2ERequestShape(c, *FindPreset("deepseek-v4-pro"));
+  ASSERT_EQ(cut.classes.size(), 2u);
+  EXPECT_EQ(cut.classes[0].layers, 3);
+  EXPECT_EQ(cut.classes[1].layers, 1);
+}
+
+// The batches of the V4-Pro run at 256K, 512K and 1M in its standard scenario (24.9 GB of HBM for
+// KV) with an 80-GB host pool: full-hbm's from the HBM, sparsekv's from the host pool (the HBM
+// would admit more), as docs/workload-shapes.md's figures give them with decode headroom.
+TEST(E2EShapeTest, DeepSeekV4ProBatchesTo1M) {
+  BenchConfig c = V4Config("deepseek-v4-pro", 1024);
+  ApplyPresetScenario(c, false, false);
+  EXPECT_DOUBLE_EQ(c.weights_gb, 108.1);
+  EXPECT_NEAR(c.hbm_budget_gb, 24.9, 1e-9);
+  const int64_t hbm = static_cast<int64_t>(c.hbm_budget_gb * 1e9);
+  const int64_t host = 80'000'000'000;
+  RequestShape shape = E2ERequestShape(c, *FindPreset("deepseek-v4-pro"));
+  struct Expected {
+    int32_t context, full_hbm, sparsekv;
+  };
+  for (const Expected& e :
+       {Expected{262144, 17, 69}, Expected{524288, 8, 34}, Expected{1048576, 4, 17}}) {
+    shape.tokens = e.context;
+    const VariantPlan full = PlanVariant(KVVariant::kFullHbm, shape, hbm, host, 0, 1, 16, 2, 0);
+    const VariantPlan sparse =
+        PlanVariant(KVVariant::kSparseKV, shape, hbm, host, 0, 1, 16, 2, 0, full.max_batch);
+    EXPECT_EQ(full.max_batch, e.full_hbm) << e.context;
+    EXPECT_EQ(sparse.max_batch, e.sparsekv) << e.context;
+    EXPECT_LE(int64_t{sparse.max_batch} * sparse.footprint.host_bytes, host);
+    EXPECT_GT(int64_t{sparse.max_batch + 1} * sparse.footprint.host_bytes, host) << e.context;
+    // sparsekv is also measured at full-hbm's largest batch.
+    EXPECT_NE(std::find(sparse.batches.begin(), sparse.batches.end(), full.max_batch),
+              sparse.batches.end());
+  }
 }
 
 TEST(E2EShapeTest, Glm53RefusesLayersPerIndex) {

@@ -19,6 +19,7 @@
 #include "sparsekv/options.h"
 #include "sparsekv/topk_generator.h"
 #include "tools/sparsekv/bench/arena_backend.h"
+#include "tools/sparsekv/bench/entry_layers.h"
 #include "tools/sparsekv/bench/gpu_kernels.h"
 #include "tools/sparsekv/bench/gpu_timing.h"
 #include "tools/sparsekv/bench/gpu_trace.h"
@@ -48,9 +49,12 @@ struct Shared {
   RequestShape shape;  // tokens unset
   int32_t max_batch = 0;
   int32_t heads = 0;
-  std::unique_ptr<SparseMLAAttention> attention;
+  std::unique_ptr<SparseMLAAttention> attention;  // null for DeepSeek-V4
+  // DeepSeek-V4: its attention over the variants' two scopes (StepVariant::Scopes); else null.
+  std::unique_ptr<SparseEntryAttention> entry_attention;
+  int32_t q_dims = kMLAQKDim;                // 576; 512 for DeepSeek-V4's entries
   std::unique_ptr<WeightStreamProxy> proxy;  // null with --no-proxy
-  DeviceBuffer q;                            // [max_batch, heads, 576] bf16
+  DeviceBuffer q;                            // [max_batch, heads, q_dims] bf16
   DeviceBuffer out;                          // [max_batch, heads, 512] bf16
   DeviceBuffer new_rows;                     // [layers, max_batch, row]
   std::map<int32_t, double> proxy_us;        // per layer, by batch
@@ -58,6 +62,24 @@ struct Shared {
 
   size_t OutBytes(int32_t batch) const {
     return size_t(batch) * queries * heads * kMLAValueDim * 2;
+  }
+  // Attention of `layer` over batch rows [first, first + n) of `v`, into out's rows.
+  Status Attend(const StepVariant& v, int32_t layer, int32_t first, int32_t n, int32_t batch,
+                cudaStream_t stream) const {
+    const size_t q_offset = size_t(first) * heads * q_dims * 2;
+    const size_t out_offset = size_t(first) * heads * kMLAValueDim * 2;
+    if (entry_attention != nullptr) {
+      SPARSEKV_ASSIGN_OR_RETURN(const EntryScopes s, v.Scopes(layer, first));
+      return entry_attention->Run(n * queries, q.get<std::byte>() + q_offset, s.selected, s.window,
+                                  /*sink=*/nullptr, out.get<std::byte>() + out_offset, stream);
+    }
+    if (first == 0 && n == batch) {
+      return attention->Run(n * queries, q.get(), v.Rows(layer), shape.row_bytes, v.Indices(),
+                            out.get(), stream);
+    }
+    return attention->Run(n * queries, q.get<std::byte>() + q_offset, v.Rows(layer),
+                          shape.row_bytes, v.Indices() + int64_t{first} * shape.top_k,
+                          out.get<std::byte>() + out_offset, stream);
   }
   const std::byte* NewRows(int32_t layer) const {
     return new_rows.get<std::byte>() + int64_t{layer} * max_batch * shape.row_bytes;
@@ -71,15 +93,7 @@ Status StepBody(StepVariant& v, const Shared& sh, const TopKFeed& feed, int32_t 
   const int32_t rows = batch * sh.queries;  // attention and proxy rows
   // Attention over requests [first, first + n) (all of them, or a slice the schedule hands it).
   const AttendFn attend = [&](int32_t l, int32_t first, int32_t n, StreamHandle stream) {
-    auto* st = static_cast<cudaStream_t>(stream);
-    if (first == 0 && n == batch) {
-      return sh.attention->Run(rows, sh.q.get(), v.Rows(l), sh.shape.row_bytes, v.Indices(),
-                               sh.out.get(), st);
-    }
-    return sh.attention->Run(
-        n * sh.queries, sh.q.get<std::byte>() + size_t(first) * sh.heads * kMLAQKDim * 2, v.Rows(l),
-        sh.shape.row_bytes, v.Indices() + int64_t{first} * sh.shape.top_k,
-        sh.out.get<std::byte>() + size_t(first) * sh.heads * kMLAValueDim * 2, st);
+    return sh.Attend(v, l, first, n, batch, static_cast<cudaStream_t>(stream));
   };
   for (int32_t l = 0; l < sh.shape.layers; ++l) {
     SPARSEKV_RETURN_IF_ERROR(
@@ -237,8 +251,7 @@ StatusOr<PointTiming> RunPoint(StepVariant& v, Shared& sh, TopKFeed& feed, Reque
   Graph attention;
   SPARSEKV_RETURN_IF_ERROR(attention.Capture(s, [&]() -> Status {
     for (int32_t l = 0; l < layers; ++l) {
-      SPARSEKV_RETURN_IF_ERROR(sh.attention->Run(batch * sh.queries, sh.q.get(), v.Rows(l),
-                                                 sh.shape.row_bytes, v.Indices(), sh.out.get(), s));
+      SPARSEKV_RETURN_IF_ERROR(sh.Attend(v, l, 0, batch, batch, s));
     }
     return Status::Ok();
   }));
@@ -310,7 +323,11 @@ class E2ERun {
   std::vector<std::byte> reference_;    // full-hbm's check output at the current context
   std::unique_ptr<StepTracer> tracer_;  // --trace-step
   KVGeometry geometry_;                 // the manager's layers (BenchGeometry)
-  std::optional<IndexGroups> groups_;   // set by Plan: the groups the feed generates a top-k for
+  // DeepSeek-V4: the raw window, and the tokens per entry of the CSA layers (what the top-k rows
+  // name); 0 and 1 for the other presets.
+  int32_t raw_window_ = 0;
+  int32_t entry_tokens_ = 1;
+  std::optional<IndexGroups> groups_;  // set by Plan: the groups the feed generates a top-k for
 };
 
 TopKGeneratorOptions E2ERun::GeneratorOptions(int32_t context, bool miss_rate_mode,
@@ -328,7 +345,7 @@ TopKGeneratorOptions E2ERun::GeneratorOptions(int32_t context, bool miss_rate_mo
   }
   if (miss_rate_mode) {
     g.miss_rate = rate;
-    g.fresh_range = context;
+    g.fresh_range = context / entry_tokens_;  // the rows name entries
   }
   if (c_.cross_layer_overlap >= 0) g.cross_layer_overlap = c_.cross_layer_overlap;
   if (c_.locality.empty() && c_.cross_layer_overlap < 0) g.cross_layer_overlap = 0;
@@ -342,6 +359,12 @@ Status E2ERun::Plan(const ModelPreset& preset) {
   RequestShape shape = E2ERequestShape(c_, preset);
   geometry_ = BenchGeometry(c_, preset);
   groups_.emplace(BenchIndexGroups(c_, preset));
+  if (HasDenseLayers(preset)) {
+    raw_window_ = preset.raw_window;
+    for (const LayerShape& l : geometry_.layers) {
+      if (l.kind == LayerKind::kOffloaded) entry_tokens_ = l.entry_tokens;
+    }
+  }
   shared_.shape = shape;
   const int64_t hbm = static_cast<int64_t>(c_.hbm_budget_gb * 1e9);
   const int64_t host = static_cast<int64_t>(c_.host_pool_gb * 1e9);
@@ -461,12 +484,20 @@ Status E2ERun::Setup(const ModelPreset& preset) {
   const int32_t max_batch = std::max(shared_.max_batch, 1);
   const int32_t query_rows = max_batch * c_.mtp;  // attention and proxy rows (--mtp)
   shared_.queries = c_.mtp;
-  SparseMLAOptions ao;
-  ao.max_batch = query_rows;
-  ao.heads = c_.heads;
-  ao.top_k = c_.top_k;
-  ao.format = c_.row_format;
-  SPARSEKV_ASSIGN_OR_RETURN(shared_.attention, SparseMLAAttention::Create(ao));
+  if (raw_window_ > 0) {  // DeepSeek-V4: two scopes over its entries
+    SparseEntryAttentionOptions eo;
+    eo.max_batch = query_rows;
+    eo.heads = c_.heads;
+    SPARSEKV_ASSIGN_OR_RETURN(shared_.entry_attention, SparseEntryAttention::Create(eo));
+    shared_.q_dims = FormatShape(c_.row_format).key_dims;
+  } else {
+    SparseMLAOptions ao;
+    ao.max_batch = query_rows;
+    ao.heads = c_.heads;
+    ao.top_k = c_.top_k;
+    ao.format = c_.row_format;
+    SPARSEKV_ASSIGN_OR_RETURN(shared_.attention, SparseMLAAttention::Create(ao));
+  }
   if (c_.proxy) {
     // Per-layer bytes from the preset's full layer count, so that --layers does not change them.
     const int64_t per_layer = static_cast<int64_t>(c_.weights_gb * 1e9 / preset.num_layers);
@@ -476,15 +507,15 @@ Status E2ERun::Setup(const ModelPreset& preset) {
   shared_.heads = c_.heads;
   SPARSEKV_ASSIGN_OR_RETURN(
       shared_.q,
-      DeviceBuffer::Allocate(size_t(query_rows) * c_.heads * kMLAQKDim * 2, kBenchMemory));
+      DeviceBuffer::Allocate(size_t(query_rows) * c_.heads * shared_.q_dims * 2, kBenchMemory));
   SPARSEKV_ASSIGN_OR_RETURN(
       shared_.out,
       DeviceBuffer::Allocate(size_t(query_rows) * c_.heads * kMLAValueDim * 2, kBenchMemory));
   SPARSEKV_ASSIGN_OR_RETURN(
       shared_.new_rows,
       DeviceBuffer::Allocate(size_t(shape.layers) * max_batch * shape.row_bytes, kBenchMemory));
-  SPARSEKV_CUDA_RETURN_IF_ERROR(
-      gpu::FillBf16(shared_.q.get(), int64_t{query_rows} * c_.heads * kMLAQKDim, c_.seed, stream_));
+  SPARSEKV_CUDA_RETURN_IF_ERROR(gpu::FillBf16(
+      shared_.q.get(), int64_t{query_rows} * c_.heads * shared_.q_dims, c_.seed, stream_));
   // The new tokens' rows (the same at every step): the content of an out-of-prompt position.
   for (int32_t l = 0; l < shape.layers; ++l) {
     for (int32_t b = 0; b < max_batch; ++b) {
@@ -532,6 +563,12 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   setup.planned_copy = c_.planned_copy;
   setup.auto_schedule = c_.schedule == "auto";
   setup.queries = c_.mtp;
+  setup.raw_window = raw_window_;
+  setup.format = c_.row_format;
+  // DeepSeek-V4: every variant's HCA scopes as wide as the most positions any of them holds.
+  for (const auto& [other, other_plan] : plan.variants) {
+    setup.scope_tokens = std::max<int64_t>(setup.scope_tokens, plan.context + other_plan.headroom);
+  }
   if (kind == KVVariant::kSparseKV) setup.peer_device = c_.peer_device;
   if (c_.hybrid && kind == KVVariant::kSparseKV) {
     setup.hybrid = true;
@@ -552,7 +589,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   if (plan.check_batch > 0) {
     SPARSEKV_ASSIGN_OR_RETURN(
         auto feed, TopKFeed::Create(GeneratorOptions(plan.context, true, kCheckMissRate), *groups_,
-                                    plan.check_batch, c_.mtp));
+                                    plan.check_batch, c_.mtp, entry_tokens_));
     SPARSEKV_RETURN_IF_ERROR(SetLiveBatch(*v, setup, plan.check_batch, req, live));
     SPARSEKV_ASSIGN_OR_RETURN(std::vector<std::byte> out,
                               RunCheck(*v, shared_, *feed, req, plan.check_batch, stream_));
@@ -582,7 +619,7 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
   const double first_rate = miss_rate_mode ? c_.miss_rates.front() : 0;
   SPARSEKV_ASSIGN_OR_RETURN(
       auto feed, TopKFeed::Create(GeneratorOptions(plan.context, miss_rate_mode, first_rate),
-                                  *groups_, vp.max_batch, c_.mtp));
+                                  *groups_, vp.max_batch, c_.mtp, entry_tokens_));
   // Only sparsekv and page-offload depend on the miss rate: the others run once, labelled with no
   // target.
   std::vector<double> rates = {first_rate};
@@ -620,7 +657,14 @@ Status E2ERun::RunVariant(const ContextPlan& plan, KVVariant kind, const Variant
       p.hit_rate = t.stats.lookups > 0 ? 1 - t.stats.misses / t.stats.lookups : 0;
       p.miss_rate = 1 - p.hit_rate;
       p.misses_per_step = t.stats.misses / std::max(1, p.timed_steps);
-      const StepTraffic traffic = Traffic(kind, setup.shape, batch, p.misses_per_step);
+      // DeepSeek-V4: per layer kind (the entries' scopes at the run's positions).
+      const StepTraffic traffic =
+          setup.shape.classes.empty()
+              ? Traffic(kind, setup.shape, batch, p.misses_per_step)
+              : EntryTraffic(
+                    kind,
+                    EntryLayerScopesOf(geometry_, c_.top_k, raw_window_, plan.context + c_.steps),
+                    setup.shape.hot_slots, batch, p.misses_per_step);
       p.prefetch_rows_per_step = t.stats.prefetched / std::max(1, p.timed_steps);
       p.pcie_bytes_per_step = traffic.pcie_bytes + p.prefetch_rows_per_step * setup.shape.row_bytes;
       p.pcie_gbps = traffic.pcie_bytes / (p.tpot_ms * 1e6);
@@ -686,12 +730,6 @@ Status E2ERun::RunContext(const ContextPlan& plan) {
 
 StatusOr<E2EReport> E2ERun::Run() {
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c_.preset, c_.row_format));
-  if (HasDenseLayers(preset)) {
-    return Unimplemented("--preset " + c_.preset +
-                         ": the GPU benchmark's variants hold offloaded layers only; DeepSeek-V4's "
-                         "resident and window-only layers and raw window run on the CPU backend "
-                         "(--backend cpu)");
-  }
   SPARSEKV_RETURN_IF_ERROR(CheckE2ELayers(c_, preset));
   SPARSEKV_RETURN_IF_ERROR(Plan(preset));
   report_.device = cuda_->name();
@@ -737,6 +775,17 @@ StatusOr<E2EReport> E2ERun::Run() {
     report_.notes.push_back("layers share a top-k in groups of " +
                             std::to_string(c_.layers_per_index) +
                             " (--layers-per-index); every variant reads the same top-k");
+  }
+  if (raw_window_ > 0) {
+    report_.notes.push_back(
+        "DeepSeek-V4's layer kinds: CSA layers offloaded (top-k over entries of " +
+        std::to_string(entry_tokens_) +
+        " tokens), HCA layers resident, window-only layers, a raw "
+        "window of " +
+        std::to_string(raw_window_) +
+        " in each; attention through SparseEntryAttention in both variants; sparsekv copies its "
+        "resident entries and raw windows into staging before each layer's attention (a copy "
+        "full-hbm does not make), so its figures are a lower bound");
   }
   report_.warmup_steps = std::max(1, c_.warmup_steps);
   if (c_.trace_step) {

@@ -1,24 +1,11 @@
+#include "tools/sparsekv/bench/entry_scopes.h"
 #include "tools/sparsekv/bench/gpu_kernels.h"
+#include "tools/sparsekv/bench/kv_content.h"
 
 namespace sparsekv::tools::gpu {
 namespace {
 
 constexpr int kThreads = 256;
-
-__host__ __device__ inline uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// bf16 bits of a value in (-1, 1) taken from 16 random bits: sign, exponent 2^-1 .. 2^-8,
-// 7 mantissa bits. Never zero, never NaN.
-__device__ inline uint32_t RandomBf16(uint32_t bits) {
-  const uint32_t sign = (bits & 0x8000u);
-  const uint32_t exponent = 126u - ((bits >> 7) & 7u);  // bias 127: 2^-1 .. 2^-8
-  return sign | (exponent << 7) | (bits & 0x7Fu);
-}
 
 // One thread per 4-byte word of a row.
 __global__ void FillKVRowsKernel(std::byte* dst, int64_t stride, int64_t dst_row, int32_t count,
@@ -29,26 +16,14 @@ __global__ void FillKVRowsKernel(std::byte* dst, int64_t stride, int64_t dst_row
   if (i >= int64_t{count} * words) return;
   const int32_t r = static_cast<int32_t>(i / words);
   const int32_t w = static_cast<int32_t>(i % words);
-  const uint64_t token = (uint64_t(uint32_t(request)) << 40) ^ (uint64_t(uint32_t(layer)) << 32) ^
-                         uint32_t(first_position + r);
-  const uint64_t h = Mix(Mix(token ^ seed) + w);
-  uint32_t word;
-  if (row_bytes == 656 && w < 128) {
-    // Four e4m3 bytes with exponent field 0..7 (magnitude < 2): never the NaN patterns 0x7F/0xFF.
-    word = static_cast<uint32_t>(h) & 0xBFBFBFBFu;
-  } else if (row_bytes == 656 && w < 132) {
-    const float scale = 0.5f + static_cast<float>(h & 0xFFFF) / 65536.0f;
-    word = __float_as_uint(scale);
-  } else {
-    word =
-        RandomBf16(static_cast<uint32_t>(h)) | (RandomBf16(static_cast<uint32_t>(h >> 16)) << 16);
-  }
-  reinterpret_cast<uint32_t*>(dst + (dst_row + r) * stride)[w] = word;
+  reinterpret_cast<uint32_t*>(dst + (dst_row + r) * stride)[w] =
+      KVContentWord(row_bytes, w, request, layer, first_position + r, seed);
 }
 
 __global__ void FillBf16Kernel(uint16_t* dst, int64_t n, uint64_t seed) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = static_cast<uint16_t>(RandomBf16(static_cast<uint32_t>(Mix(seed + i))));
+  if (i < n)
+    dst[i] = static_cast<uint16_t>(RandomBf16Bits(static_cast<uint32_t>(ContentMix(seed + i))));
 }
 
 __global__ void PositionsToRowsKernel(const int32_t* topk, int32_t entries, int32_t top_k,
@@ -71,6 +46,88 @@ __global__ void AppendRowsKernel(const std::byte* new_rows, int32_t batch, int32
   const auto* s = reinterpret_cast<const uint4*>(new_rows + b * stride);
   auto* d = reinterpret_cast<uint4*>(dst + (b * request_rows + positions[b]) * stride);
   for (int32_t v = lane; v < row_bytes / 16; v += 32) d[v] = s[v];
+}
+
+// One thread per index of both scopes: [batch, width] every-entry, then [batch, raw_window].
+__global__ void EntryScopeIndicesKernel(const int32_t* positions, int32_t batch, int32_t width,
+                                        int32_t entry_tokens, int32_t entry_rows,
+                                        int32_t* every_entry, int32_t raw_window, int32_t* window) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t entries = every_entry != nullptr ? int64_t{batch} * width : 0;
+  if (i < entries) {
+    const int32_t b = static_cast<int32_t>(i / width);
+    every_entry[i] = EveryEntryIndex(b, static_cast<int32_t>(i % width), positions[b] + 1,
+                                     entry_tokens, entry_rows);
+    return;
+  }
+  const int64_t j = i - entries;
+  if (window == nullptr || j >= int64_t{batch} * raw_window) return;
+  const int32_t b = static_cast<int32_t>(j / raw_window);
+  window[j] = WindowIndex(b, static_cast<int32_t>(j % raw_window), positions[b] + 1, raw_window);
+}
+
+// One warp per batch row, 4-byte words (entries of 584 and 368 B are not 16-byte multiples).
+__global__ void AppendEntryRowsKernel(const std::byte* new_rows, int32_t batch, int32_t row_bytes,
+                                      int64_t stride, const int32_t* positions,
+                                      int32_t entry_tokens, int32_t entry_rows, std::byte* entries,
+                                      int32_t raw_window, std::byte* rings) {
+  const int32_t b = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int32_t lane = threadIdx.x % 32;
+  if (b >= batch) return;
+  const int32_t tokens = positions[b] + 1;
+  const auto* s = reinterpret_cast<const uint32_t*>(new_rows + b * stride);
+  const int32_t entry =
+      entries != nullptr ? AppendedEntryRow(b, tokens, entry_tokens, entry_rows) : -1;
+  if (entry >= 0) {
+    auto* d = reinterpret_cast<uint32_t*>(entries + entry * stride);
+    for (int32_t v = lane; v < row_bytes / 4; v += 32) d[v] = s[v];
+  }
+  if (rings != nullptr) {
+    auto* d =
+        reinterpret_cast<uint32_t*>(rings + AppendedWindowRow(b, tokens, raw_window) * stride);
+    for (int32_t v = lane; v < row_bytes / 4; v += 32) d[v] = s[v];
+  }
+}
+
+// One warp per scope entry: [batch, width] entries (if any), then [batch, raw_window] window rows.
+__global__ void GatherDenseScopesKernel(DenseEntriesView entries, bool with_entries,
+                                        RawWindowView window, int32_t batch, int32_t width,
+                                        int32_t row_bytes, std::byte* entry_rows,
+                                        int32_t* entry_index, std::byte* window_rows,
+                                        int32_t* window_index) {
+  const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int32_t lane = threadIdx.x % 32;
+  const int64_t entry_items = with_entries ? int64_t{batch} * width : 0;
+  const std::byte* src = nullptr;
+  std::byte* dst = nullptr;
+  int32_t* index = nullptr;
+  int32_t value = -1;
+  if (item < entry_items) {
+    const int32_t b = static_cast<int32_t>(item / width);
+    const int32_t k = static_cast<int32_t>(item % width);
+    index = entry_index + item;
+    if (b < *entries.batch_size && entries.table_row[b] >= 0 && k < entries.Count(b)) {
+      src = entries.Entry(b, k);
+      dst = entry_rows + item * window.row_stride;
+      value = static_cast<int32_t>(item);
+    }
+  } else {
+    const int64_t j = item - entry_items;
+    if (j >= int64_t{batch} * window.raw_window) return;
+    const int32_t b = static_cast<int32_t>(j / window.raw_window);
+    const int32_t i = static_cast<int32_t>(j % window.raw_window);
+    index = window_index + j;
+    if (b < *window.batch_size && window.table_row[b] >= 0 && i < window.Valid(b)) {
+      src = window.Row(b, i);
+      dst = window_rows + j * window.row_stride;
+      value = static_cast<int32_t>(j);
+    }
+  }
+  if (lane == 0) *index = value;
+  if (src == nullptr) return;
+  const auto* s = reinterpret_cast<const uint32_t*>(src);
+  auto* d = reinterpret_cast<uint32_t*>(dst);
+  for (int32_t v = lane; v < row_bytes / 4; v += 32) d[v] = s[v];
 }
 
 __global__ void PageIdsKernel(const int32_t* topk, int32_t entries, int32_t page_tokens,
@@ -115,6 +172,7 @@ unsigned Blocks(int64_t threads) {
 cudaError_t FillKVRows(std::byte* dst, int64_t stride, int64_t dst_row, int32_t count,
                        int32_t row_bytes, int32_t request, int32_t layer, int32_t first_position,
                        uint64_t seed, cudaStream_t stream) {
+  if (!IsContentRowBytes(row_bytes)) return cudaErrorInvalidValue;  // no such format
   if (count <= 0) return cudaSuccess;
   FillKVRowsKernel<<<Blocks(int64_t{count} * (row_bytes / 4)), kThreads, 0, stream>>>(
       dst, stride, dst_row, count, row_bytes, request, layer, first_position, seed);
@@ -142,6 +200,44 @@ cudaError_t AppendRows(const std::byte* new_rows, int32_t batch, int32_t row_byt
   if (batch <= 0) return cudaSuccess;
   AppendRowsKernel<<<Blocks(int64_t{batch} * 32), kThreads, 0, stream>>>(
       new_rows, batch, row_bytes, stride, positions, request_rows, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t EntryScopeIndices(const int32_t* positions, int32_t batch, int32_t width,
+                              int32_t entry_tokens, int32_t entry_rows, int32_t* every_entry,
+                              int32_t raw_window, int32_t* window, cudaStream_t stream) {
+  if (entry_tokens < 1 || (window != nullptr && raw_window < 1)) return cudaErrorInvalidValue;
+  const int64_t threads = (every_entry != nullptr ? int64_t{batch} * width : 0) +
+                          (window != nullptr ? int64_t{batch} * raw_window : 0);
+  if (threads <= 0) return cudaSuccess;
+  EntryScopeIndicesKernel<<<Blocks(threads), kThreads, 0, stream>>>(
+      positions, batch, width, entry_tokens, entry_rows, every_entry, raw_window, window);
+  return cudaGetLastError();
+}
+
+cudaError_t AppendEntryRows(const std::byte* new_rows, int32_t batch, int32_t row_bytes,
+                            int64_t stride, const int32_t* positions, int32_t entry_tokens,
+                            int32_t entry_rows, std::byte* entries, int32_t raw_window,
+                            std::byte* rings, cudaStream_t stream) {
+  if (entry_tokens < 1 || (rings != nullptr && raw_window < 1)) return cudaErrorInvalidValue;
+  if (batch <= 0) return cudaSuccess;
+  AppendEntryRowsKernel<<<Blocks(int64_t{batch} * 32), kThreads, 0, stream>>>(
+      new_rows, batch, row_bytes, stride, positions, entry_tokens, entry_rows, entries, raw_window,
+      rings);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherDenseScopes(const DenseEntriesView* entries, const RawWindowView& window,
+                              int32_t batch, int32_t width, int32_t row_bytes,
+                              std::byte* entry_rows, int32_t* entry_index, std::byte* window_rows,
+                              int32_t* window_index, cudaStream_t stream) {
+  if (window.raw_window < 1 || row_bytes % 4 != 0) return cudaErrorInvalidValue;
+  const int64_t items =
+      (entries != nullptr ? int64_t{batch} * width : 0) + int64_t{batch} * window.raw_window;
+  if (batch <= 0) return cudaSuccess;
+  GatherDenseScopesKernel<<<Blocks(items * 32), kThreads, 0, stream>>>(
+      entries != nullptr ? *entries : DenseEntriesView{}, entries != nullptr, window, batch, width,
+      row_bytes, entry_rows, entry_index, window_rows, window_index);
   return cudaGetLastError();
 }
 

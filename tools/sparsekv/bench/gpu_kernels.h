@@ -7,14 +7,17 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "sparsekv/kernel_views.h"
+
 namespace sparsekv::tools::gpu {
 
-// The content of the synthetic KV: row (request, layer, position) is a pure function of those and
-// `seed`, a valid row of its format (656 B: e4m3 values of magnitude < 2 without NaN, scales in
-// [0.5, 1.5), rope bf16 in (-1, 1); 1152 B: bf16 in (-1, 1)), so that every variant holds the same
-// bytes for a token and attention never sees NaN. Writes rows first_position + i, i < count, of
-// `request` to dst + (dst_row + i) * stride; dst may be device memory or mapped host memory.
-// REQUIRES: row_bytes is 656 or 1152; stride and dst 4-byte aligned.
+// The content of the synthetic KV (kv_content.h, KVContentWord): row (request, layer, position)
+// is a pure function of those and `seed`, a valid row of its format (656 B, 1152 B, and
+// DeepSeek-V4's 584-B and 368-B entries, whose `position` is the entry's index), so that every
+// variant holds the same bytes for a token and attention never sees NaN. Writes rows
+// first_position + i, i < count, of `request` to dst + (dst_row + i) * stride; dst may be device
+// memory or mapped host memory. cudaErrorInvalidValue for another row_bytes.
+// REQUIRES: stride and dst 4-byte aligned.
 cudaError_t FillKVRows(std::byte* dst, int64_t stride, int64_t dst_row, int32_t count,
                        int32_t row_bytes, int32_t request, int32_t layer, int32_t first_position,
                        uint64_t seed, cudaStream_t stream);
@@ -34,6 +37,46 @@ cudaError_t PositionsToRows(const int32_t* topk, int32_t batch, int32_t top_k, i
 cudaError_t AppendRows(const std::byte* new_rows, int32_t batch, int32_t row_bytes, int64_t stride,
                        const int32_t* positions, int64_t request_rows, std::byte* dst,
                        cudaStream_t stream);
+
+// DeepSeek-V4's full-hbm layer (entry_scopes.h: request b's entries at rows b * entry_rows + e,
+// its raw window a ring at rows b * raw_window + slot). For b < batch, with n = positions[b] + 1
+// tokens (the step's included):
+//   every_entry (if not null) [batch, width]: EveryEntryIndex(b, k, n, entry_tokens, entry_rows)
+//     (an HCA layer's scope: every entry, -1 past floor(n / r));
+//   window (if not null) [batch, raw_window]: WindowIndex(b, i, n, raw_window) (oldest first,
+//     -1 past min(n, raw_window)).
+// cudaErrorInvalidValue for entry_tokens < 1, or raw_window < 1 with a window.
+cudaError_t EntryScopeIndices(const int32_t* positions, int32_t batch, int32_t width,
+                              int32_t entry_tokens, int32_t entry_rows, int32_t* every_entry,
+                              int32_t raw_window, int32_t* window, cudaStream_t stream);
+
+// The step's append to a full-hbm V4 layer: for b < batch with n = positions[b] + 1, row b of
+// new_rows (row_bytes of it, rows `stride` apart, as every buffer's rows) goes to entry row
+// AppendedEntryRow(b, n, entry_tokens, entry_rows) of `entries` if that is not -1 and entries
+// is not null, and to ring row AppendedWindowRow(b, n, raw_window) of `rings` if rings is not
+// null (the entry and the raw row of a token are the same bytes in the benchmark).
+// REQUIRES: row_bytes, stride and the bases 4-byte aligned. cudaErrorInvalidValue as above.
+cudaError_t AppendEntryRows(const std::byte* new_rows, int32_t batch, int32_t row_bytes,
+                            int64_t stride, const int32_t* positions, int32_t entry_tokens,
+                            int32_t entry_rows, std::byte* entries, int32_t raw_window,
+                            std::byte* rings, cudaStream_t stream);
+
+// sparsekv's DeepSeek-V4 scopes in one buffer each: the manager keeps a request's resident
+// entries and raw window in device memory of its own (DenseEntriesView, RawWindowView), which
+// SparseEntryAttention's scope (one row buffer, int32 indices) cannot name, so they are copied
+// into staging, in the views' order. For b < batch (rows at or past *batch_size or without a table
+// row get -1 indices only):
+//   if `entries` is not null: for k < width, entry_index[b * width + k] = b * width + k and row
+//     b * width + k of entry_rows = entries->Entry(b, k) if k < entries->Count(b), else -1;
+//   for i < window.raw_window, window_index[b * raw_window + i] = b * raw_window + i and that row
+//     of window_rows = window.Row(b, i) if i < window.Valid(b), else -1.
+// Staging rows are window.row_stride apart (the layer's stride); row_bytes of each are copied.
+// REQUIRES: row_bytes a multiple of 4, the rows 4-byte aligned. cudaErrorInvalidValue otherwise
+// (or for raw_window < 1).
+cudaError_t GatherDenseScopes(const DenseEntriesView* entries, const RawWindowView& window,
+                              int32_t batch, int32_t width, int32_t row_bytes,
+                              std::byte* entry_rows, int32_t* entry_index, std::byte* window_rows,
+                              int32_t* window_index, cudaStream_t stream);
 
 // The page-offload variant's element-wise steps (page_offload.h, PageOffloadOps: the same
 // semantics), over `entries` entries.

@@ -9,6 +9,7 @@
 #include "sparsekv/index_groups.h"
 #include "sparsekv/manager.h"
 #include "sparsekv/peer_tier.h"
+#include "tools/sparsekv/bench/gpu_entry_variants.h"
 #include "tools/sparsekv/bench/gpu_kernels.h"
 #include "tools/sparsekv/bench/page_offload_variant.h"
 
@@ -404,6 +405,11 @@ class NoCacheVariant final : public StepVariant {
 StatusOr<std::unique_ptr<StepVariant>> CreateVariant(KVVariant kind, const VariantSetup& setup,
                                                      std::shared_ptr<Backend> host,
                                                      cudaStream_t stream) {
+  const bool entry_layers =
+      setup.raw_window > 0 ||
+      std::any_of(setup.geometry.layers.begin(), setup.geometry.layers.end(),
+                  [](const LayerShape& l) { return l.kind != LayerKind::kOffloaded; });
+  if (entry_layers) return CreateEntryVariant(kind, setup, std::move(host), stream);
   switch (kind) {
     case KVVariant::kFullHbm: {
       auto v = std::make_unique<FullHbmVariant>(setup);

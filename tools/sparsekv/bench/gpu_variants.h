@@ -17,6 +17,7 @@
 
 #include "cuda_common/cuda_check.h"
 #include "cuda_common/device_buffer.h"
+#include "sparsekv/attention.h"
 #include "sparsekv/backend.h"
 #include "sparsekv/kv_footprint.h"
 #include "sparsekv/options.h"
@@ -72,6 +73,22 @@ struct VariantSetup {
   // sparsekv only, the peer tier (peer_tier.h): every request's prompt rows are also lent by a
   // PeerRegion on this CUDA device and misses on them are read from there; -1: off.
   int32_t peer_device = -1;
+  // DeepSeek-V4 (geometry with resident or window-only layers, raw_window > 0): the raw window
+  // of every layer (CacheOptions::raw_window) and the entries' format (the attention's).
+  int32_t raw_window = 0;
+  KVRowFormat format = KVRowFormat::kFp8Row656;
+  // DeepSeek-V4: the positions an HCA layer's every-entry scope is sized for (its width: these
+  // / r), the same for every variant of a context, so that both attend scopes of one width and
+  // their outputs compare byte for byte; 0: shape.tokens.
+  int64_t scope_tokens = 0;
+};
+
+// The two scopes SparseEntryAttention reads for some batch rows of a DeepSeek-V4 layer
+// (entry_layers.h): the selected entries (a CSA layer's top-k, an HCA layer's every entry; width 0
+// for a window-only layer) and the raw window, their indices starting at the first of those rows.
+struct EntryScopes {
+  AttentionScope selected;
+  AttentionScope window;
 };
 
 // Lookups of the steps since ResetStats: all top-k entries of all layers, and those fetched from
@@ -111,6 +128,12 @@ class StepVariant {
   virtual std::string GraphKey() const { return ""; }
   virtual const std::byte* Rows(int32_t layer) const = 0;
   virtual const int32_t* Indices() const = 0;  // [max_batch, top_k]
+  // DeepSeek-V4's variants (CreateVariant with a geometry of layer kinds): `layer`'s scopes for
+  // batch rows from `first` on, as the last RunLayer (or RunLayerAndAttend) left them; Rows and
+  // Indices are then null. Unimplemented for the others.
+  virtual StatusOr<EntryScopes> Scopes(int32_t /*layer*/, int32_t /*first*/) const {
+    return Unimplemented("StepVariant::Scopes: a variant of offloaded rows only");
+  }
   // Host side, before the steps of a batch size: the requests [0, batch) are the live ones
   // (sparsekv with hybrid residency releases the others, as finished requests, and admits new
   // ones when the batch grows: those start again at the context length; it makes the live ones
@@ -121,7 +144,9 @@ class StepVariant {
 };
 
 // Creates `kind` and fills every request's prompt (synchronising `stream` before returning).
-// `host` serves the host memory of the offloading variants (the pinned arena).
+// `host` serves the host memory of the offloading variants (the pinned arena). A geometry with
+// resident or window-only layers or setup.raw_window > 0 (DeepSeek-V4) takes the entry variants
+// (gpu_entry_variants.h): full-hbm and sparsekv only.
 StatusOr<std::unique_ptr<StepVariant>> CreateVariant(KVVariant kind, const VariantSetup& setup,
                                                      std::shared_ptr<Backend> host,
                                                      cudaStream_t stream);

@@ -20,11 +20,12 @@ namespace sparsekv::tools {
 // the same layout.
 class TopKFeed {
  public:
-  // `queries` rows of options.top_k per request (--mtp), stored as one row of queries * top_k.
+  // `queries` rows of options.top_k per request (--mtp), stored as one row of queries * top_k;
+  // the rows name entries of `entry_tokens` tokens (TopKRows; DeepSeek-V4's CSA layers: 4).
   static StatusOr<std::unique_ptr<TopKFeed>> Create(const TopKGeneratorOptions& options,
                                                     const IndexGroups& groups, int32_t max_batch,
-                                                    int32_t queries = 1) {
-    std::unique_ptr<TopKFeed> f(new TopKFeed(options, groups, max_batch, queries));
+                                                    int32_t queries = 1, int32_t entry_tokens = 1) {
+    std::unique_ptr<TopKFeed> f(new TopKFeed(options, groups, max_batch, queries, entry_tokens));
     SPARSEKV_ASSIGN_OR_RETURN(
         f->device_, DeviceBuffer::Allocate(f->rows_.size() * sizeof(int32_t), kBenchMemory));
     return f;
@@ -50,8 +51,8 @@ class TopKFeed {
 
  private:
   TopKFeed(const TopKGeneratorOptions& options, const IndexGroups& groups, int32_t max_batch,
-           int32_t queries)
-      : rows_(options, groups, max_batch, queries) {}
+           int32_t queries, int32_t entry_tokens)
+      : rows_(options, groups, max_batch, queries, entry_tokens) {}
 
   TopKRows rows_;
   DeviceBuffer device_;

@@ -7,9 +7,10 @@
 namespace sparsekv::tools {
 
 TopKRows::TopKRows(const TopKGeneratorOptions& options, IndexGroups groups, int32_t max_batch,
-                   int32_t queries)
+                   int32_t queries, int32_t entry_tokens)
     : top_k_(options.top_k),
       queries_(queries),
+      entry_tokens_(entry_tokens),
       groups_(std::move(groups)),
       group_elems_(int64_t{max_batch} * queries * options.top_k),
       cross_layer_(options.cross_layer_overlap > 0 && queries == 1),
@@ -20,6 +21,11 @@ TopKRows::TopKRows(const TopKGeneratorOptions& options, IndexGroups groups, int3
 }
 
 void TopKRows::Generate(std::span<const int32_t> seq_lens, int32_t spare_cores) {
+  if (entry_tokens_ > 1) {
+    entries_.assign(seq_lens.begin(), seq_lens.end());
+    for (int32_t& n : entries_) n /= entry_tokens_;
+    seq_lens = entries_;
+  }
   const int32_t count = groups_.count();
   const int32_t cores =
       std::max<int32_t>(1, static_cast<int32_t>(std::thread::hardware_concurrency()) - spare_cores);

@@ -20,16 +20,20 @@ class TopKRows {
  public:
   // `queries` rows of options.top_k per request (--mtp), stored as one row of queries * top_k.
   // Every group takes options.top_k entries per query (the end-to-end benchmark runs one top-k).
-  // REQUIRES: options valid for LayerTopKGenerator, max_batch >= 1, queries >= 1.
+  // The rows name entries of `entry_tokens` tokens each (LayerShape::entry_tokens; DeepSeek-V4's
+  // CSA layers: 4): a request of n tokens selects among its floor(n / entry_tokens) entries.
+  // REQUIRES: options valid for LayerTopKGenerator, max_batch >= 1, queries >= 1,
+  // entry_tokens >= 1.
   TopKRows(const TopKGeneratorOptions& options, IndexGroups groups, int32_t max_batch,
-           int32_t queries = 1);
+           int32_t queries = 1, int32_t entry_tokens = 1);
 
   // Generates the rows of requests [0, seq_lens.size()) for every group; groups in parallel on
   // every core but `spare_cores` (each generator owns its group, so the rows do not depend on the
   // thread count). With several queries per request, query q's row is the generator's next row
   // after query q - 1's. With cross-layer overlap (and one query), each group's rows take shared
   // positions of the group below's (NextChained over the groups' first layers).
-  // REQUIRES: seq_lens.size() <= max_batch.
+  // seq_lens are in tokens (the generator sees them in entries). REQUIRES: seq_lens.size() <=
+  // max_batch.
   void Generate(std::span<const int32_t> seq_lens, int32_t spare_cores = 0);
   // REQUIRES: the options were in miss-rate mode (TopKGeneratorOptions::miss_rate >= 0).
   void SetMissRate(double rate);
@@ -52,6 +56,8 @@ class TopKRows {
  private:
   int32_t top_k_;
   int32_t queries_;
+  int32_t entry_tokens_;
+  std::vector<int32_t> entries_;  // with entry_tokens_ > 1: the requests' entries, per Generate
   IndexGroups groups_;
   int64_t group_elems_;
   bool cross_layer_;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "sparsekv/options.h"
@@ -110,6 +111,30 @@ TEST(TopKRowsTest, QueriesShareARequestsRow) {
     EXPECT_TRUE(std::equal(q0.begin() + b * 16, q0.begin() + (b + 1) * 16, got.begin() + b * 32));
     EXPECT_TRUE(
         std::equal(q1.begin() + b * 16, q1.begin() + (b + 1) * 16, got.begin() + b * 32 + 16));
+  }
+}
+
+// DeepSeek-V4's CSA rows name entries of 4 tokens: the rows a generator gives for the requests'
+// entry counts, every position below them.
+TEST(TopKRowsTest, EntryRowsSelectAmongTheRequestsEntries) {
+  const IndexGroups groups = IndexGroups::Uniform(2, 1, 16);
+  TopKRows entries(Options(), groups, kBatch, 1, /*entry_tokens=*/4);
+  TopKRows direct(Options(), groups, kBatch);
+  const std::vector<int32_t> counts = {50, 75, 100};  // kSeqLens / 4
+  for (int step = 0; step < 2; ++step) {
+    entries.Generate(kSeqLens);
+    direct.Generate(counts);
+    for (int32_t g = 0; g < groups.count(); ++g) {
+      const std::span<const int32_t> got = entries.group(g);
+      const std::span<const int32_t> want = direct.group(g);
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin())) << step << " " << g;
+      for (int32_t b = 0; b < kBatch; ++b) {
+        for (int32_t k = 0; k < 16; ++k) {
+          EXPECT_LT(got[b * 16 + k], counts[b]) << b << " " << k;
+          EXPECT_GE(got[b * 16 + k], 0) << b << " " << k;
+        }
+      }
+    }
   }
 }
 

@@ -188,13 +188,9 @@ class SparseKVEntryVariant final : public StepVariant {
 
   Status Init(std::shared_ptr<Backend> host, cudaStream_t stream) {
     const RequestShape& r = s_.shape;
-    CacheOptions o = s_.cache_base;
+    CacheOptions o = SparseKVManagerOptions(s_);
     o.geometry = s_.geometry;
     o.raw_window = s_.raw_window;
-    o.top_k = r.top_k;
-    o.hot_slots = r.hot_slots;
-    o.window = r.window;
-    o.host_page_tokens = r.page_tokens;
     // The host pool's pages hold page_tokens entries of the offloaded layers' cadence (as
     // BenchCacheOptions sizes the CPU run's).
     int64_t unit = r.page_tokens;
@@ -202,20 +198,7 @@ class SparseKVEntryVariant final : public StepVariant {
       if (e_.kind[l] == LayerKind::kOffloaded) unit = int64_t{r.page_tokens} * e_.cadence[l];
     }
     o.host_capacity_tokens = (r.tokens + unit - 1) / unit * unit * s_.max_batch;
-    o.max_requests = s_.max_batch;
-    o.max_host_requests = 0;
-    o.max_batch = 0;
-    o.max_context = static_cast<int32_t>(r.tokens);
     o.layers_per_index = 1;
-    o.sort_misses = s_.sort_misses;
-    o.sort_misses_min_batch = s_.sort_misses_min_batch;
-    o.copy_blocks = s_.copy_blocks;
-    o.fused_copy_min_batch = s_.fused_copy_min_batch;
-    o.prefetch_copy_blocks = s_.prefetch_copy_blocks;
-    o.copy_chunk_rows =
-        s_.copy_chunk_rows > 0 || !s_.auto_schedule ? s_.copy_chunk_rows : kAutoChunkRows;
-    o.copy_strategy = s_.copy_strategy;
-    o.max_prefetch = s_.crosslayer_prefetch || s_.auto_schedule ? r.top_k : 0;
     o.indexer_key_bytes = 0;  // charged, not held (the engine's)
     SPARSEKV_ASSIGN_OR_RETURN(manager_, SparseKVCacheManager::Create(o, std::move(host)));
     ScheduleOptions so;
@@ -349,7 +332,6 @@ class SparseKVEntryVariant final : public StepVariant {
     return CudaStatus(cudaStreamSynchronize(stream), "ingest");
   }
 
-  static constexpr int32_t kAutoChunkRows = 8;  // as SparseKVVariant's
   VariantSetup s_;
   EntryLayout e_;
   std::unique_ptr<SparseKVCacheManager> manager_;

@@ -95,31 +95,12 @@ class SparseKVVariant final : public StepVariant {
 
   Status Init(std::shared_ptr<Backend> host, cudaStream_t stream) {
     const RequestShape& r = s_.shape;
-    CacheOptions o = s_.cache_base;
+    CacheOptions o = SparseKVManagerOptions(s_);
     o.geometry =
         s_.geometry.layers.empty() ? KVGeometry::Uniform(r.layers, r.row_bytes) : s_.geometry;
-    o.top_k = r.top_k;
-    o.hot_slots = r.hot_slots;
-    o.window = r.window;
-    o.host_page_tokens = r.page_tokens;
     const int64_t pages = (r.tokens + r.page_tokens - 1) / r.page_tokens;
     o.host_capacity_tokens = pages * r.page_tokens * s_.max_batch;
-    o.max_requests = s_.max_batch;
-    o.max_host_requests = 0;
-    o.max_batch = 0;
-    o.max_context = static_cast<int32_t>(r.tokens);
     o.layers_per_index = s_.layers_per_index;
-    o.sort_misses = s_.sort_misses;
-    o.sort_misses_min_batch = s_.sort_misses_min_batch;
-    o.copy_blocks = s_.copy_blocks;
-    o.fused_copy_min_batch = s_.fused_copy_min_batch;
-    o.prefetch_copy_blocks = s_.prefetch_copy_blocks;
-    // Every step runs through the library's StepSchedule, as an engine's would.
-    o.copy_chunk_rows =
-        s_.copy_chunk_rows > 0 || !s_.auto_schedule ? s_.copy_chunk_rows : kAutoChunkRows;
-    o.copy_strategy = s_.copy_strategy;
-    // A cross-layer prefetch passes a whole top-k row per request.
-    o.max_prefetch = s_.crosslayer_prefetch || s_.auto_schedule ? r.top_k : 0;
     o.share_repeated_positions = s_.queries > 1;
     o.hybrid_residency = s_.hybrid;
     o.device_budget_bytes = s_.device_budget_bytes;
@@ -287,8 +268,6 @@ class SparseKVVariant final : public StepVariant {
   std::vector<bool> live_;  // per admitted request: on the device (not retracted)
   DeviceBuffer new_keys_;   // with indexer keys: [layers, max_batch, indexer_key_bytes]
   DeviceBuffer slots_;      // [max_batch, top_k] layer-wide hot-cache slots
-  // With --schedule auto and no --copy-chunk-rows: the chunks the schedule may copy by.
-  static constexpr int32_t kAutoChunkRows = 8;
   std::unique_ptr<StepSchedule> schedule_;
   // The new tokens' keys of `layer`; null where the manager keeps none or the layer has none.
   const std::byte* NewKeys(int32_t layer) const {
@@ -401,6 +380,33 @@ class NoCacheVariant final : public StepVariant {
 };
 
 }  // namespace
+
+// With --schedule auto and no --copy-chunk-rows: the chunks the schedule may copy by.
+constexpr int32_t kAutoChunkRows = 8;
+
+CacheOptions SparseKVManagerOptions(const VariantSetup& s) {
+  const RequestShape& r = s.shape;
+  CacheOptions o = s.cache_base;
+  o.top_k = r.top_k;
+  o.hot_slots = r.hot_slots;
+  o.window = r.window;
+  o.host_page_tokens = r.page_tokens;
+  o.max_requests = s.max_batch;
+  o.max_host_requests = 0;
+  o.max_batch = 0;
+  o.max_context = static_cast<int32_t>(r.tokens);
+  o.sort_misses = s.sort_misses;
+  o.sort_misses_min_batch = s.sort_misses_min_batch;
+  o.copy_blocks = s.copy_blocks;
+  o.fused_copy_min_batch = s.fused_copy_min_batch;
+  o.prefetch_copy_blocks = s.prefetch_copy_blocks;
+  // Every step runs through the library's StepSchedule, as an engine's would.
+  o.copy_chunk_rows =
+      s.copy_chunk_rows > 0 || !s.auto_schedule ? s.copy_chunk_rows : kAutoChunkRows;
+  o.copy_strategy = s.copy_strategy;
+  o.max_prefetch = s.crosslayer_prefetch || s.auto_schedule ? r.top_k : 0;
+  return o;
+}
 
 StatusOr<std::unique_ptr<StepVariant>> CreateVariant(KVVariant kind, const VariantSetup& setup,
                                                      std::shared_ptr<Backend> host,

@@ -143,6 +143,12 @@ class StepVariant {
   virtual StatusOr<VariantStats> ReadStats(cudaStream_t stream) = 0;
 };
 
+// The sparsekv variants' manager options that do not depend on the layers: the base options, the
+// request shape's top-k, slots, window and page, one hot-cache block per request of max_batch,
+// and the copy and schedule settings (a cross-layer prefetch passes a whole top-k row per
+// request). The caller sets the geometry and the host pool's capacity.
+CacheOptions SparseKVManagerOptions(const VariantSetup& setup);
+
 // Creates `kind` and fills every request's prompt (synchronising `stream` before returning).
 // `host` serves the host memory of the offloading variants (the pinned arena). A geometry with
 // resident or window-only layers or setup.raw_window > 0 (DeepSeek-V4) takes the entry variants

@@ -283,6 +283,19 @@ std::string KindStepTable(const std::vector<PlanCase>& cases) {
   return out;
 }
 
+// The machine a plan is for, into its JSON: the GPU, the weights and the memory tiers.
+void PutMachine(Json& json, const GpuSpec& gpu, const ModelShape& model,
+                const std::vector<MemoryTier>& tiers) {
+  json["gpu"] = {{"hbm_gb", gpu.hbm_gb},
+                 {"reserved_gb", gpu.reserved_gb},
+                 {"tflops", gpu.flops_tflops},
+                 {"weights_gb", model.weights_gb}};
+  json["tiers"] = Json::array();
+  for (const MemoryTier& t : tiers) {
+    json["tiers"].push_back({{"name", t.name}, {"capacity_gb", t.capacity_gb}, {"gbps", t.gbps}});
+  }
+}
+
 // Start-up: the time to a ready host pool of each tier's capacity, and of 1 and 2 TB, at
 // `ready_gbps`. Printed to `out`; returned as JSON.
 Json HostPoolsReady(const std::vector<MemoryTier>& tiers, double ready_gbps, std::ostream& out) {
@@ -711,14 +724,7 @@ int PlanCommand::RunLayerKinds(const std::string& command, const ModelPreset& pr
       {"attention_bytes_per_request_calibrated", cal.attention_bytes_per_request},
       {"indexer_scan_gbps", cal.weight_gbps},
       {"gather_efficiency", cal.gather_efficiency()}};
-  json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
-                 {"reserved_gb", gpu_.reserved_gb},
-                 {"tflops", gpu_.flops_tflops},
-                 {"weights_gb", model.weights_gb}};
-  json["tiers"] = Json::array();
-  for (const MemoryTier& t : tiers) {
-    json["tiers"].push_back({{"name", t.name}, {"capacity_gb", t.capacity_gb}, {"gbps", t.gbps}});
-  }
+  PutMachine(json, gpu_, model, tiers);
   json["hot_slots"] = hot_slots;
   json["tpot_slo_ms"] = tpot_slo_ms_;
   json["hidden_fraction"] = hidden_fraction_;
@@ -919,14 +925,7 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
 
   json["host_pool_ready"] = HostPoolsReady(tiers, host_ready_gbps_, out);
 
-  json["gpu"] = {{"hbm_gb", gpu_.hbm_gb},
-                 {"reserved_gb", gpu_.reserved_gb},
-                 {"tflops", gpu_.flops_tflops},
-                 {"weights_gb", model.weights_gb}};
-  json["tiers"] = Json::array();
-  for (const MemoryTier& t : tiers) {
-    json["tiers"].push_back({{"name", t.name}, {"capacity_gb", t.capacity_gb}, {"gbps", t.gbps}});
-  }
+  PutMachine(json, gpu_, model, tiers);
   json["hot_slots"] = hot_slots_;
   json["tpot_slo_ms"] = tpot_slo_ms_;
   json["hidden_fraction"] = hidden_fraction_;

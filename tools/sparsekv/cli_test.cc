@@ -723,16 +723,33 @@ TEST(CliTest, PlanSaysWhichCasesNoBatchMeetsTheSloIn) {
       << r.out;
 }
 
-// Presets whose layers the tools do not drive a manager over yet (DeepSeek-V4's, which the manager
-// serves but multi-turn's workload does not give): multi-turn refuses them at the flag, naming
-// why and the command that models them; plan answers their capacity.
-TEST(CliTest, PresetsMultiTurnCannotRunAreRefusedAndModelledByPlan) {
-  const CliRun refused = Cli({"multi-turn", "--preset", "deepseek-v4-pro"});
-  EXPECT_EQ(refused.code, kExitUsage);
-  EXPECT_NE(refused.err.find("kind is kResident"), std::string::npos) << refused.err;
-  EXPECT_NE(refused.err.find("`sparsekv plan --preset deepseek-v4-pro`"), std::string::npos)
-      << refused.err;
-  EXPECT_EQ(Cli({"multi-turn", "--preset", "deepseek-v4-flash"}).code, kExitUsage);
+// DeepSeek-V4's presets run in multi-turn with every layer kind (fp8 is their 584-B entries), and
+// its JSON holds the store's figures beside the pool's; bf16 is not a format they have. plan
+// answers their capacity.
+TEST(CliTest, MultiTurnRunsDeepSeekV4sLayerKindsAndPlanModelsThem) {
+  for (const std::string preset : {"deepseek-v4-flash", "deepseek-v4-pro"}) {
+    const std::string path = ::testing::TempDir() + "multi_turn_" + preset + ".json";
+    const CliRun r = Cli({"multi-turn", "--preset", preset, "--conversations", "4", "--turns", "2",
+                          "--system-tokens", "600", "--user-tokens", "40", "--reply-tokens", "30",
+                          "--page-tokens", "16", "--json", path});
+    ASSERT_EQ(r.code, kExitOk) << r.err;
+    EXPECT_NE(r.out.find("B per host-pool entry of 4 tokens"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("resident entries and raw windows (584 B rows, every layer)"),
+              std::string::npos)
+        << r.out;
+    std::ifstream file(path);
+    const nlohmann::json j = nlohmann::json::parse(file);
+    EXPECT_EQ(j["config"]["precision"], "fp8");
+    EXPECT_EQ(j["entry_tokens"], 4);
+    EXPECT_EQ(j["dense_row_bytes"], 584);
+    EXPECT_GT(j["sharing"]["prefix_hit_tokens"].get<int64_t>(), 0);
+    EXPECT_GT(j["sharing"]["peak_dense_device_rows"].get<int64_t>(), 0);
+    EXPECT_GT(j["private"]["peak_dense_host_rows"].get<int64_t>(), 0);
+    EXPECT_LT(j["sharing"]["peak_pages"].get<int64_t>(), j["private"]["peak_pages"].get<int64_t>());
+    const CliRun bf16 = Cli({"multi-turn", "--preset", preset, "--precision", "bf16"});
+    EXPECT_EQ(bf16.code, kExitUsage);
+    EXPECT_NE(bf16.err.find("has no 1152-B rows"), std::string::npos) << bf16.err;
+  }
   const CliRun plan = Cli({"plan", "--preset", "deepseek-v4-pro", "--contexts", "1048576", "--tier",
                            "dram-2t:2000:55"});
   ASSERT_EQ(plan.code, kExitOk) << plan.err;

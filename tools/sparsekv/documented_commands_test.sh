@@ -117,6 +117,7 @@ run "docs/prefetch.md" replay --trace "$trace" --policies lru --hot-slots 64,128
 
 # docs/prefix-sharing.md.
 run "docs/prefix-sharing.md" multi-turn --json "$out/multi_turn.json"
+run "docs/prefix-sharing.md" multi-turn --preset deepseek-v4-pro --json "$out/multi_turn_v4.json"
 
 # docs/workload.md (the synthetic replays at fewer steps: the defaults take minutes on 2 cores).
 run "docs/workload.md" replay --synthetic-locality calibrated --hot-slots 2048,4096,8192 \

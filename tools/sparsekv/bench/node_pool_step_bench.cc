@@ -541,7 +541,8 @@ int main(int argc, char** argv) {
   const StatusOr<ModelPreset> preset = FindPreset(c.preset, KVRowFormat::kFp8Row656);
   if (!preset.ok()) Die("--preset", preset.status());
   // Its manager holds the preset's rows as uniform layers: only the presets it serves.
-  Check(CheckToolsDriveLayers(preset->geometry(), preset->raw_window), "--preset");
+  Check(CheckToolsDriveLayers(preset->geometry(), preset->raw_window, ToolLayers::kOffloadedOnly),
+        "--preset");
   const int32_t layers = c.layers > 0 ? c.layers : preset->num_layers;
   if (c.batches.empty() || c.steps < 1 || c.warmup < 1 || c.rounds < 1 ||
       c.context < preset->top_k) {

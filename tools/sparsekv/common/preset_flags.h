@@ -6,7 +6,6 @@
 #include <string>
 
 #include "sparsekv/options.h"
-#include "tools/sparsekv/common/preset_layers.h"
 
 namespace sparsekv::tools {
 
@@ -26,24 +25,9 @@ inline CLI::Validator KnownPreset() {
       PresetNameList());
 }
 
-// Accepts a preset whose layers the tools drive a manager over (CheckToolsDriveLayers); the others
-// are refused
-// with the reason, and with the command that models them.
-inline CLI::Validator ServedPreset() {
-  return CLI::Validator(
-      [](std::string& input) -> std::string {
-        const StatusOr<ModelPreset> preset = FindPreset(input);
-        if (!preset.ok()) return input + " is not a preset " + PresetNameList();
-        const Status served = CheckToolsDriveLayers(preset->geometry(), preset->raw_window);
-        if (served.ok()) return "";
-        return input + " cannot run here yet (" + served.message() + "); `sparsekv plan --preset " +
-               input + "` models its capacity";
-      },
-      PresetNameList());
-}
-
 // Accepts a preset whose layers the manager serves (CheckServedGeometry: DeepSeek-V4's too), for
-// the commands whose workload gives every layer kind its rows (bench on the CPU backend).
+// the commands whose workload gives every layer kind its rows (bench on the CPU backend,
+// multi-turn: CheckToolsDriveLayers with ToolLayers::kEveryKind).
 inline CLI::Validator ManagerPreset() {
   return CLI::Validator(
       [](std::string& input) -> std::string {

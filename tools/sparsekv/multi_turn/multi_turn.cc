@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "sparsekv/manager.h"
@@ -15,6 +16,7 @@
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/output_file.h"
 #include "tools/sparsekv/common/preset_flags.h"
+#include "tools/sparsekv/common/preset_layers.h"
 #include "tools/sparsekv/common/progress.h"
 #include "tools/sparsekv/common/validators.h"
 
@@ -91,12 +93,68 @@ int64_t MaxLiveRequests(const MultiTurnConfig& c, const Schedule& s) {
   return total;
 }
 
+// Resident or window-only layers or a raw window (DeepSeek-V4).
+bool HasLayerKinds(const ModelPreset& preset) {
+  const KVGeometry g = preset.geometry();
+  return preset.raw_window > 0 || std::any_of(g.layers.begin(), g.layers.end(), [](const auto& l) {
+           return l.kind != LayerKind::kOffloaded;
+         });
+}
+
+// What the replays simulate of the preset: without layer kinds one offloaded layer (the pool's
+// pages hold every offloaded layer's row of the same tokens, so their count does not depend on
+// the layers); with layer kinds every layer with its kind and cadence, no indexer keys and the
+// options' top-k, and the preset's raw window.
+struct SimulatedLayers {
+  KVGeometry geometry;
+  int32_t raw_window = 0;
+  int32_t entry_tokens = 1;  // of the offloaded layers (one cadence: ValidateOptions)
+  int32_t offloaded = 1;     // offloaded layers simulated
+  bool resident = false;     // a resident layer: a retained conversation keeps a store copy
+};
+
+SimulatedLayers SimulateLayers(const ModelPreset& preset) {
+  SimulatedLayers s;
+  if (!HasLayerKinds(preset)) {
+    s.geometry = KVGeometry::Uniform(1, kMultiTurnSimulatedTokenBytes);
+    return s;
+  }
+  const KVGeometry model = preset.geometry();
+  s.geometry = KVGeometry::Uniform(model.num_layers(), kMultiTurnSimulatedTokenBytes);
+  s.raw_window = preset.raw_window;
+  s.offloaded = 0;
+  for (int32_t l = 0; l < model.num_layers(); ++l) {
+    LayerShape& layer = s.geometry.layers[l];
+    layer.kind = model.layers[l].kind;
+    layer.entry_tokens = model.layers[l].entry_tokens;
+    layer.indexer_keys = false;
+    if (layer.kind == LayerKind::kOffloaded) {
+      ++s.offloaded;
+      s.entry_tokens = layer.entry_tokens;
+    }
+    s.resident = s.resident || layer.kind == LayerKind::kResident;
+  }
+  return s;
+}
+
+// Preset bytes of the simulated figures.
+struct ByteScale {
+  int64_t page_bytes = 0;       // per host-pool page
+  int64_t dense_row_bytes = 0;  // per store row
+};
+
 // Replays the schedule through one manager, with or without sharing.
 class Replay {
  public:
-  Replay(const MultiTurnConfig& c, const Schedule& s, bool sharing,
-         const MultiTurnProgressFn& progress)
-      : c_(c), s_(s), sharing_(sharing), progress_(progress), convs_(c.conversations) {}
+  Replay(const MultiTurnConfig& c, const Schedule& s, const SimulatedLayers& layers,
+         ByteScale scale, bool sharing, const MultiTurnProgressFn& progress)
+      : c_(c),
+        s_(s),
+        layers_(layers),
+        scale_(scale),
+        sharing_(sharing),
+        progress_(progress),
+        convs_(c.conversations) {}
 
   StatusOr<MultiTurnModeResult> Run() {
     // Sized from the schedule, so that no flag meets a limit of the manager's: at least one
@@ -109,8 +167,9 @@ class Replay {
     }
     const auto max_requests = static_cast<int32_t>(live);
     CacheOptions o;
-    // Contents do not matter here, pages do.
-    o.geometry = KVGeometry::Uniform(1, kMultiTurnSimulatedTokenBytes);
+    // Contents do not matter here, pages (and the store's rows) do.
+    o.geometry = layers_.geometry;
+    o.raw_window = layers_.raw_window;
     o.top_k = 1;
     o.hot_slots = 1;
     o.window = 1;
@@ -122,13 +181,18 @@ class Replay {
     // Steps run through the library's step schedule, as an engine's would (one layer of
     // padding: serial, the only choice there is).
     SPARSEKV_ASSIGN_OR_RETURN(step_schedule_, StepSchedule::Create(*m_));
-    zero_rows_.assign(static_cast<size_t>(o.max_context) * kMultiTurnSimulatedTokenBytes,
-                      std::byte{0});
+    // One buffer gives every call its rows: a prompt's entries and window, a step's rows of
+    // max_batch requests.
+    zero_rows_.assign(
+        static_cast<size_t>(std::max(o.max_context, max_requests)) * kMultiTurnSimulatedTokenBytes,
+        std::byte{0});
     topk_.assign(max_requests, -1);  // padding only: nothing is read, the pool is what counts
     slots_.assign(max_requests, 0);
 
     for (int32_t i = 0; i < c_.conversations; ++i) convs_[i].wake = s_.start_step[i];
     double page_sum = 0;
+    int64_t peak_host_bytes = 0;
+    double host_byte_sum = 0;
     int64_t step = 0;
     while (true) {
       for (int32_t i = 0; i < c_.conversations; ++i) {
@@ -159,11 +223,25 @@ class Replay {
       result_.peak_pages = std::max(result_.peak_pages, used);
       result_.peak_shared_pages = std::max(result_.peak_shared_pages, pool.shared_pages());
       page_sum += used;
+      int64_t dense_host_rows = 0;
+      if (layers_.raw_window > 0 || layers_.resident) {
+        SPARSEKV_ASSIGN_OR_RETURN(const int64_t device_rows, DenseDeviceRows());
+        result_.peak_dense_device_rows = std::max(result_.peak_dense_device_rows, device_rows);
+        dense_host_rows = DenseHostRows();
+        result_.peak_dense_host_rows = std::max(result_.peak_dense_host_rows, dense_host_rows);
+      }
+      const int64_t host_bytes =
+          int64_t{used} * scale_.page_bytes + dense_host_rows * scale_.dense_row_bytes;
+      peak_host_bytes = std::max(peak_host_bytes, host_bytes);
+      host_byte_sum += static_cast<double>(host_bytes);
     }
     SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, m_->ReadStats(nullptr));
     result_.mean_pages = result_.steps > 0 ? page_sum / static_cast<double>(result_.steps) : 0;
     result_.prefix_hit_tokens = stats.prefix_hit_tokens;
     result_.copy_on_write_pages = stats.copy_on_write_pages;
+    result_.peak_host_gb = static_cast<double>(peak_host_bytes) / 1e9;
+    result_.mean_host_gb =
+        result_.steps > 0 ? host_byte_sum / static_cast<double>(result_.steps) / 1e9 : 0;
     return result_;
   }
 
@@ -172,8 +250,10 @@ class Replay {
     std::vector<int32_t> history;
     int32_t turn = 0;
     int64_t wake = 0;
-    RequestId main = 0;  // the request decoding this turn; 0 while thinking
-    RequestId held = 0;  // the retained (sharing) or retracted (private) previous turn
+    RequestId main = 0;           // the request decoding this turn; 0 while thinking
+    RequestId held = 0;           // the retained (sharing) or retracted (private) previous turn
+    int64_t main_dense_rows = 0;  // main's store rows, measured at its admission
+    int64_t held_dense_rows = 0;  // held's
   };
   struct Active {
     int32_t conv;
@@ -183,7 +263,36 @@ class Replay {
 
   Status Ingest(RequestId id, int32_t prompt_len, int32_t cached) {
     result_.ingested_tokens += prompt_len - cached;
-    return m_->IngestPromptSuffix(id, 0, zero_rows_.data(), nullptr);
+    if (layers_.raw_window == 0 && !layers_.resident) {
+      return m_->IngestPromptSuffix(id, 0, zero_rows_.data(), nullptr);
+    }
+    // Every layer: its entries past the prefix and the prompt's newest raw rows.
+    const PromptRows rows{.entries = zero_rows_.data(),
+                          .window = layers_.raw_window > 0 ? zero_rows_.data() : nullptr};
+    for (int32_t l = 0; l < layers_.geometry.num_layers(); ++l) {
+      SPARSEKV_RETURN_IF_ERROR(m_->IngestPromptSuffix(id, l, rows, nullptr));
+    }
+    return Status::Ok();
+  }
+
+  // The store's rows on the device now (resident entries and raw windows, every layer).
+  StatusOr<int64_t> DenseDeviceRows() {
+    SPARSEKV_ASSIGN_OR_RETURN(const CacheStats stats, m_->ReadStats(nullptr));
+    return (stats.device_memory.resident_entries + stats.device_memory.windows) /
+           layers_.geometry.layers[0].row_stride;
+  }
+
+  // The store's rows the manager holds in host memory for conversations between turns: a
+  // retracted request's copy, or a retained conversation's (with resident layers; eviction drops
+  // it).
+  int64_t DenseHostRows() const {
+    int64_t rows = 0;
+    for (const Conv& cv : convs_) {
+      if (cv.held == 0) continue;
+      if (sharing_ && !(layers_.resident && m_->IsRetained(cv.held))) continue;
+      rows += cv.held_dense_rows;
+    }
+    return rows;
   }
 
   Status StartTurn(int32_t i) {
@@ -194,6 +303,11 @@ class Replay {
     const int32_t len = static_cast<int32_t>(prompt.size());
     const int32_t reply = static_cast<int32_t>(turn.reply.size());
     const RequestId id = next_id_++;
+    const bool dense = layers_.raw_window > 0 || layers_.resident;
+    int64_t dense_before = 0;
+    if (dense) {
+      SPARSEKV_ASSIGN_OR_RETURN(dense_before, DenseDeviceRows());
+    }
     if (sharing_) {
       SPARSEKV_ASSIGN_OR_RETURN(const int32_t cached,
                                 m_->AdmitWithPrefix(id, prompt, reply, nullptr));
@@ -205,7 +319,15 @@ class Replay {
       SPARSEKV_RETURN_IF_ERROR(m_->Admit(id, len, reply, nullptr));
       SPARSEKV_RETURN_IF_ERROR(Ingest(id, len, 0));
     }
+    cv.main_dense_rows = 0;
+    if (dense) {
+      // The store allocates a request's rows at admission; releasing a retained conversation
+      // frees host memory only.
+      SPARSEKV_ASSIGN_OR_RETURN(const int64_t dense_after, DenseDeviceRows());
+      cv.main_dense_rows = dense_after - dense_before;
+    }
     cv.held = 0;
+    cv.held_dense_rows = 0;
     cv.main = id;
     cv.history = std::move(prompt);
     active_.emplace(id, Active{i, false});
@@ -233,9 +355,16 @@ class Replay {
                              : s_.conversations[a.conv][convs_[a.conv].turn].reply[a.decoded]);
     }
     SPARSEKV_RETURN_IF_ERROR(step_schedule_->PlanStep(batch, ids, nullptr));
-    const LayerWork work{zero_rows_.data(), nullptr, topk_.data(), 0, slots_.data()};
-    SPARSEKV_RETURN_IF_ERROR(step_schedule_->RunLayer(
-        0, work, [](int32_t, int32_t, int32_t, StreamHandle) { return Status::Ok(); }, nullptr));
+    // Every layer in order: the schedule appends each, and resolves the offloaded (CSA) layers'
+    // top-k, of padding only (the pool is what counts).
+    const LayerWork work{.new_rows = zero_rows_.data(),
+                         .topk = topk_.data(),
+                         .slots = slots_.data(),
+                         .window_rows = layers_.raw_window > 0 ? zero_rows_.data() : nullptr};
+    for (int32_t l = 0; l < layers_.geometry.num_layers(); ++l) {
+      SPARSEKV_RETURN_IF_ERROR(step_schedule_->RunLayer(
+          l, work, [](int32_t, int32_t, int32_t, StreamHandle) { return Status::Ok(); }, nullptr));
+    }
     SPARSEKV_RETURN_IF_ERROR(step_schedule_->FinishStep(nullptr));
     for (size_t b = 0; b < batch.size(); ++b) {
       Active& a = active_.at(batch[b]);
@@ -258,6 +387,7 @@ class Replay {
         SPARSEKV_RETURN_IF_ERROR(m_->Retract(batch[b]));
       }
       cv.held = batch[b];
+      cv.held_dense_rows = cv.main_dense_rows;
       cv.main = 0;
       cv.wake = result_.steps + 1 + turn.think_steps;
       ++cv.turn;
@@ -268,6 +398,8 @@ class Replay {
 
   const MultiTurnConfig& c_;
   const Schedule& s_;
+  const SimulatedLayers& layers_;
+  const ByteScale scale_;
   const bool sharing_;
   const MultiTurnProgressFn& progress_;
   std::unique_ptr<SparseKVCacheManager> m_;
@@ -318,8 +450,12 @@ Status ValidateMultiTurnConfig(const MultiTurnConfig& c) {
         std::to_string(longest) + " tokens, more than the " + std::to_string(kMultiTurnMaxTokens) +
         " a conversation may hold");
   }
+  SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(c.preset, c.row_format));
+  const SimulatedLayers layers = SimulateLayers(preset);
   const int64_t requests = int64_t{c.conversations} * (1 + c.branches);
-  const int64_t pool_bytes = requests * longest * kMultiTurnSimulatedTokenBytes;
+  // A simulated row per offloaded layer and entry.
+  const int64_t pool_bytes = requests * (longest / layers.entry_tokens + 1) * layers.offloaded *
+                             kMultiTurnSimulatedTokenBytes;
   if (pool_bytes > kMultiTurnMaxPoolBytes) {
     return InvalidArgument(
         "the run would need a simulated pool of " + std::to_string(pool_bytes >> 20) +
@@ -334,17 +470,37 @@ StatusOr<MultiTurnReport> RunMultiTurn(const MultiTurnConfig& config,
                                        const MultiTurnProgressFn& progress) {
   SPARSEKV_RETURN_IF_ERROR(ValidateMultiTurnConfig(config));
   SPARSEKV_ASSIGN_OR_RETURN(const ModelPreset preset, FindPreset(config.preset, config.row_format));
-  // Its pages count a row per token and layer: offloaded layers only (CheckToolsDriveLayers).
-  SPARSEKV_RETURN_IF_ERROR(CheckToolsDriveLayers(preset.geometry(), preset.raw_window));
+  // Its workload gives every layer kind its rows (entries and windows).
+  SPARSEKV_RETURN_IF_ERROR(
+      CheckToolsDriveLayers(preset.geometry(), preset.raw_window, ToolLayers::kEveryKind));
+  const SimulatedLayers layers = SimulateLayers(preset);
+  const KVGeometry model = preset.geometry();
   MultiTurnReport report;
   report.config = config;
-  report.token_bytes = preset.geometry().token_stride_bytes();
+  report.token_bytes = model.token_stride_bytes();
+  report.entry_tokens = layers.entry_tokens;
   report.page_bytes = report.token_bytes * config.page_tokens;
+  report.layer_kinds = HasLayerKinds(preset);
+  if (report.layer_kinds) {
+    // The store's rows are counted over every layer together: one row size converts them.
+    for (const LayerShape& l : model.layers) {
+      if (l.row_stride != model.layers[0].row_stride) {
+        return Unimplemented("--preset " + config.preset +
+                             ": its layers differ in row size, and multi-turn converts the "
+                             "store's rows with one");
+      }
+    }
+    report.dense_row_bytes = model.layers[0].row_stride;
+  }
   const Schedule schedule = Draw(config);
   for (bool sharing : {true, false}) {
-    Replay replay(config, schedule, sharing, progress);
+    Replay replay(config, schedule, layers, ByteScale{report.page_bytes, report.dense_row_bytes},
+                  sharing, progress);
     SPARSEKV_ASSIGN_OR_RETURN(MultiTurnModeResult r, replay.Run());
-    r.peak_host_gb = static_cast<double>(r.peak_pages) * report.page_bytes / 1e9;
+    r.peak_dense_device_gb =
+        static_cast<double>(r.peak_dense_device_rows) * report.dense_row_bytes / 1e9;
+    r.peak_dense_host_gb =
+        static_cast<double>(r.peak_dense_host_rows) * report.dense_row_bytes / 1e9;
     r.conversations_per_host_gb = r.peak_host_gb > 0 ? config.conversations / r.peak_host_gb : 0;
     (sharing ? report.sharing : report.private_history) = r;
   }
@@ -358,18 +514,22 @@ std::string FormatMultiTurnJson(const MultiTurnReport& report, const std::string
                           {"peak_pages", r.peak_pages},
                           {"mean_pages", r.mean_pages},
                           {"peak_host_gb", r.peak_host_gb},
-                          {"mean_host_gb", r.mean_pages * report.page_bytes / 1e9},
+                          {"mean_host_gb", r.mean_host_gb},
                           {"ingested_tokens", r.ingested_tokens},
                           {"prefix_hit_tokens", r.prefix_hit_tokens},
                           {"copy_on_write_pages", r.copy_on_write_pages},
                           {"peak_shared_pages", r.peak_shared_pages},
-                          {"conversations_per_host_gb", r.conversations_per_host_gb}};
+                          {"conversations_per_host_gb", r.conversations_per_host_gb},
+                          {"peak_dense_device_rows", r.peak_dense_device_rows},
+                          {"peak_dense_host_rows", r.peak_dense_host_rows},
+                          {"peak_dense_device_gb", r.peak_dense_device_gb},
+                          {"peak_dense_host_gb", r.peak_dense_host_gb}};
   };
   nlohmann::json j;
   j["command"] = command;
   j["backend"] = "cpu (host-pool accounting; bytes from the preset)";
   j["config"] = {{"preset", c.preset},
-                 {"precision", c.row_format == KVRowFormat::kFp8Row656 ? "fp8" : "bf16"},
+                 {"precision", c.row_format == KVRowFormat::kBf16Row1152 ? "bf16" : "fp8"},
                  {"conversations", c.conversations},
                  {"turns", c.turns},
                  {"system_tokens", c.system_tokens},
@@ -382,7 +542,10 @@ std::string FormatMultiTurnJson(const MultiTurnReport& report, const std::string
                  {"page_tokens", c.page_tokens},
                  {"seed", c.seed}};
   j["token_bytes"] = report.token_bytes;
+  j["entry_tokens"] = report.entry_tokens;
   j["page_bytes"] = report.page_bytes;
+  j["layer_kinds"] = report.layer_kinds;
+  j["dense_row_bytes"] = report.dense_row_bytes;
   j["sharing"] = mode(report.sharing);
   j["private"] = mode(report.private_history);
   j["summary"] = {
@@ -398,7 +561,7 @@ MultiTurnCommand::MultiTurnCommand(CLI::App& parent) {
       "and retained conversations vs a private history per request (CPU, preset bytes).");
   MultiTurnConfig& c = config_;
   app_->add_option("--preset", c.preset, "model preset (KV bytes per token)")
-      ->check(ServedPreset())
+      ->check(ManagerPreset())
       ->capture_default_str();
   app_->add_option("--precision", precision_, "fp8 or bf16")
       ->check(CLI::IsMember({"fp8", "bf16"}))
@@ -445,6 +608,11 @@ bool MultiTurnCommand::selected() const { return app_->parsed(); }
 int MultiTurnCommand::Run(const std::string& command, std::ostream& out, std::ostream& err,
                           bool progress_bar) {
   config_.row_format = precision_ == "bf16" ? KVRowFormat::kBf16Row1152 : KVRowFormat::kFp8Row656;
+  // fp8 is the preset's fp8 format: DeepSeek-V4's 584-B entries.
+  if (const StatusOr<ModelPreset> p = FindPreset(config_.preset);
+      precision_ != "bf16" && p.ok() && p->layers[0].format.has_value()) {
+    config_.row_format = *p->layers[0].format;
+  }
   // Usage errors first, before the run.
   for (const Status& s :
        {CheckOutputPath("--json", json_path_), ValidateMultiTurnConfig(config_)}) {
@@ -465,20 +633,39 @@ int MultiTurnCommand::Run(const std::string& command, std::ostream& out, std::os
   }
   auto line = [&](const char* name, const MultiTurnModeResult& r) {
     out << std::left << std::setw(9) << name << std::right << std::fixed << std::setprecision(2)
-        << std::setw(12) << r.peak_host_gb << std::setw(12)
-        << r.mean_pages * report->page_bytes / 1e9 << std::setw(14) << r.ingested_tokens
-        << std::setw(14) << r.prefix_hit_tokens << std::setw(12) << r.conversations_per_host_gb
-        << "\n";
+        << std::setw(12) << r.peak_host_gb << std::setw(12) << r.mean_host_gb << std::setw(14)
+        << r.ingested_tokens << std::setw(14) << r.prefix_hit_tokens << std::setw(12)
+        << r.conversations_per_host_gb << "\n";
   };
   out << report->config.conversations << " conversations x " << report->config.turns << " turns, "
       << report->config.preset << " (" << report->token_bytes
-      << " B/token); host pool in GB (1e9 B)\n";
+      << (report->entry_tokens == 1
+              ? " B/token"
+              : " B per host-pool entry of " + std::to_string(report->entry_tokens) + " tokens")
+      << "); host memory in GB (1e9 B)"
+      << (report->layer_kinds ? ": the pool and the store copies of conversations between turns"
+                              : "")
+      << "\n";
   out << std::left << std::setw(9) << "mode" << std::right << std::setw(12) << "peak GB"
       << std::setw(12) << "mean GB" << std::setw(14) << "ingested" << std::setw(14) << "prefix hits"
       << std::setw(12) << "conv/GB"
       << "\n";
   line("sharing", report->sharing);
   line("private", report->private_history);
+  if (report->layer_kinds) {
+    // DeepSeek-V4's resident entries and raw windows (DenseLayerStore), beside the pool.
+    out << "resident entries and raw windows (" << report->dense_row_bytes
+        << " B rows, every layer), peak GB\n"
+        << std::left << std::setw(9) << "mode" << std::right << std::setw(12) << "device"
+        << std::setw(12) << "host"
+        << "\n";
+    for (const auto& [name, r] :
+         {std::pair{"sharing", &report->sharing}, std::pair{"private", &report->private_history}}) {
+      out << std::left << std::setw(9) << name << std::right << std::fixed << std::setprecision(2)
+          << std::setw(12) << r->peak_dense_device_gb << std::setw(12) << r->peak_dense_host_gb
+          << "\n";
+    }
+  }
   if (!json_path_.empty()) {
     if (Status s = WriteOutputFile(json_path_, FormatMultiTurnJson(*report, command), "JSON");
         !s.ok()) {

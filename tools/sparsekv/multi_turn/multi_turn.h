@@ -9,8 +9,17 @@
 //            Retain between turns;
 //   private: Admit + a full ingest per turn and per branch, Retract between turns (each request
 //            holds its own copy of its history, as without sharing).
-// Host-pool occupancy is counted in pages and converted to bytes with the preset's KV bytes per
-// token, so the figures hold for the model although the simulation stores tiny rows.
+// Host-pool occupancy is counted in pages and converted to bytes with the preset's bytes per
+// host-pool row, so the figures hold for the model although the simulation stores tiny rows.
+//
+// A preset with layer kinds (DeepSeek-V4: offloaded CSA layers of entries of 4 tokens, resident
+// HCA layers, window-only layers, a raw window) is simulated with all its layers, their kinds
+// and cadences: prompts are ingested with PromptRows (entries and raw windows), steps run every
+// layer through the step schedule (a top-k, of padding, on the CSA layers only; the others
+// appended with StepRows), and the host pool's rows and pages are entries of the CSA layers. The
+// manager's DenseLayerStore holds the resident entries and raw windows: on the device while a
+// request decodes, and as a host copy while a conversation is retained (sharing) or retracted
+// (private). Those copies are host memory too, so the host figures count them beside the pool.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +55,8 @@ struct MultiTurnConfig {
 
 // One replay of the schedule. Pages are host-pool pages in use (live requests, retained
 // conversations, copy-on-write spares), sampled after every decode step.
+// Dense rows are the DenseLayerStore's (resident entries and raw-window rows, every layer
+// together; 0 for a preset without layer kinds).
 struct MultiTurnModeResult {
   int64_t steps = 0;
   int32_t peak_pages = 0;
@@ -54,22 +65,40 @@ struct MultiTurnModeResult {
   uint64_t prefix_hit_tokens = 0;
   uint64_t copy_on_write_pages = 0;
   int32_t peak_shared_pages = 0;
-  // conversations / (peak_pages * page_bytes / 1e9): conversations one GB of pool holds.
+  // Peak, over steps, of the store's rows on the device (CacheStats::device_memory
+  // resident_entries + windows, in rows).
+  int64_t peak_dense_device_rows = 0;
+  // Peak, over steps, of the store's rows held in host memory for conversations between turns:
+  // the retained (sharing, with resident layers) or retracted (private) requests' copies, each
+  // the request's store rows as measured at its admission.
+  int64_t peak_dense_host_rows = 0;
+  // conversations / peak_host_gb: conversations one GB of host memory holds.
   double conversations_per_host_gb = 0;
-  double peak_host_gb = 0;  // peak_pages * page_bytes / 1e9
+  // Peak, over steps, of (pages in use * page_bytes + dense host rows * dense_row_bytes) / 1e9;
+  // pages alone without layer kinds.
+  double peak_host_gb = 0;
+  double mean_host_gb = 0;          // the same bytes' mean over steps
+  double peak_dense_device_gb = 0;  // peak_dense_device_rows * dense_row_bytes / 1e9
+  double peak_dense_host_gb = 0;    // peak_dense_host_rows * dense_row_bytes / 1e9
 };
 
 struct MultiTurnReport {
   MultiTurnConfig config;
-  int64_t token_bytes = 0;  // KV bytes per token over all layers (preset)
-  int64_t page_bytes = 0;   // token_bytes * page_tokens
+  // Bytes of one host-pool row over the offloaded layers (preset): a token's, or with layer
+  // kinds an entry's of entry_tokens tokens (KVGeometry::token_stride_bytes).
+  int64_t token_bytes = 0;
+  int32_t entry_tokens = 1;     // tokens per host-pool row: 1, DeepSeek-V4's 4
+  int64_t page_bytes = 0;       // token_bytes * page_tokens
+  bool layer_kinds = false;     // the preset has resident or window-only layers or a raw window
+  int64_t dense_row_bytes = 0;  // bytes per store row (the preset's row stride), with layer kinds
   MultiTurnModeResult sharing;
   MultiTurnModeResult private_history;
 };
 
 // Bounds of the configuration (ValidateMultiTurnConfig). The simulation stores tiny rows
-// (kMultiTurnSimulatedTokenBytes per token) and converts pages to the preset's bytes; its pool
-// holds every request's longest history and may take at most kMultiTurnMaxPoolBytes.
+// (kMultiTurnSimulatedTokenBytes per row and simulated layer) and converts pages to the preset's
+// bytes; its pool holds every request's longest history and may take at most
+// kMultiTurnMaxPoolBytes.
 inline constexpr int32_t kMultiTurnMaxConversations = 1'000'000;
 inline constexpr int32_t kMultiTurnMaxTurns = 10'000;
 inline constexpr int32_t kMultiTurnMaxTokens = 1 << 24;  // per option and per conversation
@@ -79,7 +108,8 @@ inline constexpr int32_t kMultiTurnSimulatedTokenBytes = 16;
 inline constexpr int64_t kMultiTurnMaxPoolBytes = int64_t{8} << 30;
 
 // InvalidArgument naming the option (as spelled on the command line) if `config` is out of
-// bounds, or if the pool the run needs would be larger than kMultiTurnMaxPoolBytes.
+// bounds, or if the pool the run needs would be larger than kMultiTurnMaxPoolBytes; the preset's
+// lookup error (FindPreset) for an unknown preset or precision.
 Status ValidateMultiTurnConfig(const MultiTurnConfig& config);
 
 // Called with the replay ("sharing" or "private"), the turns started and the turns in all.

@@ -71,6 +71,76 @@ TEST(MultiTurnTest, CommandWritesTheSummaryKeys) {
   EXPECT_EQ(j["config"]["conversations"], 4);
 }
 
+// DeepSeek-V4's presets run with every layer kind: the pool's rows are the CSA layers' entries of
+// 4 tokens, and the resident entries and raw windows are the store's, on the device while a
+// request decodes and as a host copy between turns.
+TEST(MultiTurnTest, DeepSeekV4PresetsRunEveryLayerKind) {
+  for (const std::string name : {"deepseek-v4-flash", "deepseek-v4-pro"}) {
+    SCOPED_TRACE(name);
+    MultiTurnConfig c = Small();
+    c.preset = name;
+    c.row_format = KVRowFormat::kFp8Entry584;
+    c.branch_probability = 0;  // every prompt token is ingested or found, in both modes
+    StatusOr<MultiTurnReport> r = RunMultiTurn(c);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const StatusOr<ModelPreset> preset = FindPreset(name);
+    ASSERT_TRUE(preset.ok());
+    EXPECT_TRUE(r->layer_kinds);
+    EXPECT_EQ(r->entry_tokens, 4);
+    EXPECT_EQ(r->token_bytes, int64_t{preset->layers_of(LayerKind::kOffloaded)} * 584);
+    EXPECT_EQ(r->page_bytes, r->token_bytes * c.page_tokens);
+    EXPECT_EQ(r->dense_row_bytes, 584);
+    const MultiTurnModeResult& s = r->sharing;
+    const MultiTurnModeResult& p = r->private_history;
+    EXPECT_EQ(s.steps, p.steps);
+    // The manager's prefix hits (CacheStats) are the tokens the sharing replay did not ingest.
+    EXPECT_GT(s.prefix_hit_tokens, 0u);
+    EXPECT_EQ(p.prefix_hit_tokens, 0u);
+    EXPECT_EQ(s.ingested_tokens + static_cast<int64_t>(s.prefix_hit_tokens), p.ingested_tokens);
+    // A hit is whole pages of page_tokens entries of 4 tokens.
+    EXPECT_EQ(s.prefix_hit_tokens % (4 * c.page_tokens), 0u);
+    EXPECT_LT(s.peak_pages, p.peak_pages);
+    // A request's store rows: a raw window of 128 rows in every layer, and the resident layers'
+    // pages of resident_page_rows entries of 128 tokens for its reservation (at least one each,
+    // at most those of the longest history).
+    const int64_t layers = preset->num_layers;
+    const int64_t resident = preset->layers_of(LayerKind::kResident);
+    const int64_t page_rows = CacheOptions{}.resident_page_rows;
+    const int64_t longest = c.system_tokens + c.turns * (c.user_tokens * 3 / 2 + 1) +
+                            c.turns * (c.reply_tokens * 3 / 2 + 1);
+    const int64_t least = layers * 128 + resident * page_rows;
+    const int64_t most =
+        layers * 128 + resident * ((longest / 128 + page_rows) / page_rows) * page_rows;
+    for (const MultiTurnModeResult* m : {&s, &p}) {
+      EXPECT_GE(m->peak_dense_device_rows, least);
+      EXPECT_LE(m->peak_dense_device_rows, c.conversations * most);
+      // Between turns a conversation holds a copy (retained or retracted) of its store rows.
+      EXPECT_GE(m->peak_dense_host_rows, least);
+      EXPECT_LE(m->peak_dense_host_rows, c.conversations * most);
+      EXPECT_DOUBLE_EQ(m->peak_dense_host_gb, m->peak_dense_host_rows * 584 / 1e9);
+      EXPECT_DOUBLE_EQ(m->peak_dense_device_gb, m->peak_dense_device_rows * 584 / 1e9);
+      // The host peak counts the pool and the copies, sampled together.
+      EXPECT_GE(m->peak_host_gb * 1e9, static_cast<double>(m->peak_pages) * r->page_bytes - 1);
+      EXPECT_LE(m->peak_host_gb * 1e9, static_cast<double>(m->peak_pages) * r->page_bytes +
+                                           static_cast<double>(m->peak_dense_host_rows) * 584 + 1);
+      EXPECT_DOUBLE_EQ(m->conversations_per_host_gb, c.conversations / m->peak_host_gb);
+    }
+  }
+}
+
+// Without layer kinds there is no store: its figures are zero and the host is the pool.
+TEST(MultiTurnTest, UniformPresetsHaveNoStoreFigures) {
+  StatusOr<MultiTurnReport> r = RunMultiTurn(Small());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->layer_kinds);
+  EXPECT_EQ(r->entry_tokens, 1);
+  for (const MultiTurnModeResult* m : {&r->sharing, &r->private_history}) {
+    EXPECT_EQ(m->peak_dense_device_rows, 0);
+    EXPECT_EQ(m->peak_dense_host_rows, 0);
+    EXPECT_DOUBLE_EQ(m->peak_host_gb, m->peak_pages * r->page_bytes / 1e9);
+  }
+}
+
 TEST(MultiTurnTest, InvalidConfigurationIsAnError) {
   MultiTurnConfig c = Small();
   c.branch_probability = 2;

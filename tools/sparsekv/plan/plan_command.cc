@@ -17,6 +17,7 @@
 #include "tools/sparsekv/common/exit_codes.h"
 #include "tools/sparsekv/common/output_file.h"
 #include "tools/sparsekv/common/preset_flags.h"
+#include "tools/sparsekv/common/preset_layers.h"
 #include "tools/sparsekv/common/validators.h"
 
 namespace sparsekv::tools {
@@ -214,7 +215,8 @@ Status SayWhereNoBatchMeetsTheSlo(const std::vector<PlanCase>& cases, double slo
 // Whether `preset`'s layers differ in kind, cadence, keys or groups from the uniform layers the
 // calibration was measured on (DeepSeek-V4, GLM-5.3): the plan then models each kind.
 bool HasLayerKinds(const ModelPreset& preset) {
-  if (!CheckToolsDriveLayers(preset.geometry(), preset.raw_window).ok()) return true;
+  if (!CheckToolsDriveLayers(preset.geometry(), preset.raw_window, ToolLayers::kOffloadedOnly).ok())
+    return true;
   const std::vector<LayerClass> classes = LayerClassesOf(preset);
   if (classes.size() != 1) return true;
   const LayerClass& c = classes[0];

@@ -30,7 +30,8 @@ StatusOr<PresetReplayShape> FindPresetReplayShape(const std::string& name) {
   s.model_layers = p.num_layers;
   s.row_bytes = p.row_bytes;
   s.max_context_tokens = kMaxContextTokens;
-  s.manager_serves = CheckToolsDriveLayers(p.geometry(), p.raw_window).ok();
+  s.manager_serves =
+      CheckToolsDriveLayers(p.geometry(), p.raw_window, ToolLayers::kOffloadedOnly).ok();
   std::vector<int32_t> replayed_index(p.num_layers, -1);  // model layer -> replayed layer
   for (int32_t i = 0; i < p.num_layers; ++i) {
     const LayerShape& l = p.layers[i];

@@ -35,8 +35,9 @@ struct PresetReplayShape {
   // reads; itself for a layer with its own indexer, which comes before the layers that share it.
   std::vector<int32_t> row_source;
   int32_t max_context_tokens = 0;  // the longest history accepted, in tokens
-  // Whether the tools drive SparseKVCacheManager over these layers (CheckToolsDriveLayers: every
-  // layer offloaded; the manager itself serves DeepSeek-V4's layers too). Where they do,
+  // Whether the replay's manager path drives SparseKVCacheManager over these layers
+  // (CheckToolsDriveLayers with ToolLayers::kOffloadedOnly: every layer offloaded; the manager
+  // itself serves DeepSeek-V4's layers too, which `multi-turn` drives). Where they do,
   // the replay's lru, slru and clock are the manager's, slot for slot (replay_test.cc checks it);
   // where it does not (DeepSeek-V4, GLM-5.3), the replay's policies are the model.
   bool manager_serves = false;

@@ -267,7 +267,7 @@ TEST(PresetReplayCommandTest, RefusesWhatDoesNotApplyNamingIt) {
       {{"--preset", "deepseek-v4-flash", "--context", "1048576", "--steps", "2"},
        "--steps 2: the history would reach 1048577 tokens"},
       {{"--preset", "deepseek-v4-pro", "--context", "8192", "--prefetch", "window-exit"},
-       "--prefetch: replays the manager's prefetch paths, and the manager does not serve "
+       "--prefetch: replays the manager's prefetch paths, and the manager path does not serve "
        "deepseek-v4-pro's offloaded layers"},
       {{"--preset", "deepseek-v4-flash", "--context", "8192", "--crosslayer-prefetch"},
        "--crosslayer-prefetch: replays the manager's prefetch paths"},

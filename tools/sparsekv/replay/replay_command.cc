@@ -534,8 +534,10 @@ Status ReplayCommand::CheckPresetApplies(const PresetReplayShape& shape) const {
     if (!manager_paths.empty()) {
       return InvalidArgument(
           manager_paths +
-          ": replays the manager's prefetch paths, and the manager does not serve " + shape.preset +
-          "'s offloaded layers yet (docs/deepseek-v4.md); leave them out");
+          ": replays the manager's prefetch paths, and the manager path does not serve " +
+          shape.preset +
+          "'s offloaded layers yet (it replays a row per token through a top-k on every layer: "
+          "docs/deepseek-v4.md, \"The tools over DeepSeek-V4's layer kinds\"); leave them out");
     }
   }
   return Status::Ok();

@@ -374,6 +374,7 @@ TEST(ChooseHotCacheShapeTest, IndexerKeysArePagedByTheOffloadedLayersStride) {
   o.hot_slots = 6;
   o.resident_page_rows = 4;
   o.indexer_key_bytes = 16;
+  o.host_capacity_tokens = 1024;
   ASSERT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o).ToString();
   auto shape = ChooseHotCacheShape(o);
   ASSERT_TRUE(shape.ok()) << shape.status().ToString();

@@ -408,7 +408,7 @@ def test_a_step_that_cannot_miss_may_skip_its_miss_copies():
         m.finish_step()
         return can_miss
 
-    admit(1, 4, 4)
+    admit(1, 6, 6)  # 12 positions: 3 of the 6 pages
     assert m.is_resident(1)
     assert not step([1], skip=True)  # every layer counts as copied: finish_step accepts it
     admit(2, 7, 9)  # in hot-cache mode

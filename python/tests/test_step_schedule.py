@@ -337,7 +337,7 @@ def run_zero_step(schedule, batch):
 def test_a_fixed_choice_yields_to_resident_only_when_asked(yields):
     manager = resident_manager()
     schedule = sparsekv.StepSchedule(manager, fixed="serial", fixed_yields_to_resident=yields)
-    admit_zeros(manager, 1, 4, 4)
+    admit_zeros(manager, 1, 6, 6)  # 12 positions: 3 of the 6 pages
     assert manager.is_resident(1)
     assert run_zero_step(schedule, [1]) == ("resident" if yields else "serial")
     # A request in hot-cache mode can miss: the fixed choice runs either way.
@@ -352,6 +352,6 @@ def test_a_fixed_choice_yields_to_resident_only_when_asked(yields):
 def test_without_a_fixed_choice_an_all_resident_step_runs_resident():
     manager = resident_manager()
     schedule = sparsekv.StepSchedule(manager, candidates=["serial"], trials=1)
-    admit_zeros(manager, 1, 4, 4)
+    admit_zeros(manager, 1, 6, 6)  # 12 positions: 3 of the 6 pages
     assert run_zero_step(schedule, [1]) == "resident"
     assert schedule.choice.resident

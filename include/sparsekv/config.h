@@ -38,8 +38,9 @@ std::string CacheOptionsToJson(const CacheOptions& options);
 // device_buffer_size, host_to_device_ratio, swap_in_block_size, algorithm, backend,
 // min_sparse_prompt_len, page_size). device_buffer_size becomes hot_slots and defaults, as in
 // SGLang, to 2 * top_k (SGLang's top_k of 2048 when it is left out). host_to_device_ratio sizes the
-// host pool as that many times the device's slots, max_requests * (hot_slots + window), in whole
-// host pages; left out, SGLang's default ratio of 2 applies if base.host_capacity_tokens is 0 and
+// host pool as that many times the device's slots, max_requests * (hot_slots + window), in host
+// rows (a slot and a row each hold an entry of the offloaded layers' cadence r), in whole host
+// pages; left out, SGLang's default ratio of 2 applies if base.host_capacity_tokens is 0 and
 // base's pool stands otherwise. Both engines run the model's own top-k, which base carries: a top_k
 // that differs from base.top_k is refused. The config does not say the geometry, the batch or the
 // context: base must. docs/config.md has what each key becomes, and why selection algorithms other
@@ -51,8 +52,9 @@ StatusOr<CacheOptions> CacheOptionsFromSglangHisparseConfig(std::string_view jso
 // (device_buffer_size, eager_host_mirror; top_k and host_to_device_ratio of earlier releases)
 // together with the HiSparseConnector's `kv_transfer_config.kv_connector_extra_config`
 // (host_pool_gib). device_buffer_size becomes hot_slots and defaults to 2 * base.top_k, as in
-// vLLM without speculative decoding. host_pool_gib becomes host_capacity_tokens: the tokens of
-// base.geometry it holds, in whole host pages (so base.geometry must already be the model's);
+// vLLM without speculative decoding. host_pool_gib becomes host_capacity_tokens: the host rows
+// (KVGeometry::token_stride_bytes each) it holds, in whole host pages, times the offloaded
+// layers' cadence r (so base.geometry must already be the model's);
 // without it, host_to_device_ratio sizes the pool as for SGLang; without either, base's stands.
 StatusOr<CacheOptions> CacheOptionsFromVllmHisparse(std::string_view json,
                                                     const CacheOptions& base);

@@ -150,6 +150,12 @@ struct HostMemoryUse {
   int64_t retained_pages = 0;  // held only by this manager's retained conversations (evictable)
   int64_t free_pages = 0;
   bool node_pool = false;  // the pool is a node pool: its memory is a shared-memory segment
+  // Outside the pool, so in neither total nor sum(): the host copies this manager keeps of its
+  // retained conversations' part of the resident layers' store (DeepSeek-V4; 0 without resident
+  // layers): retained_entries = sum over retained conversations of the bytes the store held for
+  // them, sum over resident layers of pages * page_rows * row_stride plus, with a raw window,
+  // sum over layers of raw_window * row_stride (DenseLayerStore's layout).
+  int64_t retained_entries = 0;
   int64_t sum() const { return private_pages + shared_pages + retained_pages + free_pages; }
 };
 

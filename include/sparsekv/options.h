@@ -69,6 +69,14 @@ struct KVGeometry {
   // window-only layers have no row in either (DenseLayerStore holds them); for a geometry whose
   // every layer is offloaded this is the sum over all layers.
   int64_t token_stride_bytes() const;
+  // The offloaded layers' cadence r (their LayerShape::entry_tokens, one for all of them,
+  // ValidateOptions): a row of the host pool and a hot-cache slot hold one entry, r tokens, so a
+  // host pool of host_capacity_tokens holds host_capacity_tokens / r rows. 1 if no layer is
+  // offloaded.
+  int32_t offloaded_entry_tokens() const;
+  // The row_stride of the first kOffloaded layer (0 if none): with indexer keys, which share
+  // the hot cache's pages, every offloaded layer's (ValidateOptions).
+  int32_t offloaded_row_stride() const;
   // Whether layer `layer` is kOffloaded: has rows in the host pool and the hot cache.
   // REQUIRES: 0 <= layer < num_layers().
   bool offloaded(int32_t layer) const { return layers[layer].kind == LayerKind::kOffloaded; }
@@ -156,7 +164,8 @@ struct CacheOptions {
   // SparseKVCacheManager::IndexerKeys; IngestIndexerKeys and AppendToken write them. They live
   // only in HBM: kept through Retract, copied by Fork, ingested again for every prompt position
   // (a shared prefix included). Requires a multiple of 4, and one row_stride, a multiple of 4,
-  // for every layer.
+  // for every offloaded layer (the keys share its hot-cache pages; resident and window-only
+  // layers may have any stride).
   int32_t indexer_key_bytes = 0;
   // The newest `window` tokens of each request are always resident, in `window` extra slots per
   // request and layer (beyond hot_slots), and are never evicted.
@@ -175,7 +184,9 @@ struct CacheOptions {
   // kSegmentedLru: the protected part holds at most hot_slots * protected_percent / 100 slots
   // (rounded down); in [0, 100].
   int32_t protected_percent = 80;
-  // Host pool size in tokens (each token holds a row for every layer). Required.
+  // Host pool size in tokens. The pool holds a row (an entry of every offloaded layer,
+  // KVGeometry::token_stride_bytes) per KVGeometry::offloaded_entry_tokens() = r tokens:
+  // host_capacity_tokens / r rows, in pages of host_page_tokens rows. Required.
   int64_t host_capacity_tokens = 0;
   // Requests that may hold a hot-cache block at once (admitted and not retracted). Required.
   int32_t max_requests = 0;

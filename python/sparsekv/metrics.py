@@ -221,6 +221,8 @@ class SparseKVCollector:
              "would store.", s.bytes_saved),
             ("retained_conversations", "Conversations retained in the host pool.",
              s.retained_conversations),
+            ("retained_entries_bytes", "Host copies of retained conversations' resident-layer "
+             "entries and raw windows, outside the host pool.", h.retained_entries),
         ):
             self._gauge(f, name, documentation, value)
 

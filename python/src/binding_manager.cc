@@ -310,6 +310,10 @@ class PyManager {
     Check(manager_->CopyMissChunk(layer, chunk, Stream(stream)));
   }
 
+  bool StepCanMiss() const { return manager_->StepCanMiss(); }
+
+  void SkipMissCopy(int32_t layer) { Check(manager_->SkipMissCopy(layer)); }
+
   void AssembleLayer(int32_t layer, const py::object& slots, const py::object& assembled,
                      const py::object& stream) {
     TensorRules sr{"slots"};
@@ -836,6 +840,14 @@ void RegisterManager(py::module_& m) {
            "With copy_chunk_rows = R: copies only the misses of batch rows [chunk R, (chunk + 1) "
            "R), so that attention over them may start before the other chunks are in. A layer is "
            "copied whole or by chunks, each once.")
+      .def("step_can_miss", &PyManager::StepCanMiss,
+           "Whether the planned step's resolves can find a miss: False when every request of its "
+           "batch is resident and no extension is active in it. Host side, from plan_step on.")
+      .def("skip_miss_copy", &PyManager::SkipMissCopy, py::arg("layer"),
+           "In a step that cannot miss (step_can_miss() False): counts `layer` as copied, as "
+           "copy_misses would, enqueuing nothing. A graph captured with it replays correctly only "
+           "for steps that cannot miss either. FailedPreconditionError in a step that can miss "
+           "(nothing is marked); errors otherwise as copy_misses.")
       .def("assemble_layer", &PyManager::AssembleLayer, py::arg("layer"), py::arg("slots"),
            py::arg("assembled"), no_stream,
            "Gathers the rows of slots (as resolve_layer wrote them) of `layer` into assembled "

@@ -32,7 +32,7 @@ StepChoice ChoiceOf(const py::handle& value) {
 class PySchedule {
  public:
   PySchedule(const py::object& manager, const py::object& fixed, const py::object& candidates,
-             int32_t trials)
+             int32_t trials, bool fixed_yields_to_resident)
       : target_(ManagerOf(manager)) {
     ScheduleOptions options;
     if (!fixed.is_none()) options.fixed = ChoiceOf(fixed);
@@ -40,6 +40,7 @@ class PySchedule {
       for (const py::handle c : candidates) options.candidates.push_back(ChoiceOf(c));
     }
     options.trials = trials;
+    options.fixed_yields_to_resident = fixed_yields_to_resident;
     schedule_ = Check(StepSchedule::Create(*target_.manager, options));
   }
 
@@ -166,12 +167,15 @@ void RegisterSchedule(py::module_& m) {
   py::class_<PySchedule>(m, "StepSchedule",
                          "The run phase of a decode step in the schedule it measures and chooses "
                          "(include/sparsekv/step_schedule.h). Keeps its manager alive.")
-      .def(py::init<const py::object&, const py::object&, const py::object&, int32_t>(),
+      .def(py::init<const py::object&, const py::object&, const py::object&, int32_t, bool>(),
            py::arg("manager"), py::arg("fixed") = py::none(), py::arg("candidates") = py::none(),
-           py::arg("trials") = 3, py::keep_alive<1, 2>(),
+           py::arg("trials") = 3, py::arg("fixed_yields_to_resident") = false,
+           py::keep_alive<1, 2>(),
            "A schedule over `manager`. fixed: a StepChoice (or its text) for every step; "
            "candidates: the choices it measures (default: allowed_choices); trials: timed steps "
-           "per candidate and step shape, in [1, 64]. InvalidArgumentError for a choice the "
+           "per candidate and step shape, in [1, 64]; fixed_yields_to_resident: with fixed, a "
+           "step in which nothing can miss (every request resident) runs in StepChoice.resident "
+           "instead (key captured graphs by choice then). InvalidArgumentError for a choice the "
            "manager's options do not allow.")
       .def("plan_step", &PySchedule::PlanStep, py::arg("batch"), py::arg("token_ids") = py::none(),
            no_stream,

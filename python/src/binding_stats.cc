@@ -106,7 +106,10 @@ void RegisterStats(py::module_& m) {
       "retained_pages", &HostMemoryUse::retained_pages,
       "Pages held only by this manager's retained conversations (evictable).")(
       "free_pages", &HostMemoryUse::free_pages, "Pages no one holds.")(
-      "node_pool", &HostMemoryUse::node_pool, "The pool is a node pool (a shared-memory segment).");
+      "node_pool", &HostMemoryUse::node_pool, "The pool is a node pool (a shared-memory segment).")(
+      "retained_entries", &HostMemoryUse::retained_entries,
+      "Outside the pool (not in total): bytes of the host copies of retained conversations' "
+      "resident-layer entries and raw windows (0 without resident layers).");
   host.def("sum", &HostMemoryUse::sum, "private + shared + retained + free: total.");
   DefToDict(host, host_names, "The parts as a dict.");
 

@@ -383,6 +383,49 @@ def test_statistics_fields_dict_and_reset(arrays):
 
 
 
+def test_a_step_that_cannot_miss_may_skip_its_miss_copies():
+    paged = dict(hybrid_residency=True, resident_page_rows=5)
+    probe = sparsekv.choose_hot_cache_shape(make_options(**paged))
+    m = sparsekv.SparseKVCacheManager(
+        make_options(device_budget_bytes=3 * probe.block_bytes, **paged), sparsekv.cpu_backend())
+
+    def admit(rid, length, max_new_tokens):
+        m.admit(rid, length, max_new_tokens)
+        for layer, (_, stride) in enumerate(LAYERS):
+            m.ingest_prompt(rid, layer, np.zeros((length, stride), np.uint8))
+
+    def step(batch, skip):
+        m.plan_step(batch)
+        can_miss = m.step_can_miss()
+        for layer, (_, stride) in enumerate(LAYERS):
+            m.append_token(layer, np.zeros((len(batch), stride), np.uint8))
+            slots = np.zeros((len(batch), TOP_K), np.int32)
+            m.resolve_layer(layer, np.zeros((len(batch), TOP_K), np.int32), slots)
+            if skip:
+                m.skip_miss_copy(layer)
+            else:
+                m.copy_misses(layer)
+        m.finish_step()
+        return can_miss
+
+    admit(1, 6, 6)  # 12 positions: 3 of the 6 pages
+    assert m.is_resident(1)
+    assert not step([1], skip=True)  # every layer counts as copied: finish_step accepts it
+    admit(2, 7, 9)  # in hot-cache mode
+    assert not m.is_resident(2)
+    m.plan_step([1, 2])
+    assert m.step_can_miss()
+    m.append_token(0, np.zeros((2, LAYERS[0][1]), np.uint8))
+    m.resolve_layer(0, np.zeros((2, TOP_K), np.int32), np.zeros((2, TOP_K), np.int32))
+    with pytest.raises(sparsekv.FailedPreconditionError, match="the step can miss"):
+        m.skip_miss_copy(0)
+    m.copy_misses(0)  # the refusal marked nothing
+    m.append_token(1, np.zeros((2, LAYERS[1][1]), np.uint8))
+    m.resolve_layer(1, np.zeros((2, TOP_K), np.int32), np.zeros((2, TOP_K), np.int32))
+    m.copy_misses(1)
+    m.finish_step()
+
+
 def test_hybrid_residency_promote_and_demote(arrays):
     # Blocks of 8 + 2 rows in pages of 5 positions (2 per block), a budget of 3 blocks: 6 pages.
     paged = dict(hybrid_residency=True, resident_page_rows=5)

@@ -121,6 +121,7 @@ def test_the_exposition_has_every_documented_metric_with_the_statistics_values(d
     assert sum(value("sparsekv_host_pool_use_bytes", use=u)
                for u in ("private", "shared", "retained", "free")) == h.total > 0
     assert value("sparsekv_host_pool_use_bytes", use="private") == h.private_pages > 0
+    assert value("sparsekv_retained_entries_bytes") == h.retained_entries == 0  # no resident layer
     assert value("sparsekv_host_pool_capacity_pages") == pool.total_pages
     assert value("sparsekv_host_pool_used_pages") == pool.total_pages - pool.free_pages > 0
     assert value("sparsekv_host_pool_capacity_bytes") == pool.bytes > 0

@@ -303,3 +303,55 @@ def test_every_choice_on_the_gpu_eagerly_and_in_cuda_graphs(captured, layers_per
                     oracle.check(rid, layer, topk_host[leader(layer)][b], s_host[b],
                                  {k: r_host[b][j] for j, k in enumerate(s_host[b]) if k >= 0})
         assert schedule.stats().steps_by_choice == {str(choice): 8}
+
+
+def resident_manager():
+    """A manager with hybrid residency: blocks of 8 + 2 rows in pages of 5, a budget of 3
+    blocks (6 pages), so a request of up to 12 positions is admitted resident."""
+    paged = dict(hybrid_residency=True, resident_page_rows=5)
+    probe = sparsekv.choose_hot_cache_shape(make_options(**paged))
+    options = make_options(device_budget_bytes=3 * probe.block_bytes, **paged)
+    return sparsekv.SparseKVCacheManager(options, sparsekv.cpu_backend())
+
+
+def admit_zeros(manager, rid, length, max_new_tokens):
+    manager.admit(rid, length, max_new_tokens)
+    for layer, (_, stride) in enumerate(LAYERS):
+        manager.ingest_prompt(rid, layer, np.zeros((length, stride), np.uint8))
+
+
+def run_zero_step(schedule, batch):
+    """One step of `batch` whose top-k selects every position 0; returns the choice's text."""
+    schedule.plan_step(batch)
+    for layer, (_, stride) in enumerate(LAYERS):
+        topk = np.zeros((len(batch), TOP_K), np.int32)
+        slots = np.full((len(batch), TOP_K), -7, np.int32)
+        schedule.run_layer(layer, np.zeros((len(batch), stride), np.uint8), topk, slots,
+                           lambda l, first, rows, stream: None)
+        assert (slots[:, 0] >= 0).all()
+    schedule.finish_step()
+    return str(schedule.choice)
+
+
+@pytest.mark.parametrize("yields", [False, True])
+def test_a_fixed_choice_yields_to_resident_only_when_asked(yields):
+    manager = resident_manager()
+    schedule = sparsekv.StepSchedule(manager, fixed="serial", fixed_yields_to_resident=yields)
+    admit_zeros(manager, 1, 6, 6)  # 12 positions: 3 of the 6 pages
+    assert manager.is_resident(1)
+    assert run_zero_step(schedule, [1]) == ("resident" if yields else "serial")
+    # A request in hot-cache mode can miss: the fixed choice runs either way.
+    admit_zeros(manager, 2, 7, 9)  # 16 positions do not fit in the pages left
+    assert not manager.is_resident(2)
+    assert run_zero_step(schedule, [1, 2]) == "serial"
+    assert schedule.reason == "fixed by ScheduleOptions::fixed"
+    assert schedule.stats().steps_by_choice == (
+        {"resident": 1, "serial": 1} if yields else {"serial": 2})
+
+
+def test_without_a_fixed_choice_an_all_resident_step_runs_resident():
+    manager = resident_manager()
+    schedule = sparsekv.StepSchedule(manager, candidates=["serial"], trials=1)
+    admit_zeros(manager, 1, 6, 6)  # 12 positions: 3 of the 6 pages
+    assert run_zero_step(schedule, [1]) == "resident"
+    assert schedule.choice.resident

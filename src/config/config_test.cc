@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "sparsekv/options.h"
+
 namespace sparsekv {
 namespace {
 
@@ -17,6 +19,22 @@ namespace {
 CacheOptions Base() {
   CacheOptions o;
   o.geometry = KVGeometry::Uniform(4, 656);
+  o.host_capacity_tokens = 1 << 16;
+  o.max_requests = 8;
+  o.max_context = 8192;
+  return o;
+}
+
+// A valid manager's options for DeepSeek-V4-Flash: offloaded CSA layers of an entry per 4
+// tokens beside resident and window-only layers.
+CacheOptions V4Base() {
+  StatusOr<ModelPreset> preset = FindPreset("deepseek-v4-flash");
+  EXPECT_TRUE(preset.ok()) << preset.status().ToString();
+  CacheOptions o;
+  o.geometry = preset->geometry();
+  o.raw_window = preset->raw_window;
+  o.top_k = preset->top_k;
+  o.hot_slots = 2 * preset->top_k;
   o.host_capacity_tokens = 1 << 16;
   o.max_requests = 8;
   o.max_context = 8192;
@@ -326,6 +344,18 @@ TEST(SglangHisparseConfigTest, HostToDeviceRatioSizesTheHostPool) {
   EXPECT_EQ(o->hot_slots, 4096);
 }
 
+TEST(SglangHisparseConfigTest, HostToDeviceRatioCountsRowsAtEveryCadence) {
+  // A slot holds an entry of r = 4 tokens, so the host pool holds ratio times the device's
+  // slots in rows, r times as many tokens.
+  const CacheOptions base = V4Base();
+  ASSERT_EQ(base.geometry.offloaded_entry_tokens(), 4);
+  StatusOr<CacheOptions> o = CacheOptionsFromSglangHisparseConfig(
+      R"({"device_buffer_size": 1024, "host_to_device_ratio": 2})", base);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  // 2 x 8 x (1024 + 1) = 16400 rows, down to whole 64-row pages: 256 pages, 4 tokens a row.
+  EXPECT_EQ(o->host_capacity_tokens, 256 * 64 * 4);
+}
+
 TEST(SglangHisparseConfigTest, BadRatiosNameTheKey) {
   EXPECT_NE(
       ErrorOf(CacheOptionsFromSglangHisparseConfig(R"({"host_to_device_ratio": 0.5})", Base()))
@@ -440,6 +470,24 @@ TEST(VllmHisparseTest, HostPoolGibSizesThePoolInWholePages) {
   EXPECT_EQ(o->top_k, 2048);
 }
 
+TEST(VllmHisparseTest, HostPoolGibHoldsRowsOfTheOffloadedLayersAtEveryCadence) {
+  // DeepSeek-V4-Flash: the pool's rows are entries of its 21 CSA layers (584 B each), an entry
+  // per 4 tokens; the manager gives host_capacity_tokens / 4 of them.
+  const CacheOptions base = V4Base();
+  const int64_t r = base.geometry.offloaded_entry_tokens();
+  const int64_t row_bytes = base.geometry.token_stride_bytes();
+  ASSERT_EQ(r, 4);
+  ASSERT_EQ(row_bytes, 21 * 584);
+  StatusOr<CacheOptions> o = CacheOptionsFromVllmHisparse(R"({"host_pool_gib": 1})", base);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  // 2^30 / 12264 = 87552.3 rows, down to whole 64-row pages: 1368 pages, 4 tokens a row.
+  EXPECT_EQ(o->host_capacity_tokens, 1368 * 64 * 4);
+  // The pool the manager allocates: within a page of the GiB asked for.
+  const int64_t pool_bytes = o->host_capacity_tokens / r * row_bytes;
+  EXPECT_LE(pool_bytes, int64_t{1} << 30);
+  EXPECT_GT(pool_bytes, (int64_t{1} << 30) - o->host_page_tokens * row_bytes);
+}
+
 TEST(VllmHisparseTest, FractionalGibAndDefaultBuffer) {
   StatusOr<CacheOptions> o =
       CacheOptionsFromVllmHisparse(R"({"host_pool_gib": 0.5, "device_buffer_size": null})", Base());
@@ -490,7 +538,7 @@ TEST(VllmHisparseTest, BadPoolSizesNameHostPoolGib) {
                 .find("host rows are 32-bit indices"),
             std::string::npos);
   EXPECT_NE(ErrorOf(CacheOptionsFromVllmHisparse(R"({"host_pool_gib": 0.0001})", Base()))
-                .find("less than one host page (64 tokens)"),
+                .find("less than one host page (64 rows)"),
             std::string::npos);
   EXPECT_NE(ErrorOf(CacheOptionsFromVllmHisparse(R"({"host_pool_gib": 1})", CacheOptions{}))
                 .find("needs the model's rows in the base options"),

@@ -65,36 +65,42 @@ StatusOr<CacheOptions> ReadTopKAndBuffer(const JsonFields& fields, const CacheOp
   return o;
 }
 
-// `tokens` (where they come from: `what`) rounded down to whole host pages of o. InvalidArgument
-// naming `key` when that is less than one page or more than 32-bit host rows index.
-StatusOr<int64_t> WholeHostPages(const JsonFields& fields, std::string_view key, double tokens,
+// The host_capacity_tokens of a pool of `rows` host rows (where they come from: `what`): the
+// rows rounded down to whole host pages of o (host_page_tokens rows each), times the offloaded
+// layers' cadence r (KVGeometry::offloaded_entry_tokens), since the manager gives the pool
+// host_capacity_tokens / r rows. This is the one place the peers' sizes become tokens.
+// InvalidArgument naming `key` when that is less than one page or more than 32-bit host rows
+// index.
+StatusOr<int64_t> WholeHostPages(const JsonFields& fields, std::string_view key, double rows,
                                  const std::string& what, const CacheOptions& o) {
   if (o.host_page_tokens <= 0) {
     return fields.Error(key, "needs host_page_tokens > 0 in the base options");
   }
   const int64_t page = o.host_page_tokens;
-  if (!(tokens < static_cast<double>(kInt32Max))) {
+  const int64_t r = o.geometry.offloaded_entry_tokens();
+  if (!(rows < static_cast<double>(kInt32Max))) {
     return fields.Error(key, what + " is more than " + std::to_string(kInt32Max) +
-                                 " tokens: host rows are 32-bit indices");
+                                 " rows: host rows are 32-bit indices");
   }
-  const int64_t whole_pages = static_cast<int64_t>(tokens) / page * page;
+  const int64_t whole_pages = static_cast<int64_t>(rows) / page * page;
   if (whole_pages < page) {
-    return fields.Error(key, what + " is " + std::to_string(static_cast<int64_t>(tokens)) +
-                                 " tokens, less than one host page (" + std::to_string(page) +
-                                 " tokens)");
+    return fields.Error(key, what + " is " + std::to_string(static_cast<int64_t>(rows)) +
+                                 " rows, less than one host page (" + std::to_string(page) +
+                                 " rows)");
   }
-  return whole_pages;
+  return whole_pages * r;
 }
 
 // host_to_device_ratio: the host pool as a multiple of the device's slots. In SGLang the device
 // pool holds every running request's buffer (device_buffer_size plus a page for new tokens) and
-// the host pool ratio times as many tokens; here the device holds max_requests hot caches of
-// hot_slots + window slots.
+// the host pool ratio times as many; here the device holds max_requests hot caches of
+// hot_slots + window slots, a slot per entry (r tokens), and the host pool ratio times as many
+// rows.
 StatusOr<int64_t> RatioTokens(const JsonFields& fields, double ratio, const CacheOptions& o) {
   constexpr std::string_view kKey = "host_to_device_ratio";
   if (!std::isfinite(ratio) || ratio < 1) {
     return fields.Error(
-        kKey, "must be a number >= 1 (host tokens per device slot), got " + Json(ratio).dump());
+        kKey, "must be a number >= 1 (host rows per device slot), got " + Json(ratio).dump());
   }
   if (o.max_requests <= 0) {
     return fields.Error(kKey,
@@ -108,21 +114,22 @@ StatusOr<int64_t> RatioTokens(const JsonFields& fields, double ratio, const Cach
                         o);
 }
 
-// host_pool_gib: the tokens of o.geometry that many GiB hold.
+// host_pool_gib: the rows of o.geometry (an entry of every offloaded layer each) that many GiB
+// hold, as tokens.
 StatusOr<int64_t> GibTokens(const JsonFields& fields, double gib, const CacheOptions& o) {
   constexpr std::string_view kKey = "host_pool_gib";
   if (!std::isfinite(gib) || gib <= 0) {
     return fields.Error(kKey, "must be a positive number of GiB");
   }
-  const int64_t token_bytes = o.geometry.token_stride_bytes();
-  if (o.geometry.layers.empty() || token_bytes <= 0) {
+  const int64_t row_bytes = o.geometry.token_stride_bytes();
+  if (o.geometry.layers.empty() || row_bytes <= 0) {
     return fields.Error(kKey,
                         "needs the model's rows in the base options (geometry) to size the host "
-                        "pool in tokens");
+                        "pool");
   }
-  return WholeHostPages(
-      fields, kKey, std::floor(gib * double{1 << 30} / static_cast<double>(token_bytes)),
-      Json(gib).dump() + " GiB of " + std::to_string(token_bytes) + "-B tokens", o);
+  return WholeHostPages(fields, kKey,
+                        std::floor(gib * double{1 << 30} / static_cast<double>(row_bytes)),
+                        Json(gib).dump() + " GiB of " + std::to_string(row_bytes) + "-B rows", o);
 }
 
 constexpr char kSglang[] = "SGLang hisparse config";

@@ -66,10 +66,12 @@ struct Paging {
   Paging(const CacheOptions& o, int32_t c) {
     const bool paged = o.hybrid_residency || o.indexer_key_bytes > 0;
     page_rows = paged ? o.resident_page_rows : c + o.window;
-    keys_per_page = o.indexer_key_bytes > 0 ? static_cast<int32_t>(int64_t{page_rows} *
-                                                                   o.geometry.layers[0].row_stride /
-                                                                   o.indexer_key_bytes)
-                                            : 0;
+    // The keys fill pages of the offloaded layers, whose one stride ValidateOptions checks.
+    keys_per_page =
+        o.indexer_key_bytes > 0
+            ? static_cast<int32_t>(int64_t{page_rows} * o.geometry.offloaded_row_stride() /
+                                   o.indexer_key_bytes)
+            : 0;
     // A page is R slots of every offloaded layer; the other layers have no slots.
     page_bytes = o.geometry.token_stride_bytes() * page_rows;
     state_bytes = int64_t{o.max_requests} *

@@ -364,6 +364,26 @@ TEST(HotCacheLayerKindsTest, OnlyOffloadedLayersHaveRowsAndState) {
             24 * (16 + 40) + 3 * HotCache::StateBytesOf(2, 6, ReplacementOf(o)));
 }
 
+TEST(ChooseHotCacheShapeTest, IndexerKeysArePagedByTheOffloadedLayersStride) {
+  // Layer 0 resident with its own stride: the keys fill pages of the offloaded layers' rows.
+  CacheOptions o = MixedKindsOptions();
+  o.geometry.layers = {LayerShape{40, 40}, LayerShape{24, 32}, LayerShape{32, 32}};
+  o.geometry.layers[0].kind = LayerKind::kResident;
+  o.geometry.layers[0].entry_tokens = 128;
+  o.geometry.layers[0].indexer_keys = false;
+  o.hot_slots = 6;
+  o.resident_page_rows = 4;
+  o.indexer_key_bytes = 16;
+  o.host_capacity_tokens = 1024;
+  ASSERT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o).ToString();
+  auto shape = ChooseHotCacheShape(o);
+  ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+  // 4 rows x 32 B / 16 B = 8 keys a page (layer 0's 40 B stride would make it 10).
+  EXPECT_EQ(shape->keys_per_page, 8);
+  // Blocks of ceil(8 / 4) = 2 pages, and each request's keys of 100 positions in 13 pages.
+  EXPECT_EQ(shape->pages, 3 * (2 + 13));
+}
+
 TEST(ChooseHotCacheShapeTest, TheBudgetBuysSlotsOfTheOffloadedLayersOnly) {
   CacheOptions o = MixedKindsOptions();
   o.device_budget_bytes = 40000;

@@ -64,7 +64,8 @@ Status IndexerKeyPages::Ingest(RequestId id, RequestState& r, int32_t layer, con
 }
 
 Status IndexerKeyPages::Copy(const RequestState& from, RequestState& to, StreamHandle stream) {
-  const int64_t stride = options_.geometry.layers[0].row_stride;
+  // Keyed layers are offloaded, of one stride (ValidateOptions).
+  const int64_t stride = options_.geometry.offloaded_row_stride();
   const int32_t key_bytes = options_.indexer_key_bytes;
   for (int32_t l = 0; l < options_.geometry.num_layers(); ++l) {
     // A layer whose keys the parent does not have yet: the child ingests them as the parent

@@ -55,7 +55,7 @@ class IndexerKeyPages {
   // Where the key of `position` of `r` lies in a layer's device memory, in 4-byte words.
   int32_t Word(const RequestState& r, int32_t position) const {
     const int64_t byte =
-        int64_t{r.key_pages[position / keys_per_page_]} * options_.geometry.layers[0].row_stride +
+        int64_t{r.key_pages[position / keys_per_page_]} * options_.geometry.offloaded_row_stride() +
         int64_t{position % keys_per_page_} * options_.indexer_key_bytes;
     return static_cast<int32_t>(byte / 4);
   }

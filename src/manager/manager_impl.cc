@@ -12,19 +12,11 @@ using manager_internal::Describe;
 
 namespace {
 
-// The offloaded layers' cadence (CheckServedGeometry: there is one).
-int32_t OffloadedCadence(const CacheOptions& o) {
-  for (const LayerShape& l : o.geometry.layers) {
-    if (l.kind == LayerKind::kOffloaded) return l.entry_tokens;
-  }
-  return 1;
-}
-
 // `o` in entry units (manager_impl.h, entries_): every layer at the offloaded layers' cadence,
 // no raw window. The other layers keep their kind, so that the host pool and the hot cache give
 // them no rows and no replacement state.
 CacheOptions EntryOptions(const CacheOptions& o) {
-  const int32_t r = OffloadedCadence(o);
+  const int32_t r = o.geometry.offloaded_entry_tokens();
   CacheOptions e = o;
   e.max_context = std::max(1, o.max_context / r);
   e.host_capacity_tokens = o.host_capacity_tokens / r;
@@ -49,7 +41,7 @@ std::vector<bool> DenseLayers(const CacheOptions& o) {
 SparseKVCacheManager::Impl::Impl(const CacheOptions& options, std::shared_ptr<Backend> backend,
                                  std::shared_ptr<HostKVPool> pool)
     : options_(options),
-      cadence_(OffloadedCadence(options)),
+      cadence_(options.geometry.offloaded_entry_tokens()),
       entries_(EntryOptions(options)),
       groups_(options),
       backend_(std::move(backend)),

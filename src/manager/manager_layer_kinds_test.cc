@@ -273,6 +273,38 @@ TEST(ManagerLayerKindsTest, ThePoolAndTheHotCacheHoldOnlyOffloadedLayers) {
   EXPECT_EQ(s.device_memory.sum(), s.device_bytes);
 }
 
+// A retained conversation's host copy of its part of the resident layers' store is counted in
+// host_memory.retained_entries, outside the pool: the bytes the store's device allocation for it
+// held, which the backend gives back when the copy is taken, until the conversation is evicted.
+TEST(ManagerLayerKindsTest, RetainedEntriesCountTheHostCopiesOfTheStore) {
+  auto backend = std::make_shared<testing::CountingBackend>();
+  auto m = SparseKVCacheManager::Create(V4Shaped(false), backend);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::vector<int32_t> ids(300);
+  for (int32_t t = 0; t < 300; ++t) ids[t] = t % 7;
+  EXPECT_EQ(AdmitZeros(**m, 1, ids), 0);
+  CacheStats s = *(*m)->ReadStats(nullptr);
+  EXPECT_EQ(s.host_memory.retained_entries, 0);
+  const int64_t store = s.device_memory.resident_entries + s.device_memory.windows;
+  ASSERT_GT(s.device_memory.resident_entries, 0);
+  ASSERT_GT(s.device_memory.windows, 0);
+  const int64_t device_before = backend->live_device_bytes();
+  const int64_t host_before = backend->live_host_bytes();
+  ASSERT_TRUE((*m)->Retain(1).ok());
+  s = *(*m)->ReadStats(nullptr);
+  EXPECT_EQ(s.retained_conversations, 1);
+  EXPECT_EQ(s.host_memory.retained_entries, store);
+  EXPECT_EQ(device_before - backend->live_device_bytes(), s.host_memory.retained_entries);
+  // The copy is host memory outside the pool: the pool's figures do not move.
+  EXPECT_EQ(backend->live_host_bytes(), host_before);
+  EXPECT_EQ(s.host_memory.sum(), s.host_memory.total);
+  EXPECT_EQ(s.host_memory.total, (*m)->host_pool().bytes());
+  // Evicted, the copy is dropped.
+  EXPECT_EQ((*m)->EvictRetained(), 1);
+  s = *(*m)->ReadStats(nullptr);
+  EXPECT_EQ(s.host_memory.retained_entries, 0);
+}
+
 // At one device_budget_bytes the hot cache gets the pages that the resident and window-only layers'
 // rows took before: pages of R entries of the offloaded layers alone.
 TEST(ManagerLayerKindsTest, TheBudgetBuysPagesOfTheOffloadedLayersOnly) {

@@ -531,6 +531,9 @@ HostMemoryUse SparseKVCacheManager::Impl::HostMemoryByUse() const {
   use.shared_pages = shared * page_bytes;
   use.private_pages = (used - retained.pages - shared) * page_bytes;
   use.node_pool = pool_->is_node_pool();
+  for (const auto& [id, entries] : dense_retained_) {
+    use.retained_entries += static_cast<int64_t>(entries->host.size());
+  }
   return use;
 }
 

@@ -183,6 +183,10 @@ void AddCache(const CacheStats& s, FamilyBuilder& b) {
           D(s.bytes_saved));
   b.Gauge("retained_conversations", "Conversations retained in the host pool.",
           D(s.retained_conversations));
+  b.Gauge("retained_entries_bytes",
+          "Host copies of retained conversations' resident-layer entries and raw windows, "
+          "outside the host pool.",
+          D(h.retained_entries));
 }
 
 void AddPool(const PoolOccupancy& p, FamilyBuilder& b) {

@@ -181,6 +181,7 @@ TEST_F(MetricsTest, ScrapeShowsEveryDocumentedMetricWithTheStatisticsValues) {
   EXPECT_EQ(host_uses, stats->host_memory.total);
   EXPECT_EQ(value("sparsekv_host_pool_use_bytes", "use=\"private\""),
             stats->host_memory.private_pages);
+  EXPECT_EQ(value("sparsekv_retained_entries_bytes"), stats->host_memory.retained_entries);
   EXPECT_EQ(value("sparsekv_host_pool_capacity_pages"), pool.total_pages());
   EXPECT_EQ(value("sparsekv_host_pool_used_pages"), stats->host_pages_used);
   EXPECT_EQ(value("sparsekv_host_pool_capacity_bytes"), pool.bytes());

@@ -34,6 +34,20 @@ int64_t KVGeometry::token_stride_bytes() const {
   return sum;
 }
 
+int32_t KVGeometry::offloaded_entry_tokens() const {
+  for (const LayerShape& l : layers) {
+    if (l.kind == LayerKind::kOffloaded) return l.entry_tokens;
+  }
+  return 1;
+}
+
+int32_t KVGeometry::offloaded_row_stride() const {
+  for (const LayerShape& l : layers) {
+    if (l.kind == LayerKind::kOffloaded) return l.row_stride;
+  }
+  return 0;
+}
+
 KVGeometry KVGeometry::Uniform(int32_t num_layers, int32_t row_bytes, int32_t row_stride) {
   KVGeometry g;
   g.layers.assign(num_layers > 0 ? num_layers : 0,
@@ -241,13 +255,17 @@ Status ValidateOptions(const CacheOptions& o) {
                  ") must be 0 or a positive multiple of 4");
   }
   if (o.indexer_key_bytes > 0) {
+    // The keys live in the hot cache's pages, which only offloaded layers have: the other
+    // layers' strides do not matter.
+    const int32_t stride = o.geometry.offloaded_row_stride();
     for (const LayerShape& layer : o.geometry.layers) {
-      if (layer.row_stride != o.geometry.layers[0].row_stride || layer.row_stride % 4 != 0) {
-        return Field("indexer_key_bytes needs one row_stride, a multiple of 4, in every layer");
+      if (layer.kind != LayerKind::kOffloaded) continue;
+      if (layer.row_stride != stride || layer.row_stride % 4 != 0) {
+        return Field(
+            "indexer_key_bytes needs one row_stride, a multiple of 4, in every offloaded layer");
       }
     }
-    if (!o.geometry.layers.empty() &&
-        int64_t{o.resident_page_rows} * o.geometry.layers[0].row_stride < o.indexer_key_bytes) {
+    if (stride > 0 && int64_t{o.resident_page_rows} * stride < o.indexer_key_bytes) {
       return Field("indexer_key_bytes (" + std::to_string(o.indexer_key_bytes) +
                    ") exceeds a page (resident_page_rows * row_stride)");
     }
@@ -274,8 +292,10 @@ Status ValidateOptions(const CacheOptions& o) {
                  std::to_string(o.host_page_tokens) + " tokens)");
   }
   // Every row and slot index is an int32; byte offsets are computed in 64 bits.
+  // A row per entry: host_capacity_tokens / r of them (KVGeometry::offloaded_entry_tokens).
+  const int64_t entries = o.host_capacity_tokens / o.geometry.offloaded_entry_tokens();
   const int64_t host_rows =
-      (o.host_capacity_tokens + o.host_page_tokens - 1) / o.host_page_tokens * o.host_page_tokens;
+      (entries + o.host_page_tokens - 1) / o.host_page_tokens * o.host_page_tokens;
   if (host_rows > kInt32Max) return Field("host_capacity_tokens overflows 32-bit row indices");
   if (o.device_budget_bytes == 0) {
     const int64_t slots = static_cast<int64_t>(o.max_requests) * (o.hot_slots + int64_t{o.window});

@@ -160,6 +160,16 @@ TEST(OptionsTest, IndexerKeysNeedWordsAndOneRowStride) {
   ExpectInvalid(o, "one row_stride");
   o.geometry = KVGeometry::Uniform(3, 654);  // a stride that is not a multiple of 4
   ExpectInvalid(o, "one row_stride");
+  // Only the offloaded layers hold keys, in the hot cache's pages: a resident layer may have
+  // another stride, even as layer 0.
+  o.geometry = KVGeometry::Uniform(3, 656);
+  o.geometry.layers[0] = LayerShape{584, 590};
+  o.geometry.layers[0].kind = LayerKind::kResident;
+  o.geometry.layers[0].entry_tokens = 128;
+  o.geometry.layers[0].indexer_keys = false;
+  EXPECT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o).ToString();
+  o.geometry.layers[2].row_stride = 704;  // offloaded layers of different strides
+  ExpectInvalid(o, "one row_stride, a multiple of 4, in every offloaded layer");
   o.geometry = KVGeometry::Uniform(3, 8);
   o.resident_page_rows = 16;
   o.indexer_key_bytes = 132;  // more than a page of 16 rows of 8 bytes

@@ -484,11 +484,13 @@ StatusOr<BenchResult> RunBench(const BenchConfig& config, std::shared_ptr<Backen
 
   SPARSEKV_ASSIGN_OR_RETURN(const CacheOptions o, BenchCacheOptions(c));
   const int64_t tokens_per_request = o.host_capacity_tokens / c.batch;
-  if (o.host_capacity_tokens > kMaxPoolRows) {
+  // A row per entry of the offloaded layers' cadence r.
+  const int64_t pool_rows = o.host_capacity_tokens / o.geometry.offloaded_entry_tokens();
+  if (pool_rows > kMaxPoolRows) {
     return InvalidArgument("the host pool would hold --batch " + std::to_string(c.batch) + " x " +
                            std::to_string(tokens_per_request) + " tokens (--context " +
                            std::to_string(c.context) + " + --steps " + std::to_string(c.steps) +
-                           ", in pages) = " + std::to_string(o.host_capacity_tokens) +
+                           ", in pages) = " + std::to_string(pool_rows) +
                            " rows, more than its 2^31 - 1; lower --batch or --context");
   }
   SPARSEKV_RETURN_IF_ERROR(CheckBenchMemory(c, o, *backend));

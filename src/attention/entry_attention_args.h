@@ -1,8 +1,10 @@
-// The argument checks of SparseEntryAttention::Run, on the host: kept apart from the CUDA code so
+// The argument checks of SparseEntryAttention::Run (and the store scopes' of the oracle), on the
+// host: kept apart from the CUDA code so
 // that they are tested where no GPU is.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "sparsekv/attention.h"
 
@@ -10,6 +12,11 @@ namespace sparsekv {
 
 // OK if SparseEntryAttention::Run may enqueue these arguments (its contract in attention.h);
 // InvalidArgument naming the argument otherwise.
+// OK if a store scope's view is in shape for its format (AttentionScope's store form);
+// InvalidArgument, prefixed by `at` (the scope's name), otherwise. Reads no memory the view names.
+// REQUIRES: scope.in_store(), and scope.format is a KVRowFormat.
+Status CheckStoreScope(const AttentionScope& scope, const std::string& at);
+
 Status CheckSparseEntryAttentionArgs(const SparseEntryAttentionOptions& options, int32_t batch,
                                      const void* q, const AttentionScope& selected,
                                      const AttentionScope& window, const void* out);

@@ -1294,6 +1294,96 @@ TEST(SparseEntryAttentionCudaTest, WindowOnlyLayer) {
   }
 }
 
+// Store scopes on the GPU: the views' tables, page and ring addresses and the arena in device
+// memory. For both entry formats, for the whole batch and from batch row 2: the output is within
+// rounding of the oracle's (which reads the same layer in host memory), requests without rows
+// get zeros, the request past the batch keeps its poison, and the bytes equal those of the
+// indexed form over the gathered rows with -1 padding (the end-to-end benchmark's full-hbm
+// variant against its sparsekv variant).
+TEST(SparseEntryAttentionCudaTest, StoreScopesMatchTheOracleAndTheIndexedFormsBytes) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const int32_t heads = 16, batch = 6;
+  StatusOr<std::unique_ptr<SparseEntryAttention>> attention =
+      SparseEntryAttention::Create({.max_batch = batch, .heads = heads});
+  ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+  std::mt19937_64 rng(47);
+  for (const KVRowFormat format : {KVRowFormat::kFp8Entry584, KVRowFormat::kMxfp4Entry368}) {
+    const StoreLayer s = RandomStoreLayer(format, batch, rng);
+    DeviceBuffer arena(*gpu, s.arena.size()), tables(*gpu, s.tables.size() * 4);
+    arena.Upload(s.arena);
+    tables.Upload(s.tables);
+    const std::vector<std::byte*> pages_h = s.Addresses(s.page_offset, arena.get());
+    const std::vector<std::byte*> rings_h = s.Addresses(s.ring_offset, arena.get());
+    DeviceBuffer pages(*gpu, pages_h.size() * sizeof(std::byte*)),
+        rings(*gpu, rings_h.size() * sizeof(std::byte*));
+    pages.Upload(pages_h);
+    rings.Upload(rings_h);
+    std::vector<std::byte> arena_h = s.arena;  // the oracle's copy, at host addresses
+    const std::vector<std::byte*> host_pages = s.Addresses(s.page_offset, arena_h.data());
+    const std::vector<std::byte*> host_rings = s.Addresses(s.ring_offset, arena_h.data());
+    const std::vector<uint16_t> q = RandomQueries(rng, size_t{1} * batch * heads * kV4Dims);
+    const std::vector<float> sink(heads, 0.75f);
+    DeviceBuffer q_d(*gpu, q.size() * 2), sink_d(*gpu, sink.size() * 4);
+    q_d.Upload(q);
+    sink_d.Upload(sink);
+    const size_t per_request = size_t{1} * heads * kV4Dims;
+    for (const int32_t first : {0, 2}) {
+      const int32_t n = batch - first;
+      const auto run = [&](const AttentionScope& selected, const AttentionScope& window) {
+        DeviceBuffer out(*gpu, (n + 1) * per_request * 2);
+        out.Fill(kNaNPoison);
+        ExpectOk((*attention)
+                     ->Run(n, q_d.get<uint16_t>() + int64_t{first} * heads * kV4Dims, selected,
+                           window, sink_d.get<float>(), out.get(), nullptr));
+        ExpectOk(gpu->Synchronize(nullptr));
+        return out.Download<uint16_t>();
+      };
+      const std::vector<uint16_t> got = run(
+          DenseEntriesScope(s.Entries(tables.get<int32_t>(), pages.get<std::byte*>()), format,
+                            first),
+          RawWindowScope(s.Window(tables.get<int32_t>(), rings.get<std::byte*>()), format, first));
+
+      const GatheredScope entries = Gather(s, true, first, n, 5);
+      const GatheredScope window = Gather(s, false, first, n, 3);
+      DeviceBuffer entry_rows(*gpu, entries.rows.size()),
+          entry_index(*gpu, entries.indices.size() * 4), window_rows(*gpu, window.rows.size()),
+          window_index(*gpu, window.indices.size() * 4);
+      entry_rows.Upload(entries.rows);
+      entry_index.Upload(entries.indices);
+      window_rows.Upload(window.rows);
+      window_index.Upload(window.indices);
+      const std::vector<uint16_t> indexed =
+          run({entry_rows.get(), s.stride, format, entry_index.get<int32_t>(), entries.width},
+              {window_rows.get(), s.stride, format, window_index.get<int32_t>(), window.width});
+      EXPECT_EQ(got, indexed) << "first " << first;
+
+      ReferenceAttentionInputs ref_in;
+      ref_in.batch = n;
+      ref_in.heads = heads;
+      ref_in.q = q.data() + int64_t{first} * heads * kV4Dims;
+      ref_in.selected =
+          DenseEntriesScope(s.Entries(s.tables.data(), host_pages.data()), format, first);
+      ref_in.window = RawWindowScope(s.Window(s.tables.data(), host_rings.data()), format, first);
+      ref_in.sink = sink.data();
+      std::vector<double> ref(n * per_request);
+      ExpectOk(ReferenceSparseAttention(ref_in, ref.data()));
+      for (int32_t b = 0; b < n; ++b) {
+        if (s.EntryOffsets(first + b).empty() && s.WindowOffsets(first + b).empty()) {
+          for (size_t i = 0; i < per_request; ++i) {
+            ASSERT_EQ(DecodeBf16(got[b * per_request + i]), 0.0) << "request " << first + b;
+          }
+          continue;
+        }
+        EXPECT_LT(RelativeError(&got[b * per_request], &ref[b * per_request], per_request), 1e-2)
+            << "first " << first << " request " << b;
+      }
+      size_t poisoned = 0;
+      for (size_t i = n * per_request; i < got.size(); ++i) poisoned += got[i] == 0xFFFF;
+      EXPECT_EQ(poisoned, per_request) << "a request past the batch was written";
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The weight-streaming proxy: sanity only (it computes nothing anyone reads).
 

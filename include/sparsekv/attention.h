@@ -236,7 +236,7 @@ Status ValidateSparseEntryAttentionOptions(const SparseEntryAttentionOptions& op
 // DeepSeek-V4 entries (KVRowFormat::kFp8Entry584 or kMxfp4Entry368; one KV head, key = value =
 // the entry's 512 dims), on one GPU: one kernel that decodes the entries of both scopes exactly
 // (as DecodeKVRow does) into fp32 in shared memory and runs an online softmax over them in fp32
-// per head, writing bf16. The result depends on the entries' order only through fp32 rounding:
+// per head, writing bf16. The entries' order changes the result only in its last fp32 bits:
 // the kernel reads each scope in tiles of 16 entries, the selected scope's and then the window's,
 // and skips masked entries, so an indexed scope whose padding follows its entries gives the
 // bytes its store form gives.

@@ -1296,7 +1296,7 @@ TEST(SparseEntryAttentionCudaTest, WindowOnlyLayer) {
 
 // Store scopes on the GPU: the views' tables, page and ring addresses and the arena in device
 // memory. For both entry formats, for the whole batch and from batch row 2: the output is within
-// rounding of the oracle's (which reads the same layer in host memory), requests without rows
+// 1e-2 relative error of the oracle's (the same layer in host memory), requests without rows
 // get zeros, the request past the batch keeps its poison, and the bytes equal those of the
 // indexed form over the gathered rows with -1 padding (the end-to-end benchmark's full-hbm
 // variant against its sparsekv variant).

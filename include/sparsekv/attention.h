@@ -19,6 +19,7 @@
 #include <memory>
 
 #include "sparsekv/backend.h"
+#include "sparsekv/kernel_views.h"
 #include "sparsekv/kv_format.h"
 #include "sparsekv/status.h"
 
@@ -150,17 +151,47 @@ Status ReferenceSparseMLA(const SparseMLAOptions& options, int32_t batch, const 
 // key's first value_dims (512). This is what FlashMLA's V4 decode computes (its tests/ref.py);
 // with one scope and no sink it is ReferenceSparseMLA.
 
-// One scope: entry k of request b is row indices[b * width + k] of `rows`; an index < 0 is
-// masked. Duplicates are not special: each occurrence is one softmax entry.
+// One scope, in one of two forms.
+//   Indexed (store.source == kNone, e.g. a CSA layer's top-k over the hot cache): entry k of
+//   request b is row indices[b * width + k] of `rows`; an index < 0 is masked. Duplicates are not
+//   special: each occurrence is one softmax entry.
+//   Store (store.source set; made by DenseEntriesScope or RawWindowScope): request b's entries
+//   are read in place from a DenseLayerStore's views, store.Count(b) of them in the order of
+//   StoreScopeView (kernel_views.h); rows, row_stride, indices and width are not read. The same
+//   entries as an indexed scope of store.Count(b) gathered rows followed by any padding.
+// All pointers, those inside the views included: host memory for the oracle, device memory for
+// SparseEntryAttention.
 struct AttentionScope {
-  // The scope's row buffer: host memory for the oracle, device memory for SparseEntryAttention
-  // (as are the indices).
-  const std::byte* rows = nullptr;
-  int64_t row_stride = 0;  // bytes between rows, >= KVRowBytes(format)
-  KVRowFormat format = KVRowFormat::kFp8Entry584;
-  const int32_t* indices = nullptr;  // [batch, width]; < 0 = masked
-  int32_t width = 0;                 // entries per request; 0: the scope is empty
+  const std::byte* rows = nullptr;                 // the scope's row buffer
+  int64_t row_stride = 0;                          // bytes between rows, >= KVRowBytes(format)
+  KVRowFormat format = KVRowFormat::kFp8Entry584;  // both forms
+  const int32_t* indices = nullptr;                // [batch, width]; < 0 = masked
+  int32_t width = 0;  // entries per request; 0: the scope is empty (indexed form)
+  StoreScopeView store = {StoreScopeView::kNone, 0, {}, {}};
+
+  bool in_store() const { return store.source != StoreScopeView::kNone; }
+  // No entries for any request: an indexed scope of width 0.
+  bool empty() const { return !in_store() && width == 0; }
 };
+
+// A store scope of every entry of one resident layer (SparseKVCacheManager::DenseEntries) in
+// `format`; request b of the run is the view's batch row first_row + b.
+inline AttentionScope DenseEntriesScope(const DenseEntriesView& view, KVRowFormat format,
+                                        int32_t first_row = 0) {
+  AttentionScope scope;
+  scope.format = format;
+  scope.store = {StoreScopeView::kDenseEntries, first_row, view, {}};
+  return scope;
+}
+
+// A store scope of one layer's raw window (SparseKVCacheManager::RawWindow), oldest row first.
+inline AttentionScope RawWindowScope(const RawWindowView& view, KVRowFormat format,
+                                     int32_t first_row = 0) {
+  AttentionScope scope;
+  scope.format = format;
+  scope.store = {StoreScopeView::kRawWindow, first_row, {}, view};
+  return scope;
+}
 
 struct ReferenceAttentionInputs {
   int32_t batch = 0;
@@ -175,9 +206,12 @@ struct ReferenceAttentionInputs {
 
 // Computes out [batch, heads, value dims] in float64 from exactly decoded inputs.
 // REQUIRES (not checked: the buffers' lengths are not passed): every index >= 0 names a row of
-// its scope's buffer. InvalidArgument for batch < 0, heads < 1, a negative width, a null pointer
-// where the shapes need one, a stride shorter than its format's row, a format that is none of
-// KVRowFormat's, scopes whose keys differ in dims, or a scale that is negative or not finite.
+// its scope's buffer; a store scope's views name batch rows [first_row, first_row + batch) and
+// every entry they count. InvalidArgument for batch < 0, heads < 1, a negative width, a null
+// pointer where the shapes need one, a stride shorter than its format's row, a format that is
+// none of KVRowFormat's, a store scope's view out of shape (negative first_row, a cadence, page
+// rows or raw window < 1), scopes whose keys differ in dims, or a scale that is negative or not
+// finite.
 Status ReferenceSparseAttention(const ReferenceAttentionInputs& inputs, double* out);
 
 // ---- The same function on one GPU, for DeepSeek-V4's entries ----
@@ -202,7 +236,10 @@ Status ValidateSparseEntryAttentionOptions(const SparseEntryAttentionOptions& op
 // DeepSeek-V4 entries (KVRowFormat::kFp8Entry584 or kMxfp4Entry368; one KV head, key = value =
 // the entry's 512 dims), on one GPU: one kernel that decodes the entries of both scopes exactly
 // (as DecodeKVRow does) into fp32 in shared memory and runs an online softmax over them in fp32
-// per head, writing bf16. The entries' order inside a scope does not matter.
+// per head, writing bf16. The entries' order changes the result only in its last fp32 bits:
+// the kernel reads each scope in tiles of 16 entries, the selected scope's and then the window's,
+// and skips masked entries, so an indexed scope whose padding follows its entries gives the
+// bytes its store form gives.
 //
 // Graph safety: Run enqueues one kernel on the caller's stream and neither allocates nor
 // synchronises, so it may be captured into a CUDA graph; the batch, the scopes' widths and the
@@ -221,15 +258,20 @@ class SparseEntryAttention {
   // pointers are device memory of the object's device:
   //   q        [batch, heads, 512] bf16
   //   selected a scope of width top-k (or a resident layer's largest entry count, padded with
-  //            -1): rows, row_stride >= KVRowBytes(format), format, indices [batch, width]
-  //   window   the raw window's scope, width 0 for none (its rows may then be null)
+  //            -1): rows, row_stride >= KVRowBytes(format), format, indices [batch, width]; or
+  //            a resident layer's entries read in place (DenseEntriesScope)
+  //   window   the raw window's scope, width 0 for none (its rows may then be null); or the
+  //            window read in place (RawWindowScope)
   //   sink     [heads] fp32 sigma_h, or null for none
   //   out      [batch, heads, 512] bf16; a request whose entries are all masked gets zeros
-  // REQUIRES: every index >= 0 names a row of its scope's buffer (not checked on the device), and
-  // the buffers stay valid until the stream reaches the run. InvalidArgument for batch outside
-  // [0, max_batch], both scopes empty, a negative width, a null pointer where the shapes need
-  // one, a format other than the two entry formats, or a stride shorter than its format's row;
-  // batch 0 enqueues nothing.
+  // A store scope's counts are read on the device when the kernel runs, so a captured graph
+  // replays the step's current entries (its view pointers, not their contents, are baked in).
+  // REQUIRES: every index >= 0 names a row of its scope's buffer, a store scope's views name
+  // batch rows [first_row, first_row + batch) and every entry they count (not checked on the
+  // device), and the buffers stay valid until the stream reaches the run. InvalidArgument for
+  // batch outside [0, max_batch], both scopes empty, a negative width, a null pointer where the
+  // shapes need one, a format other than the two entry formats, a stride shorter than its
+  // format's row, or a store scope's view out of shape; batch 0 enqueues nothing.
   virtual Status Run(int32_t batch, const void* q, const AttentionScope& selected,
                      const AttentionScope& window, const float* sink, void* out,
                      StreamHandle stream) = 0;

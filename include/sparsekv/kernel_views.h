@@ -125,6 +125,40 @@ struct RawWindowView {
   }
 };
 
+// One scope of an attention read in place from a DenseLayerStore's views (SparseEntryAttention's
+// AttentionScope in its store form): request b of the attention's run is batch row
+// r = first_row + b of the views. It attends Count(b) rows, Row(b, 0) .. Row(b, Count(b) - 1) in
+// this order: every entry of a resident layer (DenseEntriesView::Count, Entry), or the raw
+// window's valid rows oldest first (RawWindowView::Valid, Row). A batch row at or past the
+// views' *batch_size, or with table_row < 0, has no rows. The addressing of both the CPU oracle
+// and the CUDA kernel.
+struct StoreScopeView {
+  enum Source : int32_t {
+    kNone = 0,          // not this form
+    kDenseEntries = 1,  // `entries`; `window` is not read
+    kRawWindow = 2,     // `window`; `entries` is not read
+  };
+  int32_t source;
+  int32_t first_row;  // the views' batch row of the run's request 0, >= 0
+  DenseEntriesView entries;
+  RawWindowView window;
+
+  SPARSEKV_HD int32_t Count(int32_t b) const {
+    const int32_t r = first_row + b;
+    if (source == kDenseEntries) {
+      return r < *entries.batch_size && entries.table_row[r] >= 0 ? entries.Count(r) : 0;
+    }
+    if (source == kRawWindow) {
+      return r < *window.batch_size && window.table_row[r] >= 0 ? window.Valid(r) : 0;
+    }
+    return 0;
+  }
+  // REQUIRES: 0 <= k < Count(b).
+  SPARSEKV_HD const std::byte* Row(int32_t b, int32_t k) const {
+    return source == kDenseEntries ? entries.Entry(first_row + b, k) : window.Row(first_row + b, k);
+  }
+};
+
 // The step's append to one layer's resident entries and raw window. For every batch row
 // b < min(*batch_size, max_batch) with t = table_row[b] >= 0 and n = seq_len[b] >= 1:
 //   * if entry_rows is not null and the step completes entry c = EntriesAt(n, entry_tokens)

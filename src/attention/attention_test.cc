@@ -389,6 +389,304 @@ TEST(ReferenceSparseAttentionTest, RejectsBadArguments) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Store scopes: the oracle reading a DenseLayerStore's views in place equals the indexed form over
+// the same rows gathered (the addressing written out here independently of the views').
+
+// One layer of a DenseLayerStore over `batch` requests, in one arena: each request's pages of
+// page_rows entries (null past its entries) and its ring of raw_window rows, at offsets into the
+// arena, so that the same inputs serve host memory and, uploaded, device memory.
+struct StoreLayer {
+  KVRowFormat format = KVRowFormat::kFp8Entry584;
+  int32_t batch = 0;
+  int32_t stride = 0;
+  int32_t entry_tokens = 4;
+  int32_t page_rows = 8;
+  int32_t pages_per_row = 0;
+  int32_t raw_window = 0;
+  std::vector<std::byte> arena;
+  // batch_size, table_row[batch], seq_len[batch]: one buffer, as the manager's step tables.
+  std::vector<int32_t> tables;
+  std::vector<int64_t> page_offset;  // [table rows, pages_per_row]; -1 = no page
+  std::vector<int64_t> ring_offset;  // [table rows]
+
+  int32_t table_row(int32_t b) const { return tables[1 + b]; }
+  int32_t seq_len(int32_t b) const { return tables[1 + batch + b]; }
+  bool used(int32_t b) const { return b < tables[0] && table_row(b) >= 0; }
+
+  std::vector<std::byte*> Addresses(const std::vector<int64_t>& offsets, std::byte* base) const {
+    std::vector<std::byte*> out;
+    for (int64_t o : offsets) out.push_back(o < 0 ? nullptr : base + o);
+    return out;
+  }
+  DenseEntriesView Entries(const int32_t* t, std::byte* const* pages) const {
+    return {t, t + 1, t + 1 + batch, pages, pages_per_row, page_rows, stride, entry_tokens};
+  }
+  RawWindowView Window(const int32_t* t, std::byte* const* rings) const {
+    return {t, t + 1, t + 1 + batch, rings, raw_window, stride};
+  }
+
+  // Request b's entries and window rows, in attention order, as arena offsets.
+  std::vector<int64_t> EntryOffsets(int32_t b) const {
+    std::vector<int64_t> out;
+    if (!used(b)) return out;
+    for (int32_t e = 0; e < seq_len(b) / entry_tokens; ++e) {
+      out.push_back(page_offset[int64_t{table_row(b)} * pages_per_row + e / page_rows] +
+                    int64_t{e % page_rows} * stride);
+    }
+    return out;
+  }
+  std::vector<int64_t> WindowOffsets(int32_t b) const {
+    std::vector<int64_t> out;
+    if (!used(b)) return out;
+    const int32_t n = seq_len(b);
+    for (int32_t t = std::max(0, n - raw_window); t < n; ++t) {
+      out.push_back(ring_offset[table_row(b)] + int64_t{t % raw_window} * stride);
+    }
+    return out;
+  }
+};
+
+// Random requests: token counts from 0 up to three windows (young requests, requests with fewer
+// tokens than the cadence, rings that wrapped), table rows shuffled with one spare, the batch's
+// second row unused (table row -1) and, with batch >= 4, the last row past *batch_size. Every
+// byte of the arena is random: rows no view names (stale ring slots, page tails) are garbage.
+StoreLayer RandomStoreLayer(KVRowFormat format, int32_t batch, std::mt19937_64& rng) {
+  StoreLayer s;
+  s.format = format;
+  s.batch = batch;
+  s.stride = KVRowBytes(format) + 8;
+  s.raw_window = 16;
+  const int32_t max_tokens = 3 * s.raw_window + 5;
+  s.pages_per_row = (max_tokens / s.entry_tokens + s.page_rows - 1) / s.page_rows;
+  const int32_t table_rows = batch + 1;
+  std::vector<int32_t> rows(table_rows);
+  for (int32_t t = 0; t < table_rows; ++t) rows[t] = t;
+  std::shuffle(rows.begin(), rows.end(), rng);
+  std::uniform_int_distribution<int32_t> tokens(0, max_tokens);
+  s.tables.assign(1 + 2 * batch, 0);
+  s.tables[0] = batch >= 4 ? batch - 1 : batch;
+  for (int32_t b = 0; b < batch; ++b) {
+    s.tables[1 + b] = b == 1 ? -1 : rows[b];
+    s.tables[1 + batch + b] = b == 0 ? s.entry_tokens - 1 : tokens(rng);
+  }
+  s.page_offset.assign(size_t{1} * table_rows * s.pages_per_row, -1);
+  s.ring_offset.assign(table_rows, -1);
+  int64_t end = 0;
+  for (int32_t t = table_rows - 1; t >= 0; --t) {  // the arena's order is not the table's
+    s.ring_offset[t] = end;
+    end += int64_t{s.raw_window} * s.stride;
+    const int32_t n = tokens(rng);
+    const int32_t pages = (n / s.entry_tokens + s.page_rows - 1) / s.page_rows;
+    for (int32_t p = 0; p < pages; ++p) {
+      s.page_offset[int64_t{t} * s.pages_per_row + p] = end;
+      end += int64_t{s.page_rows} * s.stride;
+    }
+  }
+  // Every used request's table row holds the pages its entries need.
+  for (int32_t b = 0; b < batch; ++b) {
+    if (!s.used(b)) continue;
+    const int32_t pages = (s.seq_len(b) / s.entry_tokens + s.page_rows - 1) / s.page_rows;
+    for (int32_t p = 0; p < pages; ++p) {
+      int64_t& o = s.page_offset[int64_t{s.table_row(b)} * s.pages_per_row + p];
+      if (o < 0) {
+        o = end;
+        end += int64_t{s.page_rows} * s.stride;
+      }
+    }
+  }
+  s.arena.resize(end);
+  for (std::byte& x : s.arena) x = static_cast<std::byte>(rng());
+  std::normal_distribution<double> normal(0, 0.5);
+  std::vector<double> key(kV4Dims);
+  for (int64_t row = 0; row + s.stride <= end; row += s.stride) {
+    for (double& x : key) x = normal(rng);
+    EncodeKVRow(format, key.data(), s.arena.data() + row);
+  }
+  return s;
+}
+
+// The indexed form of per-request rows: rows gathered into one buffer, request b's at
+// [b * width, b * width + count), -1 past them: width is the largest count plus `padding`, and at
+// least 1 (an indexed scope of width 0 would be empty, where a store scope is not).
+struct GatheredScope {
+  std::vector<std::byte> rows;
+  std::vector<int32_t> indices;
+  int32_t width = 0;
+};
+GatheredScope Gather(const StoreLayer& s, bool entries, int32_t first, int32_t batch,
+                     int32_t padding) {
+  GatheredScope g;
+  for (int32_t b = 0; b < batch; ++b) {
+    const auto offsets = entries ? s.EntryOffsets(first + b) : s.WindowOffsets(first + b);
+    g.width = std::max(g.width, static_cast<int32_t>(offsets.size()));
+  }
+  g.width = std::max(g.width + padding, 1);
+  g.rows.resize(size_t{1} * batch * g.width * s.stride);
+  g.indices.assign(size_t{1} * batch * g.width, -1);
+  for (int32_t b = 0; b < batch; ++b) {
+    const auto offsets = entries ? s.EntryOffsets(first + b) : s.WindowOffsets(first + b);
+    for (size_t k = 0; k < offsets.size(); ++k) {
+      const int32_t row = b * g.width + static_cast<int32_t>(k);
+      std::memcpy(&g.rows[int64_t{row} * s.stride], &s.arena[offsets[k]], s.stride);
+      g.indices[row] = row;
+    }
+  }
+  return g;
+}
+
+AttentionScope Indexed(const GatheredScope& g, const StoreLayer& s) {
+  return {g.rows.data(), s.stride, s.format, g.indices.data(), g.width};
+}
+
+class StoreScopeReferenceTest : public ::testing::TestWithParam<KVRowFormat> {};
+
+// For entries with the window, entries alone and the window alone, from batch row 0 and from
+// row 2 (a run over part of the step's batch): the store form's output equals, exactly, the
+// indexed form's over the gathered rows; requests without rows get zeros.
+TEST_P(StoreScopeReferenceTest, EqualsTheIndexedFormOverGatheredRows) {
+  const KVRowFormat format = GetParam();
+  std::mt19937_64 rng(format == KVRowFormat::kFp8Entry584 ? 31 : 37);
+  const int32_t heads = 2;
+  for (int trial = 0; trial < 4; ++trial) {
+    const int32_t batch = 6;
+    const StoreLayer s = RandomStoreLayer(format, batch, rng);
+    std::vector<std::byte> arena = s.arena;
+    const std::vector<std::byte*> pages = s.Addresses(s.page_offset, arena.data());
+    const std::vector<std::byte*> rings = s.Addresses(s.ring_offset, arena.data());
+    const std::vector<uint16_t> q = RandomQueries(rng, size_t{1} * batch * heads * kV4Dims);
+    const std::vector<float> sink = {0.5f, -1.0f};
+    for (int32_t first : {0, 2}) {
+      const int32_t n = batch - first;
+      for (int scopes = 0; scopes < 3; ++scopes) {  // both, entries only, window only
+        const bool with_entries = scopes != 2, with_window = scopes != 1;
+        ReferenceAttentionInputs view_in;
+        view_in.batch = n;
+        view_in.heads = heads;
+        view_in.q = q.data() + int64_t{first} * heads * kV4Dims;
+        view_in.sink = sink.data();
+        ReferenceAttentionInputs indexed_in = view_in;
+        const GatheredScope entries = Gather(s, true, first, n, trial);
+        const GatheredScope window = Gather(s, false, first, n, trial);
+        if (with_entries) {
+          view_in.selected =
+              DenseEntriesScope(s.Entries(s.tables.data(), pages.data()), format, first);
+          indexed_in.selected = Indexed(entries, s);
+        }
+        if (with_window) {
+          view_in.window = RawWindowScope(s.Window(s.tables.data(), rings.data()), format, first);
+          indexed_in.window = Indexed(window, s);
+        }
+        const size_t per_request = size_t{1} * heads * kV4Dims;
+        std::vector<double> got(n * per_request, -1), want(n * per_request, -2);
+        ExpectOk(ReferenceSparseAttention(view_in, got.data()));
+        ExpectOk(ReferenceSparseAttention(indexed_in, want.data()));
+        EXPECT_EQ(got, want) << "trial " << trial << " first " << first << " scopes " << scopes;
+        for (int32_t b = 0; b < n; ++b) {
+          const size_t rows = (with_entries ? s.EntryOffsets(first + b).size() : 0) +
+                              (with_window ? s.WindowOffsets(first + b).size() : 0);
+          if (rows > 0) continue;
+          EXPECT_TRUE(std::all_of(got.begin() + b * per_request,
+                                  got.begin() + (b + 1) * per_request,
+                                  [](double x) { return x == 0; }))
+              << "request " << first + b << " has no rows";
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EntryFormats, StoreScopeReferenceTest,
+                         ::testing::Values(KVRowFormat::kFp8Entry584, KVRowFormat::kMxfp4Entry368),
+                         [](const ::testing::TestParamInfo<KVRowFormat>& info) {
+                           return std::string(info.param == KVRowFormat::kFp8Entry584 ? "Fp8"
+                                                                                      : "Mxfp4");
+                         });
+
+// The layout the test above relies on: the views count what the store holds (table row -1 and
+// rows past *batch_size hold nothing, a ring that wrapped starts at its oldest token).
+TEST(StoreScopeViewTest, CountsAndRowsFollowTheViews) {
+  std::mt19937_64 rng(41);
+  const StoreLayer s = RandomStoreLayer(KVRowFormat::kFp8Entry584, 5, rng);
+  std::vector<std::byte> arena = s.arena;
+  const std::vector<std::byte*> pages = s.Addresses(s.page_offset, arena.data());
+  const std::vector<std::byte*> rings = s.Addresses(s.ring_offset, arena.data());
+  const StoreScopeView entries =
+      DenseEntriesScope(s.Entries(s.tables.data(), pages.data()), s.format, 1).store;
+  const StoreScopeView window =
+      RawWindowScope(s.Window(s.tables.data(), rings.data()), s.format, 1).store;
+  EXPECT_EQ(entries.Count(0), 0);  // table row -1
+  EXPECT_EQ(window.Count(0), 0);
+  EXPECT_EQ(entries.Count(3), 0);  // past *batch_size
+  EXPECT_EQ(window.Count(3), 0);
+  for (int32_t b = 1; b < 3; ++b) {
+    const std::vector<int64_t> e = s.EntryOffsets(1 + b), w = s.WindowOffsets(1 + b);
+    ASSERT_EQ(entries.Count(b), static_cast<int32_t>(e.size()));
+    ASSERT_EQ(window.Count(b), static_cast<int32_t>(w.size()));
+    for (size_t k = 0; k < e.size(); ++k) EXPECT_EQ(entries.Row(b, k), arena.data() + e[k]);
+    for (size_t k = 0; k < w.size(); ++k) EXPECT_EQ(window.Row(b, k), arena.data() + w[k]);
+  }
+}
+
+TEST(StoreScopeViewTest, RejectsBadStoreScopes) {
+  std::mt19937_64 rng(43);
+  const StoreLayer s = RandomStoreLayer(KVRowFormat::kFp8Entry584, 2, rng);
+  std::vector<std::byte> arena = s.arena;
+  const std::vector<std::byte*> pages = s.Addresses(s.page_offset, arena.data());
+  const std::vector<std::byte*> rings = s.Addresses(s.ring_offset, arena.data());
+  const std::vector<uint16_t> q(size_t{2} * kV4Dims);
+  std::vector<double> out(size_t{2} * kV4Dims);
+  ReferenceAttentionInputs in;
+  in.batch = 2;
+  in.heads = 1;
+  in.q = q.data();
+  in.selected = DenseEntriesScope(s.Entries(s.tables.data(), pages.data()), s.format);
+  in.window = RawWindowScope(s.Window(s.tables.data(), rings.data()), s.format);
+  ExpectOk(ReferenceSparseAttention(in, out.data()));
+  const auto rejected = [&](const ReferenceAttentionInputs& bad) {
+    return ReferenceSparseAttention(bad, out.data()).code() == StatusCode::kInvalidArgument;
+  };
+  ReferenceAttentionInputs bad = in;
+  bad.selected.store.first_row = -1;
+  EXPECT_TRUE(rejected(bad));
+  bad = in;
+  bad.selected.store.entries.pages = nullptr;
+  EXPECT_TRUE(rejected(bad));
+  bad = in;
+  bad.selected.store.entries.entry_tokens = 0;
+  EXPECT_TRUE(rejected(bad));
+  bad = in;
+  bad.selected.store.entries.row_stride = 500;  // shorter than a 584-B entry
+  EXPECT_TRUE(rejected(bad));
+  bad = in;
+  bad.window.store.window.raw_window = 0;
+  EXPECT_TRUE(rejected(bad));
+  bad = in;
+  bad.window.store.window.batch_size = nullptr;
+  EXPECT_TRUE(rejected(bad));
+  bad = in;
+  bad.window.store.source = 7;
+  EXPECT_TRUE(rejected(bad));
+  bad = in;
+  bad.window.format = KVRowFormat::kFp8Row656;  // 576-dim keys beside 512-dim entries
+  bad.window.store.window.row_stride = 656;
+  EXPECT_TRUE(rejected(bad));
+  // SparseEntryAttention::Run's checks take the same scopes (and only the two entry formats).
+  const SparseEntryAttentionOptions options{.max_batch = 2, .heads = 1};
+  ExpectOk(CheckSparseEntryAttentionArgs(options, 2, q.data(), in.selected, in.window, &out));
+  bad = in;
+  bad.selected.store.entries.page_rows = 0;
+  EXPECT_EQ(
+      CheckSparseEntryAttentionArgs(options, 2, q.data(), bad.selected, bad.window, &out).code(),
+      StatusCode::kInvalidArgument);
+  bad = in;
+  bad.window.format = KVRowFormat::kFp8Row656;
+  bad.window.store.window.row_stride = 656;
+  EXPECT_EQ(
+      CheckSparseEntryAttentionArgs(options, 2, q.data(), bad.selected, bad.window, &out).code(),
+      StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
 // The CUDA operator against the reference.
 
 // Random inputs of one run.
@@ -993,6 +1291,96 @@ TEST(SparseEntryAttentionCudaTest, WindowOnlyLayer) {
   const size_t per_request = size_t{1} * heads * kV4Dims;
   for (int32_t b = 0; b < batch; ++b) {
     EXPECT_LT(RelativeError(&got[b * per_request], &ref[b * per_request], per_request), 1e-2) << b;
+  }
+}
+
+// Store scopes on the GPU: the views' tables, page and ring addresses and the arena in device
+// memory. For both entry formats, for the whole batch and from batch row 2: the output is within
+// 1e-2 relative error of the oracle's (the same layer in host memory), requests without rows
+// get zeros, the request past the batch keeps its poison, and the bytes equal those of the
+// indexed form over the gathered rows with -1 padding (the end-to-end benchmark's full-hbm
+// variant against its sparsekv variant).
+TEST(SparseEntryAttentionCudaTest, StoreScopesMatchTheOracleAndTheIndexedFormsBytes) {
+  SPARSEKV_REQUIRE_GPU(gpu);
+  const int32_t heads = 16, batch = 6;
+  StatusOr<std::unique_ptr<SparseEntryAttention>> attention =
+      SparseEntryAttention::Create({.max_batch = batch, .heads = heads});
+  ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+  std::mt19937_64 rng(47);
+  for (const KVRowFormat format : {KVRowFormat::kFp8Entry584, KVRowFormat::kMxfp4Entry368}) {
+    const StoreLayer s = RandomStoreLayer(format, batch, rng);
+    DeviceBuffer arena(*gpu, s.arena.size()), tables(*gpu, s.tables.size() * 4);
+    arena.Upload(s.arena);
+    tables.Upload(s.tables);
+    const std::vector<std::byte*> pages_h = s.Addresses(s.page_offset, arena.get());
+    const std::vector<std::byte*> rings_h = s.Addresses(s.ring_offset, arena.get());
+    DeviceBuffer pages(*gpu, pages_h.size() * sizeof(std::byte*)),
+        rings(*gpu, rings_h.size() * sizeof(std::byte*));
+    pages.Upload(pages_h);
+    rings.Upload(rings_h);
+    std::vector<std::byte> arena_h = s.arena;  // the oracle's copy, at host addresses
+    const std::vector<std::byte*> host_pages = s.Addresses(s.page_offset, arena_h.data());
+    const std::vector<std::byte*> host_rings = s.Addresses(s.ring_offset, arena_h.data());
+    const std::vector<uint16_t> q = RandomQueries(rng, size_t{1} * batch * heads * kV4Dims);
+    const std::vector<float> sink(heads, 0.75f);
+    DeviceBuffer q_d(*gpu, q.size() * 2), sink_d(*gpu, sink.size() * 4);
+    q_d.Upload(q);
+    sink_d.Upload(sink);
+    const size_t per_request = size_t{1} * heads * kV4Dims;
+    for (const int32_t first : {0, 2}) {
+      const int32_t n = batch - first;
+      const auto run = [&](const AttentionScope& selected, const AttentionScope& window) {
+        DeviceBuffer out(*gpu, (n + 1) * per_request * 2);
+        out.Fill(kNaNPoison);
+        ExpectOk((*attention)
+                     ->Run(n, q_d.get<uint16_t>() + int64_t{first} * heads * kV4Dims, selected,
+                           window, sink_d.get<float>(), out.get(), nullptr));
+        ExpectOk(gpu->Synchronize(nullptr));
+        return out.Download<uint16_t>();
+      };
+      const std::vector<uint16_t> got = run(
+          DenseEntriesScope(s.Entries(tables.get<int32_t>(), pages.get<std::byte*>()), format,
+                            first),
+          RawWindowScope(s.Window(tables.get<int32_t>(), rings.get<std::byte*>()), format, first));
+
+      const GatheredScope entries = Gather(s, true, first, n, 5);
+      const GatheredScope window = Gather(s, false, first, n, 3);
+      DeviceBuffer entry_rows(*gpu, entries.rows.size()),
+          entry_index(*gpu, entries.indices.size() * 4), window_rows(*gpu, window.rows.size()),
+          window_index(*gpu, window.indices.size() * 4);
+      entry_rows.Upload(entries.rows);
+      entry_index.Upload(entries.indices);
+      window_rows.Upload(window.rows);
+      window_index.Upload(window.indices);
+      const std::vector<uint16_t> indexed =
+          run({entry_rows.get(), s.stride, format, entry_index.get<int32_t>(), entries.width},
+              {window_rows.get(), s.stride, format, window_index.get<int32_t>(), window.width});
+      EXPECT_EQ(got, indexed) << "first " << first;
+
+      ReferenceAttentionInputs ref_in;
+      ref_in.batch = n;
+      ref_in.heads = heads;
+      ref_in.q = q.data() + int64_t{first} * heads * kV4Dims;
+      ref_in.selected =
+          DenseEntriesScope(s.Entries(s.tables.data(), host_pages.data()), format, first);
+      ref_in.window = RawWindowScope(s.Window(s.tables.data(), host_rings.data()), format, first);
+      ref_in.sink = sink.data();
+      std::vector<double> ref(n * per_request);
+      ExpectOk(ReferenceSparseAttention(ref_in, ref.data()));
+      for (int32_t b = 0; b < n; ++b) {
+        if (s.EntryOffsets(first + b).empty() && s.WindowOffsets(first + b).empty()) {
+          for (size_t i = 0; i < per_request; ++i) {
+            ASSERT_EQ(DecodeBf16(got[b * per_request + i]), 0.0) << "request " << first + b;
+          }
+          continue;
+        }
+        EXPECT_LT(RelativeError(&got[b * per_request], &ref[b * per_request], per_request), 1e-2)
+            << "first " << first << " request " << b;
+      }
+      size_t poisoned = 0;
+      for (size_t i = n * per_request; i < got.size(); ++i) poisoned += got[i] == 0xFFFF;
+      EXPECT_EQ(poisoned, per_request) << "a request past the batch was written";
+    }
   }
 }
 

@@ -3,7 +3,8 @@
 //
 // The launcher enqueues one kernel on `stream` and returns the launch status; it neither
 // allocates, synchronises nor reads device memory on the host, so it is legal inside graph
-// capture. The batch and the scopes' widths are by-value fields: a captured graph replays them.
+// capture. The batch and the indexed scopes' widths are by-value fields: a captured graph replays
+// them; a store scope's counts are read on the device by every launch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,17 +13,23 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "sparsekv/kernel_views.h"
 #include "sparsekv/kv_format.h"
 
 namespace sparsekv::mla_cuda {
 
-// One scope of entries: entry k of request b is row indices[b * width + k]; < 0 = masked.
+// One scope of entries (AttentionScope's two forms). Indexed: entry k of request b is row
+// indices[b * width + k]; < 0 = masked. Store (store.source set): request b's store.Count(b)
+// entries at store.Row(b, k), read in place; rows, row_stride, indices and width are not read.
 struct EntryScopeView {
   const std::byte* rows =
       nullptr;             // [rows, row_stride] entries of the scope's format, any alignment
   int64_t row_stride = 0;  // >= the format's row bytes
   const int32_t* indices = nullptr;  // [batch, width], < 0 = masked
-  int32_t width = 0;                 // 0: the scope is empty
+  int32_t width = 0;                 // 0: the scope is empty (indexed form)
+  StoreScopeView store = {StoreScopeView::kNone, 0, {}, {}};
+
+  bool empty() const { return store.source == StoreScopeView::kNone && width == 0; }
 };
 
 // out[b, h, :] for b < batch: the softmax over both scopes' unmasked entries of

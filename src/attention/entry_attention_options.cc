@@ -18,6 +18,14 @@ bool IsEntryFormat(KVRowFormat format) {
 
 Status CheckScope(const AttentionScope& scope, const char* name) {
   const std::string at = std::string("SparseEntryAttention::Run: ") + name;
+  if (scope.in_store()) {
+    if (!IsEntryFormat(scope.format)) {
+      return InvalidArgument(at +
+                             ".format must be a DeepSeek-V4 entry (kFp8Entry584 or "
+                             "kMxfp4Entry368)");
+    }
+    return CheckStoreScope(scope, at);
+  }
   if (scope.width < 0) {
     return InvalidArgument(at + ".width must be >= 0, got " + std::to_string(scope.width));
   }
@@ -39,6 +47,47 @@ Status CheckScope(const AttentionScope& scope, const char* name) {
 }
 
 }  // namespace
+
+Status CheckStoreScope(const AttentionScope& scope, const std::string& at) {
+  const StoreScopeView& v = scope.store;
+  if (v.first_row < 0) {
+    return InvalidArgument(at + ".store.first_row must be >= 0, got " +
+                           std::to_string(v.first_row));
+  }
+  int32_t row_stride = 0;
+  if (v.source == StoreScopeView::kDenseEntries) {
+    const DenseEntriesView& e = v.entries;
+    if (e.batch_size == nullptr || e.table_row == nullptr || e.seq_len == nullptr ||
+        e.pages == nullptr) {
+      return InvalidArgument(at + ".store.entries: null batch_size, table_row, seq_len or pages");
+    }
+    if (e.pages_per_row < 1 || e.page_rows < 1 || e.entry_tokens < 1) {
+      return InvalidArgument(at +
+                             ".store.entries: pages_per_row, page_rows and entry_tokens must "
+                             "be >= 1");
+    }
+    row_stride = e.row_stride;
+  } else if (v.source == StoreScopeView::kRawWindow) {
+    const RawWindowView& w = v.window;
+    if (w.batch_size == nullptr || w.table_row == nullptr || w.seq_len == nullptr ||
+        w.rings == nullptr) {
+      return InvalidArgument(at + ".store.window: null batch_size, table_row, seq_len or rings");
+    }
+    if (w.raw_window < 1) {
+      return InvalidArgument(at + ".store.window.raw_window must be >= 1, got " +
+                             std::to_string(w.raw_window));
+    }
+    row_stride = w.row_stride;
+  } else {
+    return InvalidArgument(at + ".store.source is not a StoreScopeView::Source");
+  }
+  if (row_stride < KVRowBytes(scope.format)) {
+    return InvalidArgument(at + ": the view's row_stride " + std::to_string(row_stride) +
+                           " is shorter than its format's row (" +
+                           std::to_string(KVRowBytes(scope.format)) + " B)");
+  }
+  return Status::Ok();
+}
 
 float SparseEntryAttentionOptions::effective_softmax_scale() const {
   return softmax_scale > 0 ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(kEntryDims));
@@ -69,7 +118,7 @@ Status CheckSparseEntryAttentionArgs(const SparseEntryAttentionOptions& options,
   }
   SPARSEKV_RETURN_IF_ERROR(CheckScope(selected, "selected"));
   SPARSEKV_RETURN_IF_ERROR(CheckScope(window, "window"));
-  if (selected.width == 0 && window.width == 0) {
+  if (selected.empty() && window.empty()) {
     return InvalidArgument("SparseEntryAttention::Run: both scopes are empty (width 0)");
   }
   if (batch > 0 && (q == nullptr || out == nullptr)) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/entry_attention_args.h"
 #include "sparsekv/attention.h"
 #include "sparsekv/kv_format.h"
 
@@ -15,6 +16,10 @@ namespace {
 
 Status CheckScope(const AttentionScope& scope, const char* name) {
   const std::string at = std::string("ReferenceSparseAttention: ") + name;
+  if (scope.in_store()) {
+    if (!IsKVRowFormat(scope.format)) return InvalidArgument(at + ".format is not a KVRowFormat");
+    return CheckStoreScope(scope, at);
+  }
   if (scope.width < 0) return InvalidArgument(at + ".width must be >= 0");
   if (scope.width == 0) return Status::Ok();
   if (!IsKVRowFormat(scope.format)) return InvalidArgument(at + ".format is not a KVRowFormat");
@@ -30,6 +35,14 @@ Status CheckScope(const AttentionScope& scope, const char* name) {
 // Decodes request b's unmasked entries of `scope`, appending their keys (key_dims each).
 void DecodeScope(const AttentionScope& scope, int32_t b, int32_t key_dims,
                  std::vector<double>* keys) {
+  if (scope.in_store()) {
+    const int32_t count = scope.store.Count(b);
+    for (int32_t k = 0; k < count; ++k) {
+      keys->resize(keys->size() + key_dims);
+      DecodeKVRow(scope.format, scope.store.Row(b, k), keys->data() + keys->size() - key_dims);
+    }
+    return;
+  }
   const int32_t* index = scope.indices + int64_t{b} * scope.width;
   for (int32_t k = 0; k < scope.width; ++k) {
     if (index[k] < 0) continue;
@@ -49,12 +62,12 @@ Status ReferenceSparseAttention(const ReferenceAttentionInputs& in, double* out)
   }
   SPARSEKV_RETURN_IF_ERROR(CheckScope(in.selected, "selected"));
   SPARSEKV_RETURN_IF_ERROR(CheckScope(in.window, "window"));
-  if (in.selected.width == 0 && in.window.width == 0) {
+  if (in.selected.empty() && in.window.empty()) {
     return InvalidArgument("ReferenceSparseAttention: both scopes are empty");
   }
   const KVFormatShape shape =
-      FormatShape(in.selected.width > 0 ? in.selected.format : in.window.format);
-  if (in.selected.width > 0 && in.window.width > 0 &&
+      FormatShape(!in.selected.empty() ? in.selected.format : in.window.format);
+  if (!in.selected.empty() && !in.window.empty() &&
       FormatShape(in.window.format).key_dims != shape.key_dims) {
     return InvalidArgument("ReferenceSparseAttention: the scopes' keys differ in dims");
   }
@@ -73,7 +86,7 @@ Status ReferenceSparseAttention(const ReferenceAttentionInputs& in, double* out)
   for (int32_t b = 0; b < in.batch; ++b) {
     keys.clear();
     DecodeScope(in.selected, b, key_dims, &keys);
-    if (in.window.width > 0) DecodeScope(in.window, b, key_dims, &keys);
+    DecodeScope(in.window, b, key_dims, &keys);
     const size_t entries = keys.size() / key_dims;
     scores.resize(entries);
     for (int32_t h = 0; h < in.heads; ++h) {

@@ -17,7 +17,7 @@ namespace {
 using mla_cuda::DeviceGuard;
 
 mla_cuda::EntryScopeView ScopeView(const AttentionScope& scope) {
-  return {scope.rows, scope.row_stride, scope.indices, scope.width};
+  return {scope.rows, scope.row_stride, scope.indices, scope.width, scope.store};
 }
 
 class CudaSparseEntryAttention final : public SparseEntryAttention {

@@ -180,8 +180,8 @@ class FullHbmEntryVariant final : public StepVariant {
   VariantStats stats_;
 };
 
-// The manager over the layer kinds, driven through its StepSchedule; the store's scopes gathered
-// into staging once per layer, before its first attention call.
+// The manager over the layer kinds, driven through its StepSchedule; attention reads the store's
+// entries and windows in place (DenseEntriesScope, RawWindowScope), no copy.
 class SparseKVEntryVariant final : public StepVariant {
  public:
   explicit SparseKVEntryVariant(const VariantSetup& s) : s_(s), e_(s) {}
@@ -218,14 +218,6 @@ class SparseKVEntryVariant final : public StepVariant {
     }
     SPARSEKV_ASSIGN_OR_RETURN(
         slots_, DeviceBuffer::Allocate(Int32s(int64_t{s_.max_batch} * r.top_k), kBenchMemory));
-    const int64_t every = int64_t{s_.max_batch} * std::max(e_.every_width, 1);
-    SPARSEKV_ASSIGN_OR_RETURN(entry_rows_,
-                              DeviceBuffer::Allocate(size_t(every) * e_.stride, kBenchMemory));
-    SPARSEKV_ASSIGN_OR_RETURN(entry_index_, DeviceBuffer::Allocate(Int32s(every), kBenchMemory));
-    const int64_t window = int64_t{s_.max_batch} * e_.window;
-    SPARSEKV_ASSIGN_OR_RETURN(window_rows_,
-                              DeviceBuffer::Allocate(size_t(window) * e_.stride, kBenchMemory));
-    SPARSEKV_ASSIGN_OR_RETURN(window_index_, DeviceBuffer::Allocate(Int32s(window), kBenchMemory));
     for (int32_t b = 0; b < s_.max_batch; ++b) ids_.push_back(RequestId(b + 1));
     return AdmitRequests(stream);
   }
@@ -235,7 +227,7 @@ class SparseKVEntryVariant final : public StepVariant {
     const std::span<const RequestId> batch(ids_.data(), positions.size());
     return schedule_->PlanStep(batch, stream);
   }
-  Status RunLayerAndAttend(int32_t layer, int32_t batch, const int32_t* topk,
+  Status RunLayerAndAttend(int32_t layer, int32_t /*batch*/, const int32_t* topk,
                            const std::byte* new_rows, const AttendFn& attend,
                            cudaStream_t stream) override {
     LayerWork work;
@@ -245,18 +237,7 @@ class SparseKVEntryVariant final : public StepVariant {
       work.topk = topk;
       work.slots = slots_.get<int32_t>();
     }
-    const AttendFn gathered = [&](int32_t l, int32_t first, int32_t n, StreamHandle s) -> Status {
-      if (first == 0) {
-        const bool every = e_.kind[l] == LayerKind::kResident;
-        SPARSEKV_CUDA_RETURN_IF_ERROR(
-            gpu::GatherDenseScopes(every ? &entry_views_[l] : nullptr, window_views_[l], batch,
-                                   e_.every_width, e_.stride, entry_rows_.get<std::byte>(),
-                                   entry_index_.get<int32_t>(), window_rows_.get<std::byte>(),
-                                   window_index_.get<int32_t>(), static_cast<cudaStream_t>(s)));
-      }
-      return attend(l, first, n, s);
-    };
-    return schedule_->RunLayer(layer, work, gathered, stream);
+    return schedule_->RunLayer(layer, work, attend, stream);
   }
   Status RunLayer(int32_t, int32_t, const int32_t*, const std::byte*, cudaStream_t) override {
     return FailedPrecondition(
@@ -266,14 +247,12 @@ class SparseKVEntryVariant final : public StepVariant {
   StatusOr<EntryScopes> Scopes(int32_t layer, int32_t first) const override {
     EntryScopes s;
     s.selected.format = s_.format;  // width 0 for a window-only layer
-    s.window = {window_rows_.get<std::byte>(), e_.stride, s_.format,
-                window_index_.get<int32_t>() + int64_t{first} * e_.window, e_.window};
+    s.window = RawWindowScope(window_views_[layer], s_.format, first);
     if (e_.kind[layer] == LayerKind::kOffloaded) {
       s.selected = {manager_->HotLayer(layer), e_.stride, s_.format,
                     slots_.get<int32_t>() + int64_t{first} * s_.shape.top_k, s_.shape.top_k};
     } else if (e_.kind[layer] == LayerKind::kResident) {
-      s.selected = {entry_rows_.get<std::byte>(), e_.stride, s_.format,
-                    entry_index_.get<int32_t>() + int64_t{first} * e_.every_width, e_.every_width};
+      s.selected = DenseEntriesScope(entry_views_[layer], s_.format, first);
     }
     return s;
   }
@@ -340,10 +319,6 @@ class SparseKVEntryVariant final : public StepVariant {
   std::vector<DenseEntriesView> entry_views_;  // per layer (resident layers only)
   std::vector<RawWindowView> window_views_;    // per layer
   DeviceBuffer slots_;                         // [max_batch, top_k] layer-wide hot-cache slots
-  DeviceBuffer entry_rows_;                    // [max_batch * every_width, stride] staging
-  DeviceBuffer entry_index_;                   // [max_batch, every_width]
-  DeviceBuffer window_rows_;                   // [max_batch * raw_window, stride] staging
-  DeviceBuffer window_index_;                  // [max_batch, raw_window]
 };
 
 }  // namespace

@@ -4,12 +4,13 @@
 //     step appends the token's entry and raw row and writes the index rows of its scopes;
 //   sparsekv: the manager through its StepSchedule (CSA layers resolved against the hot cache,
 //     HCA and window-only layers appended to its store with StepRows), the store's entries and
-//     windows gathered into staging for the attention (GatherDenseScopes: a copy full-hbm does
-//     not make, so sparsekv's figures are a lower bound).
+//     windows read in place by the attention (store scopes: DenseEntriesScope, RawWindowScope).
 // Both hold the same content (FillKVRows: entry e of (request, layer) at position e, the raw row
-// of token t at layer kRawRowLayer + layer, position t), read in the same order, and expose their
-// scopes through StepVariant::Scopes for SparseEntryAttention, so that the attention outputs
-// compare byte for byte. Compiled; not yet run on a GPU.
+// of token t at layer kRawRowLayer + layer, position t), read in the same order (full-hbm's index
+// rows list a request's entries, then -1 padding, in the views' order), and expose their scopes
+// through StepVariant::Scopes for SparseEntryAttention, whose kernel gives an indexed scope with
+// trailing padding the bytes of its store form: the attention outputs compare byte for byte.
+// Compiled; not yet run on a GPU.
 #pragma once
 
 #include <memory>

@@ -89,47 +89,6 @@ __global__ void AppendEntryRowsKernel(const std::byte* new_rows, int32_t batch, 
   }
 }
 
-// One warp per scope entry: [batch, width] entries (if any), then [batch, raw_window] window rows.
-__global__ void GatherDenseScopesKernel(DenseEntriesView entries, bool with_entries,
-                                        RawWindowView window, int32_t batch, int32_t width,
-                                        int32_t row_bytes, std::byte* entry_rows,
-                                        int32_t* entry_index, std::byte* window_rows,
-                                        int32_t* window_index) {
-  const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int32_t lane = threadIdx.x % 32;
-  const int64_t entry_items = with_entries ? int64_t{batch} * width : 0;
-  const std::byte* src = nullptr;
-  std::byte* dst = nullptr;
-  int32_t* index = nullptr;
-  int32_t value = -1;
-  if (item < entry_items) {
-    const int32_t b = static_cast<int32_t>(item / width);
-    const int32_t k = static_cast<int32_t>(item % width);
-    index = entry_index + item;
-    if (b < *entries.batch_size && entries.table_row[b] >= 0 && k < entries.Count(b)) {
-      src = entries.Entry(b, k);
-      dst = entry_rows + item * window.row_stride;
-      value = static_cast<int32_t>(item);
-    }
-  } else {
-    const int64_t j = item - entry_items;
-    if (j >= int64_t{batch} * window.raw_window) return;
-    const int32_t b = static_cast<int32_t>(j / window.raw_window);
-    const int32_t i = static_cast<int32_t>(j % window.raw_window);
-    index = window_index + j;
-    if (b < *window.batch_size && window.table_row[b] >= 0 && i < window.Valid(b)) {
-      src = window.Row(b, i);
-      dst = window_rows + j * window.row_stride;
-      value = static_cast<int32_t>(j);
-    }
-  }
-  if (lane == 0) *index = value;
-  if (src == nullptr) return;
-  const auto* s = reinterpret_cast<const uint32_t*>(src);
-  auto* d = reinterpret_cast<uint32_t*>(dst);
-  for (int32_t v = lane; v < row_bytes / 4; v += 32) d[v] = s[v];
-}
-
 __global__ void PageIdsKernel(const int32_t* topk, int32_t entries, int32_t page_tokens,
                               int32_t* page_ids) {
   const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -224,20 +183,6 @@ cudaError_t AppendEntryRows(const std::byte* new_rows, int32_t batch, int32_t ro
   AppendEntryRowsKernel<<<Blocks(int64_t{batch} * 32), kThreads, 0, stream>>>(
       new_rows, batch, row_bytes, stride, positions, entry_tokens, entry_rows, entries, raw_window,
       rings);
-  return cudaGetLastError();
-}
-
-cudaError_t GatherDenseScopes(const DenseEntriesView* entries, const RawWindowView& window,
-                              int32_t batch, int32_t width, int32_t row_bytes,
-                              std::byte* entry_rows, int32_t* entry_index, std::byte* window_rows,
-                              int32_t* window_index, cudaStream_t stream) {
-  if (window.raw_window < 1 || row_bytes % 4 != 0) return cudaErrorInvalidValue;
-  const int64_t items =
-      (entries != nullptr ? int64_t{batch} * width : 0) + int64_t{batch} * window.raw_window;
-  if (batch <= 0) return cudaSuccess;
-  GatherDenseScopesKernel<<<Blocks(items * 32), kThreads, 0, stream>>>(
-      entries != nullptr ? *entries : DenseEntriesView{}, entries != nullptr, window, batch, width,
-      row_bytes, entry_rows, entry_index, window_rows, window_index);
   return cudaGetLastError();
 }
 

@@ -7,8 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "sparsekv/kernel_views.h"
-
 namespace sparsekv::tools::gpu {
 
 // The content of the synthetic KV (kv_content.h, KVContentWord): row (request, layer, position)
@@ -60,23 +58,6 @@ cudaError_t AppendEntryRows(const std::byte* new_rows, int32_t batch, int32_t ro
                             int64_t stride, const int32_t* positions, int32_t entry_tokens,
                             int32_t entry_rows, std::byte* entries, int32_t raw_window,
                             std::byte* rings, cudaStream_t stream);
-
-// sparsekv's DeepSeek-V4 scopes in one buffer each: the manager keeps a request's resident
-// entries and raw window in device memory of its own (DenseEntriesView, RawWindowView), which
-// SparseEntryAttention's scope (one row buffer, int32 indices) cannot name, so they are copied
-// into staging, in the views' order. For b < batch (rows at or past *batch_size or without a table
-// row get -1 indices only):
-//   if `entries` is not null: for k < width, entry_index[b * width + k] = b * width + k and row
-//     b * width + k of entry_rows = entries->Entry(b, k) if k < entries->Count(b), else -1;
-//   for i < window.raw_window, window_index[b * raw_window + i] = b * raw_window + i and that row
-//     of window_rows = window.Row(b, i) if i < window.Valid(b), else -1.
-// Staging rows are window.row_stride apart (the layer's stride); row_bytes of each are copied.
-// REQUIRES: row_bytes a multiple of 4, the rows 4-byte aligned. cudaErrorInvalidValue otherwise
-// (or for raw_window < 1).
-cudaError_t GatherDenseScopes(const DenseEntriesView* entries, const RawWindowView& window,
-                              int32_t batch, int32_t width, int32_t row_bytes,
-                              std::byte* entry_rows, int32_t* entry_index, std::byte* window_rows,
-                              int32_t* window_index, cudaStream_t stream);
 
 // The page-offload variant's element-wise steps (page_offload.h, PageOffloadOps: the same
 // semantics), over `entries` entries.

@@ -1,6 +1,6 @@
 // The benchmark's kernels for DeepSeek-V4 against their definitions on the host (kv_content.h,
-// entry_scopes.h, kernel_views.h): the entries' content, full-hbm's scope indices and append, and
-// the gather of a manager's dense scopes, byte for byte. Needs a GPU (skipped without one).
+// entry_scopes.h): the entries' content and full-hbm's scope indices and append, byte for byte.
+// Needs a GPU (skipped without one).
 #include "tools/sparsekv/bench/gpu_kernels.h"
 
 #include <gtest/gtest.h>
@@ -96,75 +96,6 @@ TEST(GpuKernelsTest, EntryScopeIndicesAndAppendFollowEntryScopes) {
     for (int32_t row = b * w; row < (b + 1) * w; ++row) {
       EXPECT_EQ(got_rings[row * stride], row == AppendedWindowRow(b, n, w) ? b + 1 : 0)
           << b << " " << row;
-    }
-  }
-}
-
-// A manager's dense scopes, as DenseLayerStore lays them out (a page table and a ring table of
-// device addresses), gathered in the views' order.
-TEST(GpuKernelsTest, GatherDenseScopesCopiesTheViewsRowsInOrder) {
-  if (!CheckDevice(0).ok()) GTEST_SKIP() << "no CUDA device";
-  const int32_t batch = 2, page_rows = 4, pages = 3, w = 8, stride = 16, r = 128, width = 12;
-  // Request b's pages and ring in one allocation each, its rows' bytes (b, row) in their first two.
-  std::vector<DeviceBuffer> memory;
-  std::vector<std::byte*> page_table, ring_table;
-  for (int32_t b = 0; b < batch; ++b) {
-    std::vector<uint8_t> bytes((pages * page_rows + w) * stride, 0);
-    for (int32_t row = 0; row < pages * page_rows + w; ++row) {
-      bytes[row * stride] = b + 1;
-      bytes[row * stride + 1] = row;
-    }
-    memory.push_back(Upload(bytes));
-    for (int32_t p = 0; p < pages; ++p) {
-      page_table.push_back(memory.back().get<std::byte>() + p * page_rows * stride);
-    }
-    ring_table.push_back(memory.back().get<std::byte>() + pages * page_rows * stride);
-  }
-  const std::vector<int32_t> scalars = {batch, 1, 0, 10 * r + 5, 700};  // batch, rows, lengths
-  DeviceBuffer step = Upload(scalars);
-  DeviceBuffer pages_d = Upload(page_table), rings_d = Upload(ring_table);
-  const int32_t* s = step.get<int32_t>();
-  const DenseEntriesView entries{s,     s + 1,     s + 1 + batch, pages_d.get<std::byte*>(),
-                                 pages, page_rows, stride,        r};
-  const RawWindowView window{s, s + 1, s + 1 + batch, rings_d.get<std::byte*>(), w, stride};
-  DeviceBuffer entry_rows = Upload(std::vector<uint8_t>(batch * width * stride, 0xEE));
-  DeviceBuffer window_rows = Upload(std::vector<uint8_t>(batch * w * stride, 0xEE));
-  DeviceBuffer entry_index = Upload(std::vector<int32_t>(batch * width, 7));
-  DeviceBuffer window_index = Upload(std::vector<int32_t>(batch * w, 7));
-  ASSERT_EQ(
-      gpu::GatherDenseScopes(&entries, window, batch, width, stride, entry_rows.get<std::byte>(),
-                             entry_index.get<int32_t>(), window_rows.get<std::byte>(),
-                             window_index.get<int32_t>(), nullptr),
-      cudaSuccess);
-  const std::vector<uint8_t> er = Download<uint8_t>(entry_rows),
-                             wr = Download<uint8_t>(window_rows);
-  const std::vector<int32_t> ei = Download<int32_t>(entry_index),
-                             wi = Download<int32_t>(window_index);
-  // Table rows: request 0 -> row 1, request 1 -> row 0 (the scalars' table_row {1, 0}).
-  const int32_t request[batch] = {1, 0}, tokens[batch] = {10 * r + 5, 700};
-  for (int32_t b = 0; b < batch; ++b) {
-    const int32_t count = tokens[b] / r;
-    for (int32_t k = 0; k < width; ++k) {
-      const int32_t at = b * width + k;
-      if (k < count) {
-        EXPECT_EQ(ei[at], at);
-        EXPECT_EQ(er[at * stride], request[b] + 1) << b << " " << k;
-        EXPECT_EQ(er[at * stride + 1], k) << b << " " << k;  // entry k: page k / 4, row k % 4
-      } else {
-        EXPECT_EQ(ei[at], -1) << b << " " << k;
-      }
-    }
-    const int32_t valid = std::min(tokens[b], w);
-    for (int32_t i = 0; i < w; ++i) {
-      const int32_t at = b * w + i;
-      if (i < valid) {
-        const int32_t slot = (tokens[b] - valid + i) % w;
-        EXPECT_EQ(wi[at], at);
-        EXPECT_EQ(wr[at * stride], request[b] + 1) << b << " " << i;
-        EXPECT_EQ(wr[at * stride + 1], pages * page_rows + slot) << b << " " << i;
-      } else {
-        EXPECT_EQ(wi[at], -1) << b << " " << i;
-      }
     }
   }
 }

@@ -77,9 +77,9 @@ struct VariantSetup {
   // of every layer (CacheOptions::raw_window) and the entries' format (the attention's).
   int32_t raw_window = 0;
   KVRowFormat format = KVRowFormat::kFp8Row656;
-  // DeepSeek-V4: the positions an HCA layer's every-entry scope is sized for (its width: these
-  // / r), the same for every variant of a context, so that both attend scopes of one width and
-  // their outputs compare byte for byte; 0: shape.tokens.
+  // DeepSeek-V4: the positions full-hbm's every-entry scope of an HCA layer is sized for (its
+  // width: these / r, at least every count the run reaches; the padding past a request's count
+  // does not change the attention's bytes); 0: shape.tokens.
   int64_t scope_tokens = 0;
 };
 

@@ -66,7 +66,7 @@ Status SparseKVCacheManager::Impl::PlanStep(std::span<const RequestId> batch,
       r.token_ids.push_back((*token_ids)[b]);
     }
     if (EntriesAt(++r.tokens, cadence_).completed == kNoEntry) continue;
-    const int32_t position = r.seq_len++;
+    [[maybe_unused]] const int32_t position = r.seq_len++;  // read by the assert below
     if (r.cow_page >= 0) {
       // The page was shared, partially filled, when the request was forked. Copied above if it
       // still is (the table holds the copy; its reference to the shared page is dropped now),

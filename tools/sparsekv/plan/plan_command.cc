@@ -21,7 +21,6 @@
 #include "tools/sparsekv/common/validators.h"
 
 namespace sparsekv::tools {
-namespace {
 
 using Json = nlohmann::json;
 
@@ -44,6 +43,8 @@ struct PlanCase {
   PlanPoint best;                      // the highest throughput within every limit; batch 0 if none
   std::optional<KindStepBytes> bytes;  // per request and step: a model with layer classes only
 };
+
+namespace {
 
 std::string Format(const char* fmt, auto... args) {
   std::string text(std::snprintf(nullptr, 0, fmt, args...), '\0');
@@ -632,6 +633,31 @@ PlanCommand::PlanCommand(CLI::App& parent) {
 
 bool PlanCommand::selected() const { return app_->parsed(); }
 
+std::vector<PlanCase> PlanCommand::Cases(const Calibration& cal, const ModelShape& model,
+                                         const std::vector<MemoryTier>& tiers, int32_t hot_slots,
+                                         const CacheOptions& options) const {
+  std::vector<PlanCase> cases;
+  const MemoryTier hbm{"hbm", 0, 0};
+  for (int32_t context : contexts_) {
+    cases.push_back(Model(cal, model, gpu_, hbm, KVVariant::kFullHbm, context, 0, hot_slots,
+                          tpot_slo_ms_, hidden_fraction_, options));
+    for (const MemoryTier& tier : tiers) {
+      for (double rate : miss_rates_) {
+        cases.push_back(Model(cal, model, gpu_, tier, KVVariant::kSparseKV, context, rate,
+                              hot_slots, tpot_slo_ms_, hidden_fraction_, options));
+      }
+    }
+  }
+  return cases;
+}
+
+Status PlanCommand::WriteJson(Json& json, const std::vector<PlanCase>& cases) const {
+  json["cases"] = Json::array();
+  for (const PlanCase& c : cases) json["cases"].push_back(ToJson(c));
+  if (json_path_.empty()) return Status::Ok();
+  return WriteOutputFile(json_path_, json.dump(2) + "\n", "JSON");
+}
+
 int PlanCommand::RunLayerKinds(const std::string& command, const ModelPreset& preset,
                                const std::vector<MemoryTier>& tiers, std::ostream& out,
                                std::ostream& err) {
@@ -686,19 +712,8 @@ int PlanCommand::RunLayerKinds(const std::string& command, const ModelPreset& pr
   Json json = {{"command", command}, {"preset", preset_}, {"precision", precision_}};
   json["capacity"] = CapacityReport(preset, model, gpu_, tiers, contexts_, hot_slots, out);
 
-  std::vector<PlanCase> cases;
-  const MemoryTier hbm{"hbm", 0, 0};
   const CacheOptions no_schedule;  // not read: no schedule is forecast for these layers
-  for (int32_t context : contexts_) {
-    cases.push_back(Model(cal, model, gpu_, hbm, KVVariant::kFullHbm, context, 0, hot_slots,
-                          tpot_slo_ms_, hidden_fraction_, no_schedule));
-    for (const MemoryTier& tier : tiers) {
-      for (double rate : miss_rates_) {
-        cases.push_back(Model(cal, model, gpu_, tier, KVVariant::kSparseKV, context, rate,
-                              hot_slots, tpot_slo_ms_, hidden_fraction_, no_schedule));
-      }
-    }
-  }
+  const std::vector<PlanCase> cases = Cases(cal, model, tiers, hot_slots, no_schedule);
   out << "\n" << CalibrationText(cal) << KindStepText(cal);
   if (Status s = SayWhereNoBatchMeetsTheSlo(cases, tpot_slo_ms_, out); !s.ok()) {
     return fail(s, kExitUsage);
@@ -730,13 +745,7 @@ int PlanCommand::RunLayerKinds(const std::string& command, const ModelPreset& pr
   json["hot_slots"] = hot_slots;
   json["tpot_slo_ms"] = tpot_slo_ms_;
   json["hidden_fraction"] = hidden_fraction_;
-  json["cases"] = Json::array();
-  for (const PlanCase& c : cases) json["cases"].push_back(ToJson(c));
-  if (!json_path_.empty()) {
-    if (Status s = WriteOutputFile(json_path_, json.dump(2) + "\n", "JSON"); !s.ok()) {
-      return fail(s, kExitFailure);
-    }
-  }
+  if (Status s = WriteJson(json, cases); !s.ok()) return fail(s, kExitFailure);
   return kExitOk;
 }
 
@@ -895,18 +904,7 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
   out << CalibrationText(cal);
   json["calibration"] = ToJson(cal);
 
-  std::vector<PlanCase> cases;
-  const MemoryTier hbm{"hbm", 0, 0};
-  for (int32_t context : contexts_) {
-    cases.push_back(Model(cal, model, gpu_, hbm, KVVariant::kFullHbm, context, 0, hot_slots_,
-                          tpot_slo_ms_, hidden_fraction_, options));
-    for (const MemoryTier& tier : tiers) {
-      for (double rate : miss_rates_) {
-        cases.push_back(Model(cal, model, gpu_, tier, KVVariant::kSparseKV, context, rate,
-                              hot_slots_, tpot_slo_ms_, hidden_fraction_, options));
-      }
-    }
-  }
+  const std::vector<PlanCase> cases = Cases(cal, model, tiers, hot_slots_, options);
   if (Status s = SayWhereNoBatchMeetsTheSlo(cases, tpot_slo_ms_, out); !s.ok()) {
     return fail(s, kExitUsage);
   }
@@ -938,13 +936,7 @@ int PlanCommand::Run(const std::string& command, std::ostream& out, std::ostream
                               {"copy_blocks", options.copy_blocks},
                               {"prefetch_copy_blocks", options.prefetch_copy_blocks}};
   json["host_ready_gbps"] = host_ready_gbps_;
-  json["cases"] = Json::array();
-  for (const PlanCase& c : cases) json["cases"].push_back(ToJson(c));
-  if (!json_path_.empty()) {
-    if (Status s = WriteOutputFile(json_path_, json.dump(2) + "\n", "JSON"); !s.ok()) {
-      return fail(s, kExitFailure);
-    }
-  }
+  if (Status s = WriteJson(json, cases); !s.ok()) return fail(s, kExitFailure);
   return kExitOk;
 }
 

@@ -2,10 +2,12 @@
 // optional calibration check, and the table and JSON it prints (docs/planning.md).
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "sparsekv/options.h"
 #include "sparsekv/planner.h"
 
 namespace CLI {
@@ -18,6 +20,9 @@ namespace sparsekv::tools {
 // per parameter); plan_test checks that the docs show CalibrationTable(Calibration{}), the
 // values plain `sparsekv plan` uses.
 std::string CalibrationTable(const Calibration& calibration);
+
+// One modelled configuration of the plan (plan_command.cc).
+struct PlanCase;
 
 // "name:capacity_gb:gbps" -> MemoryTier; InvalidArgument for anything else.
 StatusOr<MemoryTier> ParseTier(const std::string& text);
@@ -36,6 +41,13 @@ class PlanCommand {
   // the capacity per layer kind, then the step per layer kind (PredictKindStep).
   int RunLayerKinds(const std::string& command, const ModelPreset& preset,
                     const std::vector<MemoryTier>& tiers, std::ostream& out, std::ostream& err);
+
+  // Every context's full-HBM point, then each tier's sparsekv point at each miss rate.
+  std::vector<PlanCase> Cases(const Calibration& cal, const ModelShape& model,
+                              const std::vector<MemoryTier>& tiers, int32_t hot_slots,
+                              const CacheOptions& options) const;
+  // Puts `cases` into `json` and writes it to --json, if given.
+  Status WriteJson(nlohmann::json& json, const std::vector<PlanCase>& cases) const;
 
   CLI::App* app_;
   std::string preset_ = "deepseek-v3.2";

@@ -347,6 +347,23 @@ void RunIndexCopyPairCase(Backend& gpu, Where where, int32_t row_bytes, int32_t 
 // The fused append of rows and keys writes what the two copies write, byte for byte: DeepSeek's
 // 656-B rows with 132-B keys, 16-B rows with 8-B keys, odd rows, counts below, at and above the
 // capacity (clamped), none, and more entries than the kernel's grid (a grid-stride loop).
+// A valid one-row copy view over 4 rows of 16 bytes in device memory, for the refusal tests.
+struct OneRowCopy {
+  explicit OneRowCopy(Backend& gpu)
+      : rows(gpu, 4 * 16), index(gpu, sizeof(int32_t)), count(gpu, sizeof(int32_t)) {
+    view.src = rows.get();
+    view.dst = rows.get();
+    view.src_index = view.dst_index = index.get<int32_t>();
+    view.count = count.get<int32_t>();
+    view.capacity = 1;
+    view.row_bytes = 16;
+    view.src_stride = view.dst_stride = 16;
+    view.src_rows = view.dst_rows = 4;
+  }
+  Buffer rows, index, count;
+  IndexCopyView view{};
+};
+
 TEST(CudaIndexCopyPairTest, MatchesTheTwoReferenceCopies) {
   SPARSEKV_REQUIRE_GPU(gpu);
   uint64_t seed = 900;
@@ -363,18 +380,8 @@ TEST(CudaIndexCopyPairTest, MatchesTheTwoReferenceCopies) {
 
 TEST(CudaIndexCopyPairTest, AViewIndexCopyRefusesIsInvalidArgument) {
   SPARSEKV_REQUIRE_GPU(gpu);
-  Buffer rows(*gpu, 4 * 16);
-  Buffer index(*gpu, sizeof(int32_t));
-  Buffer count(*gpu, sizeof(int32_t));
-  IndexCopyView v{};
-  v.src = rows.get();
-  v.dst = rows.get();
-  v.src_index = v.dst_index = index.get<int32_t>();
-  v.count = count.get<int32_t>();
-  v.capacity = 1;
-  v.row_bytes = 16;
-  v.src_stride = v.dst_stride = 16;
-  v.src_rows = v.dst_rows = 4;
+  OneRowCopy copy(*gpu);
+  const IndexCopyView v = copy.view;
   IndexCopyView bad = v;
   bad.row_bytes = 0;
   EXPECT_EQ(gpu->IndexCopyPair({v, bad}, nullptr).code(), StatusCode::kInvalidArgument);
@@ -385,18 +392,8 @@ TEST(CudaIndexCopyPairTest, AViewIndexCopyRefusesIsInvalidArgument) {
 
 TEST(CudaIndexCopyTest, NegativeMaxBlocksIsInvalidArgument) {
   SPARSEKV_REQUIRE_GPU(gpu);
-  Buffer rows(*gpu, 4 * 16);
-  Buffer index(*gpu, sizeof(int32_t));
-  Buffer count(*gpu, sizeof(int32_t));
-  IndexCopyView v{};
-  v.src = rows.get();
-  v.dst = rows.get();
-  v.src_index = v.dst_index = index.get<int32_t>();
-  v.count = count.get<int32_t>();
-  v.capacity = 1;
-  v.row_bytes = 16;
-  v.src_stride = v.dst_stride = 16;
-  v.src_rows = v.dst_rows = 4;
+  OneRowCopy copy(*gpu);
+  IndexCopyView v = copy.view;
   v.max_blocks = -1;
   EXPECT_EQ(gpu->IndexCopy(v, nullptr).code(), StatusCode::kInvalidArgument);
 }

@@ -193,9 +193,7 @@ class SparseKVCacheManager::Impl final : public ExtensionHost {
   // InvalidArgument naming `layer`'s kind if it is not offloaded (`op` has no top-k for it).
   // REQUIRES: layer in range.
   Status CheckOffloaded(int32_t layer, const char* op) const;
-  bool Offloaded(int32_t layer) const {
-    return options_.geometry.layers[layer].kind == LayerKind::kOffloaded;
-  }
+  bool Offloaded(int32_t layer) const { return options_.geometry.offloaded(layer); }
   // dense_'s part of Retract and Resume (no-ops without dense_).
   Status RetractDense(RequestId id);
   Status ResumeDense(RequestId id, StreamHandle stream);

@@ -26,22 +26,6 @@
 #include "sparsekv/kernel_views.h"
 
 namespace sparsekv {
-namespace {
-
-// Whether the manager resolves `layer` (an offloaded layer); the others are only appended.
-bool Resolved(const CacheOptions& o, int32_t layer) {
-  return o.geometry.layers[static_cast<size_t>(layer)].kind == LayerKind::kOffloaded;
-}
-
-// The index groups of offloaded layers: those a prefetch can go to.
-int32_t ResolvedGroups(const CacheOptions& o, const IndexGroups& groups) {
-  int32_t count = 0;
-  for (int32_t g = 0; g < groups.count(); ++g) count += Resolved(o, groups.First(g));
-  return count;
-}
-
-}  // namespace
-
 std::string StepChoice::ToString() const {
   if (resident) return "resident";
   std::string text;
@@ -108,7 +92,7 @@ StatusOr<StepChoice> ParseStepChoice(std::string_view text) {
 
 std::vector<StepChoice> AllowedChoices(const CacheOptions& o) {
   const IndexGroups groups(o);
-  const bool prefetch = ResolvedGroups(o, groups) > 1 && o.max_prefetch >= groups.max_top_k();
+  const bool prefetch = o.offloaded_index_groups() > 1 && o.max_prefetch >= groups.max_top_k();
   std::vector<int32_t> chunks = {0};
   if (o.copy_chunk_rows > 0) {
     for (int32_t rows = o.copy_chunk_rows; rows < o.effective_max_batch(); rows *= 2) {
@@ -339,7 +323,7 @@ Status StepSchedule::RunLayer(int32_t layer, const LayerWork& work, const Attend
     return FailedPrecondition("StepSchedule::RunLayer: layer " + std::to_string(layer) +
                               " past the last layer (every layer of the step has run)");
   }
-  const bool resolved = Resolved(o, layer);
+  const bool resolved = o.geometry.offloaded(layer);
   const bool window_only = o.geometry.layers[layer].kind == LayerKind::kWindowOnly;
   const bool leader = groups_.Leads(layer);
   const int32_t top_k = groups_.LayerTopK(layer);
@@ -408,7 +392,8 @@ Status StepSchedule::Prefetch(int32_t layer, const int32_t* topk, StreamHandle s
   if (prefetch_used_) SPARSEKV_RETURN_IF_ERROR(backend_.WaitEvent(stream, prefetched_));
   // The next group the manager resolves (past resident and window-only layers).
   int32_t next = groups_.End(groups_.Of(layer));
-  while (next < o.geometry.num_layers() && !Resolved(o, next)) next = groups_.End(groups_.Of(next));
+  while (next < o.geometry.num_layers() && !o.geometry.offloaded(next))
+    next = groups_.End(groups_.Of(next));
   if (next >= o.geometry.num_layers()) return Status::Ok();
   // This group's top-k, as positions the next group will likely select.
   SPARSEKV_RETURN_IF_ERROR(manager_.ResolvePrefetch(next, topk, groups_.LayerTopK(layer), stream));
@@ -589,7 +574,7 @@ Status StepSchedule::AbortStep(StreamHandle stream) {
   }
   for (; next_layer_ < o.geometry.num_layers(); ++next_layer_) {
     const int32_t layer = next_layer_;
-    const bool resolved = Resolved(o, layer);
+    const bool resolved = o.geometry.offloaded(layer);
     if (stage_ == LayerStage::kNone) {
       if (o.raw_window > 0 || !resolved) {
         const StepRows rows{abort_rows_, abort_keys_, abort_rows_};

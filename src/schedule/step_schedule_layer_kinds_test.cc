@@ -34,10 +34,6 @@ CacheOptions Options() {
   return o;
 }
 
-bool IsCsa(const CacheOptions& o, int32_t layer) {
-  return o.geometry.layers[layer].kind == LayerKind::kOffloaded;
-}
-
 // What an attention of one batch row reads in one layer: the selected scope's rows (CSA: the
 // top-k's rows, zero for a skipped entry; HCA: every entry) and the raw window's, in order.
 struct Read {
@@ -123,14 +119,14 @@ class Pair {
       const Status appended =
           direct_->AppendToken(l, StepRows{rows[l].data(), nullptr, window[l].data()}, nullptr);
       EXPECT_TRUE(appended.ok()) << appended.ToString();
-      if (IsCsa(o_, l)) {
+      if (o_.geometry.offloaded(l)) {
         const Status run =
             direct_->RunLayer(l, topk[l].data(), slots.data(), assembled.data(), nullptr);
         EXPECT_TRUE(run.ok()) << run.ToString();
       }
       for (int32_t b = 0; b < kMaxBatch; ++b) {
         Read& read = out.first[{l, b}];
-        if (IsCsa(o_, l)) {
+        if (o_.geometry.offloaded(l)) {
           read.selected.assign(assembled.begin() + b * kTopK * kStride,
                                assembled.begin() + (b + 1) * kTopK * kStride);
         }
@@ -145,7 +141,7 @@ class Pair {
       const AttendFn attend = [&](int32_t layer, int32_t first, int32_t n, StreamHandle) {
         for (int32_t b = first; b < first + n; ++b) {
           Read& read = out.second[{layer, b}];
-          if (IsCsa(o_, layer)) {
+          if (o_.geometry.offloaded(layer)) {
             const std::byte* hot = scheduled_->HotLayer(layer);
             for (int32_t k = 0; k < kTopK; ++k) {
               const int32_t slot = scheduled_slots[b * kTopK + k];
@@ -161,7 +157,7 @@ class Pair {
       work.new_rows =
           o_.geometry.layers[l].kind == LayerKind::kWindowOnly ? nullptr : rows[l].data();
       work.window_rows = window[l].data();
-      if (IsCsa(o_, l)) {
+      if (o_.geometry.offloaded(l)) {
         work.topk = topk[l].data();
         work.slots = scheduled_slots.data();
       }
@@ -196,7 +192,7 @@ TEST(StepScheduleLayerKindsTest, EveryChoiceReadsWhatTheManagerDrivenDirectlyRea
       ASSERT_EQ(direct.size(), size_t{kLayers * kMaxBatch});
       for (const auto& [at, read] : direct) {  // every scope read something
         EXPECT_FALSE(read.window.empty()) << at.first;
-        if (IsCsa(Options(), at.first)) {
+        if (Options().geometry.offloaded(at.first)) {
           EXPECT_EQ(read.selected.size(), size_t{kTopK} * kStride);
         }
       }
